@@ -1,0 +1,145 @@
+//! Upload metadata: the [`Catalog`] trait and its SQLite implementation.
+//!
+//! The catalog's `offset` for an upload is the truth (DESIGN §2): bytes `[0, offset)` are
+//! durable in the blob store and `hash_state` is the sha256 midstate of exactly those bytes.
+//! Every write that moves an offset is a [`Catalog::checkpoint`], guarded by the fencing token
+//! the writer obtained from [`Catalog::acquire_fence`].
+
+use async_trait::async_trait;
+
+pub mod conformance;
+pub mod sqlite;
+
+pub use sqlite::SqliteCatalog;
+
+/// How an upload takes part in TUS concatenation (TUS 1.0 §Concatenation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Concat {
+    /// An ordinary upload.
+    None,
+    /// `Upload-Concat: partial`.
+    Partial,
+    /// `Upload-Concat: final;…`: the ids of the partial uploads in order, and the header
+    /// value as received (echoed on HEAD).
+    Final { parts: Vec<String>, header: String },
+}
+
+/// One upload's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadRecord {
+    /// 26-char lowercase base32 id (128 random bits).
+    pub id: String,
+    /// Who created it; other principals never see it.
+    pub principal: String,
+    /// Total length in bytes; `None` while deferred (or for a final upload being built).
+    pub length: Option<u64>,
+    /// Durable bytes `[0, offset)`.
+    pub offset: u64,
+    /// `Upload-Metadata` exactly as received (may be empty).
+    pub metadata: String,
+    /// Tagged sha256 midstate of bytes `[0, offset)` (see `upload::hash`).
+    pub hash_state: Vec<u8>,
+    /// sha256 of the whole upload, set when it completes.
+    pub sha256: Option<[u8; 32]>,
+    /// sha256 the client declared at creation; checked at completion.
+    pub expected_sha256: Option<[u8; 32]>,
+    pub concat: Concat,
+    /// Unix ms.
+    pub created_at_ms: i64,
+    /// Unix ms of the last change.
+    pub updated_at_ms: i64,
+    /// Unix ms after which an unfinished upload expires; `None` = never.
+    pub expires_at_ms: Option<i64>,
+    /// Unix ms at which it completed.
+    pub finished_at_ms: Option<i64>,
+    /// True once the sweeper removed the bytes of an expired upload (a tombstone: 410).
+    pub expired: bool,
+}
+
+impl UploadRecord {
+    /// Complete: the length is known and every byte is stored.
+    pub fn is_finished(&self) -> bool {
+        self.finished_at_ms.is_some()
+    }
+}
+
+/// The state a writer commits after making bytes durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub offset: u64,
+    pub hash_state: Vec<u8>,
+    /// Sets the length (deferred length declared, or a final upload's derived length).
+    pub length: Option<u64>,
+    /// Marks the upload complete with this sha256.
+    pub finished_sha256: Option<[u8; 32]>,
+    pub expires_at_ms: Option<i64>,
+    pub now_ms: i64,
+}
+
+/// Catalog failures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatalogError {
+    /// The id is unknown.
+    #[error("not found")]
+    NotFound,
+    /// An upload with this id already exists.
+    #[error("already exists")]
+    AlreadyExists,
+    /// The fencing token is stale: another writer has taken the upload since.
+    #[error("fenced out: another writer holds this upload")]
+    Fenced,
+    /// The backing database failed.
+    #[error("catalog backend: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+pub type CatalogResult<T> = Result<T, CatalogError>;
+
+/// Upload metadata storage. Implementations must be safe to share between tasks and, for the
+/// distributed backends, between processes.
+#[async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Insert a new upload. Atomic; fails with `AlreadyExists` if the id is taken.
+    async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()>;
+
+    /// The upload's current row, tombstones included; `Ok(None)` if unknown.
+    /// Reads what the last committed checkpoint wrote (read-your-writes).
+    async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>>;
+
+    /// Take the write fence of an upload: atomically increments its fencing token and
+    /// returns the new value. Any checkpoint made with an older token fails with `Fenced`.
+    /// `NotFound` if the id is unknown.
+    async fn acquire_fence(&self, id: &str) -> CatalogResult<u64>;
+
+    /// Commit a checkpoint in one transaction (offset, hash state, and optionally length,
+    /// completion and expiry), only if `fence` is still current. The caller must have made
+    /// bytes `[0, cp.offset)` durable first. Errors: `NotFound`, `Fenced`.
+    async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()>;
+
+    /// Mark an upload expired (a tombstone: its bytes are gone, the id answers 410).
+    /// Idempotent. `NotFound` if the id is unknown.
+    async fn mark_expired(&self, id: &str) -> CatalogResult<()>;
+
+    /// Delete the row. Returns whether a row was deleted. Idempotent.
+    async fn delete_upload(&self, id: &str) -> CatalogResult<bool>;
+
+    /// Ids of unfinished, not yet tombstoned uploads whose `expires_at_ms` ≤ `now_ms`,
+    /// at most `limit`.
+    async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
+
+    /// Ids of tombstones last updated before `before_ms`, at most `limit`.
+    async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
+
+    /// Every unfinished upload that still has bytes (not tombstoned), for start-up recovery.
+    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>>;
+
+    /// Final uploads that list `part_id` among their parts and are not finished.
+    async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>>;
+
+    /// A principal's uploads, newest first, at most `limit`.
+    async fn list_uploads(&self, principal: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>>;
+
+    /// Whether the backend answers (for `/readyz`).
+    async fn ping(&self) -> CatalogResult<()>;
+}

@@ -1,0 +1,220 @@
+//! Downloads of finished uploads: `GET /files/{id}` with a single Range (RFC 9110 §14.2),
+//! If-Range (§13.1.5), If-None-Match, a strong ETag from the sha256, and
+//! `Repr-Digest: sha-256=:…:` (RFC 9530).
+//!
+//! A request with several ranges gets `200` and the whole body (RFC 9110 allows ignoring
+//! Range; ferry does not produce multipart/byteranges). Decide first, then render.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ferry_tus::{ErrorCode, TusError, Verb};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use super::{tus_headers, AppState, Problem, LOCAL_PRINCIPAL};
+use crate::catalog::UploadRecord;
+
+/// Strong ETag of a finished upload: its sha256 in hex, quoted.
+pub fn etag(sha256: &[u8; 32]) -> String {
+    format!("\"{}\"", hex::encode(sha256))
+}
+
+/// What a GET will send.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Whole,
+    Partial { start: u64, end_inclusive: u64 },
+    NotModified,
+    Unsatisfiable,
+}
+
+/// Decide the response from the request headers and the file's validators; no I/O.
+fn decide(h: &HeaderMap, len: u64, etag: &str, last_modified: &str) -> Outcome {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    if let Some(inm) = get("if-none-match") {
+        if inm.split(',').any(|t| t.trim() == "*" || t.trim().trim_start_matches("W/") == etag) {
+            return Outcome::NotModified;
+        }
+    }
+    let Some(range) = get("range") else { return Outcome::Whole };
+    if let Some(ir) = get("if-range") {
+        let ir = ir.trim();
+        // A strong ETag must match exactly; a date must equal Last-Modified (RFC 9110 §13.1.5).
+        let fresh = if ir.starts_with('"') { ir == etag } else { ir == last_modified };
+        if !fresh {
+            return Outcome::Whole;
+        }
+    }
+    match http_range_header::parse_range_header(range) {
+        // Syntactically invalid Range headers are ignored (RFC 9110 §14.2).
+        Err(_) => Outcome::Whole,
+        Ok(parsed) => match parsed.validate(len) {
+            Ok(ranges) if ranges.len() == 1 => Outcome::Partial { start: *ranges[0].start(), end_inclusive: *ranges[0].end() },
+            Ok(_) => Outcome::Whole,
+            Err(_) => Outcome::Unsatisfiable,
+        },
+    }
+}
+
+fn metadata_value(rec: &UploadRecord, keys: &[&str]) -> Option<String> {
+    let md: ferry_tus::UploadMetadata = rec.metadata.parse().ok()?;
+    keys.iter().find_map(|k| md.get_str(k).map(str::to_owned))
+}
+
+/// Media types a browser would execute or render actively: always served as attachments.
+fn is_active(m: &mime::Mime) -> bool {
+    let essence = m.essence_str();
+    matches!(m.type_(), mime::TEXT | mime::APPLICATION | mime::IMAGE)
+        && (essence == "text/html"
+            || essence == "application/xhtml+xml"
+            || essence == "image/svg+xml"
+            || essence.ends_with("/xml")
+            || m.suffix() == Some(mime::XML)
+            || essence.contains("javascript")
+            || essence.contains("ecmascript"))
+}
+
+/// RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~".
+const ATTR_CHAR: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'!').remove(b'#').remove(b'$').remove(b'&').remove(b'+').remove(b'-')
+    .remove(b'.').remove(b'^').remove(b'_').remove(b'`').remove(b'|').remove(b'~');
+
+/// RFC 6266 `Content-Disposition` with an ASCII fallback and a UTF-8 `filename*`.
+fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
+    let Some(name) = filename.map(|n| n.rsplit(['/', '\\']).next().unwrap_or(n)).filter(|n| !n.is_empty()) else {
+        return disposition.to_string();
+    };
+    let fallback: String = name
+        .chars()
+        .map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { '_' })
+        .collect();
+    format!("{disposition}; filename=\"{fallback}\"; filename*=UTF-8''{}", utf8_percent_encode(name, ATTR_CHAR))
+}
+
+/// Content-Type, Content-Disposition and the validators of a finished upload.
+pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
+    let media = metadata_value(rec, &["filetype", "contentType", "content-type", "type", "mimetype"])
+        .and_then(|t| t.parse::<mime::Mime>().ok())
+        .unwrap_or(mime::APPLICATION_OCTET_STREAM);
+    let disposition = if is_active(&media) { "attachment" } else { "inline" };
+    let cd = content_disposition(disposition, metadata_value(rec, &["filename", "name"]).as_deref());
+    let pairs = [
+        ("content-type", media.to_string()),
+        ("content-disposition", cd),
+        ("x-content-type-options", "nosniff".to_string()),
+        ("content-security-policy", "default-src 'none'; sandbox".to_string()),
+        ("accept-ranges", "bytes".to_string()),
+        ("last-modified", httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(rec.finished_at_ms.unwrap_or(0).max(0) as u64))),
+    ];
+    for (k, v) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    }
+}
+
+/// `GET /files/{id}`. Errors: 404/410; 409 `upload_incomplete` with `Upload-Offset` while the
+/// upload is unfinished; 416 with `Content-Range: bytes */N` for an unsatisfiable range.
+pub async fn get(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+    ferry_tus::check_version(Verb::Get, h.get("tus-resumable").map(|v| v.to_str().unwrap_or("?")))?;
+    let rec = s.engine.get(LOCAL_PRINCIPAL, &id).await?;
+    let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
+        let mut res = Problem(
+            TusError::new(
+                409,
+                ErrorCode::UploadIncomplete,
+                format!("the upload is not complete: {} bytes of {} stored", rec.offset, rec.length.map_or("an unknown length".into(), |l| l.to_string())),
+                format!("Resume the upload at offset {} and download it when it is complete.", rec.offset),
+            )
+            .with_cursor(rec.offset),
+        )
+        .into_response();
+        super::tus::upload_headers(res.headers_mut(), &rec);
+        return Ok(res);
+    };
+    let tag = etag(&sha);
+    let mut headers = HeaderMap::new();
+    super::tus::upload_headers(&mut headers, &rec);
+    representation_headers(&mut headers, &rec);
+    let last_modified = headers.get("last-modified").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let (status, range) = match decide(&h, len, &tag, &last_modified) {
+        Outcome::NotModified => {
+            let mut res = StatusCode::NOT_MODIFIED.into_response();
+            res.headers_mut().extend(headers);
+            return Ok(res);
+        }
+        Outcome::Unsatisfiable => {
+            let mut res = Problem(TusError::new(
+                416,
+                ErrorCode::InvalidArgument,
+                format!("the range is outside the file's {len} bytes"),
+                format!("Request a range within bytes 0-{}.", len.saturating_sub(1)),
+            ))
+            .into_response();
+            res.headers_mut().insert("content-range", HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"));
+            return Ok(res);
+        }
+        Outcome::Whole => (StatusCode::OK, 0..len),
+        Outcome::Partial { start, end_inclusive } => {
+            let cr = format!("bytes {start}-{end_inclusive}/{len}");
+            headers.insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+            (StatusCode::PARTIAL_CONTENT, start..end_inclusive + 1)
+        }
+    };
+    let stream = s.engine.read(&rec, range.clone()).await?;
+    headers.insert("content-length", HeaderValue::from(range.end - range.start));
+    tus_headers(&mut headers);
+    let mut res = (status, Body::from_stream(stream)).into_response();
+    res.headers_mut().extend(headers);
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdrs(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn range_decisions() {
+        let d = |p: &[(&'static str, &str)]| decide(&hdrs(p), 100, "\"abc\"", "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(d(&[]), Outcome::Whole);
+        assert_eq!(d(&[("range", "bytes=0-9")]), Outcome::Partial { start: 0, end_inclusive: 9 });
+        assert_eq!(d(&[("range", "bytes=-10")]), Outcome::Partial { start: 90, end_inclusive: 99 });
+        assert_eq!(d(&[("range", "bytes=90-")]), Outcome::Partial { start: 90, end_inclusive: 99 });
+        assert_eq!(d(&[("range", "bytes=100-")]), Outcome::Unsatisfiable);
+        assert_eq!(d(&[("range", "bytes=0-1,5-6")]), Outcome::Whole);
+        assert_eq!(d(&[("range", "pages=1")]), Outcome::Whole);
+        assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"abc\"")]), Outcome::Partial { start: 0, end_inclusive: 9 });
+        assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"old\"")]), Outcome::Whole);
+        assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "Sun, 06 Nov 1994 08:49:37 GMT")]), Outcome::Partial { start: 0, end_inclusive: 9 });
+        assert_eq!(d(&[("if-none-match", "\"abc\"")]), Outcome::NotModified);
+    }
+
+    #[test]
+    fn disposition_is_safe() {
+        assert_eq!(content_disposition("inline", None), "inline");
+        assert_eq!(
+            content_disposition("attachment", Some("../evil\"name.html")),
+            "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html"
+        );
+        assert_eq!(content_disposition("inline", Some("résumé.pdf")), "inline; filename=\"r_sum_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9.pdf");
+    }
+
+    #[test]
+    fn active_types() {
+        for t in ["text/html", "image/svg+xml", "application/xml", "text/javascript", "application/atom+xml"] {
+            assert!(is_active(&t.parse().unwrap()), "{t}");
+        }
+        for t in ["image/png", "text/plain", "application/pdf"] {
+            assert!(!is_active(&t.parse().unwrap()), "{t}");
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The HTTP edge (axum): TUS on `/files/`, downloads, health and metrics.
+//!
+//! Handlers parse headers into `ferry_tus` plans, call the upload engine, and render what it
+//! returns. One error type, [`Problem`], decides what a client sees of a failure: an RFC 9457
+//! `application/problem+json` body with ferry's stable `code`; details go to the logs.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use ferry_tus::{ErrorCode, TusError, TUS_VERSION};
+use tower::ServiceExt;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::metrics::Metrics;
+use crate::upload::UploadEngine;
+
+mod download;
+mod health;
+mod tus;
+
+/// The principal every request acts as until tokens exist (issue: task engine, principals).
+pub const LOCAL_PRINCIPAL: &str = "local";
+
+/// Path prefix of the TUS upload collection.
+pub const FILES_PATH: &str = "/files/";
+
+/// Settings of the HTTP edge.
+#[derive(Debug, Clone, Default)]
+pub struct HttpConfig {
+    /// Trust `Forwarded` / `X-Forwarded-*` to build absolute `Location` URLs.
+    pub behind_proxy: bool,
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<UploadEngine>,
+    pub metrics: Arc<Metrics>,
+    pub http: HttpConfig,
+}
+
+/// Headers a browser may send to the TUS endpoints (CORS preflight allow list).
+const ALLOW_HEADERS: &[&str] = &[
+    "authorization", "content-type", "content-length", "content-digest", "forwarded", "idempotency-key", "if-range",
+    "if-none-match", "range", "repr-digest", "tus-resumable", "upload-checksum", "upload-complete", "upload-concat",
+    "upload-defer-length", "upload-draft-interop-version", "upload-length", "upload-metadata", "upload-offset",
+    "x-forwarded-host", "x-forwarded-proto", "x-http-method-override", "x-requested-with",
+];
+
+/// Response headers a browser script may read (CORS expose list).
+const EXPOSE_HEADERS: &[&str] = &[
+    "accept-ranges", "content-disposition", "content-length", "content-range", "etag", "location", "repr-digest",
+    "tus-checksum-algorithm", "tus-extension", "tus-max-size", "tus-resumable", "tus-version", "upload-concat",
+    "upload-defer-length", "upload-expires", "upload-length", "upload-limit", "upload-metadata", "upload-offset",
+];
+
+fn cors() -> CorsLayer {
+    let names = |list: &[&'static str]| list.iter().map(|h| HeaderName::from_static(h)).collect::<Vec<_>>();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::any())
+        .allow_methods([Method::GET, Method::HEAD, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS])
+        .allow_headers(names(ALLOW_HEADERS))
+        .expose_headers(names(EXPOSE_HEADERS))
+        .max_age(std::time::Duration::from_secs(86_400))
+}
+
+/// The whole router, without binding a port.
+pub fn app(state: AppState) -> Router {
+    let files = Router::new()
+        .route("/files", post(tus::create).options(tus::options))
+        .route("/files/", post(tus::create).options(tus::options))
+        .route(
+            "/files/{id}",
+            get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options),
+        );
+    let routes: Router = Router::new()
+        .merge(files)
+        .merge(health::routes())
+        .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/.")) })
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state.clone());
+    // tower-http answers every OPTIONS as a CORS preflight; a plain OPTIONS (no
+    // Access-Control-Request-Method) is TUS discovery and must reach the handler.
+    let with_cors = routes.clone().layer(cors());
+    let edge = tower::service_fn(move |req: Request| {
+        let preflight = req.method() != Method::OPTIONS || req.headers().contains_key("access-control-request-method");
+        let svc = if preflight { with_cors.clone() } else { routes.clone() };
+        svc.oneshot(req)
+    });
+    Router::new()
+        .fallback_service(edge)
+        .layer(middleware::from_fn_with_state(state, count_status))
+        // Outermost: `X-HTTP-Method-Override` is honoured before routing, auth and CORS.
+        .layer(middleware::map_request(method_override))
+}
+
+/// `X-HTTP-Method-Override` (TUS 1.0 §Protocol): replace the method before routing.
+async fn method_override(mut req: Request) -> Request {
+    if let Some(m) = req.headers().get("x-http-method-override").and_then(|v| v.to_str().ok()) {
+        if let Ok(m) = Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()) {
+            if [Method::GET, Method::HEAD, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS].contains(&m) {
+                *req.method_mut() = m;
+            }
+        }
+    }
+    req
+}
+
+async fn count_status(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    state.metrics.requests.get_or_create(&crate::metrics::StatusLabel { status: res.status().as_u16() }).inc();
+    res
+}
+
+/// Headers every TUS response carries.
+pub(crate) fn tus_headers(h: &mut HeaderMap) {
+    h.insert("tus-resumable", HeaderValue::from_static(TUS_VERSION));
+}
+
+/// A refused request, rendered as RFC 9457 problem+json.
+#[derive(Debug)]
+pub struct Problem(pub TusError);
+
+impl From<TusError> for Problem {
+    fn from(e: TusError) -> Self {
+        Problem(e)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = serde_json::json!({
+            "type": format!("urn:ferry:error:{}", e.code),
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": e.status,
+            "detail": e.detail,
+            "code": e.code.as_str(),
+            "retryable": e.code.retryable(),
+            "recovery_hint": e.recovery_hint,
+        });
+        if let Some(c) = e.cursor {
+            body["partial"] = serde_json::json!({ "cursor": c });
+        }
+        let mut res = (status, body.to_string()).into_response();
+        let h = res.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/problem+json"));
+        tus_headers(h);
+        if e.status == 412 {
+            h.insert("tus-version", HeaderValue::from_static(TUS_VERSION));
+        }
+        // The offset to resume from, where the spec's clients look for it.
+        if let (Some(c), 409 | 423 | 460) = (e.cursor, e.status) {
+            h.insert("upload-offset", HeaderValue::from(c));
+        }
+        res
+    }
+}

@@ -1,0 +1,208 @@
+//! TUS 1.0 handlers: OPTIONS (discovery), POST (creation), HEAD, PATCH, DELETE (termination).
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ferry_tus::{
+    check_version, plan_creation, plan_patch, CreationHeaders, CreationLimits, PatchHeaders, TusError, Verb,
+    TUS_EXTENSIONS, TUS_VERSION,
+};
+
+use super::{tus_headers, AppState, Problem, FILES_PATH, LOCAL_PRINCIPAL};
+use crate::catalog::{Concat, UploadRecord};
+
+/// Largest `Upload-Metadata` header accepted, in bytes.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    // A header that is not visible ASCII is treated as malformed by the parsers: pass a
+    // placeholder that no grammar accepts.
+    h.get(name).map(|v| v.to_str().unwrap_or("\u{0}"))
+}
+
+fn version(verb: Verb, h: &HeaderMap) -> Result<(), Problem> {
+    check_version(verb, header(h, "tus-resumable")).map_err(Problem)
+}
+
+fn set(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
+    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+        h.insert(name, v);
+    }
+}
+
+fn http_date(ms: i64) -> String {
+    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64))
+}
+
+/// The state headers of an upload (TUS 1.0 §HEAD, §Expiration, §Concatenation), plus, once
+/// it is complete, the download validators.
+pub(super) fn upload_headers(h: &mut HeaderMap, rec: &UploadRecord) {
+    tus_headers(h);
+    let final_pending = matches!(rec.concat, Concat::Final { .. }) && !rec.is_finished();
+    if !final_pending {
+        set(h, "upload-offset", rec.offset);
+    }
+    match rec.length {
+        Some(l) => set(h, "upload-length", l),
+        None if !matches!(rec.concat, Concat::Final { .. }) => set(h, "upload-defer-length", 1),
+        None => {}
+    }
+    if !rec.metadata.is_empty() {
+        set(h, "upload-metadata", &rec.metadata);
+    }
+    match &rec.concat {
+        Concat::None => {}
+        Concat::Partial => set(h, "upload-concat", "partial"),
+        Concat::Final { header, .. } => set(h, "upload-concat", header),
+    }
+    if let (Some(exp), false) = (rec.expires_at_ms, rec.is_finished()) {
+        set(h, "upload-expires", http_date(exp));
+    }
+    if let Some(sha) = rec.sha256 {
+        set(h, "etag", super::download::etag(&sha));
+        set(h, "repr-digest", ferry_tus::ReprDigest::from_sha256(sha));
+    }
+}
+
+/// `OPTIONS /files/`: TUS discovery (TUS 1.0 §OPTIONS).
+pub async fn options(State(s): State<AppState>) -> Response {
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    let h = res.headers_mut();
+    tus_headers(h);
+    set(h, "tus-version", TUS_VERSION);
+    set(h, "tus-extension", TUS_EXTENSIONS.join(","));
+    set(h, "tus-max-size", s.engine.config().max_size);
+    set(h, "tus-checksum-algorithm", ferry_tus::checksum_algorithms_header());
+    res
+}
+
+/// The URL of an upload as the client should see it: relative by default; absolute from
+/// `Forwarded` / `X-Forwarded-Host`/`-Proto` only when configured behind a proxy.
+fn location(s: &AppState, h: &HeaderMap, id: &str) -> String {
+    let path = format!("{FILES_PATH}{id}");
+    if !s.http.behind_proxy {
+        return path;
+    }
+    let mut proto = None;
+    let mut host = None;
+    if let Some(fwd) = header(h, "forwarded") {
+        // RFC 7239: the first element describes the client-facing hop.
+        for pair in fwd.split(',').next().unwrap_or("").split(';') {
+            if let Some((k, v)) = pair.trim().split_once('=') {
+                let v = v.trim().trim_matches('"').to_string();
+                match k.trim().to_ascii_lowercase().as_str() {
+                    "proto" => proto = Some(v),
+                    "host" => host = Some(v),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let first = |name| header(h, name).and_then(|v| v.split(',').next()).map(|v| v.trim().to_string());
+    let proto = proto.or_else(|| first("x-forwarded-proto")).filter(|p| p == "http" || p == "https");
+    let host = host.or_else(|| first("x-forwarded-host")).or_else(|| first("host"));
+    let valid_host = |h: &String| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
+    match host.filter(valid_host) {
+        Some(host) => format!("{}://{host}{path}", proto.unwrap_or_else(|| "http".into())),
+        None => path,
+    }
+}
+
+fn has_body(h: &HeaderMap) -> bool {
+    match header(h, "content-length") {
+        Some(cl) => cl != "0",
+        None => h.contains_key("transfer-encoding"),
+    }
+}
+
+/// `POST /files/`: creation, creation-with-upload, creation-defer-length, concatenation.
+pub async fn create(State(s): State<AppState>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+    version(Verb::Post, &h)?;
+    let ch = CreationHeaders {
+        upload_length: header(&h, "upload-length"),
+        upload_defer_length: header(&h, "upload-defer-length"),
+        upload_metadata: header(&h, "upload-metadata"),
+        upload_concat: header(&h, "upload-concat"),
+        upload_checksum: header(&h, "upload-checksum"),
+        repr_digest: header(&h, "repr-digest"),
+        content_type: header(&h, "content-type"),
+        content_length: header(&h, "content-length"),
+        has_body: has_body(&h),
+    };
+    let limits = CreationLimits { max_size: s.engine.config().max_size, max_metadata: MAX_METADATA_BYTES };
+    let plan = plan_creation(&ch, &limits)?;
+    let rec = s.engine.create(LOCAL_PRINCIPAL, &plan, header(&h, "upload-metadata").unwrap_or("")).await?;
+    let loc = location(&s, &h, &rec.id);
+    let rec = if plan.with_body {
+        let body_plan = s.engine.creation_body_plan(&plan);
+        match s.engine.append(LOCAL_PRINCIPAL.into(), rec.id.clone(), move |_| Ok(body_plan), body).await {
+            Ok(rec) => rec,
+            Err(e) => {
+                // The upload exists; tell the client where, so it can resume.
+                let mut res = Problem(e).into_response();
+                set(res.headers_mut(), "location", &loc);
+                return Ok(res);
+            }
+        }
+    } else {
+        rec
+    };
+    let mut res = StatusCode::CREATED.into_response();
+    let hm = res.headers_mut();
+    upload_headers(hm, &rec);
+    hm.remove("upload-metadata");
+    set(hm, "location", loc);
+    Ok(res)
+}
+
+/// `HEAD /files/{id}`: the durable offset (an in-flight PATCH is asked to checkpoint first).
+pub async fn head(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+    version(Verb::Head, &h)?;
+    let rec = s.engine.head(LOCAL_PRINCIPAL, &id).await?;
+    let mut res = StatusCode::OK.into_response();
+    let hm = res.headers_mut();
+    upload_headers(hm, &rec);
+    hm.insert("cache-control", HeaderValue::from_static("no-store"));
+    if rec.is_finished() {
+        super::download::representation_headers(hm, &rec);
+        set(hm, "content-length", rec.length.unwrap_or(0));
+    }
+    Ok(res)
+}
+
+/// `PATCH /files/{id}`: append a chunk at `Upload-Offset`.
+pub async fn patch(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+    version(Verb::Patch, &h)?;
+    let owned: Vec<Option<String>> = ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"]
+        .iter()
+        .map(|n| header(&h, n).map(str::to_owned))
+        .collect();
+    let max_size = s.engine.config().max_size;
+    let decide = move |state: &ferry_tus::UploadState| -> Result<ferry_tus::PatchPlan, TusError> {
+        let ph = PatchHeaders {
+            content_type: owned[0].as_deref(),
+            upload_offset: owned[1].as_deref(),
+            upload_length: owned[2].as_deref(),
+            upload_checksum: owned[3].as_deref(),
+            content_length: owned[4].as_deref(),
+            trailer: owned[5].as_deref(),
+        };
+        plan_patch(state, &ph, max_size)
+    };
+    let rec = s.engine.append(LOCAL_PRINCIPAL.into(), id, decide, body).await?;
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    let hm = res.headers_mut();
+    upload_headers(hm, &rec);
+    hm.remove("upload-metadata");
+    Ok(res)
+}
+
+/// `DELETE /files/{id}`: termination (TUS 1.0 §Termination).
+pub async fn terminate(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+    version(Verb::Delete, &h)?;
+    s.engine.terminate(LOCAL_PRINCIPAL, &id).await?;
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    tus_headers(res.headers_mut());
+    Ok(res)
+}

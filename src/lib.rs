@@ -1,0 +1,12 @@
+//! ferry: a resumable large-file transfer server.
+//!
+//! Layers (DESIGN §1), arrows pointing down only: [`http`] → [`upload`] → [`catalog`] and
+//! [`blob`]. The protocol itself lives in the sans-I/O crate `ferry_tus`.
+
+pub mod blob;
+pub mod catalog;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod serve;
+pub mod upload;

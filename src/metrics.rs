@@ -1,0 +1,61 @@
+//! Prometheus metrics (`/metrics`, text exposition format via `prometheus-client`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Label set of `ferry_http_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: u16,
+}
+
+/// Every metric ferry exports.
+pub struct Metrics {
+    registry: Registry,
+    /// HTTP responses by status code.
+    pub requests: Family<StatusLabel, Counter>,
+    /// Upload body bytes received (before any discard).
+    pub bytes_received: Counter,
+    pub uploads_created: Counter,
+    pub uploads_finished: Counter,
+    pub uploads_terminated: Counter,
+    pub uploads_expired: Counter,
+    /// PATCH (and creation-with-upload) bodies being received now.
+    pub patches_in_flight: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("ferry");
+        let m = Metrics {
+            requests: Family::default(),
+            bytes_received: Counter::default(),
+            uploads_created: Counter::default(),
+            uploads_finished: Counter::default(),
+            uploads_terminated: Counter::default(),
+            uploads_expired: Counter::default(),
+            patches_in_flight: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("http_requests", "HTTP responses by status code", m.requests.clone());
+        registry.register("bytes_received", "Upload body bytes received", m.bytes_received.clone());
+        registry.register("uploads_created", "Uploads created", m.uploads_created.clone());
+        registry.register("uploads_finished", "Uploads completed", m.uploads_finished.clone());
+        registry.register("uploads_terminated", "Uploads terminated by DELETE", m.uploads_terminated.clone());
+        registry.register("uploads_expired", "Unfinished uploads removed by the expiry sweeper", m.uploads_expired.clone());
+        registry.register("patches_in_flight", "Upload bodies being received", m.patches_in_flight.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The registry in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,264 @@
+//! Appending a chunk (TUS 1.0 §PATCH, §Checksum, checksum-trailer, creation-with-upload):
+//! stream the body into the blob while hashing, and checkpoint per DESIGN §2.
+
+use std::fmt::Display;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_tus::{PatchPlan, TusError, UploadChecksum, UploadState};
+use http_body_util::BodyExt;
+
+use super::hash::{ChunkDigests, RunningSha256};
+use super::{internal, now_ms, UploadEngine};
+use crate::blob::BlobWriter;
+use crate::catalog::{Checkpoint, Concat, UploadRecord};
+
+/// How a PATCH body ended.
+enum End {
+    Eof,
+    TooLarge,
+    Disconnected(String),
+    Idle,
+    TakenOver,
+    Shutdown,
+}
+
+/// Result of an append: the upload's record after the last checkpoint.
+pub type AppendOutcome = UploadRecord;
+
+/// A writer holding the fence of one upload.
+pub(super) struct Appender<'a> {
+    engine: &'a UploadEngine,
+    rec: UploadRecord,
+    fence: u64,
+    writer: Box<dyn BlobWriter>,
+    hasher: RunningSha256,
+    /// Offset and midstate of the last commit.
+    committed: (u64, RunningSha256),
+    /// The length in force, and whether this request declared it.
+    length: Option<u64>,
+    set_length: Option<u64>,
+    finished: bool,
+}
+
+struct InFlight<'a>(&'a UploadEngine);
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.patches_in_flight.dec();
+    }
+}
+
+impl<'a> Appender<'a> {
+    /// Take the catalog fence and open the blob at `offset` (discarding anything past it).
+    pub(super) async fn open(engine: &'a UploadEngine, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>) -> Result<Appender<'a>, TusError> {
+        let fence = engine.catalog.acquire_fence(&rec.id).await?;
+        let writer = engine.blobs.open_writer(&rec.id, offset).await?;
+        let hasher = if offset == rec.offset { UploadEngine::hash_state_of(&rec)? } else { RunningSha256::new() };
+        Ok(Appender { engine, fence, writer, committed: (offset, hasher.clone()), hasher, length, set_length, finished: false, rec })
+    }
+
+    pub(super) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
+        self.hasher.update(&data);
+        self.engine.count_received(&data);
+        self.writer.write(data).await?;
+        Ok(())
+    }
+
+    /// Throw away everything since the last commit.
+    async fn discard(&mut self) -> Result<(), TusError> {
+        self.writer.rewind(self.committed.0).await?;
+        self.hasher = self.committed.1.clone();
+        Ok(())
+    }
+
+    /// Make the written bytes durable, then commit offset + midstate (+ completion) in one
+    /// catalog transaction. At completion the whole-upload sha256 is checked against the
+    /// declared one; a mismatch resets the upload to offset 0 and answers 460.
+    pub(super) async fn commit(&mut self) -> Result<(), TusError> {
+        if self.finished {
+            return Ok(());
+        }
+        self.writer.sync().await?;
+        let offset = self.writer.position();
+        let now = now_ms();
+        let mut finished_sha256 = None;
+        if self.length == Some(offset) {
+            let digest = self.hasher.digest();
+            if self.rec.expected_sha256.is_some_and(|e| e != digest) {
+                self.writer.rewind(0).await?;
+                self.hasher = RunningSha256::new();
+                let cp = Checkpoint { offset: 0, hash_state: self.hasher.state(), length: self.set_length, finished_sha256: None, expires_at_ms: self.engine.expiry_from(now), now_ms: now };
+                self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
+                self.committed = (0, self.hasher.clone());
+                return Err(ferry_tus::upload_digest_mismatch());
+            }
+            finished_sha256 = Some(digest);
+        }
+        let cp = Checkpoint {
+            offset,
+            hash_state: self.hasher.state(),
+            length: self.set_length,
+            finished_sha256,
+            expires_at_ms: if finished_sha256.is_some() { None } else { self.engine.expiry_from(now) },
+            now_ms: now,
+        };
+        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
+        self.committed = (offset, self.hasher.clone());
+        if finished_sha256.is_some() {
+            self.finished = true;
+            self.engine.metrics.uploads_finished.inc();
+            if self.rec.concat == Concat::Partial {
+                self.engine.partial_finished(&self.rec.id).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl UploadEngine {
+    /// Append the body to the upload at the offset `decide` approves, given the stored state
+    /// read under the writer slot (TUS 1.0 §PATCH). Runs on its own task, so a client that
+    /// goes away mid-body still gets what arrived checkpointed.
+    ///
+    /// Errors: everything [`ferry_tus::plan_patch`] decides; 413 when the body runs past the
+    /// length (bytes since the last checkpoint are discarded); 460 for a chunk checksum
+    /// mismatch (the chunk is discarded) or a whole-upload sha256 mismatch (reset to 0);
+    /// 423/409 when another request takes the upload over mid-body (what arrived is kept).
+    pub async fn append<B, F>(self: &Arc<Self>, principal: String, id: String, decide: F, body: B) -> Result<AppendOutcome, TusError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Display + Send + 'static,
+        F: FnOnce(&UploadState) -> Result<PatchPlan, TusError> + Send + 'static,
+    {
+        let me = self.clone();
+        tokio::spawn(async move { me.append_owned(&principal, &id, decide, body).await })
+            .await
+            .map_err(|e| internal("append task", e))?
+    }
+
+    async fn append_owned<B, F>(&self, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, TusError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Display + Send + 'static,
+        F: FnOnce(&UploadState) -> Result<PatchPlan, TusError>,
+    {
+        self.get(principal, id).await?;
+        let guard = self.take(id).await?;
+        let rec = self.get(principal, id).await?;
+        let state = UploadState { offset: rec.offset, length: rec.length, is_final: matches!(rec.concat, Concat::Final { .. }) };
+        let plan = decide(&state)?;
+        if rec.is_finished() {
+            // Offset equals length: nothing more may arrive; an empty PATCH is a no-op.
+            return Ok(rec);
+        }
+        self.metrics.patches_in_flight.inc();
+        let _in_flight = InFlight(self);
+        let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length).await?;
+
+        let mut digests = match (&plan.checksum, plan.checksum_in_trailer) {
+            (Some(c), _) => ChunkDigests::for_header(c.algorithm),
+            (None, true) => ChunkDigests::for_trailer(),
+            (None, false) => ChunkDigests::default(),
+        };
+        let verifying = !digests.is_empty();
+        let mut received: u64 = 0;
+        let mut since_checkpoint: u64 = 0;
+        let mut trailer: Option<Result<UploadChecksum, TusError>> = None;
+        let end = loop {
+            let frame = tokio::select! {
+                biased;
+                _ = guard.stop().cancelled() => break End::TakenOver,
+                _ = self.shutdown.cancelled() => break End::Shutdown,
+                f = tokio::time::timeout(self.cfg.idle_timeout, body.frame()) => f,
+            };
+            let frame = match frame {
+                Err(_) => break End::Idle,
+                Ok(None) => break End::Eof,
+                Ok(Some(Err(e))) => break End::Disconnected(e.to_string()),
+                Ok(Some(Ok(f))) => f,
+            };
+            let data = match frame.into_data() {
+                Ok(d) => d,
+                Err(frame) => {
+                    if let Some(v) = frame.trailers_ref().and_then(|t| t.get("upload-checksum")) {
+                        trailer = Some(trailer_checksum(v));
+                    }
+                    continue;
+                }
+            };
+            received += data.len() as u64;
+            if received > plan.max_bytes {
+                break End::TooLarge;
+            }
+            digests.update(&data);
+            since_checkpoint += data.len() as u64;
+            app.write(data).await?;
+            if !verifying && since_checkpoint >= self.cfg.checkpoint_every {
+                app.commit().await?;
+                since_checkpoint = 0;
+            }
+        };
+
+        match end {
+            End::Eof => {
+                if verifying {
+                    let expected = match (plan.checksum, trailer) {
+                        (Some(c), _) => c,
+                        (None, Some(Ok(c))) => c,
+                        (None, Some(Err(e))) => {
+                            app.discard().await?;
+                            return Err(e.with_cursor(plan.offset));
+                        }
+                        (None, None) => {
+                            app.discard().await?;
+                            return Err(TusError::bad_request(
+                                "the Upload-Checksum trailer announced in Trailer did not arrive; the chunk was discarded",
+                                "Send the chunk again with its Upload-Checksum header or trailer.",
+                            )
+                            .with_cursor(plan.offset));
+                        }
+                    };
+                    if !digests.matches(&expected) {
+                        app.discard().await?;
+                        return Err(ferry_tus::chunk_checksum_mismatch(plan.offset));
+                    }
+                }
+                app.commit().await?;
+            }
+            End::TooLarge => {
+                app.discard().await?;
+                let kept = app.committed.0;
+                let limit = plan.length.map_or("the maximum upload size".to_string(), |l| format!("Upload-Length {l}"));
+                return Err(TusError::new(
+                    413,
+                    ferry_tus::ErrorCode::SizeExceeded,
+                    format!("the body ran past {limit}; bytes after offset {kept} were discarded"),
+                    format!("Send at most {} bytes starting at offset {kept}.", plan.offset + plan.max_bytes - kept),
+                )
+                .with_cursor(kept));
+            }
+            End::Disconnected(_) | End::Idle | End::TakenOver | End::Shutdown => {
+                // Keep what arrived, unless it can no longer be verified.
+                if verifying {
+                    app.discard().await?;
+                } else {
+                    app.commit().await?;
+                }
+                let kept = app.committed.0;
+                tracing::debug!(upload = id, kept, "PATCH ended early");
+                return Err(match end {
+                    End::Shutdown => TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment.")).with_cursor(kept),
+                    End::Idle => TusError::new(408, ferry_tus::ErrorCode::Locked, "the body stalled; what arrived was kept", format!("Resume from offset {kept}.")).with_cursor(kept),
+                    _ => TusError::locked(Some(kept)),
+                });
+            }
+        }
+        drop(guard);
+        self.get(principal, id).await
+    }
+}
+
+fn trailer_checksum(v: &http::HeaderValue) -> Result<UploadChecksum, TusError> {
+    let s = v.to_str().map_err(|_| TusError::bad_request("Upload-Checksum trailer is not ASCII", "Send `algorithm base64digest`."))?;
+    s.parse::<UploadChecksum>().map_err(|e| TusError::bad_request(e.to_string(), "Send `algorithm base64digest` with sha1, sha256, sha512 or md5."))
+}

@@ -1,0 +1,154 @@
+//! Digests: the running sha256 of a whole upload with a durable midstate, and the per-chunk
+//! checksums of TUS 1.0 §Checksum.
+
+use digest::common::hazmat::{SerializableState, SerializedState};
+use digest::Digest;
+use ferry_tus::ChecksumAlgorithm;
+
+/// Format tag of a stored sha256 midstate: sha2 0.11 `SerializableState` of `Sha256`, version 1.
+/// Any other tag is refused, so a future format change cannot be misread.
+const STATE_TAG: &[u8; 8] = b"sha256v1";
+
+/// The sha256 of bytes `[0, offset)` of an upload, resumable from its stored midstate.
+#[derive(Clone, Default)]
+pub struct RunningSha256(sha2::Sha256);
+
+/// A stored midstate that cannot be decoded.
+#[derive(Debug, thiserror::Error)]
+#[error("stored sha256 midstate is not in format sha256v1")]
+pub struct BadState;
+
+impl RunningSha256 {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Restore from [`RunningSha256::state`] output. An empty slice is the state of no bytes.
+    pub fn from_state(state: &[u8]) -> Result<Self, BadState> {
+        if state.is_empty() {
+            return Ok(Self::new());
+        }
+        let body = state.strip_prefix(STATE_TAG.as_slice()).ok_or(BadState)?;
+        let ser = SerializedState::<sha2::Sha256>::try_from(body).map_err(|_| BadState)?;
+        sha2::Sha256::deserialize(&ser).map(RunningSha256).map_err(|_| BadState)
+    }
+
+    /// The tagged midstate: 8-byte tag + sha2's serialized state (104 bytes).
+    pub fn state(&self) -> Vec<u8> {
+        let ser = self.0.serialize();
+        let mut out = Vec::with_capacity(STATE_TAG.len() + ser.len());
+        out.extend_from_slice(STATE_TAG);
+        out.extend_from_slice(ser.as_slice());
+        out
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    /// The digest of everything so far (the running state is not consumed).
+    pub fn digest(&self) -> [u8; 32] {
+        self.0.clone().finalize().into()
+    }
+}
+
+/// One per-chunk digest for `Upload-Checksum`.
+#[derive(Clone)]
+pub enum ChunkDigest {
+    Sha1(sha1::Sha1),
+    Sha256(sha2::Sha256),
+    Sha512(sha2::Sha512),
+    Md5(md5::Md5),
+}
+
+impl ChunkDigest {
+    pub fn new(alg: ChecksumAlgorithm) -> Self {
+        match alg {
+            ChecksumAlgorithm::Sha1 => ChunkDigest::Sha1(Default::default()),
+            ChecksumAlgorithm::Sha256 => ChunkDigest::Sha256(Default::default()),
+            ChecksumAlgorithm::Sha512 => ChunkDigest::Sha512(Default::default()),
+            ChecksumAlgorithm::Md5 => ChunkDigest::Md5(Default::default()),
+        }
+    }
+
+    pub fn algorithm(&self) -> ChecksumAlgorithm {
+        match self {
+            ChunkDigest::Sha1(_) => ChecksumAlgorithm::Sha1,
+            ChunkDigest::Sha256(_) => ChecksumAlgorithm::Sha256,
+            ChunkDigest::Sha512(_) => ChecksumAlgorithm::Sha512,
+            ChunkDigest::Md5(_) => ChecksumAlgorithm::Md5,
+        }
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        match self {
+            ChunkDigest::Sha1(h) => h.update(data),
+            ChunkDigest::Sha256(h) => h.update(data),
+            ChunkDigest::Sha512(h) => h.update(data),
+            ChunkDigest::Md5(h) => h.update(data),
+        }
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        match self {
+            ChunkDigest::Sha1(h) => h.finalize().to_vec(),
+            ChunkDigest::Sha256(h) => h.finalize().to_vec(),
+            ChunkDigest::Sha512(h) => h.finalize().to_vec(),
+            ChunkDigest::Md5(h) => h.finalize().to_vec(),
+        }
+    }
+}
+
+/// The chunk digests a PATCH must compute: the one its `Upload-Checksum` header names, or
+/// every supported algorithm when the checksum will only arrive as a trailer.
+#[derive(Clone, Default)]
+pub struct ChunkDigests(Vec<ChunkDigest>);
+
+impl ChunkDigests {
+    pub fn for_header(alg: ChecksumAlgorithm) -> Self {
+        ChunkDigests(vec![ChunkDigest::new(alg)])
+    }
+
+    pub fn for_trailer() -> Self {
+        ChunkDigests(ChecksumAlgorithm::ALL.iter().map(|a| ChunkDigest::new(*a)).collect())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        for d in &mut self.0 {
+            d.update(data);
+        }
+    }
+
+    /// Whether `expected` matches the digest of its algorithm (false if it was not computed).
+    pub fn matches(self, expected: &ferry_tus::UploadChecksum) -> bool {
+        self.0
+            .into_iter()
+            .find(|d| d.algorithm() == expected.algorithm)
+            .is_some_and(|d| d.finish() == expected.digest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn midstate_roundtrip_resumes_the_same_digest() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let whole = sha2::Sha256::digest(&data);
+        let mut a = RunningSha256::new();
+        a.update(&data[..4_321]);
+        let state = a.state();
+        assert_eq!(state.len(), 8 + 104);
+        let mut b = RunningSha256::from_state(&state).unwrap();
+        b.update(&data[4_321..]);
+        assert_eq!(b.digest().as_slice(), whole.as_slice());
+        assert!(RunningSha256::from_state(b"garbage!").is_err());
+        assert!(RunningSha256::from_state(&state[..50]).is_err());
+        assert_eq!(RunningSha256::from_state(&[]).unwrap().digest(), RunningSha256::new().digest());
+    }
+}

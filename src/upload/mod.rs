@@ -1,0 +1,268 @@
+//! The upload engine: create, append, complete, concatenate, terminate, expire.
+//!
+//! It owns the storage invariant of DESIGN §2 — the catalog's offset is the truth, bytes
+//! `[0, offset)` are durable, and the stored midstate hashes exactly them — and every TUS
+//! decision that needs stored state. The HTTP layer parses headers into `ferry_tus` plans and
+//! renders what this module returns; it never touches files or SQL.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use ferry_tus::{CreationPlan, ErrorCode, PatchPlan, TusError, UploadConcat};
+use tokio_util::sync::CancellationToken;
+
+use crate::blob::{BlobError, BlobStore, ByteStream};
+use crate::catalog::{Catalog, CatalogError, Concat, UploadRecord};
+use crate::metrics::Metrics;
+
+mod append;
+pub mod hash;
+pub mod locks;
+mod maintenance;
+
+pub use append::AppendOutcome;
+use hash::RunningSha256;
+use locks::{WriteGuard, WriterLocks};
+
+/// Engine settings (see `ferry serve --help` for the user-facing names).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Largest upload in bytes (`Tus-Max-Size`).
+    pub max_size: u64,
+    /// Unfinished uploads expire this long after their last change; `None` = never.
+    pub expire_after: Option<Duration>,
+    /// Checkpoint every this many bytes inside one long PATCH.
+    pub checkpoint_every: u64,
+    /// How long a newcomer waits for an in-flight PATCH to let go before 423.
+    pub takeover_wait: Duration,
+    /// A PATCH whose body sends nothing for this long is checkpointed and ended.
+    pub idle_timeout: Duration,
+    /// How often the sweeper looks for expired uploads.
+    pub sweep_interval: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_size: 1 << 40,
+            expire_after: Some(Duration::from_secs(7 * 24 * 3600)),
+            checkpoint_every: 64 << 20,
+            takeover_wait: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The upload engine. Cheap to share behind an `Arc`.
+pub struct UploadEngine {
+    pub(crate) catalog: Arc<dyn Catalog>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) locks: Arc<WriterLocks>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Cancelled on graceful shutdown: in-flight PATCHes checkpoint and end.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// Current Unix time in ms.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A new upload id: 128 random bits as 26 lowercase base32 characters (DESIGN §2).
+pub fn new_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    data_encoding::BASE32_NOPAD.encode(&bytes).to_ascii_lowercase()
+}
+
+/// Whether `s` has the shape of an id from [`new_id`].
+pub fn is_valid_id(s: &str) -> bool {
+    s.len() == 26 && s.bytes().all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
+}
+
+pub(crate) fn internal(context: &str, e: impl std::fmt::Display) -> TusError {
+    tracing::error!(error = %e, "{context}");
+    TusError::internal()
+}
+
+impl From<CatalogError> for TusError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::NotFound => TusError::not_found(),
+            CatalogError::Fenced => TusError::new(
+                409,
+                ErrorCode::Conflict,
+                "another writer took over this upload",
+                "Send HEAD to learn the offset, then resume from it.",
+            ),
+            other => internal("catalog", other),
+        }
+    }
+}
+
+impl From<BlobError> for TusError {
+    fn from(e: BlobError) -> Self {
+        internal("blob store", e)
+    }
+}
+
+impl UploadEngine {
+    pub fn new(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(UploadEngine {
+            catalog,
+            blobs,
+            cfg,
+            locks: Arc::new(WriterLocks::default()),
+            metrics,
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Ask every in-flight PATCH to checkpoint and end (graceful shutdown).
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Whether the stores answer (for `/readyz`).
+    pub async fn ready(&self) -> bool {
+        self.catalog.ping().await.is_ok()
+    }
+
+    fn expiry_from(&self, now: i64) -> Option<i64> {
+        self.cfg.expire_after.map(|d| now.saturating_add(d.as_millis() as i64))
+    }
+
+    /// The upload as `principal` may see it: unknown, someone else's → 404; expired → 410.
+    pub async fn get(&self, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
+        if !is_valid_id(id) {
+            return Err(TusError::not_found());
+        }
+        let rec = self.catalog.get_upload(id).await?.filter(|r| r.principal == principal).ok_or_else(TusError::not_found)?;
+        if rec.expired || (!rec.is_finished() && rec.expires_at_ms.is_some_and(|e| e <= now_ms())) {
+            return Err(TusError::expired());
+        }
+        Ok(rec)
+    }
+
+    async fn take(&self, id: &str) -> Result<WriteGuard, TusError> {
+        match self.locks.acquire(id, self.cfg.takeover_wait).await {
+            Some(g) => Ok(g),
+            None => {
+                let offset = self.catalog.get_upload(id).await.ok().flatten().map(|r| r.offset);
+                Err(TusError::locked(offset))
+            }
+        }
+    }
+
+    /// HEAD: first asks an in-flight PATCH to checkpoint and stop, so the answer is the true
+    /// durable offset. Errors: 404, 410, 423 when the writer does not let go in time.
+    pub async fn head(&self, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
+        self.get(principal, id).await?;
+        let _guard = self.take(id).await?;
+        self.get(principal, id).await
+    }
+
+    /// Create an upload (TUS 1.0 §Creation); a final upload of a concatenation is built at
+    /// once when all its partial uploads are complete, else when the last one completes.
+    /// Errors: 400 for a final naming an unknown, foreign or non-partial upload.
+    pub async fn create(&self, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, TusError> {
+        let now = now_ms();
+        let id = new_id();
+        let (concat, length, expires) = match &plan.concat {
+            None => (Concat::None, plan.length, self.expiry_from(now)),
+            Some(UploadConcat::Partial) => (Concat::Partial, plan.length, self.expiry_from(now)),
+            Some(fin @ UploadConcat::Final(_)) => {
+                let parts = fin.final_ids();
+                let mut total = Some(0u64);
+                for part in &parts {
+                    let rec = match self.get(principal, part).await {
+                        Ok(r) if r.concat == Concat::Partial => r,
+                        _ => {
+                            return Err(TusError::bad_request(
+                                format!("Upload-Concat names {part:?}, which is not a partial upload of yours"),
+                                "Create each part with Upload-Concat: partial and list their URLs.",
+                            ))
+                        }
+                    };
+                    total = total.zip(rec.length).and_then(|(t, l)| t.checked_add(l));
+                }
+                if total.is_some_and(|t| t > self.cfg.max_size) {
+                    return Err(TusError::new(413, ErrorCode::SizeExceeded, "the concatenation exceeds the maximum upload size", "Concatenate fewer parts."));
+                }
+                (Concat::Final { parts, header: fin.to_string() }, total, None)
+            }
+        };
+        let rec = UploadRecord {
+            id: id.clone(),
+            principal: principal.to_string(),
+            length,
+            offset: 0,
+            metadata: metadata_raw.to_string(),
+            hash_state: RunningSha256::new().state(),
+            sha256: None,
+            expected_sha256: plan.expected_sha256,
+            concat,
+            created_at_ms: now,
+            updated_at_ms: now,
+            expires_at_ms: expires,
+            finished_at_ms: None,
+            expired: false,
+        };
+        self.blobs.create(&id).await?;
+        self.catalog.create_upload(&rec).await?;
+        self.metrics.uploads_created.inc();
+        if matches!(rec.concat, Concat::Final { .. }) {
+            self.try_build_final(&id).await?;
+        } else if rec.length == Some(0) {
+            // `Upload-Length: 0` is complete at creation (DESIGN §3).
+            let guard = self.take(&id).await?;
+            self.complete_empty(&guard, &rec).await?;
+        }
+        self.get(principal, &id).await
+    }
+
+    /// The plan for the body of a creation-with-upload request, which starts at offset 0.
+    pub fn creation_body_plan(&self, plan: &CreationPlan) -> PatchPlan {
+        let limit = plan.length.unwrap_or(self.cfg.max_size);
+        PatchPlan { offset: 0, set_length: None, length: plan.length, max_bytes: limit, checksum: plan.checksum.clone(), checksum_in_trailer: false }
+    }
+
+    /// Terminate (TUS 1.0 §Termination): the record and bytes are gone; the id answers 404.
+    pub async fn terminate(&self, principal: &str, id: &str) -> Result<(), TusError> {
+        self.get(principal, id).await?;
+        let _guard = self.take(id).await?;
+        self.get(principal, id).await?;
+        self.catalog.delete_upload(id).await?;
+        self.blobs.delete(id).await?;
+        self.metrics.uploads_terminated.inc();
+        Ok(())
+    }
+
+    /// Stream bytes `range` of a finished upload. Never takes the writer slot, so
+    /// concurrent downloads never block each other.
+    pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, TusError> {
+        Ok(self.blobs.read(&rec.id, range).await?)
+    }
+
+    pub(crate) fn hash_state_of(rec: &UploadRecord) -> Result<RunningSha256, TusError> {
+        RunningSha256::from_state(&rec.hash_state).map_err(|e| internal("hash state", e))
+    }
+
+    /// Feed a chunk to the blob writer and count it.
+    pub(crate) fn count_received(&self, data: &Bytes) {
+        self.metrics.bytes_received.inc_by(data.len() as u64);
+    }
+}
+
+impl UploadEngine {
+    /// Resolves once [`UploadEngine::begin_shutdown`] was called.
+    pub async fn shutdown_requested(&self) {
+        self.shutdown.cancelled().await
+    }
+}

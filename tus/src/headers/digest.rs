@@ -1,0 +1,127 @@
+//! Owns `Repr-Digest` and `Content-Digest` (RFC 9530 §2, §3): integrity digests as RFC 9651
+//! Dictionaries of algorithm → byte sequence. ferry only computes sha-256.
+
+use std::fmt;
+use std::str::FromStr;
+
+use sfv::{key_ref, BareItem, DictSerializer, Dictionary, Item, ListEntry, Parser, RefBareItem};
+
+use crate::error::ParseError;
+
+const NAME: &str = "Repr-Digest";
+
+/// `Repr-Digest` (RFC 9530 §3) — and, through [`ContentDigest`], `Content-Digest` (RFC 9530 §2).
+///
+/// Grammar: an RFC 9651 Dictionary whose keys are hash algorithm keys from the IANA registry and
+/// whose values are Byte Sequences, e.g. `sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:`.
+/// Only `sha-256` is kept; other members (`sha-512`, unknown ones) are ignored as RFC 9530 §2
+/// allows. A `sha-256` member that is not a Byte Sequence of exactly 32 bytes is an error.
+/// `Display` writes `sha-256=:…:` (standard base64 with padding), or `""` when there is none.
+/// Errors name the header `Repr-Digest` for both uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReprDigest {
+    /// The `sha-256` digest, if present.
+    pub sha256: Option<[u8; 32]>,
+}
+
+/// `Content-Digest` (RFC 9530 §2) has the same grammar as `Repr-Digest`.
+pub type ContentDigest = ReprDigest;
+
+impl ReprDigest {
+    /// The canonical header name.
+    pub const NAME: &'static str = NAME;
+
+    /// A digest field carrying only `sha-256`.
+    pub fn from_sha256(d: [u8; 32]) -> Self {
+        ReprDigest { sha256: Some(d) }
+    }
+}
+
+impl FromStr for ReprDigest {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let dict: Dictionary = Parser::new(s)
+            .parse_dictionary()
+            .map_err(|e| ParseError::from_sfv(NAME, &e))?;
+        let sha256 = match dict.get("sha-256") {
+            None => None,
+            Some(ListEntry::Item(Item {
+                bare_item: BareItem::ByteSequence(b),
+                ..
+            })) => Some(
+                <[u8; 32]>::try_from(b.as_slice())
+                    .map_err(|_| ParseError::syntax(NAME, 0, "sha-256 digest must be 32 bytes"))?,
+            ),
+            Some(_) => {
+                return Err(ParseError::syntax(
+                    NAME,
+                    0,
+                    "sha-256 digest must be a byte sequence",
+                ))
+            }
+        };
+        Ok(ReprDigest { sha256 })
+    }
+}
+
+impl fmt::Display for ReprDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut ser = DictSerializer::new();
+        if let Some(d) = &self.sha256 {
+            ser.bare_item(key_ref("sha-256"), RefBareItem::ByteSequence(d));
+        }
+        f.write_str(ser.finish().as_deref().unwrap_or(""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // sha-256 of the empty string.
+    const EMPTY: [u8; 32] = [
+        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9,
+        0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52,
+        0xb8, 0x55,
+    ];
+
+    #[test]
+    fn display_and_round_trip() {
+        let d = ReprDigest::from_sha256(EMPTY);
+        assert_eq!(
+            d.to_string(),
+            "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"
+        );
+        assert_eq!(d.to_string().parse(), Ok(d));
+        let none = ReprDigest::default();
+        assert_eq!(none.to_string(), "");
+        assert_eq!("".parse(), Ok(none));
+        let c: ContentDigest = d;
+        assert_eq!(c.to_string().parse::<ContentDigest>(), Ok(c));
+    }
+
+    #[test]
+    fn other_members_ignored() {
+        // RFC 9530 §2 example shape: several algorithms in one field.
+        let s = "sha-512=:YMAam51Jz/jOATT6/zvHrLVgOYTGFy1d6GJiOHTohq4yP+pgk4vf2aCsyRZOtw8MjkM7iw7yZ/WkppmM44T3qg==:, sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:, foo=bar";
+        assert_eq!(s.parse(), Ok(ReprDigest::from_sha256(EMPTY)));
+        assert_eq!("sha-512=:AAAA:".parse(), Ok(ReprDigest::default()));
+    }
+
+    #[test]
+    fn rejects() {
+        for s in [
+            "sha-256=:AAAA:",                                       // 3 bytes
+            "sha-256=47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=", // not a byte sequence
+            "sha-256=(:AAAA:)",
+            "sha-256",                                                // boolean true
+            "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=",  // unterminated
+            "SHA-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:", // keys are lowercase
+            "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:,",
+        ] {
+            let e = s.parse::<ReprDigest>().unwrap_err();
+            assert_eq!(e.header(), "Repr-Digest", "{s:?}");
+        }
+    }
+}
