@@ -93,18 +93,19 @@ pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
     assert!(!cat.list_expired(4_999, 100).await.unwrap().contains(&id));
     assert!(cat.list_expired(5_000, 100).await.unwrap().contains(&id));
     let f = cat.acquire_fence(&id).await.unwrap();
-    cat.mark_expired(&id).await.unwrap();
-    cat.mark_expired(&id).await.expect("idempotent");
+    cat.mark_expired(&id, 6_000).await.unwrap();
+    cat.mark_expired(&id, 7_000).await.expect("idempotent");
     assert!(cat.get_upload(&id).await.unwrap().unwrap().expired);
     let cp = Checkpoint { offset: 1, hash_state: vec![], length: None, finished_sha256: None, expires_at_ms: None, now_ms: 1 };
     assert!(matches!(cat.checkpoint(&id, f, &cp).await, Err(CatalogError::Fenced)), "expiry fences out writers");
     assert!(!cat.list_expired(i64::MAX, 100).await.unwrap().contains(&id), "tombstones are not listed again");
-    assert!(cat.list_tombstones(i64::MAX, 100).await.unwrap().contains(&id));
+    assert!(!cat.list_tombstones(6_000, 100).await.unwrap().contains(&id), "kept until its time");
+    assert!(cat.list_tombstones(6_001, 100).await.unwrap().contains(&id));
     assert!(!cat.list_unfinished().await.unwrap().iter().any(|r| r.id == id));
     assert!(cat.delete_upload(&id).await.unwrap());
     assert!(!cat.delete_upload(&id).await.unwrap(), "delete is idempotent");
     assert!(cat.get_upload(&id).await.unwrap().is_none());
-    assert!(matches!(cat.mark_expired(&id).await, Err(CatalogError::NotFound)));
+    assert!(matches!(cat.mark_expired(&id, 1).await, Err(CatalogError::NotFound)));
 }
 
 pub async fn check_concat_lookup(cat: &dyn Catalog, p: &str) {

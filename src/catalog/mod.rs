@@ -117,9 +117,10 @@ pub trait Catalog: Send + Sync + 'static {
     /// bytes `[0, cp.offset)` durable first. Errors: `NotFound`, `Fenced`.
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()>;
 
-    /// Mark an upload expired (a tombstone: its bytes are gone, the id answers 410).
-    /// Idempotent. `NotFound` if the id is unknown.
-    async fn mark_expired(&self, id: &str) -> CatalogResult<()>;
+    /// Mark an upload expired at `now_ms` (a tombstone: its bytes are gone, the id answers
+    /// 410 until [`Catalog::list_tombstones`] lists it). Fences out every writer. Idempotent.
+    /// `NotFound` if the id is unknown.
+    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<()>;
 
     /// Delete the row. Returns whether a row was deleted. Idempotent.
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool>;
@@ -128,7 +129,7 @@ pub trait Catalog: Send + Sync + 'static {
     /// at most `limit`.
     async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
 
-    /// Ids of tombstones last updated before `before_ms`, at most `limit`.
+    /// Ids of tombstones marked expired before `before_ms`, at most `limit`.
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
 
     /// Every unfinished upload that still has bytes (not tombstoned), for start-up recovery.

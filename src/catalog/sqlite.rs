@@ -185,9 +185,13 @@ impl Catalog for SqliteCatalog {
         }
     }
 
-    async fn mark_expired(&self, id: &str) -> CatalogResult<()> {
-        let done = sqlx::query("UPDATE uploads SET expired = 1, fence = fence + 1 WHERE id = ?")
-            .bind(id)
+    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET updated_at_ms = CASE WHEN expired = 1 THEN updated_at_ms ELSE ? END, \
+             expired = 1, fence = fence + 1 WHERE id = ?",
+        )
+        .bind(now_ms)
+        .bind(id)
             .execute(&self.pool)
             .await?;
         if done.rows_affected() == 0 {

@@ -66,7 +66,8 @@ pub(super) fn upload_headers(h: &mut HeaderMap, rec: &UploadRecord) {
 }
 
 /// `OPTIONS /files/`: TUS discovery (TUS 1.0 §OPTIONS).
-pub async fn options(State(s): State<AppState>) -> Response {
+pub async fn options(State(s): State<AppState>, h: HeaderMap) -> Result<Response, Problem> {
+    version(Verb::Options, &h)?;
     let mut res = StatusCode::NO_CONTENT.into_response();
     let h = res.headers_mut();
     tus_headers(h);
@@ -74,7 +75,7 @@ pub async fn options(State(s): State<AppState>) -> Response {
     set(h, "tus-extension", TUS_EXTENSIONS.join(","));
     set(h, "tus-max-size", s.engine.config().max_size);
     set(h, "tus-checksum-algorithm", ferry_tus::checksum_algorithms_header());
-    res
+    Ok(res)
 }
 
 /// The URL of an upload as the client should see it: relative by default; absolute from

@@ -17,7 +17,7 @@ use crate::catalog::{Checkpoint, Concat, UploadRecord};
 enum End {
     Eof,
     TooLarge,
-    Disconnected(String),
+    Disconnected,
     Idle,
     TakenOver,
     Shutdown,
@@ -174,7 +174,7 @@ impl UploadEngine {
             let frame = match frame {
                 Err(_) => break End::Idle,
                 Ok(None) => break End::Eof,
-                Ok(Some(Err(e))) => break End::Disconnected(e.to_string()),
+                Ok(Some(Err(e))) => { tracing::debug!(upload = id, error = %e, "PATCH body failed"); break End::Disconnected }
                 Ok(Some(Ok(f))) => f,
             };
             let data = match frame.into_data() {
@@ -237,7 +237,7 @@ impl UploadEngine {
                 )
                 .with_cursor(kept));
             }
-            End::Disconnected(_) | End::Idle | End::TakenOver | End::Shutdown => {
+            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown => {
                 // Keep what arrived, unless it can no longer be verified.
                 if verifying {
                     app.discard().await?;

@@ -141,7 +141,7 @@ impl UploadEngine {
                 Some(r) if !r.is_finished() && !r.expired && r.expires_at_ms.is_some_and(|e| e <= now_ms()) => {}
                 _ => continue,
             }
-            self.catalog.mark_expired(&id).await?;
+            self.catalog.mark_expired(&id, now_ms()).await?;
             self.blobs.delete(&id).await?;
             self.metrics.uploads_expired.inc();
             n += 1;

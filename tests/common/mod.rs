@@ -42,10 +42,7 @@ impl Server {
             .arg(data)
             .args(args)
             .env_remove("FERRY_LISTEN")
-            .env(
-                "RUST_LOG",
-                std::env::var("FERRY_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("RUST_LOG", std::env::var("FERRY_TEST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -93,10 +90,7 @@ impl Server {
 
     /// Send SIGTERM and wait for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         self.child.wait().expect("wait")
     }
 
@@ -143,4 +137,96 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(data))
+}
+
+/// A TUS client for transcript tests: every request carries `Tus-Resumable: 1.0.0` unless
+/// the test passes its own headers to [`Tus::request`].
+pub struct Tus {
+    pub c: reqwest::Client,
+    pub base: String,
+}
+
+pub const OCTET: &str = "application/offset+octet-stream";
+
+impl Tus {
+    pub fn new(server: &Server) -> Tus {
+        Tus { c: client(), base: server.base.clone() }
+    }
+
+    /// Absolute URL of a `Location` value or path.
+    pub fn abs(&self, loc: &str) -> String {
+        if loc.starts_with("http") { loc.to_string() } else { format!("{}{}", self.base, loc) }
+    }
+
+    /// Any request with exactly the given headers.
+    pub async fn request(&self, method: &str, url: &str, headers: &[(&str, &str)], body: Option<Vec<u8>>) -> reqwest::Response {
+        let mut r = self.c.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), self.abs(url));
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        if let Some(b) = body {
+            r = r.body(b);
+        }
+        r.send().await.expect("request")
+    }
+
+    /// POST /files/ with `Tus-Resumable` and the given headers.
+    pub async fn post(&self, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut h = vec![("Tus-Resumable", "1.0.0")];
+        h.extend_from_slice(headers);
+        self.request("POST", "/files/", &h, None).await
+    }
+
+    /// Create an upload of `len` bytes; returns its absolute URL.
+    pub async fn create(&self, len: u64) -> String {
+        let len = len.to_string();
+        let r = self.post(&[("Upload-Length", &len)]).await;
+        assert_eq!(r.status(), 201, "create: {:?}", r.text().await);
+        self.abs(r.headers()["location"].to_str().unwrap())
+    }
+
+    /// PATCH `body` at `offset` with extra headers.
+    pub async fn patch(&self, url: &str, offset: u64, body: Vec<u8>, extra: &[(&str, &str)]) -> reqwest::Response {
+        let off = offset.to_string();
+        let mut h = vec![("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", off.as_str())];
+        h.extend_from_slice(extra);
+        self.request("PATCH", url, &h, Some(body)).await
+    }
+
+    pub async fn head(&self, url: &str) -> reqwest::Response {
+        self.request("HEAD", url, &[("Tus-Resumable", "1.0.0")], None).await
+    }
+
+    /// The `Upload-Offset` HEAD reports.
+    pub async fn offset(&self, url: &str) -> u64 {
+        let r = self.head(url).await;
+        assert_eq!(r.status(), 200, "HEAD {url}");
+        header_u64(&r, "upload-offset").expect("Upload-Offset")
+    }
+
+    /// GET the whole file.
+    pub async fn download(&self, url: &str) -> Vec<u8> {
+        let r = self.c.get(self.abs(url)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "GET {url}");
+        r.bytes().await.unwrap().to_vec()
+    }
+}
+
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    r.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+pub fn header_u64(r: &reqwest::Response, name: &str) -> Option<u64> {
+    header(r, name).map(|v| v.parse().unwrap())
+}
+
+/// Assert an RFC 9457 problem body with our `code`, and return it.
+pub async fn problem(r: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(r.status().as_u16(), status, "status");
+    assert_eq!(header(&r, "content-type"), Some("application/problem+json"));
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).expect("problem+json body");
+    assert_eq!(v["code"], code, "{v}");
+    assert!(v["retryable"].is_boolean(), "{v}");
+    assert!(v["recovery_hint"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    v
 }

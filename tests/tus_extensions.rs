@@ -1,0 +1,271 @@
+//! Transcripts for the TUS extensions: checksum, checksum-trailer, creation-with-upload,
+//! creation-defer-length, expiration, concatenation(-unfinished), and ferry's whole-upload
+//! sha256 declared at creation.
+
+mod common;
+use base64::Engine as _;
+use common::*;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+fn b64(d: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(d)
+}
+
+fn checksum(alg: &str, data: &[u8]) -> String {
+    use digest::Digest;
+    let d = match alg {
+        "sha1" => sha1::Sha1::digest(data).to_vec(),
+        "sha256" => sha2::Sha256::digest(data).to_vec(),
+        "sha512" => sha2::Sha512::digest(data).to_vec(),
+        "md5" => md5::Md5::digest(data).to_vec(),
+        _ => unreachable!(),
+    };
+    format!("{alg} {}", b64(&d))
+}
+
+#[tokio::test]
+async fn chunk_checksums_verify_and_mismatches_discard_the_chunk() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(4 * 300_000, 1);
+    let url = t.create(data.len() as u64).await;
+    for (i, alg) in ["sha1", "sha256", "sha512", "md5"].iter().enumerate() {
+        let off = i * 300_000;
+        let chunk = &data[off..off + 300_000];
+        // A wrong checksum first: 460, the chunk is discarded, the offset stays.
+        let wrong = checksum(alg, b"something else");
+        let r = t.patch(&url, off as u64, chunk.to_vec(), &[("Upload-Checksum", &wrong)]).await;
+        let v = problem(r, 460, "checksum_mismatch").await;
+        assert_eq!(v["partial"]["cursor"], off as u64);
+        assert_eq!(t.offset(&url).await, off as u64, "{alg}: offset unchanged");
+        let right = checksum(alg, chunk);
+        let r = t.patch(&url, off as u64, chunk.to_vec(), &[("Upload-Checksum", &right)]).await;
+        assert_eq!(r.status(), 204, "{alg}");
+    }
+    assert_eq!(sha256_hex(&t.download(&url).await), sha256_hex(&data));
+}
+
+#[tokio::test]
+async fn unknown_or_malformed_checksum_is_400_and_stores_nothing() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(10).await;
+    for bad in ["crc32 AAAAAA==", "sha1", "sha1 !!!", "sha256 AAAA", "sha1  2jmj7l5rSw0yVb/vlWAYkK/YBwk="] {
+        let r = t.patch(&url, 0, b"hello".to_vec(), &[("Upload-Checksum", bad)]).await;
+        problem(r, 400, "invalid_argument").await;
+    }
+    assert_eq!(t.offset(&url).await, 0);
+}
+
+/// Send a raw HTTP/1.1 request (for trailers, which reqwest cannot send) and return the
+/// status code and the whole response text.
+fn raw(addr: &str, request: &[u8]) -> (u16, String) {
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sock.write_all(request).unwrap();
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    while !String::from_utf8_lossy(&buf).contains("\r\n\r\n") {
+        let n = sock.read(&mut tmp).unwrap();
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, text)
+}
+
+fn chunked_patch_with_trailer(addr: &str, path: &str, offset: u64, body: &[u8], trailer: &str) -> (u16, String) {
+    let mut req = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\n\
+         Upload-Offset: {offset}\r\nTrailer: Upload-Checksum\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for part in body.chunks(1000) {
+        req.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        req.extend_from_slice(part);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(format!("0\r\n{trailer}\r\n").as_bytes());
+    raw(addr, &req)
+}
+
+#[tokio::test]
+async fn checksum_trailer_is_verified() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(5_000, 2);
+    let url = t.create(5_000).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let (st, _) = chunked_patch_with_trailer(&s.addr(), &path, 0, &data[..2_500], &format!("Upload-Checksum: {}\r\n", checksum("sha256", b"nope")));
+    assert_eq!(st, 460, "a wrong trailer checksum discards the chunk");
+    assert_eq!(t.offset(&url).await, 0);
+    let (st, _) = chunked_patch_with_trailer(&s.addr(), &path, 0, &data[..2_500], "");
+    assert_eq!(st, 400, "an announced trailer that never arrives");
+    assert_eq!(t.offset(&url).await, 0);
+    let (st, text) = chunked_patch_with_trailer(&s.addr(), &path, 0, &data[..2_500], &format!("Upload-Checksum: {}\r\n", checksum("md5", &data[..2_500])));
+    assert_eq!(st, 204, "{text}");
+    let (st, _) = chunked_patch_with_trailer(&s.addr(), &path, 2_500, &data[2_500..], &format!("Upload-Checksum: {}\r\n", checksum("sha1", &data[2_500..])));
+    assert_eq!(st, 204);
+    assert_eq!(t.download(&url).await, data);
+}
+
+#[tokio::test]
+async fn creation_with_upload_stores_the_first_chunk() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "11"), ("Content-Type", OCTET)], Some(b"hello".to_vec())).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&r, "upload-offset"), Some("5"));
+    let url = t.abs(header(&r, "location").unwrap());
+    assert_eq!(t.patch(&url, 5, b" world".to_vec(), &[]).await.status(), 204);
+    assert_eq!(t.download(&url).await, b"hello world");
+    // A body with the wrong media type is refused before anything is created.
+    let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", "text/plain")], Some(b"hello".to_vec())).await;
+    problem(r, 415, "invalid_argument").await;
+    // A creation body with a failing checksum: the upload exists at offset 0 and says where.
+    let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", &checksum("sha1", b"x"))], Some(b"hello".to_vec())).await;
+    let loc = t.abs(header(&r, "location").expect("Location of the created upload"));
+    problem(r, 460, "checksum_mismatch").await;
+    assert_eq!(t.offset(&loc).await, 0);
+}
+
+#[tokio::test]
+async fn deferred_length_is_declared_once() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let r = t.post(&[("Upload-Defer-Length", "1")]).await;
+    assert_eq!(r.status(), 201);
+    let url = t.abs(header(&r, "location").unwrap());
+    let h = t.head(&url).await;
+    assert_eq!(header(&h, "upload-defer-length"), Some("1"));
+    assert!(header(&h, "upload-length").is_none());
+    assert_eq!(t.patch(&url, 0, b"abc".to_vec(), &[]).await.status(), 204);
+    problem(t.patch(&url, 3, b"d".to_vec(), &[("Upload-Length", "2")]).await, 400, "invalid_argument").await;
+    let r = t.patch(&url, 3, b"def".to_vec(), &[("Upload-Length", "9")]).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(header(&r, "upload-length"), Some("9"));
+    // The same length again is accepted; a different one is not.
+    assert_eq!(t.patch(&url, 6, b"g".to_vec(), &[("Upload-Length", "9")]).await.status(), 204);
+    problem(t.patch(&url, 7, b"h".to_vec(), &[("Upload-Length", "10")]).await, 400, "invalid_argument").await;
+    assert_eq!(t.patch(&url, 7, b"hi".to_vec(), &[]).await.status(), 204);
+    assert_eq!(t.download(&url).await, b"abcdefghi");
+}
+
+#[tokio::test]
+async fn expired_uploads_answer_410_then_404_and_lose_their_bytes() {
+    let s = Server::start(&["--expire-after", "1s", "--sweep-interval", "200ms"]);
+    let t = Tus::new(&s);
+    let url = t.create(10).await;
+    let r = t.patch(&url, 0, b"abc".to_vec(), &[]).await;
+    let expires = httpdate::parse_http_date(header(&r, "upload-expires").expect("Upload-Expires on PATCH")).unwrap();
+    assert!(expires > std::time::SystemTime::now() - Duration::from_secs(1));
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let blob = s.data.join("blobs").join(&id[..2]).join(&id);
+    let done = t.create(1).await;
+    assert_eq!(t.patch(&done, 0, b"x".to_vec(), &[]).await.status(), 204);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = t.head(&url).await;
+        if r.status() == 410 && !blob.exists() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never expired: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    problem(t.patch(&url, 3, b"d".to_vec(), &[]).await, 410, "upload_expired").await;
+    loop {
+        if t.head(&url).await.status() == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tombstone never forgotten");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(t.download(&done).await, b"x", "finished uploads never expire");
+    let metrics = t.c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ferry_uploads_expired_total 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn concatenation_of_finished_partials() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let mut urls = Vec::new();
+    for part in [&b"hello "[..], b"big ", b"world"] {
+        let len = part.len().to_string();
+        let r = t.post(&[("Upload-Length", &len), ("Upload-Concat", "partial")]).await;
+        assert_eq!(r.status(), 201);
+        let url = t.abs(header(&r, "location").unwrap());
+        assert_eq!(header(&t.head(&url).await, "upload-concat"), Some("partial"));
+        assert_eq!(t.patch(&url, 0, part.to_vec(), &[]).await.status(), 204);
+        urls.push(url);
+    }
+    // Parts may be named by absolute or relative URL, and repeated.
+    let rel = urls[1].trim_start_matches(&s.base).to_string();
+    let concat = format!("final;{} {} {} {}", urls[0], rel, urls[2], urls[1]);
+    let r = t.post(&[("Upload-Concat", &concat), ("Upload-Metadata", "filename aGVsbG8udHh0")]).await;
+    assert_eq!(r.status(), 201);
+    let fin = t.abs(header(&r, "location").unwrap());
+    let h = t.head(&fin).await;
+    assert_eq!(header(&h, "upload-concat"), Some(concat.as_str()));
+    assert_eq!((header(&h, "upload-offset"), header(&h, "upload-length")), (Some("19"), Some("19")));
+    assert_eq!(t.download(&fin).await, b"hello big worldbig ");
+    problem(t.patch(&fin, 19, b"x".to_vec(), &[]).await, 403, "conflict").await;
+    problem(t.post(&[("Upload-Concat", "final;/files/aaaaaaaaaaaaaaaaaaaaaaaaaa")]).await, 400, "invalid_argument").await;
+    let plain = t.create(1).await;
+    problem(t.post(&[("Upload-Concat", &format!("final;{plain}"))]).await, 400, "invalid_argument").await;
+    problem(t.post(&[("Upload-Concat", &format!("final;{}", urls[0])), ("Upload-Length", "6")]).await, 400, "invalid_argument").await;
+}
+
+#[tokio::test]
+async fn concatenation_unfinished_completes_when_the_parts_do() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let a = { let r = t.post(&[("Upload-Length", "3"), ("Upload-Concat", "partial")]).await; t.abs(header(&r, "location").unwrap()) };
+    let b = { let r = t.post(&[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await; t.abs(header(&r, "location").unwrap()) };
+    let r = t.post(&[("Upload-Concat", &format!("final;{a} {b}"))]).await;
+    assert_eq!(r.status(), 201);
+    let fin = t.abs(header(&r, "location").unwrap());
+    let h = t.head(&fin).await;
+    assert!(header(&h, "upload-offset").is_none(), "no Upload-Offset before the concatenation finished");
+    assert!(header(&h, "upload-length").is_none(), "length not computable yet");
+    problem(t.c.get(&fin).send().await.unwrap(), 409, "upload_incomplete").await;
+    assert_eq!(t.patch(&a, 0, b"abc".to_vec(), &[]).await.status(), 204);
+    assert_eq!(t.patch(&b, 0, b"de".to_vec(), &[("Upload-Length", "2")]).await.status(), 204);
+    let h = t.head(&fin).await;
+    assert_eq!((header(&h, "upload-offset"), header(&h, "upload-length")), (Some("5"), Some("5")));
+    assert_eq!(t.download(&fin).await, b"abcde");
+}
+
+#[tokio::test]
+async fn declared_sha256_is_checked_at_completion() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(100_000, 3);
+    let good = sha256_hex(&data);
+    let md = format!("sha256 {}", b64(good.as_bytes()));
+    let r = t.post(&[("Upload-Length", "100000"), ("Upload-Metadata", &md)]).await;
+    let url = t.abs(header(&r, "location").unwrap());
+    assert_eq!(t.patch(&url, 0, data[..50_000].to_vec(), &[]).await.status(), 204);
+    let r = t.patch(&url, 50_000, data[50_000..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(header(&r, "repr-digest").unwrap(), format!("sha-256=:{}:", b64(&hex::decode(&good).unwrap())));
+
+    // Repr-Digest on the POST, and bytes that do not match: 460 and back to offset 0.
+    let digest = format!("sha-256=:{}:", b64(&hex::decode(&good).unwrap()));
+    let r = t.post(&[("Upload-Length", "100000"), ("Repr-Digest", &digest)]).await;
+    let url = t.abs(header(&r, "location").unwrap());
+    let mut corrupt = data.clone();
+    corrupt[99_999] ^= 1;
+    assert_eq!(t.patch(&url, 0, corrupt[..60_000].to_vec(), &[]).await.status(), 204);
+    let v = problem(t.patch(&url, 60_000, corrupt[60_000..].to_vec(), &[]).await, 460, "checksum_mismatch").await;
+    assert_eq!(v["partial"]["cursor"], 0);
+    assert_eq!(t.offset(&url).await, 0, "reset to offset 0");
+    assert_eq!(t.patch(&url, 0, data.clone(), &[]).await.status(), 204);
+    assert_eq!(t.download(&url).await, data);
+    problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(b"zz")))]).await, 400, "invalid_argument").await;
+}
