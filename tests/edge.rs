@@ -1,0 +1,92 @@
+//! The HTTP edge: CORS, proxies and Location, health, readiness and metrics.
+
+mod common;
+use common::*;
+
+#[tokio::test]
+async fn cors_preflight_and_exposed_headers() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let r = t
+        .request("OPTIONS", "/files/", &[("Origin", "http://app.example"), ("Access-Control-Request-Method", "PATCH"), ("Access-Control-Request-Headers", "upload-offset,tus-resumable,upload-checksum,content-type")], None)
+        .await;
+    assert!(r.status().is_success());
+    assert_eq!(header(&r, "access-control-allow-origin"), Some("*"));
+    let allowed = header(&r, "access-control-allow-headers").unwrap().to_ascii_lowercase();
+    for h in ["upload-offset", "tus-resumable", "upload-checksum", "upload-metadata", "upload-concat", "upload-defer-length", "x-http-method-override"] {
+        assert!(allowed.contains(h), "{h} not allowed: {allowed}");
+    }
+    assert!(header(&r, "access-control-allow-methods").unwrap().contains("PATCH"));
+    let r = t.request("POST", "/files/", &[("Origin", "http://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await;
+    let exposed = header(&r, "access-control-expose-headers").unwrap().to_ascii_lowercase();
+    for h in ["location", "upload-offset", "upload-length", "tus-resumable", "upload-expires", "repr-digest", "etag", "content-range"] {
+        assert!(exposed.contains(h), "{h} not exposed: {exposed}");
+    }
+}
+
+#[tokio::test]
+async fn forwarded_headers_are_ignored_unless_behind_proxy() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let r = t.post(&[("Upload-Length", "1"), ("X-Forwarded-Host", "evil.example"), ("X-Forwarded-Proto", "https")]).await;
+    assert!(header(&r, "location").unwrap().starts_with("/files/"));
+
+    let s = Server::start(&["--behind-proxy"]);
+    let t = Tus::new(&s);
+    let r = t.post(&[("Upload-Length", "1"), ("X-Forwarded-Host", "files.example"), ("X-Forwarded-Proto", "https")]).await;
+    assert!(header(&r, "location").unwrap().starts_with("https://files.example/files/"));
+    let r = t.post(&[("Upload-Length", "1"), ("Forwarded", "for=1.2.3.4;proto=https;host=\"up.example:8443\", for=5.6.7.8")]).await;
+    assert!(header(&r, "location").unwrap().starts_with("https://up.example:8443/files/"));
+    let r = t.post(&[("Upload-Length", "1"), ("X-Forwarded-Host", "bad host/x")]).await;
+    assert!(!header(&r, "location").unwrap().contains("bad"), "an invalid host is not echoed");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    assert_eq!(t.c.get(s.url("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(t.c.get(s.url("/readyz")).send().await.unwrap().status(), 200);
+    let url = t.create(4).await;
+    assert_eq!(t.patch(&url, 0, b"abcd".to_vec(), &[]).await.status(), 204);
+    let _ = t.patch(&url, 0, b"x".to_vec(), &[]).await;
+    let del = t.create(1).await;
+    t.request("DELETE", &del, &[("Tus-Resumable", "1.0.0")], None).await;
+    let m = t.c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for line in [
+        "ferry_uploads_created_total 2",
+        "ferry_uploads_finished_total 1",
+        "ferry_uploads_terminated_total 1",
+        "ferry_bytes_received_total 4",
+        "ferry_patches_in_flight 0",
+        "ferry_http_requests_total{status=\"201\"} 2",
+        "ferry_http_requests_total{status=\"409\"} 1",
+    ] {
+        assert!(m.contains(line), "{line} missing in\n{m}");
+    }
+    let r = t.c.get(s.url("/nope")).send().await.unwrap();
+    problem(r, 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_keeps_a_streaming_patch() {
+    let mut s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(10 << 20).await;
+    // Stream 1 MiB, then stall; SIGTERM must checkpoint what arrived.
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Vec<u8>, std::io::Error>>();
+    tx.unbounded_send(Ok(vec![7u8; 1 << 20])).unwrap();
+    let body = reqwest::Body::wrap_stream(rx);
+    let c = t.c.clone();
+    let u = url.clone();
+    let pending = tokio::spawn(async move { c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(body).send().await });
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert!(s.terminate().success(), "clean exit");
+    drop(tx);
+    let _ = pending.await;
+    let data = s.data.clone();
+    let s2 = Server::start_in(&data, &[]);
+    let t2 = Tus::new(&s2);
+    let path = url.trim_start_matches(&s.base).to_string();
+    assert_eq!(t2.offset(&path).await, 1 << 20);
+}
