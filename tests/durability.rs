@@ -1,0 +1,128 @@
+//! Dropped connections, stalled clients and racing writers: what arrived is kept, bytes
+//! never interleave, and a newcomer learns the true offset.
+
+mod common;
+use common::*;
+use std::io::Write;
+use std::time::Duration;
+
+/// Open a raw PATCH announcing `total` bytes and send only `sent` of `data`.
+fn partial_patch(addr: &str, path: &str, offset: u64, data: &[u8], total: usize) -> std::net::TcpStream {
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\n\
+         Upload-Offset: {offset}\r\nContent-Length: {total}\r\n\r\n"
+    );
+    sock.write_all(head.as_bytes()).unwrap();
+    sock.write_all(data).unwrap();
+    sock.flush().unwrap();
+    sock
+}
+
+async fn wait_for_offset(t: &Tus, url: &str, want: u64) -> u64 {
+    let mut last = 0;
+    for _ in 0..100 {
+        last = t.offset(url).await;
+        if last == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    last
+}
+
+#[tokio::test]
+async fn dropped_connection_keeps_what_arrived_and_resumes_byte_exact() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(1 << 20, 11);
+    let url = t.create(data.len() as u64).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let sock = partial_patch(&s.addr(), &path, 0, &data[..400_000], data.len());
+    std::thread::sleep(Duration::from_millis(200));
+    drop(sock); // the client dies mid-body
+    assert_eq!(wait_for_offset(&t, &url, 400_000).await, 400_000, "HEAD reports what was kept");
+    assert_eq!(t.patch(&url, 400_000, data[400_000..].to_vec(), &[]).await.status(), 204);
+    assert_eq!(sha256_hex(&t.download(&url).await), sha256_hex(&data));
+}
+
+#[tokio::test]
+async fn a_silently_dead_client_is_taken_over_by_head() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(1 << 20, 12);
+    let url = t.create(data.len() as u64).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    // The socket stays open and sends nothing more: no FIN, no RST.
+    let _sock = partial_patch(&s.addr(), &path, 0, &data[..300_000], data.len());
+    std::thread::sleep(Duration::from_millis(300));
+    let r = t.head(&url).await;
+    assert_eq!(r.status(), 200, "HEAD takes the upload over instead of waiting forever");
+    assert_eq!(header_u64(&r, "upload-offset"), Some(300_000));
+    assert_eq!(t.patch(&url, 300_000, data[300_000..].to_vec(), &[]).await.status(), 204);
+    assert_eq!(t.download(&url).await, data);
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_checkpointed_after_the_idle_timeout() {
+    let s = Server::start(&["--idle-timeout", "500ms"]);
+    let t = Tus::new(&s);
+    let url = t.create(1 << 20).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let _sock = partial_patch(&s.addr(), &path, 0, &[5u8; 100_000], 1 << 20);
+    let mut in_flight = String::new();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        in_flight = t.c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        if in_flight.contains("ferry_patches_in_flight 0") && in_flight.contains("ferry_bytes_received_total 100000") {
+            break;
+        }
+    }
+    assert!(in_flight.contains("ferry_patches_in_flight 0"), "{in_flight}");
+    assert_eq!(t.offset(&url).await, 100_000);
+}
+
+#[tokio::test]
+async fn racing_patches_never_interleave() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let len = 4usize << 20;
+    let x = pseudo_random(len, 21);
+    let y = pseudo_random(len, 22);
+    let url = t.create(len as u64).await;
+    // A streams X slowly in 64 KiB pieces.
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Vec<u8>, std::io::Error>>();
+    let xs = x.clone();
+    let feeder = std::thread::spawn(move || {
+        for piece in xs.chunks(64 << 10) {
+            if tx.unbounded_send(Ok(piece.to_vec())).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let c = t.c.clone();
+    let u = url.clone();
+    let a = tokio::spawn(async move {
+        c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(reqwest::Body::wrap_stream(rx)).send().await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // B sends Y from offset 0: A is asked to stop, keeps what it wrote, B learns the offset.
+    let r = t.patch(&url, 0, y.clone(), &[]).await;
+    let k = if r.status() == 409 {
+        header_u64(&r, "upload-offset").unwrap()
+    } else {
+        panic!("B expected 409 after A stored bytes, got {}", r.status());
+    };
+    assert!(k > 0 && k < len as u64, "A kept a prefix: {k}");
+    if let Ok(Ok(resp)) = a.await {
+        assert!(resp.status().is_client_error(), "A was stopped: {}", resp.status());
+    }
+    let r = t.patch(&url, k, y[k as usize..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204);
+    feeder.join().unwrap();
+    let got = t.download(&url).await;
+    let mut want = x[..k as usize].to_vec();
+    want.extend_from_slice(&y[k as usize..]);
+    assert!(got == want, "bytes are X[..k] + Y[k..], never interleaved");
+}
