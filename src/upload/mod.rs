@@ -163,7 +163,11 @@ impl UploadEngine {
     /// HEAD: first asks an in-flight PATCH to checkpoint and stop, so the answer is the true
     /// durable offset. Errors: 404, 410, 423 when the writer does not let go in time.
     pub async fn head(&self, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
-        self.get(principal, id).await?;
+        let rec = self.get(principal, id).await?;
+        if rec.is_finished() || matches!(rec.concat, Concat::Final { .. }) {
+            // Nothing can be writing to it from outside (a final is built by the server).
+            return Ok(rec);
+        }
         let _guard = self.take(id).await?;
         self.get(principal, id).await
     }
