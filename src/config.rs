@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 /// How hard ferry works to keep acknowledged bytes across power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -63,33 +65,68 @@ pub struct ServeArgs {
     #[arg(long, env = "FERRY_CHECKPOINT_EVERY", value_parser = parse_size)]
     pub checkpoint_every: Option<u64>,
     /// End a PATCH whose body stalls this long, keeping what arrived [default: 60s].
-    #[arg(long, env = "FERRY_IDLE_TIMEOUT", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "FERRY_IDLE_TIMEOUT", value_parser = parse_interval)]
     pub idle_timeout: Option<Duration>,
     /// How often expired uploads are swept [default: 60s].
-    #[arg(long, env = "FERRY_SWEEP_INTERVAL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "FERRY_SWEEP_INTERVAL", value_parser = parse_interval)]
     pub sweep_interval: Option<Duration>,
     /// Log format [default: text]. Logs go to stderr; RUST_LOG sets the filter.
     #[arg(long, env = "FERRY_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Task workers run at once [default: 4].
+    #[arg(long, env = "FERRY_TASK_WORKERS")]
+    pub task_workers: Option<usize>,
+    /// Task lease: a task whose worker died is resumed elsewhere after this long [default: 10s].
+    #[arg(long, env = "FERRY_TASK_LEASE", value_parser = parse_interval)]
+    pub task_lease: Option<Duration>,
+    /// Serve a non-loopback --listen address without bearer tokens (anyone who can connect
+    /// can read and write everything).
+    #[arg(long, env = "FERRY_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
 }
 
 /// `--expire-after`: a duration, or never.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expiry(pub Option<Duration>);
 
+/// Largest size any setting accepts: lengths are stored as signed 64-bit integers.
+const MAX_SIZE: u64 = i64::MAX as u64;
+
+/// A byte size: plain digits or a number with a unit (`64MiB`, `1TiB`, `500MB`); 1 to 2^63-1.
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse::<u64>().map_err(|e| e.to_string());
+    let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<u64>().ok()
+    } else {
+        s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64())
+    };
+    match n {
+        Some(n) if (1..=MAX_SIZE).contains(&n) => Ok(n),
+        Some(_) => Err(format!("size {s:?} must be between 1 byte and 8EiB")),
+        None => Err(format!("invalid size {s:?}: expected bytes like 1048576, 64MiB or 1TiB")),
     }
-    s.parse::<bytesize::ByteSize>().map(|b| b.as_u64()).map_err(|e| format!("invalid size {s:?}: {e}"))
+}
+
+/// A duration of at least `min` (e.g. `30s`, `12h`, `7d`).
+fn parse_duration_min(s: &str, min: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s.trim()).map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 30s, 12h, 7d)"))?;
+    if d < min {
+        return Err(format!("duration {s:?} must be at least {}", humantime::format_duration(min)));
+    }
+    Ok(d)
 }
 
 fn parse_expiry(s: &str) -> Result<Expiry, String> {
     match s.trim() {
-        "never" | "0" => Ok(Expiry(None)),
-        other => humantime::parse_duration(other).map(|d| Expiry(Some(d))).map_err(|e| e.to_string()),
+        "never" => Ok(Expiry(None)),
+        // Past 100 years an expiry is `never` in all but name, and dates stay printable.
+        other => parse_duration_min(other, Duration::from_secs(1))
+            .map(|d| Expiry(Some(d.min(Duration::from_secs(100 * 365 * 86_400))))),
     }
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    parse_duration_min(s, Duration::from_millis(100))
 }
 
 /// The same keys as [`ServeArgs`], read from `ferry.toml`. Sizes and durations are strings.
@@ -106,6 +143,65 @@ struct FileConfig {
     idle_timeout: Option<String>,
     sweep_interval: Option<String>,
     log_format: Option<LogFormat>,
+    #[serde(default)]
+    tokens: Vec<TokenEntry>,
+    #[serde(default)]
+    commands: BTreeMap<String, CommandSpec>,
+    #[serde(default)]
+    fetch: FetchConfig,
+    #[serde(default)]
+    tasks: TasksFileConfig,
+}
+
+/// `[[tokens]]` in ferry.toml: a bearer token's sha256 (hex) and the principal it names.
+/// Written by `ferry token create NAME`; the token itself is never stored.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub principal: String,
+    pub sha256: String,
+}
+
+/// `[commands.NAME]` in ferry.toml: a program the `command` task kind may run. Requests name
+/// the command; they never supply a command line.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandSpec {
+    /// Program path.
+    pub program: PathBuf,
+    /// Fixed arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Name of the produced file (default: `NAME.out`).
+    #[serde(default)]
+    pub output_name: Option<String>,
+    /// Media type of the produced file (default: application/octet-stream).
+    #[serde(default)]
+    pub media_type: Option<String>,
+    /// Working directory (default: the server's).
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// What the command does, for tool descriptions.
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// `[fetch]` in ferry.toml: hosts the `fetch` task kind may download from (none by default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FetchConfig {
+    /// Host names or `host:port`, matched exactly (case-insensitive).
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+}
+
+/// `[tasks]` in ferry.toml.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TasksFileConfig {
+    workers: Option<usize>,
+    lease: Option<String>,
+    default_ttl: Option<String>,
 }
 
 /// The resolved configuration of `ferry serve`.
@@ -121,11 +217,25 @@ pub struct Config {
     pub idle_timeout: Duration,
     pub sweep_interval: Duration,
     pub log_format: LogFormat,
+    /// Bearer tokens; empty = everything belongs to the principal `local`.
+    pub tokens: Vec<TokenEntry>,
+    pub commands: BTreeMap<String, CommandSpec>,
+    pub fetch: FetchConfig,
+    /// Task workers in this process.
+    pub task_workers: usize,
+    /// Task lease length.
+    pub task_lease: Duration,
+    /// Default time terminal tasks are kept.
+    pub task_ttl: Duration,
+    /// Serve without tokens on a non-loopback address.
+    pub insecure_no_auth: bool,
+    /// The configuration file in use (where `ferry token create` writes).
+    pub config_path: Option<PathBuf>,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
     match v {
-        toml::Value::Integer(i) if i >= 0 => Ok(i as u64),
+        toml::Value::Integer(i) if i >= 1 => Ok(i as u64),
         toml::Value::String(s) => parse_size(&s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
         other => anyhow::bail!("{key}: expected a size, got {other}"),
     }
@@ -134,14 +244,15 @@ fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
 impl Config {
     /// Resolve flags/env over the file over defaults.
     pub fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
-        let file = match &args.config {
-            Some(p) => Some(read_file(p)?),
-            None if Path::new("ferry.toml").exists() => Some(read_file(Path::new("ferry.toml"))?),
+        let config_path = match &args.config {
+            Some(p) => Some(p.clone()),
+            None if Path::new("ferry.toml").exists() => Some(PathBuf::from("ferry.toml")),
             None => None,
-        }
-        .unwrap_or_default();
+        };
+        let file = config_path.as_deref().map(read_file).transpose()?.unwrap_or_default();
+        let tasks = file.tasks;
         let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> {
-            v.map(|s| humantime::parse_duration(&s).with_context(|| format!("{key}: invalid duration {s:?}"))).transpose()
+            v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose()
         };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
         Ok(Config {
@@ -158,10 +269,18 @@ impl Config {
                 Some(v) => v,
                 None => file.checkpoint_every.map(|v| size_value(v, "checkpoint_every")).transpose()?.unwrap_or(64 << 20),
             }
-            .max(1),
+            .max(64 << 10),
             idle_timeout: args.idle_timeout.or(dur(file.idle_timeout, "idle_timeout")?).unwrap_or(Duration::from_secs(60)),
             sweep_interval: args.sweep_interval.or(dur(file.sweep_interval, "sweep_interval")?).unwrap_or(Duration::from_secs(60)),
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            tokens: file.tokens,
+            commands: file.commands,
+            fetch: file.fetch,
+            task_workers: args.task_workers.or(tasks.workers).unwrap_or(4).max(1),
+            task_lease: args.task_lease.or(dur(tasks.lease, "tasks.lease")?).unwrap_or(Duration::from_secs(10)),
+            task_ttl: dur(tasks.default_ttl, "tasks.default_ttl")?.unwrap_or(Duration::from_secs(24 * 3600)),
+            insecure_no_auth: args.insecure_no_auth,
+            config_path,
         })
     }
 }
@@ -181,6 +300,11 @@ mod tests {
         assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_size("1TiB").unwrap(), 1 << 40);
         assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("16EiB").is_err());
+        assert!(parse_expiry("0s").is_err());
+        assert_eq!(parse_expiry("8000y").unwrap(), Expiry(Some(Duration::from_secs(100 * 365 * 86_400))));
+        assert!(parse_interval("0s").is_err());
         assert_eq!(parse_expiry("never").unwrap(), Expiry(None));
         assert_eq!(parse_expiry("2s").unwrap(), Expiry(Some(Duration::from_secs(2))));
     }

@@ -9,4 +9,5 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod serve;
+pub mod tasks;
 pub mod upload;

@@ -178,3 +178,43 @@ async fn finished_upload_accepts_an_empty_patch_and_refuses_more() {
     problem(t.patch(&url, 2, b"c".to_vec(), &[]).await, 413, "size_exceeded").await;
     assert_eq!(t.download(&url).await, b"ab");
 }
+
+#[tokio::test]
+async fn duplicated_headers_are_refused_not_guessed() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(10).await;
+    let r = t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Upload-Offset", "5").body("abc").send().await.unwrap();
+    problem(r, 400, "invalid_argument").await;
+    let r = t.c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "5").header("Upload-Length", "6").send().await.unwrap();
+    problem(r, 400, "invalid_argument").await;
+    assert_eq!(t.offset(&url).await, 0);
+}
+
+#[tokio::test]
+async fn wrong_methods_get_a_problem_body() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(1).await;
+    problem(t.request("PUT", &url, &[], None).await, 405, "invalid_argument").await;
+    problem(t.request("POST", &url, &[("Tus-Resumable", "1.0.0")], None).await, 405, "invalid_argument").await;
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_is_400_and_keeps_what_arrived() {
+    use std::io::{Read, Write};
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(10).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
+    let req = format!("PATCH {path} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n");
+    sock.write_all(req.as_bytes()).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 2048];
+    let n = sock.read(&mut buf).unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("invalid_argument"), "{text}");
+    assert_eq!(t.offset(&url).await, 3);
+}

@@ -269,3 +269,35 @@ async fn declared_sha256_is_checked_at_completion() {
     assert_eq!(t.download(&url).await, data);
     problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(b"zz")))]).await, 400, "invalid_argument").await;
 }
+
+#[tokio::test]
+async fn unannounced_or_conflicting_trailers_are_refused() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(10).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let wrong = format!("Upload-Checksum: {}\r\n", checksum("sha256", b"x"));
+    let req = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n{wrong}\r\n"
+    );
+    let (st, _) = raw(&s.addr(), req.as_bytes());
+    assert_eq!(st, 400, "an unannounced trailer cannot be verified");
+    let good = checksum("sha256", b"hello");
+    let req = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nUpload-Checksum: {good}\r\nTrailer: Upload-Checksum\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n{wrong}\r\n"
+    );
+    let (st, _) = raw(&s.addr(), req.as_bytes());
+    assert_eq!(st, 400, "header and trailer disagree");
+    assert_eq!(t.offset(&url).await, 0);
+}
+
+#[tokio::test]
+async fn a_final_whose_part_is_terminated_expires() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let a = { let r = t.post(&[("Upload-Length", "3"), ("Upload-Concat", "partial")]).await; t.abs(header(&r, "location").unwrap()) };
+    let fin = { let r = t.post(&[("Upload-Concat", &format!("final;{a}"))]).await; t.abs(header(&r, "location").unwrap()) };
+    assert_eq!(t.request("DELETE", &a, &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
+    assert_eq!(t.head(&fin).await.status(), 410, "the final can never complete");
+    problem(t.c.get(&fin).send().await.unwrap(), 410, "upload_expired").await;
+}

@@ -9,8 +9,11 @@ use async_trait::async_trait;
 
 pub mod conformance;
 pub mod sqlite;
+mod sqlite_tasks;
+pub mod tasks;
 
 pub use sqlite::SqliteCatalog;
+pub use tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 
 /// How an upload takes part in TUS concatenation (TUS 1.0 §Concatenation).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +102,7 @@ pub type CatalogResult<T> = Result<T, CatalogError>;
 /// Upload metadata storage. Implementations must be safe to share between tasks and, for the
 /// distributed backends, between processes.
 #[async_trait]
-pub trait Catalog: Send + Sync + 'static {
+pub trait Catalog: TaskCatalog + Send + Sync + 'static {
     /// Insert a new upload. Atomic; fails with `AlreadyExists` if the id is taken.
     async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()>;
 

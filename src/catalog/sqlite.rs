@@ -14,7 +14,7 @@ use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, UploadReco
 /// SQLite-backed catalog.
 #[derive(Clone)]
 pub struct SqliteCatalog {
-    pool: SqlitePool,
+    pub(super) pool: SqlitePool,
 }
 
 impl From<sqlx::Error> for CatalogError {

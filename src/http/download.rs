@@ -46,14 +46,35 @@ fn decide(h: &HeaderMap, len: u64, etag: &str, last_modified: &str) -> Outcome {
             return Outcome::Whole;
         }
     }
-    match http_range_header::parse_range_header(range) {
+    // The crate parses the syntax; RFC 9110 §14.1.2 semantics are applied here.
+    // `bytes=-0` is a valid suffix range of length 0, which nothing satisfies (the crate
+    // refuses it as syntax).
+    if let Some(suffix) = range.trim().strip_prefix("bytes=-") {
+        if !suffix.is_empty() && suffix.bytes().all(|b| b == b'0') {
+            return Outcome::Unsatisfiable;
+        }
+    }
+    let Ok(parsed) = http_range_header::parse_range_header(range) else {
         // Syntactically invalid Range headers are ignored (RFC 9110 §14.2).
-        Err(_) => Outcome::Whole,
-        Ok(parsed) => match parsed.validate(len) {
-            Ok(ranges) if ranges.len() == 1 => Outcome::Partial { start: *ranges[0].start(), end_inclusive: *ranges[0].end() },
-            Ok(_) => Outcome::Whole,
-            Err(_) => Outcome::Unsatisfiable,
-        },
+        return Outcome::Whole;
+    };
+    let [only] = parsed.ranges.as_slice() else {
+        // Several ranges: the whole representation (no multipart/byteranges).
+        return Outcome::Whole;
+    };
+    use http_range_header::{EndPosition, StartPosition};
+    match (only.start, only.end) {
+        (StartPosition::FromLast(n), _) => {
+            if n == 0 || len == 0 {
+                Outcome::Unsatisfiable
+            } else {
+                Outcome::Partial { start: len.saturating_sub(n), end_inclusive: len - 1 }
+            }
+        }
+        (StartPosition::Index(s), _) if s >= len => Outcome::Unsatisfiable,
+        (StartPosition::Index(s), EndPosition::LastByte) => Outcome::Partial { start: s, end_inclusive: len - 1 },
+        (StartPosition::Index(s), EndPosition::Index(e)) if e < s => Outcome::Whole,
+        (StartPosition::Index(s), EndPosition::Index(e)) => Outcome::Partial { start: s, end_inclusive: e.min(len - 1) },
     }
 }
 
@@ -71,8 +92,9 @@ fn is_active(m: &mime::Mime) -> bool {
             || essence == "image/svg+xml"
             || essence.ends_with("/xml")
             || m.suffix() == Some(mime::XML)
-            || essence.contains("javascript")
-            || essence.contains("ecmascript"))
+            || essence.contains("script")
+            || essence.contains("xml")
+            || essence == "text/xsl")
 }
 
 /// RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~".
@@ -82,7 +104,7 @@ const ATTR_CHAR: &AsciiSet = &NON_ALPHANUMERIC
 
 /// RFC 6266 `Content-Disposition` with an ASCII fallback and a UTF-8 `filename*`.
 fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
-    let Some(name) = filename.map(|n| n.rsplit(['/', '\\']).next().unwrap_or(n)).filter(|n| !n.is_empty()) else {
+    let Some(name) = filename.map(|n| n.rsplit(['/', '\\']).next().unwrap_or(n)).filter(|n| !n.is_empty() && *n != "." && *n != "..") else {
         return disposition.to_string();
     };
     let fallback: String = name
@@ -105,7 +127,7 @@ pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
         ("x-content-type-options", "nosniff".to_string()),
         ("content-security-policy", "default-src 'none'; sandbox".to_string()),
         ("accept-ranges", "bytes".to_string()),
-        ("last-modified", httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(rec.finished_at_ms.unwrap_or(0).max(0) as u64))),
+        ("last-modified", super::tus::http_date(rec.finished_at_ms.unwrap_or(0))),
     ];
     for (k, v) in pairs {
         if let Ok(v) = HeaderValue::from_str(&v) {
@@ -117,7 +139,7 @@ pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
 /// `GET /files/{id}`. Errors: 404/410; 409 `upload_incomplete` with `Upload-Offset` while the
 /// upload is unfinished; 416 with `Content-Range: bytes */N` for an unsatisfiable range.
 pub async fn get(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
-    ferry_tus::check_version(Verb::Get, h.get("tus-resumable").map(|v| v.to_str().unwrap_or("?")))?;
+    ferry_tus::check_version(Verb::Get, super::tus::header(&h, "tus-resumable"))?;
     let rec = s.engine.get(LOCAL_PRINCIPAL, &id).await?;
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
         let mut res = Problem(
@@ -191,6 +213,9 @@ mod tests {
         assert_eq!(d(&[("range", "bytes=90-")]), Outcome::Partial { start: 90, end_inclusive: 99 });
         assert_eq!(d(&[("range", "bytes=100-")]), Outcome::Unsatisfiable);
         assert_eq!(d(&[("range", "bytes=0-1,5-6")]), Outcome::Whole);
+        assert_eq!(d(&[("range", "bytes=0-4,0-4")]), Outcome::Whole);
+        assert_eq!(d(&[("range", "bytes=-1000")]), Outcome::Partial { start: 0, end_inclusive: 99 });
+        assert_eq!(d(&[("range", "bytes=-0")]), Outcome::Unsatisfiable);
         assert_eq!(d(&[("range", "pages=1")]), Outcome::Whole);
         assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"abc\"")]), Outcome::Partial { start: 0, end_inclusive: 9 });
         assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"old\"")]), Outcome::Whole);
@@ -201,6 +226,7 @@ mod tests {
     #[test]
     fn disposition_is_safe() {
         assert_eq!(content_disposition("inline", None), "inline");
+        assert_eq!(content_disposition("inline", Some("..")), "inline");
         assert_eq!(
             content_disposition("attachment", Some("../evil\"name.html")),
             "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html"
@@ -210,7 +236,7 @@ mod tests {
 
     #[test]
     fn active_types() {
-        for t in ["text/html", "image/svg+xml", "application/xml", "text/javascript", "application/atom+xml"] {
+        for t in ["text/html", "image/svg+xml", "application/xml", "text/javascript", "application/atom+xml", "text/jscript", "text/livescript", "text/xsl", "text/xml-external-parsed-entity"] {
             assert!(is_active(&t.parse().unwrap()), "{t}");
         }
         for t in ["image/png", "text/plain", "application/pdf"] {

@@ -82,6 +82,9 @@ pub fn app(state: AppState) -> Router {
         .merge(files)
         .merge(health::routes())
         .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/.")) })
+        .method_not_allowed_fallback(|| async {
+            Problem(TusError::new(405, ErrorCode::InvalidArgument, "this method is not allowed on this route", "Use OPTIONS to discover the TUS endpoint's methods."))
+        })
         .layer(DefaultBodyLimit::disable())
         .with_state(state.clone());
     // tower-http answers every OPTIONS as a CORS preflight; a plain OPTIONS (no

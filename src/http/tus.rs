@@ -15,10 +15,16 @@ use crate::catalog::{Concat, UploadRecord};
 /// Largest `Upload-Metadata` header accepted, in bytes.
 pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 
-fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    // A header that is not visible ASCII is treated as malformed by the parsers: pass a
-    // placeholder that no grammar accepts.
-    h.get(name).map(|v| v.to_str().unwrap_or("\u{0}"))
+/// The single value of header `name`. A value that is not visible ASCII, or a header sent
+/// more than once, is passed on as a placeholder no grammar accepts, so it is refused as
+/// malformed instead of one copy silently winning.
+pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut all = h.get_all(name).iter();
+    let first = all.next()?;
+    if all.next().is_some() {
+        return Some("\u{0}");
+    }
+    Some(first.to_str().unwrap_or("\u{0}"))
 }
 
 fn version(verb: Verb, h: &HeaderMap) -> Result<(), Problem> {
@@ -31,8 +37,10 @@ fn set(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
     }
 }
 
-fn http_date(ms: i64) -> String {
-    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64))
+/// IMF-fixdate of Unix ms, clamped to what HTTP dates can express (years 1970–9999).
+pub(super) fn http_date(ms: i64) -> String {
+    const MAX_MS: i64 = 253_402_300_799_000; // 9999-12-31T23:59:59Z
+    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.clamp(0, MAX_MS) as u64))
 }
 
 /// The state headers of an upload (TUS 1.0 §HEAD, §Expiration, §Concatenation), plus, once

@@ -27,8 +27,8 @@ enum End {
 pub type AppendOutcome = UploadRecord;
 
 /// A writer holding the fence of one upload.
-pub(super) struct Appender<'a> {
-    engine: &'a UploadEngine,
+pub(crate) struct Appender {
+    engine: Arc<UploadEngine>,
     rec: UploadRecord,
     fence: u64,
     writer: Box<dyn BlobWriter>,
@@ -48,16 +48,41 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl<'a> Appender<'a> {
+impl Appender {
     /// Take the catalog fence and open the blob at `offset` (discarding anything past it).
-    pub(super) async fn open(engine: &'a UploadEngine, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>) -> Result<Appender<'a>, TusError> {
+    pub(crate) async fn open(engine: &Arc<UploadEngine>, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>) -> Result<Appender, TusError> {
+        let engine = engine.clone();
         let fence = engine.catalog.acquire_fence(&rec.id).await?;
         let writer = engine.blobs.open_writer(&rec.id, offset).await?;
         let hasher = if offset == rec.offset { UploadEngine::hash_state_of(&rec)? } else { RunningSha256::new() };
         Ok(Appender { engine, fence, writer, committed: (offset, hasher.clone()), hasher, length, set_length, finished: false, rec })
     }
 
-    pub(super) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
+    pub(crate) fn id(&self) -> &str {
+        &self.rec.id
+    }
+
+    pub(crate) fn position(&self) -> u64 {
+        self.writer.position()
+    }
+
+    /// Offset and tagged midstate of the last commit.
+    pub(crate) fn committed_state(&self) -> (u64, Vec<u8>) {
+        (self.committed.0, self.committed.1.state())
+    }
+
+    /// Declare the length (for a deferred-length upload) so the next commit completes it.
+    pub(crate) fn set_final_length(&mut self, len: u64) {
+        self.length = Some(len);
+        self.set_length = Some(len);
+    }
+
+    /// sha256 of everything written so far.
+    pub(crate) fn digest(&self) -> [u8; 32] {
+        self.hasher.digest()
+    }
+
+    pub(crate) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
         self.hasher.update(&data);
         self.engine.count_received(&data);
         self.writer.write(data).await?;
@@ -65,7 +90,7 @@ impl<'a> Appender<'a> {
     }
 
     /// Throw away everything since the last commit.
-    async fn discard(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn discard(&mut self) -> Result<(), TusError> {
         self.writer.rewind(self.committed.0).await?;
         self.hasher = self.committed.1.clone();
         Ok(())
@@ -74,7 +99,7 @@ impl<'a> Appender<'a> {
     /// Make the written bytes durable, then commit offset + midstate (+ completion) in one
     /// catalog transaction. At completion the whole-upload sha256 is checked against the
     /// declared one; a mismatch resets the upload to offset 0 and answers 460.
-    pub(super) async fn commit(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn commit(&mut self) -> Result<(), TusError> {
         if self.finished {
             return Ok(());
         }
@@ -131,12 +156,12 @@ impl UploadEngine {
         F: FnOnce(&UploadState) -> Result<PatchPlan, TusError> + Send + 'static,
     {
         let me = self.clone();
-        tokio::spawn(async move { me.append_owned(&principal, &id, decide, body).await })
+        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, body).await })
             .await
             .map_err(|e| internal("append task", e))?
     }
 
-    async fn append_owned<B, F>(&self, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, TusError>
+    async fn append_owned<B, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, TusError>
     where
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Display + Send + 'static,
@@ -201,8 +226,24 @@ impl UploadEngine {
 
         match end {
             End::Eof => {
+                if !verifying && trailer.is_some() {
+                    app.discard().await?;
+                    return Err(TusError::bad_request(
+                        "an Upload-Checksum trailer arrived without being announced in the Trailer header; the chunk was discarded",
+                        "Send `Trailer: Upload-Checksum` with the request, or send the checksum as a header.",
+                    )
+                    .with_cursor(plan.offset));
+                }
                 if verifying {
                     let expected = match (plan.checksum, trailer) {
+                        (Some(c), Some(t)) if t.as_ref().ok() != Some(&c) => {
+                            app.discard().await?;
+                            return Err(TusError::bad_request(
+                                "the Upload-Checksum trailer disagrees with the Upload-Checksum header; the chunk was discarded",
+                                "Send the chunk's checksum once, as a header or as an announced trailer.",
+                            )
+                            .with_cursor(plan.offset));
+                        }
                         (Some(c), _) => c,
                         (None, Some(Ok(c))) => c,
                         (None, Some(Err(e))) => {
@@ -249,6 +290,11 @@ impl UploadEngine {
                 return Err(match end {
                     End::Shutdown => TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment.")).with_cursor(kept),
                     End::Idle => TusError::new(408, ferry_tus::ErrorCode::Locked, "the body stalled; what arrived was kept", format!("Resume from offset {kept}.")).with_cursor(kept),
+                    End::Disconnected => TusError::bad_request(
+                        format!("the request body ended early or was malformed; {} kept", if verifying { "nothing was" } else { "what arrived was" }),
+                        format!("Send HEAD, then resume from offset {kept}."),
+                    )
+                    .with_cursor(kept),
                     _ => TusError::locked(Some(kept)),
                 });
             }

@@ -15,13 +15,13 @@ use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 impl UploadEngine {
     /// Complete an upload created with `Upload-Length: 0`.
-    pub(super) async fn complete_empty(&self, _guard: &WriteGuard, rec: &UploadRecord) -> Result<(), TusError> {
+    pub(super) async fn complete_empty(self: &Arc<Self>, _guard: &WriteGuard, rec: &UploadRecord) -> Result<(), TusError> {
         let mut app = Appender::open(self, rec.clone(), 0, Some(0), None).await?;
         app.commit().await
     }
 
     /// A partial upload completed: build every final upload that was waiting on it.
-    pub(super) async fn partial_finished(&self, part_id: &str) {
+    pub(super) async fn partial_finished(self: &Arc<Self>, part_id: &str) {
         match self.catalog.finals_waiting_on(part_id).await {
             Ok(finals) => {
                 for f in finals {
@@ -34,10 +34,27 @@ impl UploadEngine {
         }
     }
 
+    /// A partial upload was terminated or expired: every unfinished final naming it can never
+    /// complete, so it expires too (410, then 404) instead of waiting forever.
+    pub(super) async fn part_gone(&self, part_id: &str) {
+        let finals = match self.catalog.finals_waiting_on(part_id).await {
+            Ok(f) => f,
+            Err(e) => return tracing::error!(error = %e, "looking up final uploads"),
+        };
+        for f in finals {
+            tracing::info!(upload = f, part = part_id, "a part is gone; the final upload expires");
+            if let Err(e) = self.catalog.mark_expired(&f, now_ms()).await {
+                tracing::error!(upload = f, error = %e, "expiring a final upload");
+            }
+            let _ = self.blobs.delete(&f).await;
+            self.metrics.uploads_expired.inc();
+        }
+    }
+
     /// Build final upload `id` if every part is complete: copy the parts in order into its
     /// blob with the running sha256, then commit it finished. A no-op while parts are
     /// unfinished. A declared sha256 that does not match deletes the final (460).
-    pub(super) async fn try_build_final(&self, id: &str) -> Result<(), TusError> {
+    pub(super) async fn try_build_final(self: &Arc<Self>, id: &str) -> Result<(), TusError> {
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(()) };
         let Concat::Final { parts, .. } = &rec.concat else { return Ok(()) };
         if rec.is_finished() || rec.expired {
@@ -49,7 +66,7 @@ impl UploadEngine {
                 Some(r) if r.is_finished() && !r.expired => sources.push(r),
                 Some(_) => return Ok(()),
                 None => {
-                    tracing::warn!(upload = id, part = p, "a part of this final upload is gone; it cannot complete");
+                    self.part_gone(p).await;
                     return Ok(());
                 }
             }
@@ -144,6 +161,7 @@ impl UploadEngine {
             self.catalog.mark_expired(&id, now_ms()).await?;
             self.blobs.delete(&id).await?;
             self.metrics.uploads_expired.inc();
+            self.part_gone(&id).await;
             n += 1;
         }
         let keep = self.cfg.expire_after.unwrap_or(Duration::ZERO).min(Duration::from_secs(24 * 3600));

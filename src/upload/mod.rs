@@ -17,13 +17,18 @@ use crate::catalog::{Catalog, CatalogError, Concat, UploadRecord};
 use crate::metrics::Metrics;
 
 mod append;
+mod files;
 pub mod hash;
 pub mod locks;
 mod maintenance;
 
 pub use append::AppendOutcome;
+pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{WriteGuard, WriterLocks};
+
+/// Most partial uploads one final upload may name.
+pub const MAX_PARTS: usize = 10_000;
 
 /// Engine settings (see `ferry serve --help` for the user-facing names).
 #[derive(Debug, Clone)]
@@ -82,7 +87,7 @@ pub fn is_valid_id(s: &str) -> bool {
     s.len() == 26 && s.bytes().all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
 }
 
-pub(crate) fn internal(context: &str, e: impl std::fmt::Display) -> TusError {
+pub fn internal(context: &str, e: impl std::fmt::Display) -> TusError {
     tracing::error!(error = %e, "{context}");
     TusError::internal()
 }
@@ -175,7 +180,7 @@ impl UploadEngine {
     /// Create an upload (TUS 1.0 §Creation); a final upload of a concatenation is built at
     /// once when all its partial uploads are complete, else when the last one completes.
     /// Errors: 400 for a final naming an unknown, foreign or non-partial upload.
-    pub async fn create(&self, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, TusError> {
+    pub async fn create(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, TusError> {
         let now = now_ms();
         let id = new_id();
         let (concat, length, expires) = match &plan.concat {
@@ -183,6 +188,9 @@ impl UploadEngine {
             Some(UploadConcat::Partial) => (Concat::Partial, plan.length, self.expiry_from(now)),
             Some(fin @ UploadConcat::Final(_)) => {
                 let parts = fin.final_ids();
+                if parts.len() > MAX_PARTS {
+                    return Err(TusError::bad_request(format!("a final upload may name at most {MAX_PARTS} partial uploads"), "Concatenate in stages."));
+                }
                 let mut total = Some(0u64);
                 for part in &parts {
                     let rec = match self.get(principal, part).await {
@@ -245,6 +253,7 @@ impl UploadEngine {
         self.catalog.delete_upload(id).await?;
         self.blobs.delete(id).await?;
         self.metrics.uploads_terminated.inc();
+        self.part_gone(id).await;
         Ok(())
     }
 

@@ -226,19 +226,12 @@ pub enum Verb {
 /// every method; a missing header → 412 on POST, PATCH and DELETE; OPTIONS, HEAD and GET
 /// without it are plain HTTP.
 pub fn check_version(verb: Verb, tus_resumable: Option<&str>) -> Result<(), TusError> {
-    let unsupported = || {
-        TusError::new(
-            412,
-            ErrorCode::InvalidArgument,
-            format!("unsupported protocol version; this server speaks Tus-Resumable {TUS_VERSION}"),
-            format!("Send Tus-Resumable: {TUS_VERSION}."),
-        )
-    };
+    let refuse = |detail: String| TusError::new(412, ErrorCode::InvalidArgument, detail, format!("Send Tus-Resumable: {TUS_VERSION}."));
     match tus_resumable {
         Some(v) if v.trim() == TUS_VERSION => Ok(()),
-        Some(_) => Err(unsupported()),
+        Some(_) => Err(refuse(format!("unsupported protocol version; this server speaks Tus-Resumable {TUS_VERSION}"))),
         None => match verb {
-            Verb::Post | Verb::Patch | Verb::Delete => Err(unsupported()),
+            Verb::Post | Verb::Patch | Verb::Delete => Err(refuse("missing Tus-Resumable header".to_string())),
             Verb::Options | Verb::Head | Verb::Get => Ok(()),
         },
     }

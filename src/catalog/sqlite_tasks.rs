@@ -1,0 +1,318 @@
+//! [`TaskCatalog`] on SQLite. Multi-statement changes run in `BEGIN IMMEDIATE` transactions,
+//! so concurrent writers serialise instead of failing on a lock upgrade.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
+use super::{CatalogError, CatalogResult, SqliteCatalog};
+
+const TASK_COLUMNS: &str = "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
+     input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
+     lease_owner, lease_expires_ms, fence, runs";
+
+fn corrupt(what: &str) -> CatalogError {
+    CatalogError::Backend(format!("stored task {what} is invalid").into())
+}
+
+fn row_to_task(r: &SqliteRow) -> CatalogResult<TaskRecord> {
+    let status: String = r.try_get("status")?;
+    let progress: String = r.try_get("progress")?;
+    Ok(TaskRecord {
+        id: r.try_get("id")?,
+        principal: r.try_get("principal")?,
+        kind: r.try_get("kind")?,
+        args: r.try_get("args")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        status: TaskStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
+        status_message: r.try_get("status_message")?,
+        progress: serde_json::from_str::<Progress>(&progress).map_err(|_| corrupt("progress"))?,
+        checkpoint: r.try_get("checkpoint")?,
+        input_requests: r.try_get("input_requests")?,
+        input_responses: r.try_get("input_responses")?,
+        result: r.try_get("result")?,
+        error: r.try_get("error")?,
+        prior_failure: r.try_get("prior_failure")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+        ttl_ms: r.try_get("ttl_ms")?,
+        lease_owner: r.try_get("lease_owner")?,
+        lease_expires_ms: r.try_get("lease_expires_ms")?,
+        fence: r.try_get::<i64, _>("fence")? as u64,
+        runs: r.try_get::<i64, _>("runs")? as u64,
+    })
+}
+
+type JsonMap = BTreeMap<String, Box<RawValue>>;
+
+fn json_map(text: &str) -> CatalogResult<JsonMap> {
+    serde_json::from_str(text).map_err(|_| corrupt("input map"))
+}
+
+fn json_text(map: &JsonMap) -> String {
+    serde_json::to_string(map).expect("a map of raw JSON serialises")
+}
+
+fn raw(text: &str) -> CatalogResult<Box<RawValue>> {
+    RawValue::from_string(text.to_string()).map_err(|e| CatalogError::Backend(Box::new(e)))
+}
+
+async fn task_in(tx: &mut Transaction<'static, Sqlite>, id: &str) -> CatalogResult<Option<TaskRecord>> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?")))
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.as_ref().map(row_to_task).transpose()
+}
+
+async fn insert_task(tx: &mut Transaction<'static, Sqlite>, new: &NewTask, prior: Option<&str>) -> CatalogResult<TaskRecord> {
+    sqlx::query(
+        "INSERT INTO tasks (id, principal, kind, args, idempotency_key, status, prior_failure, created_at_ms, updated_at_ms, ttl_ms) \
+         VALUES (?, ?, ?, ?, ?, 'working', ?, ?, ?, ?)",
+    )
+    .bind(&new.id)
+    .bind(&new.principal)
+    .bind(&new.kind)
+    .bind(&new.args)
+    .bind(&new.idempotency_key)
+    .bind(prior)
+    .bind(new.now_ms)
+    .bind(new.now_ms)
+    .bind(new.ttl_ms)
+    .execute(&mut **tx)
+    .await?;
+    task_in(tx, &new.id).await?.ok_or(CatalogError::NotFound)
+}
+
+impl SqliteCatalog {
+    async fn immediate(&self) -> CatalogResult<Transaction<'static, Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+#[async_trait]
+impl TaskCatalog for SqliteCatalog {
+    async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
+        let mut tx = self.immediate().await?;
+        let Some(key) = &new.idempotency_key else {
+            let task = insert_task(&mut tx, new, None).await?;
+            tx.commit().await?;
+            return Ok(StartOutcome::Created(task));
+        };
+        let existing: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = ? AND kind = ? AND key = ?")
+            .bind(&new.principal)
+            .bind(&new.kind)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let prior = match existing {
+            None => None,
+            Some(old_id) => match task_in(&mut tx, &old_id).await? {
+                None => None, // swept: the key is free again
+                Some(old) if old.args != new.args => return Ok(StartOutcome::Conflict(old.id)),
+                Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
+                Some(old) => return Ok(StartOutcome::Existing(old)),
+            },
+        };
+        let task = insert_task(&mut tx, new, prior.as_deref()).await?;
+        sqlx::query("INSERT INTO task_keys (principal, kind, key, task_id) VALUES (?, ?, ?, ?) ON CONFLICT (principal, kind, key) DO UPDATE SET task_id = excluded.task_id")
+            .bind(&new.principal)
+            .bind(&new.kind)
+            .bind(key)
+            .bind(&new.id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(match prior {
+            Some(prior) => StartOutcome::Retried { task, prior },
+            None => StartOutcome::Created(task),
+        })
+    }
+
+    async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?")))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(row_to_task).transpose()
+    }
+
+    async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE principal = ? ORDER BY created_at_ms DESC, id LIMIT ?"
+        )))
+        .bind(principal)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(row_to_task).collect()
+    }
+
+    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64, now_ms: i64) -> CatalogResult<Option<TaskRecord>> {
+        if kinds.is_empty() {
+            return Ok(None);
+        }
+        let kinds_json = serde_json::to_string(kinds).expect("strings serialise");
+        let mut tx = self.immediate().await?;
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= ?) \
+             AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1",
+        )
+        .bind(now_ms)
+        .bind(&kinds_json)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(id) = id else { return Ok(None) };
+        sqlx::query("UPDATE tasks SET lease_owner = ?, lease_expires_ms = ?, fence = fence + 1, runs = runs + 1 WHERE id = ?")
+            .bind(owner)
+            .bind(now_ms + lease_ms)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
+        let task = task_in(&mut tx, &id).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    async fn renew_lease(&self, id: &str, fence: u64, until_ms: i64) -> CatalogResult<TaskStatus> {
+        let status: Option<String> = sqlx::query_scalar("UPDATE tasks SET lease_expires_ms = ? WHERE id = ? AND fence = ? RETURNING status")
+            .bind(until_ms)
+            .bind(id)
+            .bind(fence as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        match status {
+            Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
+            None => Err(CatalogError::Fenced),
+        }
+    }
+
+    async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
+        let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
+        let done = sqlx::query(
+            "UPDATE tasks SET progress = COALESCE(?, progress), checkpoint = COALESCE(?, checkpoint), updated_at_ms = ? \
+             WHERE id = ? AND status IN ('working', 'input_required') AND (? IS NULL OR fence = ?)",
+        )
+        .bind(progress)
+        .bind(&u.checkpoint)
+        .bind(u.now_ms)
+        .bind(id)
+        .bind(fence.map(|f| f as i64))
+        .bind(fence.map(|f| f as i64))
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else if self.get_task(id).await?.is_none() {
+            Err(CatalogError::NotFound)
+        } else {
+            Err(CatalogError::Fenced)
+        }
+    }
+
+    async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
+        let mut tx = self.immediate().await?;
+        let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
+        if task.fence != fence || task.status != TaskStatus::Working {
+            return Err(CatalogError::Fenced);
+        }
+        let mut requests = json_map(&task.input_requests)?;
+        requests.insert(key.to_string(), raw(request)?);
+        sqlx::query(
+            "UPDATE tasks SET status = 'input_required', input_requests = ?, lease_owner = NULL, lease_expires_ms = NULL, \
+             updated_at_ms = ? WHERE id = ?",
+        )
+        .bind(json_text(&requests))
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
+        let mut tx = self.immediate().await?;
+        let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
+        let requests = json_map(&task.input_requests)?;
+        let mut responses = json_map(&task.input_responses)?;
+        if task.status.is_terminal() || !requests.contains_key(key) || responses.contains_key(key) {
+            return Ok(false);
+        }
+        responses.insert(key.to_string(), raw(response)?);
+        let all_answered = requests.keys().all(|k| responses.contains_key(k));
+        let status = if all_answered { "working" } else { task.status.as_str() };
+        sqlx::query("UPDATE tasks SET input_responses = ?, status = ?, updated_at_ms = ? WHERE id = ?")
+            .bind(json_text(&responses))
+            .bind(status)
+            .bind(now_ms)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
+        let (status, result, error) = match end {
+            TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
+            TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
+        };
+        let done = sqlx::query(
+            "UPDATE tasks SET status = ?, result = ?, error = ?, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = ? \
+             WHERE id = ? AND status IN ('working', 'input_required') AND (? IS NULL OR fence = ?)",
+        )
+        .bind(status)
+        .bind(result)
+        .bind(error)
+        .bind(now_ms)
+        .bind(id)
+        .bind(fence.map(|f| f as i64))
+        .bind(fence.map(|f| f as i64))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
+        sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = ? \
+             WHERE id = ? AND status IN ('working', 'input_required')",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        self.get_task(id).await?.ok_or(CatalogError::NotFound)
+    }
+
+    async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
+        sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?")
+            .bind(id)
+            .bind(fence as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
+        let mut tx = self.immediate().await?;
+        sqlx::query(
+            "DELETE FROM task_keys WHERE task_id IN (SELECT id FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') \
+             AND updated_at_ms + ttl_ms <= ?)",
+        )
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?")
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,196 @@
+//! Task rows (DESIGN §4) and the [`TaskCatalog`] methods every catalog backend provides.
+//!
+//! JSON values (arguments, results, checkpoints, input requests and responses) are stored and
+//! returned as exact JSON text: what goes in comes back byte for byte.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::CatalogResult;
+
+/// Task status, exactly as MCP names them. `completed`, `failed` and `cancelled` are terminal:
+/// once set they never change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Working => "working",
+            TaskStatus::InputRequired => "input_required",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        Some(match s {
+            "working" => TaskStatus::Working,
+            "input_required" => TaskStatus::InputRequired,
+            "completed" => TaskStatus::Completed,
+            "failed" => TaskStatus::Failed,
+            "cancelled" => TaskStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled)
+    }
+}
+
+/// Progress of a task: a fraction in `[0, 1]` when known, a message, and named counters
+/// (e.g. `pages`, `items`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// One task's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// 26-char lowercase base32 id.
+    pub id: String,
+    pub principal: String,
+    pub kind: String,
+    /// Arguments, exact JSON text.
+    pub args: String,
+    pub idempotency_key: Option<String>,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    pub progress: Progress,
+    /// Last checkpoint the job persisted, JSON text.
+    pub checkpoint: Option<String>,
+    /// Outstanding and answered input requests: key → request, JSON object text.
+    pub input_requests: String,
+    /// Answers: key → response, JSON object text.
+    pub input_responses: String,
+    /// Result of a completed task, exact JSON text.
+    pub result: Option<String>,
+    /// Error of a failed task: JSON `{code, message}` text.
+    pub error: Option<String>,
+    /// The failed task this run retries (idempotency: failed → a new run).
+    pub prior_failure: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// A terminal task is swept this long after it ended.
+    pub ttl_ms: i64,
+    pub lease_owner: Option<String>,
+    pub lease_expires_ms: Option<i64>,
+    pub fence: u64,
+    /// How many times a worker started (or resumed) the job.
+    pub runs: u64,
+}
+
+/// A task to start.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub id: String,
+    pub principal: String,
+    pub kind: String,
+    /// Exact JSON text (validated by the caller).
+    pub args: String,
+    pub idempotency_key: Option<String>,
+    pub ttl_ms: i64,
+    pub now_ms: i64,
+}
+
+/// What [`TaskCatalog::start_task`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartOutcome {
+    /// A new task row was committed.
+    Created(TaskRecord),
+    /// The key names a running or completed task with the same arguments: that task.
+    Existing(TaskRecord),
+    /// The key named a failed or cancelled task: a new run was created; `prior` is the old id.
+    Retried { task: TaskRecord, prior: String },
+    /// The key names a task with different arguments (its id).
+    Conflict(String),
+}
+
+/// A job's report: any of progress, checkpoint.
+#[derive(Debug, Clone, Default)]
+pub struct TaskUpdate {
+    pub progress: Option<Progress>,
+    /// JSON text.
+    pub checkpoint: Option<String>,
+    pub now_ms: i64,
+}
+
+/// How a task ended.
+#[derive(Debug, Clone)]
+pub enum TaskEnd {
+    /// Result, exact JSON text.
+    Completed(String),
+    /// Error `{code, message}` JSON text.
+    Failed(String),
+}
+
+/// Task storage. Every state change is one atomic transaction.
+#[async_trait]
+pub trait TaskCatalog: Send + Sync {
+    /// Start a task, honouring its idempotency key per (principal, kind, key) as DESIGN §4:
+    /// running or completed with equal `args` text → `Existing`; failed or cancelled →
+    /// `Retried` (a new run); different `args` → `Conflict`. Atomic: concurrent starts with
+    /// one key create at most one run. The row is committed when this returns.
+    async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome>;
+
+    /// The task's row, or `None` (unknown or swept).
+    async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>>;
+
+    /// A principal's tasks, newest first, at most `limit`.
+    async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>>;
+
+    /// Claim one `working` task of one of `kinds` whose lease is free or expired: sets the
+    /// lease (`owner`, `now_ms + lease_ms`), increments the fence and `runs`, and returns it.
+    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64, now_ms: i64) -> CatalogResult<Option<TaskRecord>>;
+
+    /// Extend a held lease to `until_ms`; returns the task's status (so a worker learns of a
+    /// cancellation). `Fenced` if the lease was lost.
+    async fn renew_lease(&self, id: &str, fence: u64, until_ms: i64) -> CatalogResult<TaskStatus>;
+
+    /// Persist progress and/or a checkpoint. With `fence = Some`, only while that lease is
+    /// current (`Fenced` otherwise); with `None` (an external producer), while not terminal.
+    /// `Conflict`-free: a terminal task answers `Fenced`.
+    async fn update_task(&self, id: &str, fence: Option<u64>, update: &TaskUpdate) -> CatalogResult<()>;
+
+    /// Record an input request `key` → `request` (JSON text) and move the task to
+    /// `input_required`, releasing the lease. `Fenced` if the lease was lost.
+    async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()>;
+
+    /// Store `response` (JSON text) for an outstanding request `key`. Returns false (and
+    /// changes nothing) when `key` is not outstanding or the task is terminal. When no request
+    /// remains unanswered the task goes back to `working` for a worker to resume.
+    async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool>;
+
+    /// End a task. Only while not terminal and (with `fence = Some`) while that lease is
+    /// current; returns false when the end was discarded (e.g. the task was cancelled).
+    async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool>;
+
+    /// Cancel a non-terminal task (terminal at once); a terminal task is left unchanged.
+    /// Returns the row after the call; `NotFound` if unknown.
+    async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord>;
+
+    /// Release a held lease without changing the status (graceful shutdown), so another
+    /// worker can resume the task at once.
+    async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()>;
+
+    /// Delete terminal tasks whose `updated_at_ms + ttl_ms <= now_ms`, and their idempotency
+    /// keys. Returns how many were deleted.
+    async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64>;
+}

@@ -1,0 +1,128 @@
+//! [`JobContext`]: what a running job may do — report progress, checkpoint, ask for input,
+//! notice cancellation, and write files.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+
+use super::JobError;
+use crate::catalog::{Catalog, CatalogError, Progress, TaskUpdate};
+use crate::upload::{now_ms, FileCursor, FileWriter, UploadEngine};
+
+/// Progress reports are written at most this often (checkpoints always write).
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// The handle a job runs with. One per run.
+pub struct JobContext {
+    pub(super) task_id: String,
+    pub(super) principal: String,
+    pub(super) fence: u64,
+    pub(super) catalog: Arc<dyn Catalog>,
+    pub(super) uploads: Arc<UploadEngine>,
+    pub(super) cancel: CancellationToken,
+    pub(super) responses: BTreeMap<String, Box<RawValue>>,
+    pub(super) progress: Mutex<(Progress, Option<Instant>)>,
+}
+
+fn lost(e: CatalogError) -> JobError {
+    match e {
+        CatalogError::Fenced => JobError::Cancelled,
+        other => JobError::Internal(other.to_string()),
+    }
+}
+
+impl JobContext {
+    /// The task's id.
+    pub fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    /// The principal that owns the task (and the files it creates).
+    pub fn principal(&self) -> &str {
+        &self.principal
+    }
+
+    /// Cancelled when the task is cancelled or the server shuts down.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// `Err(Cancelled)` once cancelled: `ctx.check()?` between steps.
+    pub fn check(&self) -> Result<(), JobError> {
+        if self.is_cancelled() {
+            Err(JobError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Update progress: `fraction` in [0, 1] (clamped), an optional message, and counters to
+    /// set. Persisted at most every 250 ms; the next checkpoint always persists it.
+    pub async fn progress(&self, fraction: Option<f64>, message: Option<&str>, counters: &[(&str, u64)]) -> Result<(), JobError> {
+        let snapshot = {
+            let mut g = self.progress.lock().unwrap();
+            if let Some(f) = fraction {
+                g.0.fraction = Some(f.clamp(0.0, 1.0));
+            }
+            if let Some(m) = message {
+                g.0.message = Some(m.to_string());
+            }
+            for (k, v) in counters {
+                g.0.counters.insert((*k).to_string(), *v);
+            }
+            if g.1.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+                return Ok(());
+            }
+            g.1 = Some(Instant::now());
+            g.0.clone()
+        };
+        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
+        self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
+    /// Persist `value` as the point to resume from after a crash (and the current progress).
+    /// Call it only after the work it describes is durable (e.g. after [`FileWriter::sync`]).
+    pub async fn checkpoint<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), JobError> {
+        let text = serde_json::to_string(value).map_err(|e| JobError::Internal(e.to_string()))?;
+        let progress = self.progress.lock().unwrap().0.clone();
+        let u = TaskUpdate { progress: Some(progress), checkpoint: Some(text), now_ms: now_ms() };
+        self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
+    /// The response to input request `key`, if one was stored; otherwise record `request`,
+    /// move the task to `input_required` and return `Err(JobError::Parked)` — return it from
+    /// `run`. When answered, the job runs again from its last checkpoint and this call then
+    /// returns the response, so replay is safe.
+    pub async fn need_input(&self, key: &str, request: serde_json::Value) -> Result<serde_json::Value, JobError> {
+        if let Some(r) = self.responses.get(key) {
+            return serde_json::from_str(r.get()).map_err(|e| JobError::Internal(e.to_string()));
+        }
+        let text = request.to_string();
+        self.catalog.park_for_input(&self.task_id, self.fence, key, &text, now_ms()).await.map_err(lost)?;
+        Err(JobError::Parked)
+    }
+
+    /// Create a file owned by the task's principal; stream into it, `sync` to checkpoint,
+    /// `finish` to get its handle.
+    pub async fn create_file(&self, name: &str, media_type: &str) -> Result<FileWriter, JobError> {
+        Ok(self.uploads.create_file(&self.principal, name, media_type).await?)
+    }
+
+    /// Reopen a file from a cursor saved in a checkpoint.
+    pub async fn reopen_file(&self, cursor: &FileCursor) -> Result<FileWriter, JobError> {
+        Ok(self.uploads.reopen_file(&self.principal, cursor).await?)
+    }
+
+    /// The upload engine (to read other files of the principal).
+    pub fn uploads(&self) -> &Arc<UploadEngine> {
+        &self.uploads
+    }
+}

@@ -1,0 +1,340 @@
+//! The worker pool, leases and the task API used by the HTTP and MCP layers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_tus::{ErrorCode, TusError};
+use futures::FutureExt;
+use serde_json::value::RawValue;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{Job, JobContext, JobError};
+use crate::catalog::{Catalog, CatalogError, NewTask, StartOutcome, TaskEnd, TaskRecord, TaskStatus};
+use crate::upload::{internal, new_id, now_ms, UploadEngine};
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct TaskConfig {
+    /// Tasks run at once by this process.
+    pub workers: usize,
+    /// Lease length; renewed every third of it. Another process may take over a task whose
+    /// lease expired (its owner died).
+    pub lease: Duration,
+    /// How often idle workers look for work they were not told about.
+    pub poll: Duration,
+    /// Terminal tasks are kept this long, then swept (`ttl_ms` default).
+    pub default_ttl: Duration,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        TaskConfig { workers: 4, lease: Duration::from_secs(10), poll: Duration::from_millis(500), default_ttl: Duration::from_secs(24 * 3600) }
+    }
+}
+
+/// The answer to [`Engine::start`].
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub task: TaskRecord,
+    /// False when an idempotency key joined an existing task.
+    pub created: bool,
+}
+
+/// The task engine. Share it behind an `Arc`.
+pub struct Engine {
+    catalog: Arc<dyn Catalog>,
+    uploads: Arc<UploadEngine>,
+    cfg: TaskConfig,
+    jobs: HashMap<String, Arc<dyn Job>>,
+    /// This process's lease owner id.
+    owner: String,
+    running: Mutex<HashMap<String, CancellationToken>>,
+    wake: Notify,
+    shutdown: CancellationToken,
+}
+
+fn unknown_task() -> TusError {
+    TusError::new(404, ErrorCode::NotFound, "no task with this id", "List your tasks with GET /api/v1/tasks.")
+}
+
+fn catalog_err(e: CatalogError) -> TusError {
+    match e {
+        CatalogError::NotFound => unknown_task(),
+        other => internal("task catalog", other),
+    }
+}
+
+fn error_json(code: ErrorCode, message: &str) -> String {
+    serde_json::json!({ "code": code.as_str(), "message": message }).to_string()
+}
+
+impl Engine {
+    pub fn new(catalog: Arc<dyn Catalog>, uploads: Arc<UploadEngine>, cfg: TaskConfig) -> Engine {
+        Engine {
+            catalog,
+            uploads,
+            cfg,
+            jobs: HashMap::new(),
+            owner: format!("ferry-{}", new_id()),
+            running: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// Add a job kind (replacing one of the same name).
+    pub fn register(&mut self, job: Arc<dyn Job>) {
+        self.jobs.insert(job.kind().to_string(), job);
+    }
+
+    /// Registered kinds, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.jobs.keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    pub fn uploads(&self) -> &Arc<UploadEngine> {
+        &self.uploads
+    }
+
+    /// Start a task of `kind` with `args` (exact JSON text). With an idempotency key: a running
+    /// or completed task with the same key and arguments is returned instead (`created:
+    /// false`); a failed one is retried as a new task naming it in `prior_failure`.
+    /// Errors: unknown kind or invalid arguments → 400 `invalid_argument`; the key names a
+    /// task with other arguments → 409 `conflict`.
+    pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
+        let job = self.jobs.get(kind).ok_or_else(|| {
+            TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", ")))
+        })?;
+        let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+        job.validate(&raw).map_err(|m| TusError::bad_request(format!("invalid args for {kind}: {m}"), "Fix the arguments and start the task again."))?;
+        if let Some(k) = idempotency_key {
+            if k.is_empty() || k.len() > 255 {
+                return Err(TusError::bad_request("Idempotency-Key must be 1 to 255 characters", "Send a shorter key."));
+            }
+        }
+        let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
+        if ttl <= 0 {
+            return Err(TusError::bad_request("ttl_ms must be positive", "Omit ttl_ms for the default of 24 h."));
+        }
+        let new = NewTask {
+            id: new_id(),
+            principal: principal.to_string(),
+            kind: kind.to_string(),
+            args: raw.get().to_string(),
+            idempotency_key: idempotency_key.map(str::to_owned),
+            ttl_ms: ttl,
+            now_ms: now_ms(),
+        };
+        let out = self.catalog.start_task(&new).await.map_err(catalog_err)?;
+        let started = match out {
+            StartOutcome::Created(task) | StartOutcome::Retried { task, .. } => Started { task, created: true },
+            StartOutcome::Existing(task) => Started { task, created: false },
+            StartOutcome::Conflict(id) => {
+                return Err(TusError::new(
+                    409,
+                    ErrorCode::Conflict,
+                    format!("Idempotency-Key already names task {id}, started with different arguments"),
+                    "Use a new Idempotency-Key for different arguments, or resend the original arguments.",
+                ))
+            }
+        };
+        self.wake.notify_one();
+        Ok(started)
+    }
+
+    /// The task as `principal` may see it; another principal's task does not exist (404).
+    pub async fn get(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
+        match self.catalog.get_task(id).await.map_err(catalog_err)? {
+            Some(t) if t.principal == principal => Ok(t),
+            _ => Err(unknown_task()),
+        }
+    }
+
+    /// The principal's tasks, newest first.
+    pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<TaskRecord>, TusError> {
+        self.catalog.list_tasks(principal, limit.clamp(1, 1000)).await.map_err(catalog_err)
+    }
+
+    /// Answer input request `key` with `response` (JSON text). Returns whether it was
+    /// accepted (false for a key that is not outstanding) and the task after the call.
+    pub async fn respond(&self, principal: &str, id: &str, key: &str, response: &str) -> Result<(bool, TaskRecord), TusError> {
+        self.get(principal, id).await?;
+        let raw: Box<RawValue> = serde_json::from_str(response).map_err(|e| TusError::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
+        let accepted = self.catalog.respond_input(id, key, raw.get(), now_ms()).await.map_err(catalog_err)?;
+        self.wake.notify_one();
+        Ok((accepted, self.get(principal, id).await?))
+    }
+
+    /// Cancel a task: `cancelled` at once (terminal); the running job is told to stop and its
+    /// late result is discarded. A terminal task is returned unchanged.
+    pub async fn cancel(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
+        self.get(principal, id).await?;
+        let task = self.catalog.cancel_task(id, now_ms()).await.map_err(catalog_err)?;
+        if let Some(tok) = self.running.lock().unwrap().get(id) {
+            tok.cancel();
+        }
+        Ok(task)
+    }
+
+    /// Report progress for a task driven from outside (kind `external`).
+    pub async fn report(&self, principal: &str, id: &str, progress: crate::catalog::Progress) -> Result<TaskRecord, TusError> {
+        let task = self.external(principal, id).await?;
+        let u = crate::catalog::TaskUpdate { progress: Some(progress), checkpoint: None, now_ms: now_ms() };
+        match self.catalog.update_task(&task.id, None, &u).await {
+            Ok(()) => self.get(principal, id).await,
+            Err(CatalogError::Fenced) => Err(terminal(&task)),
+            Err(e) => Err(catalog_err(e)),
+        }
+    }
+
+    /// End a task driven from outside: `Ok(result)` completes it, `Err(message)` fails it.
+    pub async fn finish_external(&self, principal: &str, id: &str, end: Result<String, String>) -> Result<TaskRecord, TusError> {
+        let task = self.external(principal, id).await?;
+        let end = match end {
+            Ok(result) => TaskEnd::Completed(result),
+            Err(message) => TaskEnd::Failed(error_json(ErrorCode::TaskFailed, &message)),
+        };
+        if !self.catalog.finish_task(id, None, &end, now_ms()).await.map_err(catalog_err)? {
+            return Err(terminal(&self.get(principal, id).await?));
+        }
+        self.get(principal, id).await
+    }
+
+    async fn external(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
+        let task = self.get(principal, id).await?;
+        if self.jobs.get(&task.kind).is_some_and(|j| j.runnable()) {
+            return Err(TusError::bad_request(format!("task {id} is run by ferry (kind {}), not by an external producer", task.kind), "Only tasks of kind external accept reports."));
+        }
+        Ok(task)
+    }
+
+    /// Start the worker pool and the TTL sweeper. Workers stop at [`Engine::shutdown`].
+    pub fn spawn(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut handles: Vec<_> = (0..self.cfg.workers.max(1)).map(|_| tokio::spawn(self.clone().worker())).collect();
+        let me = self.clone();
+        handles.push(tokio::spawn(async move {
+            loop {
+                if let Err(e) = me.catalog.sweep_tasks(now_ms()).await {
+                    tracing::error!(error = %e, "task sweep failed");
+                }
+                tokio::select! {
+                    _ = me.shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(me.cfg.poll.max(Duration::from_millis(100)) * 4) => {}
+                }
+            }
+        }));
+        handles
+    }
+
+    /// Stop taking work; running jobs are told to stop and their leases released, so they
+    /// resume from their checkpoints on the next start.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+        for tok in self.running.lock().unwrap().values() {
+            tok.cancel();
+        }
+    }
+
+    async fn worker(self: Arc<Self>) {
+        let runnable: Vec<String> = self.jobs.values().filter(|j| j.runnable()).map(|j| j.kind().to_string()).collect();
+        while !self.shutdown.is_cancelled() {
+            match self.catalog.claim_task(&self.owner, &runnable, self.cfg.lease.as_millis() as i64, now_ms()).await {
+                Ok(Some(task)) => self.run(task).await,
+                Ok(None) => {
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => {}
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(self.cfg.poll) => {}
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "claiming a task failed");
+                    tokio::time::sleep(self.cfg.poll).await;
+                }
+            }
+        }
+    }
+
+    async fn run(&self, task: TaskRecord) {
+        let Some(job) = self.jobs.get(&task.kind).cloned() else { return };
+        let cancel = self.shutdown.child_token();
+        self.running.lock().unwrap().insert(task.id.clone(), cancel.clone());
+        let responses: BTreeMap<String, Box<RawValue>> = serde_json::from_str(&task.input_responses).unwrap_or_default();
+        let ctx = JobContext {
+            task_id: task.id.clone(),
+            principal: task.principal.clone(),
+            fence: task.fence,
+            catalog: self.catalog.clone(),
+            uploads: self.uploads.clone(),
+            cancel: cancel.clone(),
+            responses,
+            progress: Mutex::new((task.progress.clone(), None)),
+        };
+        let heartbeat = {
+            let (catalog, id, fence, lease, cancel) = (self.catalog.clone(), task.id.clone(), task.fence, self.cfg.lease, cancel.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(lease / 3).await;
+                    match catalog.renew_lease(&id, fence, now_ms() + lease.as_millis() as i64).await {
+                        Ok(s) if s == TaskStatus::Working || s == TaskStatus::InputRequired => {}
+                        Ok(_) | Err(CatalogError::Fenced) => {
+                            cancel.cancel();
+                            break;
+                        }
+                        Err(e) => tracing::warn!(task = id, error = %e, "lease renewal failed"),
+                    }
+                }
+            })
+        };
+        let checkpoint = task.checkpoint.as_deref().and_then(|c| serde_json::from_str(c).ok());
+        let args: Box<RawValue> = match serde_json::from_str(&task.args) {
+            Ok(a) => a,
+            Err(_) => RawValue::from_string("null".into()).expect("valid JSON"),
+        };
+        tracing::info!(task = task.id, kind = task.kind, run = task.runs, resumed = checkpoint.is_some(), "task running");
+        let out = AssertUnwindSafe(job.run(&ctx, &args, checkpoint)).catch_unwind().await;
+        heartbeat.abort();
+        self.running.lock().unwrap().remove(&task.id);
+        let now = now_ms();
+        let end = match out {
+            Ok(Ok(value)) => Some(TaskEnd::Completed(value.to_string())),
+            Ok(Err(JobError::Failed { message })) => Some(TaskEnd::Failed(error_json(ErrorCode::TaskFailed, &message))),
+            Ok(Err(JobError::Parked)) => None,
+            Ok(Err(JobError::Cancelled)) => {
+                // Cancelled by the user: already terminal. By shutdown or a lost lease: let it
+                // resume from its checkpoint.
+                let _ = self.catalog.release_task(&task.id, task.fence).await;
+                None
+            }
+            Ok(Err(JobError::Internal(msg))) => {
+                tracing::error!(task = task.id, error = msg, "task failed internally");
+                if self.shutdown.is_cancelled() {
+                    let _ = self.catalog.release_task(&task.id, task.fence).await;
+                    None
+                } else {
+                    Some(TaskEnd::Failed(error_json(ErrorCode::Internal, "the job failed on a server error")))
+                }
+            }
+            Err(_) => {
+                tracing::error!(task = task.id, "job panicked");
+                Some(TaskEnd::Failed(error_json(ErrorCode::Internal, "the job panicked")))
+            }
+        };
+        if let Some(end) = end {
+            match self.catalog.finish_task(&task.id, Some(task.fence), &end, now).await {
+                Ok(true) => tracing::info!(task = task.id, "task ended"),
+                Ok(false) => tracing::info!(task = task.id, "late result discarded (cancelled or taken over)"),
+                Err(e) => tracing::error!(task = task.id, error = %e, "recording a task's end failed"),
+            }
+        }
+    }
+}
+
+fn terminal(task: &TaskRecord) -> TusError {
+    TusError::new(409, ErrorCode::Conflict, format!("task {} is already {}", task.id, task.status.as_str()), "A finished task cannot change; start a new one.")
+}

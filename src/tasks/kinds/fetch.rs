@@ -1,0 +1,543 @@
+//! The `fetch` kind: import a URL into a file, resuming with `Range` after failures.
+//!
+//! # Arguments
+//!
+//! `{"url": "http://host/path", "name": "optional file name"}`. Only `http://` is supported:
+//! this build has no TLS, so an `https://` URL is refused at validation. The URL's host — or
+//! `host:port` — must be listed in `[fetch] allow_hosts` of ferry.toml (case-insensitive; an
+//! entry without a port allows every port). Nothing is allowed by default. Redirects (at most
+//! 10) are followed only to allowed `http://` hosts. Credentials in the URL are sent as basic
+//! auth and removed from the result.
+//!
+//! # Behaviour
+//!
+//! The file is named `name`, else the URL's last path segment (percent-decoded), else
+//! `download`; its media type is the response's `Content-Type` (default
+//! `application/octet-stream`). The body is stored as sent (no content decoding).
+//!
+//! After a network error, a truncated body or a `408`/`429`/`5xx` answer, ferry retries with
+//! backoff (5 attempts in a row without receiving data, 200 ms doubling), sending
+//! `Range: bytes=<stored>-` and `If-Range: <strong ETag, else Last-Modified>` when the server
+//! gave one. A `206` whose `Content-Range` starts at the stored length (and agrees with the
+//! known total) continues the file; a `200` restarts it from byte 0; a `416` with
+//! `Content-Range: bytes */<stored>` means it was complete. Any other answer fails the task
+//! with its status.
+//!
+//! Progress: `fraction` = stored / total when the total is known; counter `bytes`.
+//! Result: `{"file": FileHandle, "url": "<url without credentials>"}`.
+//!
+//! # Checkpoint
+//!
+//! `{"cursor": FileCursor, "start": FileCursor, "url": "...", "etag": "...", "last_modified":
+//! "...", "length": N}` — taken right after the file is created and then every 64 MiB (after
+//! `sync`). `start` is the file at byte 0 (to restart on a `200`); `etag`/`last_modified`
+//! (either may be absent) are the validator for `If-Range`; `length` the total, when known. A
+//! resumed task reopens the file at `cursor` and continues with a range request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use reqwest::header::{HeaderMap, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, IF_RANGE, LAST_MODIFIED, RANGE};
+use reqwest::{StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::config::FetchConfig;
+use crate::tasks::{Job, JobContext, JobError};
+use crate::upload::{FileCursor, FileWriter};
+
+/// Tries in a row without receiving any data before giving up.
+const ATTEMPTS: u32 = 5;
+/// First retry delay; doubles each time.
+const BACKOFF: Duration = Duration::from_millis(200);
+/// Durable checkpoint interval.
+const CHECKPOINT_EVERY: u64 = 64 * 1024 * 1024;
+const MAX_REDIRECTS: usize = 10;
+
+/// Downloads from allow-listed hosts.
+pub struct FetchJob {
+    allow: Arc<Vec<String>>,
+}
+
+impl FetchJob {
+    pub fn new(cfg: FetchConfig) -> Self {
+        FetchJob { allow: Arc::new(cfg.allow_hosts) }
+    }
+
+    fn client(&self) -> Result<reqwest::Client, JobError> {
+        let allow = self.allow.clone();
+        let policy = reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= MAX_REDIRECTS {
+                return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+            }
+            match check_target(&allow, attempt.url()) {
+                Ok(()) => attempt.follow(),
+                Err(e) => attempt.error(format!("redirect refused: {e}")),
+            }
+        });
+        reqwest::Client::builder()
+            .redirect(policy)
+            .connect_timeout(Duration::from_secs(30))
+            .read_timeout(Duration::from_secs(60))
+            .user_agent(concat!("ferry/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| JobError::Internal(format!("http client: {e}")))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FetchArgs {
+    url: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// Parse and check the arguments: the URL to fetch and the explicit name, if any.
+fn parse_args(allow: &[String], args: &RawValue) -> Result<(Url, Option<String>), String> {
+    let a: FetchArgs = serde_json::from_str(args.get()).map_err(|e| format!("fetch arguments: {e} (expected {{\"url\": \"http://...\", \"name\": ...}})"))?;
+    let url = Url::parse(&a.url).map_err(|e| format!("url: {e}"))?;
+    check_target(allow, &url)?;
+    if let Some(n) = &a.name {
+        if n.is_empty() || n.len() > 255 || n.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
+            return Err("name must be 1 to 255 bytes without '/', '\\' or control characters".into());
+        }
+    }
+    Ok((url, a.name))
+}
+
+/// The scheme must be `http` and the host allow-listed.
+fn check_target(allow: &[String], url: &Url) -> Result<(), String> {
+    match url.scheme() {
+        "http" => {}
+        "https" => return Err("https:// is not supported: this ferry build has no TLS; use an http:// URL".into()),
+        s => return Err(format!("unsupported URL scheme '{s}': use http://")),
+    }
+    let host = url.host_str().filter(|h| !h.is_empty()).ok_or("the URL has no host")?.to_ascii_lowercase();
+    let with_port = url.port_or_known_default().map(|p| format!("{host}:{p}"));
+    let allowed = allow.iter().any(|a| a.eq_ignore_ascii_case(&host) || with_port.as_deref().is_some_and(|hp| a.eq_ignore_ascii_case(hp)));
+    if allowed {
+        return Ok(());
+    }
+    let shown = match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    };
+    Err(format!("host {shown} is not in [fetch] allow_hosts of ferry.toml"))
+}
+
+/// The URL without user name and password.
+fn redact(url: &Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.to_string()
+}
+
+/// `name`, else the last path segment (percent-decoded, cleaned), else `download`.
+fn file_name(url: &Url, name: Option<&str>) -> String {
+    if let Some(n) = name {
+        return n.to_string();
+    }
+    let seg = url.path_segments().and_then(|mut s| s.next_back()).unwrap_or("");
+    let seg = percent_encoding::percent_decode_str(seg).decode_utf8_lossy();
+    let clean: String = seg.chars().map(|c| if c.is_control() || c == '/' || c == '\\' { '_' } else { c }).collect();
+    if clean.is_empty() || clean == "." || clean == ".." || clean.len() > 255 {
+        "download".into()
+    } else {
+        clean
+    }
+}
+
+/// A parsed `Content-Range` (RFC 9110 §14.4), single byte range only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContentRange {
+    /// `bytes first-last/total` (`total` absent for `*`).
+    Bytes { first: u64, last: u64, total: Option<u64> },
+    /// `bytes */total` (on a 416).
+    Unsatisfied { total: u64 },
+}
+
+/// `1*DIGIT` as u64, strict.
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn parse_content_range(v: &str) -> Option<ContentRange> {
+    let rest = v.trim().strip_prefix("bytes ")?;
+    let (range, total) = rest.split_once('/')?;
+    if range == "*" {
+        return Some(ContentRange::Unsatisfied { total: digits(total)? });
+    }
+    let (first, last) = range.split_once('-')?;
+    let (first, last) = (digits(first)?, digits(last)?);
+    let total = if total == "*" { None } else { Some(digits(total)?) };
+    if last < first || total.is_some_and(|t| last >= t) {
+        return None;
+    }
+    Some(ContentRange::Bytes { first, last, total })
+}
+
+/// What to do with a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    /// Store the body starting at file offset `from` (0: restart the file); `total` if known.
+    Body { from: u64, total: Option<u64> },
+    /// The file already holds the whole resource.
+    Complete,
+    /// Ask again from byte 0 without `Range` (counts as a failed attempt).
+    Restart(String),
+    /// Transient: try again later.
+    Retry(String),
+    /// Final answer.
+    Fail(String),
+}
+
+/// Decide on a response to a request for bytes `offset..` (`offset` 0: no `Range` was sent).
+/// `known_total` is the length learned earlier, if any.
+fn decide(status: StatusCode, offset: u64, known_total: Option<u64>, content_range: Option<&str>, content_length: Option<u64>) -> Reply {
+    let cr = content_range.and_then(parse_content_range);
+    match status.as_u16() {
+        206 => match cr {
+            Some(ContentRange::Bytes { first, total, .. }) if first == offset && (known_total.is_none() || total.is_none() || total == known_total) => {
+                Reply::Body { from: offset, total: total.or(known_total) }
+            }
+            _ if offset == 0 => Reply::Fail(format!("server answered 206 with Content-Range {:?} to a plain GET", content_range.unwrap_or(""))),
+            _ => Reply::Restart(format!("server answered 206 with Content-Range {:?} for bytes {offset}-", content_range.unwrap_or(""))),
+        },
+        416 if offset > 0 => match cr {
+            Some(ContentRange::Unsatisfied { total }) if total == offset => Reply::Complete,
+            _ => Reply::Restart(format!("server answered 416 for bytes {offset}-")),
+        },
+        _ if status.is_success() => Reply::Body { from: 0, total: content_length },
+        408 | 429 => Reply::Retry(format!("server answered {status}")),
+        _ if status.is_server_error() => Reply::Retry(format!("server answered {status}")),
+        _ => Reply::Fail(format!("server answered {status}")),
+    }
+}
+
+/// What `If-Range` can use: a strong ETag, or a Last-Modified date.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Validator {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    etag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_modified: Option<String>,
+}
+
+impl Validator {
+    fn from_headers(h: &HeaderMap) -> Validator {
+        let text = |name| h.get(name).and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok()).map(str::trim);
+        let etag = text(ETAG).filter(|e| e.starts_with('"') && e.ends_with('"') && e.len() >= 2).map(String::from);
+        let last_modified = text(LAST_MODIFIED).filter(|d| httpdate::parse_http_date(d).is_ok()).map(String::from);
+        Validator { etag, last_modified }
+    }
+
+    fn if_range(&self) -> Option<&str> {
+        self.etag.as_deref().or(self.last_modified.as_deref())
+    }
+}
+
+/// The task checkpoint of a `fetch` (module docs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct FetchCheckpoint {
+    cursor: FileCursor,
+    start: FileCursor,
+    url: String,
+    #[serde(flatten)]
+    validator: Validator,
+    #[serde(default)]
+    length: Option<u64>,
+}
+
+/// The file being written.
+struct Open {
+    writer: FileWriter,
+    start: FileCursor,
+    validator: Validator,
+    total: Option<u64>,
+    /// Durable length at the last checkpoint.
+    synced: u64,
+}
+
+impl Open {
+    async fn checkpoint(&mut self, ctx: &JobContext, url: &str) -> Result<(), JobError> {
+        let cursor = self.writer.sync().await?;
+        self.synced = cursor.offset;
+        let cp = FetchCheckpoint { cursor, start: self.start.clone(), url: url.to_string(), validator: self.validator.clone(), length: self.total };
+        ctx.checkpoint(&cp).await
+    }
+}
+
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+#[async_trait]
+impl Job for FetchJob {
+    fn kind(&self) -> &str {
+        "fetch"
+    }
+
+    fn validate(&self, args: &RawValue) -> Result<(), String> {
+        parse_args(&self.allow, args).map(|_| ())
+    }
+
+    async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
+        let (url, name) = parse_args(&self.allow, args).map_err(JobError::failed)?;
+        let shown = redact(&url);
+        let client = self.client()?;
+        let mut file: Option<Open> = None;
+        if let Some(cp) = checkpoint {
+            let cp: FetchCheckpoint = serde_json::from_value(cp).map_err(|e| JobError::Internal(format!("fetch checkpoint: {e}")))?;
+            let writer = ctx.reopen_file(&cp.cursor).await?;
+            file = Some(Open { writer, start: cp.start, validator: cp.validator, total: cp.length, synced: cp.cursor.offset });
+        }
+        let mut failures = 0u32;
+        let mut last_error = String::new();
+        let mut no_range = false;
+        loop {
+            ctx.check()?;
+            if failures > 0 {
+                if failures >= ATTEMPTS {
+                    return Err(JobError::failed(format!("fetch {shown}: {last_error} (gave up after {ATTEMPTS} attempts)")));
+                }
+                let delay = BACKOFF * 2u32.pow(failures - 1);
+                tokio::select! {
+                    _ = ctx.cancelled().cancelled() => return Err(JobError::Cancelled),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            let offset = if no_range { 0 } else { file.as_ref().map_or(0, |f| f.writer.position()) };
+            no_range = false;
+            let mut req = client.get(url.clone());
+            if offset > 0 {
+                req = req.header(RANGE, format!("bytes={offset}-"));
+                if let Some(v) = file.as_ref().and_then(|f| f.validator.if_range()) {
+                    req = req.header(IF_RANGE, v);
+                }
+            }
+            let resp = tokio::select! {
+                _ = ctx.cancelled().cancelled() => return Err(JobError::Cancelled),
+                r = req.send() => r,
+            };
+            let resp = match resp {
+                Ok(r) => r,
+                Err(e) => {
+                    failures += 1;
+                    last_error = describe(e);
+                    continue;
+                }
+            };
+            let h = resp.headers();
+            let known = file.as_ref().and_then(|f| f.total);
+            let length = h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(digits);
+            let reply = decide(resp.status(), offset, known, h.get(CONTENT_RANGE).and_then(|v| v.to_str().ok()), length);
+            let total = match reply {
+                Reply::Body { from, total } => {
+                    if from == 0 {
+                        file = Some(restart(ctx, file.take(), &url, name.as_deref(), resp.headers(), total, &shown).await?);
+                    }
+                    total
+                }
+                Reply::Complete => {
+                    let f = file.take().expect("offset > 0 implies a file");
+                    return finish(f.writer, &shown).await;
+                }
+                Reply::Restart(e) => {
+                    failures += 1;
+                    last_error = e;
+                    no_range = true;
+                    continue;
+                }
+                Reply::Retry(e) => {
+                    failures += 1;
+                    last_error = e;
+                    continue;
+                }
+                Reply::Fail(e) => return Err(JobError::failed(format!("fetch {shown}: {e}"))),
+            };
+            let f = file.as_mut().expect("file open for a body");
+            f.total = total;
+            let mut body = resp.bytes_stream();
+            loop {
+                let next = tokio::select! {
+                    _ = ctx.cancelled().cancelled() => return Err(JobError::Cancelled),
+                    n = body.next() => n,
+                };
+                match next {
+                    Some(Ok(chunk)) => {
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                        failures = 0;
+                        f.writer.write(chunk).await?;
+                        let pos = f.writer.position();
+                        if f.total.is_some_and(|t| pos > t) {
+                            return Err(JobError::failed(format!("fetch {shown}: server sent more than the {} bytes it announced", f.total.unwrap_or(0))));
+                        }
+                        let fraction = f.total.filter(|&t| t > 0).map(|t| pos as f64 / t as f64);
+                        ctx.progress(fraction, None, &[("bytes", pos)]).await?;
+                        if pos - f.synced >= CHECKPOINT_EVERY {
+                            f.checkpoint(ctx, &shown).await?;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        failures += 1;
+                        last_error = describe(e);
+                        break;
+                    }
+                    None => {
+                        let pos = f.writer.position();
+                        match f.total {
+                            Some(t) if pos < t => {
+                                // A short (or partial 206) answer: ask for the rest.
+                                failures += 1;
+                                last_error = format!("connection closed after {pos} of {t} bytes");
+                                break;
+                            }
+                            _ => {
+                                ctx.progress(Some(1.0), None, &[("bytes", pos)]).await?;
+                                let f = file.take().expect("open");
+                                return finish(f.writer, &shown).await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Start the file over at byte 0 for a full (`200`) answer: create it on the first answer
+/// (and checkpoint at once), or reopen it at its start.
+async fn restart(ctx: &JobContext, file: Option<Open>, url: &Url, name: Option<&str>, h: &HeaderMap, total: Option<u64>, shown: &str) -> Result<Open, JobError> {
+    let validator = Validator::from_headers(h);
+    match file {
+        Some(f) => {
+            let start = f.start;
+            drop(f.writer);
+            let writer = ctx.reopen_file(&start).await?;
+            Ok(Open { writer, start, validator, total, synced: 0 })
+        }
+        None => {
+            let media_type = h.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::trim).filter(|t| !t.is_empty()).unwrap_or("application/octet-stream");
+            let mut writer = ctx.create_file(&file_name(url, name), media_type).await?;
+            let start = writer.sync().await?;
+            let mut f = Open { writer, start, validator, total, synced: 0 };
+            f.checkpoint(ctx, shown).await?;
+            Ok(f)
+        }
+    }
+}
+
+async fn finish(writer: FileWriter, shown: &str) -> Result<Value, JobError> {
+    let handle = writer.finish().await?;
+    Ok(serde_json::json!({ "file": handle, "url": shown }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(hosts: &[&str]) -> Vec<String> {
+        hosts.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn check(hosts: &[&str], url: &str) -> Result<(), String> {
+        check_target(&allow(hosts), &Url::parse(url).unwrap())
+    }
+
+    #[test]
+    fn allow_list() {
+        assert!(check(&["Example.COM"], "http://example.com/a").is_ok());
+        assert!(check(&["example.com"], "http://EXAMPLE.com:8080/a").is_ok(), "a bare host allows every port");
+        assert!(check(&["example.com:8080"], "http://example.com:8080/a").is_ok());
+        assert!(check(&["example.com:80"], "http://example.com/a").is_ok(), "default port");
+        assert!(check(&["[::1]:9000"], "http://[::1]:9000/").is_ok());
+        let e = check(&["example.com:8080"], "http://example.com:9090/a").unwrap_err();
+        assert_eq!(e, "host example.com:9090 is not in [fetch] allow_hosts of ferry.toml");
+        let e = check(&[], "http://example.com/a").unwrap_err();
+        assert_eq!(e, "host example.com is not in [fetch] allow_hosts of ferry.toml");
+        assert!(check(&["example.com"], "http://sub.example.com/").is_err());
+        assert!(check(&["example.com"], "https://example.com/").unwrap_err().contains("no TLS"));
+        assert!(check(&["example.com"], "ftp://example.com/").is_err());
+    }
+
+    #[test]
+    fn args() {
+        let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
+        let a = allow(&["h"]);
+        assert!(parse_args(&a, &raw(r#"{"url":"http://h/x"}"#)).is_ok());
+        assert!(parse_args(&a, &raw(r#"{"url":"http://h/x","name":"a/b"}"#)).is_err());
+        assert!(parse_args(&a, &raw(r#"{"url":"not a url"}"#)).is_err());
+        assert!(parse_args(&a, &raw(r#"{"url":"http://h/x","extra":1}"#)).is_err());
+    }
+
+    #[test]
+    fn content_range() {
+        assert_eq!(parse_content_range("bytes 10-19/100"), Some(ContentRange::Bytes { first: 10, last: 19, total: Some(100) }));
+        assert_eq!(parse_content_range("bytes 10-19/*"), Some(ContentRange::Bytes { first: 10, last: 19, total: None }));
+        assert_eq!(parse_content_range("bytes */100"), Some(ContentRange::Unsatisfied { total: 100 }));
+        for bad in ["bytes 10-9/100", "bytes 10-100/100", "bytes +1-2/3", "bytes 1-2", "items 1-2/3", "bytes -2/3", "bytes */*", "bytes 1-2/x"] {
+            assert_eq!(parse_content_range(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let ok = StatusCode::OK;
+        let partial = StatusCode::PARTIAL_CONTENT;
+        assert_eq!(decide(ok, 0, None, None, Some(5)), Reply::Body { from: 0, total: Some(5) });
+        assert_eq!(decide(ok, 50, Some(100), None, Some(100)), Reply::Body { from: 0, total: Some(100) }, "200 to a range restarts");
+        assert_eq!(decide(partial, 50, Some(100), Some("bytes 50-99/100"), Some(50)), Reply::Body { from: 50, total: Some(100) });
+        assert_eq!(decide(partial, 50, None, Some("bytes 50-99/*"), None), Reply::Body { from: 50, total: None });
+        assert!(matches!(decide(partial, 50, Some(100), Some("bytes 40-99/100"), None), Reply::Restart(_)));
+        assert!(matches!(decide(partial, 50, Some(100), Some("bytes 50-119/120"), None), Reply::Restart(_)), "total changed");
+        assert!(matches!(decide(partial, 50, None, None, None), Reply::Restart(_)));
+        assert_eq!(decide(StatusCode::RANGE_NOT_SATISFIABLE, 100, Some(100), Some("bytes */100"), None), Reply::Complete);
+        assert!(matches!(decide(StatusCode::RANGE_NOT_SATISFIABLE, 100, Some(100), Some("bytes */90"), None), Reply::Restart(_)));
+        assert!(matches!(decide(StatusCode::SERVICE_UNAVAILABLE, 0, None, None, None), Reply::Retry(_)));
+        assert!(matches!(decide(StatusCode::TOO_MANY_REQUESTS, 0, None, None, None), Reply::Retry(_)));
+        assert_eq!(decide(StatusCode::NOT_FOUND, 0, None, None, None), Reply::Fail("server answered 404 Not Found".into()));
+        assert!(matches!(decide(StatusCode::RANGE_NOT_SATISFIABLE, 0, None, None, None), Reply::Fail(_)));
+    }
+
+    #[test]
+    fn validators() {
+        let mut h = HeaderMap::new();
+        h.insert(ETAG, "W/\"weak\"".parse().unwrap());
+        h.insert(LAST_MODIFIED, "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
+        let v = Validator::from_headers(&h);
+        assert_eq!(v.if_range(), Some("Wed, 21 Oct 2015 07:28:00 GMT"), "weak ETags are not used with If-Range");
+        h.insert(ETAG, "\"abc\"".parse().unwrap());
+        assert_eq!(Validator::from_headers(&h).if_range(), Some("\"abc\""));
+        h.insert(LAST_MODIFIED, "yesterday".parse().unwrap());
+        h.remove(ETAG);
+        assert_eq!(Validator::from_headers(&h).if_range(), None);
+    }
+
+    #[test]
+    fn names_and_redaction() {
+        let u = Url::parse("http://user:pw@h/a/report%20v2.csv?x=1").unwrap();
+        assert_eq!(file_name(&u, None), "report v2.csv");
+        assert_eq!(file_name(&u, Some("mine")), "mine");
+        assert_eq!(file_name(&Url::parse("http://h/").unwrap(), None), "download");
+        assert_eq!(file_name(&Url::parse("http://h/a/%2F..").unwrap(), None), "_..");
+        assert_eq!(redact(&u), "http://h/a/report%20v2.csv?x=1");
+    }
+}

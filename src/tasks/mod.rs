@@ -1,0 +1,79 @@
+//! The durable task engine (DESIGN §4): jobs that run in the background, survive crashes and
+//! produce files.
+//!
+//! A task is a catalog row. [`Engine::start`] commits it (honouring an idempotency key) and
+//! answers at once; a pool of workers claims runnable tasks under a lease (owner, expiry,
+//! fencing token) renewed by heartbeat, and runs the task's [`Job`] from its last checkpoint.
+//! Cancellation is cooperative; input requests park the task until answered.
+//!
+//! Embedding: implement [`Job`], register it with [`Engine::register`], and start tasks with
+//! [`Engine::start`]. See `examples/paged_export.rs`.
+
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+
+mod context;
+mod engine;
+pub mod kinds;
+
+pub use crate::catalog::{Progress, TaskRecord, TaskStatus};
+pub use context::JobContext;
+pub use engine::{Engine, Started, TaskConfig};
+
+/// How a job run ended other than with a result.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The job failed; `message` is shown to the task's owner (no secrets).
+    #[error("{message}")]
+    Failed { message: String },
+    /// The job is waiting for input ([`JobContext::need_input`]); it resumes when answered.
+    #[error("waiting for input")]
+    Parked,
+    /// The job stopped because the task was cancelled or the server is shutting down.
+    #[error("cancelled")]
+    Cancelled,
+    /// The lease was lost (another worker owns the task now) or storage failed.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl JobError {
+    /// A failure with a message for the task's owner.
+    pub fn failed(message: impl Into<String>) -> Self {
+        JobError::Failed { message: message.into() }
+    }
+}
+
+impl From<ferry_tus::TusError> for JobError {
+    fn from(e: ferry_tus::TusError) -> Self {
+        match e.code {
+            ferry_tus::ErrorCode::NotFound | ferry_tus::ErrorCode::InvalidArgument | ferry_tus::ErrorCode::UploadIncomplete | ferry_tus::ErrorCode::UploadExpired => {
+                JobError::failed(e.detail)
+            }
+            _ => JobError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// A kind of background work. Runs as bounded steps between cancellable waits: check
+/// [`JobContext::is_cancelled`] (or await [`JobContext::cancelled`]) between steps, and call
+/// [`JobContext::checkpoint`] after each durable step so a crash resumes from there.
+#[async_trait]
+pub trait Job: Send + Sync + 'static {
+    /// The kind name tasks are started with, e.g. `"archive"`.
+    fn kind(&self) -> &str;
+
+    /// Whether workers run this kind. `false` for kinds driven from outside (`external`).
+    fn runnable(&self) -> bool {
+        true
+    }
+
+    /// Check arguments before a task is created; the message becomes an `invalid_argument`.
+    fn validate(&self, _args: &RawValue) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Run the job, or resume it from `checkpoint` (the last value given to
+    /// [`JobContext::checkpoint`]). Returns the task's result.
+    async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError>;
+}

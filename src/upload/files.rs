@@ -1,0 +1,134 @@
+//! Files written by the server itself (task artifacts, DESIGN §4 "Artifacts"): an upload with
+//! a deferred length, streamed through the same append path as a PATCH, with the running
+//! sha256 and resumable checkpoints.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use ferry_tus::{TusError, UploadMetadata};
+use serde::{Deserialize, Serialize};
+
+use super::append::Appender;
+use super::hash::RunningSha256;
+use super::{internal, now_ms, UploadEngine};
+use crate::catalog::{Checkpoint, Concat, UploadRecord};
+
+/// Where a [`FileWriter`] stood at its last [`FileWriter::sync`]: enough to reopen it after a
+/// crash without re-reading the bytes. Store it in the job's checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileCursor {
+    /// The upload id.
+    pub id: String,
+    /// Durable bytes.
+    pub offset: u64,
+    /// Tagged sha256 midstate of those bytes, base64.
+    pub hash_state: String,
+}
+
+/// A finished file: an ordinary ferry upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHandle {
+    pub id: String,
+    pub name: String,
+    pub media_type: String,
+    /// Bytes.
+    pub size: u64,
+    /// Lowercase hex.
+    pub sha256: String,
+}
+
+/// Streams bytes into a new file.
+pub struct FileWriter {
+    app: Appender,
+    name: String,
+    media_type: String,
+}
+
+fn metadata(name: &str, media_type: &str) -> Result<String, TusError> {
+    let mut md = UploadMetadata::new();
+    let bad = |e: ferry_tus::ParseError| TusError::bad_request(e.to_string(), "Use a plain file name.");
+    md.insert("filename", Some(name.as_bytes().to_vec())).map_err(bad)?;
+    md.insert("filetype", Some(media_type.as_bytes().to_vec())).map_err(bad)?;
+    Ok(md.to_string())
+}
+
+impl UploadEngine {
+    /// Create an empty file owned by `principal` and open it for writing.
+    pub async fn create_file(self: &Arc<Self>, principal: &str, name: &str, media_type: &str) -> Result<FileWriter, TusError> {
+        let now = now_ms();
+        let rec = UploadRecord {
+            id: super::new_id(),
+            principal: principal.to_string(),
+            length: None,
+            offset: 0,
+            metadata: metadata(name, media_type)?,
+            hash_state: RunningSha256::new().state(),
+            sha256: None,
+            expected_sha256: None,
+            concat: Concat::None,
+            created_at_ms: now,
+            updated_at_ms: now,
+            expires_at_ms: self.expiry_from(now),
+            finished_at_ms: None,
+            expired: false,
+        };
+        self.blobs.create(&rec.id).await?;
+        self.catalog.create_upload(&rec).await?;
+        self.metrics.uploads_created.inc();
+        let app = Appender::open(self, rec, 0, None, None).await?;
+        Ok(FileWriter { app, name: name.to_string(), media_type: media_type.to_string() })
+    }
+
+    /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
+    /// discarded and the running sha256 continues from the cursor's midstate.
+    pub async fn reopen_file(self: &Arc<Self>, principal: &str, cursor: &FileCursor) -> Result<FileWriter, TusError> {
+        let rec = self.get(principal, &cursor.id).await?;
+        let state = base64::engine::general_purpose::STANDARD.decode(&cursor.hash_state).map_err(|e| internal("file cursor", e))?;
+        RunningSha256::from_state(&state).map_err(|e| internal("file cursor", e))?;
+        let md: UploadMetadata = rec.metadata.parse().map_err(|e| internal("file metadata", e))?;
+        let name = md.get_str("filename").unwrap_or("file").to_string();
+        let media_type = md.get_str("filetype").unwrap_or("application/octet-stream").to_string();
+        // Put the catalog back at the cursor first, so the appender resumes from it.
+        let fence = self.catalog.acquire_fence(&rec.id).await?;
+        let now = now_ms();
+        let cp = Checkpoint { offset: cursor.offset, hash_state: state, length: None, finished_sha256: None, expires_at_ms: self.expiry_from(now), now_ms: now };
+        self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+        let rec = self.get(principal, &cursor.id).await?;
+        let app = Appender::open(self, rec, cursor.offset, None, None).await?;
+        Ok(FileWriter { app, name, media_type })
+    }
+}
+
+impl FileWriter {
+    /// The upload id.
+    pub fn id(&self) -> &str {
+        self.app.id()
+    }
+
+    /// Bytes written so far.
+    pub fn position(&self) -> u64 {
+        self.app.position()
+    }
+
+    /// Append bytes (not durable until [`FileWriter::sync`]).
+    pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
+        self.app.write(data).await
+    }
+
+    /// Make everything written durable and commit it; returns the cursor to resume from.
+    pub async fn sync(&mut self) -> Result<FileCursor, TusError> {
+        self.app.commit().await?;
+        let (offset, state) = self.app.committed_state();
+        Ok(FileCursor { id: self.id().to_string(), offset, hash_state: base64::engine::general_purpose::STANDARD.encode(state) })
+    }
+
+    /// Complete the file: its length becomes the bytes written; returns its handle.
+    pub async fn finish(mut self) -> Result<FileHandle, TusError> {
+        let size = self.app.position();
+        self.app.set_final_length(size);
+        self.app.commit().await?;
+        let sha = self.app.digest();
+        Ok(FileHandle { id: self.id().to_string(), name: self.name, media_type: self.media_type, size, sha256: hex::encode(sha) })
+    }
+}
