@@ -14,8 +14,38 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve TUS uploads on /files/, downloads, /healthz, /readyz and /metrics.
+    /// Serve TUS uploads on /files/, downloads, the task API on /api/v1, /healthz, /readyz
+    /// and /metrics.
     Serve(ServeArgs),
+    /// Manage bearer tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token for principal NAME: prints the token once and appends only its sha256
+    /// to the configuration file. Restart `ferry serve` to use it.
+    Create {
+        /// Principal name: 1-64 of A-Z a-z 0-9 _ . -
+        name: String,
+        /// Configuration file to append to.
+        #[arg(long, env = "FERRY_CONFIG", default_value = "ferry.toml")]
+        config: std::path::PathBuf,
+    },
+}
+
+fn token_create(name: &str, config: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)) {
+        anyhow::bail!("principal name must be 1-64 characters of A-Z a-z 0-9 _ . -");
+    }
+    let token = ferry::http::auth::new_token();
+    let entry = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", ferry::http::auth::token_hash(&token));
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(config)?;
+    f.write_all(entry.as_bytes())?;
+    f.sync_all()?;
+    Ok(token)
 }
 
 fn init_logs(format: LogFormat) {
@@ -30,6 +60,17 @@ fn init_logs(format: LogFormat) {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Token(TokenCommand::Create { name, config }) => match token_create(&name, &config) {
+            Ok(token) => {
+                eprintln!("token for principal {name:?} added to {} (only its sha256 is stored; this is the only time it is shown):", config.display());
+                println!("{token}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("ferry: {e:#}");
+                std::process::ExitCode::from(2)
+            }
+        },
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {
                 Ok(c) => c,

@@ -12,7 +12,9 @@ use axum::response::{IntoResponse, Response};
 use ferry_tus::{ErrorCode, TusError, Verb};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::{tus_headers, AppState, Problem, LOCAL_PRINCIPAL};
+use super::auth::Principal;
+use super::{tus_headers, AppState, Problem};
+use axum::Extension;
 use crate::catalog::UploadRecord;
 
 /// Strong ETag of a finished upload: its sha256 in hex, quoted.
@@ -138,9 +140,9 @@ pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
 
 /// `GET /files/{id}`. Errors: 404/410; 409 `upload_incomplete` with `Upload-Offset` while the
 /// upload is unfinished; 416 with `Content-Range: bytes */N` for an unsatisfiable range.
-pub async fn get(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+pub async fn get(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
     ferry_tus::check_version(Verb::Get, super::tus::header(&h, "tus-resumable"))?;
-    let rec = s.engine.get(LOCAL_PRINCIPAL, &id).await?;
+    let rec = s.engine.get(&p, &id).await?;
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
         let mut res = Problem(
             TusError::new(

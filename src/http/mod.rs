@@ -19,12 +19,11 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::metrics::Metrics;
 use crate::upload::UploadEngine;
 
+mod api;
+pub mod auth;
 mod download;
 mod health;
 mod tus;
-
-/// The principal every request acts as until tokens exist (issue: task engine, principals).
-pub const LOCAL_PRINCIPAL: &str = "local";
 
 /// Path prefix of the TUS upload collection.
 pub const FILES_PATH: &str = "/files/";
@@ -40,6 +39,8 @@ pub struct HttpConfig {
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<UploadEngine>,
+    pub tasks: Arc<crate::tasks::Engine>,
+    pub tokens: auth::Tokens,
     pub metrics: Arc<Metrics>,
     pub http: HttpConfig,
 }
@@ -80,12 +81,14 @@ pub fn app(state: AppState) -> Router {
         );
     let routes: Router = Router::new()
         .merge(files)
+        .nest("/api/v1", api::routes())
         .merge(health::routes())
         .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/.")) })
         .method_not_allowed_fallback(|| async {
             Problem(TusError::new(405, ErrorCode::InvalidArgument, "this method is not allowed on this route", "Use OPTIONS to discover the TUS endpoint's methods."))
         })
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
         .with_state(state.clone());
     // tower-http answers every OPTIONS as a CORS preflight; a plain OPTIONS (no
     // Access-Control-Request-Method) is TUS discovery and must reach the handler.

@@ -9,7 +9,9 @@ use ferry_tus::{
     TUS_EXTENSIONS, TUS_VERSION,
 };
 
-use super::{tus_headers, AppState, Problem, FILES_PATH, LOCAL_PRINCIPAL};
+use super::auth::Principal;
+use super::{tus_headers, AppState, Problem, FILES_PATH};
+use axum::Extension;
 use crate::catalog::{Concat, UploadRecord};
 
 /// Largest `Upload-Metadata` header accepted, in bytes.
@@ -126,7 +128,7 @@ fn has_body(h: &HeaderMap) -> bool {
 }
 
 /// `POST /files/`: creation, creation-with-upload, creation-defer-length, concatenation.
-pub async fn create(State(s): State<AppState>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
     version(Verb::Post, &h)?;
     let ch = CreationHeaders {
         upload_length: header(&h, "upload-length"),
@@ -141,11 +143,11 @@ pub async fn create(State(s): State<AppState>, h: HeaderMap, body: Body) -> Resu
     };
     let limits = CreationLimits { max_size: s.engine.config().max_size, max_metadata: MAX_METADATA_BYTES };
     let plan = plan_creation(&ch, &limits)?;
-    let rec = s.engine.create(LOCAL_PRINCIPAL, &plan, header(&h, "upload-metadata").unwrap_or("")).await?;
+    let rec = s.engine.create(&p, &plan, header(&h, "upload-metadata").unwrap_or("")).await?;
     let loc = location(&s, &h, &rec.id);
     let rec = if plan.with_body {
         let body_plan = s.engine.creation_body_plan(&plan);
-        match s.engine.append(LOCAL_PRINCIPAL.into(), rec.id.clone(), move |_| Ok(body_plan), body).await {
+        match s.engine.append(p.clone(), rec.id.clone(), move |_| Ok(body_plan), body).await {
             Ok(rec) => rec,
             Err(e) => {
                 // The upload exists; tell the client where, so it can resume.
@@ -166,9 +168,9 @@ pub async fn create(State(s): State<AppState>, h: HeaderMap, body: Body) -> Resu
 }
 
 /// `HEAD /files/{id}`: the durable offset (an in-flight PATCH is asked to checkpoint first).
-pub async fn head(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+pub async fn head(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
     version(Verb::Head, &h)?;
-    let rec = s.engine.head(LOCAL_PRINCIPAL, &id).await?;
+    let rec = s.engine.head(&p, &id).await?;
     let mut res = StatusCode::OK.into_response();
     let hm = res.headers_mut();
     upload_headers(hm, &rec);
@@ -181,7 +183,7 @@ pub async fn head(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMa
 }
 
 /// `PATCH /files/{id}`: append a chunk at `Upload-Offset`.
-pub async fn patch(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
     version(Verb::Patch, &h)?;
     let owned: Vec<Option<String>> = ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"]
         .iter()
@@ -199,7 +201,7 @@ pub async fn patch(State(s): State<AppState>, Path(id): Path<String>, h: HeaderM
         };
         plan_patch(state, &ph, max_size)
     };
-    let rec = s.engine.append(LOCAL_PRINCIPAL.into(), id, decide, body).await?;
+    let rec = s.engine.append(p, id, decide, body).await?;
     let mut res = StatusCode::NO_CONTENT.into_response();
     let hm = res.headers_mut();
     upload_headers(hm, &rec);
@@ -208,9 +210,9 @@ pub async fn patch(State(s): State<AppState>, Path(id): Path<String>, h: HeaderM
 }
 
 /// `DELETE /files/{id}`: termination (TUS 1.0 §Termination).
-pub async fn terminate(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+pub async fn terminate(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
     version(Verb::Delete, &h)?;
-    s.engine.terminate(LOCAL_PRINCIPAL, &id).await?;
+    s.engine.terminate(&p, &id).await?;
     let mut res = StatusCode::NO_CONTENT.into_response();
     tus_headers(res.headers_mut());
     Ok(res)

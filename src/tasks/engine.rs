@@ -194,7 +194,7 @@ impl Engine {
 
     /// End a task driven from outside: `Ok(result)` completes it, `Err(message)` fails it.
     pub async fn finish_external(&self, principal: &str, id: &str, end: Result<String, String>) -> Result<TaskRecord, TusError> {
-        let task = self.external(principal, id).await?;
+        self.external(principal, id).await?;
         let end = match end {
             Ok(result) => TaskEnd::Completed(result),
             Err(message) => TaskEnd::Failed(error_json(ErrorCode::TaskFailed, &message)),

@@ -83,7 +83,17 @@ impl UploadEngine {
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
     /// discarded and the running sha256 continues from the cursor's midstate.
     pub async fn reopen_file(self: &Arc<Self>, principal: &str, cursor: &FileCursor) -> Result<FileWriter, TusError> {
-        let rec = self.get(principal, &cursor.id).await?;
+        let mut rec = self.get(principal, &cursor.id).await?;
+        if rec.is_finished() {
+            // The job crashed after finishing the file but before checkpointing its result:
+            // make it unfinished again at the cursor; the re-run writes the same bytes.
+            self.catalog.delete_upload(&rec.id).await?;
+            rec.length = None;
+            rec.sha256 = None;
+            rec.finished_at_ms = None;
+            rec.expires_at_ms = self.expiry_from(now_ms());
+            self.catalog.create_upload(&rec).await?;
+        }
         let state = base64::engine::general_purpose::STANDARD.decode(&cursor.hash_state).map_err(|e| internal("file cursor", e))?;
         RunningSha256::from_state(&state).map_err(|e| internal("file cursor", e))?;
         let md: UploadMetadata = rec.metadata.parse().map_err(|e| internal("file metadata", e))?;

@@ -279,3 +279,10 @@ impl UploadEngine {
         self.shutdown.cancelled().await
     }
 }
+
+impl UploadEngine {
+    /// A principal's uploads (finished or not, expired ones excluded), newest first.
+    pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<UploadRecord>, TusError> {
+        Ok(self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?)
+    }
+}

@@ -439,14 +439,16 @@ impl Run<'_> {
                     deadline = Some(Instant::now() + DRAIN_GRACE);
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    if status.is_none() {
-                        // Asked for input but did not exit.
-                        let _ = child.start_kill();
-                        deadline = None;
-                    } else if !out_eof {
-                        return Err(JobError::failed(format!("command {} exited but its stdout stayed open (a process it started still holds it)", self.name)));
-                    } else {
-                        return Ok(status.expect("exited"));
+                    match status {
+                        None => {
+                            // Asked for input but did not exit.
+                            let _ = child.start_kill();
+                            deadline = None;
+                        }
+                        Some(_) if !out_eof => {
+                            return Err(JobError::failed(format!("command {} exited but its stdout stayed open (a process it started still holds it)", self.name)));
+                        }
+                        Some(s) => return Ok(s),
                     }
                 }
             }
@@ -524,7 +526,7 @@ impl Run<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -594,5 +596,115 @@ mod tests {
         assert!(job.validate(&raw(r#"{"command":"export","params":[1]}"#)).is_err());
         assert!(job.validate(&raw(r#"{"command":"export","cmdline":"rm -rf /"}"#)).is_err());
         assert!(CommandJob::new(BTreeMap::new()).validate(&raw(r#"{"command":"x"}"#)).unwrap_err().contains("no commands"));
+    }
+
+    /// An engine on a temporary directory with `job` registered.
+    pub(crate) async fn engine(dir: &std::path::Path, job: std::sync::Arc<dyn Job>) -> std::sync::Arc<crate::tasks::Engine> {
+        use std::sync::Arc;
+        let catalog = Arc::new(crate::catalog::SqliteCatalog::open(&dir.join("ferry.db")).await.unwrap());
+        let blobs = Arc::new(crate::blob::FsBlobStore::open(&dir.join("blobs"), false).unwrap());
+        let uploads = crate::upload::UploadEngine::new(catalog.clone(), blobs, Default::default(), Arc::new(crate::metrics::Metrics::default()));
+        let cfg = crate::tasks::TaskConfig { workers: 2, poll: Duration::from_millis(20), ..Default::default() };
+        let mut e = crate::tasks::Engine::new(catalog, uploads, cfg);
+        e.register(job);
+        let e = Arc::new(e);
+        e.spawn();
+        e
+    }
+
+    /// Wait until the task leaves `working`.
+    pub(crate) async fn settle(e: &crate::tasks::Engine, id: &str) -> crate::tasks::TaskRecord {
+        for _ in 0..500 {
+            let t = e.get("p", id).await.unwrap();
+            if t.status != crate::tasks::TaskStatus::Working {
+                return t;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("task {id} still working");
+    }
+
+    /// The bytes of the file in a task result.
+    pub(crate) async fn file_bytes(e: &crate::tasks::Engine, result: &str) -> Vec<u8> {
+        use futures::TryStreamExt;
+        let v: Value = serde_json::from_str(result).unwrap();
+        let rec = e.uploads().get("p", v["file"]["id"].as_str().unwrap()).await.unwrap();
+        let size = v["file"]["size"].as_u64().unwrap();
+        let chunks: Vec<Bytes> = e.uploads().read(&rec, 0..size).await.unwrap().try_collect().await.unwrap();
+        chunks.concat()
+    }
+
+    fn script(dir: &std::path::Path, body: &str) -> CommandSpec {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("prog.sh");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        CommandSpec { program: path, args: vec![], output_name: None, media_type: Some("text/plain".into()), cwd: None, description: None }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn checkpoint_input_and_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = script(
+            dir.path(),
+            r#"
+if [ -z "$FERRY_INPUT_GO" ]; then
+  printf 'part1\n'
+  echo "checkpoint 6 one" >&2
+  printf 'junk\n'
+  echo "count rows 3" >&2
+  echo 'input go {"message":"continue?"}' >&2
+  exit 3
+fi
+[ "$FERRY_CHECKPOINT" = one ] && [ "$FERRY_OFFSET" = 6 ] || { echo "bad resume '$FERRY_CHECKPOINT' $FERRY_OFFSET" >&2; exit 1; }
+echo "progress 0.5 second half" >&2
+printf 'part2 %s %s\n' "$FERRY_INPUT_GO" "$FERRY_PARAMS"
+"#,
+        );
+        let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
+        let t = e.start("p", "command", r#"{"command":"prog","params":{"a":1}}"#, None, None).await.unwrap().task;
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::InputRequired, "{t:?}");
+        assert!(t.input_requests.contains("continue?"), "{}", t.input_requests);
+        let (ok, _) = e.respond("p", &t.id, "go", "true").await.unwrap();
+        assert!(ok);
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
+        let result = t.result.unwrap();
+        assert!(result.contains(r#""exit_code":0"#), "{result}");
+        assert_eq!(file_bytes(&e, &result).await, b"part1\npart2 true {\"a\":1}\n");
+        e.shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failure_carries_the_stderr_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = script(dir.path(), "echo 'progress 0.1' >&2\necho 'disk full' >&2\nexit 7\n");
+        let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
+        let t = e.start("p", "command", r#"{"command":"prog"}"#, None, None).await.unwrap().task;
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::Failed);
+        let err = t.error.unwrap();
+        assert!(err.contains("command prog exited with status 7: disk full"), "{err}");
+        e.shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_output_with_many_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        // 200 blocks of 4 KiB, a checkpoint after each; stdout and stderr both busy.
+        let spec = script(
+            dir.path(),
+            "i=0\nwhile [ $i -lt 200 ]; do i=$((i+1)); head -c 4096 /dev/zero; echo \"checkpoint $((i*4096)) b$i\" >&2; echo \"log $i\" >&2; done\n",
+        );
+        let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
+        let t = e.start("p", "command", r#"{"command":"prog"}"#, None, None).await.unwrap().task;
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
+        assert_eq!(file_bytes(&e, &t.result.unwrap()).await.len(), 200 * 4096);
+        let cp: CommandCheckpoint = serde_json::from_str(t.checkpoint.as_deref().unwrap()).unwrap();
+        assert_eq!(cp.token, "b200");
+        assert_eq!(cp.cursor.offset, 200 * 4096);
+        e.shutdown();
     }
 }

@@ -540,4 +540,75 @@ mod tests {
         assert_eq!(file_name(&Url::parse("http://h/a/%2F..").unwrap(), None), "_..");
         assert_eq!(redact(&u), "http://h/a/report%20v2.csv?x=1");
     }
+
+    /// A one-resource HTTP server: the first answer is cut after 5 of 10 bytes; later ones
+    /// honour `Range` (when `If-Range` matches). Returns the address and the requests' headers.
+    async fn flaky_server() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let body = b"0123456789";
+            for n in 0.. {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.ends_with(b"\r\n\r\n") {
+                    let k = sock.read(&mut buf).await.unwrap();
+                    if k == 0 {
+                        break;
+                    }
+                    req.extend_from_slice(&buf[..k]);
+                }
+                let req = String::from_utf8_lossy(&req).to_lowercase();
+                log.lock().unwrap().push(req.clone());
+                let range = req.lines().find_map(|l| l.strip_prefix("range: bytes=")).and_then(|r| r.trim_end_matches('-').parse::<usize>().ok());
+                let if_range_ok = req.lines().any(|l| l == "if-range: \"v1\"");
+                let head = "content-type: text/plain\r\netag: \"v1\"\r\nconnection: close\r\n";
+                if n == 0 {
+                    let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\n{head}content-length: 10\r\n\r\n").as_bytes()).await;
+                    let _ = sock.write_all(&body[..5]).await;
+                } else if let (Some(from), true) = (range, if_range_ok) {
+                    let _ = sock.write_all(format!("HTTP/1.1 206 Partial Content\r\n{head}content-range: bytes {from}-9/10\r\ncontent-length: {}\r\n\r\n", 10 - from).as_bytes()).await;
+                    let _ = sock.write_all(&body[from..]).await;
+                } else {
+                    let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\n{head}content-length: 10\r\n\r\n").as_bytes()).await;
+                    let _ = sock.write_all(body).await;
+                }
+                let _ = sock.shutdown().await;
+            }
+        });
+        (addr, seen)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resumes_with_range_after_a_cut() {
+        use crate::tasks::kinds::command::tests::{engine, file_bytes, settle};
+        let (addr, seen) = flaky_server().await;
+        let dir = tempfile::tempdir().unwrap();
+        let job = FetchJob::new(FetchConfig { allow_hosts: vec![format!("127.0.0.1:{}", addr.port())] });
+        let e = engine(dir.path(), Arc::new(job)).await;
+        let args = format!(r#"{{"url":"http://127.0.0.1:{}/dir/data.txt"}}"#, addr.port());
+        let t = e.start("p", "fetch", &args, None, None).await.unwrap().task;
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
+        let result = t.result.unwrap();
+        assert!(result.contains(r#""name":"data.txt""#) && result.contains("text/plain"), "{result}");
+        assert_eq!(file_bytes(&e, &result).await, b"0123456789");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[1].contains("range: bytes=5-") && seen[1].contains("if-range: \"v1\""), "{}", seen[1]);
+        e.shutdown();
+    }
+
+    #[tokio::test]
+    async fn start_refuses_hosts_not_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = crate::tasks::kinds::command::tests::engine(dir.path(), Arc::new(FetchJob::new(FetchConfig::default()))).await;
+        let err = e.start("p", "fetch", r#"{"url":"http://example.com/x"}"#, None, None).await.unwrap_err();
+        assert!(err.to_string().contains("host example.com is not in [fetch] allow_hosts of ferry.toml"), "{err}");
+        e.shutdown();
+    }
 }
