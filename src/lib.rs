@@ -5,6 +5,7 @@
 
 pub mod blob;
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod http;
 pub mod metrics;

@@ -20,6 +20,8 @@ enum Command {
     /// Manage bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Start, inspect, list and cancel tasks on a running server (a client of /api/v1/tasks).
+    Task(ferry::cli::task::TaskArgs),
 }
 
 #[derive(Subcommand)]
@@ -60,6 +62,7 @@ fn init_logs(format: LogFormat) {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Task(args) => ferry::cli::task::run(args),
         Command::Token(TokenCommand::Create { name, config }) => match token_create(&name, &config) {
             Ok(token) => {
                 eprintln!("token for principal {name:?} added to {} (only its sha256 is stored; this is the only time it is shown):", config.display());

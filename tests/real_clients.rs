@@ -15,7 +15,7 @@
 mod common;
 
 use base64::Engine as _;
-use common::{client, pseudo_random, sha256_hex, Server};
+use common::{client, pseudo_random, sha256_hex, Server, Tus};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -237,6 +237,8 @@ fn repr_digest_sha256_hex(header: &str) -> String {
 /// GET the finished upload; its bytes, sha256 and `Repr-Digest` must all match the source.
 async fn verify_download(server: &Server, url: &str, src: &Source) {
     let url = resolve(server, url);
+    // A final (concatenated) upload is built by a background task: wait for it.
+    Tus::new(server).wait_complete(&url).await;
     let resp = client().get(&url).send().await.expect("GET upload");
     let status = resp.status();
     let headers = resp.headers().clone();

@@ -210,7 +210,7 @@ async fn concatenation_of_finished_partials() {
     let r = t.post(&[("Upload-Concat", &concat), ("Upload-Metadata", "filename aGVsbG8udHh0")]).await;
     assert_eq!(r.status(), 201);
     let fin = t.abs(header(&r, "location").unwrap());
-    let h = t.head(&fin).await;
+    let h = t.wait_complete(&fin).await;
     assert_eq!(header(&h, "upload-concat"), Some(concat.as_str()));
     assert_eq!((header(&h, "upload-offset"), header(&h, "upload-length")), (Some("19"), Some("19")));
     assert_eq!(t.download(&fin).await, b"hello big worldbig ");
@@ -236,7 +236,7 @@ async fn concatenation_unfinished_completes_when_the_parts_do() {
     problem(t.c.get(&fin).send().await.unwrap(), 409, "upload_incomplete").await;
     assert_eq!(t.patch(&a, 0, b"abc".to_vec(), &[]).await.status(), 204);
     assert_eq!(t.patch(&b, 0, b"de".to_vec(), &[("Upload-Length", "2")]).await.status(), 204);
-    let h = t.head(&fin).await;
+    let h = t.wait_complete(&fin).await;
     assert_eq!((header(&h, "upload-offset"), header(&h, "upload-length")), (Some("5"), Some("5")));
     assert_eq!(t.download(&fin).await, b"abcde");
 }

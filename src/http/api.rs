@@ -3,6 +3,9 @@
 //!
 //! Arguments and results travel as exact JSON text: what a client sends comes back byte for
 //! byte. Status payloads never carry arguments; `GET /tasks/{id}/args` returns them.
+//!
+//! The OpenAPI document (`GET /api/v1/openapi.json`) is generated from the annotations here
+//! ([`ApiDoc`]): keep every route in [`routes`] listed in `ApiDoc`'s `paths(...)`.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -13,6 +16,9 @@ use axum::{Extension, Router};
 use ferry_tus::{TusError, UploadMetadata};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{OpenApi, PartialSchema, ToSchema};
 
 use super::auth::Principal;
 use super::tus::header;
@@ -31,6 +37,160 @@ pub fn routes() -> Router<AppState> {
         .route("/tasks/{id}/fail", post(fail))
         .route("/files", get(list_files))
         .route("/files/{id}", get(file_info))
+        .route("/openapi.json", get(openapi_json))
+}
+
+/// The OpenAPI 3.1 description of this API, generated from the handlers' annotations.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "ferry API",
+        description = "Tasks (durable background jobs that produce files) and files (uploads) of ferry. \
+            Uploads themselves use TUS 1.0 on /files/ and are not described here. \
+            Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
+    ),
+    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, openapi_json),
+    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ProblemDoc, ErrorCodeDoc, PartialDoc)),
+    modifiers(&DocExtras),
+    security(("bearer" = [])),
+    tags(
+        (name = "tasks", description = "Durable background jobs: start (idempotently), poll, answer input, cancel; and the `external` producer's reports."),
+        (name = "files", description = "Uploads and task artifacts: list and info. Download with GET /files/{id} (ranged)."),
+        (name = "meta", description = "This document."),
+    )
+)]
+pub struct ApiDoc;
+
+/// Adds what the derive cannot express: the bearer scheme, and the problem+json responses
+/// every operation may answer (401 without a valid token, `default` for anything else).
+struct DocExtras;
+
+impl utoipa::Modify for DocExtras {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("A token from `ferry token create NAME`. Required only when the server has tokens configured; otherwise every request acts as principal `local`."))
+                    .build(),
+            ),
+        );
+        let problem = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build())
+                .build()
+        };
+        components.responses.insert("Problem".into(), RefOr::T(problem("An RFC 9457 problem (see the `code`).")));
+        components.responses.insert("Unauthorized".into(), RefOr::T(problem("Missing or invalid bearer token (`code`: `unauthorized`).")));
+        for item in doc.paths.paths.values_mut() {
+            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+                let r = &mut op.responses.responses;
+                r.entry("401".into()).or_insert_with(|| RefOr::Ref(Ref::from_response_name("Unauthorized")));
+                r.entry("default".into()).or_insert_with(|| RefOr::Ref(Ref::from_response_name("Problem")));
+            }
+        }
+    }
+}
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// `GET /api/v1/openapi.json`.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta", operation_id = "openapi",
+    responses((status = 200, description = "This OpenAPI 3.1 document.", content_type = "application/json", body = Object)))]
+async fn openapi_json() -> Response {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = DOC.get_or_init(|| ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serialises"));
+    ([("content-type", "application/json")], text.as_str()).into_response()
+}
+
+/// RFC 9457 problem details, as every error of ferry is rendered.
+#[derive(ToSchema)]
+#[schema(as = Problem)]
+#[allow(dead_code)]
+struct ProblemDoc {
+    /// `urn:ferry:error:<code>`.
+    #[schema(rename = "type", example = "urn:ferry:error:not_found")]
+    type_: String,
+    /// The HTTP status's reason phrase.
+    #[schema(example = "Not Found")]
+    title: String,
+    status: u16,
+    /// What went wrong, for a person.
+    detail: String,
+    code: ErrorCodeDoc,
+    /// Whether repeating the (repaired) request can succeed without a person's help.
+    retryable: bool,
+    /// What to do about it.
+    recovery_hint: String,
+    /// Present when part of the work is durable, e.g. an upload's offset to resume from.
+    partial: Option<PartialDoc>,
+}
+
+/// Durable progress of a refused request.
+#[derive(ToSchema)]
+#[schema(as = Partial)]
+#[allow(dead_code)]
+struct PartialDoc {
+    /// Where to resume from (bytes).
+    cursor: u64,
+}
+
+/// ferry's stable error codes (the list comes from `ferry_tus::ErrorCode::ALL`).
+struct ErrorCodeDoc;
+
+impl PartialSchema for ErrorCodeDoc {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some("Stable machine-readable error code."))
+            .enum_values(Some(ferry_tus::ErrorCode::ALL.iter().map(|c| c.as_str())))
+            .into()
+    }
+}
+
+impl ToSchema for ErrorCodeDoc {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ErrorCode".into()
+    }
+}
+
+/// Task status, as MCP names them; `completed`, `failed` and `cancelled` are terminal.
+#[derive(Serialize, ToSchema)]
+#[schema(as = TaskStatus)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum TaskStatusDoc {
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+/// Progress of a task: a fraction in [0, 1] when known, a message, and named counters.
+#[derive(ToSchema)]
+#[schema(as = Progress)]
+#[allow(dead_code)]
+struct ProgressDoc {
+    #[schema(minimum = 0.0, maximum = 1.0, example = 0.42)]
+    fraction: Option<f64>,
+    message: Option<String>,
+    /// Named counters, e.g. `{"pages": 10, "items": 400}`.
+    #[schema(example = json!({"pages": 10, "items": 400}))]
+    counters: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// Why a task failed.
+#[derive(ToSchema)]
+#[schema(as = TaskError)]
+#[allow(dead_code)]
+struct TaskErrorDoc {
+    #[schema(example = "task_failed")]
+    code: ErrorCodeDoc,
+    message: String,
 }
 
 fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
@@ -40,31 +200,47 @@ fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
 /// Milliseconds between polls a client should wait.
 const POLL_AFTER_MS: u64 = 1000;
 
-/// The status payload of a task.
-#[derive(Serialize)]
+/// The status payload of a task. Never carries the arguments (`GET /tasks/{id}/args`).
+#[derive(Serialize, ToSchema)]
+#[schema(as = Task)]
 pub struct TaskView<'a> {
+    /// 26-character lowercase base32 id.
     pub id: &'a str,
+    #[schema(example = "archive")]
     pub kind: &'a str,
+    #[schema(value_type = TaskStatusDoc)]
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status_message: Option<&'a str>,
+    #[schema(value_type = ProgressDoc)]
     pub progress: &'a Progress,
     /// Outstanding input requests: key → request.
+    #[schema(value_type = Object)]
     pub input_requests: serde_json::Map<String, serde_json::Value>,
+    /// The result (completed only), exactly as produced. For `external` tasks completed with
+    /// files: `{"files": [File…], "result": …}`; job kinds that write files put their handles
+    /// (`id`, `name`, `media_type`, `size`, `sha256`) in it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub result: Option<&'a RawValue>,
+    /// Why it failed (failed only).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<TaskErrorDoc>)]
     pub error: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<&'a str>,
+    /// Id of the failed task this run retries (same idempotency key).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prior_failure: Option<&'a str>,
     /// Unix ms.
     pub created_at: i64,
+    /// Unix ms.
     pub updated_at: i64,
+    /// Kept this long after finishing, then swept (its id becomes unknown).
     pub ttl_ms: i64,
     /// How many times a worker started or resumed the job.
     pub runs: u64,
+    /// Suggested wait before polling again (non-terminal tasks only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_after_ms: Option<u64>,
 }
@@ -101,16 +277,40 @@ fn task_json(status: StatusCode, t: &TaskRecord) -> Response {
     (status, axum::Json(task_view(t))).into_response()
 }
 
-#[derive(Deserialize)]
+/// Start a task.
+#[derive(Deserialize, ToSchema)]
+#[schema(as = StartTask)]
 struct StartBody<'a> {
+    /// A registered kind: `archive`, `compress`, `fetch`, `command`, `external`, or one an
+    /// embedder added.
+    #[schema(example = "external")]
     kind: String,
+    /// The kind's arguments, any JSON (default `null`); stored and returned exactly.
     #[serde(borrow)]
+    #[schema(value_type = Option<serde_json::Value>)]
     args: Option<&'a RawValue>,
+    /// Keep the task this long after it finishes (default 24 h).
+    #[schema(minimum = 1)]
     ttl_ms: Option<i64>,
 }
 
+/// Start a task.
+///
 /// `POST /api/v1/tasks` `{kind, args, ttl_ms?}` with optional `Idempotency-Key` → 201 with
-/// the new task, or 200 with the task the key already names.
+/// the new task, or 200 with the task the key already names. The id is returned only after
+/// the task is durable. With a key (per principal and kind): a running or completed task is
+/// returned as is; a failed one is retried as a new task naming it in `prior_failure`; the
+/// same key with different arguments is a 409 `conflict`.
+#[utoipa::path(post, path = "/api/v1/tasks", tag = "tasks", operation_id = "start_task",
+    params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; makes the start safe to retry.")),
+    request_body(content = StartBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Started; `Location` names the task.", body = TaskView,
+            headers(("location" = String, description = "/api/v1/tasks/{id}"))),
+        (status = 200, description = "The task the Idempotency-Key already names.", body = TaskView),
+        (status = 400, description = "Unknown kind, invalid arguments or key (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "The key names a task started with other arguments (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Bytes) -> Result<Response, Problem> {
     let b: StartBody = json_body(&body)?;
     let key = header(&h, "idempotency-key");
@@ -131,45 +331,105 @@ struct ListQuery {
     limit: Option<u32>,
 }
 
-#[derive(Serialize)]
+/// A page of tasks, newest first.
+#[derive(Serialize, ToSchema)]
 struct TaskList<'a> {
     tasks: Vec<TaskView<'a>>,
 }
 
+/// List the caller's tasks, newest first.
+#[utoipa::path(get, path = "/api/v1/tasks", tag = "tasks", operation_id = "list_tasks",
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many (default 100, clamped to 1-1000).")),
+    responses((status = 200, description = "The tasks.", body = TaskList)))]
 async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Query(q): Query<ListQuery>) -> Result<Response, Problem> {
     let tasks = s.tasks.list(&p, q.limit.unwrap_or(100)).await?;
     Ok(axum::Json(TaskList { tasks: tasks.iter().map(task_view).collect() }).into_response())
 }
 
+/// A task's status, progress, outstanding input requests, and result or error.
+#[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks", operation_id = "get_task",
+    params(("id" = String, Path, description = "Task id.")),
+    responses(
+        (status = 200, description = "The task.", body = TaskView),
+        (status = 404, description = "No such task for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn get_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     Ok(task_json(StatusCode::OK, &s.tasks.get(&p, &id).await?))
 }
 
 /// The task's arguments, exactly as sent.
+#[utoipa::path(get, path = "/api/v1/tasks/{id}/args", tag = "tasks", operation_id = "get_task_args",
+    params(("id" = String, Path, description = "Task id.")),
+    responses(
+        (status = 200, description = "The arguments, byte for byte as sent (any JSON).", body = serde_json::Value, content_type = "application/json"),
+        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn task_args(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     let t = s.tasks.get(&p, &id).await?;
     Ok(([("content-type", "application/json")], t.args).into_response())
 }
 
-#[derive(Deserialize)]
+/// An answer to one of the task's `input_requests`.
+#[derive(Deserialize, ToSchema)]
+#[schema(as = InputResponse)]
 struct InputBody<'a> {
+    /// The request's key (a key of `input_requests`).
     key: String,
+    /// The answer, any JSON.
     #[serde(borrow)]
+    #[schema(value_type = serde_json::Value)]
     response: &'a RawValue,
 }
 
+/// The outcome of answering an input request.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct InputAnswer<'a> {
+    /// False when the key was not outstanding (the answer was ignored).
+    accepted: bool,
+    task: TaskView<'a>,
+}
+
+/// Answer an input request.
+///
 /// `POST /tasks/{id}/input` `{key, response}` → `{accepted, task}`. A key that is not
-/// outstanding is ignored (`accepted: false`).
+/// outstanding is ignored (`accepted: false`). The task goes back to `working`.
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/input", tag = "tasks", operation_id = "answer_input",
+    params(("id" = String, Path, description = "Task id.")),
+    request_body(content = InputBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Whether the answer was taken, and the task.", body = InputAnswer),
+        (status = 400, description = "Malformed body (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn respond(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
     let b: InputBody = json_body(&body)?;
     let (accepted, t) = s.tasks.respond(&p, &id, &b.key, b.response.get()).await?;
     Ok(axum::Json(serde_json::json!({ "accepted": accepted, "task": task_view(&t) })).into_response())
 }
 
+/// Cancel a task: `cancelled` at once (terminal); the job is told to stop and a late result
+/// is discarded. Cancelling a finished task changes nothing and returns it.
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/cancel", tag = "tasks", operation_id = "cancel_task",
+    params(("id" = String, Path, description = "Task id.")),
+    responses(
+        (status = 200, description = "The task after the call.", body = TaskView),
+        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn cancel(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     Ok(task_json(StatusCode::OK, &s.tasks.cancel(&p, &id).await?))
 }
 
+/// Report progress of an `external` task (its producer only).
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/progress", tag = "tasks", operation_id = "report_progress",
+    params(("id" = String, Path, description = "Task id (kind `external`).")),
+    request_body(content = ProgressDoc, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The task after the report.", body = TaskView),
+        (status = 400, description = "Malformed body, fraction outside [0, 1], or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn report_progress(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
     let progress: Progress = json_body(&body)?;
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
@@ -178,17 +438,32 @@ async fn report_progress(State(s): State<AppState>, Extension(Principal(p)): Ext
     Ok(task_json(StatusCode::OK, &s.tasks.report(&p, &id, progress).await?))
 }
 
-#[derive(Deserialize)]
+/// Complete an `external` task.
+#[derive(Deserialize, ToSchema)]
+#[schema(as = CompleteTask)]
 struct CompleteBody<'a> {
+    /// The result, any JSON (default `null`).
     #[serde(borrow)]
+    #[schema(value_type = Option<serde_json::Value>)]
     result: Option<&'a RawValue>,
     /// Ids of finished uploads (sent with TUS) the task produced.
     #[serde(default)]
     files: Vec<String>,
 }
 
+/// Complete an `external` task (its producer only).
+///
 /// `POST /tasks/{id}/complete` `{result?, files?}`: with files, the stored result is
 /// `{"files": [file info…], "result": <result>}`; without, the result exactly.
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/complete", tag = "tasks", operation_id = "complete_task",
+    params(("id" = String, Path, description = "Task id (kind `external`).")),
+    request_body(content = CompleteBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The completed task.", body = TaskView),
+        (status = 400, description = "Malformed body or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "No such task or file (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "A file is not fully uploaded (`upload_incomplete`, `partial.cursor` = its offset), or the task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn complete(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
     let b: CompleteBody = json_body(&body)?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
@@ -214,18 +489,32 @@ async fn complete(State(s): State<AppState>, Extension(Principal(p)): Extension<
     Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Ok(text)).await?))
 }
 
-#[derive(Deserialize)]
+/// Fail an `external` task.
+#[derive(Deserialize, ToSchema)]
+#[schema(as = FailTask)]
 struct FailBody {
+    /// Shown to the task's owner as `error.message` (no secrets).
     message: String,
 }
 
+/// Fail an `external` task (its producer only).
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/fail", tag = "tasks", operation_id = "fail_task",
+    params(("id" = String, Path, description = "Task id (kind `external`).")),
+    request_body(content = FailBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The failed task.", body = TaskView),
+        (status = 400, description = "Malformed body or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
     let b: FailBody = json_body(&body)?;
     Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?))
 }
 
 /// What the API says about a file (an upload).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = File)]
 pub struct FileView {
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -236,10 +525,14 @@ pub struct FileView {
     pub size: Option<u64>,
     /// Bytes stored so far.
     pub offset: u64,
+    /// All bytes are in.
     pub complete: bool,
+    /// Lowercase hex, once complete.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Unix ms.
     pub created_at: i64,
+    /// Unix ms after which an unfinished upload is swept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
     /// Relative URL for GET (download) and TUS requests.
@@ -263,12 +556,29 @@ pub fn file_view(r: &UploadRecord) -> FileView {
     }
 }
 
+/// A page of files, newest first.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct FileList {
+    files: Vec<FileView>,
+}
+
+/// List the caller's files (uploads and task artifacts).
+#[utoipa::path(get, path = "/api/v1/files", tag = "files", operation_id = "list_files",
+    params(("limit" = Option<u32>, Query, minimum = 1, description = "At most this many (default 100).")),
+    responses((status = 200, description = "The files.", body = FileList)))]
 async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Query(q): Query<ListQuery>) -> Result<Response, Problem> {
     let files = s.engine.list(&p, q.limit.unwrap_or(100)).await?;
     Ok(axum::Json(serde_json::json!({ "files": files.iter().map(file_view).collect::<Vec<_>>() })).into_response())
 }
 
 /// File info; unlike HEAD on /files/{id}, never interrupts an upload in progress.
+#[utoipa::path(get, path = "/api/v1/files/{id}", tag = "files", operation_id = "get_file",
+    params(("id" = String, Path, description = "File (upload) id.")),
+    responses(
+        (status = 200, description = "The file.", body = FileView),
+        (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
 async fn file_info(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     Ok(axum::Json(file_view(&s.engine.get(&p, &id).await?)).into_response())
 }

@@ -145,6 +145,21 @@ pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extensio
     let plan = plan_creation(&ch, &limits)?;
     let rec = s.engine.create(&p, &plan, header(&h, "upload-metadata").unwrap_or("")).await?;
     let loc = location(&s, &h, &rec.id);
+    let rec = if matches!(rec.concat, Concat::Final { .. }) && s.engine.final_ready(&rec.id).await? {
+        // Small concatenations finish while the client waits; big ones continue in the
+        // background (HEAD shows no Upload-Offset until then).
+        let task = start_concat(&s, &p, &rec.id).await?;
+        let deadline = tokio::time::Instant::now() + CONCAT_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            if s.tasks.get(&p, &task).await.map(|t| t.status.is_terminal()).unwrap_or(true) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        s.engine.get(&p, &rec.id).await?
+    } else {
+        rec
+    };
     let rec = if plan.with_body {
         let body_plan = s.engine.creation_body_plan(&plan);
         match s.engine.append(p.clone(), rec.id.clone(), move |_| Ok(body_plan), body).await {
@@ -166,6 +181,16 @@ pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extensio
     set(hm, "location", loc);
     Ok(res)
 }
+
+/// Start (or join) the `concat` task that builds final upload `id`.
+async fn start_concat(s: &AppState, principal: &str, id: &str) -> Result<String, TusError> {
+    let args = serde_json::json!({ "final": id }).to_string();
+    let started = s.tasks.start(principal, "concat", &args, Some(&crate::tasks::kinds::concat::concat_key(id)), None).await?;
+    Ok(started.task.id)
+}
+
+/// How long a POST creating a ready final upload waits for its concatenation.
+const CONCAT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `HEAD /files/{id}`: the durable offset (an in-flight PATCH is asked to checkpoint first).
 pub async fn head(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
@@ -201,7 +226,12 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
         };
         plan_patch(state, &ph, max_size)
     };
-    let rec = s.engine.append(p, id, decide, body).await?;
+    let rec = s.engine.append(p.clone(), id, decide, body).await?;
+    if rec.concat == Concat::Partial && rec.is_finished() {
+        for f in s.engine.finals_ready(&rec.id).await? {
+            start_concat(&s, &p, &f).await?;
+        }
+    }
     let mut res = StatusCode::NO_CONTENT.into_response();
     let hm = res.headers_mut();
     upload_headers(hm, &rec);

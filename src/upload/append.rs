@@ -132,9 +132,6 @@ impl Appender {
         if finished_sha256.is_some() {
             self.finished = true;
             self.engine.metrics.uploads_finished.inc();
-            if self.rec.concat == Concat::Partial {
-                self.engine.partial_finished(&self.rec.id).await;
-            }
         }
         Ok(())
     }

@@ -20,18 +20,32 @@ impl UploadEngine {
         app.commit().await
     }
 
-    /// A partial upload completed: build every final upload that was waiting on it.
-    pub(super) async fn partial_finished(self: &Arc<Self>, part_id: &str) {
-        match self.catalog.finals_waiting_on(part_id).await {
-            Ok(finals) => {
-                for f in finals {
-                    if let Err(e) = Box::pin(self.try_build_final(&f)).await {
-                        tracing::warn!(upload = f, error = %e, "building a final upload failed");
-                    }
-                }
+    /// Final uploads naming `part_id` whose parts are now all complete: each is ready for
+    /// [`UploadEngine::build_final`] (the task kind `concat` runs it).
+    pub async fn finals_ready(&self, part_id: &str) -> Result<Vec<String>, TusError> {
+        let mut ready = Vec::new();
+        for f in self.catalog.finals_waiting_on(part_id).await? {
+            if self.final_ready(&f).await? {
+                ready.push(f);
             }
-            Err(e) => tracing::error!(error = %e, "looking up final uploads"),
         }
+        Ok(ready)
+    }
+
+    /// Whether every part of unfinished final upload `id` is complete.
+    pub async fn final_ready(&self, id: &str) -> Result<bool, TusError> {
+        let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(false) };
+        let Concat::Final { parts, .. } = &rec.concat else { return Ok(false) };
+        if rec.is_finished() || rec.expired {
+            return Ok(false);
+        }
+        for p in parts {
+            match self.catalog.get_upload(p).await? {
+                Some(r) if r.is_finished() && !r.expired => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 
     /// A partial upload was terminated or expired: every unfinished final naming it can never
@@ -51,10 +65,11 @@ impl UploadEngine {
         }
     }
 
-    /// Build final upload `id` if every part is complete: copy the parts in order into its
-    /// blob with the running sha256, then commit it finished. A no-op while parts are
-    /// unfinished. A declared sha256 that does not match deletes the final (460).
-    pub(super) async fn try_build_final(self: &Arc<Self>, id: &str) -> Result<(), TusError> {
+    /// Build final upload `id` (TUS 1.0 §Concatenation) if every part is complete: copy the
+    /// parts in order into its blob with the running sha256, then commit it finished. A no-op
+    /// while parts are unfinished or once built. A declared sha256 that does not match deletes
+    /// the final (460). Restartable: a crash mid-copy starts the copy again.
+    pub async fn build_final(self: &Arc<Self>, id: &str) -> Result<(), TusError> {
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(()) };
         let Concat::Final { parts, .. } = &rec.concat else { return Ok(()) };
         if rec.is_finished() || rec.expired {
@@ -97,15 +112,12 @@ impl UploadEngine {
     }
 
     /// Start-up recovery (DESIGN §2): cut every blob back to its recorded offset, so garbage
-    /// past a checkpoint never becomes data; rebuild finals whose parts are complete.
+    /// past a checkpoint never becomes data. (Finals are rebuilt by their `concat` tasks.)
     /// In relaxed durability a blob may be *shorter* than its offset after a power loss: the
     /// upload is then rolled back to the bytes that survived (re-hashed once).
     pub async fn recover(self: &Arc<Self>) -> anyhow::Result<()> {
-        let unfinished = self.catalog.list_unfinished().await?;
-        let mut finals = Vec::new();
-        for rec in unfinished {
+        for rec in self.catalog.list_unfinished().await? {
             if matches!(rec.concat, Concat::Final { .. }) {
-                finals.push(rec.id.clone());
                 continue;
             }
             match self.blobs.len(&rec.id).await? {
@@ -122,11 +134,6 @@ impl UploadEngine {
                     }
                     self.rehash_to(&rec, len).await.map_err(|e| anyhow::anyhow!("{e}"))?;
                 }
-            }
-        }
-        for id in finals {
-            if let Err(e) = self.try_build_final(&id).await {
-                tracing::warn!(upload = id, error = %e, "rebuilding a final upload at start-up failed");
             }
         }
         Ok(())

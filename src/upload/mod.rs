@@ -177,8 +177,8 @@ impl UploadEngine {
         self.get(principal, id).await
     }
 
-    /// Create an upload (TUS 1.0 §Creation); a final upload of a concatenation is built at
-    /// once when all its partial uploads are complete, else when the last one completes.
+    /// Create an upload (TUS 1.0 §Creation). A final upload of a concatenation is created
+    /// empty; [`UploadEngine::build_final`] fills it once [`UploadEngine::final_ready`].
     /// Errors: 400 for a final naming an unknown, foreign or non-partial upload.
     pub async fn create(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, TusError> {
         let now = now_ms();
@@ -229,9 +229,7 @@ impl UploadEngine {
         self.blobs.create(&id).await?;
         self.catalog.create_upload(&rec).await?;
         self.metrics.uploads_created.inc();
-        if matches!(rec.concat, Concat::Final { .. }) {
-            self.try_build_final(&id).await?;
-        } else if rec.length == Some(0) {
+        if rec.length == Some(0) && !matches!(rec.concat, Concat::Final { .. }) {
             // `Upload-Length: 0` is complete at creation (DESIGN §3).
             let guard = self.take(&id).await?;
             self.complete_empty(&guard, &rec).await?;

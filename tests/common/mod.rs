@@ -230,3 +230,190 @@ pub async fn problem(r: reqwest::Response, status: u16, code: &str) -> serde_jso
     assert!(v["recovery_hint"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
     v
 }
+
+// ---------------------------------------------------------------------------------------------
+// Task engine helpers (tests/tasks_api.rs, tests/tasks_crash.rs)
+
+impl Server {
+    /// Kill -9 and start again on the same data dir with other extra args (e.g. a shorter
+    /// `--task-lease`). The temp dir stays owned by `self`.
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.kill9();
+        let tmp = self._tmp.take();
+        let mut s = Server::start_in(&self.data.clone(), args);
+        s._tmp = tmp;
+        std::mem::swap(self, &mut s);
+        std::mem::forget(s);
+    }
+}
+
+/// Write `text` to `dir/name` and return the path.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Write an executable `/bin/sh` script to `dir/name` and return its path.
+pub fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = write_file(dir, name, &format!("#!/bin/sh\n{body}"));
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// A JSON API client for `/api/v1`, optionally with a bearer token.
+#[derive(Clone)]
+pub struct Api {
+    pub c: reqwest::Client,
+    pub base: String,
+    pub token: Option<String>,
+}
+
+impl Api {
+    pub fn new(server: &Server) -> Api {
+        Api { c: client(), base: server.base.clone(), token: None }
+    }
+
+    pub fn with_token(server: &Server, token: &str) -> Api {
+        Api { c: client(), base: server.base.clone(), token: Some(token.to_string()) }
+    }
+
+    /// Any request; `path` is absolute (`/api/v1/...`, `/files/...`). Adds the bearer token.
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<Vec<u8>>) -> reqwest::Response {
+        let url = if path.starts_with("http") { path.to_string() } else { format!("{}{}", self.base, path) };
+        let mut r = self.c.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
+        if let Some(t) = &self.token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        if let Some(b) = body {
+            r = r.body(b);
+        }
+        r.send().await.expect("request")
+    }
+
+    /// POST a JSON body given as text.
+    pub async fn post(&self, path: &str, body: &str) -> reqwest::Response {
+        self.send("POST", path, &[("content-type", "application/json")], Some(body.as_bytes().to_vec())).await
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.send("GET", path, &[], None).await
+    }
+
+    /// `POST /api/v1/tasks` with `{"kind":KIND,"args":ARGS[,"ttl_ms":N]}` (args as exact text).
+    pub async fn start_raw(&self, kind: &str, args: &str, key: Option<&str>, ttl_ms: Option<i64>) -> reqwest::Response {
+        let ttl = ttl_ms.map(|t| format!(",\"ttl_ms\":{t}")).unwrap_or_default();
+        let body = format!("{{\"kind\":{},\"args\":{args}{ttl}}}", serde_json::to_string(kind).unwrap());
+        let mut h = vec![("content-type", "application/json")];
+        if let Some(k) = key {
+            h.push(("idempotency-key", k));
+        }
+        self.send("POST", "/api/v1/tasks", &h, Some(body.into_bytes())).await
+    }
+
+    /// Start a task and expect 201; returns the task view.
+    pub async fn start(&self, kind: &str, args: &str) -> serde_json::Value {
+        let r = self.start_raw(kind, args, None, None).await;
+        assert_eq!(r.status(), 201, "start {kind}");
+        json(r).await
+    }
+
+    /// `GET /api/v1/tasks/{id}`, expecting 200.
+    pub async fn task(&self, id: &str) -> serde_json::Value {
+        let r = self.get(&format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(r.status(), 200, "GET task {id}");
+        json(r).await
+    }
+
+    /// Poll the task until `done(view)` holds or `secs` pass (then panic with the last view).
+    pub async fn wait_for(&self, id: &str, secs: u64, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let v = self.task(id).await;
+            if done(&v) {
+                return v;
+            }
+            assert!(std::time::Instant::now() < deadline, "task {id}: timed out waiting for {what}; last view: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Poll until the task reaches `status` (panics early if it reaches another terminal one).
+    pub async fn wait_status(&self, id: &str, status: &str, secs: u64) -> serde_json::Value {
+        let v = self
+            .wait_for(id, secs, status, |v| {
+                let s = v["status"].as_str().unwrap();
+                s == status || matches!(s, "completed" | "failed" | "cancelled")
+            })
+            .await;
+        assert_eq!(v["status"], status, "{v}");
+        v
+    }
+
+    /// `GET /api/v1/files/{id}`, expecting 200.
+    pub async fn file(&self, id: &str) -> serde_json::Value {
+        let r = self.get(&format!("/api/v1/files/{id}")).await;
+        assert_eq!(r.status(), 200, "GET file {id}");
+        json(r).await
+    }
+
+    /// Download `/files/{id}` whole.
+    pub async fn download(&self, id: &str) -> Vec<u8> {
+        let r = self.get(&format!("/files/{id}")).await;
+        assert_eq!(r.status(), 200, "download {id}");
+        r.bytes().await.unwrap().to_vec()
+    }
+
+    /// Upload `data` with TUS (creation, then PATCHes of up to 32 MiB) under `filename`;
+    /// returns the upload id.
+    pub async fn upload(&self, data: &[u8], filename: &str) -> String {
+        use base64::Engine as _;
+        let md = format!("filename {}", base64::engine::general_purpose::STANDARD.encode(filename));
+        let len = data.len().to_string();
+        let r = self.send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", &len), ("Upload-Metadata", &md)], None).await;
+        assert_eq!(r.status(), 201, "create upload");
+        let loc = header(&r, "location").unwrap().to_string();
+        let id = loc.trim_end_matches('/').rsplit('/').next().unwrap().to_string();
+        let mut off = 0usize;
+        while off < data.len() || data.is_empty() {
+            let end = (off + (32 << 20)).min(data.len());
+            let o = off.to_string();
+            let r = self
+                .send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", &o)], Some(data[off..end].to_vec()))
+                .await;
+            assert_eq!(r.status(), 204, "PATCH {id} at {off}");
+            off = end;
+            if data.is_empty() {
+                break;
+            }
+        }
+        id
+    }
+}
+
+/// The response body as JSON.
+pub async fn json(r: reqwest::Response) -> serde_json::Value {
+    let b = r.bytes().await.unwrap();
+    serde_json::from_slice(&b).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&b)))
+}
+
+impl Tus {
+    /// Poll HEAD until the upload is complete (a final upload is built by a `concat` task in
+    /// the background); returns the HEAD response. Panics after 30 s.
+    pub async fn wait_complete(&self, url: &str) -> reqwest::Response {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = self.head(url).await;
+            let off = header(&r, "upload-offset").map(str::to_owned);
+            if off.is_some() && off.as_deref() == header(&r, "upload-length") {
+                return r;
+            }
+            assert!(std::time::Instant::now() < deadline, "upload {url} never completed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Built-in job kinds (DESIGN §4): `archive`, `compress`, `fetch`, `command` (one per program
-//! declared in ferry.toml), and `external` (driven over REST by its producer). Final TUS
-//! concatenation is built by the upload engine.
+//! declared in ferry.toml), `external` (driven over REST by its producer) and `concat` (the
+//! final upload of a TUS concatenation).
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use crate::config::Config;
 
 pub mod archive;
 pub mod command;
+pub mod concat;
 pub mod compress;
 pub mod external;
 pub mod fetch;
@@ -21,5 +22,6 @@ pub fn builtin(cfg: &Config) -> Vec<Arc<dyn Job>> {
         Arc::new(fetch::FetchJob::new(cfg.fetch.clone())),
         Arc::new(command::CommandJob::new(cfg.commands.clone())),
         Arc::new(external::ExternalJob),
+        Arc::new(concat::ConcatJob),
     ]
 }

@@ -17,7 +17,12 @@ async function main() {
   })
   await run(upload)
   const size = fs.statSync(file).size
-  const off = await headOffset(upload.url, endpoint)
+  // The server builds the final upload from its parts; HEAD shows Upload-Offset once done.
+  let off = null
+  for (let i = 0; i < 300 && off === null; i++) {
+    off = await headOffset(upload.url, endpoint).catch(() => null)
+    if (off === null) await new Promise((r) => setTimeout(r, 100))
+  }
   if (off !== size) throw new Error(`final upload offset ${off} != size ${size}`)
   done({ url: upload.url })
 }
