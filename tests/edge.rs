@@ -90,3 +90,44 @@ async fn graceful_shutdown_keeps_a_streaming_patch() {
     let path = url.trim_start_matches(&s.base).to_string();
     assert_eq!(t2.offset(&path).await, 1 << 20);
 }
+
+#[test]
+fn non_loopback_listen_needs_tokens_or_an_explicit_opt_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(ferry_bin())
+        .args(["serve", "--listen", "0.0.0.0:0", "--data"])
+        .arg(dir.path().join("d"))
+        .current_dir(dir.path())
+        .env_remove("FERRY_INSECURE_NO_AUTH")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ferry token create") && err.contains("--insecure-no-auth"), "{err}");
+}
+
+#[tokio::test]
+async fn token_create_then_bearer_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("ferry.toml");
+    let out = std::process::Command::new(ferry_bin()).args(["token", "create", "alice", "--config"]).arg(&cfg).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let stored = std::fs::read_to_string(&cfg).unwrap();
+    assert!(!stored.contains(&token), "only the hash is stored");
+    assert!(stored.contains("principal = \"alice\""));
+    let bad = std::process::Command::new(ferry_bin()).args(["token", "create", "no spaces", "--config"]).arg(&cfg).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let t = Tus::new(&s);
+    let r = t.post(&[("Upload-Length", "1")]).await;
+    assert_eq!(header(&r, "www-authenticate"), Some("Bearer"));
+    problem(r, 401, "unauthorized").await;
+    let auth = format!("Bearer {token}");
+    problem(t.post(&[("Upload-Length", "1"), ("Authorization", "Bearer fy_wrong")]).await, 401, "unauthorized").await;
+    let r = t.post(&[("Upload-Length", "1"), ("Authorization", &auth)]).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(t.request("OPTIONS", "/files/", &[], None).await.status(), 204, "discovery needs no token");
+    assert_eq!(t.c.get(s.url("/healthz")).send().await.unwrap().status(), 200);
+}
