@@ -26,6 +26,8 @@ pub struct JobContext {
     pub(super) cancel: CancellationToken,
     pub(super) responses: BTreeMap<String, Box<RawValue>>,
     pub(super) progress: Mutex<(Progress, Option<Instant>)>,
+    /// Files this run created or reopened (removed if the task fails or is cancelled).
+    pub(super) files: Mutex<Vec<String>>,
 }
 
 fn lost(e: CatalogError) -> JobError {
@@ -113,12 +115,36 @@ impl JobContext {
     /// Create a file owned by the task's principal; stream into it, `sync` to checkpoint,
     /// `finish` to get its handle.
     pub async fn create_file(&self, name: &str, media_type: &str) -> Result<FileWriter, JobError> {
-        Ok(self.uploads.create_file(&self.principal, name, media_type).await?)
+        let w = self.uploads.create_file(&self.principal, name, media_type).await?;
+        self.files.lock().unwrap().push(w.id().to_string());
+        Ok(w)
     }
 
     /// Reopen a file from a cursor saved in a checkpoint.
     pub async fn reopen_file(&self, cursor: &FileCursor) -> Result<FileWriter, JobError> {
-        Ok(self.uploads.reopen_file(&self.principal, cursor).await?)
+        let w = self.uploads.reopen_file(&self.principal, cursor).await?;
+        self.files.lock().unwrap().push(w.id().to_string());
+        Ok(w)
+    }
+
+    /// Persist the latest progress (reports are throttled; the engine calls this when the
+    /// job returns so the final counters are never lost).
+    pub(super) async fn flush_progress(&self) -> Result<(), JobError> {
+        let snapshot = self.progress.lock().unwrap().0.clone();
+        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
+        self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
+    /// Remove the unfinished files of this run (the task failed or was cancelled).
+    pub(super) async fn discard_unfinished_files(&self) {
+        let ids = std::mem::take(&mut *self.files.lock().unwrap());
+        for id in ids {
+            if let Ok(rec) = self.uploads.get(&self.principal, &id).await {
+                if !rec.is_finished() {
+                    let _ = self.uploads.terminate(&self.principal, &id).await;
+                }
+            }
+        }
     }
 
     /// The upload engine (to read other files of the principal).

@@ -274,6 +274,7 @@ impl Engine {
             cancel: cancel.clone(),
             responses,
             progress: Mutex::new((task.progress.clone(), None)),
+            files: Mutex::new(Vec::new()),
         };
         let heartbeat = {
             let (catalog, id, fence, lease, cancel) = (self.catalog.clone(), task.id.clone(), task.fence, self.cfg.lease, cancel.clone());
@@ -300,6 +301,14 @@ impl Engine {
         let out = AssertUnwindSafe(job.run(&ctx, &args, checkpoint)).catch_unwind().await;
         heartbeat.abort();
         self.running.lock().unwrap().remove(&task.id);
+        if matches!(out, Ok(Ok(_)) | Ok(Err(JobError::Failed { .. })) | Ok(Err(JobError::Parked))) {
+            let _ = ctx.flush_progress().await;
+        }
+        let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled)))
+            && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
+        if user_cancelled || matches!(out, Ok(Err(JobError::Failed { .. })) | Err(_)) {
+            ctx.discard_unfinished_files().await;
+        }
         let now = now_ms();
         let end = match out {
             Ok(Ok(value)) => Some(TaskEnd::Completed(value.to_string())),

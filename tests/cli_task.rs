@@ -1,0 +1,239 @@
+//! `ferry task start|get|list|cancel` against the real server, with kind `external`: output
+//! JSON, idempotency keys, `--wait` exit codes, errors (detail + hint on stderr, exit codes)
+//! and bearer tokens.
+
+mod common;
+use common::*;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// `ferry task ARGS…` against `server` (no token, no proxy).
+fn ferry_task(server: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    c.arg("task").args(args).env("FERRY_SERVER", server).env_remove("FERRY_TOKEN");
+    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
+        c.env_remove(v);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+fn run(server: &str, args: &[&str]) -> Output {
+    ferry_task(server, args).output().expect("run ferry task")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exit code")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// stdout as one JSON document; the command must have succeeded.
+fn ok_json(o: &Output) -> Value {
+    assert_eq!(code(o), 0, "stderr: {}", stderr(o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().count(), 1, "one JSON line expected: {out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+#[tokio::test]
+async fn start_get_list_cancel_and_idempotency() {
+    let s = Server::start(&[]);
+    let base = s.base.as_str();
+
+    // start: the task JSON, working.
+    let args = r#"{"n":12345678901234567890,"a":[null,0,"",false,{"x":1.5}]}"#;
+    let t = ok_json(&run(base, &["start", "external", "--args", args]));
+    let id = t["id"].as_str().unwrap().to_string();
+    assert_eq!(t["kind"], "external");
+    assert_eq!(t["status"], "working");
+    // The arguments reached the server byte for byte.
+    let stored = client().get(s.url(&format!("/api/v1/tasks/{id}/args"))).send().await.unwrap().text().await.unwrap();
+    assert_eq!(stored, args);
+
+    // --args-file, and `-` for stdin.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("args.json");
+    std::fs::write(&path, "[1, 2, 3]\n").unwrap();
+    let t2 = ok_json(&run(base, &["start", "external", "--args-file", path.to_str().unwrap()]));
+    let stored = client().get(s.url(&format!("/api/v1/tasks/{}/args", t2["id"].as_str().unwrap()))).send().await.unwrap().text().await.unwrap();
+    assert_eq!(stored, "[1, 2, 3]");
+    let mut child = ferry_task(base, &["start", "external", "--args-file", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(br#"{"from":"stdin"}"#).unwrap();
+    }
+    let t3 = ok_json(&child.wait_with_output().unwrap());
+    assert_eq!(t3["status"], "working");
+
+    // get
+    let g = ok_json(&run(base, &["get", &id]));
+    assert_eq!(g["id"], id.as_str());
+    assert_eq!(g["status"], "working");
+
+    // list (newest first) and --limit
+    let l = ok_json(&run(base, &["list"]));
+    let ids: Vec<&str> = l["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.contains(&id.as_str()));
+    let l = ok_json(&run(base, &["list", "--limit", "1"]));
+    assert_eq!(l["tasks"].as_array().unwrap().len(), 1);
+
+    // Idempotency key: the same key and arguments → the same task, not a second run.
+    let k1 = ok_json(&run(base, &["start", "external", "--args", r#"{"v":1}"#, "--idempotency-key", "export-2024-06"]));
+    let k2 = ok_json(&run(base, &["start", "external", "--args", r#"{"v":1}"#, "--idempotency-key", "export-2024-06"]));
+    assert_eq!(k1["id"], k2["id"]);
+    assert_eq!(k2["idempotency_key"], "export-2024-06");
+    // … with different arguments → conflict: exit 2, detail and hint on stderr, nothing on stdout.
+    let o = run(base, &["start", "external", "--args", r#"{"v":2}"#, "--idempotency-key", "export-2024-06"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    let e = stderr(&o);
+    assert!(e.contains("Idempotency-Key already names task") && e.contains("conflict"), "{e}");
+    assert!(e.contains("hint: Use a new Idempotency-Key"), "{e}");
+    let l = ok_json(&run(base, &["list"]));
+    assert_eq!(l["tasks"].as_array().unwrap().len(), 4, "one task for the key");
+
+    // cancel: cancelled; again: unchanged.
+    let c = ok_json(&run(base, &["cancel", &id]));
+    assert_eq!(c["status"], "cancelled");
+    let c = ok_json(&run(base, &["cancel", &id]));
+    assert_eq!(c["status"], "cancelled");
+    assert_eq!(ok_json(&run(base, &["get", &id]))["status"], "cancelled");
+    // Cancelling a completed task leaves it completed.
+    let r = client().post(s.url(&format!("/api/v1/tasks/{}/complete", k1["id"].as_str().unwrap()))).body(r#"{"result":{"ok":true}}"#).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let c = ok_json(&run(base, &["cancel", k1["id"].as_str().unwrap()]));
+    assert_eq!(c["status"], "completed");
+    // The key of a completed task → the same answer.
+    let k3 = ok_json(&run(base, &["start", "external", "--args", r#"{"v":1}"#, "--idempotency-key", "export-2024-06"]));
+    assert_eq!(k3["id"], k1["id"]);
+    assert_eq!(k3["result"], serde_json::json!({"ok": true}));
+}
+
+#[tokio::test]
+async fn errors_and_exit_codes() {
+    let s = Server::start(&[]);
+    let base = s.base.as_str();
+
+    // Unknown id → 404: exit 2, detail + hint.
+    let o = run(base, &["get", "aaaaaaaaaaaaaaaaaaaaaaaaaa"]);
+    assert_eq!(code(&o), 2);
+    let e = stderr(&o);
+    assert!(e.contains("no task with this id") && e.contains("hint: "), "{e}");
+    assert_eq!(code(&run(base, &["cancel", "aaaaaaaaaaaaaaaaaaaaaaaaaa"])), 2);
+
+    // Unknown kind → 400: exit 2, the hint lists the kinds.
+    let o = run(base, &["start", "no-such-kind"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("external"), "{}", stderr(&o));
+
+    // Usage errors: bad JSON, both --args and --args-file, missing id, --limit 0.
+    let o = run(base, &["start", "external", "--args", "{not json"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("not JSON"), "{}", stderr(&o));
+    assert_eq!(code(&run(base, &["start", "external", "--args", "1", "--args-file", "x"])), 2);
+    assert_eq!(code(&run(base, &["get"])), 2);
+    assert_eq!(code(&run(base, &["list", "--limit", "0"])), 2);
+    assert_eq!(code(&run(base, &["start", "external", "--args-file", "/nonexistent/args.json"])), 2);
+
+    // No server there → exit 1 with a hint.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let o = run(&dead, &["list"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("cannot reach"), "{}", stderr(&o));
+    // --server beats FERRY_SERVER.
+    let o = ferry_task(&dead, &["--server", base, "list"]).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    // The help documents the exit codes.
+    let o = run(base, &["start", "--help"]);
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(help.contains("Exit codes:") && help.contains("3  with --wait: the task was cancelled"), "{help}");
+}
+
+/// Start `--wait` in the background, let `finish` end the task over REST, return the output.
+async fn wait_until(s: &Server, key: &str, finish: impl AsyncFnOnce(&str)) -> Output {
+    let child = ferry_task(&s.base, &["start", "external", "--idempotency-key", key, "--wait"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Find the task through the same key: 200 if the CLI started it, 201 if we did (the CLI
+    // then joins ours, which is just as good).
+    let r = client().post(s.url("/api/v1/tasks")).header("idempotency-key", key).body(r#"{"kind":"external"}"#).send().await.unwrap();
+    assert!(r.status() == 200 || r.status() == 201);
+    let v: Value = r.json().await.unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    finish(&id).await;
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn wait_exit_codes() {
+    let s = Server::start(&[]);
+    let post = |path: String, body: &'static str| {
+        let url = s.url(&path);
+        async move {
+            let r = client().post(url).body(body).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        }
+    };
+
+    // Completed → 0, the final JSON on stdout.
+    let o = wait_until(&s, "w-complete", async |id| {
+        post(format!("/api/v1/tasks/{id}/progress"), r#"{"fraction":0.5,"counters":{"pages":3}}"#).await;
+        post(format!("/api/v1/tasks/{id}/complete"), r#"{"result":{"rows":42}}"#).await;
+    })
+    .await;
+    let v = ok_json(&o);
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["result"]["rows"], 42);
+
+    // Failed → 1.
+    let o = wait_until(&s, "w-fail", async |id| post(format!("/api/v1/tasks/{id}/fail"), r#"{"message":"upstream said no"}"#).await).await;
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["status"], "failed");
+    assert_eq!(v["error"]["message"], "upstream said no");
+
+    // Cancelled (with the CLI) → 3.
+    let base = s.base.clone();
+    let o = wait_until(&s, "w-cancel", async |id| {
+        let c = run(&base, &["cancel", id]);
+        assert_eq!(code(&c), 0);
+    })
+    .await;
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["status"], "cancelled");
+
+    // An already finished task (same key) returns at once with its status's exit code.
+    let o = run(&s.base, &["start", "external", "--idempotency-key", "w-cancel", "--wait"]);
+    assert_eq!(code(&o), 3);
+}
+
+#[tokio::test]
+async fn bearer_token() {
+    let token = "fy_cli_test_token";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("ferry.toml");
+    std::fs::write(&cfg, format!("[[tokens]]\nprincipal = \"cli\"\nsha256 = \"{}\"\n", sha256_hex(token.as_bytes()))).unwrap();
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+
+    let o = run(&s.base, &["list"]);
+    assert_eq!(code(&o), 2, "401 is a 4xx");
+    assert!(stderr(&o).contains("bearer token") && stderr(&o).contains("hint: "), "{}", stderr(&o));
+
+    let t = ok_json(&ferry_task(&s.base, &["start", "external"]).env("FERRY_TOKEN", token).output().unwrap());
+    let id = t["id"].as_str().unwrap();
+    let g = ok_json(&run(&s.base, &["--token", token, "get", id]));
+    assert_eq!(g["id"], id);
+    // A wrong token is refused.
+    assert_eq!(code(&run(&s.base, &["--token", "fy_wrong", "get", id])), 2);
+}
