@@ -105,13 +105,9 @@ impl Job for ArchiveJob {
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError> {
         let args = parse_args(args).map_err(JobError::failed)?;
-        // Finished already (crashed between finishing the file and recording the result).
-        if let Some(done) = checkpoint.as_ref().and_then(|c| c.get("result")) {
-            return Ok(done.clone());
-        }
-        let cp: Option<Checkpoint> = match checkpoint {
-            Some(v) => Some(serde_json::from_value(v).map_err(|e| JobError::Internal(format!("archive checkpoint: {e}")))?),
-            None => None,
+        let cp: Option<Checkpoint> = match super::resume("archive", checkpoint)? {
+            super::Resume::Done(result) => return Ok(result),
+            super::Resume::From(cp) => cp,
         };
 
         // Resolve every member first: a bad id fails the task before anything is written.

@@ -182,12 +182,9 @@ impl Job for CompressJob {
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError> {
         let args = parse_args(args).map_err(JobError::failed)?;
-        if let Some(done) = checkpoint.as_ref().and_then(|c| c.get("result")) {
-            return Ok(done.clone());
-        }
-        let cp: Option<Checkpoint> = match checkpoint {
-            Some(v) => Some(serde_json::from_value(v).map_err(|e| JobError::Internal(format!("compress checkpoint: {e}")))?),
-            None => None,
+        let cp: Option<Checkpoint> = match super::resume("compress", checkpoint)? {
+            super::Resume::Done(result) => return Ok(result),
+            super::Resume::From(cp) => cp,
         };
         let id = &args.file;
         let rec = match ctx.uploads().get(ctx.principal(), id).await {

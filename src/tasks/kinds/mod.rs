@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use super::Job;
+use serde::de::DeserializeOwned;
+
+use super::{Job, JobError};
 use crate::config::Config;
 
 pub mod archive;
@@ -24,4 +26,24 @@ pub fn builtin(cfg: &Config) -> Vec<Arc<dyn Job>> {
         Arc::new(external::ExternalJob),
         Arc::new(concat::ConcatJob),
     ]
+}
+
+/// Where a resumable built-in job starts, from the checkpoint it was given.
+pub(crate) enum Resume<T> {
+    /// The job already finished (it crashed between finishing its file and recording the
+    /// result, which its last checkpoint holds as `{"result": …}`).
+    Done(serde_json::Value),
+    /// Continue from this checkpoint (`None`: from the start).
+    From(Option<T>),
+}
+
+/// Decode `checkpoint` for job `kind` into [`Resume`].
+pub(crate) fn resume<T: DeserializeOwned>(kind: &str, checkpoint: Option<serde_json::Value>) -> Result<Resume<T>, JobError> {
+    match checkpoint {
+        None => Ok(Resume::From(None)),
+        Some(c) => match c.get("result") {
+            Some(done) => Ok(Resume::Done(done.clone())),
+            None => serde_json::from_value(c).map(|cp| Resume::From(Some(cp))).map_err(|e| JobError::Internal(format!("{kind} checkpoint: {e}"))),
+        },
+    }
 }
