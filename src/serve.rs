@@ -70,20 +70,50 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tracing::info!("shutting down: checkpointing in-flight uploads");
         shutdown_engine.begin_shutdown();
     };
-    let shutdown_tasks = tasks.clone();
-    let server = axum::serve(listener, router).with_graceful_shutdown(signal);
-    let server = tokio::spawn(async move { server.await });
-    engine.shutdown_requested().await;
-    shutdown_tasks.shutdown();
-    match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
-        Ok(r) => r??,
-        Err(_) => tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting"),
-    }
+    serve_http(listener, router, signal).await;
+    tasks.shutdown();
     sweeper.abort();
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
     Ok(())
+}
+
+/// How long a client may take to send a request's headers (slow-loris guard).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accept HTTP/1.1 connections until `signal` resolves, then wait up to [`SHUTDOWN_GRACE`]
+/// for in-flight requests (PATCHes checkpoint and end on the engine's shutdown token).
+async fn serve_http(listener: tokio::net::TcpListener, router: axum::Router, signal: impl std::future::Future<Output = ()>) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    tokio::pin!(signal);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut signal => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
+        tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting");
+    }
 }
 
 async fn shutdown_signal() {
