@@ -171,7 +171,16 @@ async fn wait_until(s: &Server, key: &str, finish: impl AsyncFnOnce(&str)) -> Ou
     let id = v["id"].as_str().unwrap().to_string();
     tokio::time::sleep(Duration::from_millis(300)).await;
     finish(&id).await;
-    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+    // Never hang the suite on a CLI that does not notice the end.
+    let pid = child.id();
+    let out = tokio::time::timeout(Duration::from_secs(60), tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())).await;
+    match out {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("`ferry task start --wait` did not exit after task {id} ended");
+        }
+    }
 }
 
 #[tokio::test]
@@ -213,9 +222,9 @@ async fn wait_exit_codes() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["status"], "cancelled");
 
-    // An already finished task (same key) returns at once with its status's exit code.
-    let o = run(&s.base, &["start", "external", "--idempotency-key", "w-cancel", "--wait"]);
-    assert_eq!(code(&o), 3);
+    // A completed task's key returns the same task at once.
+    let o = run(&s.base, &["start", "external", "--idempotency-key", "w-complete", "--wait"]);
+    assert_eq!(ok_json(&o)["result"]["rows"], 42);
 }
 
 #[tokio::test]

@@ -294,10 +294,7 @@ async fn execute(args: TaskArgs) -> Result<(), Exit> {
                 #[serde(skip_serializing_if = "Option::is_none")]
                 args: Option<&'a RawValue>,
             }
-            let raw: Option<&RawValue> = match &args {
-                Some(a) => Some(serde_json::from_str(a).expect("checked above")),
-                None => None,
-            };
+            let raw: Option<&RawValue> = args.as_deref().map(|a| serde_json::from_str(a).expect("checked above"));
             let body = serde_json::to_string(&StartBody { kind: &kind, args: raw }).expect("serialises");
             let headers: Vec<(&str, &str)> = idempotency_key.as_deref().map(|k| ("idempotency-key", k)).into_iter().collect();
             let a = client.send(reqwest::Method::POST, "/tasks", &headers, Some(body)).await.map_err(|f| f.exit())?;

@@ -59,11 +59,11 @@ fn unauthorized(detail: &str) -> Response {
     res
 }
 
-/// Resolve the request's principal, or answer 401. Health, metrics and TUS discovery
-/// (`OPTIONS`) need no token.
+/// Resolve the request's principal, or answer 401. Health, metrics, the OpenAPI document and
+/// TUS discovery (`OPTIONS`) need no token.
 pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let open = matches!(path, "/healthz" | "/readyz" | "/metrics") || req.method() == Method::OPTIONS;
+    let open = matches!(path, "/healthz" | "/readyz" | "/metrics" | "/api/v1/openapi.json") || req.method() == Method::OPTIONS;
     let principal = if s.tokens.is_empty() {
         Some(LOCAL_PRINCIPAL.to_string())
     } else {
