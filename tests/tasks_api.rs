@@ -392,10 +392,10 @@ async fn input_required_survives_a_restart_and_completes_when_answered() {
     assert_eq!(f["sha256"], sha256_hex(&body).as_str());
     assert_eq!(v["result"]["exit_code"], 0);
 
-    // Answering again, or after the end, is ignored.
-    let a = json(api.post(&format!("/api/v1/tasks/{tid}/input"), r#"{"key":"dest.name","response":"users"}"#).await).await;
-    assert_eq!(a["accepted"], false);
-    assert_eq!(a["task"]["status"], "completed");
+    // Answering after the end: 409, and the task is unchanged.
+    let r = api.post(&format!("/api/v1/tasks/{tid}/input"), r#"{"key":"dest.name","response":"users"}"#).await;
+    problem(r, 409, "conflict").await;
+    assert_eq!(api.task(&tid).await["status"], "completed");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -712,4 +712,19 @@ async fn final_progress_is_kept_when_a_job_completes() {
     let v = api.wait_status(&tid, "completed", 30).await;
     let p = &v["progress"];
     assert_eq!((&p["fraction"], &p["message"], &p["counters"]["rows"]), (&json!(1.0), &json!("all done"), &json!(2)), "{v}");
+}
+
+#[tokio::test]
+async fn oversized_bodies_and_bad_limits_get_problems() {
+    let s = Server::start(&[]);
+    let api = Api::new(&s);
+    let big = format!(r#"{{"kind":"external","args":{{"blob":"{}"}}}}"#, "a".repeat(2 << 20));
+    problem(api.post("/api/v1/tasks", &big).await, 413, "size_exceeded").await;
+    for q in ["limit=-1", "limit=abc", "limit=0", "limit=5000"] {
+        let r = reqwest::Client::new().get(s.url(&format!("/api/v1/tasks?{q}"))).send().await.unwrap();
+        problem(r, 400, "invalid_argument").await;
+    }
+    let tid = id(&api.start("external", "{}").await);
+    let answer = format!(r#"{{"key":"k","response":"{}"}}"#, "a".repeat(100_000));
+    problem(api.post(&format!("/api/v1/tasks/{tid}/input"), &answer).await, 413, "size_exceeded").await;
 }

@@ -8,6 +8,7 @@
 //! ([`ApiDoc`]): keep every route in [`routes`] listed in `ApiDoc`'s `paths(...)`.
 
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -193,6 +194,31 @@ struct TaskErrorDoc {
     message: String,
 }
 
+/// Largest JSON request body, in bytes (task arguments, results, answers).
+pub const MAX_JSON_BODY: usize = 1 << 20;
+
+/// The body, or 413 `size_exceeded` past [`MAX_JSON_BODY`] (the router sets the limit).
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
+    body.map_err(|e| match e {
+        BytesRejection::FailedToBufferBody(_) => Problem(TusError::new(
+            413,
+            ferry_tus::ErrorCode::SizeExceeded,
+            format!("the request body is larger than {MAX_JSON_BODY} bytes"),
+            "Send large data as a file (TUS upload) and pass its id instead.",
+        )),
+        _ => Problem(TusError::bad_request("the request body could not be read", "Send the JSON body again.")),
+    })
+}
+
+/// `limit` query parameter: 1 to 1000, default 100.
+fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
+    match q {
+        Ok(Query(ListQuery { limit: None })) => Ok(100),
+        Ok(Query(ListQuery { limit: Some(n) })) if (1..=1000).contains(&n) => Ok(n),
+        _ => Err(Problem(TusError::bad_request("limit must be a whole number from 1 to 1000", "Send ?limit=100 or omit it."))),
+    }
+}
+
 fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|e| Problem(TusError::bad_request(format!("invalid JSON body: {e}"), "Send a JSON object as documented in /api/v1/openapi.json.")))
 }
@@ -311,7 +337,8 @@ struct StartBody<'a> {
         (status = 400, description = "Unknown kind, invalid arguments or key (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 409, description = "The key names a task started with other arguments (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Bytes) -> Result<Response, Problem> {
+async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    let body = body_bytes(body)?;
     let b: StartBody = json_body(&body)?;
     let key = header(&h, "idempotency-key");
     if key == Some("\u{0}") {
@@ -341,8 +368,8 @@ struct TaskList<'a> {
 #[utoipa::path(get, path = "/api/v1/tasks", tag = "tasks", operation_id = "list_tasks",
     params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many (default 100, clamped to 1-1000).")),
     responses((status = 200, description = "The tasks.", body = TaskList)))]
-async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Query(q): Query<ListQuery>) -> Result<Response, Problem> {
-    let tasks = s.tasks.list(&p, q.limit.unwrap_or(100)).await?;
+async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, q: Result<Query<ListQuery>, QueryRejection>) -> Result<Response, Problem> {
+    let tasks = s.tasks.list(&p, limit(q)?).await?;
     Ok(axum::Json(TaskList { tasks: tasks.iter().map(task_view).collect() }).into_response())
 }
 
@@ -402,7 +429,8 @@ struct InputAnswer<'a> {
         (status = 400, description = "Malformed body (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn respond(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
+async fn respond(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    let body = body_bytes(body)?;
     let b: InputBody = json_body(&body)?;
     let (accepted, t) = s.tasks.respond(&p, &id, &b.key, b.response.get()).await?;
     Ok(axum::Json(serde_json::json!({ "accepted": accepted, "task": task_view(&t) })).into_response())
@@ -430,7 +458,8 @@ async fn cancel(State(s): State<AppState>, Extension(Principal(p)): Extension<Pr
         (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn report_progress(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
+async fn report_progress(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    let body = body_bytes(body)?;
     let progress: Progress = json_body(&body)?;
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
         return Err(Problem(TusError::bad_request("fraction must be between 0 and 1", "Send a fraction in [0, 1].")));
@@ -464,7 +493,8 @@ struct CompleteBody<'a> {
         (status = 404, description = "No such task or file (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 409, description = "A file is not fully uploaded (`upload_incomplete`, `partial.cursor` = its offset), or the task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn complete(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
+async fn complete(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    let body = body_bytes(body)?;
     let b: CompleteBody = json_body(&body)?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
     let text = if b.files.is_empty() {
@@ -507,7 +537,8 @@ struct FailBody {
         (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Bytes) -> Result<Response, Problem> {
+async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    let body = body_bytes(body)?;
     let b: FailBody = json_body(&body)?;
     Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?))
 }
@@ -567,8 +598,8 @@ struct FileList {
 #[utoipa::path(get, path = "/api/v1/files", tag = "files", operation_id = "list_files",
     params(("limit" = Option<u32>, Query, minimum = 1, description = "At most this many (default 100).")),
     responses((status = 200, description = "The files.", body = FileList)))]
-async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Query(q): Query<ListQuery>) -> Result<Response, Problem> {
-    let files = s.engine.list(&p, q.limit.unwrap_or(100)).await?;
+async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, q: Result<Query<ListQuery>, QueryRejection>) -> Result<Response, Problem> {
+    let files = s.engine.list(&p, limit(q)?).await?;
     Ok(axum::Json(serde_json::json!({ "files": files.iter().map(file_view).collect::<Vec<_>>() })).into_response())
 }
 

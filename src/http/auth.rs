@@ -67,12 +67,16 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
     let principal = if s.tokens.is_empty() {
         Some(LOCAL_PRINCIPAL.to_string())
     } else {
+        if req.headers().get_all("authorization").iter().count() > 1 {
+            return unauthorized("send one Authorization header");
+        }
         let bearer = req
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
         match bearer {
             Some(t) => match s.tokens.principal(t) {
                 Some(p) => Some(p.to_string()),

@@ -81,11 +81,11 @@ pub fn app(state: AppState) -> Router {
         );
     let routes: Router = Router::new()
         .merge(files)
-        .nest("/api/v1", api::routes())
+        .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())
-        .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/.")) })
+        .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json).")) })
         .method_not_allowed_fallback(|| async {
-            Problem(TusError::new(405, ErrorCode::InvalidArgument, "this method is not allowed on this route", "Use OPTIONS to discover the TUS endpoint's methods."))
+            Problem(TusError::new(405, ErrorCode::InvalidArgument, "this method is not allowed on this route", "See /api/v1/openapi.json for the API, or send OPTIONS to /files/ for TUS."))
         })
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))

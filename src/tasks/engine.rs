@@ -15,6 +15,9 @@ use super::{Job, JobContext, JobError};
 use crate::catalog::{Catalog, CatalogError, NewTask, StartOutcome, TaskEnd, TaskRecord, TaskStatus};
 use crate::upload::{internal, new_id, now_ms, UploadEngine};
 
+/// Largest answer to an input request, in bytes (programs receive it in an environment variable).
+pub const MAX_RESPONSE: usize = 64 * 1024;
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct TaskConfig {
@@ -163,7 +166,13 @@ impl Engine {
     /// Answer input request `key` with `response` (JSON text). Returns whether it was
     /// accepted (false for a key that is not outstanding) and the task after the call.
     pub async fn respond(&self, principal: &str, id: &str, key: &str, response: &str) -> Result<(bool, TaskRecord), TusError> {
-        self.get(principal, id).await?;
+        let task = self.get(principal, id).await?;
+        if task.status.is_terminal() {
+            return Err(terminal(&task));
+        }
+        if response.len() > MAX_RESPONSE {
+            return Err(TusError::new(413, ErrorCode::SizeExceeded, format!("an input response may be at most {MAX_RESPONSE} bytes"), "Send a shorter answer, or upload the data as a file and answer with its id."));
+        }
         let raw: Box<RawValue> = serde_json::from_str(response).map_err(|e| TusError::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
         let accepted = self.catalog.respond_input(id, key, raw.get(), now_ms()).await.map_err(catalog_err)?;
         self.wake.notify_one();

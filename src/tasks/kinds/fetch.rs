@@ -50,6 +50,9 @@ use crate::tasks::{Job, JobContext, JobError};
 use crate::upload::{FileCursor, FileWriter};
 
 /// Tries in a row without receiving any data before giving up.
+/// Most requests one run makes, successful or not.
+const MAX_REQUESTS: u32 = 64;
+
 const ATTEMPTS: u32 = 5;
 /// First retry delay; doubles each time.
 const BACKOFF: Duration = Duration::from_millis(200);
@@ -239,6 +242,16 @@ impl Validator {
         Validator { etag, last_modified }
     }
 
+    /// Whether `other` (from a 206) names the same version: equal strong ETags, or, without
+    /// ETags, equal Last-Modified.
+    fn matches(&self, other: &Validator) -> bool {
+        match (&self.etag, &other.etag) {
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+            (None, _) => self.last_modified.is_some() && self.last_modified == other.last_modified,
+        }
+    }
+
     fn if_range(&self) -> Option<&str> {
         self.etag.as_deref().or(self.last_modified.as_deref())
     }
@@ -308,6 +321,8 @@ impl Job for FetchJob {
             file = Some(Open { writer, start: cp.start, validator: cp.validator, total: cp.length, synced: cp.cursor.offset });
         }
         let mut failures = 0u32;
+        let mut requests = 0u32;
+        let mut best = file.as_ref().map_or(0, |f| f.writer.position());
         let mut last_error = String::new();
         let mut no_range = false;
         loop {
@@ -322,7 +337,14 @@ impl Job for FetchJob {
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            let offset = if no_range { 0 } else { file.as_ref().map_or(0, |f| f.writer.position()) };
+            requests += 1;
+            if requests > MAX_REQUESTS {
+                return Err(JobError::failed(format!("fetch {shown}: {last_error} (gave up after {MAX_REQUESTS} requests)")));
+            }
+            // Resume with Range only when a validator (strong ETag or Last-Modified) lets the
+            // server refuse a changed file; without one, bytes from two versions could splice.
+            let resumable = file.as_ref().is_some_and(|f| f.validator.if_range().is_some());
+            let offset = if no_range || !resumable { 0 } else { file.as_ref().map_or(0, |f| f.writer.position()) };
             no_range = false;
             let mut req = client.get(url.clone());
             if offset > 0 {
@@ -337,6 +359,7 @@ impl Job for FetchJob {
             };
             let resp = match resp {
                 Ok(r) => r,
+                Err(e) if e.is_redirect() || e.is_builder() => return Err(JobError::failed(format!("fetch {shown}: {}", describe(e)))),
                 Err(e) => {
                     failures += 1;
                     last_error = describe(e);
@@ -349,6 +372,14 @@ impl Job for FetchJob {
             let reply = decide(resp.status(), offset, known, h.get(CONTENT_RANGE).and_then(|v| v.to_str().ok()), length);
             let total = match reply {
                 Reply::Body { from, total } => {
+                    let same = file.as_ref().is_some_and(|f| f.validator.matches(&Validator::from_headers(resp.headers())));
+                    if from > 0 && !same {
+                        // The server ignored If-Range and sent bytes of another version.
+                        failures += 1;
+                        last_error = "the file changed on the server during the download".into();
+                        no_range = true;
+                        continue;
+                    }
                     if from == 0 {
                         file = Some(restart(ctx, file.take(), &url, name.as_deref(), resp.headers(), total, &shown).await?);
                     }
@@ -384,9 +415,14 @@ impl Job for FetchJob {
                         if chunk.is_empty() {
                             continue;
                         }
-                        failures = 0;
                         f.writer.write(chunk).await?;
                         let pos = f.writer.position();
+                        if pos > best {
+                            // Only new bytes count as progress: a server that keeps sending
+                            // the same prefix cannot keep the task alive forever.
+                            best = pos;
+                            failures = 0;
+                        }
                         if f.total.is_some_and(|t| pos > t) {
                             return Err(JobError::failed(format!("fetch {shown}: server sent more than the {} bytes it announced", f.total.unwrap_or(0))));
                         }
