@@ -305,6 +305,7 @@ fn task_json(status: StatusCode, t: &TaskRecord) -> Response {
 
 /// Start a task.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = StartTask)]
 struct StartBody<'a> {
     /// A registered kind: `archive`, `compress`, `fetch`, `command`, `external`, or one an
