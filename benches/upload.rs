@@ -308,7 +308,7 @@ fn main() {
     });
 
     let base_median = median(base.iter().map(|s| mb_per_s(size, s.elapsed)).collect());
-    let gib = |b: u64| if b % (1 << 30) == 0 { format!("{} GiB", b >> 30) } else { format!("{} MiB", b / MIB) };
+    let gib = |b: u64| if b.is_multiple_of(1 << 30) { format!("{} GiB", b >> 30) } else { format!("{} MiB", b / MIB) };
     println!();
     println!("$ cargo bench --bench upload   # {} runs x {rounds}, alternating; 1 MiB chunks; MB = 10^6 B; medians", gib(size));
     println!("{:<48} {:>8} {:>13} {:>7} {:>9} {:>13}", "measurement", "MB/s", "min..max", "ratio", "RSS MiB", "CPU s srv/cli");

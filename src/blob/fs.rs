@@ -25,12 +25,11 @@ pub struct FsBlobStore {
     durable: bool,
 }
 
-fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> impl std::future::Future<Output = BlobResult<T>> {
-    async move {
-        match tokio::task::spawn_blocking(f).await {
-            Ok(r) => r.map_err(BlobError::from),
-            Err(join) => Err(BlobError::Io(std::io::Error::other(join))),
-        }
+/// Run blocking file I/O off the async threads.
+async fn blocking<T: Send + 'static, E: Into<BlobError> + Send + 'static>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> BlobResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(join) => Err(BlobError::Io(std::io::Error::other(join))),
     }
 }
 
@@ -68,7 +67,7 @@ impl BlobStore for FsBlobStore {
     async fn create(&self, id: &str) -> BlobResult<()> {
         let path = self.path(id)?;
         let durable = self.durable;
-        blocking(move || {
+        blocking(move || -> std::io::Result<_> {
             let dir = path.parent().expect("blob path has a parent");
             std::fs::create_dir_all(dir)?;
             let f = OpenOptions::new().create(true).write(true).truncate(true).open(&path)?;
@@ -84,7 +83,7 @@ impl BlobStore for FsBlobStore {
     async fn open_writer(&self, id: &str, offset: u64) -> BlobResult<Box<dyn BlobWriter>> {
         let path = self.path(id)?;
         let durable = self.durable;
-        let file = match tokio::task::spawn_blocking(move || -> BlobResult<File> {
+        let file = blocking(move || -> BlobResult<File> {
             let mut f = OpenOptions::new().write(true).open(&path).map_err(not_found)?;
             let len = f.metadata()?.len();
             if len < offset {
@@ -99,11 +98,7 @@ impl BlobStore for FsBlobStore {
             f.seek(SeekFrom::Start(offset))?;
             Ok(f)
         })
-        .await
-        {
-            Ok(r) => r?,
-            Err(e) => return Err(BlobError::Io(std::io::Error::other(e))),
-        };
+        .await?;
         Ok(Box::new(FsWriter { file: Some(file), buf: BytesMut::with_capacity(WRITE_BUFFER), flushed: offset, durable }))
     }
 
@@ -118,7 +113,7 @@ impl BlobStore for FsBlobStore {
     async fn truncate(&self, id: &str, len: u64) -> BlobResult<()> {
         let path = self.path(id)?;
         let durable = self.durable;
-        match tokio::task::spawn_blocking(move || -> BlobResult<()> {
+        blocking(move || -> BlobResult<()> {
             let f = OpenOptions::new().write(true).open(&path).map_err(not_found)?;
             if f.metadata()?.len() > len {
                 f.set_len(len)?;
@@ -129,10 +124,6 @@ impl BlobStore for FsBlobStore {
             Ok(())
         })
         .await
-        {
-            Ok(r) => r,
-            Err(e) => Err(BlobError::Io(std::io::Error::other(e))),
-        }
     }
 
     async fn read(&self, id: &str, range: Range<u64>) -> BlobResult<ByteStream> {
@@ -170,7 +161,7 @@ impl FsWriter {
         let mut file = self.file.take().ok_or_else(|| BlobError::Io(std::io::Error::other("writer poisoned by an earlier failure")))?;
         let sync = then_sync && self.durable;
         let n = data.len() as u64;
-        let file = blocking(move || {
+        let file = blocking(move || -> std::io::Result<_> {
             file.write_all(&data)?;
             if sync {
                 file.sync_data()?;
@@ -207,7 +198,7 @@ impl BlobWriter for FsWriter {
         self.buf.clear();
         let mut file = self.file.take().ok_or_else(|| BlobError::Io(std::io::Error::other("writer poisoned by an earlier failure")))?;
         let durable = self.durable;
-        let file = blocking(move || {
+        let file = blocking(move || -> std::io::Result<_> {
             file.set_len(len)?;
             file.seek(SeekFrom::Start(len))?;
             if durable {
