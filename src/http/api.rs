@@ -367,7 +367,7 @@ struct TaskList<'a> {
 
 /// List the caller's tasks, newest first.
 #[utoipa::path(get, path = "/api/v1/tasks", tag = "tasks", operation_id = "list_tasks",
-    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many (default 100, clamped to 1-1000).")),
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many, 1 to 1000 (default 100); other values are 400.")),
     responses((status = 200, description = "The tasks.", body = TaskList)))]
 async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, q: Result<Query<ListQuery>, QueryRejection>) -> Result<Response, Problem> {
     let tasks = s.tasks.list(&p, limit(q)?).await?;
