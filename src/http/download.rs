@@ -80,8 +80,7 @@ fn decide(h: &HeaderMap, len: u64, etag: &str, last_modified: &str) -> Outcome {
     }
 }
 
-fn metadata_value(rec: &UploadRecord, keys: &[&str]) -> Option<String> {
-    let md: ferry_tus::UploadMetadata = rec.metadata.parse().ok()?;
+fn metadata_value(md: &ferry_tus::UploadMetadata, keys: &[&str]) -> Option<String> {
     keys.iter().find_map(|k| md.get_str(k).map(str::to_owned))
 }
 
@@ -118,11 +117,12 @@ fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
 
 /// Content-Type, Content-Disposition and the validators of a finished upload.
 pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
-    let media = metadata_value(rec, &["filetype", "contentType", "content-type", "type", "mimetype"])
+    let md: ferry_tus::UploadMetadata = rec.metadata.parse().unwrap_or_default();
+    let media = metadata_value(&md, &["filetype", "contentType", "content-type", "type", "mimetype"])
         .and_then(|t| t.parse::<mime::Mime>().ok())
         .unwrap_or(mime::APPLICATION_OCTET_STREAM);
     let disposition = if is_active(&media) { "attachment" } else { "inline" };
-    let cd = content_disposition(disposition, metadata_value(rec, &["filename", "name"]).as_deref());
+    let cd = content_disposition(disposition, metadata_value(&md, &["filename", "name"]).as_deref());
     let pairs = [
         ("content-type", media.to_string()),
         ("content-disposition", cd),
