@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
-use sqlx::Row;
+use sqlx::{ConnectOptions, Connection, Row};
 
 use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, UploadRecord};
 
@@ -77,19 +77,26 @@ impl SqliteCatalog {
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10));
-        Self::connect(opts).await
+        Self::connect(opts, false).await
     }
 
     /// An in-memory database (tests of the conformance suite).
     pub async fn in_memory() -> anyhow::Result<Self> {
-        Self::connect(SqliteConnectOptions::from_str("sqlite::memory:")?).await
+        Self::connect(SqliteConnectOptions::from_str("sqlite::memory:")?, true).await
     }
 
-    async fn connect(opts: SqliteConnectOptions) -> anyhow::Result<Self> {
-        let in_memory = opts.get_filename().as_os_str() == ":memory:";
+    async fn connect(opts: SqliteConnectOptions, in_memory: bool) -> anyhow::Result<Self> {
+        if !in_memory {
+            // Switch to WAL and migrate over one connection before the pool opens more: on a fresh
+            // file, concurrent `journal_mode=WAL` switches race for the exclusive lock and SQLite
+            // answers SQLITE_BUSY without consulting the busy handler.
+            // WAL persists in the file, so pool connections leave journal_mode alone.
+            let mut conn = opts.clone().journal_mode(SqliteJournalMode::Wal).connect().await?;
+            sqlx::migrate!("./migrations/sqlite").run(&mut conn).await?;
+            conn.close().await?;
+        }
         let pool = SqlitePoolOptions::new()
             .max_connections(if in_memory { 1 } else { 8 })
             .min_connections(1)
@@ -97,7 +104,9 @@ impl SqliteCatalog {
             .max_lifetime(None)
             .connect_with(opts)
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        if in_memory {
+            sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        }
         Ok(SqliteCatalog { pool })
     }
 
