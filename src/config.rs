@@ -83,6 +83,17 @@ pub struct ServeArgs {
     /// can read and write everything).
     #[arg(long, env = "FERRY_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Also speak MCP over stdin/stdout (for clients that launch ferry as a subprocess).
+    /// HTTP keeps serving the bytes; logs go to stderr and the `listening on` line too.
+    #[arg(long, env = "FERRY_STDIO")]
+    pub stdio: bool,
+    /// Absolute base URL clients reach this server at, used in signed URLs and MCP results,
+    /// e.g. https://files.example.com [default: http://LISTEN-ADDRESS].
+    #[arg(long, env = "FERRY_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Largest decoded chunk `file_upload_chunk` (MCP, base64 in-band) accepts [default: 1MiB].
+    #[arg(long, env = "FERRY_MCP_MAX_CHUNK", value_parser = parse_size)]
+    pub mcp_max_chunk: Option<u64>,
 }
 
 /// `--expire-after`: a duration, or never.
@@ -143,6 +154,10 @@ struct FileConfig {
     idle_timeout: Option<String>,
     sweep_interval: Option<String>,
     log_format: Option<LogFormat>,
+    public_url: Option<String>,
+    /// Secret for signed URLs: 64 hex digits (default: generated into DATA/url-secret).
+    url_secret: Option<String>,
+    mcp_max_chunk: Option<toml::Value>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
     #[serde(default)]
@@ -231,6 +246,14 @@ pub struct Config {
     pub insecure_no_auth: bool,
     /// The configuration file in use (where `ferry token create` writes).
     pub config_path: Option<PathBuf>,
+    /// Speak MCP over stdin/stdout too.
+    pub stdio: bool,
+    /// Absolute base URL without a trailing `/` (None: derived from the bound address).
+    pub public_url: Option<String>,
+    /// Secret for signed URLs, hex (None: DATA/url-secret).
+    pub url_secret: Option<String>,
+    /// Largest decoded `file_upload_chunk` chunk, bytes.
+    pub mcp_max_chunk: u64,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -281,8 +304,27 @@ impl Config {
             task_ttl: dur(tasks.default_ttl, "tasks.default_ttl")?.unwrap_or(Duration::from_secs(24 * 3600)),
             insecure_no_auth: args.insecure_no_auth,
             config_path,
+            stdio: args.stdio,
+            public_url: match args.public_url.clone().or(file.public_url) {
+                Some(u) => Some(parse_public_url(&u)?),
+                None => None,
+            },
+            url_secret: file.url_secret,
+            mcp_max_chunk: match args.mcp_max_chunk {
+                Some(v) => v,
+                None => file.mcp_max_chunk.map(|v| size_value(v, "mcp_max_chunk")).transpose()?.unwrap_or(1 << 20),
+            },
         })
     }
+}
+
+/// `public_url`: an absolute http(s) URL; stored without a trailing `/`.
+fn parse_public_url(u: &str) -> anyhow::Result<String> {
+    let uri: http::Uri = u.trim().parse().with_context(|| format!("public_url {u:?} is not a URL"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() || uri.query().is_some() {
+        anyhow::bail!("public_url {u:?} must be an absolute http:// or https:// URL without a query");
+    }
+    Ok(u.trim().trim_end_matches('/').to_string())
 }
 
 fn read_file(p: &Path) -> anyhow::Result<FileConfig> {

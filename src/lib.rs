@@ -10,5 +10,6 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod serve;
+pub mod signing;
 pub mod tasks;
 pub mod upload;

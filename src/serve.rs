@@ -12,6 +12,7 @@ use crate::http::auth::Tokens;
 use crate::http::{app, AppState, HttpConfig};
 use crate::tasks::{Engine, TaskConfig};
 use crate::metrics::Metrics;
+use crate::signing::{Links, UrlSigner};
 use crate::upload::{EngineConfig, UploadEngine};
 
 /// How long graceful shutdown waits for in-flight requests after asking PATCHes to stop.
@@ -52,15 +53,18 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let tasks = Arc::new(tasks);
     let workers = tasks.spawn();
 
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let signer = UrlSigner::load_or_create(&cfg.data, cfg.url_secret.as_deref()).context("loading the URL-signing secret")?;
+    let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")), signer);
     let router = app(AppState {
         engine: engine.clone(),
         tasks: tasks.clone(),
         tokens: Tokens::new(&cfg.tokens),
         metrics,
         http: HttpConfig { behind_proxy: cfg.behind_proxy },
+        links,
     });
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
-    let addr = listener.local_addr()?;
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, "ferry serving");
     println!("listening on http://{addr}");
 

@@ -38,6 +38,7 @@ pub fn routes() -> Router<AppState> {
         .route("/tasks/{id}/fail", post(fail))
         .route("/files", get(list_files))
         .route("/files/{id}", get(file_info))
+        .route("/files/{id}/share", post(share_file))
         .route("/openapi.json", get(openapi_json))
 }
 
@@ -50,8 +51,8 @@ pub fn routes() -> Router<AppState> {
             Uploads themselves use TUS 1.0 on /files/ and are not described here. \
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
-    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, openapi_json),
-    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ProblemDoc, ErrorCodeDoc, PartialDoc)),
+    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, share_file, openapi_json),
+    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc)),
     modifiers(&DocExtras),
     security(("bearer" = [])),
     tags(
@@ -613,4 +614,58 @@ async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extensio
     ))]
 async fn file_info(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     Ok(axum::Json(file_view(&s.engine.get(&p, &id).await?)).into_response())
+}
+
+/// Body of `POST /api/v1/files/{id}/share`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ShareBody {
+    /// `download` (GET/HEAD of the finished file) or `upload` (TUS HEAD/PATCH to finish it).
+    #[schema(value_type = String, example = "download")]
+    scope: Option<crate::signing::Scope>,
+    /// Lifetime in ms, 1 to 604800000 (7 days); default 3600000 (1 h).
+    ttl_ms: Option<u64>,
+}
+
+/// A signed URL.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ShareView {
+    /// Absolute URL that works without a token until it expires.
+    url: String,
+    #[schema(example = "download")]
+    scope: String,
+    /// Unix ms.
+    expires_at_ms: i64,
+    /// RFC 3339.
+    expires_at: String,
+}
+
+/// Default lifetime of a signed URL, ms.
+pub const DEFAULT_SHARE_TTL_MS: u64 = 3_600_000;
+
+/// Sign a URL for one file (DESIGN §6): curl or a browser can then download it (scope
+/// `download`) or finish uploading it with TUS (scope `upload`) without a token.
+#[utoipa::path(post, path = "/api/v1/files/{id}/share", tag = "files", operation_id = "share_file",
+    params(("id" = String, Path, description = "File (upload) id.")),
+    request_body(content = ShareBody, description = "Scope and lifetime; `{}` means download for 1 h."),
+    responses(
+        (status = 200, description = "The signed URL.", body = ShareView),
+        (status = 400, description = "Bad scope or ttl_ms (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+    ))]
+async fn share_file(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    let body = body_bytes(body)?;
+    let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { json_body(&body)? };
+    let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);
+    if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
+        return Err(Problem(TusError::bad_request("ttl_ms must be from 1 to 604800000 (7 days)", "Send a shorter ttl_ms, e.g. 3600000 for one hour.")));
+    }
+    s.engine.get(&p, &id).await?;
+    let signed = s.links.signed(req.scope.unwrap_or(crate::signing::Scope::Download), &id, ttl, crate::upload::now_ms());
+    let expires_at = crate::upload::rfc3339(signed.expires_at_ms);
+    Ok(axum::Json(serde_json::json!({
+        "url": signed.url, "scope": signed.scope, "expires_at_ms": signed.expires_at_ms, "expires_at": expires_at,
+    }))
+    .into_response())
 }

@@ -13,6 +13,7 @@ use sha2::Digest;
 
 use super::{AppState, Problem};
 use crate::config::TokenEntry;
+use crate::signing::SignedQuery;
 
 /// The principal a request acts as, put in the request's extensions by [`authenticate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +63,18 @@ fn unauthorized(detail: &str) -> Response {
 /// Resolve the request's principal, or answer 401. Health, metrics, the OpenAPI document and
 /// TUS discovery (`OPTIONS`) need no token.
 pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    if req.method() != Method::OPTIONS {
+        if let Some(q) = SignedQuery::from_query(req.uri().query()) {
+            let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+            return match signed_principal(&s, &method, &path, &q).await {
+                Ok(p) => {
+                    req.extensions_mut().insert(Principal(p));
+                    next.run(req).await
+                }
+                Err(res) => res,
+            };
+        }
+    }
     let path = req.uri().path();
     let open = matches!(path, "/healthz" | "/readyz" | "/metrics" | "/api/v1/openapi.json") || req.method() == Method::OPTIONS;
     let principal = if s.tokens.is_empty() {
@@ -90,6 +103,32 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
         req.extensions_mut().insert(Principal(p));
     }
     next.run(req).await
+}
+
+fn forbidden(detail: String) -> Response {
+    Problem(TusError::new(
+        403,
+        ErrorCode::Unauthorized,
+        detail,
+        "Get a fresh signed URL (MCP `file_download_url` or `file_upload_begin`, `ferry share ID`, or POST /api/v1/files/{id}/share), or send a bearer token instead.",
+    ))
+    .into_response()
+}
+
+/// A request carrying `scope`/`expires`/`sig` (DESIGN §6) acts as the owner of the one file
+/// it names, or is refused with 403 `unauthorized` whether or not it also has a token.
+async fn signed_principal(s: &AppState, method: &Method, path: &str, q: &SignedQuery) -> Result<String, Response> {
+    let id = path.strip_prefix(super::FILES_PATH).filter(|id| !id.is_empty() && !id.contains('/'));
+    let Some(id) = id else {
+        return Err(forbidden("signed URLs only open /files/{id}".into()));
+    };
+    let now = crate::upload::now_ms().div_euclid(1000);
+    s.links.signer().verify(q, id, method, now).map_err(|e| forbidden(e.to_string()))?;
+    match s.engine.owner(id).await {
+        Ok(Some(owner)) => Ok(owner),
+        Ok(None) => Err(Problem(TusError::not_found()).into_response()),
+        Err(e) => Err(Problem(e).into_response()),
+    }
 }
 
 /// Generate a new token: 32 random bytes, base32, prefixed `fy_`.

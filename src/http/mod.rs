@@ -43,6 +43,8 @@ pub struct AppState {
     pub tokens: auth::Tokens,
     pub metrics: Arc<Metrics>,
     pub http: HttpConfig,
+    /// Absolute and signed URLs of files (DESIGN §6).
+    pub links: crate::signing::Links,
 }
 
 /// Headers a browser may send to the TUS endpoints (CORS preflight allow list).

@@ -76,6 +76,12 @@ pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// Unix ms as RFC 3339 UTC with second precision (`2026-11-30T02:19:36Z`); negative → the epoch.
+pub fn rfc3339(ms: i64) -> String {
+    let t = UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
 /// A new upload id: 128 random bits as 26 lowercase base32 characters (DESIGN §2).
 pub fn new_id() -> String {
     let bytes: [u8; 16] = rand::random();
@@ -153,6 +159,14 @@ impl UploadEngine {
             return Err(TusError::expired());
         }
         Ok(rec)
+    }
+
+    /// The principal that owns upload `id`, whatever its state (signed URLs act as the owner).
+    pub async fn owner(&self, id: &str) -> Result<Option<String>, TusError> {
+        if !is_valid_id(id) {
+            return Ok(None);
+        }
+        Ok(self.catalog.get_upload(id).await?.map(|r| r.principal))
     }
 
     async fn take(&self, id: &str) -> Result<WriteGuard, TusError> {

@@ -1,0 +1,272 @@
+//! Signed URLs (DESIGN §6): let curl or a browser act on one file without a bearer token.
+//!
+//! A signed URL is `/files/{id}?scope=SCOPE&expires=UNIX_SECONDS&sig=MAC`, where `MAC` is
+//! base64url (no padding) of HMAC-SHA256 (RFC 2104) over `"ferry-url-v1\n{scope}\n{id}\n{expires}"`
+//! keyed with the server's 32-byte secret. The scope says what the URL may do:
+//! [`Scope::Download`] allows `GET`/`HEAD`, [`Scope::Upload`] allows the TUS resume verbs
+//! `HEAD`/`PATCH`. A request with such a URL acts as the principal that owns the file.
+//!
+//! The secret is read from the configuration (`url_secret`, 64 hex digits) or generated into
+//! `DATA/url-secret` on first start (mode 0600). Replicas that share a data store must share it.
+
+use std::path::Path;
+
+use anyhow::Context;
+use hmac::{Hmac, KeyInit, Mac};
+use http::Method;
+
+/// What a signed URL may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Read the finished file: `GET` (with Range) and `HEAD`.
+    Download,
+    /// Resume an upload with TUS: `HEAD` for the offset, `PATCH` for chunks.
+    Upload,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Download => "download",
+            Scope::Upload => "upload",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        match s {
+            "download" => Some(Scope::Download),
+            "upload" => Some(Scope::Upload),
+            _ => None,
+        }
+    }
+
+    /// Whether a request with this method is within the scope. `OPTIONS` (TUS discovery,
+    /// CORS preflight) needs no signature at all.
+    pub fn allows(self, method: &Method) -> bool {
+        match self {
+            Scope::Download => method == Method::GET || method == Method::HEAD,
+            Scope::Upload => method == Method::HEAD || method == Method::PATCH,
+        }
+    }
+}
+
+/// Why a signed URL is refused (each answers 403 `unauthorized`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("the signed URL is incomplete: it needs scope, expires and sig")]
+    Incomplete,
+    #[error("the URL signature does not match (the URL was altered or signed for another file)")]
+    Mismatch,
+    #[error("the signed URL expired at {0} (unix seconds)")]
+    Expired(i64),
+    #[error("this URL is signed for {0}; it does not allow {1}")]
+    WrongScope(&'static str, Method),
+}
+
+/// The three signature parameters of a URL's query string.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SignedQuery {
+    pub scope: Option<String>,
+    pub expires: Option<String>,
+    pub sig: Option<String>,
+}
+
+impl SignedQuery {
+    /// Pick `scope`, `expires` and `sig` out of a raw query string; `None` when none is present.
+    pub fn from_query(query: Option<&str>) -> Option<SignedQuery> {
+        let mut q = SignedQuery::default();
+        for pair in query?.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned();
+            match k {
+                "scope" => q.scope = Some(v),
+                "expires" => q.expires = Some(v),
+                "sig" => q.sig = Some(v),
+                _ => {}
+            }
+        }
+        (q != SignedQuery::default()).then_some(q)
+    }
+}
+
+/// Signs and verifies URLs with the server secret.
+#[derive(Clone)]
+pub struct UrlSigner {
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for UrlSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UrlSigner(..)")
+    }
+}
+
+const SECRET_FILE: &str = "url-secret";
+
+impl UrlSigner {
+    pub fn new(key: [u8; 32]) -> UrlSigner {
+        UrlSigner { key }
+    }
+
+    /// The configured secret (64 hex digits), else `data/url-secret`, created on first use.
+    /// Errors: a malformed configured secret or secret file, or an unwritable data dir.
+    pub fn load_or_create(data: &Path, configured: Option<&str>) -> anyhow::Result<UrlSigner> {
+        let parse = |hex_text: &str, origin: &str| -> anyhow::Result<UrlSigner> {
+            let bytes = hex::decode(hex_text.trim()).with_context(|| format!("{origin}: the URL secret must be hex"))?;
+            let key: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("{origin}: the URL secret must be 32 bytes (64 hex digits)"))?;
+            Ok(UrlSigner::new(key))
+        };
+        if let Some(s) = configured {
+            return parse(s, "url_secret");
+        }
+        let path = data.join(SECRET_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => parse(&text, &path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let key: [u8; 32] = rand::random();
+                write_secret(&path, &hex::encode(key)).with_context(|| format!("writing {}", path.display()))?;
+                Ok(UrlSigner::new(key))
+            }
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    fn mac(&self, scope: Scope, id: &str, expires: i64) -> Hmac<sha2::Sha256> {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&self.key).expect("HMAC takes any key length");
+        mac.update(format!("ferry-url-v1\n{}\n{id}\n{expires}", scope.as_str()).as_bytes());
+        mac
+    }
+
+    /// The query string (without `?`) that signs `scope` on file `id` until `expires`
+    /// (unix seconds).
+    pub fn sign(&self, scope: Scope, id: &str, expires: i64) -> String {
+        let sig = data_encoding::BASE64URL_NOPAD.encode(&self.mac(scope, id, expires).finalize().into_bytes());
+        format!("scope={}&expires={expires}&sig={sig}", scope.as_str())
+    }
+
+    /// Check a signed query for file `id` and request `method` at `now` (unix seconds).
+    /// The MAC is compared in constant time.
+    pub fn verify(&self, q: &SignedQuery, id: &str, method: &Method, now: i64) -> Result<Scope, SignatureError> {
+        let (Some(scope), Some(expires), Some(sig)) = (&q.scope, &q.expires, &q.sig) else {
+            return Err(SignatureError::Incomplete);
+        };
+        let scope = Scope::parse(scope).ok_or(SignatureError::Mismatch)?;
+        let expires: i64 = ferry_tus::headers::parse_u64_digits(expires, "expires").ok().and_then(|v| i64::try_from(v).ok()).ok_or(SignatureError::Mismatch)?;
+        let sig = data_encoding::BASE64URL_NOPAD.decode(sig.as_bytes()).map_err(|_| SignatureError::Mismatch)?;
+        self.mac(scope, id, expires).verify_slice(&sig).map_err(|_| SignatureError::Mismatch)?;
+        if expires <= now {
+            return Err(SignatureError::Expired(expires));
+        }
+        if !scope.allows(method) {
+            return Err(SignatureError::WrongScope(scope.as_str(), method.clone()));
+        }
+        Ok(scope)
+    }
+}
+
+/// A URL that works without a token until it expires.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SignedUrl {
+    /// Absolute URL: `{public_url}/files/{id}?scope=…&expires=…&sig=…`.
+    pub url: String,
+    pub scope: Scope,
+    /// Unix ms.
+    pub expires_at_ms: i64,
+}
+
+/// Longest life of a signed URL: 7 days (ms), like S3 presigned URLs.
+pub const MAX_URL_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Absolute URLs of files, plain and signed.
+#[derive(Debug, Clone)]
+pub struct Links {
+    base: String,
+    signer: UrlSigner,
+}
+
+impl Links {
+    /// `base`: absolute URL without a trailing `/` (the `public_url` setting).
+    pub fn new(base: impl Into<String>, signer: UrlSigner) -> Links {
+        Links { base: base.into().trim_end_matches('/').to_string(), signer }
+    }
+
+    pub fn signer(&self) -> &UrlSigner {
+        &self.signer
+    }
+
+    /// `{base}/files/{id}`: needs a bearer token when the server has tokens.
+    pub fn file_url(&self, id: &str) -> String {
+        format!("{}/files/{id}", self.base)
+    }
+
+    /// A URL signed for `scope` on `id`, valid `ttl_ms` from `now_ms` (capped at
+    /// [`MAX_URL_TTL_MS`]; expiry rounded up to whole seconds).
+    pub fn signed(&self, scope: Scope, id: &str, ttl_ms: u64, now_ms: i64) -> SignedUrl {
+        let expires_ms = now_ms.saturating_add(ttl_ms.min(MAX_URL_TTL_MS) as i64);
+        let expires = (expires_ms + 999).div_euclid(1000);
+        SignedUrl { url: format!("{}?{}", self.file_url(id), self.signer.sign(scope, id, expires)), scope, expires_at_ms: expires * 1000 }
+    }
+}
+
+#[cfg(unix)]
+fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+#[cfg(not(unix))]
+fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::write(path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> SignedQuery {
+        SignedQuery::from_query(Some(s)).unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_every_refusal() {
+        let s = UrlSigner::new([7; 32]);
+        let signed = s.sign(Scope::Download, "abc", 2_000);
+        assert_eq!(s.verify(&q(&signed), "abc", &Method::GET, 1_000), Ok(Scope::Download));
+        assert_eq!(s.verify(&q(&signed), "abc", &Method::HEAD, 1_999), Ok(Scope::Download));
+        assert_eq!(s.verify(&q(&signed), "abd", &Method::GET, 1_000), Err(SignatureError::Mismatch));
+        assert_eq!(s.verify(&q(&signed), "abc", &Method::GET, 2_000), Err(SignatureError::Expired(2_000)));
+        assert!(matches!(s.verify(&q(&signed), "abc", &Method::PATCH, 1_000), Err(SignatureError::WrongScope("download", _))));
+        // Changing the scope or the expiry breaks the MAC.
+        let upgraded = signed.replace("scope=download", "scope=upload");
+        assert_eq!(s.verify(&q(&upgraded), "abc", &Method::PATCH, 1_000), Err(SignatureError::Mismatch));
+        let longer = signed.replace("expires=2000", "expires=9000");
+        assert_eq!(s.verify(&q(&longer), "abc", &Method::GET, 1_000), Err(SignatureError::Mismatch));
+        // Another key does not verify.
+        assert_eq!(UrlSigner::new([8; 32]).verify(&q(&signed), "abc", &Method::GET, 1_000), Err(SignatureError::Mismatch));
+        assert_eq!(s.verify(&q("sig=x"), "abc", &Method::GET, 1_000), Err(SignatureError::Incomplete));
+        assert_eq!(s.verify(&q("scope=upload&expires=-5&sig=AA"), "abc", &Method::GET, 1_000), Err(SignatureError::Mismatch));
+        let up = s.sign(Scope::Upload, "abc", 2_000);
+        assert_eq!(s.verify(&q(&up), "abc", &Method::PATCH, 1_000), Ok(Scope::Upload));
+        assert!(s.verify(&q(&up), "abc", &Method::GET, 1_000).is_err());
+    }
+
+    #[test]
+    fn query_without_signature_params_is_none() {
+        assert_eq!(SignedQuery::from_query(None), None);
+        assert_eq!(SignedQuery::from_query(Some("a=1&b")), None);
+    }
+
+    #[test]
+    fn secret_is_created_once_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = UrlSigner::load_or_create(dir.path(), None).unwrap();
+        let b = UrlSigner::load_or_create(dir.path(), None).unwrap();
+        assert_eq!(a.key, b.key);
+        assert!(UrlSigner::load_or_create(dir.path(), Some("zz")).is_err());
+        assert!(UrlSigner::load_or_create(dir.path(), Some(&"ab".repeat(32))).is_ok());
+    }
+}
