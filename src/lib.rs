@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod serve;
 pub mod signing;

@@ -12,6 +12,7 @@ use crate::http::auth::Tokens;
 use crate::http::{app, AppState, HttpConfig};
 use crate::tasks::{Engine, TaskConfig};
 use crate::metrics::Metrics;
+use crate::mcp::{FerryMcp, McpConfig};
 use crate::signing::{Links, UrlSigner};
 use crate::upload::{EngineConfig, UploadEngine};
 
@@ -57,21 +58,55 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let signer = UrlSigner::load_or_create(&cfg.data, cfg.url_secret.as_deref()).context("loading the URL-signing secret")?;
     let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")), signer);
-    let router = app(AppState {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let state = AppState {
         engine: engine.clone(),
         tasks: tasks.clone(),
         tokens: Tokens::new(&cfg.tokens),
         metrics,
-        http: HttpConfig { behind_proxy: cfg.behind_proxy },
+        http: HttpConfig { behind_proxy: cfg.behind_proxy, mcp_allowed_hosts: mcp_allowed_hosts(&cfg, addr), shutdown: shutdown.clone() },
         links,
-    });
+        mcp: Arc::new(McpConfig {
+            max_chunk: cfg.mcp_max_chunk,
+            commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect(),
+            fetch_hosts: cfg.fetch.allow_hosts.clone(),
+        }),
+    };
+    let router = app(state.clone());
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, "ferry serving");
-    println!("listening on http://{addr}");
+    if cfg.stdio {
+        // stdout carries MCP messages only.
+        eprintln!("listening on http://{addr}");
+    } else {
+        println!("listening on http://{addr}");
+    }
+    let stdio_done = tokio_util::sync::CancellationToken::new();
+    if cfg.stdio {
+        let mcp = FerryMcp::new(state.clone(), (*state.mcp).clone());
+        let done = stdio_done.clone();
+        tokio::spawn(async move {
+            use rmcp::ServiceExt;
+            match mcp.serve(rmcp::transport::stdio()).await {
+                Ok(running) => {
+                    if let Err(e) = running.waiting().await {
+                        tracing::warn!(error = %e, "MCP over stdio ended");
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "MCP over stdio failed to start"),
+            }
+            // The client that launched us is gone: shut down like on SIGTERM.
+            done.cancel();
+        });
+    }
 
     let shutdown_engine = engine.clone();
     let signal = async move {
-        shutdown_signal().await;
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = stdio_done.cancelled() => tracing::info!("stdin closed"),
+        }
         tracing::info!("shutting down: checkpointing in-flight uploads");
+        shutdown.cancel();
         shutdown_engine.begin_shutdown();
     };
     serve_http(listener, router, signal).await;
@@ -81,6 +116,24 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
     Ok(())
+}
+
+/// `Host` values `/mcp` accepts, from `--listen` and `--public-url`: the loopback names for a
+/// loopback address, the address itself otherwise; none (any host) for a wildcard address,
+/// where bearer tokens are required anyway.
+fn mcp_allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
+    if addr.ip().is_unspecified() {
+        return Vec::new();
+    }
+    let mut hosts: Vec<String> = if addr.ip().is_loopback() {
+        vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
+    } else {
+        vec![addr.ip().to_string()]
+    };
+    if let Some(host) = cfg.public_url.as_deref().and_then(|u| u.parse::<http::Uri>().ok()).and_then(|u| u.host().map(str::to_owned)) {
+        hosts.push(host.trim_start_matches('[').trim_end_matches(']').to_string());
+    }
+    hosts
 }
 
 /// How long a client may take to send a request's headers (slow-loris guard).

@@ -19,11 +19,11 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::metrics::Metrics;
 use crate::upload::UploadEngine;
 
-mod api;
+pub(crate) mod api;
 pub mod auth;
 mod download;
 mod health;
-mod tus;
+pub(crate) mod tus;
 
 /// Path prefix of the TUS upload collection.
 pub const FILES_PATH: &str = "/files/";
@@ -33,6 +33,10 @@ pub const FILES_PATH: &str = "/files/";
 pub struct HttpConfig {
     /// Trust `Forwarded` / `X-Forwarded-*` to build absolute `Location` URLs.
     pub behind_proxy: bool,
+    /// `Host` values `/mcp` accepts (DNS-rebinding guard); empty = any.
+    pub mcp_allowed_hosts: Vec<String>,
+    /// Cancelled at shutdown: ends `/mcp` streams.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// Shared state of every handler.
@@ -45,6 +49,8 @@ pub struct AppState {
     pub http: HttpConfig,
     /// Absolute and signed URLs of files (DESIGN §6).
     pub links: crate::signing::Links,
+    /// The MCP facade's settings (`/mcp`).
+    pub mcp: Arc<crate::mcp::McpConfig>,
 }
 
 /// Headers a browser may send to the TUS endpoints (CORS preflight allow list).
@@ -83,6 +89,7 @@ pub fn app(state: AppState) -> Router {
         );
     let routes: Router = Router::new()
         .merge(files)
+        .nest_service("/mcp", mcp_service(&state))
         .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())
         .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json).")) })
@@ -105,6 +112,20 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state, count_status))
         // Outermost: `X-HTTP-Method-Override` is honoured before routing, auth and CORS.
         .layer(middleware::map_request(method_override))
+}
+
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+
+/// rmcp's Streamable HTTP transport for `/mcp` (MCP 2026-07-28 stateless, and sessions for
+/// clients of older protocol versions).
+fn mcp_service(state: &AppState) -> rmcp::transport::StreamableHttpService<crate::mcp::FerryMcp, LocalSessionManager> {
+    let mcp = crate::mcp::FerryMcp::new(state.clone(), (*state.mcp).clone());
+    let max_body = (state.mcp.max_chunk as usize).saturating_mul(4) / 3 + (256 << 10);
+    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default()
+        .with_cancellation_token(state.http.shutdown.child_token())
+        .with_max_request_body_bytes(max_body);
+    cfg = if state.http.mcp_allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.mcp_allowed_hosts.clone()) };
+    rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
 }
 
 /// `X-HTTP-Method-Override` (TUS 1.0 §Protocol): replace the method before routing.

@@ -1,0 +1,796 @@
+//! The MCP facade (DESIGN §5) on rmcp: tools that hand a model handles, sizes, hashes,
+//! progress and repairable failures — never the bytes.
+//!
+//! Served at `/mcp` (Streamable HTTP, behind the same bearer auth as REST; the principal comes
+//! from the request) and over stdio (`ferry serve --stdio`, principal `local`).
+//!
+//! Job tools (`archive_files`, `compress_file`, `fetch_url`, `export_<name>`) start durable
+//! tasks. A request that declares the tasks extension (`io.modelcontextprotocol/tasks`,
+//! SEP-2663) gets a `CreateTaskResult`, and `tasks/get`, `tasks/update` and `tasks/cancel` are
+//! answered from ferry's task store, so they survive restarts. Other clients get
+//! `{task_id, status, poll_with: "task_get", poll_after_ms}` at once and poll `task_get`.
+//!
+//! Input requests of a task: a job's request may carry `message` (text for the person) and
+//! `schema` (a flat JSON Schema object of the answer). Native tasks show each as an
+//! elicitation form (`inputRequests`); an accepted form's `content` becomes the response —
+//! the value of its single `answer` field when the request had no `schema`.
+
+pub mod envelope;
+mod tools;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use ferry_tus::{CreationHeaders, CreationLimits, ErrorCode, PatchHeaders, TusError, UploadMetadata};
+use futures::StreamExt;
+use rmcp::model::*;
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::catalog::{TaskRecord, TaskStatus as FerryStatus, UploadRecord};
+use crate::http::auth::{Principal, LOCAL_PRINCIPAL};
+use crate::http::AppState;
+use crate::signing::Scope;
+use crate::upload::now_ms;
+use envelope::{failure, file_uri, resource_link, result};
+use tools::JobTool;
+
+/// Longest `task_get` long-poll, ms.
+pub const MAX_WAIT_MS: u64 = 50_000;
+/// Largest `file_read_chunk` read, bytes.
+pub const MAX_READ_CHUNK: u64 = 65_536;
+/// Largest file `resources/read` inlines as text, bytes.
+pub const MAX_RESOURCE_TEXT: u64 = 65_536;
+/// Poll interval suggested to clients, ms.
+const POLL_AFTER_MS: u64 = 1_000;
+/// Lifetime of the signed upload URL `file_upload_begin` returns, ms (24 h).
+const UPLOAD_URL_TTL_MS: u64 = 24 * 3600 * 1000;
+/// Lifetime of download URLs in results, ms (1 h).
+const DOWNLOAD_URL_TTL_MS: u64 = 3600 * 1000;
+
+/// Settings of the facade.
+#[derive(Debug, Clone)]
+pub struct McpConfig {
+    /// Largest decoded `file_upload_chunk` chunk, bytes.
+    pub max_chunk: u64,
+    /// `[commands.NAME]`: (name, description), each an `export_<name>` tool.
+    pub commands: Vec<(String, Option<String>)>,
+    /// Hosts `fetch_url` may reach (`[fetch] allow_hosts`).
+    pub fetch_hosts: Vec<String>,
+}
+
+/// The rmcp server handler. Cheap to clone: one per HTTP request or stdio session.
+#[derive(Clone)]
+pub struct FerryMcp {
+    state: AppState,
+    cfg: Arc<McpConfig>,
+    tools: Arc<Vec<Tool>>,
+    jobs: Arc<Vec<JobTool>>,
+}
+
+/// A tool's outcome before it becomes a `CallToolResult`.
+type Outcome = Result<CallToolResult, TusError>;
+
+fn invalid(detail: impl Into<String>, hint: impl Into<String>) -> TusError {
+    TusError::bad_request(detail, hint)
+}
+
+/// Deserialize tool arguments, or `invalid_argument` naming what is wrong.
+fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, TusError> {
+    serde_json::from_value(Value::Object(a.clone().unwrap_or_default()))
+        .map_err(|e| invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")))
+}
+
+/// A compact file handle (≈200 bytes).
+fn handle(r: &UploadRecord) -> Value {
+    let v = crate::http::api::file_view(r);
+    let mut h = json!({ "id": v.id, "name": v.name, "media_type": v.media_type, "size": v.size, "offset": v.offset, "complete": v.complete });
+    if let Some(s) = v.sha256 {
+        h["sha256"] = json!(s);
+    }
+    h
+}
+
+fn link_of(r: &UploadRecord) -> ContentBlock {
+    let v = crate::http::api::file_view(r);
+    resource_link(&r.id, v.name.as_deref().unwrap_or(&r.id), &v.media_type, v.size)
+}
+
+impl FerryMcp {
+    pub fn new(state: AppState, cfg: McpConfig) -> FerryMcp {
+        let (tools, jobs) = tools::catalogue(&cfg.commands, cfg.max_chunk);
+        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs) }
+    }
+
+    /// The caller: the principal the HTTP auth middleware resolved, else `local` (stdio).
+    fn principal(ctx: &RequestContext<RoleServer>) -> String {
+        ctx.extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Principal>())
+            .map(|p| p.0.clone())
+            .unwrap_or_else(|| LOCAL_PRINCIPAL.to_string())
+    }
+
+    async fn dispatch(&self, p: &str, req: &CallToolRequestParams, ctx: &RequestContext<RoleServer>) -> Outcome {
+        let a = &req.arguments;
+        match req.name.as_ref() {
+            "file_upload_begin" => self.upload_begin(p, args(&req.name, a)?).await,
+            "file_upload_chunk" => self.upload_chunk(p, args(&req.name, a)?).await,
+            "file_status" => {
+                let FileArg { file_id } = args(&req.name, a)?;
+                let r = self.state.engine.get(p, &file_id).await?;
+                Ok(result(json!({ "status": "ok", "file": handle(&r) }), vec![link_of(&r)], false))
+            }
+            "file_download_url" => self.download_url(p, args(&req.name, a)?).await,
+            "file_read_chunk" => self.read_chunk(p, args(&req.name, a)?).await,
+            "file_list" => {
+                let ListArg { limit } = args(&req.name, a)?;
+                let files = self.state.engine.list(p, limit.unwrap_or(20).clamp(1, 100)).await?;
+                Ok(result(json!({ "status": "ok", "files": files.iter().map(handle).collect::<Vec<_>>() }), vec![], false))
+            }
+            "file_delete" => {
+                let FileArg { file_id } = args(&req.name, a)?;
+                self.state.engine.terminate(p, &file_id).await?;
+                Ok(result(json!({ "status": "ok", "deleted": file_id }), vec![], false))
+            }
+            "task_get" => {
+                let TaskGetArg { task_id, wait_ms } = args(&req.name, a)?;
+                let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), req.progress_token(), ctx).await?;
+                self.task_result(p, &t).await
+            }
+            "task_respond" => {
+                let RespondArg { task_id, key, response } = args(&req.name, a)?;
+                let (accepted, t) = self.state.tasks.respond(p, &task_id, &key, &response.to_string()).await?;
+                Ok(result(json!({ "status": t.status.as_str(), "task_id": t.id, "accepted": accepted }), vec![], false))
+            }
+            "task_cancel" => {
+                let TaskArg { task_id } = args(&req.name, a)?;
+                let t = self.state.tasks.cancel(p, &task_id).await?;
+                self.task_result(p, &t).await
+            }
+            "task_list" => {
+                let ListArg { limit } = args(&req.name, a)?;
+                let tasks = self.state.tasks.list(p, limit.unwrap_or(20).clamp(1, 100)).await?;
+                let list: Vec<Value> = tasks.iter().map(|t| json!({ "task_id": t.id, "kind": t.kind, "status": t.status.as_str() })).collect();
+                Ok(result(json!({ "status": "ok", "tasks": list }), vec![], false))
+            }
+            _ => Err(invalid(format!("unknown tool {:?}", req.name), "Call tools/list for the tools this server has.")),
+        }
+    }
+
+    async fn upload_begin(&self, p: &str, a: BeginArg) -> Outcome {
+        let mut md = UploadMetadata::new();
+        let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");
+        md.insert("filename", Some(a.name.clone().into_bytes())).map_err(bad)?;
+        md.insert("filetype", Some(a.media_type.clone().unwrap_or_else(|| "application/octet-stream".into()).into_bytes())).map_err(bad)?;
+        if let Some(h) = &a.sha256 {
+            md.insert("sha256", Some(h.to_ascii_lowercase().into_bytes())).map_err(bad)?;
+        }
+        let md_raw = md.to_string();
+        let length = a.size.map(|s| s.to_string());
+        let ch = CreationHeaders {
+            upload_length: length.as_deref(),
+            upload_defer_length: a.size.is_none().then_some("1"),
+            upload_metadata: Some(&md_raw),
+            upload_concat: None,
+            upload_checksum: None,
+            repr_digest: None,
+            content_type: None,
+            content_length: None,
+            has_body: false,
+        };
+        let limits = CreationLimits { max_size: self.state.engine.config().max_size, max_metadata: crate::http::tus::MAX_METADATA_BYTES };
+        let plan = ferry_tus::plan_creation(&ch, &limits)?;
+        let rec = self.state.engine.create(p, &plan, &md_raw).await?;
+        let ttl = a.url_ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
+        let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
+        let mut headers = json!({ "Tus-Resumable": "1.0.0", "Content-Type": "application/offset+octet-stream", "Upload-Offset": "<current offset, 0 at first>" });
+        if a.size.is_none() {
+            headers["Upload-Length"] = json!("<total bytes, on the first PATCH>");
+        }
+        let curl = format!(
+            "curl -X PATCH -H 'Tus-Resumable: 1.0.0' -H 'Upload-Offset: 0' -H 'Content-Type: application/offset+octet-stream'{} --data-binary @FILE '{}'",
+            if a.size.is_none() { " -H 'Upload-Length: SIZE'" } else { "" },
+            signed.url
+        );
+        Ok(result(
+            json!({
+                "status": "ok", "file": handle(&rec), "upload_url": signed.url, "method": "PATCH", "headers": headers,
+                "expires_at": crate::upload::rfc3339(signed.expires_at_ms), "max_inline_chunk": self.cfg.max_chunk, "curl": curl,
+            }),
+            vec![link_of(&rec)],
+            false,
+        ))
+    }
+
+    async fn upload_chunk(&self, p: &str, a: ChunkArg) -> Outcome {
+        // base64 is 4/3 of the bytes: refuse before decoding anything oversized.
+        let max = self.cfg.max_chunk;
+        let too_large = |n: u64| {
+            TusError::new(413, ErrorCode::ChunkTooLarge, format!("the chunk decodes to {n} bytes; at most {max} are accepted in-band"), format!("Split it into chunks of at most {max} bytes, or PATCH the upload_url from file_upload_begin."))
+        };
+        if (a.data.len() as u64) / 4 * 3 > max + 2 {
+            return Err(too_large((a.data.len() as u64) / 4 * 3));
+        }
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(a.data.trim())
+            .map_err(|e| invalid(format!("data is not standard base64: {e}"), "Encode the chunk with standard base64 (RFC 4648 §4, with padding)."))?;
+        if data.len() as u64 > max {
+            return Err(too_large(data.len() as u64));
+        }
+        let offset = a.offset.to_string();
+        let len = data.len().to_string();
+        let length = a.size.map(|s| s.to_string());
+        let max_size = self.state.engine.config().max_size;
+        let decide = move |state: &ferry_tus::UploadState| {
+            let ph = PatchHeaders {
+                content_type: Some("application/offset+octet-stream"),
+                upload_offset: Some(&offset),
+                upload_length: length.as_deref(),
+                upload_checksum: None,
+                content_length: Some(&len),
+                trailer: None,
+            };
+            ferry_tus::plan_patch(state, &ph, max_size)
+        };
+        let body = http_body_util::Full::new(bytes::Bytes::from(data));
+        let rec = self.state.engine.append(p.to_string(), a.file_id, decide, body).await?;
+        Ok(result(json!({ "status": "ok", "file": handle(&rec) }), vec![link_of(&rec)], false))
+    }
+
+    /// The finished file `id`, or `upload_incomplete` with its offset as the cursor.
+    async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, TusError> {
+        let r = self.state.engine.get(p, id).await?;
+        if !r.is_finished() {
+            let of = r.length.map(|l| format!(" of {l}")).unwrap_or_default();
+            return Err(TusError::new(
+                409,
+                ErrorCode::UploadIncomplete,
+                format!("the file is incomplete: {} bytes{of} received", r.offset),
+                "Finish the upload first (send the rest from partial.cursor), or wait for the task producing it; check with file_status.",
+            )
+            .with_cursor(r.offset));
+        }
+        Ok(r)
+    }
+
+    async fn download_url(&self, p: &str, a: UrlArg) -> Outcome {
+        let r = self.finished(p, &a.file_id).await?;
+        let ttl = a.ttl_ms.unwrap_or(DOWNLOAD_URL_TTL_MS);
+        if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
+            return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for one hour."));
+        }
+        let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
+        Ok(result(json!({ "status": "ok", "url": s.url, "expires_at": crate::upload::rfc3339(s.expires_at_ms), "file": handle(&r) }), vec![link_of(&r)], false))
+    }
+
+    /// Up to `max` bytes of a finished file from `offset`.
+    async fn read_bytes(&self, r: &UploadRecord, offset: u64, max: u64) -> Result<Vec<u8>, TusError> {
+        let size = r.length.unwrap_or(r.offset);
+        let end = offset.saturating_add(max).min(size);
+        let mut out = Vec::with_capacity((end - offset.min(end)) as usize);
+        if offset < end {
+            let mut s = self.state.engine.read(r, offset..end).await?;
+            while let Some(chunk) = s.next().await {
+                out.extend_from_slice(&chunk.map_err(|e| crate::upload::internal("reading the file", e))?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn read_chunk(&self, p: &str, a: ReadArg) -> Outcome {
+        let r = self.finished(p, &a.file_id).await?;
+        let size = r.length.unwrap_or(r.offset);
+        let offset = a.offset.unwrap_or(0);
+        let length = a.length.unwrap_or(4096);
+        if !(1..=MAX_READ_CHUNK).contains(&length) {
+            return Err(TusError::new(413, ErrorCode::ChunkTooLarge, format!("length must be 1 to {MAX_READ_CHUNK} bytes"), "Read in smaller pieces, or use file_download_url for the whole file."));
+        }
+        if offset > size {
+            return Err(invalid(format!("offset {offset} is past the end of the file ({size} bytes)"), format!("Read from an offset below {size}.")).with_cursor(size));
+        }
+        let bytes = self.read_bytes(&r, offset, length).await?;
+        let n = bytes.len() as u64;
+        let (encoding, data) = match a.encoding.as_deref().unwrap_or("text") {
+            "base64" => ("base64", base64::engine::general_purpose::STANDARD.encode(&bytes)),
+            "text" => match String::from_utf8(bytes) {
+                Ok(s) => ("text", s),
+                Err(e) => {
+                    // A multi-byte character cut at the end of the range is not an error.
+                    let valid = e.utf8_error().valid_up_to();
+                    if e.utf8_error().error_len().is_none() && valid > 0 {
+                        let b = e.into_bytes();
+                        let s = String::from_utf8(b[..valid].to_vec()).expect("valid prefix");
+                        let next = offset + valid as u64;
+                        return Ok(result(json!({ "status": "ok", "offset": offset, "length": valid, "next_offset": next, "eof": next >= size, "encoding": "text", "data": s }), vec![], false));
+                    }
+                    return Err(invalid(format!("bytes at {} are not UTF-8 text", offset + valid as u64), "Call file_read_chunk again with encoding \"base64\".").with_cursor(offset + valid as u64));
+                }
+            },
+            other => return Err(invalid(format!("encoding {other:?} is not text or base64"), "Use encoding \"text\" or \"base64\".")),
+        };
+        let next = offset + n;
+        Ok(result(json!({ "status": "ok", "offset": offset, "length": n, "next_offset": next, "eof": next >= size, "encoding": encoding, "data": data }), vec![], false))
+    }
+
+    /// Start the job behind a job tool; `Err` for arguments or idempotency problems.
+    async fn start_job(&self, p: &str, job: &JobTool, a: &Option<JsonObject>) -> Result<TaskRecord, TusError> {
+        let mut a = a.clone().unwrap_or_default();
+        let key = match a.remove("idempotency_key") {
+            Some(Value::String(k)) => Some(k),
+            Some(_) => return Err(invalid("idempotency_key must be a string", "Send a short string key, or omit it.")),
+            None => None,
+        };
+        let job_args = match job.kind {
+            "archive" => {
+                let ArchiveArg { file_ids, format, name } = args(&job.name, &Some(a))?;
+                json!({ "files": file_ids, "format": format.unwrap_or_else(|| "tar".into()), "name": name })
+            }
+            "compress" => {
+                let CompressArg { file_id, format, level } = args(&job.name, &Some(a))?;
+                json!({ "file": file_id, "format": format.unwrap_or_else(|| "zstd".into()), "level": level })
+            }
+            "fetch" => {
+                let FetchArg { url, name } = args(&job.name, &Some(a))?;
+                self.check_fetch_host(&url)?;
+                json!({ "url": url, "name": name })
+            }
+            _ => {
+                let ExportArg { params } = args(&job.name, &Some(a))?;
+                json!({ "command": job.command, "params": params.unwrap_or_else(|| json!({})) })
+            }
+        };
+        let mut job_args = job_args;
+        if let Value::Object(m) = &mut job_args {
+            m.retain(|_, v| !v.is_null());
+        }
+        let started = self.state.tasks.start(p, job.kind, &job_args.to_string(), key.as_deref(), None).await?;
+        Ok(started.task)
+    }
+
+    /// `fetch_url` may reach only allow-listed hosts: anything else is `unauthorized`.
+    fn check_fetch_host(&self, url: &str) -> Result<(), TusError> {
+        let Ok(uri) = url.parse::<http::Uri>() else {
+            return Err(invalid(format!("{url:?} is not a URL"), "Pass an absolute http:// URL."));
+        };
+        let host = uri.host().unwrap_or("").to_ascii_lowercase();
+        let with_port = uri.port_u16().map(|p| format!("{host}:{p}"));
+        let allowed = self.cfg.fetch_hosts.iter().any(|h| h.eq_ignore_ascii_case(&host) || with_port.as_deref().is_some_and(|hp| h.eq_ignore_ascii_case(hp)));
+        if !allowed {
+            return Err(TusError::new(
+                403,
+                ErrorCode::Unauthorized,
+                format!("this server may not fetch from {:?}", uri.authority().map(|a| a.as_str()).unwrap_or("")),
+                "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file with file_upload_begin instead.",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Re-read a task until it is terminal, needs input, or `wait_ms` passed; sends
+    /// `notifications/progress` on changes when the call carried a progress token.
+    async fn wait_task(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, TusError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+        let mut last = None;
+        loop {
+            let t = self.state.tasks.get(p, id).await?;
+            if let Some(tok) = &token {
+                let snap = (t.progress.fraction, t.progress.message.clone(), t.progress.counters.clone());
+                if last.as_ref() != Some(&snap) {
+                    let total = t.progress.fraction.map(|_| 1.0);
+                    let progress = t.progress.fraction.unwrap_or_else(|| t.progress.counters.values().sum::<u64>() as f64);
+                    let param: ProgressNotificationParam = serde_json::from_value(json!({
+                        "progressToken": tok, "progress": progress, "total": total, "message": t.progress.message,
+                    }))
+                    .expect("progress notification shape");
+                    let _ = ctx.peer.notify_progress(param).await;
+                    last = Some(snap);
+                }
+            }
+            if t.status != FerryStatus::Working || tokio::time::Instant::now() >= deadline || ctx.ct.is_cancelled() {
+                return Ok(t);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = ctx.ct.cancelled() => return Ok(t),
+            }
+        }
+    }
+
+    /// The facade's view of a task: status, progress, questions, result or failure envelope.
+    async fn task_result(&self, p: &str, t: &TaskRecord) -> Outcome {
+        let mut v = json!({ "status": t.status.as_str(), "task_id": t.id, "kind": t.kind });
+        if t.progress != Default::default() {
+            v["progress"] = serde_json::to_value(&t.progress).unwrap_or_default();
+        }
+        if let Some(prior) = &t.prior_failure {
+            v["prior_failure"] = serde_json::from_str(prior).unwrap_or(json!(prior));
+        }
+        let mut extra = Vec::new();
+        match t.status {
+            FerryStatus::Working => {
+                v["poll_with"] = json!("task_get");
+                v["poll_after_ms"] = json!(POLL_AFTER_MS);
+            }
+            FerryStatus::InputRequired => {
+                v["input_requests"] = json!(outstanding(t));
+                v["poll_with"] = json!("task_get");
+                v["poll_after_ms"] = json!(POLL_AFTER_MS);
+            }
+            FerryStatus::Completed => {
+                let res: Value = t.result.as_deref().and_then(|r| serde_json::from_str(r).ok()).unwrap_or(Value::Null);
+                if let Some(id) = res.get("file").and_then(|f| f.get("id")).and_then(Value::as_str) {
+                    if let Ok(r) = self.state.engine.get(p, id).await {
+                        let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
+                        v["file"] = handle(&r);
+                        v["download_url"] = json!(s.url);
+                        extra.push(link_of(&r));
+                    }
+                }
+                let mut rest = res;
+                if let Value::Object(m) = &mut rest {
+                    m.remove("file");
+                }
+                if rest != Value::Null && rest != json!({}) {
+                    v["result"] = rest;
+                }
+            }
+            FerryStatus::Failed => {
+                let e: Value = t.error.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
+                let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
+                let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
+                let hint = match code {
+                    ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
+                    _ => "Read error.message, fix the arguments or inputs it names, and start the task again (a retry with the same idempotency_key starts a new run).",
+                };
+                let mut err = envelope::error_object(&TusError::new(500, code, message, hint));
+                if let Some(c) = t.checkpoint.as_deref().and_then(checkpoint_cursor) {
+                    err["partial"] = json!({ "cursor": c });
+                }
+                v["error"] = err;
+                return Ok(result(v, extra, true));
+            }
+            FerryStatus::Cancelled => {
+                let mut err = envelope::error_object(&TusError::new(409, ErrorCode::Cancelled, format!("task {} was cancelled", t.id), "Start the task again if its result is still needed."));
+                if let Some(c) = t.checkpoint.as_deref().and_then(checkpoint_cursor) {
+                    err["partial"] = json!({ "cursor": c });
+                }
+                v["error"] = err;
+                return Ok(result(v, extra, true));
+            }
+        }
+        Ok(result(v, extra, false))
+    }
+
+    /// The SEP-2663 view of a task, for `tasks/get`.
+    async fn detailed(&self, p: &str, t: &TaskRecord) -> Result<DetailedTask, McpError> {
+        let mut task = Task::new(t.id.clone(), TaskStatus::Working, crate::upload::rfc3339(t.created_at_ms), crate::upload::rfc3339(t.updated_at_ms));
+        task.ttl_ms = Some(t.ttl_ms.max(0) as u64);
+        task.poll_interval_ms = Some(POLL_AFTER_MS);
+        task.status_message = t.status_message.clone().or_else(|| t.progress.message.clone());
+        let payload = match t.status {
+            FerryStatus::Working => TaskPayload::Working,
+            FerryStatus::InputRequired => {
+                let mut reqs = InputRequests::new();
+                for (k, r) in outstanding(t) {
+                    reqs.insert(k, elicitation(&r)?);
+                }
+                TaskPayload::InputRequired { input_requests: reqs }
+            }
+            FerryStatus::Completed | FerryStatus::Failed => {
+                let r = self.task_result(p, t).await.map_err(|e| McpError::internal_error(e.detail, None))?;
+                let Value::Object(m) = serde_json::to_value(&r).map_err(|e| McpError::internal_error(e.to_string(), None))? else {
+                    return Err(McpError::internal_error("tool result is not an object", None));
+                };
+                if t.status == FerryStatus::Completed {
+                    TaskPayload::Completed { result: m }
+                } else {
+                    let data = r.structured_content.unwrap_or_default();
+                    let msg = data["error"]["message"].as_str().unwrap_or("the task failed").to_string();
+                    let Value::Object(error) = json!({ "code": -32000, "message": msg, "data": data }) else { unreachable!() };
+                    TaskPayload::Failed { error }
+                }
+            }
+            FerryStatus::Cancelled => TaskPayload::Cancelled,
+        };
+        Ok(DetailedTask::new(task, payload))
+    }
+
+    fn is_job_tool(&self, name: &str) -> Option<&JobTool> {
+        self.jobs.iter().find(|j| j.name == name)
+    }
+}
+
+/// Outstanding input requests of a task: key → request.
+fn outstanding(t: &TaskRecord) -> BTreeMap<String, Value> {
+    let reqs: BTreeMap<String, Value> = serde_json::from_str(&t.input_requests).unwrap_or_default();
+    let answered: BTreeMap<String, Value> = serde_json::from_str(&t.input_responses).unwrap_or_default();
+    reqs.into_iter().filter(|(k, _)| !answered.contains_key(k)).collect()
+}
+
+/// The byte cursor in a job checkpoint (`{"cursor": {"offset": N, …}}`), when it has one.
+fn checkpoint_cursor(cp: &str) -> Option<u64> {
+    let v: Value = serde_json::from_str(cp).ok()?;
+    v.get("cursor").and_then(|c| c.get("offset")).and_then(Value::as_u64)
+}
+
+/// An input request as an elicitation form (module docs).
+fn elicitation(request: &Value) -> Result<InputRequest, McpError> {
+    let message = request.get("message").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| format!("The task asks: {request}"));
+    let schema = match request.get("schema") {
+        Some(s @ Value::Object(_)) => s.clone(),
+        _ => json!({ "type": "object", "properties": { "answer": { "type": "string", "description": "Your answer (JSON or text)." } }, "required": ["answer"] }),
+    };
+    serde_json::from_value(json!({ "method": "elicitation/create", "params": { "mode": "form", "message": message, "requestedSchema": schema } }))
+        .map_err(|e| McpError::internal_error(format!("input request does not fit an elicitation form: {e}"), None))
+}
+
+/// The response to store for an elicitation result: `None` when declined or cancelled.
+fn response_of(request: &Value, elicit: &Value) -> Option<Value> {
+    if elicit.get("action").and_then(Value::as_str) != Some("accept") {
+        return None;
+    }
+    let content = elicit.get("content").cloned().unwrap_or(json!({}));
+    if request.get("schema").is_some_and(Value::is_object) {
+        return Some(content);
+    }
+    let answer = content.get("answer").cloned().unwrap_or(Value::Null);
+    Some(match answer {
+        Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        other => other,
+    })
+}
+
+/// Recovery hints that name MCP tools instead of HTTP requests and headers.
+fn for_model(mut e: TusError, tool: &str) -> TusError {
+    let on_task = tool.starts_with("task_");
+    let hint = match e.code {
+        ErrorCode::NotFound if on_task => "Check the task_id: task_list shows your tasks (finished tasks are kept for their ttl).",
+        ErrorCode::NotFound => "Check the file_id: file_list shows your files.",
+        ErrorCode::UploadExpired => "The upload expired unfinished and its bytes are gone: begin again with file_upload_begin.",
+        ErrorCode::Locked => "Another writer holds this file; wait a few seconds and call again.",
+        ErrorCode::ChecksumMismatch => "The bytes did not match the declared sha256, so the upload was reset to offset 0: send the right file again from offset 0.",
+        ErrorCode::SizeExceeded => "Send no more than the declared size (or begin a new upload with the right size, within the server's limit).",
+        ErrorCode::OffsetMismatch => "Re-send the chunk starting at error.partial.cursor (file_status shows the offset).",
+        ErrorCode::Conflict if tool.starts_with("file_") => "The file cannot take this change; check it with file_status.",
+        _ => return e,
+    };
+    e.recovery_hint = hint.to_string();
+    e
+}
+
+fn mcp_err(e: TusError) -> McpError {
+    let data = Some(json!({ "status": "failed", "error": envelope::error_object(&e) }));
+    match e.code {
+        ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail, data),
+        _ => McpError::internal_error(e.detail, data),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileArg {
+    file_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskArg {
+    task_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskGetArg {
+    task_id: String,
+    wait_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RespondArg {
+    task_id: String,
+    key: String,
+    response: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArg {
+    limit: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BeginArg {
+    name: String,
+    size: Option<u64>,
+    media_type: Option<String>,
+    sha256: Option<String>,
+    url_ttl_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChunkArg {
+    file_id: String,
+    offset: u64,
+    data: String,
+    size: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UrlArg {
+    file_id: String,
+    ttl_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArg {
+    file_id: String,
+    offset: Option<u64>,
+    length: Option<u64>,
+    encoding: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArchiveArg {
+    file_ids: Vec<String>,
+    format: Option<String>,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompressArg {
+    file_id: String,
+    format: Option<String>,
+    level: Option<i32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FetchArg {
+    url: String,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportArg {
+    params: Option<Value>,
+}
+
+const INSTRUCTIONS: &str = "ferry moves big files by handle. Files: file_upload_begin gives a signed TUS URL a person or program uploads to \
+(file_status shows progress and sha256); file_download_url gives a URL curl downloads without a token. Jobs (archive_files, compress_file, \
+fetch_url, export_*) return a task: poll task_get (wait_ms long-polls), answer input_requests with task_respond. Failures carry \
+error.code, retryable, recoveryHint (the next step) and partial.cursor (where to resume).";
+
+impl ServerHandler for FerryMcp {
+    fn get_info(&self) -> ServerConfig {
+        let caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build();
+        ServerConfig::new(caps)
+            .with_server_info(Implementation::new("ferry", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(&self, _r: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(&self, req: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
+        if !self.tools.iter().any(|t| t.name == req.name) {
+            return Err(McpError::invalid_params(format!("unknown tool {:?}", req.name), None));
+        }
+        let p = Self::principal(&ctx);
+        let native = ctx.client_capabilities().is_some_and(|c| c.supports_tasks());
+        let outcome = match self.is_job_tool(&req.name) {
+            Some(job) => match self.start_job(&p, job, &req.arguments).await {
+                Ok(t) if native => {
+                    let d = self.detailed(&p, &t).await?;
+                    return Ok(CallToolResponse::Task(CreateTaskResult::new(d.task)));
+                }
+                Ok(t) => self.task_result(&p, &t).await,
+                Err(e) => Err(e),
+            },
+            None => self.dispatch(&p, &req, &ctx).await,
+        };
+        Ok(CallToolResponse::Complete(outcome.unwrap_or_else(|e| failure(&for_model(e, &req.name)))))
+    }
+
+    async fn get_task(&self, req: GetTaskParams, ctx: RequestContext<RoleServer>) -> Result<GetTaskResult, McpError> {
+        let p = Self::principal(&ctx);
+        let t = self.state.tasks.get(&p, &req.task_id).await.map_err(mcp_err)?;
+        Ok(GetTaskResult::new(self.detailed(&p, &t).await?))
+    }
+
+    async fn update_task(&self, req: UpdateTaskParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        let p = Self::principal(&ctx);
+        let t = self.state.tasks.get(&p, &req.task_id).await.map_err(mcp_err)?;
+        let open = outstanding(&t);
+        for (key, elicit) in &req.input_responses {
+            let Some(request) = open.get(key) else { continue };
+            match response_of(request, elicit) {
+                Some(v) => {
+                    self.state.tasks.respond(&p, &t.id, key, &v.to_string()).await.map_err(mcp_err)?;
+                }
+                None => {
+                    self.state.tasks.cancel(&p, &t.id).await.map_err(mcp_err)?;
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn cancel_task(&self, req: CancelTaskParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        let p = Self::principal(&ctx);
+        self.state.tasks.cancel(&p, &req.task_id).await.map_err(mcp_err)?;
+        Ok(())
+    }
+
+    async fn list_resources(&self, _r: Option<PaginatedRequestParams>, ctx: RequestContext<RoleServer>) -> Result<ListResourcesResult, McpError> {
+        let p = Self::principal(&ctx);
+        let files = self.state.engine.list(&p, 100).await.map_err(mcp_err)?;
+        let resources: Vec<Resource> = files
+            .iter()
+            .filter(|r| r.is_finished())
+            .filter_map(|r| match link_of(r) {
+                ContentBlock::ResourceLink(res) => Some(res),
+                _ => None,
+            })
+            .collect();
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(&self, _r: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListResourceTemplatesResult, McpError> {
+        let t: ResourceTemplate = serde_json::from_value(json!({
+            "uriTemplate": "ferry://files/{id}", "name": "file",
+            "description": "A ferry file by id: reading returns a text preview of small text files; others point to file_download_url.",
+        }))
+        .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        Ok(ListResourceTemplatesResult::with_all_items(vec![t]))
+    }
+
+    async fn read_resource(&self, req: ReadResourceRequestParams, ctx: RequestContext<RoleServer>) -> Result<ReadResourceResponse, McpError> {
+        let p = Self::principal(&ctx);
+        let Some(id) = envelope::id_from_uri(&req.uri) else {
+            return Err(McpError::resource_not_found(format!("{} is not a ferry file URI (ferry://files/ID)", req.uri), None));
+        };
+        let r = match self.finished(&p, id).await {
+            Ok(r) => r,
+            Err(e) if e.code == ErrorCode::NotFound => return Err(McpError::resource_not_found(format!("no file {id}"), Some(json!({ "uri": req.uri })))),
+            Err(e) => return Err(mcp_err(e)),
+        };
+        let v = crate::http::api::file_view(&r);
+        let size = v.size.unwrap_or(r.offset);
+        let too_big = size > MAX_RESOURCE_TEXT;
+        let text = if too_big { None } else { self.read_bytes(&r, 0, size).await.ok().and_then(|b| String::from_utf8(b).ok()) };
+        match text {
+            Some(text) => {
+                let c = ResourceContents::TextResourceContents { uri: file_uri(id), mime_type: Some(v.media_type), text, meta: None };
+                Ok(ReadResourceResponse::Complete(ReadResourceResult::new(vec![c])))
+            }
+            None => {
+                let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
+                let why = if too_big { format!("{size} bytes, more than the {MAX_RESOURCE_TEXT}-byte preview limit") } else { "not UTF-8 text".to_string() };
+                Err(McpError::invalid_params(
+                    format!("file {id} is {why}; download it from the URL in data.download_url (or call file_download_url)"),
+                    Some(json!({ "download_url": s.url, "size": size, "sha256": v.sha256, "mimeType": v.media_type })),
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The tool catalogue (DESIGN §5): names, input schemas, output schemas and annotations.
+
+use std::sync::Arc;
+
+use rmcp::model::{Tool, ToolAnnotations};
+use serde_json::{json, Value};
+
+use super::envelope::output_schema;
+
+/// What a tool does to state, for its annotations (MCP `ToolAnnotations`).
+#[derive(Clone, Copy)]
+struct Hints {
+    read_only: bool,
+    destructive: bool,
+    idempotent: bool,
+    open_world: bool,
+}
+
+const READ: Hints = Hints { read_only: true, destructive: false, idempotent: true, open_world: false };
+const WRITE: Hints = Hints { read_only: false, destructive: false, idempotent: false, open_world: false };
+/// Starting a job with an `idempotency_key` is idempotent; without one it is not, so the hint
+/// stays false.
+const JOB: Hints = WRITE;
+const DESTROY: Hints = Hints { read_only: false, destructive: true, idempotent: true, open_world: false };
+
+fn tool(name: String, title: &str, description: String, input: Value, output: Value, h: Hints) -> Tool {
+    let input = match input {
+        Value::Object(m) => m,
+        _ => unreachable!("input schemas are objects"),
+    };
+    let mut t = Tool::new(name, description, Arc::new(input));
+    t.title = Some(title.to_string());
+    t.output_schema = Some(Arc::new(output_schema(output)));
+    t.annotations = Some(ToolAnnotations::from_raw(Some(title.to_string()), Some(h.read_only), Some(h.destructive), Some(h.idempotent), Some(h.open_world)));
+    t
+}
+
+fn object(properties: Value, required: &[&str]) -> Value {
+    json!({ "type": "object", "properties": properties, "required": required, "additionalProperties": false })
+}
+
+fn file_id() -> Value {
+    json!({ "type": "string", "description": "File id (26 characters), from a handle or file_list." })
+}
+
+fn task_id() -> Value {
+    json!({ "type": "string", "description": "Task id, from the tool that started it or task_list." })
+}
+
+fn idempotency_key() -> Value {
+    json!({ "type": "string", "minLength": 1, "maxLength": 255, "description": "Retry-safe key: the same key and arguments join the same task instead of starting another." })
+}
+
+/// Output properties of a file handle.
+fn file_props() -> Value {
+    json!({ "type": "object", "description": "File handle: id, name, media_type, size and offset (bytes), complete, sha256 (hex, once complete).",
+        "properties": {
+            "id": { "type": "string" }, "name": { "type": ["string", "null"] }, "media_type": { "type": "string" },
+            "size": { "type": ["integer", "null"] }, "offset": { "type": "integer" }, "complete": { "type": "boolean" },
+            "sha256": { "type": "string" }
+        } })
+}
+
+/// Output properties shared by every task-shaped result.
+fn task_props() -> Value {
+    json!({
+        "task_id": { "type": "string" },
+        "kind": { "type": "string" },
+        "progress": { "type": "object", "description": "fraction (0..1), message, counters." },
+        "poll_with": { "type": "string" },
+        "poll_after_ms": { "type": "integer" },
+        "input_requests": { "type": "object", "description": "Questions to answer with task_respond, by key." },
+        "result": { "description": "The job's result (file handles inside)." },
+        "file": file_props(),
+        "download_url": { "type": "string" },
+        "prior_failure": { "type": "object" }
+    })
+}
+
+/// One job tool: which task kind it starts and how its MCP arguments map to the kind's.
+#[derive(Debug, Clone)]
+pub struct JobTool {
+    pub name: String,
+    pub kind: &'static str,
+    /// For `export_<name>`: the configured command.
+    pub command: Option<String>,
+}
+
+/// Every tool, in the order `tools/list` shows them. `commands`: (name, description) of
+/// each `[commands.NAME]`; `max_chunk`: largest decoded `file_upload_chunk` (bytes).
+pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<Tool>, Vec<JobTool>) {
+    let mut tools = vec![
+        tool("file_upload_begin".into(), "Begin a file upload",
+            "Create an upload and get a signed TUS URL that curl, tus-js-client or a person can send the bytes to without a token (PATCH with Upload-Offset), or send small chunks with file_upload_chunk. Returns the file handle; file_status shows progress and the sha256 when complete.".into(),
+            object(json!({
+                "name": { "type": "string", "minLength": 1, "maxLength": 255, "description": "File name." },
+                "size": { "type": "integer", "minimum": 0, "description": "Total bytes; omit if unknown (then the first chunk sender declares it)." },
+                "media_type": { "type": "string", "description": "e.g. application/pdf (default application/octet-stream)." },
+                "sha256": { "type": "string", "pattern": "^[0-9a-fA-F]{64}$", "description": "Expected sha256 of the whole file (hex); a mismatch at completion resets the upload." },
+                "url_ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the signed upload URL (default 24 h)." }
+            }), &["name"]),
+            json!({ "file": file_props(), "upload_url": { "type": "string" }, "method": { "type": "string" }, "headers": { "type": "object" },
+                    "expires_at": { "type": "string" }, "max_inline_chunk": { "type": "integer" }, "curl": { "type": "string" } }),
+            WRITE),
+        tool("file_upload_chunk".into(), "Send a chunk in-band",
+            format!("Append base64 bytes at a byte offset of an upload (for clients without HTTP). Decoded size at most {max_chunk} bytes. On offset_mismatch, resend from error.partial.cursor."),
+            object(json!({
+                "file_id": file_id(),
+                "offset": { "type": "integer", "minimum": 0, "description": "Byte offset this chunk starts at (the file's current offset)." },
+                "data": { "type": "string", "contentEncoding": "base64", "description": "The chunk, standard base64." },
+                "size": { "type": "integer", "minimum": 0, "description": "Total bytes, if the upload was begun without a size." }
+            }), &["file_id", "offset", "data"]),
+            json!({ "file": file_props() }),
+            WRITE),
+        tool("file_status".into(), "File status",
+            "A file's handle: size, offset received so far, complete, sha256 (hex) once complete. Never interrupts an upload in progress.".into(),
+            object(json!({ "file_id": file_id() }), &["file_id"]),
+            json!({ "file": file_props() }),
+            READ),
+        tool("file_download_url".into(), "Signed download URL",
+            "A URL that downloads the finished file without a token (curl, a browser; supports Range) until it expires.".into(),
+            object(json!({ "file_id": file_id(), "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime (default 1 h)." } }), &["file_id"]),
+            json!({ "url": { "type": "string" }, "expires_at": { "type": "string" }, "file": file_props() }),
+            READ),
+        tool("file_read_chunk".into(), "Read part of a file",
+            "Read a bounded byte range of a finished file: text (UTF-8) or base64. For whole or large files use file_download_url.".into(),
+            object(json!({
+                "file_id": file_id(),
+                "offset": { "type": "integer", "minimum": 0, "description": "First byte (default 0)." },
+                "length": { "type": "integer", "minimum": 1, "maximum": super::MAX_READ_CHUNK, "description": "Bytes to read (default 4096)." },
+                "encoding": { "type": "string", "enum": ["text", "base64"], "description": "text (default; fails on invalid UTF-8) or base64." }
+            }), &["file_id"]),
+            json!({ "offset": { "type": "integer" }, "length": { "type": "integer" }, "next_offset": { "type": "integer" }, "eof": { "type": "boolean" },
+                    "encoding": { "type": "string" }, "data": { "type": "string" } }),
+            READ),
+        tool("file_list".into(), "List files",
+            "Your files, newest first: handles with size, complete, sha256.".into(),
+            object(json!({ "limit": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many (default 20)." } }), &[]),
+            json!({ "files": { "type": "array", "items": file_props() } }),
+            READ),
+        tool("file_delete".into(), "Delete a file",
+            "Delete a file or abandon an upload, with its bytes. Cannot be undone.".into(),
+            object(json!({ "file_id": file_id() }), &["file_id"]),
+            json!({ "deleted": { "type": "string" } }),
+            DESTROY),
+        tool("task_get".into(), "Task status",
+            "A task's status, progress, questions (input_requests) and, when completed, its result with file handles and a download URL. wait_ms long-polls until it changes state (sends progress notifications when the call has a progress token).".into(),
+            object(json!({ "task_id": task_id(), "wait_ms": { "type": "integer", "minimum": 0, "maximum": super::MAX_WAIT_MS, "description": "Wait up to this long for the task to finish or need input (default 0)." } }), &["task_id"]),
+            task_props(),
+            READ),
+        tool("task_respond".into(), "Answer a task's question",
+            "Answer an input request of a task in input_required; the task then continues.".into(),
+            object(json!({ "task_id": task_id(), "key": { "type": "string", "description": "The input_requests key." }, "response": { "description": "The answer (any JSON)." } }), &["task_id", "key", "response"]),
+            json!({ "accepted": { "type": "boolean" }, "task_id": { "type": "string" } }),
+            WRITE),
+        tool("task_cancel".into(), "Cancel a task",
+            "Stop a task; cancelled is final. Cancelling a finished task changes nothing.".into(),
+            object(json!({ "task_id": task_id() }), &["task_id"]),
+            task_props(),
+            DESTROY),
+        tool("task_list".into(), "List tasks",
+            "Your tasks, newest first.".into(),
+            object(json!({ "limit": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many (default 20)." } }), &[]),
+            json!({ "tasks": { "type": "array", "items": { "type": "object" } } }),
+            READ),
+    ];
+    let mut jobs = vec![
+        JobTool { name: "archive_files".into(), kind: "archive", command: None },
+        JobTool { name: "compress_file".into(), kind: "compress", command: None },
+        JobTool { name: "fetch_url".into(), kind: "fetch", command: None },
+    ];
+    tools.push(tool("archive_files".into(), "Archive files",
+        "Start a task that packs finished files into one tar or zip file. Returns a task to poll with task_get; its result is the archive's file handle.".into(),
+        object(json!({
+            "file_ids": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 10000 },
+            "format": { "type": "string", "enum": ["tar", "zip"], "description": "default tar" },
+            "name": { "type": "string", "description": "Archive file name." },
+            "idempotency_key": idempotency_key()
+        }), &["file_ids"]),
+        task_props(), JOB));
+    tools.push(tool("compress_file".into(), "Compress a file",
+        "Start a task that compresses a finished file with zstd or gzip into a new file.".into(),
+        object(json!({
+            "file_id": file_id(),
+            "format": { "type": "string", "enum": ["zstd", "gzip"], "description": "default zstd" },
+            "level": { "type": "integer", "description": "zstd 1-19, gzip 0-9." },
+            "idempotency_key": idempotency_key()
+        }), &["file_id"]),
+        task_props(), JOB));
+    tools.push(tool("fetch_url".into(), "Import a URL",
+        "Start a task that downloads an http URL (hosts allow-listed by the operator) into a new file, resuming with Range after interruptions.".into(),
+        object(json!({ "url": { "type": "string" }, "name": { "type": "string" }, "idempotency_key": idempotency_key() }), &["url"]),
+        task_props(), Hints { open_world: true, ..JOB }));
+    for (name, description) in commands {
+        let tool_name = format!("export_{name}");
+        let desc = format!(
+            "Start the `{name}` export{}. Returns a task to poll with task_get; its result is the exported file's handle.",
+            description.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+        );
+        tools.push(tool(tool_name.clone(), &format!("Export {name}"), desc,
+            object(json!({ "params": { "type": "object", "description": "Parameters passed to the export program as FERRY_PARAMS (JSON)." }, "idempotency_key": idempotency_key() }), &[]),
+            task_props(), JOB));
+        jobs.push(JobTool { name: tool_name, kind: "command", command: Some(name.clone()) });
+    }
+    (tools, jobs)
+}
