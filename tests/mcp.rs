@@ -1,0 +1,269 @@
+//! The MCP server through the rmcp 3.11 client (Rust), over stdio and Streamable HTTP, against
+//! the real binary: export by handle, receive by signed URL, native tasks (SEP-2663) answered
+//! from the durable store (also after a restart), input requests as elicitation forms.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{sha256_hex, write_file, write_script, Api, Server};
+use rmcp::model::*;
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+fn client_info(tasks: bool) -> ClientConfig {
+    let caps = if tasks { ClientCapabilities::builder().enable_tasks().build() } else { ClientCapabilities::default() };
+    ClientConfig::new(caps, Implementation::new("ferry-tests", "0"))
+}
+
+async fn http_client(server: &Server, token: Option<&str>, tasks: bool) -> Client {
+    let mut cfg = StreamableHttpClientTransportConfig::with_uri(server.url("/mcp"));
+    if let Some(t) = token {
+        cfg = cfg.auth_header(t.to_string());
+    }
+    client_info(tasks).serve(StreamableHttpClientTransport::from_config(cfg)).await.expect("MCP over HTTP connects")
+}
+
+/// `ferry serve --stdio` as a child process of the client, on a fresh data dir.
+async fn stdio_client(data: &std::path::Path, tasks: bool) -> Client {
+    let mut cmd = tokio::process::Command::new(common::ferry_bin());
+    cmd.args(["serve", "--stdio", "--listen", "127.0.0.1:0", "--data"]).arg(data).env("RUST_LOG", "warn").env_remove("FERRY_LISTEN");
+    let transport = TokioChildProcess::new(cmd).expect("spawn ferry --stdio");
+    client_info(tasks).serve(transport).await.expect("MCP over stdio connects")
+}
+
+/// Call a tool and return (structuredContent, isError, content).
+async fn call(c: &Client, name: &str, args: Value) -> (Value, bool, Vec<ContentBlock>) {
+    let Value::Object(a) = args else { panic!("args must be an object") };
+    let r = c.call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(a)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let text = r.content.first().and_then(|b| b.as_text()).map(|t| t.text.clone()).unwrap_or_default();
+    let structured = r.structured_content.clone().expect("every result has structuredContent");
+    assert_eq!(serde_json::from_str::<Value>(&text).ok(), Some(structured.clone()), "text content mirrors structuredContent");
+    (structured, r.is_error == Some(true), r.content)
+}
+
+async fn ok(c: &Client, name: &str, args: Value) -> Value {
+    let (v, err, _) = call(c, name, args).await;
+    assert!(!err, "{name} failed: {v}");
+    v
+}
+
+/// Upload `data` to the signed URL `file_upload_begin` returns, with plain reqwest and no token.
+async fn upload_by_url(c: &Client, name: &str, data: &[u8]) -> String {
+    let begin = ok(c, "file_upload_begin", json!({ "name": name, "size": data.len(), "media_type": "text/plain" })).await;
+    assert!(begin.to_string().len() < 1024, "small result: {begin}");
+    let url = begin["upload_url"].as_str().unwrap();
+    assert!(url.contains("scope=upload") && url.contains("sig="), "{url}");
+    let r = reqwest::Client::new()
+        .patch(url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Upload-Offset", "0")
+        .header("Content-Type", "application/offset+octet-stream")
+        .body(data.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "PATCH to the signed URL");
+    begin["file"]["id"].as_str().unwrap().to_string()
+}
+
+/// Poll a native task with `tasks/get` until it is terminal or needs input.
+async fn poll_native(c: &Client, id: &str) -> DetailedTask {
+    for _ in 0..600 {
+        let t = c.peer().get_task(GetTaskParams::new(id.to_string())).await.expect("tasks/get").task;
+        if t.status() != TaskStatus::Working {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("task {id} still working after 30 s");
+}
+
+/// The export scenario: archive an uploaded file as a native task, then fetch the archive by
+/// its signed URL and check its sha256.
+async fn export_as_native_task(c: &Client) {
+    let data = common::pseudo_random(300_000, 7);
+    let src = upload_by_url(c, "src.txt", &data).await;
+    let status = ok(c, "file_status", json!({ "file_id": src })).await;
+    assert_eq!(status["file"]["sha256"], sha256_hex(&data));
+    assert_eq!(status["file"]["complete"], true);
+
+    let args = json!({ "file_ids": [src], "format": "tar" });
+    let Value::Object(a) = args else { unreachable!() };
+    let created = match c.peer().call_tool_once(CallToolRequestParams::new("archive_files").with_arguments(a)).await.unwrap() {
+        CallToolResponse::Task(t) => t,
+        other => panic!("expected a CreateTaskResult, got {other:?}"),
+    };
+    assert_eq!(created.task.poll_interval_ms, Some(1000));
+    let done = poll_native(c, &created.task.task_id).await;
+    let TaskPayload::Completed { result } = done.payload else { panic!("not completed: {done:?}") };
+    let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
+    let v = result.structured_content.unwrap();
+    assert_eq!(v["status"], "completed");
+    let url = v["download_url"].as_str().unwrap();
+    assert!(result.content.iter().any(|b| matches!(b, ContentBlock::ResourceLink(r) if r.uri == format!("ferry://files/{}", v["file"]["id"].as_str().unwrap()))));
+    let body = reqwest::get(url).await.unwrap();
+    assert_eq!(body.status(), 200);
+    let bytes = body.bytes().await.unwrap();
+    assert_eq!(sha256_hex(&bytes), v["file"]["sha256"].as_str().unwrap());
+    assert_eq!(bytes.len() as u64, v["file"]["size"].as_u64().unwrap());
+    // The tar holds the source bytes after its 512-byte header.
+    assert_eq!(&bytes[512..512 + data.len()], &data[..]);
+}
+
+#[tokio::test]
+async fn export_and_receive_over_http_with_native_tasks() {
+    let server = Server::start(&[]);
+    let c = http_client(&server, None, true).await;
+    let tools = c.list_all_tools().await.unwrap();
+    for t in &tools {
+        let schema = t.output_schema.as_ref().unwrap_or_else(|| panic!("{} has no outputSchema", t.name));
+        assert!(schema["properties"]["error"]["properties"]["recoveryHint"].is_object(), "{} schema admits the envelope", t.name);
+        assert!(t.annotations.is_some(), "{} has annotations", t.name);
+    }
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for n in ["file_upload_begin", "file_upload_chunk", "file_status", "file_download_url", "file_read_chunk", "file_list", "file_delete", "task_get", "task_respond", "task_cancel", "task_list", "archive_files", "compress_file", "fetch_url"] {
+        assert!(names.contains(&n), "missing tool {n}");
+    }
+    let delete = tools.iter().find(|t| t.name == "file_delete").unwrap().annotations.clone().unwrap();
+    assert_eq!((delete.destructive_hint, delete.read_only_hint), (Some(true), Some(false)));
+    export_as_native_task(&c).await;
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn export_and_receive_over_stdio_with_native_tasks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = stdio_client(&tmp.path().join("data"), true).await;
+    export_as_native_task(&c).await;
+    // In-band chunks for clients without HTTP.
+    let begin = ok(&c, "file_upload_begin", json!({ "name": "b.txt", "size": 11 })).await;
+    let id = begin["file"]["id"].as_str().unwrap();
+    ok(&c, "file_upload_chunk", json!({ "file_id": id, "offset": 0, "data": "aGVsbG8g" })).await;
+    let (bad, err, _) = call(&c, "file_upload_chunk", json!({ "file_id": id, "offset": 0, "data": "d29ybGQ=" })).await;
+    assert!(err);
+    assert_eq!(bad["error"]["code"], "offset_mismatch");
+    assert_eq!(bad["error"]["partial"]["cursor"], 6);
+    let done = ok(&c, "file_upload_chunk", json!({ "file_id": id, "offset": 6, "data": "d29ybGQ=" })).await;
+    assert_eq!(done["file"]["sha256"], sha256_hex(b"hello world"));
+    let read = ok(&c, "file_read_chunk", json!({ "file_id": id, "offset": 6 })).await;
+    assert_eq!((read["data"].as_str(), read["eof"].as_bool()), (Some("world"), Some(true)));
+    let res = c.read_resource(ReadResourceRequestParams::new(format!("ferry://files/{id}"))).await.unwrap();
+    match &res.contents[0] {
+        ResourceContents::TextResourceContents { text, .. } => assert_eq!(text, "hello world"),
+        other => panic!("expected text, got {other:?}"),
+    }
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_task_started_over_mcp_survives_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(tmp.path(), "slow.sh", "printf 'part one\\n'\necho 'checkpoint 9 one' >&2\nsleep 2\nprintf 'part two\\n'\n");
+    let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.report]\nprogram = \"{}\"\ndescription = \"a slow report\"\n", script.display()));
+    let mut server = Server::start(&["--config", cfg.to_str().unwrap(), "--task-lease", "1s"]);
+    let c = http_client(&server, None, false).await;
+    let started = ok(&c, "export_report", json!({ "idempotency_key": "r1" })).await;
+    assert_eq!((started["status"].as_str(), started["poll_with"].as_str()), (Some("working"), Some("task_get")));
+    assert!(started["poll_after_ms"].as_u64().is_some());
+    let id = started["task_id"].as_str().unwrap().to_string();
+    drop(c);
+    server.kill9();
+    server.restart();
+    let c = http_client(&server, None, true).await;
+    let got = ok(&c, "task_get", json!({ "task_id": id, "wait_ms": 20000 })).await;
+    assert_eq!(got["status"], "completed", "{got}");
+    let url = got["download_url"].as_str().unwrap();
+    assert_eq!(reqwest::get(url).await.unwrap().text().await.unwrap(), "part one\npart two\n");
+    // The same task through the native tasks API, and the same key joins it.
+    let native = c.peer().get_task(GetTaskParams::new(id.clone())).await.unwrap().task;
+    assert_eq!(native.status(), TaskStatus::Completed);
+    let Value::Object(a) = json!({ "idempotency_key": "r1" }) else { unreachable!() };
+    match c.peer().call_tool_once(CallToolRequestParams::new("export_report").with_arguments(a)).await.unwrap() {
+        CallToolResponse::Task(t) => assert_eq!(t.task.task_id, id, "the same key joins the same task"),
+        other => panic!("expected a task, got {other:?}"),
+    }
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn input_requests_are_elicitation_forms_and_answers_resume_the_task() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(
+        tmp.path(),
+        "ask.sh",
+        "if [ -z \"$FERRY_INPUT_TITLE\" ]; then echo 'input title {\"message\":\"Title of the report?\"}' >&2; exit 0; fi\nprintf 'title=%s\\n' \"$FERRY_INPUT_TITLE\"\n",
+    );
+    let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.ask]\nprogram = \"{}\"\n", script.display()));
+    let server = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let c = http_client(&server, None, true).await;
+    let created = match c.peer().call_tool_once(CallToolRequestParams::new("export_ask")).await.unwrap() {
+        CallToolResponse::Task(t) => t.task.task_id,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let t = poll_native(&c, &created).await;
+    let TaskPayload::InputRequired { input_requests } = t.payload else { panic!("expected input_required: {t:?}") };
+    let req = serde_json::to_value(&input_requests["title"]).unwrap();
+    assert_eq!(req["method"], "elicitation/create");
+    assert_eq!(req["params"]["message"], "Title of the report?");
+    assert!(req["params"]["requestedSchema"]["properties"]["answer"].is_object(), "{req}");
+    // The facade shows the same question.
+    let facade = ok(&c, "task_get", json!({ "task_id": created })).await;
+    assert_eq!(facade["status"], "input_required");
+    assert_eq!(facade["input_requests"]["title"]["message"], "Title of the report?");
+
+    let answers = [("title".to_string(), json!({ "action": "accept", "content": { "answer": "Q3" } }))].into_iter().collect();
+    c.peer().update_task(UpdateTaskParams::new(created.clone(), answers)).await.unwrap();
+    let t = poll_native(&c, &created).await;
+    let TaskPayload::Completed { result } = t.payload else { panic!("expected completed: {t:?}") };
+    let url = result["structuredContent"]["download_url"].as_str().unwrap();
+    assert_eq!(reqwest::get(url).await.unwrap().text().await.unwrap(), "title=\"Q3\"\n", "FERRY_INPUT_TITLE carries the JSON answer");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn principals_are_isolated_and_signed_urls_open_one_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (alice, bob) = ("fy_alice_token_for_tests", "fy_bob_token_for_tests");
+    let toml = format!(
+        "[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n",
+        sha256_hex(alice.as_bytes()),
+        sha256_hex(bob.as_bytes())
+    );
+    let cfg = write_file(tmp.path(), "ferry.toml", &toml);
+    let server = Server::start(&["--config", cfg.to_str().unwrap()]);
+    // No token: 401 before MCP is reached.
+    let r = reqwest::Client::new().post(server.url("/mcp")).header("content-type", "application/json").body("{}").send().await.unwrap();
+    common::problem(r, 401, "unauthorized").await;
+
+    let a = http_client(&server, Some(alice), false).await;
+    let b = http_client(&server, Some(bob), false).await;
+    let fa = upload_by_url(&a, "a.txt", b"alice's bytes").await;
+    let fb = upload_by_url(&b, "b.txt", b"bob's bytes").await;
+    let task = ok(&a, "archive_files", json!({ "file_ids": [fa] })).await["task_id"].as_str().unwrap().to_string();
+    for (tool, args) in [("file_status", json!({ "file_id": fa })), ("file_delete", json!({ "file_id": fa })), ("task_get", json!({ "task_id": task })), ("task_cancel", json!({ "task_id": task }))] {
+        let (v, err, _) = call(&b, tool, args).await;
+        assert!(err && v["error"]["code"] == "not_found", "bob {tool}: {v}");
+    }
+    let (v, _, _) = call(&b, "archive_files", json!({ "file_ids": [fa] })).await;
+    let (t, err, _) = call(&b, "task_get", json!({ "task_id": v["task_id"], "wait_ms": 10000 })).await;
+    assert!(err && t["status"] == "failed" && t["error"]["code"] == "task_failed", "bob cannot archive alice's file: {t}");
+    assert!(!t["error"]["message"].as_str().unwrap().contains("alice"), "{t}");
+
+    let url = ok(&a, "file_download_url", json!({ "file_id": fa })).await["url"].as_str().unwrap().to_string();
+    assert_eq!(reqwest::get(&url).await.unwrap().text().await.unwrap(), "alice's bytes");
+    // The same signature on bob's file id does not open it.
+    let forged = url.replace(&fa, &fb);
+    common::problem(reqwest::get(&forged).await.unwrap(), 403, "unauthorized").await;
+    // An upload-scope URL does not download.
+    let up = Api::with_token(&server, alice).post(&format!("/api/v1/files/{fa}/share"), r#"{"scope":"upload"}"#).await;
+    let up = common::json(up).await["url"].as_str().unwrap().to_string();
+    common::problem(reqwest::get(&up).await.unwrap(), 403, "unauthorized").await;
+    a.cancel().await.unwrap();
+    b.cancel().await.unwrap();
+}
