@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 
 /// ferry — resumable large-file transfer server (TUS 1.0) with streaming sha256.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, after_help = ferry::cli::client::TRANSFER_EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +22,19 @@ enum Command {
     Token(TokenCommand),
     /// Start, inspect, list and cancel tasks on a running server (a client of /api/v1/tasks).
     Task(ferry::cli::task::TaskArgs),
+    /// Upload files (TUS), resuming a remembered upload of the same file; prints
+    /// `URL<TAB>SHA256` per file once the server's sha256 matches.
+    Upload(ferry::cli::upload::UploadArgs),
+    /// Download a file (resumes a partial one) and verify its sha256.
+    Download(ferry::cli::download::DownloadArgs),
+    /// List your files on the server.
+    Ls(ferry::cli::files::LsArgs),
+    /// Print one file's state (JSON).
+    Status(ferry::cli::files::StatusArgs),
+    /// Delete files or unfinished uploads.
+    Rm(ferry::cli::files::RmArgs),
+    /// Print a signed, expiring URL for one file (download or upload).
+    Share(ferry::cli::files::ShareArgs),
 }
 
 #[derive(Subcommand)]
@@ -51,7 +64,7 @@ fn token_create(name: &str, config: &std::path::Path) -> anyhow::Result<String> 
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -63,6 +76,12 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Task(args) => ferry::cli::task::run(args),
+        Command::Upload(args) => ferry::cli::upload::run(args),
+        Command::Download(args) => ferry::cli::download::run(args),
+        Command::Ls(args) => ferry::cli::files::ls(args),
+        Command::Status(args) => ferry::cli::files::status(args),
+        Command::Rm(args) => ferry::cli::files::rm(args),
+        Command::Share(args) => ferry::cli::files::share(args),
         Command::Token(TokenCommand::Create { name, config }) => match token_create(&name, &config) {
             Ok(token) => {
                 eprintln!("token for principal {name:?} added to {} (only its sha256 is stored; this is the only time it is shown):", config.display());

@@ -20,6 +20,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/tasks/{id}/fail"),
     ("get", "/api/v1/files"),
     ("get", "/api/v1/files/{id}"),
+    ("post", "/api/v1/files/{id}/share"),
     ("get", "/api/v1/openapi.json"),
 ];
 

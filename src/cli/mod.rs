@@ -1,4 +1,10 @@
-//! Client subcommands of the `ferry` binary: they talk to a running server over its REST API
-//! (`/api/v1`), never to the data directory.
+//! Client subcommands of the `ferry` binary: they talk to a running server over HTTP (TUS on
+//! `/files/`, the REST API on `/api/v1`), never to the data directory.
 
+pub mod client;
+pub mod download;
+pub mod files;
+pub mod progress;
+pub mod store;
 pub mod task;
+pub mod upload;

@@ -37,16 +37,8 @@ pub struct TaskArgs {
     pub command: TaskCommand,
 }
 
-/// Where the server is and who we are.
-#[derive(Debug, Clone, Args)]
-pub struct Connection {
-    /// Base URL of the ferry server.
-    #[arg(long, env = "FERRY_SERVER", default_value = "http://127.0.0.1:8080", global = true, help_heading = "Connection")]
-    pub server: String,
-    /// Bearer token (from `ferry token create NAME`); not needed when the server has no tokens.
-    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true, global = true, help_heading = "Connection")]
-    pub token: Option<String>,
-}
+pub use super::client::Connection;
+use super::client::error_chain;
 
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
@@ -177,21 +169,12 @@ impl Failure {
 
 impl Client {
     fn new(conn: &Connection) -> Result<Client, Exit> {
-        let base = conn.server.trim_end_matches('/').to_string();
-        let url = reqwest::Url::parse(&base).map_err(|e| usage(format_args!("--server {base:?} is not a URL: {e}")))?;
-        if !matches!(url.scheme(), "http") {
-            return Err(usage(format_args!("--server must be an http:// URL (this build has no TLS), got {base:?}")));
-        }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(60))
-            .user_agent(concat!("ferry-cli/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                eprintln!("ferry: cannot build the HTTP client: {e}");
-                Exit(EXIT_FAILURE)
-            })?;
-        Ok(Client { http, base, token: conn.token.clone().filter(|t| !t.is_empty()) })
+        let base = conn.base().map_err(|e| usage(e.message))?.as_str().trim_end_matches('/').to_string();
+        let http = super::client::http_client(Some(Duration::from_secs(60)), None).map_err(|e| {
+            e.print();
+            Exit(EXIT_FAILURE)
+        })?;
+        Ok(Client { http, base, token: conn.token() })
     }
 
     /// Send a request to `/api/v1{path}`; a non-2xx answer is printed (detail, hint) and
@@ -239,17 +222,6 @@ impl Client {
         }
         Err(Failure::Status(status))
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 fn print_json(body: &str) {

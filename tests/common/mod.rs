@@ -417,3 +417,83 @@ impl Tus {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interoperability helpers (tests/interop_*.rs): run a real client as a subprocess.
+
+/// The repository root.
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A command with no proxy settings (everything talks to loopback) and no stdin.
+pub fn loopback_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        cmd.env_remove(var);
+    }
+    cmd.env("NO_PROXY", "*").env("no_proxy", "*").stdin(Stdio::null());
+    cmd
+}
+
+/// `node tests/clients/node/SCRIPT ARGS…` (node from `FERRY_NODE`, default `node`), run in
+/// that directory so `require` finds its node_modules. Panics if tus-js-client is missing.
+pub fn node_script(script: &str, args: &[&str]) -> Command {
+    let dir = manifest_dir().join("tests/clients/node");
+    assert!(
+        dir.join("node_modules/tus-js-client/package.json").exists(),
+        "tests/clients/node/node_modules is not installed: run `bash .ci/run` or `(cd tests/clients/node && npm ci)`"
+    );
+    let node = std::env::var_os("FERRY_NODE").unwrap_or_else(|| "node".into());
+    let mut cmd = loopback_command(node);
+    cmd.current_dir(&dir).arg(dir.join(script)).args(args);
+    cmd
+}
+
+/// `tests/clients/python/.venv/bin/python SCRIPT ARGS…` (or `FERRY_PYTHON`).
+pub fn python_script(script: &str, args: &[&str]) -> Command {
+    let dir = manifest_dir().join("tests/clients/python");
+    let py = std::env::var_os("FERRY_PYTHON").map(PathBuf::from).unwrap_or_else(|| dir.join(".venv/bin/python"));
+    assert!(py.exists(), "{} is missing: run `bash .ci/run` (it creates the venv from tests/clients/python/requirements.txt)", py.display());
+    let mut cmd = loopback_command(py);
+    cmd.current_dir(&dir).arg(dir.join(script)).args(args);
+    cmd
+}
+
+/// Run a client to completion (killed after `secs`); it must exit 0 and print a JSON object
+/// as its last `{` line, which is returned.
+pub async fn run_json_client(mut cmd: Command, secs: u64) -> serde_json::Value {
+    let what = format!("{cmd:?}");
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let pid = child.id();
+    let waiter = tokio::task::spawn_blocking(move || child.wait_with_output());
+    let out = match tokio::time::timeout(Duration::from_secs(secs), waiter).await {
+        Ok(o) => o.unwrap().unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("{what} did not finish within {secs} s");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "client failed ({}): {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| panic!("no JSON line from {what}\n{stdout}\n{stderr}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?} from {what}: {e}"))
+}
+
+/// Wait until the upload at `url` (absolute, or relative to the server) is complete, then
+/// GET it: its sha256 and the `Repr-Digest` header must both equal `sha256_hex`.
+pub async fn assert_stored_sha256(server: &Server, url: &str, sha256_hex_want: &str) {
+    use base64::Engine as _;
+    let tus = Tus::new(server);
+    let url = tus.abs(url);
+    assert!(url.starts_with(&server.url("/files/")), "{url} is not an upload of this server");
+    tus.wait_complete(&url).await;
+    let r = client().get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200, "GET {url}");
+    let digest = header(&r, "repr-digest").map(str::to_owned);
+    let body = r.bytes().await.unwrap();
+    assert_eq!(sha256_hex(&body), sha256_hex_want, "GET {url}: the stored bytes differ");
+    let want = format!("sha-256=:{}:", base64::engine::general_purpose::STANDARD.encode(hex::decode(sha256_hex_want).unwrap()));
+    assert_eq!(digest.as_deref(), Some(want.as_str()), "GET {url}: Repr-Digest");
+}

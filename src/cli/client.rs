@@ -1,0 +1,412 @@
+//! Shared plumbing of the client subcommands: where the server is ([`Connection`]), the HTTP
+//! client, RFC 9457 problem bodies, retry with exponential backoff, and the exit codes of the
+//! transfer commands (`upload`, `download`, `ls`, `status`, `rm`, `share`).
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Deserialize;
+
+/// Exit codes of `ferry upload|download|ls|status|rm|share`, shown in their `--help` and in
+/// `ferry --help`.
+pub const TRANSFER_EXIT_CODES: &str = "\
+Exit codes (upload, download, ls, status, rm, share):
+  0  success
+  1  other failure: an unexpected answer from the server, a local I/O error
+  2  usage or configuration error, or the server refused the request as invalid (other 4xx)
+  3  not found: the server has no such file (404) or it expired (410); a local FILE is missing
+  4  verification failed: the sha256 of the bytes differs from the server's
+  5  network: the server could not be reached, or kept failing (5xx, 423 locked) until
+     --retry-for ran out
+  6  authentication: the token is missing, unknown or not allowed (401, 403)
+`ferry task` has its own exit codes: see `ferry task --help`.";
+
+/// Exit code: an unexpected answer or a local I/O error.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code: usage or configuration error, or a 4xx not listed elsewhere.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: 404 / 410, or a local input file that does not exist.
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// Exit code: sha256 mismatch.
+pub const EXIT_VERIFY: u8 = 4;
+/// Exit code: unreachable, or 5xx / 423 until the retry budget ran out.
+pub const EXIT_NETWORK: u8 = 5;
+/// Exit code: 401 / 403.
+pub const EXIT_AUTH: u8 = 6;
+
+/// Where the server is and who we are.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// Base URL of the ferry server.
+    #[arg(long, env = "FERRY_SERVER", default_value = "http://127.0.0.1:8080", global = true, help_heading = "Connection")]
+    pub server: String,
+    /// Bearer token (from `ferry token create NAME`); not needed when the server has no tokens.
+    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true, global = true, help_heading = "Connection")]
+    pub token: Option<String>,
+}
+
+impl Connection {
+    /// The server's base URL without a trailing slash; only `http://` (this build has no TLS).
+    pub fn base(&self) -> Result<reqwest::Url, CliError> {
+        let base = self.server.trim_end_matches('/');
+        let url = reqwest::Url::parse(base).map_err(|e| CliError::usage(format!("--server {base:?} is not a URL: {e}")))?;
+        if url.scheme() != "http" {
+            return Err(CliError::usage(format!("--server must be an http:// URL (this build has no TLS), got {base:?}")));
+        }
+        Ok(url)
+    }
+
+    /// The token, if one is set and not empty.
+    pub fn token(&self) -> Option<String> {
+        self.token.clone().filter(|t| !t.is_empty())
+    }
+}
+
+/// An HTTP client with the CLI's user agent. `total` bounds a whole request (use `None` for
+/// transfers, whose bodies may take hours); `read` bounds each read of an answer.
+pub fn http_client(total: Option<Duration>, read: Option<Duration>) -> Result<reqwest::Client, CliError> {
+    let mut b = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .user_agent(concat!("ferry-cli/", env!("CARGO_PKG_VERSION")));
+    if let Some(t) = total {
+        b = b.timeout(t);
+    }
+    if let Some(r) = read {
+        b = b.read_timeout(r);
+    }
+    b.build().map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot build the HTTP client: {e}")))
+}
+
+/// An error and source chain on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.ends_with(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+/// The RFC 9457 problem fields ferry sends (`detail`, our `code`, `recovery_hint`).
+#[derive(Deserialize, Default)]
+pub struct ProblemBody {
+    #[serde(default)]
+    pub detail: Option<String>,
+    #[serde(default)]
+    pub recovery_hint: Option<String>,
+    #[serde(default)]
+    pub code: Option<String>,
+}
+
+/// Why a command stopped: a message for stderr, an optional hint, and the exit code.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: u8,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl CliError {
+    pub fn new(code: u8, message: impl Into<String>) -> CliError {
+        CliError { code, message: message.into(), hint: None }
+    }
+
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::new(EXIT_USAGE, message)
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> CliError {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// Print `ferry: MESSAGE` (and `hint: …`) on stderr.
+    pub fn print(&self) {
+        eprintln!("ferry: {}", self.message);
+        if let Some(h) = &self.hint {
+            eprintln!("hint: {h}");
+        }
+    }
+
+    /// An error answer from the server: the exit code follows the status (see
+    /// [`TRANSFER_EXIT_CODES`]); the message is the problem's `detail` when there is one.
+    pub fn from_status(what: &str, status: u16, body: &str) -> CliError {
+        let problem: ProblemBody = serde_json::from_str(body).unwrap_or_default();
+        let code = match status {
+            401 | 403 => EXIT_AUTH,
+            404 | 410 => EXIT_NOT_FOUND,
+            423 | 429 | 500..=599 => EXIT_NETWORK,
+            400..=499 => EXIT_USAGE,
+            _ => EXIT_FAILURE,
+        };
+        let detail = match (&problem.detail, &problem.code) {
+            (Some(d), Some(c)) => format!("{d} ({c})"),
+            (Some(d), None) => d.clone(),
+            _ if body.trim().is_empty() => String::from("no details"),
+            _ => body.trim().chars().take(300).collect(),
+        };
+        let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
+        e.hint = problem.recovery_hint.filter(|h| !h.is_empty()).or_else(|| match code {
+            EXIT_AUTH => Some("Pass a token with --token or FERRY_TOKEN (see `ferry token create`).".into()),
+            _ => None,
+        });
+        e
+    }
+
+    /// A request that never got an answer.
+    pub fn network(what: &str, e: &reqwest::Error) -> CliError {
+        CliError::new(EXIT_NETWORK, format!("{what}: {}", error_chain(e)))
+    }
+}
+
+/// Is this answer worth retrying (RFC 9110 §15.6 server errors, TUS `423 locked`, 429)?
+pub fn retryable_status(status: u16) -> bool {
+    matches!(status, 423 | 429 | 500..=599)
+}
+
+/// Retries with exponential backoff (250 ms doubling to 10 s) until `budget` has passed
+/// since the last success ([`Retry::success`]): a flaky link that keeps making progress is
+/// never given up on, a dead one is after `budget`.
+pub struct Retry {
+    budget: Duration,
+    since: Instant,
+    next: Duration,
+    pub attempts: u32,
+}
+
+/// First pause between retries.
+const BACKOFF_START: Duration = Duration::from_millis(250);
+/// Longest pause between retries.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+impl Retry {
+    pub fn new(budget: Duration) -> Retry {
+        Retry { budget, since: Instant::now(), next: BACKOFF_START, attempts: 0 }
+    }
+
+    /// Progress was made: the budget and the backoff start over.
+    pub fn success(&mut self) {
+        self.since = Instant::now();
+        self.next = BACKOFF_START;
+        self.attempts = 0;
+    }
+
+    /// After a retryable failure `err`: sleep and return `Ok`, or return the error (with a
+    /// "gave up" message) once the budget is spent.
+    pub async fn wait(&mut self, err: CliError) -> Result<(), CliError> {
+        let spent = self.since.elapsed();
+        if spent >= self.budget {
+            let mut e = CliError::new(
+                EXIT_NETWORK,
+                format!("gave up after {} of failures ({} attempts): {}", humantime::format_duration(Duration::from_secs(spent.as_secs().max(1))), self.attempts + 1, err.message),
+            );
+            e.hint = err.hint.or_else(|| Some("Re-run the same command to resume where it stopped; --retry-for sets how long to keep trying.".into()));
+            return Err(e);
+        }
+        let pause = self.next.min(self.budget - spent);
+        self.attempts += 1;
+        eprintln!("ferry: {} (retry {} in {} ms)", err.message, self.attempts, pause.as_millis());
+        tokio::time::sleep(pause).await;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        Ok(())
+    }
+}
+
+/// Transfer client: the HTTP client, the server's base URL and the token.
+#[derive(Clone)]
+pub struct Client {
+    pub http: reqwest::Client,
+    pub base: reqwest::Url,
+    token: Option<String>,
+}
+
+impl Client {
+    /// A client for transfers: no overall timeout, but a read that sends nothing for
+    /// `read_timeout` fails (and is retried).
+    pub fn new(conn: &Connection, read_timeout: Duration) -> Result<Client, CliError> {
+        Ok(Client { http: http_client(None, Some(read_timeout))?, base: conn.base()?, token: conn.token() })
+    }
+
+    /// A request with the bearer token, which is sent only to the configured server's origin
+    /// (never to another host named by a URL argument).
+    pub fn request(&self, method: reqwest::Method, url: &reqwest::Url) -> reqwest::RequestBuilder {
+        let mut r = self.http.request(method, url.clone());
+        if let Some(t) = &self.token {
+            if url.origin() == self.base.origin() {
+                r = r.bearer_auth(t);
+            }
+        }
+        r
+    }
+
+    /// `{server}{path}`, e.g. `/api/v1/files`.
+    pub fn url(&self, path: &str) -> reqwest::Url {
+        let mut u = self.base.clone();
+        let prefix = u.path().trim_end_matches('/').to_string();
+        u.set_path(&format!("{prefix}{path}"));
+        u
+    }
+
+    /// A `Location` (relative or absolute) resolved against the server.
+    pub fn resolve(&self, location: &str) -> Result<reqwest::Url, CliError> {
+        self.base.join(location).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server sent a bad URL {location:?}: {e}")))
+    }
+
+    /// The TUS/download URL for an upload id, or the URL itself when one is given.
+    pub fn file_url(&self, id_or_url: &str) -> Result<reqwest::Url, CliError> {
+        if id_or_url.starts_with("http://") || id_or_url.starts_with("https://") {
+            return reqwest::Url::parse(id_or_url).map_err(|e| CliError::usage(format!("{id_or_url:?} is not a URL: {e}")));
+        }
+        Ok(self.url(&format!("/files/{}", id_segment(id_or_url)?)))
+    }
+
+    /// Send, retrying network errors and retryable statuses within `retry`; returns the
+    /// first answer that is not retryable (which may be an error status).
+    pub async fn send_retrying(
+        &self,
+        retry: &mut Retry,
+        what: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, CliError> {
+        loop {
+            match build().send().await {
+                Ok(r) if retryable_status(r.status().as_u16()) => {
+                    let status = r.status().as_u16();
+                    let body = r.text().await.unwrap_or_default();
+                    retry.wait(CliError::from_status(what, status, &body)).await?;
+                }
+                Ok(r) => {
+                    retry.success();
+                    return Ok(r);
+                }
+                Err(e) => retry.wait(CliError::network(what, &e).hint(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base))).await?,
+            }
+        }
+    }
+
+    /// A JSON API call (`/api/v1…`) with retries; a non-2xx answer becomes a [`CliError`].
+    pub async fn api(&self, retry: &mut Retry, method: reqwest::Method, path: &str, body: Option<String>) -> Result<String, CliError> {
+        let url = self.url(&format!("/api/v1{path}"));
+        let what = format!("{method} {path}");
+        let res = self
+            .send_retrying(retry, &what, || {
+                let mut r = self.request(method.clone(), &url);
+                if let Some(b) = &body {
+                    r = r.header("content-type", "application/json").body(b.clone());
+                }
+                r
+            })
+            .await?;
+        let status = res.status().as_u16();
+        let text = res.text().await.map_err(|e| CliError::network(&what, &e))?;
+        if !(200..300).contains(&status) {
+            return Err(CliError::from_status(&what, status, &text));
+        }
+        Ok(text)
+    }
+}
+
+/// A path segment for an upload id (ids are base32; a typo must never reach another route).
+pub fn id_segment(id: &str) -> Result<String, CliError> {
+    if id.is_empty() {
+        return Err(CliError::usage("the file id is empty"));
+    }
+    Ok(percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string())
+}
+
+/// The upload id of a `/files/{id}` URL: its last non-empty path segment.
+pub fn id_of(url: &reqwest::Url) -> String {
+    url.path_segments().and_then(|mut s| s.rfind(|s| !s.is_empty())).unwrap_or_default().to_string()
+}
+
+/// Parse a duration flag (`30s`, `1h`, `2m`, or plain milliseconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(Duration::from_millis(ms));
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 5m, 1h)"))
+}
+
+/// Parse a size flag (`1048576`, `8MiB`, `1GB`) in bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(n);
+    }
+    s.parse::<bytesize::ByteSize>().map(|b| b.as_u64()).map_err(|e| format!("{e} (examples: 1048576, 8MiB, 1GiB)"))
+}
+
+/// The `sha-256` member of an RFC 9530 `Repr-Digest` header, as lowercase hex.
+pub fn repr_digest_sha256(h: &reqwest::header::HeaderMap) -> Option<String> {
+    use base64::Engine as _;
+    let v = h.get("repr-digest")?.to_str().ok()?;
+    v.split(',').find_map(|m| {
+        let b64 = m.trim().strip_prefix("sha-256=")?.strip_prefix(':')?.strip_suffix(':')?;
+        let raw = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        (raw.len() == 32).then(|| hex::encode(raw))
+    })
+}
+
+/// A header as text.
+pub fn header_str<'a>(h: &'a reqwest::header::HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A header as an unsigned number.
+pub fn header_u64(h: &reqwest::header::HeaderMap, name: &str) -> Option<u64> {
+    header_str(h, name).and_then(|v| v.trim().parse().ok())
+}
+
+/// A two-worker tokio runtime, or exit code 1.
+pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the async runtime: {e}")))
+}
+
+/// Run an async command body and map it to a process exit code (printing the error).
+pub fn run_command<F: std::future::Future<Output = Result<(), CliError>>>(f: impl FnOnce() -> F) -> std::process::ExitCode {
+    let result = runtime().and_then(|rt| rt.block_on(f()));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            e.print();
+            std::process::ExitCode::from(e.code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_and_sizes() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("repr-digest", "sha-512=:AA==:, sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:".parse().unwrap());
+        assert_eq!(repr_digest_sha256(&h).unwrap(), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
+        assert_eq!(parse_size("123").unwrap(), 123);
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("250").unwrap(), Duration::from_millis(250));
+        assert_eq!(id_of(&reqwest::Url::parse("http://h/files/abc?x=1").unwrap()), "abc");
+    }
+
+    #[test]
+    fn status_exit_codes() {
+        assert_eq!(CliError::from_status("x", 404, "").code, EXIT_NOT_FOUND);
+        assert_eq!(CliError::from_status("x", 410, "").code, EXIT_NOT_FOUND);
+        assert_eq!(CliError::from_status("x", 401, "").code, EXIT_AUTH);
+        assert_eq!(CliError::from_status("x", 413, "").code, EXIT_USAGE);
+        assert_eq!(CliError::from_status("x", 503, "").code, EXIT_NETWORK);
+        let e = CliError::from_status("GET /x", 404, r#"{"detail":"no such upload","code":"not_found","recovery_hint":"Check the id."}"#);
+        assert_eq!(e.message, "GET /x: HTTP 404: no such upload (not_found)");
+        assert_eq!(e.hint.as_deref(), Some("Check the id."));
+    }
+}

@@ -1,0 +1,96 @@
+//! The curl recipes of README.md ("Use it from…" → "### curl"), run exactly as printed: the
+//! test extracts every ```sh block of that section, replaces only the two variable lines
+//! (`FERRY=…`, `f=…`) with its own server and file, runs them as one bash script, and checks
+//! every byte by sha256. If the README changes, this test runs the new text.
+
+mod common;
+use common::*;
+
+use base64::Engine as _;
+use std::process::{Command, Stdio};
+
+/// The line of the first block that names the server, and the one that names the file.
+const SERVER_LINE: &str = "FERRY=http://127.0.0.1:8080";
+const FILE_LINE: &str = "f=big.iso";
+
+/// The ```sh blocks of README.md's `### curl` section under `## Use it from…`.
+fn curl_recipes() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme.split("\n## Use it from").nth(1).expect("README.md has a \"## Use it from…\" section");
+    let section = section.split("\n## ").next().unwrap();
+    let curl = section.split("\n### curl\n").nth(1).expect("\"### curl\" under \"## Use it from…\"");
+    let curl = curl.split("\n### ").next().unwrap();
+    let mut blocks = Vec::new();
+    let mut rest = curl;
+    while let Some(start) = rest.find("```sh\n") {
+        let body = &rest[start + 6..];
+        let end = body.find("```").expect("closed code block");
+        blocks.push(body[..end].to_string());
+        rest = &body[end + 3..];
+    }
+    assert!(blocks.len() >= 4, "expected the curl recipes, found {} blocks", blocks.len());
+    blocks
+}
+
+/// Replace the variable line starting like `line` (up to its `=`) with `name=value`.
+fn substitute(script: &str, line: &str, value: &str) -> String {
+    let name = line.split('=').next().unwrap();
+    let mut found = false;
+    let out: Vec<String> = script
+        .lines()
+        .map(|l| {
+            if l.starts_with(line) {
+                found = true;
+                format!("{name}='{value}'")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(found, "README's curl recipes no longer start with a `{line}` line");
+    out.join("\n")
+}
+
+#[tokio::test]
+async fn readme_curl_recipes() {
+    let ok = Command::new("curl").arg("--version").stdout(Stdio::null()).status().map(|s| s.success()).unwrap_or(false);
+    assert!(ok, "curl not found on PATH; `bash .ci/run` installs it");
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let len = 3 * 1024 * 1024 + 4321;
+    let data = pseudo_random(len, 31);
+    let sha = sha256_hex(&data);
+    let src = dir.path().join("source file.iso");
+    std::fs::write(&src, &data).unwrap();
+
+    let script = curl_recipes().join("\n");
+    let script = substitute(&script, SERVER_LINE, &s.base);
+    let script = substitute(&script, FILE_LINE, src.to_str().unwrap());
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(dir.path()).stdin(Stdio::null());
+    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
+        cmd.env_remove(v);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "the README's curl recipes failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+
+    // Both uploads (resumed, and one request with a checksum) are complete and match.
+    let files = json(Api::new(&s).get("/api/v1/files").await).await;
+    let files = files["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{files:?}");
+    for f in files {
+        assert_eq!(f["complete"], true, "{f}");
+        assert_eq!(f["sha256"], sha.as_str(), "{f}");
+    }
+    assert!(files.iter().any(|f| f["name"] == "source file.iso"), "the metadata filename: {files:?}");
+    // Downloads: whole, a range, a continued partial file.
+    assert_eq!(sha256_hex(&std::fs::read(dir.path().join("copy.iso")).unwrap()), sha);
+    assert_eq!(std::fs::read(dir.path().join("first-kib.bin")).unwrap(), data[..1024]);
+    assert_eq!(sha256_hex(&std::fs::read(dir.path().join("partial.iso")).unwrap()), sha);
+    // The printed URL and Repr-Digest.
+    assert!(stdout.contains(&s.url("/files/")), "{stdout}");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(hex::decode(&sha).unwrap());
+    assert!(stdout.to_ascii_lowercase().contains("repr-digest") && stdout.contains(&format!("sha-256=:{b64}:")), "{stdout}");
+}
