@@ -267,3 +267,43 @@ async fn principals_are_isolated_and_signed_urls_open_one_file() {
     a.cancel().await.unwrap();
     b.cancel().await.unwrap();
 }
+
+/// A client that records `notifications/progress`.
+#[derive(Clone, Default)]
+struct ProgressRecorder(std::sync::Arc<std::sync::Mutex<Vec<ProgressNotificationParam>>>);
+
+impl rmcp::ClientHandler for ProgressRecorder {
+    async fn on_progress(&self, params: ProgressNotificationParam, _ctx: rmcp::service::NotificationContext<RoleClient>) {
+        self.0.lock().unwrap().push(params);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        client_info(false)
+    }
+}
+
+#[tokio::test]
+async fn task_get_long_polls_and_reports_progress() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(tmp.path(), "steps.sh", "for i in 1 2 3 4; do echo \"progress 0.$((i*2)) step $i\" >&2; printf 'line %s\\n' $i; sleep 0.4; done\n");
+    let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.steps]\nprogram = \"{}\"\n", script.display()));
+    let server = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let recorder = ProgressRecorder::default();
+    let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(server.url("/mcp")));
+    let c = recorder.clone().serve(transport).await.unwrap();
+    let Value::Object(a) = json!({}) else { unreachable!() };
+    let started = c.call_tool(CallToolRequestParams::new("export_steps").with_arguments(a)).await.unwrap();
+    let id = started.structured_content.unwrap()["task_id"].as_str().unwrap().to_string();
+    let Value::Object(a) = json!({ "task_id": id, "wait_ms": 30000 }) else { unreachable!() };
+    let mut params = CallToolRequestParams::new("task_get").with_arguments(a);
+    params.set_progress_token(ProgressToken(NumberOrString::String("poll-1".into())));
+    let done = c.call_tool(params).await.unwrap().structured_content.unwrap();
+    assert_eq!(done["status"], "completed", "the long poll returns when the task ends: {done}");
+    let seen = recorder.0.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "progress notifications were sent");
+    assert!(seen.iter().all(|p| p.progress_token == seen[0].progress_token), "one token: {seen:?}");
+    assert!(seen.iter().any(|p| p.message.as_deref() == Some("step 2") || p.message.as_deref() == Some("step 3")), "{seen:?}");
+    let values: Vec<f64> = seen.iter().map(|p| p.progress).collect();
+    assert!(values.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {values:?}");
+    c.cancel().await.unwrap();
+}

@@ -140,7 +140,8 @@ impl FerryMcp {
             }
             "task_get" => {
                 let TaskGetArg { task_id, wait_ms } = args(&req.name, a)?;
-                let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), req.progress_token(), ctx).await?;
+                let token = req.progress_token().or_else(|| ctx.meta.get_progress_token());
+                let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), token, ctx).await?;
                 self.task_result(p, &t).await
             }
             "task_respond" => {
