@@ -64,7 +64,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tasks: tasks.clone(),
         tokens: Tokens::new(&cfg.tokens),
         metrics,
-        http: HttpConfig { behind_proxy: cfg.behind_proxy, mcp_allowed_hosts: mcp_allowed_hosts(&cfg, addr), shutdown: shutdown.clone() },
+        http: HttpConfig { behind_proxy: cfg.behind_proxy, absolute_locations: cfg.public_url.is_some(), mcp_allowed_hosts: mcp_allowed_hosts(&cfg, addr), shutdown: shutdown.clone() },
         links,
         mcp: Arc::new(McpConfig {
             max_chunk: cfg.mcp_max_chunk,

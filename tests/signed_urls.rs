@@ -85,3 +85,20 @@ async fn signed_urls_open_one_file_for_one_scope_until_they_expire() {
     let gone = url_b.replace(&url_b[..url_b.find("/files/").unwrap()], &server.url(""));
     problem(http.get(gone).send().await.unwrap(), 404, "not_found").await;
 }
+
+#[tokio::test]
+async fn public_url_makes_locations_and_signed_urls_absolute() {
+    let server = Server::start(&["--public-url", "https://files.example.com/"]);
+    let api = Api::new(&server);
+    let r = api.send("POST", "/files/", &[("tus-resumable", "1.0.0"), ("upload-length", "3")], None).await;
+    assert_eq!(r.status(), 201);
+    let loc = common::header(&r, "location").unwrap().to_string();
+    assert!(loc.starts_with("https://files.example.com/files/"), "{loc}");
+    let id = loc.rsplit('/').next().unwrap();
+    let url = share(&api, id, r#"{"scope":"upload"}"#).await;
+    assert!(url.starts_with(&format!("https://files.example.com/files/{id}?scope=upload")), "{url}");
+    // A malformed public URL is a configuration error (exit code 2), not a silent default.
+    let out = std::process::Command::new(common::ferry_bin()).args(["serve", "--public-url", "files.example.com", "--listen", "127.0.0.1:0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("public_url"));
+}

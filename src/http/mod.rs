@@ -33,6 +33,8 @@ pub const FILES_PATH: &str = "/files/";
 pub struct HttpConfig {
     /// Trust `Forwarded` / `X-Forwarded-*` to build absolute `Location` URLs.
     pub behind_proxy: bool,
+    /// `Location` as `{public_url}/files/{id}` (set when `--public-url` is given).
+    pub absolute_locations: bool,
     /// `Host` values `/mcp` accepts (DNS-rebinding guard); empty = any.
     pub mcp_allowed_hosts: Vec<String>,
     /// Cancelled at shutdown: ends `/mcp` streams.

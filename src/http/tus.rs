@@ -93,7 +93,8 @@ pub async fn options(State(s): State<AppState>, h: HeaderMap) -> Result<Response
 fn location(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let path = format!("{FILES_PATH}{id}");
     if !s.http.behind_proxy {
-        return path;
+        // With `--public-url` the operator told us the absolute address; else stay relative.
+        return if s.http.absolute_locations { s.links.file_url(id) } else { path };
     }
     let mut proto = None;
     let mut host = None;
