@@ -559,6 +559,9 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
         ErrorCode::SizeExceeded => "Send no more than the declared size (or begin a new upload with the right size, within the server's limit).",
         ErrorCode::OffsetMismatch => "Re-send the chunk starting at error.partial.cursor (file_status shows the offset).",
         ErrorCode::Conflict if tool.starts_with("file_") => "The file cannot take this change; check it with file_status.",
+        ErrorCode::Conflict if on_task => "The task already ended and cannot change; start a new one if needed.",
+        ErrorCode::Conflict => "This idempotency_key already names a task with other arguments: use a new key, or resend the original arguments.",
+        ErrorCode::Internal => "Retry once; if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).",
         _ => return e,
     };
     e.recovery_hint = hint.to_string();
@@ -566,6 +569,7 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
 }
 
 fn mcp_err(e: TusError) -> McpError {
+    let e = for_model(e, "task_get");
     let data = Some(json!({ "status": "failed", "error": envelope::error_object(&e) }));
     match e.code {
         ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail, data),

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::append::Appender;
 use super::hash::RunningSha256;
+use super::locks::WriteGuard;
 use super::{internal, now_ms, UploadEngine};
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
@@ -43,6 +44,9 @@ pub struct FileWriter {
     app: Appender,
     name: String,
     media_type: String,
+    /// The upload's writer slot, pinned until the file is finished or dropped: TUS requests
+    /// and MCP tools on the file answer 423 `locked` meanwhile.
+    _slot: WriteGuard,
 }
 
 fn metadata(name: &str, media_type: &str) -> Result<String, TusError> {
@@ -74,16 +78,18 @@ impl UploadEngine {
             expired: false,
         };
         self.blobs.create(&rec.id).await?;
+        let slot = self.pin(&rec.id).await?;
         self.catalog.create_upload(&rec).await?;
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None).await?;
-        Ok(FileWriter { app, name: name.to_string(), media_type: media_type.to_string() })
+        Ok(FileWriter { app, name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
     }
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
     /// discarded and the running sha256 continues from the cursor's midstate.
     pub async fn reopen_file(self: &Arc<Self>, principal: &str, cursor: &FileCursor) -> Result<FileWriter, TusError> {
         let mut rec = self.get(principal, &cursor.id).await?;
+        let slot = self.pin(&rec.id).await?;
         if rec.is_finished() {
             // The job crashed after finishing the file but before checkpointing its result:
             // make it unfinished again at the cursor; the re-run writes the same bytes.
@@ -106,7 +112,14 @@ impl UploadEngine {
         self.catalog.checkpoint(&rec.id, fence, &cp).await?;
         let rec = self.get(principal, &cursor.id).await?;
         let app = Appender::open(self, rec, cursor.offset, None, None).await?;
-        Ok(FileWriter { app, name, media_type })
+        Ok(FileWriter { app, name, media_type, _slot: slot })
+    }
+}
+
+impl UploadEngine {
+    /// Hold the writer slot of a job's file for as long as the job writes it.
+    async fn pin(&self, id: &str) -> Result<WriteGuard, TusError> {
+        self.locks.acquire_pinned(id, self.cfg.takeover_wait).await.ok_or_else(|| TusError::locked(None))
     }
 }
 
