@@ -299,7 +299,7 @@ impl Config {
             tokens: file.tokens,
             commands: file.commands,
             fetch: file.fetch,
-            task_workers: args.task_workers.or(tasks.workers).unwrap_or(4).max(1),
+            task_workers: args.task_workers.or(tasks.workers).unwrap_or(4).clamp(1, MAX_TASK_WORKERS),
             task_lease: args.task_lease.or(dur(tasks.lease, "tasks.lease")?).unwrap_or(Duration::from_secs(10)),
             task_ttl: dur(tasks.default_ttl, "tasks.default_ttl")?.unwrap_or(Duration::from_secs(24 * 3600)),
             insecure_no_auth: args.insecure_no_auth,
@@ -329,7 +329,40 @@ fn parse_public_url(u: &str) -> anyhow::Result<String> {
 
 fn read_file(p: &Path) -> anyhow::Result<FileConfig> {
     let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+    let file: FileConfig = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+    file.check().with_context(|| format!("in {}", p.display()))?;
+    Ok(file)
+}
+
+/// `[A-Za-z0-9_.-]{1,64}`: principal and command names.
+pub fn is_valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// Most task workers one process runs.
+pub const MAX_TASK_WORKERS: usize = 256;
+
+impl FileConfig {
+    /// Refuse values that would silently never work.
+    fn check(&self) -> anyhow::Result<()> {
+        for t in &self.tokens {
+            if !is_valid_name(&t.principal) {
+                anyhow::bail!("[[tokens]] principal {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -", t.principal);
+            }
+            if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                anyhow::bail!("[[tokens]] sha256 for {:?} must be 64 hex digits (write it with `ferry token create NAME`)", t.principal);
+            }
+        }
+        for name in self.commands.keys() {
+            if !is_valid_name(name) || name.contains('.') {
+                anyhow::bail!("[commands.{name:?}]: a command name must be 1-64 characters of A-Z a-z 0-9 _ - (it becomes the MCP tool export_NAME)");
+            }
+        }
+        if self.tasks.workers.is_some_and(|w| w == 0 || w > MAX_TASK_WORKERS) {
+            anyhow::bail!("[tasks] workers must be 1 to {MAX_TASK_WORKERS}");
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -349,6 +382,23 @@ mod tests {
         assert!(parse_interval("0s").is_err());
         assert_eq!(parse_expiry("never").unwrap(), Expiry(None));
         assert_eq!(parse_expiry("2s").unwrap(), Expiry(Some(Duration::from_secs(2))));
+    }
+
+    #[test]
+    fn file_values_that_could_never_work_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        let bad = [
+            "[[tokens]]\nprincipal = \"a\"\nsha256 = \"nothex\"\n",
+            "[[tokens]]\nprincipal = \"a b/../x\"\nsha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"\n",
+            "[commands.\"bad name\"]\nprogram = \"/bin/true\"\n",
+            "[tasks]\nworkers = 100000\n",
+        ];
+        for text in bad {
+            std::fs::write(&path, text).unwrap();
+            let args = ServeArgs { config: Some(path.clone()), ..Default::default() };
+            assert!(Config::resolve(&args).is_err(), "accepted: {text}");
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             cfg.listen
         );
     }
+    let _data_lock = lock_data_dir(&cfg.data)?;
     let catalog: Arc<dyn crate::catalog::Catalog> = Arc::new(SqliteCatalog::open(&cfg.data.join("ferry.db")).await.context("opening the catalog")?);
     let blobs = FsBlobStore::open(&cfg.data.join("blobs"), cfg.durability == Durability::Full).context("opening the blob store")?;
     let metrics = Arc::new(Metrics::default());
@@ -64,7 +65,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tasks: tasks.clone(),
         tokens: Tokens::new(&cfg.tokens),
         metrics,
-        http: HttpConfig { behind_proxy: cfg.behind_proxy, absolute_locations: cfg.public_url.is_some(), mcp_allowed_hosts: mcp_allowed_hosts(&cfg, addr), shutdown: shutdown.clone() },
+        http: HttpConfig { behind_proxy: cfg.behind_proxy, absolute_locations: cfg.public_url.is_some(), allowed_hosts: allowed_hosts(&cfg, addr), shutdown: shutdown.clone() },
         links,
         mcp: Arc::new(McpConfig {
             max_chunk: cfg.mcp_max_chunk,
@@ -118,10 +119,26 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Hold `DATA/lock` exclusively for the life of the process: two servers on one data dir
+/// would interleave writes to the same blobs. Errors: the lock is held by another process.
+fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = data.join("lock");
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another ferry process is serving the data directory {} (it holds {}); stop it, or give this one its own --data",
+            data.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
 /// `Host` values `/mcp` accepts, from `--listen` and `--public-url`: the loopback names for a
 /// loopback address, the address itself otherwise; none (any host) for a wildcard address,
 /// where bearer tokens are required anyway.
-fn mcp_allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
+fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
     if addr.ip().is_unspecified() {
         return Vec::new();
     }

@@ -346,6 +346,10 @@ async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extensio
     if key == Some("\u{0}") {
         return Err(Problem(TusError::bad_request("Idempotency-Key must be one visible-ASCII value", "Send one Idempotency-Key header.")));
     }
+    if b.kind == "concat" {
+        // Started by the server when a concatenation's parts are complete (TUS concatenation).
+        return Err(Problem(TusError::bad_request("the concat kind is internal to TUS concatenation", "Create a final upload with `Upload-Concat: final;…` on POST /files/ instead.")));
+    }
     let args = b.args.map(RawValue::get).unwrap_or("null");
     let started = s.tasks.start(&p, &b.kind, args, key, b.ttl_ms).await?;
     let mut res = task_json(if started.created { StatusCode::CREATED } else { StatusCode::OK }, &started.task);

@@ -67,8 +67,9 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
         if let Some(q) = SignedQuery::from_query(req.uri().query()) {
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());
             return match signed_principal(&s, &method, &path, &q).await {
-                Ok(p) => {
+                Ok((p, scope)) => {
                     req.extensions_mut().insert(Principal(p));
+                    req.extensions_mut().insert(scope);
                     next.run(req).await
                 }
                 Err(res) => res,
@@ -117,15 +118,15 @@ fn forbidden(detail: String) -> Response {
 
 /// A request carrying `scope`/`expires`/`sig` (DESIGN §6) acts as the owner of the one file
 /// it names, or is refused with 403 `unauthorized` whether or not it also has a token.
-async fn signed_principal(s: &AppState, method: &Method, path: &str, q: &SignedQuery) -> Result<String, Response> {
+async fn signed_principal(s: &AppState, method: &Method, path: &str, q: &SignedQuery) -> Result<(String, crate::signing::Scope), Response> {
     let id = path.strip_prefix(super::FILES_PATH).filter(|id| !id.is_empty() && !id.contains('/'));
     let Some(id) = id else {
         return Err(forbidden("signed URLs only open /files/{id}".into()));
     };
     let now = crate::upload::now_ms().div_euclid(1000);
-    s.links.signer().verify(q, id, method, now).map_err(|e| forbidden(e.to_string()))?;
+    let scope = s.links.signer().verify(q, id, method, now).map_err(|e| forbidden(e.to_string()))?;
     match s.engine.owner(id).await {
-        Ok(Some(owner)) => Ok(owner),
+        Ok(Some(owner)) => Ok((owner, scope)),
         Ok(None) => Err(Problem(TusError::not_found()).into_response()),
         Err(e) => Err(Problem(e).into_response()),
     }

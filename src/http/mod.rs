@@ -35,8 +35,9 @@ pub struct HttpConfig {
     pub behind_proxy: bool,
     /// `Location` as `{public_url}/files/{id}` (set when `--public-url` is given).
     pub absolute_locations: bool,
-    /// `Host` values `/mcp` accepts (DNS-rebinding guard); empty = any.
-    pub mcp_allowed_hosts: Vec<String>,
+    /// `Host` names this server answers to (DNS-rebinding guard for `/mcp`, and for every
+    /// route when there are no tokens); empty = any.
+    pub allowed_hosts: Vec<String>,
     /// Cancelled at shutdown: ends `/mcp` streams.
     pub shutdown: tokio_util::sync::CancellationToken,
 }
@@ -100,13 +101,16 @@ pub fn app(state: AppState) -> Router {
         })
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
+        .layer(middleware::from_fn_with_state(state.clone(), guard_origin))
         .with_state(state.clone());
-    // tower-http answers every OPTIONS as a CORS preflight; a plain OPTIONS (no
-    // Access-Control-Request-Method) is TUS discovery and must reach the handler.
+    // CORS is for the TUS endpoints only (browser uploaders such as Uppy on another origin);
+    // the API and MCP are not readable from other origins. tower-http answers every OPTIONS
+    // as a CORS preflight; a plain OPTIONS (no Access-Control-Request-Method) is TUS
+    // discovery and must reach the handler.
     let with_cors = routes.clone().layer(cors());
     let edge = tower::service_fn(move |req: Request| {
         let preflight = req.method() != Method::OPTIONS || req.headers().contains_key("access-control-request-method");
-        let svc = if preflight { with_cors.clone() } else { routes.clone() };
+        let svc = if preflight && req.uri().path().starts_with("/files") { with_cors.clone() } else { routes.clone() };
         svc.oneshot(req)
     });
     Router::new()
@@ -118,15 +122,52 @@ pub fn app(state: AppState) -> Router {
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
+/// Browser protections outside the TUS endpoints:
+/// - a request to `/api/` or `/mcp` carrying an `Origin` other than this server's own is
+///   refused (403): a web page must not drive the API, not even with requests a browser sends
+///   without a CORS preflight (`Content-Type: text/plain` POSTs);
+/// - with no tokens configured (everything is the principal `local`), the `Host` must be one
+///   this server is known as (loopback names, `--public-url`'s host): DNS rebinding cannot
+///   turn a web page into a same-origin client. Not applied `--behind-proxy`.
+async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let host_name = host_without_port(host);
+    if s.tokens.is_empty() && !s.http.behind_proxy && !s.http.allowed_hosts.is_empty() && !host.is_empty()
+        && !s.http.allowed_hosts.iter().any(|h| h.eq_ignore_ascii_case(host_name))
+    {
+        return Problem(TusError::new(403, ErrorCode::Unauthorized, format!("Host {host:?} is not a name of this server"), "Connect to 127.0.0.1 or localhost, or start ferry with --public-url naming this host.")).into_response();
+    }
+    let path = req.uri().path();
+    if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") {
+        if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) {
+            let same = origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false);
+            if !same {
+                return Problem(TusError::new(403, ErrorCode::Unauthorized, format!("cross-origin requests from {origin} are refused on {path}"), "Call the API from a server-side client (curl, the ferry CLI, an MCP client), not from a web page; browsers may upload with TUS on /files/.")).into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// `example.com` of `example.com:8080`, `::1` of `[::1]:8080`.
+fn host_without_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map(|(h, _)| h).unwrap_or(host)
+}
+
 /// rmcp's Streamable HTTP transport for `/mcp` (MCP 2026-07-28 stateless, and sessions for
 /// clients of older protocol versions).
 fn mcp_service(state: &AppState) -> rmcp::transport::StreamableHttpService<crate::mcp::FerryMcp, LocalSessionManager> {
     let mcp = crate::mcp::FerryMcp::new(state.clone(), (*state.mcp).clone());
-    let max_body = (state.mcp.max_chunk as usize).saturating_mul(4) / 3 + (256 << 10);
+    // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
+    // from the tool rather than a bare 413 from the transport.
+    let max_body = (state.mcp.max_chunk as usize).saturating_mul(4).saturating_add(1 << 20);
     let mut cfg = rmcp::transport::StreamableHttpServerConfig::default()
         .with_cancellation_token(state.http.shutdown.child_token())
         .with_max_request_body_bytes(max_body);
-    cfg = if state.http.mcp_allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.mcp_allowed_hosts.clone()) };
+    cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
     rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
 }
 

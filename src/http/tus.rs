@@ -194,9 +194,12 @@ async fn start_concat(s: &AppState, principal: &str, id: &str) -> Result<String,
 const CONCAT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `HEAD /files/{id}`: the durable offset (an in-flight PATCH is asked to checkpoint first).
-pub async fn head(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+pub async fn head(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, scope: Option<Extension<crate::signing::Scope>>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
     version(Verb::Head, &h)?;
-    let rec = s.engine.head(&p, &id).await?;
+    // A plain HTTP HEAD (no Tus-Resumable: a download client) or one with a signed download
+    // URL reads the record without asking an in-flight PATCH to stop.
+    let reader = !h.contains_key("tus-resumable") || scope.is_some_and(|Extension(sc)| sc == crate::signing::Scope::Download);
+    let rec = if reader { s.engine.get(&p, &id).await? } else { s.engine.head(&p, &id).await? };
     let mut res = StatusCode::OK.into_response();
     let hm = res.headers_mut();
     upload_headers(hm, &rec);

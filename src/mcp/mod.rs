@@ -130,7 +130,7 @@ impl FerryMcp {
             "file_read_chunk" => self.read_chunk(p, args(&req.name, a)?).await,
             "file_list" => {
                 let ListArg { limit } = args(&req.name, a)?;
-                let files = self.state.engine.list(p, limit.unwrap_or(20).clamp(1, 100)).await?;
+                let files = self.state.engine.list(p, list_limit(limit)?).await?;
                 Ok(result(json!({ "status": "ok", "files": files.iter().map(handle).collect::<Vec<_>>() }), vec![], false))
             }
             "file_delete" => {
@@ -140,6 +140,9 @@ impl FerryMcp {
             }
             "task_get" => {
                 let TaskGetArg { task_id, wait_ms } = args(&req.name, a)?;
+                if wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
+                    return Err(invalid(format!("wait_ms must be at most {MAX_WAIT_MS}"), "Call task_get again after each wait; 50000 ms is the longest single wait."));
+                }
                 let token = req.progress_token().or_else(|| ctx.meta.get_progress_token());
                 let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), token, ctx).await?;
                 self.task_result(p, &t).await
@@ -152,11 +155,15 @@ impl FerryMcp {
             "task_cancel" => {
                 let TaskArg { task_id } = args(&req.name, a)?;
                 let t = self.state.tasks.cancel(p, &task_id).await?;
+                if t.status == FerryStatus::Cancelled {
+                    // The call did what was asked: not an error.
+                    return Ok(result(json!({ "status": "cancelled", "task_id": t.id, "kind": t.kind }), vec![], false));
+                }
                 self.task_result(p, &t).await
             }
             "task_list" => {
                 let ListArg { limit } = args(&req.name, a)?;
-                let tasks = self.state.tasks.list(p, limit.unwrap_or(20).clamp(1, 100)).await?;
+                let tasks = self.state.tasks.list(p, list_limit(limit)?).await?;
                 let list: Vec<Value> = tasks.iter().map(|t| json!({ "task_id": t.id, "kind": t.kind, "status": t.status.as_str() })).collect();
                 Ok(result(json!({ "status": "ok", "tasks": list }), vec![], false))
             }
@@ -165,6 +172,14 @@ impl FerryMcp {
     }
 
     async fn upload_begin(&self, p: &str, a: BeginArg) -> Outcome {
+        if a.name.is_empty() || a.name.len() > 255 || a.name.chars().any(char::is_control) {
+            return Err(invalid("name must be 1 to 255 bytes without control characters", "Pass a plain file name such as report.pdf."));
+        }
+        if let Some(h) = &a.sha256 {
+            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(invalid("sha256 must be 64 hex digits", "Pass the file's sha256 in hex, or omit it."));
+            }
+        }
         let mut md = UploadMetadata::new();
         let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");
         md.insert("filename", Some(a.name.clone().into_bytes())).map_err(bad)?;
@@ -189,6 +204,9 @@ impl FerryMcp {
         let plan = ferry_tus::plan_creation(&ch, &limits)?;
         let rec = self.state.engine.create(p, &plan, &md_raw).await?;
         let ttl = a.url_ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
+        if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
+            return Err(invalid("url_ttl_ms must be from 1 to 604800000 (7 days)", "Omit url_ttl_ms for 24 hours."));
+        }
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let mut headers = json!({ "Tus-Resumable": "1.0.0", "Content-Type": "application/offset+octet-stream", "Upload-Offset": "<current offset, 0 at first>" });
         if a.size.is_none() {
@@ -289,7 +307,10 @@ impl FerryMcp {
         let size = r.length.unwrap_or(r.offset);
         let offset = a.offset.unwrap_or(0);
         let length = a.length.unwrap_or(4096);
-        if !(1..=MAX_READ_CHUNK).contains(&length) {
+        if length == 0 {
+            return Err(invalid("length must be at least 1 byte", "Omit length to read 4096 bytes."));
+        }
+        if length > MAX_READ_CHUNK {
             return Err(TusError::new(413, ErrorCode::ChunkTooLarge, format!("length must be 1 to {MAX_READ_CHUNK} bytes"), "Read in smaller pieces, or use file_download_url for the whole file."));
         }
         if offset > size {
@@ -356,8 +377,9 @@ impl FerryMcp {
 
     /// `fetch_url` may reach only allow-listed hosts: anything else is `unauthorized`.
     fn check_fetch_host(&self, url: &str) -> Result<(), TusError> {
-        let Ok(uri) = url.parse::<http::Uri>() else {
-            return Err(invalid(format!("{url:?} is not a URL"), "Pass an absolute http:// URL."));
+        let uri = match url.parse::<http::Uri>() {
+            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => u,
+            _ => return Err(invalid(format!("{url:?} is not an absolute http:// or https:// URL"), "Pass an absolute http:// URL.")),
         };
         let host = uri.host().unwrap_or("").to_ascii_lowercase();
         let with_port = uri.port_u16().map(|p| format!("{host}:{p}"));
@@ -504,6 +526,15 @@ impl FerryMcp {
 
     fn is_job_tool(&self, name: &str) -> Option<&JobTool> {
         self.jobs.iter().find(|j| j.name == name)
+    }
+}
+
+/// `limit` of the list tools: 1 to 100, default 20.
+fn list_limit(limit: Option<u32>) -> Result<u32, TusError> {
+    match limit {
+        None => Ok(20),
+        Some(n) if (1..=100).contains(&n) => Ok(n),
+        Some(n) => Err(invalid(format!("limit must be 1 to 100, got {n}"), "Omit limit for the newest 20.")),
     }
 }
 

@@ -146,7 +146,7 @@ impl TusError {
             404,
             ErrorCode::NotFound,
             "no upload with this id",
-            "Create a new upload with POST to the upload collection.",
+            "Check the id (uploads of other principals, deleted ones and long-expired ones do not exist); to upload anew, POST to the upload collection.",
         )
     }
 

@@ -1,0 +1,93 @@
+//! Protections a new user's attack found missing: browsers on other origins, DNS rebinding,
+//! two servers on one data directory, and readers interrupting writers.
+
+mod common;
+
+use common::{client, problem, Server, Tus};
+
+const OCTET: &str = "application/offset+octet-stream";
+
+#[tokio::test]
+async fn other_origins_cannot_drive_the_api_or_mcp_but_may_upload_with_tus() {
+    let s = Server::start(&[]);
+    let c = client();
+    // A "simple" cross-origin POST (no preflight in a browser) is refused before it runs.
+    let r = c.post(s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("content-type", "text/plain").body(r#"{"kind":"archive","args":{}}"#).send().await.unwrap();
+    problem(r, 403, "unauthorized").await;
+    let r = c.get(s.url("/api/v1/files")).header("origin", "http://evil.example").send().await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    problem(r, 403, "unauthorized").await;
+    let r = c.post(s.url("/mcp")).header("origin", "http://evil.example").header("content-type", "application/json").body("{}").send().await.unwrap();
+    problem(r, 403, "unauthorized").await;
+    // No CORS preflight approval for the API.
+    let r = c.request(reqwest::Method::OPTIONS, s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("access-control-request-method", "POST").send().await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none(), "{:?}", r.headers());
+    // Same origin is fine.
+    let r = c.get(s.url("/api/v1/files")).header("origin", format!("http://{}", s.addr())).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // TUS stays open to browser uploaders on other origins.
+    let r = c.request(reqwest::Method::OPTIONS, s.url("/files/")).header("origin", "http://app.example").header("access-control-request-method", "PATCH").send().await.unwrap();
+    assert_eq!(r.headers().get("access-control-allow-origin").and_then(|v| v.to_str().ok()), Some("*"));
+    let r = c.post(s.url("/files/")).header("origin", "http://app.example").header("tus-resumable", "1.0.0").header("upload-length", "1").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+}
+
+#[tokio::test]
+async fn without_tokens_only_this_servers_host_names_are_served() {
+    let s = Server::start(&["--public-url", "http://files.internal:9000"]);
+    let c = client();
+    for (host, ok) in [("127.0.0.1", true), ("localhost:1234", true), ("files.internal", true), ("evil.example", false), ("evil.example:80", false)] {
+        let r = c.get(s.url("/api/v1/files")).header("host", host).send().await.unwrap();
+        if ok {
+            assert_eq!(r.status(), 200, "{host}");
+        } else {
+            problem(r, 403, "unauthorized").await;
+        }
+    }
+}
+
+#[test]
+fn a_second_server_on_the_same_data_dir_is_refused() {
+    let first = Server::start(&[]);
+    let out = std::process::Command::new(common::ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&first.data)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another ferry process is serving the data directory"), "{err}");
+}
+
+#[tokio::test]
+async fn a_plain_head_does_not_interrupt_an_upload() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(2 << 20).await;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Vec<u8>, std::io::Error>>();
+    tx.unbounded_send(Ok(vec![1u8; 1 << 20])).unwrap();
+    let c = t.c.clone();
+    let u = t.abs(&url);
+    let patch = tokio::spawn(async move {
+        c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(reqwest::Body::wrap_stream(rx)).send().await.unwrap().status()
+    });
+    // Wait until the server has the first MiB (the REST file info never interrupts).
+    let api = common::Api::new(&s);
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let mut seen = 0;
+    for _ in 0..200 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        seen = api.file(&id).await["offset"].as_u64().unwrap();
+        if seen > 0 {
+            break;
+        }
+    }
+    // A plain HEAD (no Tus-Resumable) reads; the PATCH goes on.
+    let r = client().head(t.abs(&url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    tx.unbounded_send(Ok(vec![2u8; 1 << 20])).unwrap();
+    drop(tx);
+    assert_eq!(patch.await.unwrap(), 204, "the PATCH was not stopped by the reader");
+    assert_eq!(t.offset(&url).await, 2 << 20);
+}
