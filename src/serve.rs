@@ -58,6 +58,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let signer = UrlSigner::load_or_create(&cfg.data, cfg.url_secret.as_deref()).context("loading the URL-signing secret")?;
+    if cfg.public_url.is_none() && addr.ip().is_unspecified() {
+        tracing::warn!(%addr, "listening on a wildcard address without --public-url: signed URLs and MCP results will name {addr}, which clients cannot reach; set --public-url");
+    }
     let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")), signer);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let state = AppState {
