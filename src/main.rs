@@ -57,7 +57,7 @@ fn token_create(name: &str, config: &std::path::Path) -> anyhow::Result<String> 
     }
     let token = ferry::http::auth::new_token();
     let entry = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", ferry::http::auth::token_hash(&token));
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(config)?;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(config).map_err(|e| anyhow::anyhow!("opening {}: {e}", config.display()))?;
     f.write_all(entry.as_bytes())?;
     f.sync_all()?;
     Ok(token)

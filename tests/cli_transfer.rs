@@ -463,3 +463,302 @@ async fn share_prints_a_signed_url() {
     let o = out(ferry(&s.base, &cache, &["share", "nosuchfile", "--ttl", "1h"]).env("FERRY_TOKEN", token));
     assert_eq!(code(&o), 3, "{}", stderr(&o));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Regressions from a new user's first session.
+
+/// The mode bits of `p` (following symlinks).
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// `-o` naming something other than a missing path or a regular file: a character device or a
+/// FIFO is written into (no `.part`, no rename, no `--force` needed), a symlink is followed,
+/// a replaced regular file keeps its mode, and `-o DIR` writes the server's name inside DIR.
+#[tokio::test]
+async fn download_writes_through_devices_fifos_and_symlinks() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let data = pseudo_random(700_000, 20);
+    let sha = sha256_hex(&data);
+    let id = Api::new(&s).upload(&data, "dev.bin").await;
+
+    // -o /dev/null: a verify-only download, without --force; /dev/null stays a device.
+    let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", "/dev/null", "-q"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("/dev/null\t{sha}\n"));
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(!Path::new("/dev/null.part").exists() && !Path::new("/dev/null.part.json").exists());
+    // With --force, on a null device of our own (root only: mknod), so a regression can never
+    // replace the real /dev/null.
+    let null = dir.path().join("null");
+    if Command::new("mknod").arg(&null).args(["c", "1", "3"]).status().is_ok_and(|st| st.success()) {
+        let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", null.to_str().unwrap(), "--force", "-q"]));
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        assert!(std::fs::metadata(&null).unwrap().file_type().is_char_device(), "the device was replaced");
+    }
+
+    // A FIFO: the bytes arrive at its reader; it is still a FIFO afterwards.
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(&fifo).unwrap())
+    };
+    let o = out_async(ferry(&s.base, &cache, &["download", &id, "-o", fifo.to_str().unwrap(), "-q"])).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(sha256_hex(&reader.join().unwrap()), sha);
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+
+    // A symlink to a regular file (mode 600), with --force: the target is replaced, keeping its
+    // mode; the link stays a link.
+    let target = dir.path().join("real.bin");
+    std::fs::write(&target, b"old").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = dir.path().join("link.bin");
+    std::os::unix::fs::symlink("real.bin", &link).unwrap();
+    let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", link.to_str().unwrap(), "-q"]));
+    assert_eq!(code(&o), 2, "an existing target needs --force: {}", stderr(&o));
+    let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", link.to_str().unwrap(), "--force", "-q"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the symlink was replaced");
+    assert_eq!(sha256_hex(&std::fs::read(&target).unwrap()), sha);
+    assert_eq!(mode(&target), 0o600);
+    // A dangling symlink: its target is created.
+    let dangling = dir.path().join("dangling.bin");
+    std::os::unix::fs::symlink(dir.path().join("sub-target.bin"), &dangling).unwrap();
+    let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", dangling.to_str().unwrap(), "-q"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink());
+    assert_eq!(sha256_hex(&std::fs::read(dir.path().join("sub-target.bin")).unwrap()), sha);
+
+    // A plain regular file (mode 640) replaced with --force keeps its mode.
+    let plain = dir.path().join("plain.bin");
+    std::fs::write(&plain, b"old").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", plain.to_str().unwrap(), "--force", "-q"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!((sha256_hex(&std::fs::read(&plain).unwrap()), mode(&plain)), (sha.clone(), 0o640));
+
+    // -o DIR: the server's file name inside it.
+    let into = dir.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+    let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", into.to_str().unwrap(), "-q"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(sha256_hex(&std::fs::read(into.join("dev.bin")).unwrap()), sha);
+}
+
+/// `ferry ls --limit N` sends `?limit=N` as a query (it once went into the path: 404), and
+/// the API's range 1..=1000 is checked locally.
+#[tokio::test]
+async fn ls_limit_is_a_query_parameter() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let api = Api::new(&s);
+    for i in 0..3 {
+        api.upload(&pseudo_random(1000, 30 + i), &format!("f{i}.bin")).await;
+    }
+    let l = ok_json(&out(&mut ferry(&s.base, &cache, &["ls", "--json", "--limit", "2"])));
+    assert_eq!(l["files"].as_array().unwrap().len(), 2, "{l}");
+    let o = out(&mut ferry(&s.base, &cache, &["ls", "--limit", "2"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 3, "header + 2 rows: {}", stdout(&o));
+    assert!(stderr(&o).contains("--limit"), "a note that older files are not shown: {}", stderr(&o));
+    let o = out(&mut ferry(&s.base, &cache, &["ls"]));
+    assert_eq!(stdout(&o).lines().count(), 4, "{}", stdout(&o));
+    assert!(!stderr(&o).contains("--limit"), "{}", stderr(&o));
+    for bad in ["0", "1001"] {
+        let o = out(&mut ferry(&s.base, &cache, &["ls", "--limit", bad]));
+        assert_eq!(code(&o), 2, "--limit {bad}: {}", stderr(&o));
+    }
+    let o = out(&mut ferry(&s.base, &cache, &["ls", "--help"]));
+    assert!(stdout(&o).contains("1000") && stdout(&o).contains("100"), "{}", stdout(&o));
+}
+
+/// A reader that closes stdout early (`ferry ls | head`): exit 0, no panic, no backtrace.
+#[tokio::test]
+async fn closed_stdout_is_a_quiet_exit() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let data = pseudo_random(3 << 20, 31);
+    let id = Api::new(&s).upload(&data, "pipe.bin").await;
+    let runs: [&[&str]; 6] = [
+        &["ls"],
+        &["ls", "--json"],
+        &["status", &id],
+        &["share", &id],
+        &["download", &id, "-o", "-", "-q"],
+        &["task", "list"],
+    ];
+    for args in runs {
+        let mut c = ferry(&s.base, &cache, args);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped()).env("RUST_BACKTRACE", "1");
+        let mut child = c.spawn().unwrap();
+        // Close the read end before the command has its answer to print.
+        drop(child.stdout.take());
+        let o = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+        assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked") && !stderr(&o).contains("Broken pipe"), "{args:?}: {}", stderr(&o));
+    }
+}
+
+/// `ferry rm A nope B`: every id is tried, each failure reported, exit code of the first.
+#[tokio::test]
+async fn rm_tries_every_id() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let api = Api::new(&s);
+    let a = api.upload(&pseudo_random(1000, 40), "a.bin").await;
+    let b = api.upload(&pseudo_random(1000, 41), "b.bin").await;
+    let o = out(&mut ferry(&s.base, &cache, &["rm", &a, "nope", "zzz", &b]));
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("nope:") && err.contains("zzz:"), "every failure is reported: {err}");
+    assert!(err.contains("DELETE /files/nope"), "{err}");
+    for id in [&a, &b] {
+        assert_eq!(api.get(&format!("/api/v1/files/{id}")).await.status(), 404, "{id} was not deleted: {err}");
+    }
+}
+
+/// `--parallel`: once the final upload verifies, its partial uploads are deleted (they held a
+/// second copy of the file), and `ferry rm FINAL` leaves nothing behind.
+#[tokio::test]
+async fn parallel_upload_deletes_its_parts() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (src, sha) = source(dir.path(), "parts.bin", 3 * 1024 * 1024 + 5, 50);
+    let v = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", "--parallel", "3", src.to_str().unwrap()])));
+    assert_eq!(v["sha256"], sha.as_str());
+    let url = v["url"].as_str().unwrap();
+    let tus = Tus::new(&s);
+    let concat = header(&tus.head(url).await, "upload-concat").unwrap().to_string();
+    let parts: Vec<String> = concat.strip_prefix("final;").unwrap().split(' ').map(|p| tus.abs(p)).collect();
+    assert_eq!(parts.len(), 3);
+    for p in &parts {
+        assert_eq!(tus.head(p).await.status(), 404, "part {p} is still there");
+    }
+    let l = ok_json(&out(&mut ferry(&s.base, &cache, &["ls", "--json"])));
+    assert_eq!(l["files"].as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(server_sha256(url).await, sha);
+    // Re-run: verified from the remembered final upload, nothing sent.
+    let again = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", "--parallel", "3", src.to_str().unwrap()])));
+    assert_eq!((again["url"].as_str(), again["sent"].as_u64()), (Some(url), Some(0)));
+    let o = out(&mut ferry(&s.base, &cache, &["rm", url]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let l = ok_json(&out(&mut ferry(&s.base, &cache, &["ls", "--json"])));
+    assert_eq!(l["files"].as_array().unwrap().len(), 0, "{l}");
+}
+
+/// A wrong `--meta sha256=` fails with exit 4 once, and the next run starts a new upload
+/// (the rejected one is forgotten and deleted); other `--meta` starts a new upload too.
+#[tokio::test]
+async fn wrong_declared_sha256_is_not_resumed_forever() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (src, sha) = source(dir.path(), "decl.bin", 2 * 1024 * 1024 + 1, 60);
+    let wrong = format!("sha256={}", "0".repeat(64));
+    for parallel in ["1", "3"] {
+        let o = out(&mut ferry(&s.base, &cache, &["upload", "-q", "--fresh", "--parallel", parallel, "--meta", &wrong, src.to_str().unwrap()]));
+        assert_eq!(code(&o), 4, "--parallel {parallel}: {}", stderr(&o));
+        assert!(stderr(&o).contains("sha256"), "{}", stderr(&o));
+        let v = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", "--parallel", parallel, src.to_str().unwrap()])));
+        assert_eq!(v["sha256"], sha.as_str());
+        assert_eq!(server_sha256(v["url"].as_str().unwrap()).await, sha);
+    }
+    let o = out(&mut ferry(&s.base, &cache, &["upload", "-q", "--fresh", "--meta", &wrong, src.to_str().unwrap()]));
+    assert!(stderr(&o).contains("next run starts a new upload"), "{}", stderr(&o));
+    // The rejected single upload is gone from the server: only the two good ones are listed.
+    let l = ok_json(&out(&mut ferry(&s.base, &cache, &["ls", "--json"])));
+    assert_eq!(l["files"].as_array().unwrap().len(), 2, "{l}");
+
+    // Other --meta: a new upload carrying it, not the remembered one.
+    let (src2, _) = source(dir.path(), "meta.bin", 10_000, 61);
+    let a = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", "--meta", "filename=one.bin", src2.to_str().unwrap()])));
+    let b = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", "--meta", "filename=two.bin", src2.to_str().unwrap()])));
+    assert_ne!(a["url"], b["url"]);
+    assert_eq!(b["resumed_from"], 0);
+    let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", b["id"].as_str().unwrap()])));
+    assert_eq!(st["name"], "two.bin");
+    // No --meta: the remembered upload, whatever its metadata.
+    let c = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", src2.to_str().unwrap()])));
+    assert_eq!((&c["url"], &c["sent"]), (&b["url"], &Value::from(0)), "{c}");
+}
+
+/// The URL store is keyed by server and token: two principals uploading the same file keep
+/// their own remembered uploads.
+#[tokio::test]
+async fn url_store_is_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cfg = dir.path().join("ferry.toml");
+    let (t1, t2) = ("fy_cli_store_one", "fy_cli_store_two");
+    std::fs::write(&cfg, format!("[[tokens]]\nprincipal = \"one\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"two\"\nsha256 = \"{}\"\n", sha256_hex(t1.as_bytes()), sha256_hex(t2.as_bytes()))).unwrap();
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let (src, _) = source(dir.path(), "shared.bin", 100_000, 70);
+    let up = |token: &str| out(ferry(&s.base, &cache, &["upload", "--json", "-q", src.to_str().unwrap()]).env("FERRY_TOKEN", token));
+    let a = ok_json(&up(t1));
+    let b = ok_json(&up(t2));
+    assert_ne!(a["url"], b["url"]);
+    assert_eq!(b["sent"], 100_000);
+    let a2 = ok_json(&up(t1));
+    let b2 = ok_json(&up(t2));
+    assert_eq!((&a2["url"], &a2["sent"]), (&a["url"], &Value::from(0)), "{a2}");
+    assert_eq!((&b2["url"], &b2["sent"]), (&b["url"], &Value::from(0)), "{b2}");
+    // The store never holds a token.
+    let store = std::fs::read_to_string(cache.join("uploads.json")).unwrap();
+    assert!(!store.contains(t1) && !store.contains(t2), "{store}");
+}
+
+/// A file rewritten while it is being uploaded: exit 4, not success.
+#[tokio::test]
+async fn upload_of_a_file_that_changes_exits_4() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let size = 16 * 1024 * 1024;
+    let (src, _) = source(dir.path(), "moving.bin", size, 80);
+    let proxy = Proxy::start(s.addr(), 2 << 20, u64::MAX).await;
+    let child = ferry(&proxy.base, &cache, &["upload", "-q", "--chunk-size", "1MiB", src.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_until("1 MiB at the server", || async { metric(&s, "ferry_bytes_received_total").await >= 1 << 20 }).await;
+    // Same size, new bytes, a later mtime.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&src, pseudo_random(size, 81)).unwrap();
+    proxy.up.open();
+    let o = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("{} changed while it was being uploaded; re-run with --fresh", src.display())), "{}", stderr(&o));
+}
+
+/// Error messages name the request really sent; `--server` is optional in usage lines even
+/// when FERRY_SERVER / FERRY_TOKEN are set, and its default is in --help.
+#[tokio::test]
+async fn messages_name_real_routes_and_server_is_optional() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let o = out(&mut ferry(&s.base, &cache, &["status", "nosuchfile"]));
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("GET /api/v1/files/nosuchfile:"), "{}", stderr(&o));
+    let o = out(&mut ferry(&s.base, &cache, &["share", "nosuchfile"]));
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("POST /api/v1/files/nosuchfile/share:"), "{}", stderr(&o));
+    for cmd in ["upload", "rm", "download"] {
+        let o = out(ferry(&s.base, &cache, &[cmd]).env("FERRY_TOKEN", "x"));
+        assert_eq!(code(&o), 2);
+        let usage = stderr(&o).lines().find(|l| l.starts_with("Usage:")).unwrap_or_default().to_string();
+        assert!(usage.starts_with(&format!("Usage: ferry {cmd} <")), "{usage}\n{}", stderr(&o));
+        let o = out(&mut ferry(&s.base, &cache, &[cmd, "--help"]));
+        assert!(stdout(&o).contains("[default: http://127.0.0.1:8080]") && stdout(&o).contains("FERRY_SERVER"), "{}", stdout(&o));
+    }
+    // --server beats FERRY_SERVER; FERRY_SERVER is used without it.
+    let o = out(ferry("http://127.0.0.1:1", &cache, &["ls", "--server", &s.base]).arg("--retry-for").arg("1s"));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}

@@ -83,6 +83,7 @@ async fn a_plain_head_does_not_interrupt_an_upload() {
             break;
         }
     }
+    assert!(seen > 0, "the first MiB arrived");
     // A plain HEAD (no Tus-Resumable) reads; the PATCH goes on.
     let r = client().head(t.abs(&url)).send().await.unwrap();
     assert_eq!(r.status(), 200);

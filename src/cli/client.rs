@@ -15,10 +15,13 @@ Exit codes (upload, download, ls, status, rm, share):
   1  other failure: an unexpected answer from the server, a local I/O error
   2  usage or configuration error, or the server refused the request as invalid (other 4xx)
   3  not found: the server has no such file (404) or it expired (410); a local FILE is missing
-  4  verification failed: the sha256 of the bytes differs from the server's
+  4  verification failed: the sha256 of the bytes differs from the server's or from a
+     declared --meta sha256 (460), or the file changed while it was being uploaded
   5  network: the server could not be reached, or kept failing (5xx, 423 locked) until
      --retry-for ran out
   6  authentication: the token is missing, unknown or not allowed (401, 403)
+With several files (upload) or ids (rm), every one is tried and the exit code is the first
+failure's. A closed stdout (`ferry ls | head`) ends a command quietly with 0.
 `ferry task` has its own exit codes: see `ferry task --help`.";
 
 /// Exit code: an unexpected answer or a local I/O error.
@@ -34,21 +37,40 @@ pub const EXIT_NETWORK: u8 = 5;
 /// Exit code: 401 / 403.
 pub const EXIT_AUTH: u8 = 6;
 
+/// Default `--server` when neither the flag nor `FERRY_SERVER` is set.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
+
 /// Where the server is and who we are.
+///
+/// `FERRY_SERVER` / `FERRY_TOKEN` are read here rather than through clap's `env`: clap counts
+/// a value from the environment as "given", and its usage lines then show the option as if it
+/// were required (`Usage: ferry rm --server <URL> <ID|URL>...`).
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
-    /// Base URL of the ferry server.
-    #[arg(long, env = "FERRY_SERVER", default_value = "http://127.0.0.1:8080", global = true, help_heading = "Connection")]
-    pub server: String,
-    /// Bearer token (from `ferry token create NAME`); not needed when the server has no tokens.
-    #[arg(long, env = "FERRY_TOKEN", hide_env_values = true, global = true, help_heading = "Connection")]
+    /// Base URL of the ferry server [env: FERRY_SERVER] [default: http://127.0.0.1:8080]
+    #[arg(long, value_name = "URL", global = true, help_heading = "Connection")]
+    pub server: Option<String>,
+    /// Bearer token (from `ferry token create NAME`); not needed when the server has no
+    /// tokens [env: FERRY_TOKEN]
+    #[arg(long, value_name = "TOKEN", global = true, help_heading = "Connection")]
     pub token: Option<String>,
 }
 
+/// A non-empty environment variable.
+fn env_nonempty(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
 impl Connection {
+    /// `--server`, else `FERRY_SERVER`, else [`DEFAULT_SERVER`].
+    pub fn server(&self) -> String {
+        self.server.clone().or_else(|| env_nonempty("FERRY_SERVER")).unwrap_or_else(|| DEFAULT_SERVER.to_string())
+    }
+
     /// The server's base URL without a trailing slash; only `http://` (this build has no TLS).
     pub fn base(&self) -> Result<reqwest::Url, CliError> {
-        let base = self.server.trim_end_matches('/');
+        let server = self.server();
+        let base = server.trim_end_matches('/');
         let url = reqwest::Url::parse(base).map_err(|e| CliError::usage(format!("--server {base:?} is not a URL: {e}")))?;
         if url.scheme() != "http" {
             return Err(CliError::usage(format!("--server must be an http:// URL (this build has no TLS), got {base:?}")));
@@ -56,9 +78,19 @@ impl Connection {
         Ok(url)
     }
 
-    /// The token, if one is set and not empty.
+    /// The token (`--token`, else `FERRY_TOKEN`), if one is set and not empty.
     pub fn token(&self) -> Option<String> {
-        self.token.clone().filter(|t| !t.is_empty())
+        self.token.clone().or_else(|| std::env::var("FERRY_TOKEN").ok()).filter(|t| !t.is_empty())
+    }
+}
+
+/// Who the token says we are, for keys of local state (the upload URL store): the first 16 hex
+/// digits of the token's sha256, or `anonymous`. Never the token itself.
+pub fn token_identity(token: Option<&str>) -> String {
+    use sha2::Digest as _;
+    match token {
+        Some(t) => hex::encode(&sha2::Sha256::digest(t.as_bytes())[..8]),
+        None => "anonymous".to_string(),
     }
 }
 
@@ -109,11 +141,24 @@ pub struct CliError {
     pub code: u8,
     pub message: String,
     pub hint: Option<String>,
+    /// The problem's `code` when the error is an answer from the server (e.g.
+    /// `checksum_mismatch`).
+    pub server_code: Option<String>,
 }
 
 impl CliError {
     pub fn new(code: u8, message: impl Into<String>) -> CliError {
-        CliError { code, message: message.into(), hint: None }
+        CliError { code, message: message.into(), hint: None, server_code: None }
+    }
+
+    /// Stop quietly with exit code 0: stdout was closed by its reader (`ferry ls | head`).
+    pub fn quiet() -> CliError {
+        CliError::new(0, "")
+    }
+
+    /// Did the server answer with this problem `code`?
+    pub fn is_server_code(&self, code: &str) -> bool {
+        self.server_code.as_deref() == Some(code)
     }
 
     pub fn usage(message: impl Into<String>) -> CliError {
@@ -127,6 +172,9 @@ impl CliError {
 
     /// Print `ferry: MESSAGE` (and `hint: …`) on stderr.
     pub fn print(&self) {
+        if self.message.is_empty() {
+            return;
+        }
         eprintln!("ferry: {}", self.message);
         if let Some(h) = &self.hint {
             eprintln!("hint: {h}");
@@ -140,6 +188,8 @@ impl CliError {
         let code = match status {
             401 | 403 => EXIT_AUTH,
             404 | 410 => EXIT_NOT_FOUND,
+            // The bytes do not match a declared sha256 (or a chunk's Upload-Checksum).
+            460 => EXIT_VERIFY,
             423 | 429 | 500..=599 => EXIT_NETWORK,
             400..=499 => EXIT_USAGE,
             _ => EXIT_FAILURE,
@@ -151,6 +201,7 @@ impl CliError {
             _ => body.trim().chars().take(300).collect(),
         };
         let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
+        e.server_code = problem.code.clone();
         e.hint = problem.recovery_hint.filter(|h| !h.is_empty()).or_else(|| match code {
             EXIT_AUTH => Some("Pass a token with --token or FERRY_TOKEN (see `ferry token create`).".into()),
             _ => None,
@@ -289,10 +340,14 @@ impl Client {
         }
     }
 
-    /// A JSON API call (`/api/v1…`) with retries; a non-2xx answer becomes a [`CliError`].
-    pub async fn api(&self, retry: &mut Retry, method: reqwest::Method, path: &str, body: Option<String>) -> Result<String, CliError> {
-        let url = self.url(&format!("/api/v1{path}"));
-        let what = format!("{method} {path}");
+    /// A JSON API call (`/api/v1{path}` with the `query` pairs) with retries; a non-2xx answer
+    /// becomes a [`CliError`] naming the request (`GET /api/v1/files?limit=5`).
+    pub async fn api(&self, retry: &mut Retry, method: reqwest::Method, path: &str, query: &[(&str, String)], body: Option<String>) -> Result<String, CliError> {
+        let mut url = self.url(&format!("/api/v1{path}"));
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        let what = describe(&method, &url);
         let res = self
             .send_retrying(retry, &what, || {
                 let mut r = self.request(method.clone(), &url);
@@ -308,6 +363,20 @@ impl Client {
             return Err(CliError::from_status(&what, status, &text));
         }
         Ok(text)
+    }
+
+    /// `DELETE` an upload (TUS 1.0 §Termination) with retries.
+    pub async fn terminate(&self, retry: &mut Retry, url: &reqwest::Url) -> Result<(), CliError> {
+        let what = describe(&reqwest::Method::DELETE, url);
+        let res = self
+            .send_retrying(retry, &what, || self.request(reqwest::Method::DELETE, url).header("tus-resumable", super::upload::TUS_VERSION))
+            .await?;
+        let status = res.status().as_u16();
+        if !(200..300).contains(&status) {
+            let body = res.text().await.unwrap_or_default();
+            return Err(CliError::from_status(&what, status, &body));
+        }
+        Ok(())
     }
 }
 
@@ -379,6 +448,32 @@ pub fn run_command<F: std::future::Future<Output = Result<(), CliError>>>(f: imp
             e.print();
             std::process::ExitCode::from(e.code)
         }
+    }
+}
+
+/// Print `line` and a newline on stdout. A closed stdout (`EPIPE`, e.g. `ferry ls | head`)
+/// becomes [`CliError::quiet`]: the command stops with exit code 0 and prints nothing more.
+pub fn print_line(line: &str) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let r = out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush());
+    r.map_err(|e| stdout_error(&e))
+}
+
+/// A failed write to stdout: quiet for `EPIPE`, else exit code 1.
+pub fn stdout_error(e: &std::io::Error) -> CliError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        CliError::quiet()
+    } else {
+        CliError::new(EXIT_FAILURE, format!("writing to stdout: {e}"))
+    }
+}
+
+/// `METHOD /path?query` of a request, for messages.
+pub fn describe(method: &reqwest::Method, url: &reqwest::Url) -> String {
+    match url.query() {
+        Some(q) => format!("{method} {}?{q}", url.path()),
+        None => format!("{method} {}", url.path()),
     }
 }
 

@@ -7,6 +7,13 @@
 //! computed over every byte written (the kept prefix is re-read on resume) and compared with
 //! the server's `Repr-Digest: sha-256=:…:` (RFC 9530 §2); only then is `PATH.part` renamed to
 //! `PATH`. A mismatch deletes the partial file and exits with code 4.
+//!
+//! The rename never replaces anything but a regular file: a symlink `PATH` is followed (the
+//! `.part` file goes next to its target, which the rename replaces), and an existing `PATH`
+//! that is a character device or FIFO (`-o /dev/null` to only verify) is written straight
+//! into — no `.part`, no rename, no resume. A block device is written into only with
+//! `--force`. A regular file replaced with `--force` keeps its permissions (and, when
+//! allowed, its owner).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,8 +25,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{
-    header_str, id_of, parse_duration, repr_digest_sha256, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_USAGE,
-    EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, CliError, Client, Connection, Retry, EXIT_FAILURE,
+    EXIT_NETWORK, EXIT_USAGE, EXIT_VERIFY, TRANSFER_EXIT_CODES,
 };
 use super::progress::Progress;
 
@@ -36,10 +43,13 @@ pub struct DownloadArgs {
     #[arg(value_name = "ID|URL")]
     pub target: String,
     /// Where to write (`-` for stdout, which cannot resume). Default: the file's name from the
-    /// server (`Content-Disposition`), else its id, in the current directory.
+    /// server (`Content-Disposition`), else its id, in the current directory; an existing
+    /// directory gets that name inside it. A symlink is followed; an existing character device
+    /// or FIFO (e.g. `/dev/null`, to only verify) is written into directly, without resuming.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
-    /// Overwrite PATH if it exists.
+    /// Replace PATH if it is an existing regular file (keeping its permissions), or write into
+    /// it if it is a block device.
     #[arg(long)]
     pub force: bool,
     /// Keep retrying network errors and 5xx for this long without progress, then give up with
@@ -87,48 +97,147 @@ struct Done {
     received: u64,
 }
 
+/// Where the bytes go.
+enum Output {
+    Stdout,
+    /// An existing device or FIFO, written into directly (no `.part`, no rename, no resume).
+    Direct(PathBuf),
+    /// `PATH.part`, renamed to `PATH` once verified (`PATH` has no symlink left to follow).
+    Part(PathBuf),
+}
+
+/// At most this many symlinks are followed (like the kernel's `ELOOP` limit).
+const MAX_SYMLINKS: usize = 40;
+
+/// `path` with every symlink it names followed (also a dangling one: its target is where the
+/// file will be created).
+fn follow_symlinks(path: &Path) -> Result<PathBuf, CliError> {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_SYMLINKS {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot read the symlink {}: {e}", p.display())))?;
+                p = match p.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(CliError::usage(format!("{}: too many levels of symbolic links", path.display())))
+}
+
+/// Decide what to do with the output path (see the module docs).
+fn output_for(path: &Path, force: bool) -> Result<Output, CliError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let resolved = follow_symlinks(path)?;
+    let md = match std::fs::metadata(&resolved) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Output::Part(resolved)),
+        Err(e) => return Err(CliError::new(EXIT_FAILURE, format!("cannot inspect {}: {e}", path.display()))),
+    };
+    let ft = md.file_type();
+    if ft.is_file() {
+        if !force {
+            return Err(CliError::new(EXIT_USAGE, format!("{} already exists", path.display())).hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
+        }
+        return Ok(Output::Part(resolved));
+    }
+    if ft.is_char_device() || ft.is_fifo() {
+        return Ok(Output::Direct(resolved));
+    }
+    if ft.is_block_device() {
+        if !force {
+            return Err(CliError::new(EXIT_USAGE, format!("{} is a block device", path.display())).hint("Pass --force to write the file onto it."));
+        }
+        return Ok(Output::Direct(resolved));
+    }
+    if ft.is_dir() {
+        return Err(CliError::new(EXIT_USAGE, format!("{} is a directory", path.display())).hint("Pass -o DIR/NAME."));
+    }
+    Err(CliError::new(EXIT_USAGE, format!("{} exists and is not a regular file, device or FIFO", path.display())))
+}
+
 async fn execute(args: DownloadArgs) -> Result<(), CliError> {
     let client = Client::new(&args.conn, READ_TIMEOUT)?;
     let url = client.file_url(&args.target)?;
     let mut retry = Retry::new(args.retry_for);
     let probe = probe(&client, &mut retry, &url).await?;
-    let to_stdout = args.output.as_deref() == Some(Path::new("-"));
-    let path = match &args.output {
-        Some(p) => p.clone(),
-        None => PathBuf::from(probe.filename.clone().unwrap_or_else(|| id_of(&url))),
+    let server_name = || PathBuf::from(probe.filename.clone().unwrap_or_else(|| id_of(&url)));
+    let (shown, output) = match &args.output {
+        Some(p) if p.as_os_str() == "-" => (PathBuf::from("-"), Output::Stdout),
+        Some(p) => {
+            // `-o DIR` (not a symlink to a device): the server's name inside it.
+            let p = if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) { p.join(server_name()) } else { p.clone() };
+            let o = output_for(&p, args.force)?;
+            (p, o)
+        }
+        None => {
+            let p = server_name();
+            let o = output_for(&p, args.force)?;
+            (p, o)
+        }
     };
-    let label = if to_stdout { id_of(&url) } else { path.display().to_string() };
-    if !to_stdout && path.exists() && !args.force {
-        return Err(CliError::new(EXIT_USAGE, format!("{} already exists", path.display())).hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
-    }
+    let label = match output {
+        Output::Stdout => id_of(&url),
+        _ => shown.display().to_string(),
+    };
     let progress = Progress::new(&label, probe.total, 0, args.quiet);
-    let result = transfer(&client, &mut retry, &url, &probe, if to_stdout { None } else { Some(&path) }, &progress).await;
+    let result = transfer(&client, &mut retry, &url, &probe, &output, &progress).await;
     progress.finish();
     let (resumed_from, received, local) = result?;
     if let Some(server) = &probe.sha256 {
         if *server != local {
-            if !to_stdout {
-                let _ = std::fs::remove_file(part_path(&path));
-                let _ = std::fs::remove_file(info_path(&path));
-            }
-            return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: received {local}, the server declares {server} for {url}"))
-                .hint("The partial file was deleted; re-run to download it again."));
+            let hint = match &output {
+                Output::Part(path) => {
+                    let _ = std::fs::remove_file(part_path(path));
+                    let _ = std::fs::remove_file(info_path(path));
+                    "The partial file was deleted; re-run to download it again."
+                }
+                _ => "Re-run to download it again.",
+            };
+            return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: received {local}, the server declares {server} for {url}")).hint(hint));
         }
     } else {
         eprintln!("ferry: warning: the server sent no Repr-Digest for {url}; the sha256 {local} is not verified");
     }
-    if to_stdout {
-        return Ok(());
+    match &output {
+        Output::Stdout => return Ok(()),
+        Output::Direct(_) => {}
+        Output::Part(path) => {
+            replace(&part_path(path), path)?;
+            let _ = std::fs::remove_file(info_path(path));
+        }
     }
-    std::fs::rename(part_path(&path), &path).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot rename {} to {}: {e}", part_path(&path).display(), path.display())))?;
-    let _ = std::fs::remove_file(info_path(&path));
-    let done = Done { path: path.display().to_string(), url: url.to_string(), size: probe.total, sha256: local, resumed_from, received };
+    let done = Done { path: shown.display().to_string(), url: url.to_string(), size: probe.total, sha256: local, resumed_from, received };
     if args.json {
-        println!("{}", serde_json::to_string(&done).expect("serialises"));
+        print_line(&serde_json::to_string(&done).expect("serialises"))
     } else {
-        println!("{}\t{}", done.path, done.sha256);
+        print_line(&format!("{}\t{}", done.path, done.sha256))
     }
-    Ok(())
+}
+
+/// Rename the verified `part` to `path`, which must be missing or a regular file (never a
+/// symlink, device or FIFO that appeared since); a replaced file's mode (and owner, when
+/// allowed) carry over.
+fn replace(part: &Path, path: &Path) -> Result<(), CliError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let fail = |e: std::io::Error| CliError::new(EXIT_FAILURE, format!("cannot rename {} to {}: {e}", part.display(), path.display()));
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => {
+            // Only root may give a file away; for anyone else this fails quietly. (Before the
+            // mode: chown clears set-user-ID bits.)
+            let _ = std::os::unix::fs::chown(part, Some(m.uid()), Some(m.gid()));
+            std::fs::set_permissions(part, m.permissions()).map_err(fail)?;
+        }
+        Ok(_) => {
+            return Err(CliError::new(EXIT_FAILURE, format!("{} is no longer a regular file; not replacing it (the download is in {})", path.display(), part.display())));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e)),
+    }
+    std::fs::rename(part, path).map_err(fail)
 }
 
 /// `PATH.part`.
@@ -148,7 +257,7 @@ fn info_path(path: &Path) -> PathBuf {
 /// `GET` the first byte (`Range: bytes=0-0`): length, validators, digest and file name
 /// without transferring the body.
 async fn probe(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result<Probe, CliError> {
-    let what = format!("GET {url}");
+    let what = describe(&reqwest::Method::GET, url);
     let res = client.send_retrying(retry, &what, || client.request(reqwest::Method::GET, url).header("range", "bytes=0-0")).await?;
     let status = res.status().as_u16();
     let h = res.headers().clone();
@@ -198,14 +307,27 @@ fn disposition_filename(cd: &str) -> Option<String> {
     (!name.is_empty() && !name.starts_with('.') && !name.chars().any(char::is_control)).then_some(name)
 }
 
-/// Receive the file into `PATH.part` (or stdout), resuming and retrying. Returns
-/// (resumed_from, received, sha256 hex).
-async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe: &Probe, path: Option<&Path>, progress: &Progress) -> Result<(u64, u64, String), CliError> {
+/// Receive the file into `PATH.part` (or stdout, or a device), resuming and retrying.
+/// Returns (resumed_from, received, sha256 hex).
+async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe: &Probe, output: &Output, progress: &Progress) -> Result<(u64, u64, String), CliError> {
     let mut hasher = Sha256::new();
     let mut pos = 0u64;
-    let mut out: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match path {
-        None => Box::new(tokio::io::stdout()),
-        Some(p) => {
+    let path = match output {
+        Output::Part(p) => Some(p.as_path()),
+        _ => None,
+    };
+    let write_error = |e: std::io::Error| match output {
+        Output::Stdout => stdout_error(&e),
+        Output::Direct(p) | Output::Part(p) => CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display())),
+    };
+    let mut out: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match output {
+        Output::Stdout => Box::new(tokio::io::stdout()),
+        Output::Direct(p) => {
+            // Never created, truncated or renamed: it is a device or FIFO.
+            let f = tokio::fs::OpenOptions::new().write(true).open(p).await.map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot open {}: {e}", p.display())))?;
+            Box::new(f)
+        }
+        Output::Part(p) => {
             let part = part_path(p);
             let info = PartInfo { url: url.to_string(), etag: probe.etag.clone().unwrap_or_default() };
             let same = std::fs::read(info_path(p)).ok().and_then(|b| serde_json::from_slice::<PartInfo>(&b).ok()).is_some_and(|old| old == info && !info.etag.is_empty());
@@ -217,6 +339,10 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
             std::fs::write(info_path(p), serde_json::to_vec(&info).expect("serialises")).map_err(io)?;
             let mut f = tokio::fs::OpenOptions::new().create(true).read(true).write(true).truncate(false).open(&part).await.map_err(io)?;
             f.set_len(pos).await.map_err(io)?;
+            // Replacing a regular file: its bytes are no more readable while they arrive.
+            if let Some(m) = std::fs::symlink_metadata(p).ok().filter(|m| m.file_type().is_file()) {
+                std::fs::set_permissions(&part, m.permissions()).map_err(io)?;
+            }
             if pos > 0 {
                 progress.note(&format!("resuming at byte {pos} of {}", probe.total));
                 let mut buf = vec![0u8; 1 << 20];
@@ -237,7 +363,7 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
     let mut received = 0u64;
     progress.set(pos, false);
     while pos < probe.total {
-        let what = format!("GET {url} from byte {pos}");
+        let what = format!("{} from byte {pos}", describe(&reqwest::Method::GET, url));
         let res = client
             .send_retrying(retry, &what, || {
                 let mut r = client.request(reqwest::Method::GET, url);
@@ -286,7 +412,7 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
             match chunk {
                 Ok(b) => {
                     let b = if pos + b.len() as u64 > probe.total { b.slice(..(probe.total - pos) as usize) } else { b };
-                    out.write_all(&b).await.map_err(|e| CliError::new(EXIT_FAILURE, format!("writing the download: {e}")))?;
+                    out.write_all(&b).await.map_err(write_error)?;
                     hasher.update(&b);
                     pos += b.len() as u64;
                     received += b.len() as u64;
@@ -299,7 +425,7 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
                 }
             }
         }
-        out.flush().await.map_err(|e| CliError::new(EXIT_FAILURE, format!("writing the download: {e}")))?;
+        out.flush().await.map_err(write_error)?;
         if pos < probe.total {
             let err = failed.unwrap_or_else(|| CliError::new(EXIT_NETWORK, format!("{what}: the answer ended at byte {pos} of {}", probe.total)));
             retry.wait(err).await?;

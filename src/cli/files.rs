@@ -7,20 +7,24 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
-use super::client::{parse_duration, CliError, Client, Connection, Retry, EXIT_FAILURE, TRANSFER_EXIT_CODES};
-use super::upload::TUS_VERSION;
+use super::client::{parse_duration, print_line, CliError, Client, Connection, Retry, EXIT_FAILURE, TRANSFER_EXIT_CODES};
 
 /// Requests of these commands fail after this long without an answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// `ferry ls`: your files on the server.
+/// Files `ferry ls` lists without `--limit` (the server's default).
+const LS_DEFAULT_LIMIT: u32 = 100;
+
+/// `ferry ls`: your files on the server, newest first: the newest 100 unless `--limit` says
+/// otherwise (at most 1000).
 #[derive(Debug, Args)]
 #[command(after_help = TRANSFER_EXIT_CODES)]
 pub struct LsArgs {
     #[command(flatten)]
     pub conn: Connection,
-    /// At most this many, newest first (server default 100, at most 1000).
-    #[arg(long, value_name = "N")]
+    /// Show at most the newest N files, 1 to 1000 (the server's cap). Default: 100, so older
+    /// files are not shown when you have more.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: Option<u32>,
     /// Print the server's JSON (`{"files": [...]}`) instead of a table.
     #[arg(long)]
@@ -43,7 +47,8 @@ pub struct StatusArgs {
     pub retry_for: Duration,
 }
 
-/// `ferry rm ID|URL`: delete a file or an unfinished upload (TUS termination).
+/// `ferry rm ID|URL...`: delete files or unfinished uploads (TUS termination). Every id is
+/// tried; each failure is reported on stderr and the exit code is the first failure's.
 #[derive(Debug, Args)]
 #[command(after_help = TRANSFER_EXIT_CODES)]
 pub struct RmArgs {
@@ -83,15 +88,10 @@ pub struct ShareArgs {
 pub fn ls(args: LsArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
         let client = Client::new(&args.conn, READ_TIMEOUT)?;
-        let path = match args.limit {
-            Some(0) => return Err(CliError::usage("--limit must be at least 1")),
-            Some(n) => format!("/files?limit={n}"),
-            None => "/files".into(),
-        };
-        let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &path, None).await?;
+        let query: Vec<(&str, String)> = args.limit.map(|n| ("limit", n.to_string())).into_iter().collect();
+        let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, "/files", &query, None).await?;
         if args.json {
-            println!("{}", body.trim_end());
-            return Ok(());
+            return print_line(body.trim_end());
         }
         #[derive(Deserialize)]
         struct List {
@@ -108,7 +108,8 @@ pub fn ls(args: LsArgs) -> std::process::ExitCode {
             complete: bool,
         }
         let list: List = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file list is not as expected: {e}")))?;
-        println!("{:<26}  {:>15}  {:<16}  NAME", "ID", "SIZE", "STATE");
+        let shown = list.files.len();
+        print_line(&format!("{:<26}  {:>15}  {:<16}  NAME", "ID", "SIZE", "STATE"))?;
         for f in list.files {
             let state = match (f.complete, f.size) {
                 (true, _) => "complete".to_string(),
@@ -116,7 +117,11 @@ pub fn ls(args: LsArgs) -> std::process::ExitCode {
                 (false, _) => format!("{} bytes uploaded", f.offset),
             };
             let size = f.size.map_or_else(|| "?".to_string(), |s| s.to_string());
-            println!("{:<26}  {:>15}  {:<16}  {}", f.id, size, state, f.name.unwrap_or_default());
+            print_line(&format!("{:<26}  {:>15}  {:<16}  {}", f.id, size, state, f.name.unwrap_or_default()))?;
+        }
+        let limit = args.limit.unwrap_or(LS_DEFAULT_LIMIT);
+        if shown as u64 >= u64::from(limit) && limit < 1000 {
+            eprintln!("ferry: showing the newest {shown} files; older ones may exist (--limit N shows up to 1000)");
         }
         Ok(())
     })
@@ -126,9 +131,8 @@ pub fn status(args: StatusArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
         let client = Client::new(&args.conn, READ_TIMEOUT)?;
         let path = format!("/files/{}", super::client::id_segment(&args.id)?);
-        let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &path, None).await?;
-        println!("{}", body.trim_end());
-        Ok(())
+        let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &path, &[], None).await?;
+        print_line(body.trim_end())
     })
 }
 
@@ -136,24 +140,47 @@ pub fn rm(args: RmArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
         let client = Client::new(&args.conn, READ_TIMEOUT)?;
         let store = super::store::Store::open().ok();
+        let mut first_err: Option<CliError> = None;
         for id in &args.ids {
-            let url = client.file_url(id)?;
-            let what = format!("DELETE {url}");
-            let res = client
-                .send_retrying(&mut Retry::new(args.retry_for), &what, || client.request(reqwest::Method::DELETE, &url).header("tus-resumable", TUS_VERSION))
-                .await?;
-            let status = res.status().as_u16();
-            if !(200..300).contains(&status) {
-                let body = res.text().await.unwrap_or_default();
-                return Err(CliError::from_status(&what, status, &body));
+            match rm_one(&client, store.as_ref(), id, args.retry_for).await {
+                Ok(url) => eprintln!("ferry: deleted {url}"),
+                Err(e) => {
+                    let e = CliError { message: format!("{id}: {}", e.message), ..e };
+                    if args.ids.len() > 1 {
+                        e.print();
+                    }
+                    first_err.get_or_insert(e);
+                }
             }
-            if let Some(s) = &store {
-                let _ = s.forget_url(url.as_str());
-            }
-            eprintln!("ferry: deleted {url}");
         }
-        Ok(())
+        match first_err {
+            Some(e) if args.ids.len() > 1 => Err(CliError::new(e.code, "some files were not deleted (see above)")),
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     })
+}
+
+/// Delete one upload; also the partial uploads a remembered `--parallel` upload of it left.
+async fn rm_one(client: &Client, store: Option<&super::store::Store>, id: &str, retry_for: Duration) -> Result<reqwest::Url, CliError> {
+    let url = client.file_url(id)?;
+    client.terminate(&mut Retry::new(retry_for), &url).await?;
+    if let Some(s) = store {
+        for entry in s.forget_url(url.as_str()).unwrap_or_default() {
+            if entry.final_url.as_deref() != Some(url.as_str()) {
+                continue;
+            }
+            for part in &entry.parts {
+                let Ok(part) = client.resolve(part) else { continue };
+                match client.terminate(&mut Retry::new(retry_for.min(Duration::from_secs(10))), &part).await {
+                    Ok(()) => eprintln!("ferry: deleted its partial upload {part}"),
+                    Err(e) if e.code == super::client::EXIT_NOT_FOUND => {}
+                    Err(e) => eprintln!("ferry: warning: could not delete its partial upload {part}: {}", e.message),
+                }
+            }
+        }
+    }
+    Ok(url)
 }
 
 pub fn share(args: ShareArgs) -> std::process::ExitCode {
@@ -165,17 +192,15 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         }
         let path = format!("/files/{}/share", super::client::id_segment(&args.id)?);
         let req = serde_json::json!({ "scope": args.scope, "ttl_ms": ttl_ms }).to_string();
-        let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::POST, &path, Some(req)).await?;
+        let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::POST, &path, &[], Some(req)).await?;
         if args.json {
-            println!("{}", body.trim_end());
-            return Ok(());
+            return print_line(body.trim_end());
         }
         #[derive(Deserialize)]
         struct Shared {
             url: String,
         }
         let shared: Shared = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no url ({e}): {}", body.trim())))?;
-        println!("{}", client.resolve(&shared.url)?);
-        Ok(())
+        print_line(client.resolve(&shared.url)?.as_str())
     })
 }

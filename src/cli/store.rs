@@ -1,6 +1,7 @@
 //! The upload URL store of `ferry upload`: which upload URL(s) belong to which local file, so
 //! that re-running the same command resumes instead of starting over (like tus-js-client's
-//! URL storage, keyed by a fingerprint of path, size and modification time).
+//! URL storage, keyed by a fingerprint of the server, the token's identity, path, size and
+//! modification time).
 //!
 //! One JSON file, `uploads.json`, in the cache directory: `$FERRY_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/ferry`, else `~/.cache/ferry`. Read-modify-write cycles hold an exclusive
@@ -27,13 +28,19 @@ pub struct Entry {
     /// The final (concatenated) upload's URL once it was created (`--parallel` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_url: Option<String>,
+    /// The `Upload-Metadata` header the upload was created with (the final upload's, with
+    /// `--parallel`): a run with other `--meta` starts a new upload instead of resuming.
+    #[serde(default)]
+    pub meta: String,
     /// Unix ms of the last change.
     pub updated_at_ms: i64,
 }
 
-/// The fingerprint of a local file for one server and one way of splitting it: the entry's key.
-pub fn fingerprint(server: &str, path: &Path, size: u64, mtime_ns: i128, parallel: usize) -> String {
-    format!("ferry-v1|{server}|{}|{size}|{mtime_ns}|p{parallel}", path.display())
+/// The fingerprint of a local file for one server, one principal (`identity`, see
+/// [`super::client::token_identity`]) and one way of splitting it: the entry's key. Two
+/// tokens on the same server never share (or evict) each other's entries.
+pub fn fingerprint(server: &str, identity: &str, path: &Path, size: u64, mtime_ns: i128, parallel: usize) -> String {
+    format!("ferry-v2|{server}|{identity}|{}|{size}|{mtime_ns}|p{parallel}", path.display())
 }
 
 /// The cache directory (see the module docs).
@@ -106,8 +113,8 @@ impl Store {
     }
 
     /// Remember `parts` / `final_url` for `key`.
-    pub fn put(&self, key: &str, parts: &[String], final_url: Option<&str>) -> Result<(), CliError> {
-        let entry = Entry { parts: parts.to_vec(), final_url: final_url.map(str::to_owned), updated_at_ms: now_ms() };
+    pub fn put(&self, key: &str, parts: &[String], final_url: Option<&str>, meta: &str) -> Result<(), CliError> {
+        let entry = Entry { parts: parts.to_vec(), final_url: final_url.map(str::to_owned), meta: meta.to_string(), updated_at_ms: now_ms() };
         self.update(|m| {
             m.insert(key.to_string(), entry);
         })
@@ -120,8 +127,13 @@ impl Store {
         })
     }
 
-    /// Forget every entry that names `url` (after `ferry rm`).
-    pub fn forget_url(&self, url: &str) -> Result<(), CliError> {
-        self.update(|m| m.retain(|_, e| !e.parts.iter().any(|p| p == url) && e.final_url.as_deref() != Some(url)))
+    /// Forget every entry that names `url` (after `ferry rm`); returns them.
+    pub fn forget_url(&self, url: &str) -> Result<Vec<Entry>, CliError> {
+        self.update(|m| {
+            let names = |e: &Entry| e.parts.iter().any(|p| p == url) || e.final_url.as_deref() == Some(url);
+            let gone: Vec<Entry> = m.values().filter(|e| names(e)).cloned().collect();
+            m.retain(|_, e| !names(e));
+            gone
+        })
     }
 }

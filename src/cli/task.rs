@@ -224,8 +224,13 @@ impl Client {
     }
 }
 
+/// Print one JSON document. A closed stdout (`ferry task list | head`) ends the command
+/// quietly with exit code 0; another write error with exit code 1.
 fn print_json(body: &str) {
-    println!("{}", body.trim_end());
+    if let Err(e) = super::client::print_line(body.trim_end()) {
+        e.print();
+        std::process::exit(i32::from(e.code));
+    }
 }
 
 /// Path segment for a task id (ids are base32, but never let a typo reach another route).

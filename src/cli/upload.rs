@@ -1,9 +1,10 @@
 //! `ferry upload FILE...`: a resumable TUS 1.0 client.
 //!
 //! - **Resumable.** The upload URL of each file is remembered in the URL store
-//!   ([`super::store`]) under a fingerprint of the server, the canonical path, the size and
-//!   the modification time. Re-running the same command HEADs the stored URL (TUS 1.0 §HEAD)
-//!   and continues from the server's `Upload-Offset`; a finished upload is only verified again.
+//!   ([`super::store`]) under a fingerprint of the server, the token's identity, the canonical
+//!   path, the size and the modification time. Re-running the same command HEADs the stored
+//!   URL (TUS 1.0 §HEAD) and continues from the server's `Upload-Offset`; a finished upload is
+//!   only verified again. A remembered upload created with other `--meta` is not resumed.
 //! - **Retries** network errors, 5xx, 423 and 429 with exponential backoff until `--retry-for`
 //!   has passed without progress (then exit code 5); after a failed PATCH a HEAD tells what
 //!   the server kept (TUS 1.0 §PATCH: the offset is authoritative).
@@ -11,11 +12,14 @@
 //!   prefix already on the server is re-read locally (a snapshot of the hash state is kept
 //!   every 16 MiB, so a failed request re-reads at most that much). At the end the local
 //!   sha256 must equal the server's `Repr-Digest: sha-256=:…:` (RFC 9530 §2) of the finished
-//!   upload, else exit code 4.
+//!   upload, and the file's size and modification time must be what they were at the start,
+//!   else exit code 4. A `460 checksum_mismatch` (the bytes do not match a declared
+//!   `--meta sha256=…`) forgets and deletes the server upload, so the next run starts afresh.
 //! - **`--parallel N`** creates N partial uploads (`Upload-Concat: partial`, TUS 1.0
 //!   §Concatenation), sends them side by side, then creates the final upload
 //!   (`Upload-Concat: final;/files/a /files/b …`); the whole-file sha256 is then computed by
-//!   one sequential read running alongside the parts.
+//!   one sequential read running alongside the parts. Once the final upload verifies, the
+//!   partial uploads are deleted (TUS 1.0 §Termination).
 
 use std::io::SeekFrom;
 use std::path::{Path, PathBuf};
@@ -30,8 +34,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::client::{
-    header_u64, id_of, parse_duration, parse_size, repr_digest_sha256, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND,
-    EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, header_u64, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, CliError, Client, Connection, Retry,
+    EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_VERIFY, TRANSFER_EXIT_CODES,
 };
 use super::progress::Progress;
 use super::store::{fingerprint, Store};
@@ -100,15 +104,16 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
     }
     let metadata = metadata_pairs(&args.meta)?;
     let client = Client::new(&args.conn, READ_TIMEOUT)?;
+    let identity = token_identity(args.conn.token().as_deref());
     let store = Store::open()?;
     let mut first_err: Option<CliError> = None;
     for path in &args.files {
-        match upload_one(&client, &store, &args, &metadata, path).await {
+        match upload_one(&client, &identity, &store, &args, &metadata, path).await {
             Ok(done) => {
                 if args.json {
-                    println!("{}", serde_json::to_string(&done).expect("serialises"));
+                    print_line(&serde_json::to_string(&done).expect("serialises"))?;
                 } else {
-                    println!("{}\t{}", done.url, done.sha256);
+                    print_line(&format!("{}\t{}", done.url, done.sha256))?;
                 }
             }
             Err(e) => {
@@ -121,7 +126,7 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
         }
     }
     match first_err {
-        Some(e) if args.files.len() > 1 => Err(CliError { message: "some files were not uploaded (see above)".into(), hint: None, code: e.code }),
+        Some(e) if args.files.len() > 1 => Err(CliError::new(e.code, "some files were not uploaded (see above)")),
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -172,6 +177,13 @@ struct Done {
 /// One local file being uploaded.
 struct Job<'a> {
     client: &'a Client,
+    store: &'a Store,
+    /// The file's key in the URL store.
+    key: String,
+    /// The `Upload-Metadata` header (of the final upload, with `--parallel`).
+    meta: String,
+    /// The file as the user named it (for messages).
+    display: String,
     path: PathBuf,
     size: u64,
     chunk_size: u64,
@@ -189,48 +201,116 @@ struct HeadInfo {
     sha256: Option<String>,
 }
 
-async fn upload_one(client: &Client, store: &Store, args: &UploadArgs, meta: &[(String, String)], path: &Path) -> Result<Done, CliError> {
+/// What [`single`] / [`concatenated`] hand back for the final checks.
+struct Outcome {
+    url: reqwest::Url,
+    /// Bytes already on the server when this run started.
+    resumed_from: u64,
+    /// The sha256 of the local file's bytes.
+    local: String,
+    /// The sha256 the server reports for the finished upload.
+    server: String,
+    /// Partial uploads to delete once the final upload verified (`--parallel`).
+    parts: Vec<reqwest::Url>,
+}
+
+/// The modification time of `md` in nanoseconds since the epoch (0 if unknown).
+fn mtime_ns(md: &std::fs::Metadata) -> i128 {
+    md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// Exit code 4: the local file is not the one whose upload started.
+fn changed_error(display: &str) -> CliError {
+    CliError::new(EXIT_VERIFY, format!("{display} changed while it was being uploaded; re-run with --fresh"))
+        .hint("The server may hold a mix of the old and new contents. Upload a file that is not being written to.")
+}
+
+/// Partial uploads are deleted with this retry budget at most (a failure only warns).
+const CLEANUP_RETRY: Duration = Duration::from_secs(10);
+
+async fn upload_one(client: &Client, identity: &str, store: &Store, args: &UploadArgs, meta: &[(String, String)], path: &Path) -> Result<Done, CliError> {
     let canon = std::fs::canonicalize(path).map_err(|e| local_error(path, e))?;
     let md = std::fs::metadata(&canon).map_err(|e| local_error(path, e))?;
     if !md.is_file() {
         return Err(CliError::usage("not a regular file"));
     }
     let size = md.len();
-    let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as i128);
+    let mtime = mtime_ns(&md);
     let parallel = args.parallel.min(size.max(1) as usize);
-    let key = fingerprint(client.base.as_str(), &canon, size, mtime_ns, parallel);
+    let key = fingerprint(client.base.as_str(), identity, &canon, size, mtime, parallel);
     let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
+    let progress = Arc::new(Progress::new(&label, size, 0, args.quiet));
+    let mut header = metadata_header(path, meta);
+    let mut stored = if args.fresh { None } else { store.get(&key)? };
+    // Metadata is fixed when an upload is created: other --meta means another upload, while
+    // no --meta at all resumes whatever is remembered, with its metadata. The parts of a
+    // --parallel upload carry none; only its final upload has to be made again.
+    if let Some(e) = stored.take() {
+        let old = e.final_url.clone().or_else(|| e.parts.first().cloned()).unwrap_or_default();
+        stored = if e.meta == header {
+            Some(e)
+        } else if meta.is_empty() {
+            if !e.meta.is_empty() {
+                header = e.meta.clone();
+            }
+            Some(e)
+        } else if parallel <= 1 {
+            progress.note(&format!("the remembered upload {old} has other metadata (--meta); starting a new upload"));
+            None
+        } else if e.final_url.is_some() {
+            progress.note(&format!("the remembered upload {old} has other metadata (--meta); joining the parts again"));
+            Some(super::store::Entry { final_url: None, ..e })
+        } else {
+            Some(e)
+        };
+    }
     let job = Job {
         client,
+        store,
+        key,
+        meta: header,
+        display: path.display().to_string(),
         path: canon.clone(),
         size,
         chunk_size: args.chunk_size.unwrap_or(u64::MAX),
         retry_for: args.retry_for,
-        progress: Arc::new(Progress::new(&label, size, 0, args.quiet)),
+        progress,
         sent: Arc::new(AtomicU64::new(0)),
         part_offsets: Mutex::new(Default::default()),
     };
-    let stored = if args.fresh { None } else { store.get(&key)? };
-    let meta_header = metadata_header(path, meta);
-    let result = if parallel <= 1 {
-        single(&job, store, &key, stored.map(|e| e.parts).unwrap_or_default(), &meta_header).await
-    } else {
-        concatenated(&job, store, &key, stored, parallel, &meta_header).await
-    };
+    let result = if parallel <= 1 { single(&job, stored.map(|e| e.parts).unwrap_or_default()).await } else { concatenated(&job, stored, parallel).await };
     job.progress.finish();
-    let (url, resumed_from, local, server) = result?;
-    if local != server {
-        store.remove(&key)?;
-        return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the local file is {local}, the server stored {server} at {url}"))
-            .hint("The file may have changed while it was uploaded. Re-run the command to upload it again from the start."));
+    let out = result?;
+    // The bytes sent are the bytes hashed, so a file rewritten during the upload hashes the
+    // same as what the server got: only its size and mtime tell.
+    let now = std::fs::metadata(&canon).map_err(|e| local_error(path, e))?;
+    if now.len() != size || mtime_ns(&now) != mtime {
+        store.remove(&job.key)?;
+        return Err(changed_error(&job.display));
+    }
+    if out.local != out.server {
+        store.remove(&job.key)?;
+        return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the local file is {}, the server stored {} at {}", out.local, out.server, out.url))
+            .hint("The file may have changed while it was uploaded. Re-run with --fresh to upload it again from the start."));
+    }
+    if !out.parts.is_empty() {
+        // The final upload is a copy: the parts only take space now (TUS 1.0 §Termination).
+        for part in &out.parts {
+            match client.terminate(&mut Retry::new(job.retry_for.min(CLEANUP_RETRY)), part).await {
+                Ok(()) => {}
+                Err(e) if e.code == EXIT_NOT_FOUND => {}
+                Err(e) => eprintln!("ferry: warning: {}: could not delete the partial upload {part} ({}); delete it with `ferry rm {part}`", job.display, e.message),
+            }
+        }
+        store.put(&job.key, &[], Some(out.url.as_str()), &job.meta)?;
     }
     Ok(Done {
         file: path.display().to_string(),
-        id: id_of(&url),
-        url: url.to_string(),
+        id: id_of(&out.url),
+        url: out.url.to_string(),
         size,
-        sha256: local,
-        resumed_from,
+        sha256: out.local,
+        resumed_from: out.resumed_from,
         sent: job.sent.load(Ordering::Relaxed),
     })
 }
@@ -240,8 +320,22 @@ fn local_error(path: &Path, e: std::io::Error) -> CliError {
     CliError::new(code, format!("cannot read {}: {e}", path.display()))
 }
 
-/// Upload as one TUS upload. Returns (url, resumed_from, local sha256, server sha256).
-async fn single(job: &Job<'_>, store: &Store, key: &str, stored: Vec<String>, meta: &str) -> Result<(reqwest::Url, u64, String, String), CliError> {
+/// The server refused the finished upload with `460 checksum_mismatch` (its bytes do not
+/// match the declared `--meta sha256=…`): a re-run must not resume it (it would fail the same
+/// way), so forget it and delete it on the server. Returns the error to report (exit code 4).
+async fn rejected(job: &Job<'_>, url: &reqwest::Url, e: CliError) -> CliError {
+    let _ = job.store.remove(&job.key);
+    let deleted = match job.client.terminate(&mut Retry::new(job.retry_for.min(CLEANUP_RETRY)), url).await {
+        Ok(()) => "deleted it on the server".to_string(),
+        Err(d) if d.code == EXIT_NOT_FOUND => "the server already discarded it".to_string(),
+        Err(d) => format!("could not delete it on the server ({})", d.message),
+    };
+    CliError::new(EXIT_VERIFY, format!("{}; forgot the remembered upload {url} and {deleted}: the next run starts a new upload", e.message))
+        .hint("The file's sha256 differs from the declared one: check --meta sha256=… (or leave it out).")
+}
+
+/// Upload as one TUS upload.
+async fn single(job: &Job<'_>, stored: Vec<String>) -> Result<Outcome, CliError> {
     let mut existing = None;
     if let [url] = stored.as_slice() {
         let url = job.client.resolve(url)?;
@@ -255,8 +349,8 @@ async fn single(job: &Job<'_>, store: &Store, key: &str, stored: Vec<String>, me
             (url, offset)
         }
         None => {
-            let url = create(job, job.size, meta, None).await?;
-            store.put(key, &[url.to_string()], None)?;
+            let url = create(job, job.size, &job.meta, None).await?;
+            job.store.put(&job.key, &[url.to_string()], None, &job.meta)?;
             (url, 0)
         }
     };
@@ -264,7 +358,10 @@ async fn single(job: &Job<'_>, store: &Store, key: &str, stored: Vec<String>, me
     if offset > 0 {
         job.progress.note(&format!("hashing the {offset} bytes already on the server"));
     }
-    push(job, &url, 0, job.size, offset, Some(&hashing)).await?;
+    match push(job, &url, 0, job.size, offset, Some(&hashing)).await {
+        Err(e) if e.is_server_code("checksum_mismatch") => return Err(rejected(job, &url, e).await),
+        r => r?,
+    }
     // Every byte was hashed in order: the state now covers the whole file.
     let local = {
         let h = hashing.lock().expect("hash lock");
@@ -274,7 +371,7 @@ async fn single(job: &Job<'_>, store: &Store, key: &str, stored: Vec<String>, me
     let mut retry = Retry::new(job.retry_for);
     let info = head(job.client, &mut retry, &url).await?;
     let server = info.sha256.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("the server did not report a sha256 (Repr-Digest) for the finished upload {url}")))?;
-    Ok((url, offset, local, server))
+    Ok(Outcome { url, resumed_from: offset, local, server, parts: Vec::new() })
 }
 
 /// A stored upload URL's offset if it can be continued (same length, still there); `None`
@@ -298,10 +395,11 @@ async fn usable(job: &Job<'_>, url: &reqwest::Url, length: u64) -> Result<Option
 /// `POST /files/` (TUS 1.0 §Creation, §Concatenation): a new upload of `len` bytes.
 async fn create(job: &Job<'_>, len: u64, meta: &str, concat: Option<&str>) -> Result<reqwest::Url, CliError> {
     let endpoint = job.client.url("/files/");
+    let what = describe(&reqwest::Method::POST, &endpoint);
     let mut retry = Retry::new(job.retry_for);
     let res = job
         .client
-        .send_retrying(&mut retry, "creating the upload", || {
+        .send_retrying(&mut retry, &what, || {
             let mut r = job.client.request(reqwest::Method::POST, &endpoint).header("tus-resumable", TUS_VERSION);
             match concat {
                 Some(c) if c.starts_with("final;") => r = r.header("upload-concat", c),
@@ -318,7 +416,7 @@ async fn create(job: &Job<'_>, len: u64, meta: &str, concat: Option<&str>) -> Re
     let loc = res.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
     if status != 201 {
         let body = res.text().await.unwrap_or_default();
-        return Err(CliError::from_status(&format!("POST {endpoint}"), status, &body));
+        return Err(CliError::from_status(&what, status, &body));
     }
     let loc = loc.ok_or_else(|| CliError::new(EXIT_FAILURE, "the server created an upload but sent no Location"))?;
     job.client.resolve(&loc)
@@ -326,10 +424,11 @@ async fn create(job: &Job<'_>, len: u64, meta: &str, concat: Option<&str>) -> Re
 
 /// `HEAD` an upload (TUS 1.0 §HEAD): offset, length and, once finished, the sha256.
 async fn head(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result<HeadInfo, CliError> {
-    let res = client.send_retrying(retry, &format!("HEAD {url}"), || client.request(reqwest::Method::HEAD, url).header("tus-resumable", TUS_VERSION)).await?;
+    let what = describe(&reqwest::Method::HEAD, url);
+    let res = client.send_retrying(retry, &what, || client.request(reqwest::Method::HEAD, url).header("tus-resumable", TUS_VERSION)).await?;
     let status = res.status().as_u16();
     if status != 200 && status != 204 {
-        return Err(CliError::from_status(&format!("HEAD {url}"), status, ""));
+        return Err(CliError::from_status(&what, status, ""));
     }
     let h = res.headers();
     Ok(HeadInfo { offset: header_u64(h, "upload-offset"), length: header_u64(h, "upload-length"), sha256: repr_digest_sha256(h) })
@@ -383,7 +482,7 @@ impl Hashing {
 }
 
 /// Make `hashing` cover exactly `[0, target)` of the file, re-reading what is missing.
-async fn hash_to(path: &Path, hashing: &Mutex<Hashing>, target: u64) -> Result<(), CliError> {
+async fn hash_to(path: &Path, display: &str, hashing: &Mutex<Hashing>, target: u64) -> Result<(), CliError> {
     let from = {
         let mut h = hashing.lock().expect("hash lock");
         if h.at == target {
@@ -399,7 +498,7 @@ async fn hash_to(path: &Path, hashing: &Mutex<Hashing>, target: u64) -> Result<(
         let want = ((target - pos) as usize).min(buf.len());
         let n = f.read(&mut buf[..want]).await.map_err(|e| local_error(path, e))?;
         if n == 0 {
-            return Err(CliError::new(EXIT_FAILURE, format!("{} became shorter while it was uploaded", path.display())));
+            return Err(changed_error(display));
         }
         hashing.lock().expect("hash lock").feed(pos, &buf[..n]);
         pos += n as u64;
@@ -416,19 +515,18 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
     job.progress.set(job.progress_pos(base, offset), false);
     loop {
         if let Some(h) = hashing {
-            hash_to(&job.path, h, base + offset).await?;
+            hash_to(&job.path, &job.display, h, base + offset).await?;
         }
         if offset >= len {
             return Ok(());
         }
         let current = tokio::fs::metadata(&job.path).await.map_err(|e| local_error(&job.path, e))?.len();
         if current != job.size {
-            return Err(CliError::new(EXIT_FAILURE, format!("the file changed size while it was uploaded ({} → {current} bytes)", job.size))
-                .hint("Upload a file that is not being written to; re-run to start over."));
+            return Err(changed_error(&job.display));
         }
         let end = offset.saturating_add(job.chunk_size).min(len);
         let body = body_stream(job, base + offset, end - offset, hashing.cloned()).await?;
-        let what = format!("PATCH {url} at {offset}");
+        let what = format!("{} at offset {offset}", describe(&reqwest::Method::PATCH, url));
         let res = job
             .client
             .request(reqwest::Method::PATCH, url)
@@ -474,7 +572,7 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
         retry.wait(failure).await?;
         // Ask the server what it kept (a new HEAD also ends a PATCH of ours still in flight).
         let info = head(job.client, &mut retry, url).await?;
-        offset = info.offset.filter(|o| *o <= len).ok_or_else(|| CliError::new(EXIT_FAILURE, format!("HEAD {url} reported no usable Upload-Offset")))?;
+        offset = info.offset.filter(|o| *o <= len).ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no usable Upload-Offset", describe(&reqwest::Method::HEAD, url))))?;
         job.progress.set(job.progress_pos(base, offset), false);
     }
 }
@@ -512,38 +610,31 @@ async fn body_stream(job: &Job<'_>, from: u64, len: u64, hashing: Option<Arc<Mut
 }
 
 /// The whole file's sha256 by one sequential read (used alongside parallel parts).
-async fn hash_file(path: PathBuf) -> Result<String, CliError> {
+async fn hash_file(path: PathBuf, display: String) -> Result<String, CliError> {
     let h = Mutex::new(Hashing::new());
     let len = tokio::fs::metadata(&path).await.map_err(|e| local_error(&path, e))?.len();
-    hash_to(&path, &h, len).await?;
+    hash_to(&path, &display, &h, len).await?;
     let h = h.into_inner().expect("hash lock");
     Ok(hex::encode(h.cur.finalize()))
 }
 
-/// Upload as `n` partial uploads plus a final one (TUS 1.0 §Concatenation). Returns (final
-/// url, resumed_from, local sha256, server sha256).
-async fn concatenated(
-    job: &Job<'_>,
-    store: &Store,
-    key: &str,
-    stored: Option<super::store::Entry>,
-    n: usize,
-    meta: &str,
-) -> Result<(reqwest::Url, u64, String, String), CliError> {
+/// Upload as `n` partial uploads plus a final one (TUS 1.0 §Concatenation).
+async fn concatenated(job: &Job<'_>, stored: Option<super::store::Entry>, n: usize) -> Result<Outcome, CliError> {
     let size = job.size;
     let ranges: Vec<(u64, u64)> = (0..n as u64).map(|i| (i * size / n as u64, (i + 1) * size / n as u64)).collect();
-    let hasher = tokio::spawn(hash_file(job.path.clone()));
+    let hasher = tokio::spawn(hash_file(job.path.clone(), job.display.clone()));
+    let local = || async { hasher.await.map_err(|e| CliError::new(EXIT_FAILURE, format!("hashing failed: {e}")))? };
     // A final upload from an earlier run: it only needs to finish and be verified.
-    if let Some(final_url) = stored.as_ref().and_then(|e| e.final_url.clone()) {
-        let url = job.client.resolve(&final_url)?;
+    if let Some(e) = stored.as_ref().filter(|e| e.final_url.is_some()) {
+        let url = job.client.resolve(e.final_url.as_deref().unwrap_or_default())?;
         let mut retry = Retry::new(job.retry_for);
         match head(job.client, &mut retry, &url).await {
             Ok(_) => {
                 job.progress.note(&format!("the parts were already joined into {url}"));
                 job.progress.set(size, false);
                 let server = wait_final(job, &url).await?;
-                let local = hasher.await.map_err(|e| CliError::new(EXIT_FAILURE, format!("hashing failed: {e}")))??;
-                return Ok((url, size, local, server));
+                let parts = e.parts.iter().filter_map(|p| job.client.resolve(p).ok()).collect();
+                return Ok(Outcome { url, resumed_from: size, local: local().await?, server, parts });
             }
             Err(e) if e.code == EXIT_NOT_FOUND => job.progress.note(&format!("the remembered upload {url} is gone; starting over")),
             Err(e) => return Err(e),
@@ -563,22 +654,60 @@ async fn concatenated(
         }
     }
     let resumed_from: u64 = parts.iter().map(|(_, o)| o).sum();
+    let part_urls = |parts: &[(reqwest::Url, u64)]| parts.iter().map(|(u, _)| u.to_string()).collect::<Vec<_>>();
     if parts.is_empty() {
         for (a, b) in &ranges {
             parts.push((create(job, b - a, "", Some("partial")).await?, 0));
         }
-        store.put(key, &parts.iter().map(|(u, _)| u.to_string()).collect::<Vec<_>>(), None)?;
+        job.store.put(&job.key, &part_urls(&parts), None, &job.meta)?;
     } else {
         job.progress.note(&format!("resuming {n} parts with {resumed_from} of {size} bytes on the server"));
     }
     let sends = parts.iter().zip(&ranges).map(|((url, off), (a, b))| push(job, url, *a, b - a, *off, None));
     futures::future::try_join_all(sends).await?;
     let list: Vec<&str> = parts.iter().map(|(u, _)| u.path()).collect();
-    let final_url = create(job, size, meta, Some(&format!("final;{}", list.join(" ")))).await?;
-    store.put(key, &parts.iter().map(|(u, _)| u.to_string()).collect::<Vec<_>>(), Some(final_url.as_str()))?;
-    let server = wait_final(job, &final_url).await?;
-    let local = hasher.await.map_err(|e| CliError::new(EXIT_FAILURE, format!("hashing failed: {e}")))??;
-    Ok((final_url, resumed_from, local, server))
+    let joined = match create(job, size, &job.meta, Some(&format!("final;{}", list.join(" ")))).await {
+        Ok(final_url) => {
+            job.store.put(&job.key, &part_urls(&parts), Some(final_url.as_str()), &job.meta)?;
+            wait_final(job, &final_url).await.map(|server| (final_url, server))
+        }
+        Err(e) => Err(e),
+    };
+    let (final_url, server) = match joined {
+        Ok(j) => j,
+        Err(e) => {
+            // The server refused or discarded the joined upload because its declared sha256
+            // does not match (a 460, or the final is gone at once and the file's sha256 is
+            // not the declared one): keep the finished parts, forget the final, so a re-run
+            // joins them again.
+            let rejected = e.is_server_code("checksum_mismatch")
+                || (e.code == EXIT_NOT_FOUND
+                    && match job.declared_sha256() {
+                        Some(declared) => declared != local().await?,
+                        None => false,
+                    });
+            if !rejected {
+                return Err(e);
+            }
+            // No metadata remembered: the next run joins them with its own --meta.
+            job.store.put(&job.key, &part_urls(&parts), None, "")?;
+            return Err(CliError::new(EXIT_VERIFY, format!("the file's sha256 does not match the declared --meta sha256: the server discarded the joined upload ({})", e.message))
+                .hint("Check --meta sha256=… (or leave it out); a re-run joins the parts already on the server again."));
+        }
+    };
+    let parts = parts.into_iter().map(|(u, _)| u).collect();
+    Ok(Outcome { url: final_url, resumed_from, local: local().await?, server, parts })
+}
+
+impl Job<'_> {
+    /// The sha256 the upload's metadata declares (`--meta sha256=…`), lowercase.
+    fn declared_sha256(&self) -> Option<String> {
+        self.meta.split(',').find_map(|item| {
+            let (k, v) = item.split_once(' ')?;
+            let raw = base64::engine::general_purpose::STANDARD.decode(v).ok().filter(|_| k == "sha256")?;
+            Some(String::from_utf8_lossy(&raw).trim().to_ascii_lowercase())
+        })
+    }
 }
 
 /// Poll a final upload until the server has joined its parts (HEAD shows `Upload-Offset`
