@@ -30,6 +30,9 @@
 //! `env!("CARGO_BIN_EXE_ferry")`, which cargo sets for benches too and builds with the bench
 //! profile (= release), i.e. `target/release/ferry`.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::pseudo_random;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -55,20 +58,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
         Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
         Err(_) => default,
     }
-}
-
-/// Deterministic pseudo-random bytes (xorshift64).
-fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = seed | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// `size` bytes as CHUNK-sized zero-copy slices of `pool`.

@@ -19,6 +19,9 @@ pub use fs::FsBlobStore;
 /// A stream of byte chunks read from a blob.
 pub type ByteStream = Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>;
 
+/// Resolves once the bytes a [`BlobWriter::start_sync`] covered are durable.
+pub type SyncFuture = Pin<Box<dyn std::future::Future<Output = BlobResult<()>> + Send>>;
+
 /// Blob store failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -70,6 +73,14 @@ pub trait BlobWriter: Send {
 
     /// Make every byte written so far durable (fsync in durable mode).
     async fn sync(&mut self) -> BlobResult<()>;
+
+    /// Start making every byte written so far durable and return without waiting for it:
+    /// the future resolves once they are. Writes may continue meanwhile (they are not
+    /// covered). The default waits for [`BlobWriter::sync`] first.
+    async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
+        self.sync().await?;
+        Ok(Box::pin(std::future::ready(Ok(()))))
+    }
 
     /// Discard everything past byte `len` (e.g. a chunk whose checksum failed) and continue
     /// appending from there. `len` must not exceed [`BlobWriter::position`].

@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 
 use super::hash::{ChunkDigests, RunningSha256};
 use super::{internal, now_ms, UploadEngine};
-use crate::blob::BlobWriter;
+use crate::blob::{BlobWriter, SyncFuture};
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 /// How a PATCH body ended.
@@ -39,6 +39,16 @@ pub(crate) struct Appender {
     length: Option<u64>,
     set_length: Option<u64>,
     finished: bool,
+    /// A checkpoint whose fsync runs while later bytes keep arriving: committed once `done`.
+    pending: Option<PendingCheckpoint>,
+}
+
+/// Offset and midstate captured when a background fsync started; they describe exactly the
+/// bytes that fsync covers, so committing them after it resolves keeps DESIGN §2's invariant.
+struct PendingCheckpoint {
+    offset: u64,
+    hasher: RunningSha256,
+    done: SyncFuture,
 }
 
 struct InFlight<'a>(&'a UploadEngine);
@@ -55,7 +65,7 @@ impl Appender {
         let fence = engine.catalog.acquire_fence(&rec.id).await?;
         let writer = engine.blobs.open_writer(&rec.id, offset).await?;
         let hasher = if offset == rec.offset { UploadEngine::hash_state_of(&rec)? } else { RunningSha256::new() };
-        Ok(Appender { engine, fence, writer, committed: (offset, hasher.clone()), hasher, length, set_length, finished: false, rec })
+        Ok(Appender { engine, fence, writer, committed: (offset, hasher.clone()), hasher, length, set_length, finished: false, pending: None, rec })
     }
 
     pub(crate) fn id(&self) -> &str {
@@ -89,8 +99,63 @@ impl Appender {
         Ok(())
     }
 
-    /// Throw away everything since the last commit.
+    /// Start a checkpoint of everything written so far without waiting for its fsync: the
+    /// offset and midstate are committed once it is durable (by [`Appender::poll_checkpoint`],
+    /// the next call of this, [`Appender::discard`]; [`Appender::commit`] supersedes it).
+    /// At most one is outstanding: an earlier one is awaited and committed first.
+    pub(crate) async fn checkpoint_in_background(&mut self) -> Result<(), TusError> {
+        if self.finished {
+            return Ok(());
+        }
+        self.settle_pending().await?;
+        let done = self.writer.start_sync().await?;
+        self.pending = Some(PendingCheckpoint { offset: self.writer.position(), hasher: self.hasher.clone(), done });
+        Ok(())
+    }
+
+    /// Commit the outstanding background checkpoint if its fsync has finished; never waits
+    /// for the disk.
+    pub(crate) async fn poll_checkpoint(&mut self) -> Result<(), TusError> {
+        let ready = match self.pending.as_mut() {
+            Some(p) => futures::FutureExt::now_or_never(&mut p.done),
+            None => return Ok(()),
+        };
+        match ready {
+            None => Ok(()),
+            Some(r) => {
+                let p = self.pending.take().expect("pending checkpoint");
+                r?;
+                self.commit_durable(p.offset, p.hasher).await
+            }
+        }
+    }
+
+    /// Wait for the outstanding background checkpoint, if any, and commit it.
+    async fn settle_pending(&mut self) -> Result<(), TusError> {
+        if let Some(p) = self.pending.take() {
+            p.done.await?;
+            self.commit_durable(p.offset, p.hasher).await?;
+        }
+        Ok(())
+    }
+
+    /// Commit `offset` + `hasher` (durable already) unless it would complete the upload
+    /// (completion, with its digest check, is [`Appender::commit`]'s alone).
+    async fn commit_durable(&mut self, offset: u64, hasher: RunningSha256) -> Result<(), TusError> {
+        if self.finished || self.length == Some(offset) || offset <= self.committed.0 {
+            return Ok(());
+        }
+        let now = now_ms();
+        let cp = Checkpoint { offset, hash_state: hasher.state(), length: self.set_length, finished_sha256: None, expires_at_ms: self.engine.expiry_from(now), now_ms: now };
+        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
+        self.committed = (offset, hasher);
+        Ok(())
+    }
+
+    /// Throw away everything since the last commit (a background checkpoint that was
+    /// already under way is completed first, as if it had been synchronous).
     pub(crate) async fn discard(&mut self) -> Result<(), TusError> {
+        self.settle_pending().await?;
         self.writer.rewind(self.committed.0).await?;
         self.hasher = self.committed.1.clone();
         Ok(())
@@ -102,6 +167,10 @@ impl Appender {
     pub(crate) async fn commit(&mut self) -> Result<(), TusError> {
         if self.finished {
             return Ok(());
+        }
+        // The sync below covers whatever an outstanding background checkpoint covered.
+        if let Some(p) = self.pending.take() {
+            p.done.await?;
         }
         self.writer.sync().await?;
         let offset = self.writer.position();
@@ -215,9 +284,14 @@ impl UploadEngine {
             digests.update(&data);
             since_checkpoint += data.len() as u64;
             app.write(data).await?;
-            if !verifying && since_checkpoint >= self.cfg.checkpoint_every {
-                app.commit().await?;
-                since_checkpoint = 0;
+            if !verifying {
+                if since_checkpoint >= self.cfg.checkpoint_every {
+                    // fsync + commit in the background while the body keeps streaming in
+                    app.checkpoint_in_background().await?;
+                    since_checkpoint = 0;
+                } else {
+                    app.poll_checkpoint().await?;
+                }
             }
         };
 
