@@ -173,7 +173,7 @@ pub async fn get(State(s): State<AppState>, Extension(Principal(p)): Extension<P
                 416,
                 ErrorCode::InvalidArgument,
                 format!("the range is outside the file's {len} bytes"),
-                format!("Request a range within bytes 0-{}.", len.saturating_sub(1)),
+                if len == 0 { "The file is empty: request it without a Range header.".to_string() } else { format!("Request a range within bytes 0-{}.", len - 1) },
             ))
             .into_response();
             res.headers_mut().insert("content-range", HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"));
