@@ -15,6 +15,7 @@
 //! elicitation form (`inputRequests`); an accepted form's `content` becomes the response —
 //! the value of its single `answer` field when the request had no `schema`.
 
+mod args;
 pub mod envelope;
 mod tools;
 
@@ -29,7 +30,6 @@ use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::catalog::{TaskRecord, TaskStatus as FerryStatus, UploadRecord};
@@ -38,6 +38,7 @@ use crate::http::AppState;
 use crate::signing::Scope;
 use crate::upload::now_ms;
 use envelope::{failure, file_uri, resource_link, result};
+use args::*;
 use tools::JobTool;
 
 /// Longest `task_get` long-poll, ms.
@@ -606,103 +607,6 @@ fn mcp_err(e: TusError) -> McpError {
         ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail, data),
         _ => McpError::internal_error(e.detail, data),
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileArg {
-    file_id: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TaskArg {
-    task_id: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TaskGetArg {
-    task_id: String,
-    wait_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RespondArg {
-    task_id: String,
-    key: String,
-    response: Value,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListArg {
-    limit: Option<u32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BeginArg {
-    name: String,
-    size: Option<u64>,
-    media_type: Option<String>,
-    sha256: Option<String>,
-    url_ttl_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ChunkArg {
-    file_id: String,
-    offset: u64,
-    data: String,
-    size: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UrlArg {
-    file_id: String,
-    ttl_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReadArg {
-    file_id: String,
-    offset: Option<u64>,
-    length: Option<u64>,
-    encoding: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ArchiveArg {
-    file_ids: Vec<String>,
-    format: Option<String>,
-    name: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompressArg {
-    file_id: String,
-    format: Option<String>,
-    level: Option<i32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FetchArg {
-    url: String,
-    name: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExportArg {
-    params: Option<Value>,
 }
 
 const INSTRUCTIONS: &str = "ferry moves big files by handle. Files: file_upload_begin gives a signed TUS URL a person or program uploads to \
