@@ -14,6 +14,13 @@ fn blob_path(s: &Server, id: &str) -> std::path::PathBuf {
     s.data.join("blobs").join(&id[..2]).join(id)
 }
 
+/// Body bytes this server process has received (`ferry_bytes_received_total`; 0 if unreadable).
+async fn received(s: &Server) -> u64 {
+    let Ok(r) = client().get(s.url("/metrics")).send().await else { return 0 };
+    let text = r.text().await.unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix("ferry_bytes_received_total ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
 /// Upload from the server's offset in CHUNK-sized PATCHes until done or an error; returns the
 /// highest acknowledged offset.
 async fn upload_from(t: &Tus, url: &str, data: &[u8], acked: &std::sync::atomic::AtomicU64) {
@@ -57,7 +64,13 @@ async fn twenty_kill9_rounds_during_a_256mib_upload() {
         let d = data.clone();
         let a = acked.clone();
         let client = tokio::spawn(async move { upload_from(&t, &u, &d, &a).await });
-        tokio::time::sleep(Duration::from_millis(rng.random_range(30..400))).await;
+        // Kill once this process has received a random 1-20 MiB: the kill lands mid-upload
+        // however fast this machine is (the deadline only guards against a stuck client).
+        let target: u64 = rng.random_range(1..=20) << 20;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !client.is_finished() && tokio::time::Instant::now() < deadline && received(&s).await < target {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         s.kill9();
         let _ = client.await;
         s.restart();

@@ -76,6 +76,11 @@ pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// Expired: swept already, or unfinished past its expiry (TUS 1.0 §Expiration).
+fn is_expired(r: &UploadRecord, now: i64) -> bool {
+    r.expired || (!r.is_finished() && r.expires_at_ms.is_some_and(|e| e <= now))
+}
+
 /// Unix ms as RFC 3339 UTC with second precision (`2026-11-30T02:19:36Z`); negative → the epoch.
 pub fn rfc3339(ms: i64) -> String {
     let t = UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
@@ -155,7 +160,7 @@ impl UploadEngine {
             return Err(TusError::not_found());
         }
         let rec = self.catalog.get_upload(id).await?.filter(|r| r.principal == principal).ok_or_else(TusError::not_found)?;
-        if rec.expired || (!rec.is_finished() && rec.expires_at_ms.is_some_and(|e| e <= now_ms())) {
+        if is_expired(&rec, now_ms()) {
             return Err(TusError::expired());
         }
         Ok(rec)
@@ -295,6 +300,10 @@ impl UploadEngine {
 impl UploadEngine {
     /// A principal's uploads (finished or not, expired ones excluded), newest first.
     pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<UploadRecord>, TusError> {
-        Ok(self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?)
+        let now = now_ms();
+        let mut all = self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?;
+        // Expired but not swept yet: gone for clients already (as `get` answers 410).
+        all.retain(|r| !is_expired(r, now));
+        Ok(all)
     }
 }
