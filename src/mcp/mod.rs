@@ -401,15 +401,23 @@ impl FerryMcp {
     async fn wait_task(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, TusError> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         let mut last = None;
+        let mut sent = 0.0f64;
         loop {
             let t = self.state.tasks.get(p, id).await?;
             if let Some(tok) = &token {
                 let snap = (t.progress.fraction, t.progress.message.clone(), t.progress.counters.clone());
                 if last.as_ref() != Some(&snap) {
-                    let total = t.progress.fraction.map(|_| 1.0);
-                    let progress = t.progress.fraction.unwrap_or_else(|| t.progress.counters.values().sum::<u64>() as f64);
+                    // `progress` is the job's fraction of 1 and never goes back (MCP requires it
+                    // to increase); counters, for jobs without a fraction, go into the message.
+                    sent = sent.max(t.progress.fraction.unwrap_or(0.0).clamp(0.0, 1.0));
+                    let counters = t.progress.counters.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+                    let message = match (&t.progress.message, counters.is_empty()) {
+                        (Some(m), _) => Some(m.clone()),
+                        (None, false) => Some(counters),
+                        (None, true) => None,
+                    };
                     let param: ProgressNotificationParam = serde_json::from_value(json!({
-                        "progressToken": tok, "progress": progress, "total": total, "message": t.progress.message,
+                        "progressToken": tok, "progress": sent, "total": 1.0, "message": message,
                     }))
                     .expect("progress notification shape");
                     let _ = ctx.peer.notify_progress(param).await;
