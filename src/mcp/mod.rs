@@ -87,19 +87,22 @@ fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, Tu
         .map_err(|e| invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")))
 }
 
-/// A compact file handle (≈200 bytes).
-fn handle(r: &UploadRecord) -> Value {
+/// A compact file handle (≈200 bytes) and its `resource_link`, from one read of the metadata.
+fn handle(r: &UploadRecord) -> (Value, ContentBlock) {
     let v = crate::http::api::file_view(r);
+    let link = resource_link(&r.id, v.name.as_deref().unwrap_or(&r.id), &v.media_type, v.size);
     let mut h = json!({ "id": v.id, "name": v.name, "media_type": v.media_type, "size": v.size, "offset": v.offset, "complete": v.complete });
     if let Some(s) = v.sha256 {
         h["sha256"] = json!(s);
     }
-    h
+    (h, link)
 }
 
-fn link_of(r: &UploadRecord) -> ContentBlock {
-    let v = crate::http::api::file_view(r);
-    resource_link(&r.id, v.name.as_deref().unwrap_or(&r.id), &v.media_type, v.size)
+/// A result carrying one file handle (and its link) next to `fields`.
+fn with_file(mut fields: Value, r: &UploadRecord) -> CallToolResult {
+    let (h, link) = handle(r);
+    fields["file"] = h;
+    result(fields, vec![link], false)
 }
 
 impl FerryMcp {
@@ -125,14 +128,14 @@ impl FerryMcp {
             "file_status" => {
                 let FileArg { file_id } = args(&req.name, a)?;
                 let r = self.state.engine.get(p, &file_id).await?;
-                Ok(result(json!({ "status": "ok", "file": handle(&r) }), vec![link_of(&r)], false))
+                Ok(with_file(json!({ "status": "ok" }), &r))
             }
             "file_download_url" => self.download_url(p, args(&req.name, a)?).await,
             "file_read_chunk" => self.read_chunk(p, args(&req.name, a)?).await,
             "file_list" => {
                 let ListArg { limit } = args(&req.name, a)?;
                 let files = self.state.engine.list(p, list_limit(limit)?).await?;
-                Ok(result(json!({ "status": "ok", "files": files.iter().map(handle).collect::<Vec<_>>() }), vec![], false))
+                Ok(result(json!({ "status": "ok", "files": files.iter().map(|r| handle(r).0).collect::<Vec<_>>() }), vec![], false))
             }
             "file_delete" => {
                 let FileArg { file_id } = args(&req.name, a)?;
@@ -218,13 +221,12 @@ impl FerryMcp {
             if a.size.is_none() { " -H 'Upload-Length: SIZE'" } else { "" },
             signed.url
         );
-        Ok(result(
+        Ok(with_file(
             json!({
-                "status": "ok", "file": handle(&rec), "upload_url": signed.url, "method": "PATCH", "headers": headers,
+                "status": "ok", "upload_url": signed.url, "method": "PATCH", "headers": headers,
                 "expires_at": crate::upload::rfc3339(signed.expires_at_ms), "max_inline_chunk": self.cfg.max_chunk, "curl": curl,
             }),
-            vec![link_of(&rec)],
-            false,
+            &rec,
         ))
     }
 
@@ -260,7 +262,7 @@ impl FerryMcp {
         };
         let body = http_body_util::Full::new(bytes::Bytes::from(data));
         let rec = self.state.engine.append(p.to_string(), a.file_id, decide, body).await?;
-        Ok(result(json!({ "status": "ok", "file": handle(&rec) }), vec![link_of(&rec)], false))
+        Ok(with_file(json!({ "status": "ok" }), &rec))
     }
 
     /// The finished file `id`, or `upload_incomplete` with its offset as the cursor.
@@ -286,7 +288,7 @@ impl FerryMcp {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for one hour."));
         }
         let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
-        Ok(result(json!({ "status": "ok", "url": s.url, "expires_at": crate::upload::rfc3339(s.expires_at_ms), "file": handle(&r) }), vec![link_of(&r)], false))
+        Ok(with_file(json!({ "status": "ok", "url": s.url, "expires_at": crate::upload::rfc3339(s.expires_at_ms) }), &r))
     }
 
     /// Up to `max` bytes of a finished file from `offset`.
@@ -459,9 +461,10 @@ impl FerryMcp {
                 if let Some(id) = res.get("file").and_then(|f| f.get("id")).and_then(Value::as_str) {
                     if let Ok(r) = self.state.engine.get(p, id).await {
                         let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
-                        v["file"] = handle(&r);
+                        let (h, link) = handle(&r);
+                        v["file"] = h;
                         v["download_url"] = json!(s.url);
-                        extra.push(link_of(&r));
+                        extra.push(link);
                     }
                 }
                 let mut rest = res;
@@ -695,7 +698,7 @@ impl ServerHandler for FerryMcp {
         let resources: Vec<Resource> = files
             .iter()
             .filter(|r| r.is_finished())
-            .filter_map(|r| match link_of(r) {
+            .filter_map(|r| match handle(r).1 {
                 ContentBlock::ResourceLink(res) => Some(res),
                 _ => None,
             })
