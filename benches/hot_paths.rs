@@ -18,9 +18,9 @@
 
 #[path = "support/mod.rs"]
 mod support;
-use support::pseudo_random;
 use std::hint::black_box;
 use std::time::Duration;
+use support::pseudo_random;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};

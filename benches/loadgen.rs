@@ -216,12 +216,7 @@ fn report(bytes: u64, secs: f64, requests: usize, mut lat_ms: Vec<f64>) {
     let mut line = format!("mbps={:.1} secs={secs:.3} bytes={bytes} requests={requests}", bytes as f64 / secs / 1e6);
     if !lat_ms.is_empty() {
         lat_ms.sort_by(f64::total_cmp);
-        line.push_str(&format!(
-            " p50_ms={:.1} p99_ms={:.1} max_ms={:.1}",
-            percentile(&lat_ms, 50.0),
-            percentile(&lat_ms, 99.0),
-            lat_ms.last().copied().unwrap_or(f64::NAN)
-        ));
+        line.push_str(&format!(" p50_ms={:.1} p99_ms={:.1} max_ms={:.1}", percentile(&lat_ms, 50.0), percentile(&lat_ms, 99.0), lat_ms.last().copied().unwrap_or(f64::NAN)));
     }
     println!("{line}");
 }

@@ -32,12 +32,12 @@
 
 #[path = "support/mod.rs"]
 mod support;
-use support::pseudo_random;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::pseudo_random;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -90,11 +90,7 @@ fn cpu_seconds(pid: &str) -> f64 {
 /// A field of /proc/PID/status in KiB (e.g. VmHWM).
 fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -186,13 +182,7 @@ impl Drop for Server {
 }
 
 async fn ferry_upload(client: &reqwest::Client, base: &str, pid: u32, pool: &Bytes, size: u64, expect: Option<[u8; 32]>) -> Sample {
-    let res = client
-        .post(format!("{base}/files/"))
-        .header("Tus-Resumable", "1.0.0")
-        .header("Upload-Length", size.to_string())
-        .send()
-        .await
-        .expect("POST /files/");
+    let res = client.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", size.to_string()).send().await.expect("POST /files/");
     assert_eq!(res.status().as_u16(), 201, "POST: {:?}", res.text().await);
     let loc = res.headers().get("location").expect("Location").to_str().unwrap().to_string();
     let url = if loc.starts_with("http") { loc } else { format!("{base}{loc}") };

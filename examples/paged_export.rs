@@ -281,7 +281,11 @@ async fn main() -> anyhow::Result<()> {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(&body))
     };
-    let ids: Vec<u64> = body.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice::<Value>(l).map(|v| v["id"].as_u64().unwrap_or(u64::MAX))).collect::<Result<_, _>>()?;
+    let ids: Vec<u64> = body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice::<Value>(l).map(|v| v["id"].as_u64().unwrap_or(u64::MAX)))
+        .collect::<Result<_, _>>()?;
     let expected: Vec<u64> = (0..PAGES * PER_PAGE).collect();
     println!("export.jsonl: {} lines, {} bytes, sha256 {sha}", ids.len(), body.len());
     if ids != expected {

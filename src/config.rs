@@ -106,11 +106,7 @@ const MAX_SIZE: u64 = i64::MAX as u64;
 /// A byte size: plain digits or a number with a unit (`64MiB`, `1TiB`, `500MB`); 1 to 2^63-1.
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        s.parse::<u64>().ok()
-    } else {
-        s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64())
-    };
+    let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) { s.parse::<u64>().ok() } else { s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64()) };
     match n {
         Some(n) if (1..=MAX_SIZE).contains(&n) => Ok(n),
         Some(_) => Err(format!("size {s:?} must be between 1 byte and 8EiB")),
@@ -131,8 +127,7 @@ fn parse_expiry(s: &str) -> Result<Expiry, String> {
     match s.trim() {
         "never" => Ok(Expiry(None)),
         // Past 100 years an expiry is `never` in all but name, and dates stay printable.
-        other => parse_duration_min(other, Duration::from_secs(1))
-            .map(|d| Expiry(Some(d.min(Duration::from_secs(100 * 365 * 86_400))))),
+        other => parse_duration_min(other, Duration::from_secs(1)).map(|d| Expiry(Some(d.min(Duration::from_secs(100 * 365 * 86_400))))),
     }
 }
 
@@ -274,9 +269,7 @@ impl Config {
         };
         let file = config_path.as_deref().map(read_file).transpose()?.unwrap_or_default();
         let tasks = file.tasks;
-        let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> {
-            v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose()
-        };
+        let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> { v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose() };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
         Ok(Config {
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid")),

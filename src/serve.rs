@@ -10,10 +10,10 @@ use crate::catalog::SqliteCatalog;
 use crate::config::{Config, Durability};
 use crate::http::auth::Tokens;
 use crate::http::{app, AppState, HttpConfig};
-use crate::tasks::{Engine, TaskConfig};
-use crate::metrics::Metrics;
 use crate::mcp::{FerryMcp, McpConfig};
+use crate::metrics::Metrics;
 use crate::signing::{Links, UrlSigner};
+use crate::tasks::{Engine, TaskConfig};
 use crate::upload::{EngineConfig, UploadEngine};
 
 /// How long graceful shutdown waits for in-flight requests after asking PATCHes to stop.
@@ -129,11 +129,9 @@ fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
     match f.try_lock() {
         Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "another ferry process is serving the data directory {} (it holds {}); stop it, or give this one its own --data",
-            data.display(),
-            path.display()
-        ),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            anyhow::bail!("another ferry process is serving the data directory {} (it holds {}); stop it, or give this one its own --data", data.display(), path.display())
+        }
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }
 }
@@ -145,11 +143,7 @@ fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
     if addr.ip().is_unspecified() {
         return Vec::new();
     }
-    let mut hosts: Vec<String> = if addr.ip().is_loopback() {
-        vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
-    } else {
-        vec![addr.ip().to_string()]
-    };
+    let mut hosts: Vec<String> = if addr.ip().is_loopback() { vec!["localhost".into(), "127.0.0.1".into(), "::1".into()] } else { vec![addr.ip().to_string()] };
     if let Some(host) = cfg.public_url.as_deref().and_then(|u| u.parse::<http::Uri>().ok()).and_then(|u| u.host().map(str::to_owned)) {
         hosts.push(host.trim_start_matches('[').trim_end_matches(']').to_string());
     }

@@ -587,14 +587,7 @@ async fn closed_stdout_is_a_quiet_exit() {
     let cache = dir.path().join("cache");
     let data = pseudo_random(3 << 20, 31);
     let id = Api::new(&s).upload(&data, "pipe.bin").await;
-    let runs: [&[&str]; 6] = [
-        &["ls"],
-        &["ls", "--json"],
-        &["status", &id],
-        &["share", &id],
-        &["download", &id, "-o", "-", "-q"],
-        &["task", "list"],
-    ];
+    let runs: [&[&str]; 6] = [&["ls"], &["ls", "--json"], &["status", &id], &["share", &id], &["download", &id, "-o", "-", "-q"], &["task", "list"]];
     for args in runs {
         let mut c = ferry(&s.base, &cache, args);
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).env("RUST_BACKTRACE", "1");
@@ -700,7 +693,11 @@ async fn url_store_is_per_token() {
     let cache = dir.path().join("cache");
     let cfg = dir.path().join("ferry.toml");
     let (t1, t2) = ("fy_cli_store_one", "fy_cli_store_two");
-    std::fs::write(&cfg, format!("[[tokens]]\nprincipal = \"one\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"two\"\nsha256 = \"{}\"\n", sha256_hex(t1.as_bytes()), sha256_hex(t2.as_bytes()))).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("[[tokens]]\nprincipal = \"one\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"two\"\nsha256 = \"{}\"\n", sha256_hex(t1.as_bytes()), sha256_hex(t2.as_bytes())),
+    )
+    .unwrap();
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let (src, _) = source(dir.path(), "shared.bin", 100_000, 70);
     let up = |token: &str| out(ferry(&s.base, &cache, &["upload", "--json", "-q", src.to_str().unwrap()]).env("FERRY_TOKEN", token));

@@ -8,7 +8,16 @@ async fn cors_preflight_and_exposed_headers() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let r = t
-        .request("OPTIONS", "/files/", &[("Origin", "http://app.example"), ("Access-Control-Request-Method", "PATCH"), ("Access-Control-Request-Headers", "upload-offset,tus-resumable,upload-checksum,content-type")], None)
+        .request(
+            "OPTIONS",
+            "/files/",
+            &[
+                ("Origin", "http://app.example"),
+                ("Access-Control-Request-Method", "PATCH"),
+                ("Access-Control-Request-Headers", "upload-offset,tus-resumable,upload-checksum,content-type"),
+            ],
+            None,
+        )
         .await;
     assert!(r.status().is_success());
     assert_eq!(header(&r, "access-control-allow-origin"), Some("*"));

@@ -12,7 +12,8 @@ async fn other_origins_cannot_drive_the_api_or_mcp_but_may_upload_with_tus() {
     let s = Server::start(&[]);
     let c = client();
     // A "simple" cross-origin POST (no preflight in a browser) is refused before it runs.
-    let r = c.post(s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("content-type", "text/plain").body(r#"{"kind":"archive","args":{}}"#).send().await.unwrap();
+    let r =
+        c.post(s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("content-type", "text/plain").body(r#"{"kind":"archive","args":{}}"#).send().await.unwrap();
     problem(r, 403, "unauthorized").await;
     let r = c.get(s.url("/api/v1/files")).header("origin", "http://evil.example").send().await.unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none());
@@ -20,7 +21,8 @@ async fn other_origins_cannot_drive_the_api_or_mcp_but_may_upload_with_tus() {
     let r = c.post(s.url("/mcp")).header("origin", "http://evil.example").header("content-type", "application/json").body("{}").send().await.unwrap();
     problem(r, 403, "unauthorized").await;
     // No CORS preflight approval for the API.
-    let r = c.request(reqwest::Method::OPTIONS, s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("access-control-request-method", "POST").send().await.unwrap();
+    let r =
+        c.request(reqwest::Method::OPTIONS, s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("access-control-request-method", "POST").send().await.unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none(), "{:?}", r.headers());
     // Same origin is fine.
     let r = c.get(s.url("/api/v1/files")).header("origin", format!("http://{}", s.addr())).send().await.unwrap();
@@ -49,12 +51,7 @@ async fn without_tokens_only_this_servers_host_names_are_served() {
 #[test]
 fn a_second_server_on_the_same_data_dir_is_refused() {
     let first = Server::start(&[]);
-    let out = std::process::Command::new(common::ferry_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(&first.data)
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(common::ferry_bin()).args(["serve", "--listen", "127.0.0.1:0", "--data"]).arg(&first.data).env("RUST_LOG", "error").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("another ferry process is serving the data directory"), "{err}");

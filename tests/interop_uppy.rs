@@ -15,10 +15,7 @@ use common::*;
 #[tokio::test]
 async fn uppy_in_chromium_cross_origin_pause_resume() {
     let chromium = std::env::var("FERRY_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&chromium).exists(),
-        "Chromium not found at {chromium}: `bash .ci/run` installs it (`apt-get install -y chromium`)"
-    );
+    assert!(std::path::Path::new(&chromium).exists(), "Chromium not found at {chromium}: `bash .ci/run` installs it (`apt-get install -y chromium`)");
     assert!(
         manifest_dir().join("tests/clients/node/node_modules/@uppy/tus/package.json").exists(),
         "Uppy is not installed: run `bash .ci/run` or `(cd tests/clients/node && npm ci)`"
@@ -27,11 +24,7 @@ async fn uppy_in_chromium_cross_origin_pause_resume() {
     let shot = manifest_dir().join("target/test-artifacts/uppy-chromium.png");
     let _ = std::fs::remove_file(&shot);
     let size = 6 * 1024 * 1024 + 123;
-    let out = run_json_client(
-        node_script("uppy/run.js", &[&s.base, shot.to_str().unwrap(), &size.to_string(), &(512 * 1024).to_string()]),
-        300,
-    )
-    .await;
+    let out = run_json_client(node_script("uppy/run.js", &[&s.base, shot.to_str().unwrap(), &size.to_string(), &(512 * 1024).to_string()]), 300).await;
     eprintln!("uppy: {out}");
     // Cross-origin for real.
     let origin = out["origin"].as_str().unwrap();

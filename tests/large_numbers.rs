@@ -35,17 +35,16 @@ async fn five_gib_upload_and_a_range_across_4_gib() {
             h.lock().unwrap().update(&data);
             Ok::<_, std::io::Error>(data)
         }));
-        let r = t
-            .c
-            .patch(&url)
-            .header("Tus-Resumable", "1.0.0")
-            .header("Content-Type", OCTET)
-            .header("Upload-Offset", from.to_string())
-            .header("Content-Length", (to - from).to_string())
-            .body(reqwest::Body::wrap_stream(stream))
-            .send()
-            .await
-            .unwrap();
+        let r =
+            t.c.patch(&url)
+                .header("Tus-Resumable", "1.0.0")
+                .header("Content-Type", OCTET)
+                .header("Upload-Offset", from.to_string())
+                .header("Content-Length", (to - from).to_string())
+                .body(reqwest::Body::wrap_stream(stream))
+                .send()
+                .await
+                .unwrap();
         assert_eq!(r.status(), 204, "{:?}", r.text().await);
         assert_eq!(header_u64(&r, "upload-offset"), Some(to));
     }

@@ -127,7 +127,22 @@ async fn export_and_receive_over_http_with_native_tasks() {
         assert!(t.annotations.is_some(), "{} has annotations", t.name);
     }
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    for n in ["file_upload_begin", "file_upload_chunk", "file_status", "file_download_url", "file_read_chunk", "file_list", "file_delete", "task_get", "task_respond", "task_cancel", "task_list", "archive_files", "compress_file", "fetch_url"] {
+    for n in [
+        "file_upload_begin",
+        "file_upload_chunk",
+        "file_status",
+        "file_download_url",
+        "file_read_chunk",
+        "file_list",
+        "file_delete",
+        "task_get",
+        "task_respond",
+        "task_cancel",
+        "task_list",
+        "archive_files",
+        "compress_file",
+        "fetch_url",
+    ] {
         assert!(names.contains(&n), "missing tool {n}");
     }
     let delete = tools.iter().find(|t| t.name == "file_delete").unwrap().annotations.clone().unwrap();
@@ -230,11 +245,8 @@ async fn input_requests_are_elicitation_forms_and_answers_resume_the_task() {
 async fn principals_are_isolated_and_signed_urls_open_one_file() {
     let tmp = tempfile::tempdir().unwrap();
     let (alice, bob) = ("fy_alice_token_for_tests", "fy_bob_token_for_tests");
-    let toml = format!(
-        "[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n",
-        sha256_hex(alice.as_bytes()),
-        sha256_hex(bob.as_bytes())
-    );
+    let toml =
+        format!("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n", sha256_hex(alice.as_bytes()), sha256_hex(bob.as_bytes()));
     let cfg = write_file(tmp.path(), "ferry.toml", &toml);
     let server = Server::start(&["--config", cfg.to_str().unwrap()]);
     // No token: 401 before MCP is reached.
@@ -246,7 +258,12 @@ async fn principals_are_isolated_and_signed_urls_open_one_file() {
     let fa = upload_by_url(&a, "a.txt", b"alice's bytes").await;
     let fb = upload_by_url(&b, "b.txt", b"bob's bytes").await;
     let task = ok(&a, "archive_files", json!({ "file_ids": [fa] })).await["task_id"].as_str().unwrap().to_string();
-    for (tool, args) in [("file_status", json!({ "file_id": fa })), ("file_delete", json!({ "file_id": fa })), ("task_get", json!({ "task_id": task })), ("task_cancel", json!({ "task_id": task }))] {
+    for (tool, args) in [
+        ("file_status", json!({ "file_id": fa })),
+        ("file_delete", json!({ "file_id": fa })),
+        ("task_get", json!({ "task_id": task })),
+        ("task_cancel", json!({ "task_id": task })),
+    ] {
         let (v, err, _) = call(&b, tool, args).await;
         assert!(err && v["error"]["code"] == "not_found", "bob {tool}: {v}");
     }

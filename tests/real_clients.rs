@@ -37,21 +37,15 @@ fn manifest_dir() -> PathBuf {
 }
 
 fn node_dir() -> PathBuf {
-    std::env::var_os("FERRY_NODE_CLIENTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("tests/clients/node"))
+    std::env::var_os("FERRY_NODE_CLIENTS").map(PathBuf::from).unwrap_or_else(|| manifest_dir().join("tests/clients/node"))
 }
 
 fn node_bin() -> PathBuf {
-    std::env::var_os("FERRY_NODE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "node".into())
+    std::env::var_os("FERRY_NODE").map(PathBuf::from).unwrap_or_else(|| "node".into())
 }
 
 fn python_bin() -> PathBuf {
-    std::env::var_os("FERRY_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("tests/clients/python/.venv/bin/python"))
+    std::env::var_os("FERRY_PYTHON").map(PathBuf::from).unwrap_or_else(|| manifest_dir().join("tests/clients/python/.venv/bin/python"))
 }
 
 fn python_dir() -> PathBuf {
@@ -61,14 +55,7 @@ fn python_dir() -> PathBuf {
 /// A command with no proxy settings: everything here talks to loopback.
 fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
-    for var in [
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-    ] {
+    for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         cmd.env_remove(var);
     }
     cmd.env("NO_PROXY", "*").env("no_proxy", "*");
@@ -79,17 +66,11 @@ fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
 /// Run `cmd` to completion (killed after `CLIENT_TIMEOUT`), on a blocking thread.
 async fn run(mut cmd: Command) -> Output {
     let what = format!("{cmd:?}");
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}\n{INSTALL_HINT}"));
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}\n{INSTALL_HINT}"));
     let pid = child.id();
     let waiter = tokio::task::spawn_blocking(move || child.wait_with_output());
     match tokio::time::timeout(CLIENT_TIMEOUT, waiter).await {
-        Ok(out) => out
-            .unwrap()
-            .unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
+        Ok(out) => out.unwrap().unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
         Err(_) => {
             let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
             panic!("{what} did not finish within {CLIENT_TIMEOUT:?}");
@@ -103,20 +84,9 @@ async fn run_client(cmd: Command) -> serde_json::Value {
     let out = run(cmd).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "client failed ({}): {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| {
-            panic!("no JSON line from {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
-        });
-    let v: serde_json::Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?} from {what}: {e}"));
+    assert!(out.status.success(), "client failed ({}): {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| panic!("no JSON line from {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?} from {what}: {e}"));
     assert!(v["url"].is_string(), "no \"url\" in {line}");
     eprintln!("{what}\n  -> {line}");
     v
@@ -124,53 +94,24 @@ async fn run_client(cmd: Command) -> serde_json::Value {
 
 fn require_node() {
     let dir = node_dir();
-    let ok = command(node_bin())
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "Node.js not found (`{}`); install Node 20. {INSTALL_HINT}",
-        node_bin().display()
-    );
+    let ok = command(node_bin()).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(ok, "Node.js not found (`{}`); install Node 20. {INSTALL_HINT}", node_bin().display());
     let pkg = dir.join("node_modules/tus-js-client/package.json");
-    assert!(
-        pkg.exists(),
-        "tus-js-client is not installed: {} is missing. Run `npm ci` in {}. {INSTALL_HINT}",
-        pkg.display(),
-        dir.display()
-    );
+    assert!(pkg.exists(), "tus-js-client is not installed: {} is missing. Run `npm ci` in {}. {INSTALL_HINT}", pkg.display(), dir.display());
 }
 
 fn require_python() {
     let py = python_bin();
-    let out = command(&py)
-        .args([
-            "-c",
-            "import tusclient, importlib.metadata as m; print(m.version('tuspy'))",
-        ])
-        .output();
+    let out = command(&py).args(["-c", "import tusclient, importlib.metadata as m; print(m.version('tuspy'))"]).output();
     match out {
         Ok(o) if o.status.success() => {}
-        Ok(o) => panic!(
-            "`{}` cannot import tusclient (tuspy): {}\n{INSTALL_HINT}",
-            py.display(),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => panic!(
-            "Python venv with tuspy not found at `{}` ({e}).\n{INSTALL_HINT}",
-            py.display()
-        ),
+        Ok(o) => panic!("`{}` cannot import tusclient (tuspy): {}\n{INSTALL_HINT}", py.display(), String::from_utf8_lossy(&o.stderr)),
+        Err(e) => panic!("Python venv with tuspy not found at `{}` ({e}).\n{INSTALL_HINT}", py.display()),
     }
 }
 
 fn require_curl() {
-    let ok = command("curl")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let ok = command("curl").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     assert!(ok, "curl not found on PATH. {INSTALL_HINT}");
 }
 
@@ -186,11 +127,7 @@ fn source(len: usize, seed: u64) -> Source {
     let path = dir.path().join(format!("source-{seed}.bin"));
     let data = pseudo_random(len, seed);
     std::fs::write(&path, &data).unwrap();
-    Source {
-        _dir: dir,
-        path,
-        data,
-    }
+    Source { _dir: dir, path, data }
 }
 
 /// Resolve an upload URL a client printed against the server (relative or absolute), and
@@ -203,34 +140,16 @@ fn resolve(server: &Server, url: &str) -> String {
     } else {
         server.url(&format!("/files/{url}"))
     };
-    assert!(
-        abs.starts_with(&server.url("/files/")),
-        "upload URL {url:?} (resolved {abs}) is not under {}",
-        server.url("/files/")
-    );
+    assert!(abs.starts_with(&server.url("/files/")), "upload URL {url:?} (resolved {abs}) is not under {}", server.url("/files/"));
     abs
 }
 
 /// Decode the sha-256 member of a `Repr-Digest` header to hex.
 fn repr_digest_sha256_hex(header: &str) -> String {
-    let member = header
-        .split(',')
-        .map(str::trim)
-        .find_map(|m| m.strip_prefix("sha-256="))
-        .unwrap_or_else(|| panic!("no sha-256 in Repr-Digest {header:?}"));
-    let b64 = member
-        .strip_prefix(':')
-        .and_then(|m| m.strip_suffix(':'))
-        .unwrap_or_else(|| panic!("Repr-Digest sha-256 is not a byte sequence (:…:): {header:?}"));
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .unwrap_or_else(|e| panic!("Repr-Digest {header:?} is not base64: {e}"));
-    assert_eq!(
-        raw.len(),
-        32,
-        "Repr-Digest sha-256 of {} bytes: {header:?}",
-        raw.len()
-    );
+    let member = header.split(',').map(str::trim).find_map(|m| m.strip_prefix("sha-256=")).unwrap_or_else(|| panic!("no sha-256 in Repr-Digest {header:?}"));
+    let b64 = member.strip_prefix(':').and_then(|m| m.strip_suffix(':')).unwrap_or_else(|| panic!("Repr-Digest sha-256 is not a byte sequence (:…:): {header:?}"));
+    let raw = base64::engine::general_purpose::STANDARD.decode(b64).unwrap_or_else(|e| panic!("Repr-Digest {header:?} is not base64: {e}"));
+    assert_eq!(raw.len(), 32, "Repr-Digest sha-256 of {} bytes: {header:?}", raw.len());
     hex::encode(raw)
 }
 
@@ -243,49 +162,24 @@ async fn verify_download(server: &Server, url: &str, src: &Source) {
     let status = resp.status();
     let headers = resp.headers().clone();
     let body = resp.bytes().await.expect("GET body");
-    assert_eq!(
-        status,
-        200,
-        "GET {url}: {status}; body starts {:?}",
-        String::from_utf8_lossy(&body[..body.len().min(300)])
-    );
+    assert_eq!(status, 200, "GET {url}: {status}; body starts {:?}", String::from_utf8_lossy(&body[..body.len().min(300)]));
     assert_eq!(body.len(), src.data.len(), "GET {url}: length");
     let want = sha256_hex(&src.data);
-    assert_eq!(
-        sha256_hex(&body),
-        want,
-        "GET {url}: content differs from the source"
-    );
-    let digest = headers
-        .get("repr-digest")
-        .unwrap_or_else(|| panic!("GET {url}: no Repr-Digest header; headers: {headers:?}"))
-        .to_str()
-        .unwrap();
-    assert_eq!(
-        repr_digest_sha256_hex(digest),
-        want,
-        "GET {url}: Repr-Digest {digest:?} != source sha256"
-    );
+    assert_eq!(sha256_hex(&body), want, "GET {url}: content differs from the source");
+    let digest = headers.get("repr-digest").unwrap_or_else(|| panic!("GET {url}: no Repr-Digest header; headers: {headers:?}")).to_str().unwrap();
+    assert_eq!(repr_digest_sha256_hex(digest), want, "GET {url}: Repr-Digest {digest:?} != source sha256");
 }
 
 fn node_script(name: &str, server: &Server, src: &Source, extra: &[&str]) -> Command {
     let dir = node_dir();
     let mut cmd = command(node_bin());
-    cmd.current_dir(&dir)
-        .arg(dir.join(name))
-        .arg(&server.base)
-        .arg(&src.path)
-        .args(extra);
+    cmd.current_dir(&dir).arg(dir.join(name)).arg(&server.base).arg(&src.path).args(extra);
     cmd
 }
 
 fn tuspy(server: &Server, src: &Source, extra: &[&str]) -> Command {
     let mut cmd = command(python_bin());
-    cmd.current_dir(python_dir())
-        .arg(python_dir().join("tuspy_upload.py"))
-        .arg(&server.base)
-        .arg(&src.path)
-        .args(extra);
+    cmd.current_dir(python_dir()).arg(python_dir().join("tuspy_upload.py")).arg(&server.base).arg(&src.path).args(extra);
     cmd
 }
 
@@ -371,12 +265,7 @@ async fn tuspy_single_request_no_checksum() {
     require_python();
     let server = Server::start(&[]);
     let src = source(SRC_LEN, 23);
-    let out = run_client(tuspy(
-        &server,
-        &src,
-        &["--chunk-size", "1073741824", "--no-checksum"],
-    ))
-    .await;
+    let out = run_client(tuspy(&server, &src, &["--chunk-size", "1073741824", "--no-checksum"])).await;
     verify_download(&server, out["url"].as_str().unwrap(), &src).await;
 }
 
@@ -385,12 +274,7 @@ async fn tuspy_resume_from_url_storage() {
     require_python();
     let server = Server::start(&[]);
     let src = source(SRC_LEN, 24);
-    let out = run_client(tuspy(
-        &server,
-        &src,
-        &["--chunk-size", "262144", "--resume-after", "3"],
-    ))
-    .await;
+    let out = run_client(tuspy(&server, &src, &["--chunk-size", "262144", "--resume-after", "3"])).await;
     assert_eq!(out["resumed_from"], 3 * 262_144, "{out}");
     verify_download(&server, out["url"].as_str().unwrap(), &src).await;
 }
@@ -409,12 +293,7 @@ async fn tuspy_wrong_checksum_is_refused_with_460() {
     require_python();
     let server = Server::start(&[]);
     let src = source(SRC_LEN, 26);
-    let out = run_client(tuspy(
-        &server,
-        &src,
-        &["--chunk-size", "262144", "--corrupt-checksum"],
-    ))
-    .await;
+    let out = run_client(tuspy(&server, &src, &["--chunk-size", "262144", "--corrupt-checksum"])).await;
     assert_eq!(out["rejected_status"], 460, "{out}");
     assert_eq!(out["offset_after"], 0, "the refused chunk was kept: {out}");
     resolve(&server, out["url"].as_str().unwrap());
@@ -431,30 +310,17 @@ async fn curl(args: &[&str], body_out: Option<&Path>) -> (u16, HashMap<String, S
     cmd.args(["-sS", "--noproxy", "*", "--max-time", "120", "-D"])
         .arg(&hdr)
         .arg("-o")
-        .arg(
-            body_out
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| "/dev/null".into()),
-        )
+        .arg(body_out.map(Path::to_path_buf).unwrap_or_else(|| "/dev/null".into()))
         .args(["-w", "%{http_code}"])
         .args(args);
     let what = format!("{cmd:?}");
     let out = run(cmd).await;
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
     let code: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     let raw = std::fs::read_to_string(&hdr).unwrap();
     // With `Expect: 100-continue` the dump holds two header blocks; keep the last one.
     let last_block = raw.trim_end().rsplit("\r\n\r\n").next().unwrap_or("");
-    let headers = last_block
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+    let headers = last_block.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
     eprintln!("{what}\n  -> {code}");
     (code, headers)
 }
@@ -474,24 +340,9 @@ async fn curl_create_two_patches_and_range_download() {
 
     // Create.
     let len_hdr = format!("Upload-Length: {n}");
-    let (code, h) = curl(
-        &[
-            "-X",
-            "POST",
-            "-H",
-            "Tus-Resumable: 1.0.0",
-            "-H",
-            &len_hdr,
-            &server.url("/files/"),
-        ],
-        None,
-    )
-    .await;
+    let (code, h) = curl(&["-X", "POST", "-H", "Tus-Resumable: 1.0.0", "-H", &len_hdr, &server.url("/files/")], None).await;
     assert_eq!(code, 201, "POST /files/: {h:?}");
-    let location = h
-        .get("location")
-        .unwrap_or_else(|| panic!("no Location: {h:?}"))
-        .clone();
+    let location = h.get("location").unwrap_or_else(|| panic!("no Location: {h:?}")).clone();
     let url = resolve(&server, &location);
 
     // Two PATCHes.
@@ -499,44 +350,17 @@ async fn curl_create_two_patches_and_range_download() {
     for part in [&part1, &part2] {
         let off_hdr = format!("Upload-Offset: {offset}");
         let data = format!("@{}", part.display());
-        let (code, h) = curl(
-            &[
-                "-X",
-                "PATCH",
-                "-H",
-                "Tus-Resumable: 1.0.0",
-                "-H",
-                &off_hdr,
-                "-H",
-                "Content-Type: application/offset+octet-stream",
-                "--data-binary",
-                &data,
-                &url,
-            ],
-            None,
-        )
-        .await;
+        let (code, h) =
+            curl(&["-X", "PATCH", "-H", "Tus-Resumable: 1.0.0", "-H", &off_hdr, "-H", "Content-Type: application/offset+octet-stream", "--data-binary", &data, &url], None).await;
         offset += std::fs::metadata(part).unwrap().len();
         assert_eq!(code, 204, "PATCH {url} at {off_hdr}: {h:?}");
-        assert_eq!(
-            h.get("upload-offset").map(String::as_str),
-            Some(offset.to_string().as_str()),
-            "{h:?}"
-        );
+        assert_eq!(h.get("upload-offset").map(String::as_str), Some(offset.to_string().as_str()), "{h:?}");
 
         // HEAD agrees.
         let (code, h) = curl(&["-I", "-H", "Tus-Resumable: 1.0.0", &url], None).await;
         assert_eq!(code, 200, "HEAD {url}: {h:?}");
-        assert_eq!(
-            h.get("upload-offset").map(String::as_str),
-            Some(offset.to_string().as_str()),
-            "{h:?}"
-        );
-        assert_eq!(
-            h.get("upload-length").map(String::as_str),
-            Some(n.to_string().as_str()),
-            "{h:?}"
-        );
+        assert_eq!(h.get("upload-offset").map(String::as_str), Some(offset.to_string().as_str()), "{h:?}");
+        assert_eq!(h.get("upload-length").map(String::as_str), Some(n.to_string().as_str()), "{h:?}");
     }
 
     // Range download with `curl -r`.
@@ -545,37 +369,21 @@ async fn curl_create_two_patches_and_range_download() {
     let range = format!("{lo}-{hi}");
     let (code, h) = curl(&["-r", &range, &url], Some(&range_file)).await;
     assert_eq!(code, 206, "GET -r {range}: {h:?}");
-    assert_eq!(
-        h.get("content-range").map(String::as_str),
-        Some(format!("bytes {lo}-{hi}/{n}").as_str()),
-        "{h:?}"
-    );
+    assert_eq!(h.get("content-range").map(String::as_str), Some(format!("bytes {lo}-{hi}/{n}").as_str()), "{h:?}");
     let got = std::fs::read(&range_file).unwrap();
-    assert!(
-        got == src.data[lo..=hi],
-        "range {range}: {} bytes differ from the source",
-        got.len()
-    );
+    assert!(got == src.data[lo..=hi], "range {range}: {} bytes differ from the source", got.len());
 
     // Suffix range: the last 777 bytes.
     let (code, h) = curl(&["-r", "-777", &url], Some(&range_file)).await;
     assert_eq!(code, 206, "GET -r -777: {h:?}");
-    assert!(
-        std::fs::read(&range_file).unwrap() == src.data[n - 777..],
-        "suffix range differs"
-    );
+    assert!(std::fs::read(&range_file).unwrap() == src.data[n - 777..], "suffix range differs");
 
     // Whole file with curl, then the common check (sha256 + Repr-Digest) over reqwest.
     let full = dir.join("full");
     let (code, h) = curl(&[&url], Some(&full)).await;
     assert_eq!(code, 200, "GET {url}: {h:?}");
-    assert_eq!(
-        sha256_hex(&std::fs::read(&full).unwrap()),
-        sha256_hex(&src.data)
-    );
-    let digest = h
-        .get("repr-digest")
-        .unwrap_or_else(|| panic!("no Repr-Digest: {h:?}"));
+    assert_eq!(sha256_hex(&std::fs::read(&full).unwrap()), sha256_hex(&src.data));
+    let digest = h.get("repr-digest").unwrap_or_else(|| panic!("no Repr-Digest: {h:?}"));
     assert_eq!(repr_digest_sha256_hex(digest), sha256_hex(&src.data));
     verify_download(&server, &location, &src).await;
 }

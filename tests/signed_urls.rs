@@ -37,7 +37,8 @@ async fn signed_urls_open_one_file_for_one_scope_until_they_expire() {
     assert_eq!(http.head(&url).send().await.unwrap().status(), 200);
 
     // Wrong method for the scope, another file, a tampered signature or expiry.
-    let patch = http.patch(&url).header("tus-resumable", "1.0.0").header("upload-offset", "0").header("content-type", "application/offset+octet-stream").body("x").send().await.unwrap();
+    let patch =
+        http.patch(&url).header("tus-resumable", "1.0.0").header("upload-offset", "0").header("content-type", "application/offset+octet-stream").body("x").send().await.unwrap();
     problem(patch, 403, "unauthorized").await;
     problem(http.get(url.replace(&a, &b)).send().await.unwrap(), 403, "unauthorized").await;
     let tampered = format!("{}{}", &url[..url.len() - 1], if url.ends_with('A') { 'B' } else { 'A' });
@@ -68,7 +69,15 @@ async fn signed_urls_open_one_file_for_one_scope_until_they_expire() {
     let up = share(&api, &id, r#"{"scope": "upload"}"#).await;
     let head = http.head(&up).header("tus-resumable", "1.0.0").send().await.unwrap();
     assert_eq!(common::header_u64(&head, "upload-offset"), Some(0));
-    let r = http.patch(&up).header("tus-resumable", "1.0.0").header("upload-offset", "0").header("content-type", "application/offset+octet-stream").body("0123456789").send().await.unwrap();
+    let r = http
+        .patch(&up)
+        .header("tus-resumable", "1.0.0")
+        .header("upload-offset", "0")
+        .header("content-type", "application/offset+octet-stream")
+        .body("0123456789")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     problem(http.get(&up).send().await.unwrap(), 403, "unauthorized").await;
     problem(http.delete(&up).header("tus-resumable", "1.0.0").send().await.unwrap(), 403, "unauthorized").await;

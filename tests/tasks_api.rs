@@ -443,7 +443,14 @@ async fn another_principals_tasks_and_files_do_not_exist() {
         let r = bob.send(m, path, &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0")], Some(body.as_bytes().to_vec())).await;
         problem(r, 404, "not_found").await;
         // An id that really does not exist answers the same.
-        let r = bob.send(m, &path.replace(&task, "nonexistent").replace(&file, "nonexistent").replace(&unfinished, "nonexistent"), &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0")], Some(body.as_bytes().to_vec())).await;
+        let r = bob
+            .send(
+                m,
+                &path.replace(&task, "nonexistent").replace(&file, "nonexistent").replace(&unfinished, "nonexistent"),
+                &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0")],
+                Some(body.as_bytes().to_vec()),
+            )
+            .await;
         problem(r, 404, "not_found").await;
     }
     // TUS routes on alice's files as bob.
@@ -511,7 +518,9 @@ async fn another_principals_tasks_and_files_do_not_exist() {
     ];
     for (m, path) in &no_auth {
         for who in [&anon, &wrong] {
-            let r = who.send(m, path, &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], Some(br#"{"kind":"external","args":1}"#.to_vec())).await;
+            let r = who
+                .send(m, path, &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], Some(br#"{"kind":"external","args":1}"#.to_vec()))
+                .await;
             assert_eq!(header(&r, "www-authenticate"), Some("Bearer"), "{m} {path}");
             problem(r, 401, "unauthorized").await;
         }

@@ -199,6 +199,10 @@ echo "all {N} lines written" >&2
         .collect();
     let (token, offset) = *resumed.last().unwrap();
     assert!(token >= 50 && token % 50 == 0, "{starts:?}");
-    assert_eq!(offset, expected_lines(N)[..].split_inclusive(|b| *b == b'\n').take(token as usize).map(<[u8]>::len).sum::<usize>() as u64, "FERRY_OFFSET = bytes of the first {token} lines");
+    assert_eq!(
+        offset,
+        expected_lines(N)[..].split_inclusive(|b| *b == b'\n').take(token as usize).map(<[u8]>::len).sum::<usize>() as u64,
+        "FERRY_OFFSET = bytes of the first {token} lines"
+    );
     assert!(offset >= durable, "resumed from at least the checkpoint seen before the kill ({durable}): {starts:?}");
 }

@@ -15,7 +15,8 @@ async fn options_advertises_every_extension_and_algorithm() {
     assert_eq!(header(&r, "tus-max-size"), Some("5368709120"));
     assert_eq!(header(&r, "tus-checksum-algorithm"), Some("sha1,sha256,sha512,md5"));
     let ext: Vec<&str> = header(&r, "tus-extension").unwrap().split(',').collect();
-    for e in ["creation", "creation-with-upload", "creation-defer-length", "expiration", "checksum", "checksum-trailer", "termination", "concatenation", "concatenation-unfinished"] {
+    for e in ["creation", "creation-with-upload", "creation-defer-length", "expiration", "checksum", "checksum-trailer", "termination", "concatenation", "concatenation-unfinished"]
+    {
         assert!(ext.contains(&e), "{e} missing from {ext:?}");
     }
 }
@@ -158,7 +159,8 @@ async fn method_override_is_honoured() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let url = t.create(3).await;
-    let r = t.request("POST", &url, &[("X-HTTP-Method-Override", "PATCH"), ("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await;
+    let r =
+        t.request("POST", &url, &[("X-HTTP-Method-Override", "PATCH"), ("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await;
     assert_eq!(r.status(), 204);
     assert_eq!(t.download(&url).await, b"abc");
     let r = t.request("POST", &url, &[("X-HTTP-Method-Override", "DELETE"), ("Tus-Resumable", "1.0.0")], None).await;
@@ -184,7 +186,8 @@ async fn duplicated_headers_are_refused_not_guessed() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let url = t.create(10).await;
-    let r = t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Upload-Offset", "5").body("abc").send().await.unwrap();
+    let r =
+        t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Upload-Offset", "5").body("abc").send().await.unwrap();
     problem(r, 400, "invalid_argument").await;
     let r = t.c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "5").header("Upload-Length", "6").send().await.unwrap();
     problem(r, 400, "invalid_argument").await;
@@ -208,7 +211,9 @@ async fn a_malformed_chunked_body_is_400_and_keeps_what_arrived() {
     let url = t.create(10).await;
     let path = url.trim_start_matches(&s.base).to_string();
     let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
-    let req = format!("PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n");
+    let req = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n"
+    );
     sock.write_all(req.as_bytes()).unwrap();
     sock.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let mut buf = [0u8; 2048];

@@ -127,7 +127,14 @@ async fn creation_with_upload_stores_the_first_chunk() {
     let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", "text/plain")], Some(b"hello".to_vec())).await;
     problem(r, 415, "invalid_argument").await;
     // A creation body with a failing checksum: the upload exists at offset 0 and says where.
-    let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", &checksum("sha1", b"x"))], Some(b"hello".to_vec())).await;
+    let r = t
+        .request(
+            "POST",
+            "/files/",
+            &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", &checksum("sha1", b"x"))],
+            Some(b"hello".to_vec()),
+        )
+        .await;
     let loc = t.abs(header(&r, "location").expect("Location of the created upload"));
     problem(r, 460, "checksum_mismatch").await;
     assert_eq!(t.offset(&loc).await, 0);
@@ -225,8 +232,14 @@ async fn concatenation_of_finished_partials() {
 async fn concatenation_unfinished_completes_when_the_parts_do() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
-    let a = { let r = t.post(&[("Upload-Length", "3"), ("Upload-Concat", "partial")]).await; t.abs(header(&r, "location").unwrap()) };
-    let b = { let r = t.post(&[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await; t.abs(header(&r, "location").unwrap()) };
+    let a = {
+        let r = t.post(&[("Upload-Length", "3"), ("Upload-Concat", "partial")]).await;
+        t.abs(header(&r, "location").unwrap())
+    };
+    let b = {
+        let r = t.post(&[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await;
+        t.abs(header(&r, "location").unwrap())
+    };
     let r = t.post(&[("Upload-Concat", &format!("final;{a} {b}"))]).await;
     assert_eq!(r.status(), 201);
     let fin = t.abs(header(&r, "location").unwrap());
@@ -295,8 +308,14 @@ async fn unannounced_or_conflicting_trailers_are_refused() {
 async fn a_final_whose_part_is_terminated_expires() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
-    let a = { let r = t.post(&[("Upload-Length", "3"), ("Upload-Concat", "partial")]).await; t.abs(header(&r, "location").unwrap()) };
-    let fin = { let r = t.post(&[("Upload-Concat", &format!("final;{a}"))]).await; t.abs(header(&r, "location").unwrap()) };
+    let a = {
+        let r = t.post(&[("Upload-Length", "3"), ("Upload-Concat", "partial")]).await;
+        t.abs(header(&r, "location").unwrap())
+    };
+    let fin = {
+        let r = t.post(&[("Upload-Concat", &format!("final;{a}"))]).await;
+        t.abs(header(&r, "location").unwrap())
+    };
     assert_eq!(t.request("DELETE", &a, &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
     assert_eq!(t.head(&fin).await.status(), 410, "the final can never complete");
     problem(t.c.get(&fin).send().await.unwrap(), 410, "upload_expired").await;

@@ -233,16 +233,7 @@ impl BlobStore for FsBlobStore {
             Ok(f)
         })
         .await?;
-        Ok(Box::new(FsWriter {
-            file: Arc::new(file),
-            path,
-            stray: self.stray.clone(),
-            gathered: Vec::new(),
-            gathered_len: 0,
-            in_flight: None,
-            flushed: offset,
-            durable,
-        }))
+        Ok(Box::new(FsWriter { file: Arc::new(file), path, stray: self.stray.clone(), gathered: Vec::new(), gathered_len: 0, in_flight: None, flushed: offset, durable }))
     }
 
     async fn len(&self, id: &str) -> BlobResult<Option<u64>> {

@@ -36,8 +36,7 @@ fn to_i64(v: u64) -> CatalogResult<i64> {
 }
 
 fn digest32(v: Option<Vec<u8>>) -> CatalogResult<Option<[u8; 32]>> {
-    v.map(|b| <[u8; 32]>::try_from(b.as_slice()).map_err(|_| CatalogError::Backend("stored digest is not 32 bytes".into())))
-        .transpose()
+    v.map(|b| <[u8; 32]>::try_from(b.as_slice()).map_err(|_| CatalogError::Backend("stored digest is not 32 bytes".into()))).transpose()
 }
 
 fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
@@ -46,10 +45,7 @@ fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
         "partial" => Concat::Partial,
         "final" => {
             let parts: String = r.try_get::<Option<String>, _>("concat_parts")?.unwrap_or_default();
-            Concat::Final {
-                parts: parts.split_whitespace().map(str::to_owned).collect(),
-                header: r.try_get::<Option<String>, _>("concat_header")?.unwrap_or_default(),
-            }
+            Concat::Final { parts: parts.split_whitespace().map(str::to_owned).collect(), header: r.try_get::<Option<String>, _>("concat_header")?.unwrap_or_default() }
         }
         _ => Concat::None,
     };
@@ -74,11 +70,7 @@ fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
 impl SqliteCatalog {
     /// Open (creating if missing) the database file and run pending migrations.
     pub async fn open(path: &Path) -> anyhow::Result<Self> {
-        let opts = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10));
+        let opts = SqliteConnectOptions::new().filename(path).create_if_missing(true).synchronous(SqliteSynchronous::Full).busy_timeout(Duration::from_secs(10));
         Self::connect(opts, false).await
     }
 
@@ -97,13 +89,7 @@ impl SqliteCatalog {
             sqlx::migrate!("./migrations/sqlite").run(&mut conn).await?;
             conn.close().await?;
         }
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if in_memory { 1 } else { 8 })
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(opts)
-            .await?;
+        let pool = SqlitePoolOptions::new().max_connections(if in_memory { 1 } else { 8 }).min_connections(1).idle_timeout(None).max_lifetime(None).connect_with(opts).await?;
         if in_memory {
             sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         }
@@ -147,18 +133,12 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id = ?")))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id = ?"))).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(row_to_record).transpose()
     }
 
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
-        let row = sqlx::query("UPDATE uploads SET fence = fence + 1 WHERE id = ? RETURNING fence")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query("UPDATE uploads SET fence = fence + 1 WHERE id = ? RETURNING fence").bind(id).fetch_optional(&self.pool).await?;
         match row {
             Some(r) => Ok(r.try_get::<i64, _>(0)? as u64),
             None => Err(CatalogError::NotFound),
@@ -201,8 +181,8 @@ impl Catalog for SqliteCatalog {
         )
         .bind(now_ms)
         .bind(id)
-            .execute(&self.pool)
-            .await?;
+        .execute(&self.pool)
+        .await?;
         if done.rows_affected() == 0 {
             return Err(CatalogError::NotFound);
         }
@@ -225,16 +205,11 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids("SELECT id FROM uploads WHERE expired = 1 AND updated_at_ms < ? LIMIT ?", before_ms, limit)
-            .await
+        self.ids("SELECT id FROM uploads WHERE expired = 1 AND updated_at_ms < ? LIMIT ?", before_ms, limit).await
     }
 
     async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND expired = 0"
-        )))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND expired = 0"))).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_record).collect()
     }
 

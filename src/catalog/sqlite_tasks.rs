@@ -62,10 +62,7 @@ fn raw(text: &str) -> CatalogResult<Box<RawValue>> {
 }
 
 async fn task_in(tx: &mut Transaction<'static, Sqlite>, id: &str) -> CatalogResult<Option<TaskRecord>> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?")))
-        .bind(id)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))).bind(id).fetch_optional(&mut **tx).await?;
     row.as_ref().map(row_to_task).transpose()
 }
 
@@ -134,21 +131,16 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?")))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(row_to_task).transpose()
     }
 
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE principal = ? ORDER BY created_at_ms DESC, id LIMIT ?"
-        )))
-        .bind(principal)
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE principal = ? ORDER BY created_at_ms DESC, id LIMIT ?")))
+            .bind(principal)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(row_to_task).collect()
     }
 
@@ -291,11 +283,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?")
-            .bind(id)
-            .bind(fence as i64)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?").bind(id).bind(fence as i64).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -308,10 +296,7 @@ impl TaskCatalog for SqliteCatalog {
         .bind(now_ms)
         .execute(&mut *tx)
         .await?;
-        let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?")
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
+        let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?").bind(now_ms).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(done.rows_affected())
     }

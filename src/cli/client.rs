@@ -97,9 +97,7 @@ pub fn token_identity(token: Option<&str>) -> String {
 /// An HTTP client with the CLI's user agent. `total` bounds a whole request (use `None` for
 /// transfers, whose bodies may take hours); `read` bounds each read of an answer.
 pub fn http_client(total: Option<Duration>, read: Option<Duration>) -> Result<reqwest::Client, CliError> {
-    let mut b = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .user_agent(concat!("ferry-cli/", env!("CARGO_PKG_VERSION")));
+    let mut b = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).user_agent(concat!("ferry-cli/", env!("CARGO_PKG_VERSION")));
     if let Some(t) = total {
         b = b.timeout(t);
     }
@@ -318,12 +316,7 @@ impl Client {
 
     /// Send, retrying network errors and retryable statuses within `retry`; returns the
     /// first answer that is not retryable (which may be an error status).
-    pub async fn send_retrying(
-        &self,
-        retry: &mut Retry,
-        what: &str,
-        build: impl Fn() -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, CliError> {
+    pub async fn send_retrying(&self, retry: &mut Retry, what: &str, build: impl Fn() -> reqwest::RequestBuilder) -> Result<reqwest::Response, CliError> {
         loop {
             match build().send().await {
                 Ok(r) if retryable_status(r.status().as_u16()) => {
@@ -368,9 +361,7 @@ impl Client {
     /// `DELETE` an upload (TUS 1.0 §Termination) with retries.
     pub async fn terminate(&self, retry: &mut Retry, url: &reqwest::Url) -> Result<(), CliError> {
         let what = describe(&reqwest::Method::DELETE, url);
-        let res = self
-            .send_retrying(retry, &what, || self.request(reqwest::Method::DELETE, url).header("tus-resumable", super::upload::TUS_VERSION))
-            .await?;
+        let res = self.send_retrying(retry, &what, || self.request(reqwest::Method::DELETE, url).header("tus-resumable", super::upload::TUS_VERSION)).await?;
         let status = res.status().as_u16();
         if !(200..300).contains(&status) {
             let body = res.text().await.unwrap_or_default();
@@ -432,11 +423,7 @@ pub fn header_u64(h: &reqwest::header::HeaderMap, name: &str) -> Option<u64> {
 
 /// A two-worker tokio runtime, or exit code 1.
 pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the async runtime: {e}")))
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the async runtime: {e}")))
 }
 
 /// Run an async command body and map it to a process exit code (printing the error).

@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{
-    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, CliError, Client, Connection, Retry, EXIT_FAILURE,
-    EXIT_NETWORK, EXIT_USAGE, EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_USAGE,
+    EXIT_VERIFY, TRANSFER_EXIT_CODES,
 };
 use super::progress::Progress;
 

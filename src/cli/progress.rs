@@ -46,13 +46,7 @@ impl Progress {
             b.reset_eta();
             b
         });
-        Progress {
-            bar,
-            label: label.to_string(),
-            total,
-            quiet,
-            state: Mutex::new(Plain { pos, start: Instant::now(), moved: 0, last_line: None, last_pos: None }),
-        }
+        Progress { bar, label: label.to_string(), total, quiet, state: Mutex::new(Plain { pos, start: Instant::now(), moved: 0, last_line: None, last_pos: None }) }
     }
 
     /// `n` more bytes went over the wire.
@@ -123,12 +117,6 @@ impl Progress {
         } else {
             String::new()
         };
-        eprintln!(
-            "ferry: {}: {}/{} bytes ({pct:.1}%), {}/s{eta}",
-            self.label,
-            s.pos,
-            self.total,
-            bytesize::ByteSize::b(rate as u64).display().iec(),
-        );
+        eprintln!("ferry: {}: {}/{} bytes ({pct:.1}%), {}/s{eta}", self.label, s.pos, self.total, bytesize::ByteSize::b(rate as u64).display().iec(),);
     }
 }

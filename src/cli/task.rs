@@ -37,8 +37,8 @@ pub struct TaskArgs {
     pub command: TaskCommand,
 }
 
-pub use super::client::Connection;
 use super::client::error_chain;
+pub use super::client::Connection;
 
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {

@@ -34,8 +34,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::client::{
-    describe, header_u64, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, CliError, Client, Connection, Retry,
-    EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, header_u64, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND,
+    EXIT_VERIFY, TRANSFER_EXIT_CODES,
 };
 use super::progress::Progress;
 use super::store::{fingerprint, Store};
@@ -572,7 +572,8 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
         retry.wait(failure).await?;
         // Ask the server what it kept (a new HEAD also ends a PATCH of ours still in flight).
         let info = head(job.client, &mut retry, url).await?;
-        offset = info.offset.filter(|o| *o <= len).ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no usable Upload-Offset", describe(&reqwest::Method::HEAD, url))))?;
+        offset =
+            info.offset.filter(|o| *o <= len).ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no usable Upload-Offset", describe(&reqwest::Method::HEAD, url))))?;
         job.progress.set(job.progress_pos(base, offset), false);
     }
 }

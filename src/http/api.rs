@@ -75,15 +75,14 @@ impl utoipa::Modify for DocExtras {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("A token from `ferry token create NAME`. Required only when the server has tokens configured; otherwise every request acts as principal `local`."))
+                    .description(Some(
+                        "A token from `ferry token create NAME`. Required only when the server has tokens configured; otherwise every request acts as principal `local`.",
+                    ))
                     .build(),
             ),
         );
         let problem = |description: &str| {
-            ResponseBuilder::new()
-                .description(description)
-                .content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build())
-                .build()
+            ResponseBuilder::new().description(description).content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build()).build()
         };
         components.responses.insert("Problem".into(), RefOr::T(problem("An RFC 9457 problem (see the `code`).")));
         components.responses.insert("Unauthorized".into(), RefOr::T(problem("Missing or invalid bearer token (`code`: `unauthorized`).")));
@@ -348,7 +347,10 @@ async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extensio
     }
     if b.kind == "concat" {
         // Started by the server when a concatenation's parts are complete (TUS concatenation).
-        return Err(Problem(TusError::bad_request("the concat kind is internal to TUS concatenation", "Create a final upload with `Upload-Concat: final;…` on POST /files/ instead.")));
+        return Err(Problem(TusError::bad_request(
+            "the concat kind is internal to TUS concatenation",
+            "Create a final upload with `Upload-Concat: final;…` on POST /files/ instead.",
+        )));
     }
     let args = b.args.map(RawValue::get).unwrap_or("null");
     let started = s.tasks.start(&p, &b.kind, args, key, b.ttl_ms).await?;
@@ -435,7 +437,12 @@ struct InputAnswer<'a> {
         (status = 400, description = "Malformed body (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn respond(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn respond(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let b: InputBody = json_body(&body)?;
     let (accepted, t) = s.tasks.respond(&p, &id, &b.key, b.response.get()).await?;
@@ -464,7 +471,12 @@ async fn cancel(State(s): State<AppState>, Extension(Principal(p)): Extension<Pr
         (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn report_progress(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn report_progress(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let progress: Progress = json_body(&body)?;
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
@@ -499,7 +511,12 @@ struct CompleteBody<'a> {
         (status = 404, description = "No such task or file (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 409, description = "A file is not fully uploaded (`upload_incomplete`, `partial.cursor` = its offset), or the task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn complete(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn complete(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let b: CompleteBody = json_body(&body)?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
@@ -510,7 +527,10 @@ async fn complete(State(s): State<AppState>, Extension(Principal(p)): Extension<
         for f in &b.files {
             let rec = s.engine.get(&p, f).await?;
             if !rec.is_finished() {
-                return Err(Problem(TusError::new(409, ferry_tus::ErrorCode::UploadIncomplete, format!("file {f} is not complete"), "Finish uploading the file, then complete the task.").with_cursor(rec.offset)));
+                return Err(Problem(
+                    TusError::new(409, ferry_tus::ErrorCode::UploadIncomplete, format!("file {f} is not complete"), "Finish uploading the file, then complete the task.")
+                        .with_cursor(rec.offset),
+                ));
             }
             infos.push(file_view(&rec));
         }
@@ -658,7 +678,12 @@ pub const DEFAULT_SHARE_TTL_MS: u64 = 3_600_000;
         (status = 400, description = "Bad scope or ttl_ms (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn share_file(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn share_file(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { json_body(&body)? };
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);

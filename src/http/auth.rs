@@ -49,13 +49,7 @@ impl Tokens {
 }
 
 fn unauthorized(detail: &str) -> Response {
-    let mut res = Problem(TusError::new(
-        401,
-        ErrorCode::Unauthorized,
-        detail,
-        "Send `Authorization: Bearer <token>`; `ferry token create NAME` makes one.",
-    ))
-    .into_response();
+    let mut res = Problem(TusError::new(401, ErrorCode::Unauthorized, detail, "Send `Authorization: Bearer <token>`; `ferry token create NAME` makes one.")).into_response();
     res.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
     res
 }

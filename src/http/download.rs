@@ -14,8 +14,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::auth::Principal;
 use super::{tus_headers, AppState, Problem};
-use axum::Extension;
 use crate::catalog::UploadRecord;
+use axum::Extension;
 
 /// Strong ETag of a finished upload: its sha256 in hex, quoted.
 pub fn etag(sha256: &[u8; 32]) -> String {
@@ -99,28 +99,23 @@ fn is_active(m: &mime::Mime) -> bool {
 }
 
 /// RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~".
-const ATTR_CHAR: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'!').remove(b'#').remove(b'$').remove(b'&').remove(b'+').remove(b'-')
-    .remove(b'.').remove(b'^').remove(b'_').remove(b'`').remove(b'|').remove(b'~');
+const ATTR_CHAR: &AsciiSet =
+    &NON_ALPHANUMERIC.remove(b'!').remove(b'#').remove(b'$').remove(b'&').remove(b'+').remove(b'-').remove(b'.').remove(b'^').remove(b'_').remove(b'`').remove(b'|').remove(b'~');
 
 /// RFC 6266 `Content-Disposition` with an ASCII fallback and a UTF-8 `filename*`.
 fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
     let Some(name) = filename.map(|n| n.rsplit(['/', '\\']).next().unwrap_or(n)).filter(|n| !n.is_empty() && *n != "." && *n != "..") else {
         return disposition.to_string();
     };
-    let fallback: String = name
-        .chars()
-        .map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { '_' })
-        .collect();
+    let fallback: String = name.chars().map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { '_' }).collect();
     format!("{disposition}; filename=\"{fallback}\"; filename*=UTF-8''{}", utf8_percent_encode(name, ATTR_CHAR))
 }
 
 /// Content-Type, Content-Disposition and the validators of a finished upload.
 pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
     let md: ferry_tus::UploadMetadata = rec.metadata.parse().unwrap_or_default();
-    let media = metadata_value(&md, &["filetype", "contentType", "content-type", "type", "mimetype"])
-        .and_then(|t| t.parse::<mime::Mime>().ok())
-        .unwrap_or(mime::APPLICATION_OCTET_STREAM);
+    let media =
+        metadata_value(&md, &["filetype", "contentType", "content-type", "type", "mimetype"]).and_then(|t| t.parse::<mime::Mime>().ok()).unwrap_or(mime::APPLICATION_OCTET_STREAM);
     let disposition = if is_active(&media) { "attachment" } else { "inline" };
     let cd = content_disposition(disposition, metadata_value(&md, &["filename", "name"]).as_deref());
     let pairs = [
@@ -229,16 +224,23 @@ mod tests {
     fn disposition_is_safe() {
         assert_eq!(content_disposition("inline", None), "inline");
         assert_eq!(content_disposition("inline", Some("..")), "inline");
-        assert_eq!(
-            content_disposition("attachment", Some("../evil\"name.html")),
-            "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html"
-        );
+        assert_eq!(content_disposition("attachment", Some("../evil\"name.html")), "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html");
         assert_eq!(content_disposition("inline", Some("résumé.pdf")), "inline; filename=\"r_sum_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9.pdf");
     }
 
     #[test]
     fn active_types() {
-        for t in ["text/html", "image/svg+xml", "application/xml", "text/javascript", "application/atom+xml", "text/jscript", "text/livescript", "text/xsl", "text/xml-external-parsed-entity"] {
+        for t in [
+            "text/html",
+            "image/svg+xml",
+            "application/xml",
+            "text/javascript",
+            "application/atom+xml",
+            "text/jscript",
+            "text/livescript",
+            "text/xsl",
+            "text/xml-external-parsed-entity",
+        ] {
             assert!(is_active(&t.parse().unwrap()), "{t}");
         }
         for t in ["image/png", "text/plain", "application/pdf"] {

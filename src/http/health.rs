@@ -26,9 +26,6 @@ async fn readyz(State(s): State<AppState>) -> Response {
 
 async fn metrics(State(s): State<AppState>) -> Response {
     let mut res = s.metrics.encode().into_response();
-    res.headers_mut().insert(
-        "content-type",
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
+    res.headers_mut().insert("content-type", HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"));
     res
 }

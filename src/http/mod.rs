@@ -58,17 +58,52 @@ pub struct AppState {
 
 /// Headers a browser may send to the TUS endpoints (CORS preflight allow list).
 const ALLOW_HEADERS: &[&str] = &[
-    "authorization", "content-type", "content-length", "content-digest", "forwarded", "idempotency-key", "if-range",
-    "if-none-match", "range", "repr-digest", "tus-resumable", "upload-checksum", "upload-complete", "upload-concat",
-    "upload-defer-length", "upload-draft-interop-version", "upload-length", "upload-metadata", "upload-offset",
-    "x-forwarded-host", "x-forwarded-proto", "x-http-method-override", "x-requested-with",
+    "authorization",
+    "content-type",
+    "content-length",
+    "content-digest",
+    "forwarded",
+    "idempotency-key",
+    "if-range",
+    "if-none-match",
+    "range",
+    "repr-digest",
+    "tus-resumable",
+    "upload-checksum",
+    "upload-complete",
+    "upload-concat",
+    "upload-defer-length",
+    "upload-draft-interop-version",
+    "upload-length",
+    "upload-metadata",
+    "upload-offset",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-http-method-override",
+    "x-requested-with",
 ];
 
 /// Response headers a browser script may read (CORS expose list).
 const EXPOSE_HEADERS: &[&str] = &[
-    "accept-ranges", "content-disposition", "content-length", "content-range", "etag", "location", "repr-digest",
-    "tus-checksum-algorithm", "tus-extension", "tus-max-size", "tus-resumable", "tus-version", "upload-concat",
-    "upload-defer-length", "upload-expires", "upload-length", "upload-limit", "upload-metadata", "upload-offset",
+    "accept-ranges",
+    "content-disposition",
+    "content-length",
+    "content-range",
+    "etag",
+    "location",
+    "repr-digest",
+    "tus-checksum-algorithm",
+    "tus-extension",
+    "tus-max-size",
+    "tus-resumable",
+    "tus-version",
+    "upload-concat",
+    "upload-defer-length",
+    "upload-expires",
+    "upload-length",
+    "upload-limit",
+    "upload-metadata",
+    "upload-offset",
 ];
 
 fn cors() -> CorsLayer {
@@ -86,18 +121,22 @@ pub fn app(state: AppState) -> Router {
     let files = Router::new()
         .route("/files", post(tus::create).options(tus::options))
         .route("/files/", post(tus::create).options(tus::options))
-        .route(
-            "/files/{id}",
-            get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options),
-        );
+        .route("/files/{id}", get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options));
     let routes: Router = Router::new()
         .merge(files)
         .nest_service("/mcp", mcp_service(&state))
         .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())
-        .fallback(|| async { Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json).")) })
+        .fallback(|| async {
+            Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json)."))
+        })
         .method_not_allowed_fallback(|| async {
-            Problem(TusError::new(405, ErrorCode::InvalidArgument, "this method is not allowed on this route", "See /api/v1/openapi.json for the API, or send OPTIONS to /files/ for TUS."))
+            Problem(TusError::new(
+                405,
+                ErrorCode::InvalidArgument,
+                "this method is not allowed on this route",
+                "See /api/v1/openapi.json for the API, or send OPTIONS to /files/ for TUS.",
+            ))
         })
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
@@ -132,17 +171,32 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
     let host_name = host_without_port(host);
-    if s.tokens.is_empty() && !s.http.behind_proxy && !s.http.allowed_hosts.is_empty() && !host.is_empty()
+    if s.tokens.is_empty()
+        && !s.http.behind_proxy
+        && !s.http.allowed_hosts.is_empty()
+        && !host.is_empty()
         && !s.http.allowed_hosts.iter().any(|h| h.eq_ignore_ascii_case(host_name))
     {
-        return Problem(TusError::new(403, ErrorCode::Unauthorized, format!("Host {host:?} is not a name of this server"), "Connect to 127.0.0.1 or localhost, or start ferry with --public-url naming this host.")).into_response();
+        return Problem(TusError::new(
+            403,
+            ErrorCode::Unauthorized,
+            format!("Host {host:?} is not a name of this server"),
+            "Connect to 127.0.0.1 or localhost, or start ferry with --public-url naming this host.",
+        ))
+        .into_response();
     }
     let path = req.uri().path();
     if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") {
         if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) {
             let same = origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false);
             if !same {
-                return Problem(TusError::new(403, ErrorCode::Unauthorized, format!("cross-origin requests from {origin} are refused on {path}"), "Call the API from a server-side client (curl, the ferry CLI, an MCP client), not from a web page; browsers may upload with TUS on /files/.")).into_response();
+                return Problem(TusError::new(
+                    403,
+                    ErrorCode::Unauthorized,
+                    format!("cross-origin requests from {origin} are refused on {path}"),
+                    "Call the API from a server-side client (curl, the ferry CLI, an MCP client), not from a web page; browsers may upload with TUS on /files/.",
+                ))
+                .into_response();
             }
         }
     }
@@ -164,9 +218,7 @@ fn mcp_service(state: &AppState) -> rmcp::transport::StreamableHttpService<crate
     // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
     // from the tool rather than a bare 413 from the transport.
     let max_body = (state.mcp.max_chunk as usize).saturating_mul(4).saturating_add(1 << 20);
-    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default()
-        .with_cancellation_token(state.http.shutdown.child_token())
-        .with_max_request_body_bytes(max_body);
+    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
     cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
     rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
 }

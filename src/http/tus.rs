@@ -4,15 +4,12 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ferry_tus::{
-    check_version, plan_creation, plan_patch, CreationHeaders, CreationLimits, PatchHeaders, TusError, Verb,
-    TUS_EXTENSIONS, TUS_VERSION,
-};
+use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, CreationLimits, PatchHeaders, TusError, Verb, TUS_EXTENSIONS, TUS_VERSION};
 
 use super::auth::Principal;
 use super::{tus_headers, AppState, Problem, FILES_PATH};
-use axum::Extension;
 use crate::catalog::{Concat, UploadRecord};
+use axum::Extension;
 
 /// Largest `Upload-Metadata` header accepted, in bytes.
 pub const MAX_METADATA_BYTES: usize = 16 * 1024;
@@ -194,7 +191,13 @@ async fn start_concat(s: &AppState, principal: &str, id: &str) -> Result<String,
 const CONCAT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `HEAD /files/{id}`: the durable offset (an in-flight PATCH is asked to checkpoint first).
-pub async fn head(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, scope: Option<Extension<crate::signing::Scope>>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+pub async fn head(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    scope: Option<Extension<crate::signing::Scope>>,
+    Path(id): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, Problem> {
     version(Verb::Head, &h)?;
     // A plain HTTP HEAD (no Tus-Resumable: a download client) or one with a signed download
     // URL reads the record without asking an in-flight PATCH to stop.
@@ -214,10 +217,8 @@ pub async fn head(State(s): State<AppState>, Extension(Principal(p)): Extension<
 /// `PATCH /files/{id}`: append a chunk at `Upload-Offset`.
 pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
     version(Verb::Patch, &h)?;
-    let owned: Vec<Option<String>> = ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"]
-        .iter()
-        .map(|n| header(&h, n).map(str::to_owned))
-        .collect();
+    let owned: Vec<Option<String>> =
+        ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
     let max_size = s.engine.config().max_size;
     let decide = move |state: &ferry_tus::UploadState| -> Result<ferry_tus::PatchPlan, TusError> {
         let ph = PatchHeaders {

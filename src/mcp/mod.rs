@@ -37,8 +37,8 @@ use crate::http::auth::{Principal, LOCAL_PRINCIPAL};
 use crate::http::AppState;
 use crate::signing::Scope;
 use crate::upload::now_ms;
-use envelope::{failure, file_uri, resource_link, result};
 use args::*;
+use envelope::{failure, file_uri, resource_link, result};
 use tools::JobTool;
 
 /// Longest `task_get` long-poll, ms.
@@ -113,11 +113,7 @@ impl FerryMcp {
 
     /// The caller: the principal the HTTP auth middleware resolved, else `local` (stdio).
     fn principal(ctx: &RequestContext<RoleServer>) -> String {
-        ctx.extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.extensions.get::<Principal>())
-            .map(|p| p.0.clone())
-            .unwrap_or_else(|| LOCAL_PRINCIPAL.to_string())
+        ctx.extensions.get::<http::request::Parts>().and_then(|p| p.extensions.get::<Principal>()).map(|p| p.0.clone()).unwrap_or_else(|| LOCAL_PRINCIPAL.to_string())
     }
 
     async fn dispatch(&self, p: &str, req: &CallToolRequestParams, ctx: &RequestContext<RoleServer>) -> Outcome {
@@ -234,7 +230,12 @@ impl FerryMcp {
         // base64 is 4/3 of the bytes: refuse before decoding anything oversized.
         let max = self.cfg.max_chunk;
         let too_large = |n: u64| {
-            TusError::new(413, ErrorCode::ChunkTooLarge, format!("the chunk decodes to {n} bytes; at most {max} are accepted in-band"), format!("Split it into chunks of at most {max} bytes, or PATCH the upload_url from file_upload_begin."))
+            TusError::new(
+                413,
+                ErrorCode::ChunkTooLarge,
+                format!("the chunk decodes to {n} bytes; at most {max} are accepted in-band"),
+                format!("Split it into chunks of at most {max} bytes, or PATCH the upload_url from file_upload_begin."),
+            )
         };
         if (a.data.len() as u64) / 4 * 3 > max + 2 {
             return Err(too_large((a.data.len() as u64) / 4 * 3));
@@ -314,7 +315,12 @@ impl FerryMcp {
             return Err(invalid("length must be at least 1 byte", "Omit length to read 4096 bytes."));
         }
         if length > MAX_READ_CHUNK {
-            return Err(TusError::new(413, ErrorCode::ChunkTooLarge, format!("length must be 1 to {MAX_READ_CHUNK} bytes"), "Read in smaller pieces, or use file_download_url for the whole file."));
+            return Err(TusError::new(
+                413,
+                ErrorCode::ChunkTooLarge,
+                format!("length must be 1 to {MAX_READ_CHUNK} bytes"),
+                "Read in smaller pieces, or use file_download_url for the whole file.",
+            ));
         }
         if offset > size {
             return Err(invalid(format!("offset {offset} is past the end of the file ({size} bytes)"), format!("Read from an offset below {size}.")).with_cursor(size));
@@ -332,9 +338,14 @@ impl FerryMcp {
                         let b = e.into_bytes();
                         let s = String::from_utf8(b[..valid].to_vec()).expect("valid prefix");
                         let next = offset + valid as u64;
-                        return Ok(result(json!({ "status": "ok", "offset": offset, "length": valid, "next_offset": next, "eof": next >= size, "encoding": "text", "data": s }), vec![], false));
+                        return Ok(result(
+                            json!({ "status": "ok", "offset": offset, "length": valid, "next_offset": next, "eof": next >= size, "encoding": "text", "data": s }),
+                            vec![],
+                            false,
+                        ));
                     }
-                    return Err(invalid(format!("bytes at {} are not UTF-8 text", offset + valid as u64), "Call file_read_chunk again with encoding \"base64\".").with_cursor(offset + valid as u64));
+                    return Err(invalid(format!("bytes at {} are not UTF-8 text", offset + valid as u64), "Call file_read_chunk again with encoding \"base64\".")
+                        .with_cursor(offset + valid as u64));
                 }
             },
             other => return Err(invalid(format!("encoding {other:?} is not text or base64"), "Use encoding \"text\" or \"base64\".")),
@@ -491,7 +502,12 @@ impl FerryMcp {
                 return Ok(result(v, extra, true));
             }
             FerryStatus::Cancelled => {
-                let mut err = envelope::error_object(&TusError::new(409, ErrorCode::Cancelled, format!("task {} was cancelled", t.id), "Start the task again if its result is still needed."));
+                let mut err = envelope::error_object(&TusError::new(
+                    409,
+                    ErrorCode::Cancelled,
+                    format!("task {} was cancelled", t.id),
+                    "Start the task again if its result is still needed.",
+                ));
                 if let Some(c) = t.checkpoint.as_deref().and_then(checkpoint_cursor) {
                     err["partial"] = json!({ "cursor": c });
                 }
@@ -628,9 +644,7 @@ error.code, retryable, recoveryHint (the next step) and partial.cursor (where to
 impl ServerHandler for FerryMcp {
     fn get_info(&self) -> ServerConfig {
         let caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build();
-        ServerConfig::new(caps)
-            .with_server_info(Implementation::new("ferry", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(caps).with_server_info(Implementation::new("ferry", env!("CARGO_PKG_VERSION"))).with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(&self, _r: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListToolsResult, McpError> {

@@ -169,37 +169,63 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
         JobTool { name: "compress_file".into(), kind: "compress", command: None },
         JobTool { name: "fetch_url".into(), kind: "fetch", command: None },
     ];
-    tools.push(tool("archive_files".into(), "Archive files",
+    tools.push(tool(
+        "archive_files".into(),
+        "Archive files",
         "Start a task that packs finished files into one tar or zip file. Returns a task to poll with task_get; its result is the archive's file handle.".into(),
-        object(json!({
-            "file_ids": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 10000 },
-            "format": { "type": "string", "enum": ["tar", "zip"], "description": "default tar" },
-            "name": { "type": "string", "description": "Archive file name." },
-            "idempotency_key": idempotency_key()
-        }), &["file_ids"]),
-        task_props(), JOB));
-    tools.push(tool("compress_file".into(), "Compress a file",
+        object(
+            json!({
+                "file_ids": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 10000 },
+                "format": { "type": "string", "enum": ["tar", "zip"], "description": "default tar" },
+                "name": { "type": "string", "description": "Archive file name." },
+                "idempotency_key": idempotency_key()
+            }),
+            &["file_ids"],
+        ),
+        task_props(),
+        JOB,
+    ));
+    tools.push(tool(
+        "compress_file".into(),
+        "Compress a file",
         "Start a task that compresses a finished file with zstd or gzip into a new file.".into(),
-        object(json!({
-            "file_id": file_id(),
-            "format": { "type": "string", "enum": ["zstd", "gzip"], "description": "default zstd" },
-            "level": { "type": "integer", "description": "zstd 1-19, gzip 0-9." },
-            "idempotency_key": idempotency_key()
-        }), &["file_id"]),
-        task_props(), JOB));
-    tools.push(tool("fetch_url".into(), "Import a URL",
+        object(
+            json!({
+                "file_id": file_id(),
+                "format": { "type": "string", "enum": ["zstd", "gzip"], "description": "default zstd" },
+                "level": { "type": "integer", "description": "zstd 1-19, gzip 0-9." },
+                "idempotency_key": idempotency_key()
+            }),
+            &["file_id"],
+        ),
+        task_props(),
+        JOB,
+    ));
+    tools.push(tool(
+        "fetch_url".into(),
+        "Import a URL",
         "Start a task that downloads an http URL (hosts allow-listed by the operator) into a new file, resuming with Range after interruptions.".into(),
         object(json!({ "url": { "type": "string" }, "name": { "type": "string" }, "idempotency_key": idempotency_key() }), &["url"]),
-        task_props(), Hints { open_world: true, ..JOB }));
+        task_props(),
+        Hints { open_world: true, ..JOB },
+    ));
     for (name, description) in commands {
         let tool_name = format!("export_{name}");
         let desc = format!(
             "Start the `{name}` export{}. Returns a task to poll with task_get; its result is the exported file's handle.",
             description.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
         );
-        tools.push(tool(tool_name.clone(), &format!("Export {name}"), desc,
-            object(json!({ "params": { "type": "object", "description": "Parameters passed to the export program as FERRY_PARAMS (JSON)." }, "idempotency_key": idempotency_key() }), &[]),
-            task_props(), JOB));
+        tools.push(tool(
+            tool_name.clone(),
+            &format!("Export {name}"),
+            desc,
+            object(
+                json!({ "params": { "type": "object", "description": "Parameters passed to the export program as FERRY_PARAMS (JSON)." }, "idempotency_key": idempotency_key() }),
+                &[],
+            ),
+            task_props(),
+            JOB,
+        ));
         jobs.push(JobTool { name: tool_name, kind: "command", command: Some(name.clone()) });
     }
     (tools, jobs)

@@ -110,9 +110,7 @@ impl Engine {
     /// Errors: unknown kind or invalid arguments → 400 `invalid_argument`; the key names a
     /// task with other arguments → 409 `conflict`.
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
-        let job = self.jobs.get(kind).ok_or_else(|| {
-            TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", ")))
-        })?;
+        let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
         job.validate(&raw).map_err(|m| TusError::bad_request(format!("invalid args for {kind}: {m}"), "Fix the arguments and start the task again."))?;
         if let Some(k) = idempotency_key {
@@ -171,7 +169,12 @@ impl Engine {
             return Err(terminal(&task));
         }
         if response.len() > MAX_RESPONSE {
-            return Err(TusError::new(413, ErrorCode::SizeExceeded, format!("an input response may be at most {MAX_RESPONSE} bytes"), "Send a shorter answer, or upload the data as a file and answer with its id."));
+            return Err(TusError::new(
+                413,
+                ErrorCode::SizeExceeded,
+                format!("an input response may be at most {MAX_RESPONSE} bytes"),
+                "Send a shorter answer, or upload the data as a file and answer with its id.",
+            ));
         }
         let raw: Box<RawValue> = serde_json::from_str(response).map_err(|e| TusError::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
         let accepted = self.catalog.respond_input(id, key, raw.get(), now_ms()).await.map_err(catalog_err)?;
@@ -217,7 +220,10 @@ impl Engine {
     async fn external(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
         let task = self.get(principal, id).await?;
         if self.jobs.get(&task.kind).is_some_and(|j| j.runnable()) {
-            return Err(TusError::bad_request(format!("task {id} is run by ferry (kind {}), not by an external producer", task.kind), "Only tasks of kind external accept reports."));
+            return Err(TusError::bad_request(
+                format!("task {id} is run by ferry (kind {}), not by an external producer", task.kind),
+                "Only tasks of kind external accept reports.",
+            ));
         }
         Ok(task)
     }
@@ -313,8 +319,7 @@ impl Engine {
         if matches!(out, Ok(Ok(_)) | Ok(Err(JobError::Failed { .. })) | Ok(Err(JobError::Parked))) {
             let _ = ctx.flush_progress().await;
         }
-        let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled)))
-            && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
+        let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled))) && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
         if user_cancelled || matches!(out, Ok(Err(JobError::Failed { .. })) | Err(_)) {
             ctx.discard_unfinished_files().await;
         }

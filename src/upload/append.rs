@@ -181,7 +181,14 @@ impl Appender {
             if self.rec.expected_sha256.is_some_and(|e| e != digest) {
                 self.writer.rewind(0).await?;
                 self.hasher = RunningSha256::new();
-                let cp = Checkpoint { offset: 0, hash_state: self.hasher.state(), length: self.set_length, finished_sha256: None, expires_at_ms: self.engine.expiry_from(now), now_ms: now };
+                let cp = Checkpoint {
+                    offset: 0,
+                    hash_state: self.hasher.state(),
+                    length: self.set_length,
+                    finished_sha256: None,
+                    expires_at_ms: self.engine.expiry_from(now),
+                    now_ms: now,
+                };
                 self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
                 self.committed = (0, self.hasher.clone());
                 return Err(ferry_tus::upload_digest_mismatch());
@@ -222,9 +229,7 @@ impl UploadEngine {
         F: FnOnce(&UploadState) -> Result<PatchPlan, TusError> + Send + 'static,
     {
         let me = self.clone();
-        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, body).await })
-            .await
-            .map_err(|e| internal("append task", e))?
+        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, body).await }).await.map_err(|e| internal("append task", e))?
     }
 
     async fn append_owned<B, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, TusError>
@@ -265,7 +270,10 @@ impl UploadEngine {
             let frame = match frame {
                 Err(_) => break End::Idle,
                 Ok(None) => break End::Eof,
-                Ok(Some(Err(e))) => { tracing::debug!(upload = id, error = %e, "PATCH body failed"); break End::Disconnected }
+                Ok(Some(Err(e))) => {
+                    tracing::debug!(upload = id, error = %e, "PATCH body failed");
+                    break End::Disconnected;
+                }
                 Ok(Some(Ok(f))) => f,
             };
             let data = match frame.into_data() {
@@ -359,8 +367,13 @@ impl UploadEngine {
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
                 return Err(match end {
-                    End::Shutdown => TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment.")).with_cursor(kept),
-                    End::Idle => TusError::new(408, ferry_tus::ErrorCode::Locked, "the body stalled; what arrived was kept", format!("Resume from offset {kept}.")).with_cursor(kept),
+                    End::Shutdown => {
+                        TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment."))
+                            .with_cursor(kept)
+                    }
+                    End::Idle => {
+                        TusError::new(408, ferry_tus::ErrorCode::Locked, "the body stalled; what arrived was kept", format!("Resume from offset {kept}.")).with_cursor(kept)
+                    }
                     End::Disconnected => TusError::bad_request(
                         format!("the request body ended early or was malformed; {} kept", if verifying { "nothing was" } else { "what arrived was" }),
                         format!("Send HEAD, then resume from offset {kept}."),

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use ferry_tus::TusError;
+use futures::TryStreamExt;
 
 use super::append::Appender;
 use super::hash::RunningSha256;

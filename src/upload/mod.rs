@@ -107,12 +107,7 @@ impl From<CatalogError> for TusError {
     fn from(e: CatalogError) -> Self {
         match e {
             CatalogError::NotFound => TusError::not_found(),
-            CatalogError::Fenced => TusError::new(
-                409,
-                ErrorCode::Conflict,
-                "another writer took over this upload",
-                "Send HEAD to learn the offset, then resume from it.",
-            ),
+            CatalogError::Fenced => TusError::new(409, ErrorCode::Conflict, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
             other => internal("catalog", other),
         }
     }
@@ -126,14 +121,7 @@ impl From<BlobError> for TusError {
 
 impl UploadEngine {
     pub fn new(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(UploadEngine {
-            catalog,
-            blobs,
-            cfg,
-            locks: Arc::new(WriterLocks::default()),
-            metrics,
-            shutdown: CancellationToken::new(),
-        })
+        Arc::new(UploadEngine { catalog, blobs, cfg, locks: Arc::new(WriterLocks::default()), metrics, shutdown: CancellationToken::new() })
     }
 
     pub fn config(&self) -> &EngineConfig {

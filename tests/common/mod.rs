@@ -50,23 +50,14 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let base = loop {
-            let line = lines
-                .next()
-                .expect("ferry exited before listening")
-                .expect("read ferry stdout");
+            let line = lines.next().expect("ferry exited before listening").expect("read ferry stdout");
             if let Some(rest) = line.strip_prefix("listening on ") {
                 break rest.trim().trim_end_matches('/').to_string();
             }
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        Server {
-            child,
-            base,
-            data: data.to_path_buf(),
-            extra_args: args.iter().map(|s| s.to_string()).collect(),
-            _tmp: None,
-        }
+        Server { child, base, data: data.to_path_buf(), extra_args: args.iter().map(|s| s.to_string()).collect(), _tmp: None }
     }
 
     /// `kill -9` the process and wait for it to be gone.
@@ -113,11 +104,7 @@ impl Drop for Server {
 
 /// A blocking-free reqwest client with no proxy (tests talk to loopback only).
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(600))
-        .build()
-        .unwrap()
+    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(600)).build().unwrap()
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so sources are reproducible without storing them.
@@ -155,7 +142,11 @@ impl Tus {
 
     /// Absolute URL of a `Location` value or path.
     pub fn abs(&self, loc: &str) -> String {
-        if loc.starts_with("http") { loc.to_string() } else { format!("{}{}", self.base, loc) }
+        if loc.starts_with("http") {
+            loc.to_string()
+        } else {
+            format!("{}{}", self.base, loc)
+        }
     }
 
     /// Any request with exactly the given headers.
@@ -382,9 +373,7 @@ impl Api {
         while off < data.len() || data.is_empty() {
             let end = (off + (32 << 20)).min(data.len());
             let o = off.to_string();
-            let r = self
-                .send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", &o)], Some(data[off..end].to_vec()))
-                .await;
+            let r = self.send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", &o)], Some(data[off..end].to_vec())).await;
             assert_eq!(r.status(), 204, "PATCH {id} at {off}");
             off = end;
             if data.is_empty() {

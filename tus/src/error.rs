@@ -39,18 +39,8 @@ pub struct ParseError {
 
 impl ParseError {
     /// Builds an error. `index` is a byte offset into the field value.
-    pub(crate) const fn new(
-        header: &'static str,
-        index: usize,
-        kind: ParseErrorKind,
-        reason: &'static str,
-    ) -> Self {
-        Self {
-            header,
-            index,
-            kind,
-            reason,
-        }
+    pub(crate) const fn new(header: &'static str, index: usize, kind: ParseErrorKind, reason: &'static str) -> Self {
+        Self { header, index, kind, reason }
     }
 
     /// A [`ParseErrorKind::Syntax`] error.
@@ -60,11 +50,7 @@ impl ParseError {
 
     /// Converts an `sfv` error, keeping its byte index when it has one.
     pub(crate) fn from_sfv(header: &'static str, err: &sfv::Error) -> Self {
-        Self::syntax(
-            header,
-            err.index().unwrap_or(0),
-            "not a valid structured field value (RFC 9651)",
-        )
+        Self::syntax(header, err.index().unwrap_or(0), "not a valid structured field value (RFC 9651)")
     }
 
     /// The canonical name of the header whose value failed to parse, e.g. `"Upload-Offset"`.
@@ -90,11 +76,7 @@ impl ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid {} at byte {}: {}",
-            self.header, self.index, self.reason
-        )
+        write!(f, "invalid {} at byte {}: {}", self.header, self.index, self.reason)
     }
 }
 
@@ -107,10 +89,7 @@ mod tests {
     #[test]
     fn display_names_header_index_and_reason() {
         let e = ParseError::syntax("Upload-Offset", 0, "expected ASCII digit");
-        assert_eq!(
-            e.to_string(),
-            "invalid Upload-Offset at byte 0: expected ASCII digit"
-        );
+        assert_eq!(e.to_string(), "invalid Upload-Offset at byte 0: expected ASCII digit");
         assert_eq!(e.header(), "Upload-Offset");
         assert_eq!(e.index(), 0);
         assert_eq!(e.kind(), ParseErrorKind::Syntax);

@@ -10,24 +10,11 @@ use std::fmt::Debug;
 use std::fmt::Display;
 use std::str::FromStr;
 
-use crate::{
-    ParseError, ReprDigest, TusResumable, UploadChecksum, UploadComplete, UploadConcat,
-    UploadExpires, UploadLength, UploadLimit, UploadMetadata, UploadOffset,
-};
+use crate::{ParseError, ReprDigest, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadExpires, UploadLength, UploadLimit, UploadMetadata, UploadOffset};
 
 /// Every target name, one per parser; each is a `[[bin]]` in `fuzz/Cargo.toml`.
-pub const TARGETS: &[&str] = &[
-    "upload_offset",
-    "upload_length",
-    "upload_metadata",
-    "upload_checksum",
-    "upload_concat",
-    "upload_expires",
-    "upload_complete",
-    "upload_limit",
-    "repr_digest",
-    "tus_resumable",
-];
+pub const TARGETS: &[&str] =
+    &["upload_offset", "upload_length", "upload_metadata", "upload_checksum", "upload_concat", "upload_expires", "upload_complete", "upload_limit", "repr_digest", "tus_resumable"];
 
 fn roundtrip<T>(s: &str)
 where

@@ -32,17 +32,8 @@ pub use headers::rufh::{UploadComplete, UploadLimit};
 
 /// The TUS extensions ferry implements, in the order advertised in `Tus-Extension`
 /// (TUS 1.0 §Tus-Extension).
-pub const TUS_EXTENSIONS: &[&str] = &[
-    "creation",
-    "creation-with-upload",
-    "creation-defer-length",
-    "expiration",
-    "checksum",
-    "checksum-trailer",
-    "termination",
-    "concatenation",
-    "concatenation-unfinished",
-];
+pub const TUS_EXTENSIONS: &[&str] =
+    &["creation", "creation-with-upload", "creation-defer-length", "expiration", "checksum", "checksum-trailer", "termination", "concatenation", "concatenation-unfinished"];
 
 pub mod protocol;
 pub use protocol::*;

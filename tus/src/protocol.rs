@@ -9,10 +9,7 @@
 
 use std::fmt;
 
-use crate::{
-    ChecksumAlgorithm, ParseError, ReprDigest, UploadChecksum, UploadConcat, UploadDeferLength,
-    UploadLength, UploadMetadata, UploadOffset, TUS_VERSION,
-};
+use crate::{ChecksumAlgorithm, ParseError, ReprDigest, UploadChecksum, UploadConcat, UploadDeferLength, UploadLength, UploadMetadata, UploadOffset, TUS_VERSION};
 
 /// The media type every PATCH body must declare (TUS 1.0 §PATCH).
 pub const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
@@ -78,15 +75,7 @@ impl ErrorCode {
 
     /// Whether repeating the (repaired) request can succeed without a person's help.
     pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            ErrorCode::OffsetMismatch
-                | ErrorCode::ChecksumMismatch
-                | ErrorCode::ChunkTooLarge
-                | ErrorCode::UploadIncomplete
-                | ErrorCode::Locked
-                | ErrorCode::Internal
-        )
+        matches!(self, ErrorCode::OffsetMismatch | ErrorCode::ChecksumMismatch | ErrorCode::ChunkTooLarge | ErrorCode::UploadIncomplete | ErrorCode::Locked | ErrorCode::Internal)
     }
 }
 
@@ -114,19 +103,8 @@ pub struct TusError {
 }
 
 impl TusError {
-    pub fn new(
-        status: u16,
-        code: ErrorCode,
-        detail: impl Into<String>,
-        hint: impl Into<String>,
-    ) -> Self {
-        TusError {
-            status,
-            code,
-            detail: detail.into(),
-            recovery_hint: hint.into(),
-            cursor: None,
-        }
+    pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None }
     }
 
     /// Attach the byte offset the client should resume from.
@@ -152,33 +130,18 @@ impl TusError {
 
     /// 410 `upload_expired`.
     pub fn expired() -> Self {
-        TusError::new(
-            410,
-            ErrorCode::UploadExpired,
-            "this upload expired and its bytes were removed",
-            "Create a new upload with POST and send the file again.",
-        )
+        TusError::new(410, ErrorCode::UploadExpired, "this upload expired and its bytes were removed", "Create a new upload with POST and send the file again.")
     }
 
     /// 409 `offset_mismatch`: the client's offset is not the stored one.
     pub fn offset_mismatch(expected: u64, got: u64) -> Self {
-        TusError::new(
-            409,
-            ErrorCode::OffsetMismatch,
-            format!("expected offset {expected}, got {got}"),
-            format!("Re-send this chunk starting at offset {expected}."),
-        )
-        .with_cursor(expected)
+        TusError::new(409, ErrorCode::OffsetMismatch, format!("expected offset {expected}, got {got}"), format!("Re-send this chunk starting at offset {expected}."))
+            .with_cursor(expected)
     }
 
     /// 423 `locked`: another request holds the upload.
     pub fn locked(offset: Option<u64>) -> Self {
-        let e = TusError::new(
-            423,
-            ErrorCode::Locked,
-            "another request is writing to this upload",
-            "Wait a moment, send HEAD to learn the offset, then resume from it.",
-        );
+        let e = TusError::new(423, ErrorCode::Locked, "another request is writing to this upload", "Wait a moment, send HEAD to learn the offset, then resume from it.");
         match offset {
             Some(o) => e.with_cursor(o),
             None => e,
@@ -196,10 +159,7 @@ impl TusError {
     }
 
     fn from_parse(e: &ParseError) -> Self {
-        TusError::bad_request(
-            e.to_string(),
-            format!("Send a valid {} header.", e.header()),
-        )
+        TusError::bad_request(e.to_string(), format!("Send a valid {} header.", e.header()))
     }
 }
 
@@ -276,11 +236,8 @@ pub struct CreationPlan {
     pub checksum: Option<UploadChecksum>,
 }
 
-fn parse_opt<T: std::str::FromStr<Err = ParseError>>(
-    v: Option<&str>,
-) -> Result<Option<T>, TusError> {
-    v.map(|s| s.parse::<T>().map_err(|e| TusError::from_parse(&e)))
-        .transpose()
+fn parse_opt<T: std::str::FromStr<Err = ParseError>>(v: Option<&str>) -> Result<Option<T>, TusError> {
+    v.map(|s| s.parse::<T>().map_err(|e| TusError::from_parse(&e))).transpose()
 }
 
 fn parse_checksum(v: Option<&str>) -> Result<Option<UploadChecksum>, TusError> {
@@ -288,10 +245,7 @@ fn parse_checksum(v: Option<&str>) -> Result<Option<UploadChecksum>, TusError> {
         s.parse::<UploadChecksum>().map_err(|e| {
             if e.kind() == crate::ParseErrorKind::UnknownAlgorithm {
                 let names: Vec<&str> = ChecksumAlgorithm::ALL.iter().map(|a| a.name()).collect();
-                TusError::bad_request(
-                    "unsupported checksum algorithm",
-                    format!("Use one of: {}.", names.join(", ")),
-                )
+                TusError::bad_request("unsupported checksum algorithm", format!("Use one of: {}.", names.join(", ")))
             } else {
                 TusError::from_parse(&e)
             }
@@ -301,17 +255,11 @@ fn parse_checksum(v: Option<&str>) -> Result<Option<UploadChecksum>, TusError> {
 }
 
 fn content_length(v: Option<&str>) -> Result<Option<u64>, TusError> {
-    v.map(|s| crate::parse_u64_digits(s, "Content-Length").map_err(|e| TusError::from_parse(&e)))
-        .transpose()
+    v.map(|s| crate::parse_u64_digits(s, "Content-Length").map_err(|e| TusError::from_parse(&e))).transpose()
 }
 
 fn too_large(max: u64) -> TusError {
-    TusError::new(
-        413,
-        ErrorCode::SizeExceeded,
-        format!("upload exceeds the maximum size of {max} bytes"),
-        format!("Split the file into uploads of at most {max} bytes."),
-    )
+    TusError::new(413, ErrorCode::SizeExceeded, format!("upload exceeds the maximum size of {max} bytes"), format!("Split the file into uploads of at most {max} bytes."))
 }
 
 /// TUS 1.0 §Creation, §Creation With Upload, §Creation Defer Length, §Concatenation.
@@ -320,23 +268,12 @@ fn too_large(max: u64) -> TusError {
 /// other than `1` → 400; a length above `max_size` → 413; a final upload with a length or a
 /// body → 400; a body whose `Content-Type` is not `application/offset+octet-stream` → 415;
 /// a malformed header → 400.
-pub fn plan_creation(
-    h: &CreationHeaders<'_>,
-    limits: &CreationLimits,
-) -> Result<CreationPlan, TusError> {
+pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result<CreationPlan, TusError> {
     let metadata = match h.upload_metadata {
         Some(raw) if raw.len() > limits.max_metadata => {
-            return Err(TusError::bad_request(
-                format!(
-                    "Upload-Metadata is longer than {} bytes",
-                    limits.max_metadata
-                ),
-                "Send fewer or shorter metadata values.",
-            ))
+            return Err(TusError::bad_request(format!("Upload-Metadata is longer than {} bytes", limits.max_metadata), "Send fewer or shorter metadata values."))
         }
-        Some(raw) => raw
-            .parse::<UploadMetadata>()
-            .map_err(|e| TusError::from_parse(&e))?,
+        Some(raw) => raw.parse::<UploadMetadata>().map_err(|e| TusError::from_parse(&e))?,
         None => UploadMetadata::default(),
     };
     let concat: Option<UploadConcat> = parse_opt(h.upload_concat)?;
@@ -354,10 +291,7 @@ pub fn plan_creation(
             ));
         }
         if h.has_body {
-            return Err(TusError::bad_request(
-                "a final upload cannot carry a body",
-                "Send the bytes to the partial uploads, then create the final upload without a body.",
-            ));
+            return Err(TusError::bad_request("a final upload cannot carry a body", "Send the bytes to the partial uploads, then create the final upload without a body."));
         }
         None
     } else {
@@ -389,31 +323,19 @@ pub fn plan_creation(
 
     let mut expected_sha256 = None;
     if let Some(hexed) = metadata.get_str("sha256") {
-        expected_sha256 = Some(decode_hex32(hexed).ok_or_else(|| {
-            TusError::bad_request(
-                "metadata sha256 must be 64 hexadecimal digits",
-                "Send the expected sha256 of the whole file as lowercase hex, or omit it.",
-            )
-        })?);
+        expected_sha256 =
+            Some(decode_hex32(hexed).ok_or_else(|| {
+                TusError::bad_request("metadata sha256 must be 64 hexadecimal digits", "Send the expected sha256 of the whole file as lowercase hex, or omit it.")
+            })?);
     }
     if let Some(d) = parse_opt::<ReprDigest>(h.repr_digest)?.and_then(|d| d.sha256) {
         if expected_sha256.is_some_and(|e| e != d) {
-            return Err(TusError::bad_request(
-                "metadata sha256 and Repr-Digest disagree",
-                "Declare the expected digest once.",
-            ));
+            return Err(TusError::bad_request("metadata sha256 and Repr-Digest disagree", "Declare the expected digest once."));
         }
         expected_sha256 = Some(d);
     }
 
-    Ok(CreationPlan {
-        length,
-        metadata,
-        concat,
-        expected_sha256,
-        with_body: h.has_body,
-        checksum,
-    })
+    Ok(CreationPlan { length, metadata, concat, expected_sha256, with_body: h.has_body, checksum })
 }
 
 fn decode_hex32(s: &str) -> Option<[u8; 32]> {
@@ -431,18 +353,11 @@ fn decode_hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 fn is_octet_stream(content_type: Option<&str>) -> bool {
-    content_type
-        .and_then(|ct| ct.split(';').next())
-        .is_some_and(|ct| ct.trim().eq_ignore_ascii_case(OFFSET_OCTET_STREAM))
+    content_type.and_then(|ct| ct.split(';').next()).is_some_and(|ct| ct.trim().eq_ignore_ascii_case(OFFSET_OCTET_STREAM))
 }
 
 fn unsupported_media() -> TusError {
-    TusError::new(
-        415,
-        ErrorCode::InvalidArgument,
-        format!("the body must be sent as Content-Type: {OFFSET_OCTET_STREAM}"),
-        format!("Send Content-Type: {OFFSET_OCTET_STREAM}."),
-    )
+    TusError::new(415, ErrorCode::InvalidArgument, format!("the body must be sent as Content-Type: {OFFSET_OCTET_STREAM}"), format!("Send Content-Type: {OFFSET_OCTET_STREAM}."))
 }
 
 fn past_length(offset: u64, length: u64) -> TusError {
@@ -450,10 +365,7 @@ fn past_length(offset: u64, length: u64) -> TusError {
         413,
         ErrorCode::SizeExceeded,
         format!("the chunk would run past Upload-Length {length}"),
-        format!(
-            "Send at most {} bytes starting at offset {offset}.",
-            length.saturating_sub(offset)
-        ),
+        format!("Send at most {} bytes starting at offset {offset}.", length.saturating_sub(offset)),
     )
     .with_cursor(offset)
 }
@@ -503,44 +415,22 @@ pub struct PatchPlan {
 /// missing or malformed `Upload-Offset` → 400; malformed or conflicting `Upload-Length` → 400
 /// (repeating the stored length is accepted); offset ≠ stored → 409 with the stored offset;
 /// a `Content-Length` past the length → 413; a malformed checksum or unknown algorithm → 400.
-pub fn plan_patch(
-    state: &UploadState,
-    h: &PatchHeaders<'_>,
-    max_size: u64,
-) -> Result<PatchPlan, TusError> {
+pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> Result<PatchPlan, TusError> {
     if state.is_final {
-        return Err(TusError::new(
-            403,
-            ErrorCode::Conflict,
-            "a final (concatenated) upload cannot be patched",
-            "Send the bytes to its partial uploads instead.",
-        ));
+        return Err(TusError::new(403, ErrorCode::Conflict, "a final (concatenated) upload cannot be patched", "Send the bytes to its partial uploads instead."));
     }
     if !is_octet_stream(h.content_type) {
         return Err(unsupported_media());
     }
     let offset = match h.upload_offset {
-        None => {
-            return Err(TusError::bad_request(
-                "missing Upload-Offset",
-                "Send HEAD to learn the offset, then PATCH with Upload-Offset.",
-            )
-            .with_cursor(state.offset))
-        }
-        Some(raw) => {
-            raw.parse::<UploadOffset>()
-                .map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?
-                .0
-        }
+        None => return Err(TusError::bad_request("missing Upload-Offset", "Send HEAD to learn the offset, then PATCH with Upload-Offset.").with_cursor(state.offset)),
+        Some(raw) => raw.parse::<UploadOffset>().map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?.0,
     };
     let declared: Option<UploadLength> = parse_opt(h.upload_length)?;
     let mut set_length = None;
     let length = match (state.length, declared) {
         (Some(stored), Some(UploadLength(n))) if n != stored => {
-            return Err(TusError::bad_request(
-                format!("Upload-Length {n} differs from the stored length {stored}"),
-                "Omit Upload-Length once it is set.",
-            ))
+            return Err(TusError::bad_request(format!("Upload-Length {n} differs from the stored length {stored}"), "Omit Upload-Length once it is set."))
         }
         (Some(stored), _) => Some(stored),
         (None, Some(UploadLength(n))) => {
@@ -549,10 +439,7 @@ pub fn plan_patch(
             }
             if n < state.offset {
                 return Err(TusError::bad_request(
-                    format!(
-                        "Upload-Length {n} is below the bytes already stored ({})",
-                        state.offset
-                    ),
+                    format!("Upload-Length {n} is below the bytes already stored ({})", state.offset),
                     format!("Declare a length of at least {} bytes.", state.offset),
                 ));
             }
@@ -575,27 +462,13 @@ pub fn plan_patch(
         }
     }
     let checksum = parse_checksum(h.upload_checksum)?;
-    let checksum_in_trailer = h.trailer.is_some_and(|t| {
-        t.split(',')
-            .any(|n| n.trim().eq_ignore_ascii_case("upload-checksum"))
-    });
-    Ok(PatchPlan {
-        offset,
-        set_length,
-        length,
-        max_bytes,
-        checksum,
-        checksum_in_trailer,
-    })
+    let checksum_in_trailer = h.trailer.is_some_and(|t| t.split(',').any(|n| n.trim().eq_ignore_ascii_case("upload-checksum")));
+    Ok(PatchPlan { offset, set_length, length, max_bytes, checksum, checksum_in_trailer })
 }
 
 /// The `Tus-Checksum-Algorithm` value (TUS 1.0 §Checksum): `sha1,sha256,sha512,md5`.
 pub fn checksum_algorithms_header() -> String {
-    ChecksumAlgorithm::ALL
-        .iter()
-        .map(|a| a.name())
-        .collect::<Vec<_>>()
-        .join(",")
+    ChecksumAlgorithm::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(",")
 }
 
 /// The error for a chunk whose `Upload-Checksum` does not match its bytes (TUS 1.0 §Checksum:
@@ -627,19 +500,11 @@ mod tests {
     use super::*;
 
     fn state(offset: u64, length: Option<u64>) -> UploadState {
-        UploadState {
-            offset,
-            length,
-            is_final: false,
-        }
+        UploadState { offset, length, is_final: false }
     }
 
     fn patch<'a>(offset: &'a str) -> PatchHeaders<'a> {
-        PatchHeaders {
-            content_type: Some(OFFSET_OCTET_STREAM),
-            upload_offset: Some(offset),
-            ..Default::default()
-        }
+        PatchHeaders { content_type: Some(OFFSET_OCTET_STREAM), upload_offset: Some(offset), ..Default::default() }
     }
 
     #[test]
@@ -647,10 +512,7 @@ mod tests {
         assert!(check_version(Verb::Head, None).is_ok());
         assert!(check_version(Verb::Get, None).is_ok());
         assert_eq!(check_version(Verb::Post, None).unwrap_err().status, 412);
-        assert_eq!(
-            check_version(Verb::Head, Some("0.2.2")).unwrap_err().status,
-            412
-        );
+        assert_eq!(check_version(Verb::Head, Some("0.2.2")).unwrap_err().status, 412);
         assert!(check_version(Verb::Patch, Some("1.0.0")).is_ok());
     }
 
@@ -659,22 +521,9 @@ mod tests {
         let s = state(10, Some(100));
         assert_eq!(plan_patch(&s, &patch("10"), 1000).unwrap().max_bytes, 90);
         let e = plan_patch(&s, &patch("0"), 1000).unwrap_err();
-        assert_eq!(
-            (e.status, e.code, e.cursor),
-            (409, ErrorCode::OffsetMismatch, Some(10))
-        );
-        for bad in [
-            "+5",
-            "-1",
-            "18446744073709551616",
-            "123456789012345678901234567890",
-            "",
-        ] {
-            assert_eq!(
-                plan_patch(&s, &patch(bad), 1000).unwrap_err().status,
-                400,
-                "{bad}"
-            );
+        assert_eq!((e.status, e.code, e.cursor), (409, ErrorCode::OffsetMismatch, Some(10)));
+        for bad in ["+5", "-1", "18446744073709551616", "123456789012345678901234567890", ""] {
+            assert_eq!(plan_patch(&s, &patch(bad), 1000).unwrap_err().status, 400, "{bad}");
         }
         let mut h = patch("10");
         h.content_type = Some("text/plain");
@@ -687,14 +536,8 @@ mod tests {
         assert!(plan_patch(&s, &h, 1000).is_ok());
         h.upload_length = Some("101");
         assert_eq!(plan_patch(&s, &h, 1000).unwrap_err().status, 400);
-        let fin = UploadState {
-            is_final: true,
-            ..s
-        };
-        assert_eq!(
-            plan_patch(&fin, &patch("10"), 1000).unwrap_err().status,
-            403
-        );
+        let fin = UploadState { is_final: true, ..s };
+        assert_eq!(plan_patch(&fin, &patch("10"), 1000).unwrap_err().status, 403);
     }
 
     #[test]
@@ -710,62 +553,27 @@ mod tests {
 
     #[test]
     fn creation_decisions() {
-        let limits = CreationLimits {
-            max_size: 1000,
-            max_metadata: 4096,
-        };
-        let ok = CreationHeaders {
-            upload_length: Some("10"),
-            ..Default::default()
-        };
+        let limits = CreationLimits { max_size: 1000, max_metadata: 4096 };
+        let ok = CreationHeaders { upload_length: Some("10"), ..Default::default() };
         assert_eq!(plan_creation(&ok, &limits).unwrap().length, Some(10));
-        let both = CreationHeaders {
-            upload_length: Some("10"),
-            upload_defer_length: Some("1"),
-            ..Default::default()
-        };
+        let both = CreationHeaders { upload_length: Some("10"), upload_defer_length: Some("1"), ..Default::default() };
         assert_eq!(plan_creation(&both, &limits).unwrap_err().status, 400);
-        assert_eq!(
-            plan_creation(&CreationHeaders::default(), &limits)
-                .unwrap_err()
-                .status,
-            400
-        );
-        let defer2 = CreationHeaders {
-            upload_defer_length: Some("2"),
-            ..Default::default()
-        };
+        assert_eq!(plan_creation(&CreationHeaders::default(), &limits).unwrap_err().status, 400);
+        let defer2 = CreationHeaders { upload_defer_length: Some("2"), ..Default::default() };
         assert_eq!(plan_creation(&defer2, &limits).unwrap_err().status, 400);
-        let big = CreationHeaders {
-            upload_length: Some("1001"),
-            ..Default::default()
-        };
+        let big = CreationHeaders { upload_length: Some("1001"), ..Default::default() };
         assert_eq!(plan_creation(&big, &limits).unwrap_err().status, 413);
-        let fin = CreationHeaders {
-            upload_concat: Some("final;/files/a"),
-            upload_length: Some("1"),
-            ..Default::default()
-        };
+        let fin = CreationHeaders { upload_concat: Some("final;/files/a"), upload_length: Some("1"), ..Default::default() };
         assert_eq!(plan_creation(&fin, &limits).unwrap_err().status, 400);
-        let body = CreationHeaders {
-            upload_length: Some("10"),
-            has_body: true,
-            content_type: Some("text/plain"),
-            ..Default::default()
-        };
+        let body = CreationHeaders { upload_length: Some("10"), has_body: true, content_type: Some("text/plain"), ..Default::default() };
         assert_eq!(plan_creation(&body, &limits).unwrap_err().status, 415);
-        let sha = CreationHeaders {
-            upload_length: Some("10"),
-            upload_metadata: Some("sha256 eHl6"),
-            ..Default::default()
-        };
+        let sha = CreationHeaders { upload_length: Some("10"), upload_metadata: Some("sha256 eHl6"), ..Default::default() };
         assert_eq!(plan_creation(&sha, &limits).unwrap_err().status, 400);
     }
 
     #[test]
     fn catalogue_is_complete() {
-        let words: std::collections::HashSet<&str> =
-            ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        let words: std::collections::HashSet<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(words.len(), 14);
     }
 }

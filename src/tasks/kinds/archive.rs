@@ -116,11 +116,8 @@ impl Job for ArchiveJob {
             recs.push(member_record(ctx, id).await?);
         }
         let names = member_names(recs.iter().map(|r| (r.id.as_str(), r.metadata.as_str())));
-        let members: Vec<Member> = recs
-            .iter()
-            .zip(names)
-            .map(|(r, name)| Member { name, size: r.length.unwrap_or(0), mtime: r.finished_at_ms.unwrap_or(0).max(0) as u64 / 1000 })
-            .collect();
+        let members: Vec<Member> =
+            recs.iter().zip(names).map(|(r, name)| Member { name, size: r.length.unwrap_or(0), mtime: r.finished_at_ms.unwrap_or(0).max(0) as u64 / 1000 }).collect();
         let layout = Layout::new(args.format, &members);
         let total: u64 = members.iter().map(|m| m.size).sum();
         let n = members.len();
@@ -292,10 +289,7 @@ fn dedupe(name: &str, taken: &mut HashSet<String>) -> String {
         _ => name.len(),
     };
     let (stem, ext) = name.split_at(split);
-    (1u64..)
-        .map(|k| format!("{stem}-{k}{ext}"))
-        .find(|c| taken.insert(c.clone()))
-        .expect("some suffix is free")
+    (1u64..).map(|k| format!("{stem}-{k}{ext}")).find(|c| taken.insert(c.clone())).expect("some suffix is free")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -705,7 +699,16 @@ mod tests {
         let c = md("report-1.pdf");
         let d = md("..");
         let e = md(".bashrc");
-        let names = member_names([("id1", a.as_str()), ("id2", b.as_str()), ("id3", c.as_str()), ("id4", d.as_str()), ("id5", ""), ("id6", e.as_str()), ("id7", e.as_str()), ("id8", "garbage !!")]);
+        let names = member_names([
+            ("id1", a.as_str()),
+            ("id2", b.as_str()),
+            ("id3", c.as_str()),
+            ("id4", d.as_str()),
+            ("id5", ""),
+            ("id6", e.as_str()),
+            ("id7", e.as_str()),
+            ("id8", "garbage !!"),
+        ]);
         assert_eq!(names, ["report.pdf", "report-1.pdf", "report-1-1.pdf", "id4", "id5", ".bashrc", ".bashrc-1", "id8"]);
         let mut t = HashSet::new();
         assert_eq!(dedupe("d.x/f", &mut t), "d.x/f");

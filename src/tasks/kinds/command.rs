@@ -169,8 +169,7 @@ impl Job for CommandJob {
         let spec = self.spec(&args).map_err(JobError::failed)?;
         let name = args.command.as_str();
         let params = args.params.clone().unwrap_or_else(|| Value::Object(Default::default())).to_string();
-        let mut state: Option<CommandCheckpoint> =
-            checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
+        let mut state: Option<CommandCheckpoint> = checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
 
         for _ in 0..MAX_RUNS {
             ctx.check()?;
@@ -540,7 +539,21 @@ pub(crate) mod tests {
 
     #[test]
     fn malformed_progress_and_count_are_log_lines() {
-        for l in ["progress", "progress 1.5", "progress -0.1", "progress NaN", "progress 1e-3", "progress +0.5", "count rows", "count rows -1", "count rows +1", "count r/s 1", "hello world", "Progress 0.5", ""] {
+        for l in [
+            "progress",
+            "progress 1.5",
+            "progress -0.1",
+            "progress NaN",
+            "progress 1e-3",
+            "progress +0.5",
+            "count rows",
+            "count rows -1",
+            "count rows +1",
+            "count r/s 1",
+            "hello world",
+            "Progress 0.5",
+            "",
+        ] {
             assert_eq!(parse_line(l).unwrap(), Line::Log(l.into()), "{l}");
         }
     }
@@ -693,10 +706,7 @@ printf 'part2 %s %s\n' "$FERRY_INPUT_GO" "$FERRY_PARAMS"
     async fn large_output_with_many_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
         // 200 blocks of 4 KiB, a checkpoint after each; stdout and stderr both busy.
-        let spec = script(
-            dir.path(),
-            "i=0\nwhile [ $i -lt 200 ]; do i=$((i+1)); head -c 4096 /dev/zero; echo \"checkpoint $((i*4096)) b$i\" >&2; echo \"log $i\" >&2; done\n",
-        );
+        let spec = script(dir.path(), "i=0\nwhile [ $i -lt 200 ]; do i=$((i+1)); head -c 4096 /dev/zero; echo \"checkpoint $((i*4096)) b$i\" >&2; echo \"log $i\" >&2; done\n");
         let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
         let t = e.start("p", "command", r#"{"command":"prog"}"#, None, None).await.unwrap().task;
         let t = settle(&e, &t.id).await;

@@ -607,7 +607,8 @@ mod tests {
                     let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\n{head}content-length: 10\r\n\r\n").as_bytes()).await;
                     let _ = sock.write_all(&body[..5]).await;
                 } else if let (Some(from), true) = (range, if_range_ok) {
-                    let _ = sock.write_all(format!("HTTP/1.1 206 Partial Content\r\n{head}content-range: bytes {from}-9/10\r\ncontent-length: {}\r\n\r\n", 10 - from).as_bytes()).await;
+                    let _ =
+                        sock.write_all(format!("HTTP/1.1 206 Partial Content\r\n{head}content-range: bytes {from}-9/10\r\ncontent-length: {}\r\n\r\n", 10 - from).as_bytes()).await;
                     let _ = sock.write_all(&body[from..]).await;
                 } else {
                     let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\n{head}content-length: 10\r\n\r\n").as_bytes()).await;

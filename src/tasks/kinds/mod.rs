@@ -11,8 +11,8 @@ use crate::config::Config;
 
 pub mod archive;
 pub mod command;
-pub mod concat;
 pub mod compress;
+pub mod concat;
 pub mod external;
 pub mod fetch;
 

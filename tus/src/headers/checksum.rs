@@ -30,12 +30,7 @@ pub enum ChecksumAlgorithm {
 
 impl ChecksumAlgorithm {
     /// Every algorithm, in the order advertised in `Tus-Checksum-Algorithm`.
-    pub const ALL: &'static [ChecksumAlgorithm] = &[
-        ChecksumAlgorithm::Sha1,
-        ChecksumAlgorithm::Sha256,
-        ChecksumAlgorithm::Sha512,
-        ChecksumAlgorithm::Md5,
-    ];
+    pub const ALL: &'static [ChecksumAlgorithm] = &[ChecksumAlgorithm::Sha1, ChecksumAlgorithm::Sha256, ChecksumAlgorithm::Sha512, ChecksumAlgorithm::Md5];
 
     /// Digest length in bytes: 20, 32, 64, 16.
     pub fn digest_len(&self) -> usize {
@@ -65,29 +60,17 @@ impl FromStr for ChecksumAlgorithm {
     /// crate does not know (e.g. `crc32`) → [`ParseErrorKind::UnknownAlgorithm`].
     fn from_str(s: &str) -> Result<Self, ParseError> {
         if s.is_empty() {
-            return Err(ParseError::syntax(
-                NAME,
-                0,
-                "expected a checksum algorithm name",
-            ));
+            return Err(ParseError::syntax(NAME, 0, "expected a checksum algorithm name"));
         }
         if let Some(i) = first_non_tchar(s) {
-            return Err(ParseError::syntax(
-                NAME,
-                i,
-                "invalid character in algorithm name",
-            ));
+            return Err(ParseError::syntax(NAME, i, "invalid character in algorithm name"));
         }
-        ChecksumAlgorithm::ALL
-            .iter()
-            .copied()
-            .find(|a| a.name().eq_ignore_ascii_case(s))
-            .ok_or(ParseError::new(
-                NAME,
-                0,
-                ParseErrorKind::UnknownAlgorithm,
-                "unsupported checksum algorithm",
-            ))
+        ChecksumAlgorithm::ALL.iter().copied().find(|a| a.name().eq_ignore_ascii_case(s)).ok_or(ParseError::new(
+            NAME,
+            0,
+            ParseErrorKind::UnknownAlgorithm,
+            "unsupported checksum algorithm",
+        ))
     }
 }
 
@@ -125,28 +108,19 @@ impl FromStr for UploadChecksum {
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
         let Some((alg, b64)) = s.split_once(' ') else {
-            return Err(ParseError::syntax(
-                NAME,
-                s.len(),
-                "expected algorithm and base64 digest separated by a space",
-            ));
+            return Err(ParseError::syntax(NAME, s.len(), "expected algorithm and base64 digest separated by a space"));
         };
         let algorithm: ChecksumAlgorithm = alg.parse()?;
         let base = alg.len() + 1;
         let digest = STANDARD.decode(b64).map_err(|e| {
             let i = match e {
-                base64::DecodeError::InvalidByte(i, _)
-                | base64::DecodeError::InvalidLastSymbol(i, _) => i,
+                base64::DecodeError::InvalidByte(i, _) | base64::DecodeError::InvalidLastSymbol(i, _) => i,
                 _ => b64.len(),
             };
             ParseError::syntax(NAME, base + i, "digest is not canonical padded base64")
         })?;
         if digest.len() != algorithm.digest_len() {
-            return Err(ParseError::syntax(
-                NAME,
-                base,
-                "digest length does not match the algorithm",
-            ));
+            return Err(ParseError::syntax(NAME, base, "digest length does not match the algorithm"));
         }
         Ok(UploadChecksum { algorithm, digest })
     }
@@ -166,35 +140,14 @@ mod tests {
     fn algorithms() {
         for a in ChecksumAlgorithm::ALL {
             assert_eq!(a.to_string().parse::<ChecksumAlgorithm>().unwrap(), *a);
-            assert_eq!(
-                a.name()
-                    .to_ascii_uppercase()
-                    .parse::<ChecksumAlgorithm>()
-                    .unwrap(),
-                *a
-            );
+            assert_eq!(a.name().to_ascii_uppercase().parse::<ChecksumAlgorithm>().unwrap(), *a);
         }
-        assert_eq!(
-            "Sha256".parse::<ChecksumAlgorithm>(),
-            Ok(ChecksumAlgorithm::Sha256)
-        );
-        let lens: Vec<_> = ChecksumAlgorithm::ALL
-            .iter()
-            .map(|a| a.digest_len())
-            .collect();
+        assert_eq!("Sha256".parse::<ChecksumAlgorithm>(), Ok(ChecksumAlgorithm::Sha256));
+        let lens: Vec<_> = ChecksumAlgorithm::ALL.iter().map(|a| a.digest_len()).collect();
         assert_eq!(lens, [20, 32, 64, 16]);
-        assert_eq!(
-            "crc32".parse::<ChecksumAlgorithm>().unwrap_err().kind(),
-            ParseErrorKind::UnknownAlgorithm
-        );
-        assert_eq!(
-            "".parse::<ChecksumAlgorithm>().unwrap_err().kind(),
-            ParseErrorKind::Syntax
-        );
-        assert_eq!(
-            "sh a1".parse::<ChecksumAlgorithm>().unwrap_err().kind(),
-            ParseErrorKind::Syntax
-        );
+        assert_eq!("crc32".parse::<ChecksumAlgorithm>().unwrap_err().kind(), ParseErrorKind::UnknownAlgorithm);
+        assert_eq!("".parse::<ChecksumAlgorithm>().unwrap_err().kind(), ParseErrorKind::Syntax);
+        assert_eq!("sh a1".parse::<ChecksumAlgorithm>().unwrap_err().kind(), ParseErrorKind::Syntax);
     }
 
     #[test]
@@ -209,10 +162,7 @@ mod tests {
     #[test]
     fn round_trips_every_algorithm() {
         for a in ChecksumAlgorithm::ALL {
-            let c = UploadChecksum {
-                algorithm: *a,
-                digest: (0..a.digest_len()).map(|i| (i * 7) as u8).collect(),
-            };
+            let c = UploadChecksum { algorithm: *a, digest: (0..a.digest_len()).map(|i| (i * 7) as u8).collect() };
             assert_eq!(c.to_string().parse::<UploadChecksum>().unwrap(), c);
         }
     }

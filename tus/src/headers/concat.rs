@@ -39,10 +39,7 @@ impl UploadConcat {
     pub fn final_ids(&self) -> Vec<String> {
         match self {
             UploadConcat::Partial => Vec::new(),
-            UploadConcat::Final(urls) => urls
-                .iter()
-                .map(|u| upload_id(u).unwrap_or_default().to_owned())
-                .collect(),
+            UploadConcat::Final(urls) => urls.iter().map(|u| upload_id(u).unwrap_or_default().to_owned()).collect(),
         }
     }
 }
@@ -62,11 +59,7 @@ impl FromStr for UploadConcat {
             return Ok(UploadConcat::Partial);
         }
         let Some(list) = s.strip_prefix("final;") else {
-            return Err(ParseError::syntax(
-                NAME,
-                0,
-                "expected \"partial\" or \"final;\"",
-            ));
+            return Err(ParseError::syntax(NAME, 0, "expected \"partial\" or \"final;\""));
         };
         let base = "final;".len();
         let mut urls = Vec::new();
@@ -78,11 +71,7 @@ impl FromStr for UploadConcat {
                 continue;
             }
             if let Some(i) = url.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
-                return Err(ParseError::syntax(
-                    NAME,
-                    start + i,
-                    "invalid character in URL",
-                ));
+                return Err(ParseError::syntax(NAME, start + i, "invalid character in URL"));
             }
             if upload_id(url).is_none() {
                 return Err(ParseError::syntax(NAME, start, "URL names no upload"));
@@ -90,11 +79,7 @@ impl FromStr for UploadConcat {
             urls.push(url.to_owned());
         }
         if urls.is_empty() {
-            return Err(ParseError::syntax(
-                NAME,
-                s.len(),
-                "expected at least one partial upload URL",
-            ));
+            return Err(ParseError::syntax(NAME, s.len(), "expected at least one partial upload URL"));
         }
         Ok(UploadConcat::Final(urls))
     }
@@ -136,10 +121,7 @@ mod tests {
     #[test]
     fn spec_example_final() {
         let c: UploadConcat = "final;/files/a /files/b".parse().unwrap();
-        assert_eq!(
-            c,
-            UploadConcat::Final(vec!["/files/a".into(), "/files/b".into()])
-        );
+        assert_eq!(c, UploadConcat::Final(vec!["/files/a".into(), "/files/b".into()]));
         assert_eq!(c.final_ids(), ["a", "b"]);
         assert_eq!(c.to_string(), "final;/files/a /files/b");
         rt(c);
@@ -147,10 +129,7 @@ mod tests {
 
     #[test]
     fn ids_from_absolute_urls_queries_and_fragments() {
-        let c: UploadConcat =
-            "final;https://tus.example.org/files/abc?x=1#f https://h/files/def/ xyz g/h#a/b?c"
-                .parse()
-                .unwrap();
+        let c: UploadConcat = "final;https://tus.example.org/files/abc?x=1#f https://h/files/def/ xyz g/h#a/b?c".parse().unwrap();
         assert_eq!(c.final_ids(), ["abc", "def", "xyz", "h"]);
         rt(c);
     }

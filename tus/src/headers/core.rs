@@ -74,11 +74,7 @@ impl FromStr for UploadDeferLength {
             Ok(UploadDeferLength)
         } else {
             let index = if s.starts_with('1') { 1 } else { 0 };
-            Err(ParseError::syntax(
-                Self::NAME,
-                index,
-                "the only allowed value is 1",
-            ))
+            Err(ParseError::syntax(Self::NAME, index, "the only allowed value is 1"))
         }
     }
 }
@@ -122,18 +118,10 @@ impl FromStr for TusResumable {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, ParseError> {
         if s.is_empty() {
-            return Err(ParseError::syntax(
-                Self::NAME,
-                0,
-                "expected a version token",
-            ));
+            return Err(ParseError::syntax(Self::NAME, 0, "expected a version token"));
         }
         if let Some(i) = first_non_tchar(s) {
-            return Err(ParseError::syntax(
-                Self::NAME,
-                i,
-                "invalid character in version token",
-            ));
+            return Err(ParseError::syntax(Self::NAME, i, "invalid character in version token"));
         }
         Ok(TusResumable(s.to_owned()))
     }
@@ -156,16 +144,7 @@ mod tests {
 
     #[test]
     fn offset_and_length_round_trip() {
-        for n in [
-            0,
-            1,
-            9,
-            10,
-            4096,
-            u64::from(u32::MAX),
-            u64::MAX - 1,
-            u64::MAX,
-        ] {
+        for n in [0, 1, 9, 10, 4096, u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
             rt(UploadOffset(n));
             rt(UploadLength(n));
         }
@@ -179,10 +158,7 @@ mod tests {
             assert_eq!(e.header(), "Upload-Offset");
             assert_eq!(e.kind(), ParseErrorKind::Syntax, "{s:?}");
         }
-        assert_eq!(
-            "".parse::<UploadOffset>().unwrap_err().to_string(),
-            "invalid Upload-Offset at byte 0: expected ASCII digit"
-        );
+        assert_eq!("".parse::<UploadOffset>().unwrap_err().to_string(), "invalid Upload-Offset at byte 0: expected ASCII digit");
         for s in ["18446744073709551616", "999999999999999999999999999999"] {
             let e = s.parse::<UploadLength>().unwrap_err();
             assert_eq!(e.header(), "Upload-Length");

@@ -41,25 +41,13 @@ impl FromStr for ReprDigest {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        let dict: Dictionary = Parser::new(s)
-            .parse_dictionary()
-            .map_err(|e| ParseError::from_sfv(NAME, &e))?;
+        let dict: Dictionary = Parser::new(s).parse_dictionary().map_err(|e| ParseError::from_sfv(NAME, &e))?;
         let sha256 = match dict.get("sha-256") {
             None => None,
-            Some(ListEntry::Item(Item {
-                bare_item: BareItem::ByteSequence(b),
-                ..
-            })) => Some(
-                <[u8; 32]>::try_from(b.as_slice())
-                    .map_err(|_| ParseError::syntax(NAME, 0, "sha-256 digest must be 32 bytes"))?,
-            ),
-            Some(_) => {
-                return Err(ParseError::syntax(
-                    NAME,
-                    0,
-                    "sha-256 digest must be a byte sequence",
-                ))
+            Some(ListEntry::Item(Item { bare_item: BareItem::ByteSequence(b), .. })) => {
+                Some(<[u8; 32]>::try_from(b.as_slice()).map_err(|_| ParseError::syntax(NAME, 0, "sha-256 digest must be 32 bytes"))?)
             }
+            Some(_) => return Err(ParseError::syntax(NAME, 0, "sha-256 digest must be a byte sequence")),
         };
         Ok(ReprDigest { sha256 })
     }
@@ -81,18 +69,14 @@ mod tests {
 
     // sha-256 of the empty string.
     const EMPTY: [u8; 32] = [
-        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9,
-        0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52,
-        0xb8, 0x55,
+        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b,
+        0x78, 0x52, 0xb8, 0x55,
     ];
 
     #[test]
     fn display_and_round_trip() {
         let d = ReprDigest::from_sha256(EMPTY);
-        assert_eq!(
-            d.to_string(),
-            "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"
-        );
+        assert_eq!(d.to_string(), "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:");
         assert_eq!(d.to_string().parse(), Ok(d));
         let none = ReprDigest::default();
         assert_eq!(none.to_string(), "");
@@ -104,7 +88,8 @@ mod tests {
     #[test]
     fn other_members_ignored() {
         // RFC 9530 §2 example shape: several algorithms in one field.
-        let s = "sha-512=:YMAam51Jz/jOATT6/zvHrLVgOYTGFy1d6GJiOHTohq4yP+pgk4vf2aCsyRZOtw8MjkM7iw7yZ/WkppmM44T3qg==:, sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:, foo=bar";
+        let s =
+            "sha-512=:YMAam51Jz/jOATT6/zvHrLVgOYTGFy1d6GJiOHTohq4yP+pgk4vf2aCsyRZOtw8MjkM7iw7yZ/WkppmM44T3qg==:, sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:, foo=bar";
         assert_eq!(s.parse(), Ok(ReprDigest::from_sha256(EMPTY)));
         assert_eq!("sha-512=:AAAA:".parse(), Ok(ReprDigest::default()));
     }

@@ -30,22 +30,14 @@ impl FromStr for UploadExpires {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        httpdate::parse_http_date(s)
-            .map(UploadExpires)
-            .map_err(|_| ParseError::syntax(NAME, 0, "not an HTTP date (RFC 9110 §5.6.7)"))
+        httpdate::parse_http_date(s).map(UploadExpires).map_err(|_| ParseError::syntax(NAME, 0, "not an HTTP date (RFC 9110 §5.6.7)"))
     }
 }
 
 impl fmt::Display for UploadExpires {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secs = self
-            .0
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-            .min(MAX_SECS);
-        f.write_str(&httpdate::fmt_http_date(
-            UNIX_EPOCH + Duration::from_secs(secs),
-        ))
+        let secs = self.0.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).min(MAX_SECS);
+        f.write_str(&httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs)))
     }
 }
 
@@ -75,28 +67,15 @@ mod tests {
 
     #[test]
     fn display_never_panics_and_truncates() {
-        assert_eq!(
-            UploadExpires(UNIX_EPOCH - Duration::from_secs(5)).to_string(),
-            "Thu, 01 Jan 1970 00:00:00 GMT"
-        );
-        assert_eq!(
-            at(u64::MAX / 4).to_string(),
-            "Fri, 31 Dec 9999 23:59:59 GMT"
-        );
+        assert_eq!(UploadExpires(UNIX_EPOCH - Duration::from_secs(5)).to_string(), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(at(u64::MAX / 4).to_string(), "Fri, 31 Dec 9999 23:59:59 GMT");
         let frac = UploadExpires(UNIX_EPOCH + Duration::from_millis(1500));
         assert_eq!(frac.to_string().parse(), Ok(at(1)));
     }
 
     #[test]
     fn rejects() {
-        for s in [
-            "",
-            "0",
-            "tomorrow",
-            "Sun, 06 Nov 1994 08:49:37",
-            "2025-06-25T16:00:00Z",
-            "Sun, 32 Nov 1994 08:49:37 GMT",
-        ] {
+        for s in ["", "0", "tomorrow", "Sun, 06 Nov 1994 08:49:37", "2025-06-25T16:00:00Z", "Sun, 32 Nov 1994 08:49:37 GMT"] {
             let e = s.parse::<UploadExpires>().unwrap_err();
             assert_eq!(e.header(), "Upload-Expires", "{s:?}");
         }

@@ -52,37 +52,23 @@ impl UploadMetadata {
     /// Looks a key up: `None` if absent, `Some(None)` if present without a value,
     /// `Some(Some(bytes))` otherwise.
     pub fn get(&self, key: &str) -> Option<Option<&[u8]>> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_deref())
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
     }
 
     /// The value of `key` as UTF-8 text; `None` if the key is absent, has no value, or its value
     /// is not valid UTF-8. An empty value gives `Some("")`.
     pub fn get_str(&self, key: &str) -> Option<&str> {
-        self.get(key)
-            .flatten()
-            .and_then(|v| std::str::from_utf8(v).ok())
+        self.get(key).flatten().and_then(|v| std::str::from_utf8(v).ok())
     }
 
     /// Appends a pair. Fails with [`ParseErrorKind::Syntax`] if `key` is not a valid key (empty,
     /// non-ASCII, contains a space, comma or control character) and with
     /// [`ParseErrorKind::Duplicate`] if it is already present; the metadata is unchanged then.
-    pub fn insert(
-        &mut self,
-        key: impl Into<String>,
-        value: Option<Vec<u8>>,
-    ) -> Result<(), ParseError> {
+    pub fn insert(&mut self, key: impl Into<String>, value: Option<Vec<u8>>) -> Result<(), ParseError> {
         let key = key.into();
         check_key(&key, 0)?;
         if self.get(&key).is_some() {
-            return Err(ParseError::new(
-                NAME,
-                0,
-                ParseErrorKind::Duplicate,
-                "duplicate key",
-            ));
+            return Err(ParseError::new(NAME, 0, ParseErrorKind::Duplicate, "duplicate key"));
         }
         self.0.push((key, value));
         Ok(())
@@ -102,12 +88,7 @@ impl UploadMetadata {
     /// allocating; useful for enforcing a metadata size limit.
     pub fn encoded_len(&self) -> usize {
         let commas = self.0.len().saturating_sub(1);
-        commas
-            + self
-                .0
-                .iter()
-                .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| 1 + v.len().div_ceil(3) * 4))
-                .sum::<usize>()
+        commas + self.0.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| 1 + v.len().div_ceil(3) * 4)).sum::<usize>()
     }
 
     /// Consumes the metadata, returning its pairs.
@@ -125,15 +106,8 @@ fn check_key(key: &str, base: usize) -> Result<(), ParseError> {
     if key.is_empty() {
         return Err(ParseError::syntax(NAME, base, "empty key"));
     }
-    match key
-        .bytes()
-        .position(|b| !(0x21..=0x7e).contains(&b) || b == b',')
-    {
-        Some(i) => Err(ParseError::syntax(
-            NAME,
-            base + i,
-            "key must be visible ASCII without spaces or commas",
-        )),
+    match key.bytes().position(|b| !(0x21..=0x7e).contains(&b) || b == b',') {
+        Some(i) => Err(ParseError::syntax(NAME, base + i, "key must be visible ASCII without spaces or commas")),
         None => Ok(()),
     }
 }
@@ -162,45 +136,28 @@ impl FromStr for UploadMetadata {
             } else if let Some(v) = rest.strip_prefix(' ') {
                 let v = v.trim_end_matches(is_ows);
                 let vbase = kbase + key_end + 1;
-                if let Some(i) = v
-                    .bytes()
-                    .position(|b| !(b.is_ascii_alphanumeric() || b"+/=".contains(&b)))
-                {
+                if let Some(i) = v.bytes().position(|b| !(b.is_ascii_alphanumeric() || b"+/=".contains(&b))) {
                     return Err(ParseError::syntax(NAME, vbase + i, "value is not base64"));
                 }
                 match STANDARD.decode(v) {
                     Ok(bytes) => Some(bytes),
                     Err(e) => {
                         let i = match e {
-                            base64::DecodeError::InvalidByte(i, _)
-                            | base64::DecodeError::InvalidLastSymbol(i, _) => i,
+                            base64::DecodeError::InvalidByte(i, _) | base64::DecodeError::InvalidLastSymbol(i, _) => i,
                             _ => v.len(),
                         };
-                        return Err(ParseError::syntax(
-                            NAME,
-                            vbase + i,
-                            "value is not canonical padded base64",
-                        ));
+                        return Err(ParseError::syntax(NAME, vbase + i, "value is not canonical padded base64"));
                     }
                 }
             } else if rest.trim_end_matches(is_ows).is_empty() {
                 // Trailing tab(s) before a comma: whitespace around the separator.
                 None
             } else {
-                return Err(ParseError::syntax(
-                    NAME,
-                    kbase + key_end,
-                    "key and value must be separated by one space",
-                ));
+                return Err(ParseError::syntax(NAME, kbase + key_end, "key and value must be separated by one space"));
             };
 
             if out.get(key).is_some() {
-                return Err(ParseError::new(
-                    NAME,
-                    kbase,
-                    ParseErrorKind::Duplicate,
-                    "duplicate key",
-                ));
+                return Err(ParseError::new(NAME, kbase, ParseErrorKind::Duplicate, "duplicate key"));
             }
             out.0.push((key.to_owned(), value));
         }
@@ -245,10 +202,7 @@ mod tests {
         assert_eq!(m.get("is_confidential"), Some(None));
         assert_eq!(m.get_str("is_confidential"), None);
         assert_eq!(m.get("absent"), None);
-        assert_eq!(
-            m.to_string(),
-            "filename d29ybGRfZG9taW5hdGlvbl9wbGFuLnBkZg==,is_confidential"
-        );
+        assert_eq!(m.to_string(), "filename d29ybGRfZG9taW5hdGlvbl9wbGFuLnBkZg==,is_confidential");
     }
 
     #[test]
@@ -308,20 +262,12 @@ mod tests {
     #[test]
     fn insert_checks_keys_and_duplicates() {
         let mut m = UploadMetadata::new();
-        m.insert("filename", Some(b"r\xe9sum\xe9.pdf".to_vec()))
-            .unwrap();
+        m.insert("filename", Some(b"r\xe9sum\xe9.pdf".to_vec())).unwrap();
         m.insert("flag", None).unwrap();
         m.insert("empty", Some(vec![])).unwrap();
-        assert_eq!(
-            m.insert("flag", Some(vec![1])).unwrap_err().kind(),
-            ParseErrorKind::Duplicate
-        );
+        assert_eq!(m.insert("flag", Some(vec![1])).unwrap_err().kind(), ParseErrorKind::Duplicate);
         for bad in ["", "a b", "a,b", "\u{e9}", "a\nb"] {
-            assert_eq!(
-                m.insert(bad, None).unwrap_err().kind(),
-                ParseErrorKind::Syntax,
-                "{bad:?}"
-            );
+            assert_eq!(m.insert(bad, None).unwrap_err().kind(), ParseErrorKind::Syntax, "{bad:?}");
         }
         assert_eq!(m.len(), 3);
         assert_eq!(m.get_str("filename"), None); // not UTF-8
@@ -332,11 +278,7 @@ mod tests {
     fn round_trips_and_encoded_len() {
         let mut m = UploadMetadata::new();
         for (i, n) in [0usize, 1, 2, 3, 4, 5, 100].into_iter().enumerate() {
-            m.insert(
-                format!("k{i}"),
-                Some((0..n).map(|b| (b * 37) as u8).collect()),
-            )
-            .unwrap();
+            m.insert(format!("k{i}"), Some((0..n).map(|b| (b * 37) as u8).collect())).unwrap();
         }
         m.insert("~!#$%&'*+-./:;<=>?@[]^_`{|}", None).unwrap();
         let s = m.to_string();

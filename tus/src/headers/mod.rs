@@ -44,15 +44,7 @@ pub fn parse_u64_digits(s: &str, header: &'static str) -> Result<u64, ParseError
         if !b.is_ascii_digit() {
             return Err(ParseError::syntax(header, i, "expected ASCII digit"));
         }
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(b - b'0')))
-            .ok_or(ParseError::new(
-                header,
-                i,
-                ParseErrorKind::Overflow,
-                "number does not fit in 64 bits",
-            ))?;
+        n = n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))).ok_or(ParseError::new(header, i, ParseErrorKind::Overflow, "number does not fit in 64 bits"))?;
     }
     Ok(n)
 }
@@ -76,10 +68,7 @@ mod tests {
         assert_eq!(parse_u64_digits("0", "H"), Ok(0));
         assert_eq!(parse_u64_digits("007", "H"), Ok(7));
         assert_eq!(parse_u64_digits("18446744073709551615", "H"), Ok(u64::MAX));
-        assert_eq!(
-            parse_u64_digits("000000000000000000000000000042", "H"),
-            Ok(42)
-        );
+        assert_eq!(parse_u64_digits("000000000000000000000000000042", "H"), Ok(42));
     }
 
     #[test]
@@ -111,11 +100,6 @@ mod tests {
         let e = parse_u64_digits("123456789012345678901234567890", "H").unwrap_err();
         assert_eq!(e.kind(), ParseErrorKind::Overflow);
         // A non-digit after an overflow is still reported as overflow (first failure wins).
-        assert_eq!(
-            parse_u64_digits("99999999999999999999x", "H")
-                .unwrap_err()
-                .kind(),
-            ParseErrorKind::Overflow
-        );
+        assert_eq!(parse_u64_digits("99999999999999999999x", "H").unwrap_err().kind(), ParseErrorKind::Overflow);
     }
 }

@@ -5,9 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use sfv::{
-    key_ref, BareItem, DictSerializer, Dictionary, Integer, Item, ItemSerializer, ListEntry, Parser,
-};
+use sfv::{key_ref, BareItem, DictSerializer, Dictionary, Integer, Item, ItemSerializer, ListEntry, Parser};
 
 use crate::error::ParseError;
 
@@ -28,16 +26,10 @@ impl FromStr for UploadComplete {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        let item: Item = Parser::new(s)
-            .parse_item()
-            .map_err(|e| ParseError::from_sfv(Self::NAME, &e))?;
+        let item: Item = Parser::new(s).parse_item().map_err(|e| ParseError::from_sfv(Self::NAME, &e))?;
         match item.bare_item {
             BareItem::Boolean(b) => Ok(UploadComplete(b)),
-            _ => Err(ParseError::syntax(
-                Self::NAME,
-                0,
-                "expected a boolean ?0 or ?1",
-            )),
+            _ => Err(ParseError::syntax(Self::NAME, 0, "expected a boolean ?0 or ?1")),
         }
     }
 }
@@ -78,13 +70,7 @@ impl UploadLimit {
     pub const NAME: &'static str = "Upload-Limit";
 
     fn members(&self) -> [(&'static str, Option<u64>); 5] {
-        [
-            ("max-size", self.max_size),
-            ("min-size", self.min_size),
-            ("max-append-size", self.max_append_size),
-            ("min-append-size", self.min_append_size),
-            ("expires", self.expires),
-        ]
+        [("max-size", self.max_size), ("min-size", self.min_size), ("max-append-size", self.max_append_size), ("min-append-size", self.min_append_size), ("expires", self.expires)]
     }
 }
 
@@ -92,23 +78,14 @@ impl FromStr for UploadLimit {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        let dict: Dictionary = Parser::new(s)
-            .parse_dictionary()
-            .map_err(|e| ParseError::from_sfv(Self::NAME, &e))?;
+        let dict: Dictionary = Parser::new(s).parse_dictionary().map_err(|e| ParseError::from_sfv(Self::NAME, &e))?;
         let get = |name: &str| -> Result<Option<u64>, ParseError> {
             match dict.get(name) {
                 None => Ok(None),
-                Some(ListEntry::Item(Item {
-                    bare_item: BareItem::Integer(i),
-                    ..
-                })) => u64::try_from(i64::from(*i))
-                    .map(Some)
-                    .map_err(|_| ParseError::syntax(Self::NAME, 0, "limit must not be negative")),
-                Some(_) => Err(ParseError::syntax(
-                    Self::NAME,
-                    0,
-                    "limit must be an integer",
-                )),
+                Some(ListEntry::Item(Item { bare_item: BareItem::Integer(i), .. })) => {
+                    u64::try_from(i64::from(*i)).map(Some).map_err(|_| ParseError::syntax(Self::NAME, 0, "limit must not be negative"))
+                }
+                Some(_) => Err(ParseError::syntax(Self::NAME, 0, "limit must be an integer")),
             }
         };
         Ok(UploadLimit {
@@ -149,9 +126,7 @@ mod tests {
         }
         assert_eq!(UploadComplete(true).to_string(), "?1");
         assert_eq!(UploadComplete(false).to_string(), "?0");
-        for s in [
-            "", "1", "0", "true", "?2", "?", "?1,?0", "\"?1\"", "?1 ?0", ":Pw==:",
-        ] {
+        for s in ["", "1", "0", "true", "?2", "?", "?1,?0", "\"?1\"", "?1 ?0", ":Pw==:"] {
             let e = s.parse::<UploadComplete>().unwrap_err();
             assert_eq!(e.header(), "Upload-Complete", "{s:?}");
         }
@@ -159,56 +134,26 @@ mod tests {
 
     #[test]
     fn limit_round_trip() {
-        let all = UploadLimit {
-            max_size: Some(1 << 40),
-            min_size: Some(0),
-            max_append_size: Some(64 << 20),
-            min_append_size: Some(5 << 20),
-            expires: Some(86_400),
-        };
+        let all = UploadLimit { max_size: Some(1 << 40), min_size: Some(0), max_append_size: Some(64 << 20), min_append_size: Some(5 << 20), expires: Some(86_400) };
         let s = all.to_string();
-        assert_eq!(
-            s,
-            "max-size=1099511627776, min-size=0, max-append-size=67108864, min-append-size=5242880, expires=86400"
-        );
+        assert_eq!(s, "max-size=1099511627776, min-size=0, max-append-size=67108864, min-append-size=5242880, expires=86400");
         assert_eq!(s.parse(), Ok(all));
         let none = UploadLimit::default();
         assert_eq!(none.to_string(), "");
         assert_eq!("".parse(), Ok(none));
-        let some = UploadLimit {
-            max_size: Some(10),
-            ..UploadLimit::default()
-        };
+        let some = UploadLimit { max_size: Some(10), ..UploadLimit::default() };
         assert_eq!(some.to_string().parse(), Ok(some));
     }
 
     #[test]
     fn limit_parse_leniency_and_errors() {
         let x: UploadLimit = "expires=5, foo=bar, max-size=7;p=1".parse().unwrap();
-        assert_eq!(
-            x,
-            UploadLimit {
-                expires: Some(5),
-                max_size: Some(7),
-                ..Default::default()
-            }
-        );
-        for s in [
-            "max-size=-1",
-            "max-size=1.5",
-            "max-size=\"1\"",
-            "max-size=(1 2)",
-            "max-size",
-            "max-size=1,",
-            "MAX-SIZE=1",
-        ] {
+        assert_eq!(x, UploadLimit { expires: Some(5), max_size: Some(7), ..Default::default() });
+        for s in ["max-size=-1", "max-size=1.5", "max-size=\"1\"", "max-size=(1 2)", "max-size", "max-size=1,", "MAX-SIZE=1"] {
             assert!(s.parse::<UploadLimit>().is_err(), "{s:?}");
         }
         // Values beyond RFC 9651's 15 digits are written as the maximum Integer.
-        let big = UploadLimit {
-            max_size: Some(u64::MAX),
-            ..Default::default()
-        };
+        let big = UploadLimit { max_size: Some(u64::MAX), ..Default::default() };
         assert_eq!(big.to_string(), "max-size=999999999999999");
     }
 }
