@@ -161,10 +161,17 @@ impl UploadEngine {
         let ids = self.catalog.list_expired(now, 1000).await?;
         let mut n = 0;
         for id in ids {
-            let _lease = match self.locker.acquire(&id, Want::IfFree, std::time::Duration::ZERO).await {
-                Ok(l) => l,
-                // Held: someone is writing it, so it is alive. Gone: someone else swept it.
-                Err(_) => continue,
+            // In-process leases live only in this process's table: a held slot means a live
+            // writer. Catalog leases are checked by `expire_if_due` itself, in the same atomic
+            // step as the tombstone (taking one here would make the sweeper its own obstacle).
+            let _slot = if self.locker.fences() {
+                None
+            } else {
+                match self.locker.acquire(&id, Want::IfFree, Duration::ZERO).await {
+                    Ok(l) => Some(l),
+                    // Held: someone is writing it, so it is alive. Gone: swept meanwhile.
+                    Err(_) => continue,
+                }
             };
             if !self.catalog.expire_if_due(&id, now_ms()).await? {
                 continue;
