@@ -107,6 +107,31 @@ pub struct ServeArgs {
     /// [default: its lease owner id, kept in DATA/owner-id].
     #[arg(long, env = "FERRY_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// Where upload bytes live: a directory, or `s3://bucket/prefix` for S3 or an
+    /// S3-compatible store (credentials, region and endpoint from the `AWS_*` variables:
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
+    /// `AWS_ALLOW_HTTP`) [default: DATA/blobs].
+    #[arg(long, env = "FERRY_BLOBS")]
+    pub blobs: Option<String>,
+}
+
+/// Where upload bytes live (`--blobs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlobLocation {
+    /// Files under this directory.
+    Dir(PathBuf),
+    /// `s3://bucket/prefix`.
+    S3(String),
+}
+
+impl BlobLocation {
+    fn parse(v: &str) -> BlobLocation {
+        if v.starts_with("s3://") {
+            BlobLocation::S3(v.to_string())
+        } else {
+            BlobLocation::Dir(PathBuf::from(v))
+        }
+    }
 }
 
 /// Where upload leases live (`--leases`).
@@ -179,6 +204,7 @@ struct FileConfig {
     leases: Option<LeaseMode>,
     upload_lease: Option<String>,
     replica_name: Option<String>,
+    blobs: Option<String>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
     #[serde(default)]
@@ -281,6 +307,8 @@ pub struct Config {
     pub upload_lease: Duration,
     /// Replica name for metrics (None: the owner id).
     pub replica_name: Option<String>,
+    /// Where upload bytes live.
+    pub blobs: BlobLocation,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -303,9 +331,10 @@ impl Config {
         let tasks = file.tasks;
         let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> { v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose() };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
+        let data = args.data.clone().or(file.data.clone()).unwrap_or_else(|| PathBuf::from("ferry-data"));
         Ok(Config {
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid")),
-            data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("ferry-data")),
+            data: data.clone(),
             max_size: match args.max_size {
                 Some(v) => v,
                 None => file.max_size.map(|v| size_value(v, "max_size")).transpose()?.unwrap_or(1 << 40),
@@ -342,6 +371,10 @@ impl Config {
             leases: args.leases.or(file.leases).unwrap_or(LeaseMode::Local),
             upload_lease: args.upload_lease.or(dur(file.upload_lease, "upload_lease")?).unwrap_or(Duration::from_secs(10)),
             replica_name: args.replica_name.clone().or(file.replica_name),
+            blobs: match args.blobs.as_deref().or(file.blobs.as_deref()) {
+                Some(v) => BlobLocation::parse(v),
+                None => BlobLocation::Dir(data.join("blobs")),
+            },
         })
     }
 }

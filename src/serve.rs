@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::blob::FsBlobStore;
+use crate::blob::{BlobStore, FsBlobStore, S3BlobStore};
 use crate::catalog::SqliteCatalog;
-use crate::config::{Config, Durability, LeaseMode};
+use crate::config::{BlobLocation, Config, Durability, LeaseMode};
 use crate::http::auth::Tokens;
 use crate::http::{app, AppState, HttpConfig};
 use crate::mcp::{FerryMcp, McpConfig};
@@ -39,7 +39,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if uploads_back + tasks_back > 0 {
         tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
     }
-    let blobs = FsBlobStore::open(&cfg.data.join("blobs"), cfg.durability == Durability::Full).context("opening the blob store")?;
+    let blobs = open_blobs(&cfg).await?;
     let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
     let metrics = Arc::new(Metrics::for_replica(&replica));
     let locker: Arc<dyn Locker> = match cfg.leases {
@@ -52,7 +52,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let engine = UploadEngine::with_locker(
         catalog.clone(),
-        Arc::new(blobs),
+        blobs,
         EngineConfig {
             max_size: cfg.max_size,
             expire_after: cfg.expire_after,
@@ -141,6 +141,20 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
     Ok(())
+}
+
+/// The blob store `--blobs` names. An S3 bucket is checked at once (a probe object is put and
+/// deleted), so a server that cannot reach or write it fails at start-up with one line that
+/// names the bucket and the cause (never a credential).
+async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+    match &cfg.blobs {
+        BlobLocation::Dir(dir) => Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?)),
+        BlobLocation::S3(url) => {
+            let store = S3BlobStore::from_url(url, crate::blob::s3::MIN_PART)?;
+            store.ping().await.map_err(|e| anyhow::anyhow!("cannot write to the blob store {url}: {e}"))?;
+            Ok(Arc::new(store))
+        }
+    }
 }
 
 /// Hold `DATA/lock` exclusively for the life of the process: two servers on one data dir

@@ -13,8 +13,10 @@ use futures::Stream;
 
 pub mod conformance;
 pub mod fs;
+pub mod s3;
 
 pub use fs::FsBlobStore;
+pub use s3::S3BlobStore;
 
 /// A stream of byte chunks read from a blob.
 pub type ByteStream = Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>;
@@ -30,7 +32,8 @@ pub type SyncFuture = Pin<Box<dyn std::future::Future<Output = BlobResult<BlobSt
 /// byte so a store can read states it wrote in older formats.
 ///
 /// - fs (version 1): the durable length, u64 little-endian.
-/// - S3 (to come): the ordered part list (`part_idx, size, content_id`) and the tail object.
+/// - S3 (version 2): the multipart id, the ordered part list (`size, content_id`) and the
+///   tail segments ([`s3`]).
 ///
 /// The empty state means "nothing written yet" (a new upload, or a row from before blob
 /// states existed); stores must accept it wherever they accept a state.

@@ -1,0 +1,94 @@
+//! A local S3 for tests: moto's server (`moto[server]` from PyPI, installed by `.ci/run` into
+//! tests/clients/python/.venv) on a free loopback port, one per test. Killed on drop.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Moto {
+    child: Child,
+    /// e.g. `http://127.0.0.1:41234`.
+    pub endpoint: String,
+}
+
+fn moto_bin() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/python/.venv/bin/moto_server");
+    assert!(
+        bin.exists(),
+        "{} is missing: run .ci/run, or python3 -m venv tests/clients/python/.venv && tests/clients/python/.venv/bin/pip install -r tests/clients/python/requirements-s3.txt",
+        bin.display()
+    );
+    bin
+}
+
+impl Moto {
+    /// Start moto and create `bucket`. `min_part`: the smallest part (but the last) moto
+    /// accepts in CompleteMultipartUpload, in bytes (S3's is 5 MiB).
+    pub async fn start(bucket: &str, min_part: u64) -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(moto_bin())
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("S3_UPLOAD_PART_MIN_SIZE", min_part.to_string())
+            .env_remove("HTTP_PROXY")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("http_proxy")
+            .env_remove("https_proxy")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn moto_server");
+        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = http.put(format!("{}/{bucket}", moto.endpoint)).send().await {
+                assert!(r.status().is_success(), "creating bucket {bucket}: {}", r.status());
+                break;
+            }
+            assert!(Instant::now() < deadline, "moto_server did not answer on {}", moto.endpoint);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        moto
+    }
+
+    /// The `AWS_*` variables that point object_store (and ferry) at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// Set [`Moto::env`] in this process (tests run one per process under nextest).
+    pub fn set_env(&self) {
+        for (k, v) in self.env() {
+            std::env::set_var(k, v);
+        }
+    }
+
+    /// ListMultipartUploads: the `<UploadId>`s of the bucket's unfinished multipart uploads.
+    pub async fn multipart_uploads(&self, bucket: &str) -> Vec<String> {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let body = http.get(format!("{}/{bucket}?uploads", self.endpoint)).send().await.unwrap().text().await.unwrap();
+        body.split("<UploadId>").skip(1).filter_map(|s| s.split("</UploadId>").next()).map(str::to_string).collect()
+    }
+
+    /// ListObjectsV2: every key in the bucket.
+    pub async fn keys(&self, bucket: &str) -> Vec<String> {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let body = http.get(format!("{}/{bucket}?list-type=2", self.endpoint)).send().await.unwrap().text().await.unwrap();
+        body.split("<Key>").skip(1).filter_map(|s| s.split("</Key>").next()).map(str::to_string).collect()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,143 @@
+//! The real `ferry serve --blobs s3://…` against a local S3 (moto): uneven PATCHes, a kill -9
+//! mid-PATCH and resume, whole and ranged downloads, termination aborting the multipart
+//! upload, and a clear start-up failure for a bucket it cannot write.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry::catalog::Catalog;
+
+#[path = "common/moto.rs"]
+mod moto;
+
+const MIB: usize = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_kill9_resume_download_terminate_on_s3() {
+    let moto = moto::Moto::start("ferry", 5 * MIB as u64).await;
+    moto.set_env();
+    let mut server = Server::start(&["--blobs", "s3://ferry/uploads", "--checkpoint-every", "3MiB"]);
+    let tus = Tus::new(&server);
+    let data = pseudo_random(29 * MIB + 4_321, 11);
+    let url = tus.create(data.len() as u64).await;
+    let path = url.split_once("/files/").map(|(_, p)| format!("/files/{p}")).unwrap();
+
+    // Uneven PATCHes, some shorter than a part (5 MiB): tails at the end of each.
+    let mut at = 0usize;
+    for len in [3 * MIB + 7, 700_001, 6 * MIB, 1_000] {
+        let r = tus.patch(&url, at as u64, data[at..at + len].to_vec(), &[]).await;
+        assert_eq!(r.status(), 204, "PATCH at {at}");
+        at += len;
+        assert_eq!(tus.offset(&url).await, at as u64);
+    }
+
+    // A PATCH whose body stalls after 8 MiB: wait until a checkpoint inside it is committed,
+    // then kill -9 the server with the request still open.
+    // The last PATCH's lease may still be let go of (423 Locked, retryable): wait for it
+    // with empty PATCHes, as a client would.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = tus.patch(&url, at as u64, Vec::new(), &[]).await;
+        if r.status() == 204 {
+            break;
+        }
+        assert_eq!(r.status(), 423, "{:?}", r.text().await);
+        assert!(Instant::now() < deadline, "the upload stayed locked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+    let body = reqwest::Body::wrap_stream(rx);
+    let off = at.to_string();
+    let req = tus.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", off.as_str()).body(body).send();
+    let pending = tokio::spawn(req);
+    let mut tx = tx;
+    let id = path.rsplit('/').next().unwrap().to_string();
+    let catalog = ferry::catalog::SqliteCatalog::open(&server.data.join("ferry.db")).await.unwrap();
+    // A checkpoint inside a PATCH is committed once its sync is done and more bytes arrive.
+    let mut checkpointed = at as u64;
+    for chunk in data[at..at + 8 * MIB].chunks(256 * 1024) {
+        if futures::SinkExt::send(&mut tx, Ok(chunk.to_vec())).await.is_err() {
+            let r = pending.await.unwrap().expect("PATCH");
+            panic!("the PATCH ended early: {} {:?}", r.status(), r.text().await);
+        }
+        // HEAD would ask the PATCH to stop (it takes the lease over): read the catalog instead.
+        checkpointed = catalog.get_upload(&id).await.unwrap().expect("upload row").offset;
+        if checkpointed >= (at + 3 * MIB) as u64 {
+            break;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while checkpointed < (at + 3 * MIB) as u64 {
+        assert!(Instant::now() < deadline, "no checkpoint inside the PATCH (offset {checkpointed})");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        checkpointed = catalog.get_upload(&id).await.unwrap().expect("upload row").offset;
+    }
+    server.kill9();
+    drop(tx);
+    let _ = pending.await;
+    server.restart();
+    let tus = Tus::new(&server);
+    let url = tus.abs(&path);
+    let resumed = tus.offset(&url).await;
+    assert!(resumed >= checkpointed, "acknowledged offset {checkpointed} survived the kill (now {resumed})");
+    assert!(resumed as usize <= at + 8 * MIB);
+
+    // Resume to the end in uneven PATCHes.
+    let mut at = resumed as usize;
+    for len in [2 * MIB + 1, 5 * MIB, 123] {
+        let len = len.min(data.len() - at);
+        let r = tus.patch(&url, at as u64, data[at..at + len].to_vec(), &[]).await;
+        assert_eq!(r.status(), 204);
+        at += len;
+    }
+    let r = tus.patch(&url, at as u64, data[at..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(tus.offset(&url).await, data.len() as u64);
+
+    // Whole and ranged downloads (ranged GETs on the completed object), sha256 matches.
+    let got = tus.download(&url).await;
+    assert_eq!(got.len(), data.len());
+    assert_eq!(sha256_hex(&got), sha256_hex(&data));
+    for (a, b) in [(5 * MIB - 10, 5 * MIB + 10), (0, 1), (data.len() - 100, data.len() - 1), (12 * MIB, 23 * MIB)] {
+        let r = tus.c.get(&url).header("Range", format!("bytes={a}-{b}")).send().await.unwrap();
+        assert_eq!(r.status(), 206, "Range {a}-{b}");
+        assert_eq!(r.bytes().await.unwrap().as_ref(), &data[a..=b], "Range {a}-{b}");
+    }
+    assert_eq!(moto.multipart_uploads("ferry").await, Vec::<String>::new(), "the finished upload left no multipart upload");
+    let keys = moto.keys("ferry").await;
+    assert_eq!(keys.iter().filter(|k| k.contains(&id)).collect::<Vec<_>>(), vec![&format!("uploads/{id}")], "only the object itself remains: {keys:?}");
+
+    // Terminate an unfinished upload that has a multipart upload and a tail: both go.
+    let url2 = tus.create(20 * MIB as u64).await;
+    let r = tus.patch(&url2, 0, data[..7 * MIB + 5].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(moto.multipart_uploads("ferry").await.len(), 1, "one multipart upload while unfinished");
+    let r = tus.request("DELETE", &url2, &[("Tus-Resumable", "1.0.0")], None).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(moto.multipart_uploads("ferry").await, Vec::<String>::new(), "terminate aborted the multipart upload");
+    let id2 = url2.rsplit('/').next().unwrap().to_string();
+    let keys = moto.keys("ferry").await;
+    assert!(!keys.iter().any(|k| k.contains(&id2)), "terminate left objects behind: {keys:?}");
+}
+
+/// `ferry serve` checks the bucket at start-up and fails with one clear line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_bucket_it_cannot_write() {
+    let moto = moto::Moto::start("exists", 5 * MIB as u64).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path())
+        .args(["--blobs", "s3://missing-bucket/x"])
+        .envs(moto.env())
+        .env("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-printed")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot write to the blob store s3://missing-bucket/x"), "{err}");
+    assert!(!err.contains("s3cr3t"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+}
