@@ -72,10 +72,12 @@ pub(super) fn upload_headers(h: &mut HeaderMap, rec: &UploadRecord) {
     }
 }
 
-/// `OPTIONS /files/`: TUS discovery (TUS 1.0 §OPTIONS).
+/// `OPTIONS /files/`: TUS discovery (TUS 1.0 §OPTIONS). 200 with an empty body
+/// (`Content-Length: 0`), as tusd answers and as conformance suites written against it expect;
+/// TUS 1.0's example shows 204, and a 200 with no body serves clients that expect either.
 pub async fn options(State(s): State<AppState>, h: HeaderMap) -> Result<Response, Problem> {
     version(Verb::Options, &h)?;
-    let mut res = StatusCode::NO_CONTENT.into_response();
+    let mut res = StatusCode::OK.into_response();
     let h = res.headers_mut();
     tus_headers(h);
     set(h, "tus-version", TUS_VERSION);
