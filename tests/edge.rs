@@ -176,7 +176,7 @@ async fn graceful_shutdown_keeps_a_streaming_patch() {
     let c = t.c.clone();
     let u = url.clone();
     let pending = tokio::spawn(async move { c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(body).send().await });
-    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    wait_bytes_received(&s, 1 << 20).await;
     assert!(s.terminate().success(), "clean exit");
     drop(tx);
     let _ = pending.await;
