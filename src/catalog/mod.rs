@@ -107,6 +107,8 @@ pub struct CreationKey {
 
 /// What [`Catalog::create_upload_keyed`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Returned once per creation request, never stored in bulk: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum KeyedCreate {
     /// The record was inserted and now holds the key.
     Created,
