@@ -53,7 +53,7 @@ const PARTS_PER_STEP: u64 = 1_000;
 ///
 /// With the default base of 5 MiB: parts 0–999 are 5 MiB, 1000–1999 10 MiB, … 9000–9999
 /// 2.5 GiB (S3's largest part is 5 GiB). 10 000 parts then hold `1000 * base * 1023` bytes
-/// ≈ 4.88 TiB (S3's largest object is 5 TiB); 1 TiB needs 7 702 parts, the largest 640 MiB.
+/// ≈ 4.88 TiB (S3's largest object is 5 TiB); 1 TiB needs 7 647 parts, the largest 640 MiB.
 /// A writer holds at most one part in memory.
 pub fn part_size(base: u64, idx: u64) -> u64 {
     base << (idx / PARTS_PER_STEP).min(20)
@@ -623,7 +623,7 @@ mod tests {
             i += 1;
         }
         assert!(i <= MAX_PARTS, "1 TiB needs {i} parts");
-        assert_eq!(i, 7_702);
+        assert_eq!(i, 7_647);
         assert_eq!(part_size(MIN_PART, i - 1), 640 * 1024 * 1024, "largest part at 1 TiB");
         assert!(part_size(MIN_PART, MAX_PARTS - 1) <= 5 << 30, "S3's largest part is 5 GiB");
         // Starts are the running sum of sizes.
