@@ -441,7 +441,11 @@ impl BlobWriter for FsWriter {
         }
         self.gathered.clear();
         self.gathered_len = 0;
-        self.settle().await?;
+        // A batch that failed (ENOSPC, EDQUOT…) is being discarded anyway: its error must not
+        // stop the cut that releases its bytes (DESIGN §9).
+        if let Err(e) = self.settle().await {
+            tracing::debug!(error = %e, "discarding a failed write batch");
+        }
         let (file, durable) = (self.file.clone(), self.durable);
         blocking(move || -> std::io::Result<_> {
             file.set_len(len)?;

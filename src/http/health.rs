@@ -1,4 +1,5 @@
-//! `/healthz` (the process answers), `/readyz` (the catalog answers), `/metrics` (Prometheus).
+//! `/healthz` (the process answers), `/readyz` (every store can do its work, DESIGN §9),
+//! `/metrics` (Prometheus).
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
@@ -16,12 +17,14 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// 200 when ready, 503 otherwise; the body is JSON either way:
+/// `{"ready":false,"checks":[{"store":"blobs","ok":false,"reason":"…"},…],"free_bytes":…,"reserve_bytes":…}`.
 async fn readyz(State(s): State<AppState>) -> Response {
-    if s.engine.ready().await {
-        "ready\n".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "catalog unavailable\n").into_response()
-    }
+    let r = s.engine.readiness().await;
+    let status = if r.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut res = (status, axum::Json(r)).into_response();
+    res.headers_mut().insert("cache-control", HeaderValue::from_static("no-store"));
+    res
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {

@@ -21,7 +21,12 @@ enum End {
     Idle,
     TakenOver,
     Shutdown,
+    /// Free space fell to the reserve (DESIGN §9): keep what arrived, answer 507.
+    Reserve,
 }
+
+/// How often (in bytes received) a PATCH re-measures free space against the reserve.
+pub(crate) const SPACE_CHECK_EVERY: u64 = 16 << 20;
 
 /// Result of an append: the upload's record after the last checkpoint.
 pub type AppendOutcome = UploadRecord;
@@ -72,6 +77,10 @@ impl Appender {
         &self.rec.id
     }
 
+    pub(crate) fn engine(&self) -> &Arc<UploadEngine> {
+        &self.engine
+    }
+
     pub(crate) fn position(&self) -> u64 {
         self.writer.position()
     }
@@ -95,8 +104,36 @@ impl Appender {
     pub(crate) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
         self.hasher.update(&data);
         self.engine.count_received(&data);
-        self.writer.write(data).await?;
+        if let Err(e) = self.writer.write(data).await {
+            return Err(self.released(e.into()).await);
+        }
         Ok(())
+    }
+
+    /// After a failed write, sync or checkpoint (DESIGN §9): release every byte past the
+    /// durable offset at once — so a full disk does not stay full — and name that offset as
+    /// the client's cursor. Not after a lost fence or a vanished upload: the bytes are no
+    /// longer this writer's to cut.
+    async fn released(&mut self, e: TusError) -> TusError {
+        use ferry_tus::ErrorCode::{InsufficientStorage, Internal, Unavailable};
+        if !matches!(e.code, InsufficientStorage | Unavailable | Internal) {
+            return e;
+        }
+        self.pending = None;
+        let keep = self.committed.0;
+        if let Err(re) = self.writer.rewind(keep).await {
+            tracing::warn!(upload = self.rec.id, error = %re, "releasing uncommitted bytes through the writer failed; truncating the blob");
+            if let Err(te) = self.engine.blobs.truncate(&self.rec.id, keep).await {
+                tracing::error!(upload = self.rec.id, error = %te, "could not release uncommitted bytes; start-up recovery will");
+            }
+        }
+        self.hasher = self.committed.1.clone();
+        tracing::info!(upload = self.rec.id, kept = keep, code = %e.code, "write failed; bytes past the durable offset released");
+        if e.cursor.is_none() {
+            e.with_cursor(keep)
+        } else {
+            e
+        }
     }
 
     /// Start a checkpoint of everything written so far without waiting for its fsync: the
@@ -107,8 +144,13 @@ impl Appender {
         if self.finished {
             return Ok(());
         }
-        self.settle_pending().await?;
-        let done = self.writer.start_sync().await?;
+        if let Err(e) = self.settle_pending().await {
+            return Err(self.released(e).await);
+        }
+        let done = match self.writer.start_sync().await {
+            Ok(d) => d,
+            Err(e) => return Err(self.released(e.into()).await),
+        };
         self.pending = Some(PendingCheckpoint { offset: self.writer.position(), hasher: self.hasher.clone(), done });
         Ok(())
     }
@@ -124,8 +166,14 @@ impl Appender {
             None => Ok(()),
             Some(r) => {
                 let p = self.pending.take().expect("pending checkpoint");
-                r?;
-                self.commit_durable(p.offset, p.hasher).await
+                let done = match r {
+                    Ok(()) => self.commit_durable(p.offset, p.hasher).await,
+                    Err(e) => Err(e.into()),
+                };
+                match done {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.released(e).await),
+                }
             }
         }
     }
@@ -155,8 +203,12 @@ impl Appender {
     /// Throw away everything since the last commit (a background checkpoint that was
     /// already under way is completed first, as if it had been synchronous).
     pub(crate) async fn discard(&mut self) -> Result<(), TusError> {
-        self.settle_pending().await?;
-        self.writer.rewind(self.committed.0).await?;
+        if let Err(e) = self.settle_pending().await {
+            return Err(self.released(e).await);
+        }
+        if let Err(e) = self.writer.rewind(self.committed.0).await {
+            return Err(self.released(e.into()).await);
+        }
         self.hasher = self.committed.1.clone();
         Ok(())
     }
@@ -165,6 +217,13 @@ impl Appender {
     /// catalog transaction. At completion the whole-upload sha256 is checked against the
     /// declared one; a mismatch resets the upload to offset 0 and answers 460.
     pub(crate) async fn commit(&mut self) -> Result<(), TusError> {
+        match self.commit_inner().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.released(e).await),
+        }
+    }
+
+    async fn commit_inner(&mut self) -> Result<(), TusError> {
         if self.finished {
             return Ok(());
         }
@@ -247,6 +306,7 @@ impl UploadEngine {
             // Offset equals length: nothing more may arrive; an empty PATCH is a no-op.
             return Ok(rec);
         }
+        self.check_space(0, Some(rec.offset))?;
         self.metrics.patches_in_flight.inc();
         let _in_flight = InFlight(self);
         let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length).await?;
@@ -291,7 +351,11 @@ impl UploadEngine {
             }
             digests.update(&data);
             since_checkpoint += data.len() as u64;
+            let crossed = (received - data.len() as u64) / SPACE_CHECK_EVERY != received / SPACE_CHECK_EVERY;
             app.write(data).await?;
+            if crossed && self.check_space(0, None).is_err() {
+                break End::Reserve;
+            }
             if !verifying {
                 if since_checkpoint >= self.cfg.checkpoint_every {
                     // fsync + commit in the background while the body keeps streaming in
@@ -357,7 +421,7 @@ impl UploadEngine {
                 )
                 .with_cursor(kept));
             }
-            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown => {
+            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown | End::Reserve => {
                 // Keep what arrived, unless it can no longer be verified.
                 if verifying {
                     app.discard().await?;
@@ -367,6 +431,10 @@ impl UploadEngine {
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
                 return Err(match end {
+                    End::Reserve => match self.check_space(0, Some(kept)) {
+                        Err(e) => e,
+                        Ok(()) => TusError::insufficient_storage("the server's disk reached its free-space reserve", Some(kept)),
+                    },
                     End::Shutdown => {
                         TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment."))
                             .with_cursor(kept)

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use ferry_tus::{TusError, UploadMetadata};
 use serde::{Deserialize, Serialize};
 
-use super::append::Appender;
+use super::append::{Appender, SPACE_CHECK_EVERY};
 use super::hash::RunningSha256;
 use super::locks::WriteGuard;
 use super::{internal, now_ms, UploadEngine};
@@ -77,9 +77,13 @@ impl UploadEngine {
             finished_at_ms: None,
             expired: false,
         };
+        self.check_space(0, None)?;
         self.blobs.create(&rec.id).await?;
         let slot = self.pin(&rec.id).await?;
-        self.catalog.create_upload(&rec).await?;
+        if let Err(e) = self.catalog.create_upload(&rec).await {
+            let _ = self.blobs.delete(&rec.id).await;
+            return Err(e.into());
+        }
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None).await?;
         Ok(FileWriter { app, name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
@@ -134,9 +138,18 @@ impl FileWriter {
         self.app.position()
     }
 
-    /// Append bytes (not durable until [`FileWriter::sync`]).
+    /// Append bytes (not durable until [`FileWriter::sync`]). Errors: 507 when the disk is
+    /// full or free space reaches the server's reserve (bytes since the last sync are
+    /// released; the error's cursor is the last synced offset).
     pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
-        self.app.write(data).await
+        let before = self.app.position();
+        let after = before + data.len() as u64;
+        self.app.write(data).await?;
+        if before / SPACE_CHECK_EVERY != after / SPACE_CHECK_EVERY {
+            let kept = self.app.committed_state().0;
+            self.app.engine().check_space(0, Some(kept))?;
+        }
+        Ok(())
     }
 
     /// Make everything written durable and commit it; returns the cursor to resume from.

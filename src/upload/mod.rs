@@ -17,6 +17,7 @@ use crate::catalog::{Catalog, CatalogError, Concat, UploadRecord};
 use crate::metrics::Metrics;
 
 mod append;
+mod exhausted;
 mod files;
 pub mod hash;
 pub mod locks;
@@ -45,6 +46,9 @@ pub struct EngineConfig {
     pub idle_timeout: Duration,
     /// How often the sweeper looks for expired uploads.
     pub sweep_interval: Duration,
+    /// Free space kept on the data directory's filesystem (DESIGN §9); off by default here,
+    /// `ferry serve` sets `--min-free-space`.
+    pub reserve: crate::exhaustion::SpaceReserve,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +60,7 @@ impl Default for EngineConfig {
             takeover_wait: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
             sweep_interval: Duration::from_secs(60),
+            reserve: crate::exhaustion::SpaceReserve::none(),
         }
     }
 }
@@ -108,14 +113,14 @@ impl From<CatalogError> for TusError {
         match e {
             CatalogError::NotFound => TusError::not_found(),
             CatalogError::Fenced => TusError::new(409, ErrorCode::Conflict, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
-            other => internal("catalog", other),
+            other => exhausted::catalog_error(other),
         }
     }
 }
 
 impl From<BlobError> for TusError {
     fn from(e: BlobError) -> Self {
-        internal("blob store", e)
+        exhausted::blob_error(e)
     }
 }
 
@@ -135,7 +140,7 @@ impl UploadEngine {
 
     /// Whether the stores answer (for `/readyz`).
     pub async fn ready(&self) -> bool {
-        self.catalog.ping().await.is_ok()
+        self.readiness().await.ready
     }
 
     fn expiry_from(&self, now: i64) -> Option<i64> {
@@ -233,8 +238,12 @@ impl UploadEngine {
             finished_at_ms: None,
             expired: false,
         };
+        self.check_space(rec.length.unwrap_or(0), None)?;
         self.blobs.create(&id).await?;
-        self.catalog.create_upload(&rec).await?;
+        if let Err(e) = self.catalog.create_upload(&rec).await {
+            let _ = self.blobs.delete(&id).await;
+            return Err(e.into());
+        }
         self.metrics.uploads_created.inc();
         if rec.length == Some(0) && !matches!(rec.concat, Concat::Final { .. }) {
             // `Upload-Length: 0` is complete at creation (DESIGN §3).
@@ -255,8 +264,7 @@ impl UploadEngine {
         self.get(principal, id).await?;
         let _guard = self.take(id).await?;
         self.get(principal, id).await?;
-        self.catalog.delete_upload(id).await?;
-        self.blobs.delete(id).await?;
+        self.delete_record_and_bytes(id).await?;
         self.metrics.uploads_terminated.inc();
         self.part_gone(id).await;
         Ok(())
