@@ -187,7 +187,7 @@ pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
     }
     let (now, _) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
-    Ok((soft as u64, now as u64))
+    Ok((soft, now))
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ async fn a_full_disk_answers_507_releases_the_tail_and_resumes_when_space_return
     let cursor = p["partial"]["cursor"].as_u64().unwrap_or_else(|| panic!("no cursor: {p}"));
     assert_eq!(offset_header, Some(cursor));
     // The cursor is the last checkpoint (one every ≈16 MiB) before the disk filled.
-    assert!(cursor >= 16 * MIB && cursor < 80 * MIB, "cursor {cursor}");
+    assert!((16 * MIB..80 * MIB).contains(&cursor), "cursor {cursor}");
 
     // The truth: HEAD, the JSON view and the blob on disk all say `cursor`; what was past it
     // is released, so the filesystem holds little beyond the committed bytes.
