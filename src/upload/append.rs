@@ -352,17 +352,26 @@ impl UploadEngine {
             digests.update(&data);
             since_checkpoint += data.len() as u64;
             let crossed = (received - data.len() as u64) / SPACE_CHECK_EVERY != received / SPACE_CHECK_EVERY;
-            app.write(data).await?;
+            if let Err(e) = app.write(data).await {
+                super::exhausted::drain_body(&mut body).await;
+                return Err(e);
+            }
             if crossed && self.check_space(0, None).is_err() {
                 break End::Reserve;
             }
             if !verifying {
                 if since_checkpoint >= self.cfg.checkpoint_every {
                     // fsync + commit in the background while the body keeps streaming in
-                    app.checkpoint_in_background().await?;
+                    if let Err(e) = app.checkpoint_in_background().await {
+                        super::exhausted::drain_body(&mut body).await;
+                        return Err(e);
+                    }
                     since_checkpoint = 0;
                 } else {
-                    app.poll_checkpoint().await?;
+                    if let Err(e) = app.poll_checkpoint().await {
+                        super::exhausted::drain_body(&mut body).await;
+                        return Err(e);
+                    }
                 }
             }
         };
@@ -430,6 +439,9 @@ impl UploadEngine {
                 }
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
+                if matches!(end, End::Reserve) {
+                    super::exhausted::drain_body(&mut body).await;
+                }
                 return Err(match end {
                     End::Reserve => match self.check_space(0, Some(kept)) {
                         Err(e) => e,

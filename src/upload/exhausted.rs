@@ -73,6 +73,28 @@ pub(super) fn catalog_error(e: CatalogError) -> TusError {
     }
 }
 
+/// Most bytes of a refused PATCH body read and dropped so its client receives the 507.
+const DRAIN_MAX: u64 = 1 << 30;
+/// Longest wait for the next piece of a refused body.
+const DRAIN_IDLE: Duration = Duration::from_secs(5);
+
+/// Read and drop the rest of a request body that was refused part-way (507): a client still
+/// sending when the answer comes would otherwise see its connection reset and never read the
+/// answer with its cursor. Bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per read.
+pub(super) async fn drain_body<B>(body: &mut B)
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut dropped = 0u64;
+    while dropped < DRAIN_MAX {
+        match tokio::time::timeout(DRAIN_IDLE, body.frame()).await {
+            Ok(Some(Ok(f))) => dropped += f.data_ref().map_or(0, |d| d.len() as u64),
+            _ => break,
+        }
+    }
+}
+
 /// One store's part of the readiness report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
