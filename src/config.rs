@@ -107,6 +107,16 @@ pub struct ServeArgs {
     /// [default: its lease owner id, kept in DATA/owner-id].
     #[arg(long, env = "FERRY_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// Free space kept on the data directory's filesystem: new uploads, creations whose
+    /// Upload-Length does not fit, PATCHes and task files are refused with 507 before the disk
+    /// fills. Bytes (`2GiB`), a percentage of the filesystem (`10%`), or `0` for none
+    /// [default: 5% of the filesystem, at most 1GiB].
+    #[arg(long, env = "FERRY_MIN_FREE_SPACE", value_parser = crate::exhaustion::Reserve::parse)]
+    pub min_free_space: Option<crate::exhaustion::Reserve>,
+    /// Most client connections served at once; more wait in the kernel's accept queue
+    /// [default: 10000, and at most the open-file limit less 256].
+    #[arg(long, env = "FERRY_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
     /// Web origins that may use TUS on /files/ from a browser: exact origins such as
     /// https://app.example.com, or `*` for any; comma-separated or repeated. Replaces
     /// `[cors] allow_origins` [default: *].
@@ -193,6 +203,8 @@ struct FileConfig {
     leases: Option<LeaseMode>,
     upload_lease: Option<String>,
     replica_name: Option<String>,
+    min_free_space: Option<toml::Value>,
+    max_connections: Option<u32>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
     #[serde(default)]
@@ -371,6 +383,10 @@ pub struct Config {
     pub upload_lease: Duration,
     /// Replica name for metrics (None: the owner id).
     pub replica_name: Option<String>,
+    /// Free space kept on the data directory's filesystem (DESIGN §9).
+    pub min_free_space: crate::exhaustion::Reserve,
+    /// Most connections served at once (`None`: derived from the open-file limit).
+    pub max_connections: Option<u32>,
     /// Browser access to /files/ from other origins.
     pub cors: CorsConfig,
 }
@@ -440,6 +456,19 @@ impl Config {
             leases: args.leases.or(file.leases).unwrap_or(LeaseMode::Local),
             upload_lease: args.upload_lease.or(dur(file.upload_lease, "upload_lease")?).unwrap_or(Duration::from_secs(10)),
             replica_name: args.replica_name.clone().or(file.replica_name),
+            min_free_space: match args.min_free_space {
+                Some(r) => r,
+                None => match file.min_free_space {
+                    None => crate::exhaustion::Reserve::Default,
+                    Some(toml::Value::Integer(i)) if i >= 0 => crate::exhaustion::Reserve::Bytes(i as u64),
+                    Some(toml::Value::String(s)) => crate::exhaustion::Reserve::parse(&s).map_err(|e| anyhow::anyhow!("min_free_space: {e}"))?,
+                    Some(other) => anyhow::bail!("min_free_space: expected a size or a percentage, got {other}"),
+                },
+            },
+            max_connections: match args.max_connections.or(file.max_connections) {
+                Some(0) => anyhow::bail!("max_connections must be at least 1"),
+                n => n,
+            },
             cors,
         })
     }
@@ -564,5 +593,25 @@ mod tests {
         assert_eq!(c.max_size, 2 << 30);
         assert_eq!(c.durability, Durability::Relaxed);
         assert_eq!(c.checkpoint_every, 64 << 20);
+        assert_eq!(c.min_free_space, crate::exhaustion::Reserve::Default);
+        assert_eq!(c.max_connections, None);
+    }
+
+    #[test]
+    fn free_space_reserve_and_connection_cap_from_file_and_flags() {
+        use crate::exhaustion::Reserve;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, "min_free_space = \"10%\"\nmax_connections = 500\n").unwrap();
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!((c.min_free_space, c.max_connections), (Reserve::Percent(10), Some(500)));
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), min_free_space: Some(Reserve::Bytes(0)), ..Default::default() }).unwrap();
+        assert_eq!(c.min_free_space, Reserve::Bytes(0));
+        std::fs::write(&path, "min_free_space = 1048576\n").unwrap();
+        assert_eq!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap().min_free_space, Reserve::Bytes(1 << 20));
+        for bad in ["min_free_space = \"lots\"\n", "min_free_space = \"150%\"\n", "max_connections = 0\n"] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err(), "accepted: {bad}");
+        }
     }
 }

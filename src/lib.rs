@@ -7,6 +7,7 @@ pub mod blob;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod exhaustion;
 pub mod http;
 pub mod mcp;
 pub mod metrics;

@@ -131,6 +131,14 @@ pub enum CatalogError {
     /// The fencing token is stale: another writer has taken the upload since.
     #[error("fenced out: another writer holds this upload")]
     Fenced,
+    /// The database's disk or quota is full (SQLite `SQLITE_FULL`, `ENOSPC`/`EDQUOT`, PostgreSQL
+    /// `53100 disk_full`). The write was rolled back; it can succeed once space returns.
+    #[error("catalog storage full: {0}")]
+    Full(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database failed in a way that passes (busy, locked, out of connections or file
+    /// descriptors, an I/O error). The write was rolled back; retry later.
+    #[error("catalog unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The backing database failed.
     #[error("catalog backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

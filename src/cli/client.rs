@@ -324,10 +324,10 @@ impl Client {
                     let body = r.text().await.unwrap_or_default();
                     retry.wait(CliError::from_status(what, status, &body)).await?;
                 }
-                Ok(r) => {
-                    retry.success();
-                    return Ok(r);
-                }
+                // An answer is not progress: only the caller knows whether bytes moved (and
+                // calls `Retry::success`), so a PATCH that keeps failing between successful
+                // HEADs still runs out of `--retry-for` (issue 9, item 6).
+                Ok(r) => return Ok(r),
                 Err(e) => retry.wait(CliError::network(what, &e).hint(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base))).await?,
             }
         }

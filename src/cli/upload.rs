@@ -543,9 +543,12 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
                 let server_offset = header_u64(r.headers(), "upload-offset");
                 match (status, server_offset) {
                     (204 | 200, Some(o)) if o <= len => {
+                        if o > offset {
+                            // Bytes were kept: the --retry-for budget starts over.
+                            retry.success();
+                        }
                         offset = o;
                         conflicts = 0;
-                        retry.success();
                         job.progress.set(job.progress_pos(base, offset), true);
                         continue;
                     }

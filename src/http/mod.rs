@@ -332,8 +332,12 @@ impl IntoResponse for Problem {
             h.insert("tus-version", HeaderValue::from_static(TUS_VERSION));
         }
         // The offset to resume from, where the spec's clients look for it.
-        if let (Some(c), 409 | 423 | 460) = (e.cursor, e.status) {
+        if let (Some(c), 409 | 423 | 460 | 503 | 507) = (e.cursor, e.status) {
             h.insert("upload-offset", HeaderValue::from(c));
+        }
+        // DESIGN §9: space and transient catalog trouble come back by themselves.
+        if let Some(secs) = e.code.retry_after_secs() {
+            h.insert("retry-after", HeaderValue::from(secs));
         }
         res
     }

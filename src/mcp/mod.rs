@@ -491,6 +491,9 @@ impl FerryMcp {
                 let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
                 let hint = match code {
                     ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
+                    ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
+                        "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later (the same idempotency_key starts a new run)."
+                    }
                     _ => "Read error.message, fix the arguments or inputs it names, and start the task again (a retry with the same idempotency_key starts a new run).",
                 };
                 let mut err = envelope::error_object(&TusError::new(500, code, message, hint));
@@ -620,6 +623,10 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
         ErrorCode::Conflict if on_task => "The task already ended and cannot change; start a new one if needed.",
         ErrorCode::Conflict => "This idempotency_key already names a task with other arguments: use a new key, or resend the original arguments.",
         ErrorCode::Internal => "Retry once; if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).",
+        ErrorCode::InsufficientStorage => {
+            "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check file_status and resume from error.partial.cursor; tell the user if it persists."
+        }
+        ErrorCode::Unavailable => "The server was briefly out of resources and changed nothing: wait a few seconds and call again.",
         _ => return e,
     };
     e.recovery_hint = hint.to_string();

@@ -35,6 +35,12 @@ pub enum JobError {
     /// The lease was lost (another worker owns the task now) or storage failed.
     #[error("internal: {0}")]
     Internal(String),
+    /// A resource ran out (DESIGN §9): the disk is full or reached the server's free-space
+    /// reserve (507 `insufficient_storage`), or a store was briefly unavailable (503). The task
+    /// fails with that code — its unfinished files are removed, freeing their space — and can
+    /// be started again once the resource returns.
+    #[error("{0}")]
+    Exhausted(ferry_tus::TusError),
 }
 
 impl JobError {
@@ -50,6 +56,7 @@ impl From<ferry_tus::TusError> for JobError {
             ferry_tus::ErrorCode::NotFound | ferry_tus::ErrorCode::InvalidArgument | ferry_tus::ErrorCode::UploadIncomplete | ferry_tus::ErrorCode::UploadExpired => {
                 JobError::failed(e.detail)
             }
+            ferry_tus::ErrorCode::InsufficientStorage | ferry_tus::ErrorCode::Unavailable => JobError::Exhausted(e),
             _ => JobError::Internal(e.to_string()),
         }
     }

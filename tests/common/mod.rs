@@ -34,7 +34,19 @@ impl Server {
 
     /// Start on an existing (or new) data dir, e.g. to restart after a crash.
     pub fn start_in(data: &Path, args: &[&str]) -> Server {
-        let mut cmd = Command::new(ferry_bin());
+        Server::start_under(&[], data, args)
+    }
+
+    /// Start under a wrapper command, e.g. `["prlimit", "--nofile=1024:20000", "--"]`.
+    pub fn start_under(wrapper: &[&str], data: &Path, args: &[&str]) -> Server {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(ferry_bin());
+                c
+            }
+            None => Command::new(ferry_bin()),
+        };
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
