@@ -107,12 +107,13 @@ impl Engine {
     /// Start a task of `kind` with `args` (exact JSON text). With an idempotency key: a running
     /// or completed task with the same key and arguments is returned instead (`created:
     /// false`); a failed one is retried as a new task naming it in `prior_failure`.
-    /// Errors: unknown kind or invalid arguments → 400 `invalid_argument`; the key names a
+    /// Errors: unknown kind or invalid arguments → 400 `invalid_argument` (or the kind's own
+    /// refusal, [`Job::check`]); the key names a
     /// task with other arguments → 409 `conflict`.
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
         let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
-        job.validate(&raw).map_err(|m| TusError::bad_request(format!("invalid args for {kind}: {m}"), "Fix the arguments and start the task again."))?;
+        job.check(&raw)?;
         if let Some(k) = idempotency_key {
             if k.is_empty() || k.len() > 255 {
                 return Err(TusError::bad_request("Idempotency-Key must be 1 to 255 characters", "Send a shorter key."));

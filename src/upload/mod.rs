@@ -17,12 +17,14 @@ use crate::catalog::{Catalog, CatalogError, Concat, UploadRecord};
 use crate::metrics::Metrics;
 
 mod append;
+pub mod describe;
 mod files;
 pub mod hash;
 pub mod locks;
 mod maintenance;
 
 pub use append::AppendOutcome;
+pub use describe::{describe, describe_raw, Description};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{WriteGuard, WriterLocks};

@@ -22,6 +22,7 @@ pub mod core;
 pub mod digest;
 pub mod expires;
 pub mod metadata;
+pub mod range;
 pub mod rufh;
 
 use crate::error::{ParseError, ParseErrorKind};
