@@ -25,6 +25,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
     /// Cancelled at shutdown: ends `/mcp` streams.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Which web origins may use TUS on `/files/`, and extra CORS headers.
+    pub cors: crate::config::CorsConfig,
 }
 
 /// Settings of the MCP facade.
