@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::app::{AppState, HttpConfig, McpConfig, Tokens};
 use crate::blob::FsBlobStore;
 use crate::catalog::SqliteCatalog;
 use crate::config::{Config, Durability, LeaseMode};
-use crate::http::auth::Tokens;
-use crate::http::{app, AppState, HttpConfig};
-use crate::mcp::{FerryMcp, McpConfig};
+use crate::http::app;
+use crate::mcp::FerryMcp;
 use crate::metrics::Metrics;
 use crate::signing::{Links, UrlSigner};
 use crate::tasks::{Engine, TaskConfig};
@@ -99,13 +99,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             cors: cfg.cors.clone(),
         },
         links,
-        mcp: Arc::new(McpConfig {
-            max_chunk: cfg.mcp_max_chunk,
-            commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect(),
-            fetch_hosts: cfg.fetch.allow_hosts.clone(),
-        }),
+        mcp: Arc::new(McpConfig { max_chunk: cfg.mcp_max_chunk, commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect() }),
     };
-    let router = app(state.clone());
+    // The MCP service is built here, once, and nested at `/mcp`: http and mcp never import
+    // each other (DESIGN §1).
+    let router = app(state.clone(), crate::mcp::streamable_http_service(&state));
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, "ferry serving");
     if cfg.stdio {
         // stdout carries MCP messages only.

@@ -110,12 +110,13 @@ impl Engine {
     /// Start a task of `kind` with `args` (exact JSON text). With an idempotency key: a running
     /// or completed task with the same key and arguments is returned instead (`created:
     /// false`); a failed one is retried as a new task naming it in `prior_failure`.
-    /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument`; the key names a
-    /// task with other arguments → 422 `conflict` (draft-ietf-httpapi-idempotency-key-header).
+    /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument` (or the kind's
+    /// own refusal, [`Job::check`]); the key names a task with other arguments → 422 `conflict`
+    /// (draft-ietf-httpapi-idempotency-key-header).
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
         let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
-        job.validate(&raw).map_err(|m| TusError::bad_request(format!("invalid args for {kind}: {m}"), "Fix the arguments and start the task again."))?;
+        job.check(&raw)?;
         if let Some(k) = idempotency_key {
             // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
             ferry_tus::IdempotencyKey::new(k).map_err(|e| {

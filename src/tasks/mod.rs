@@ -80,6 +80,14 @@ pub trait Job: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The refusal callers see for arguments this kind does not accept, before a task is
+    /// created: by default [`Job::validate`]'s message as 400 `invalid_argument`. A kind
+    /// overrides it to answer with another code (`fetch`: 403 `unauthorized` for a host
+    /// outside the allow list).
+    fn check(&self, args: &RawValue) -> Result<(), ferry_tus::TusError> {
+        self.validate(args).map_err(|m| ferry_tus::TusError::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again."))
+    }
+
     /// Run the job, or resume it from `checkpoint` (the last value given to
     /// [`JobContext::checkpoint`]). Returns the task's result.
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError>;

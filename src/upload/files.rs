@@ -102,8 +102,9 @@ impl UploadEngine {
         let state = base64::engine::general_purpose::STANDARD.decode(&cursor.hash_state).map_err(|e| internal("file cursor", e))?;
         RunningSha256::from_state(&state).map_err(|e| internal("file cursor", e))?;
         let md: UploadMetadata = rec.metadata.parse().map_err(|e| internal("file metadata", e))?;
-        let name = md.get_str("filename").unwrap_or("file").to_string();
-        let media_type = md.get_str("filetype").unwrap_or("application/octet-stream").to_string();
+        let d = super::describe(&md);
+        let name = d.name.unwrap_or_else(|| "file".to_string());
+        let media_type = d.media_type.to_string();
         // Put the catalog back at the cursor first, so the appender resumes from it. A file
         // finished by a run that crashed before checkpointing its result becomes unfinished
         // again (the re-run writes the same bytes); the row and its fence are kept, so the

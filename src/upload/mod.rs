@@ -17,6 +17,7 @@ use crate::catalog::{Catalog, CatalogError, Concat, CreationKey, KeyedCreate, Up
 use crate::metrics::Metrics;
 
 mod append;
+pub mod describe;
 mod exhausted;
 mod files;
 pub mod hash;
@@ -24,6 +25,7 @@ pub mod locks;
 mod maintenance;
 
 pub use append::AppendOutcome;
+pub use describe::{describe, describe_raw, Description};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{Lease, LocalLocker, LockError, Locker, Want};
