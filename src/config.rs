@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::CatalogUrl;
+
 /// How hard ferry works to keep acknowledged bytes across power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -46,6 +48,15 @@ pub struct ServeArgs {
     /// Data directory: the catalog (ferry.db) and blobs/ [default: ./ferry-data].
     #[arg(long, env = "FERRY_DATA")]
     pub data: Option<PathBuf>,
+    /// Where metadata lives: `sqlite:PATH`, or `postgres://USER:PASSWORD@HOST:PORT/DATABASE`
+    /// for several replicas on one database [default: sqlite:DATA/ferry.db].
+    // A String, parsed in `Config::resolve`: clap would echo a rejected value, password and all.
+    #[arg(long, env = "FERRY_CATALOG", hide_env_values = true)]
+    pub catalog: Option<String>,
+    /// Directory of the blob store (upload bytes). Replicas sharing one catalog share one
+    /// blob directory [default: DATA/blobs].
+    #[arg(long, env = "FERRY_BLOBS")]
+    pub blobs: Option<PathBuf>,
     /// Largest upload accepted, e.g. 1TiB, 500MB, 1048576 [default: 1TiB].
     #[arg(long, env = "FERRY_MAX_SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
@@ -141,6 +152,8 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 struct FileConfig {
     listen: Option<SocketAddr>,
     data: Option<PathBuf>,
+    catalog: Option<String>,
+    blobs: Option<PathBuf>,
     max_size: Option<toml::Value>,
     expire_after: Option<String>,
     durability: Option<Durability>,
@@ -219,6 +232,10 @@ struct TasksFileConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub data: PathBuf,
+    /// The catalog (default: SQLite in `DATA/ferry.db`).
+    pub catalog: CatalogUrl,
+    /// The blob store's directory (default: `DATA/blobs`).
+    pub blobs: PathBuf,
     pub max_size: u64,
     pub expire_after: Option<Duration>,
     pub durability: Durability,
@@ -271,9 +288,16 @@ impl Config {
         let tasks = file.tasks;
         let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> { v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose() };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
+        let data = args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("ferry-data"));
+        let catalog = match args.catalog.as_deref().or(file.catalog.as_deref()) {
+            Some(c) => CatalogUrl::parse(c).map_err(|e| anyhow::anyhow!("catalog: {e}"))?,
+            None => CatalogUrl::Sqlite(data.join("ferry.db")),
+        };
         Ok(Config {
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid")),
-            data: args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("ferry-data")),
+            blobs: args.blobs.clone().or(file.blobs).unwrap_or_else(|| data.join("blobs")),
+            catalog,
+            data,
             max_size: match args.max_size {
                 Some(v) => v,
                 None => file.max_size.map(|v| size_value(v, "max_size")).transpose()?.unwrap_or(1 << 40),
@@ -405,5 +429,21 @@ mod tests {
         assert_eq!(c.max_size, 2 << 30);
         assert_eq!(c.durability, Durability::Relaxed);
         assert_eq!(c.checkpoint_every, 64 << 20);
+        assert_eq!(c.catalog, CatalogUrl::Sqlite(c.data.join("ferry.db")), "default catalog: SQLite in the data dir");
+        assert_eq!(c.blobs, c.data.join("blobs"));
+    }
+
+    #[test]
+    fn catalog_from_flag_file_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, "catalog = \"postgres://ferry:hunter2@127.0.0.1/ferry\"\n").unwrap();
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!(c.catalog, CatalogUrl::Postgres("postgres://ferry:hunter2@127.0.0.1/ferry".into()));
+        let args = ServeArgs { config: Some(path.clone()), catalog: Some("sqlite:/tmp/x.db".into()), ..Default::default() };
+        assert_eq!(Config::resolve(&args).unwrap().catalog, CatalogUrl::Sqlite("/tmp/x.db".into()), "the flag beats the file");
+        let args = ServeArgs { catalog: Some("mysql://u:hunter2@h/db".into()), ..Default::default() };
+        let e = format!("{:#}", Config::resolve(&args).unwrap_err());
+        assert!(e.contains("sqlite:PATH") && !e.contains("hunter2"), "{e}");
     }
 }

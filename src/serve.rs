@@ -6,7 +6,6 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::blob::FsBlobStore;
-use crate::catalog::SqliteCatalog;
 use crate::config::{Config, Durability};
 use crate::http::auth::Tokens;
 use crate::http::{app, AppState, HttpConfig};
@@ -30,8 +29,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         );
     }
     let _data_lock = lock_data_dir(&cfg.data)?;
-    let catalog: Arc<dyn crate::catalog::Catalog> = Arc::new(SqliteCatalog::open(&cfg.data.join("ferry.db")).await.context("opening the catalog")?);
-    let blobs = FsBlobStore::open(&cfg.data.join("blobs"), cfg.durability == Durability::Full).context("opening the blob store")?;
+    let catalog = cfg.catalog.open().await?;
+    tracing::info!(catalog = %cfg.catalog.redacted(), "catalog open");
+    let blobs = FsBlobStore::open(&cfg.blobs, cfg.durability == Durability::Full).with_context(|| format!("opening the blob store {}", cfg.blobs.display()))?;
     let metrics = Arc::new(Metrics::default());
     let engine = UploadEngine::new(
         catalog.clone(),
