@@ -105,6 +105,20 @@ pub struct ServeArgs {
     /// Largest decoded chunk `file_upload_chunk` (MCP, base64 in-band) accepts [default: 1MiB].
     #[arg(long, env = "FERRY_MCP_MAX_CHUNK", value_parser = parse_size)]
     pub mcp_max_chunk: Option<u64>,
+    /// Web origins that may use TUS on /files/ from a browser: exact origins such as
+    /// https://app.example.com, or `*` for any; comma-separated or repeated. Replaces
+    /// `[cors] allow_origins` [default: *].
+    #[arg(long, env = "FERRY_CORS_ALLOW_ORIGINS", value_delimiter = ',')]
+    pub cors_allow_origins: Vec<String>,
+    /// Request headers a browser may send to /files/ besides the built-in TUS list
+    /// (e.g. a custom header your uploader adds); comma-separated or repeated. Replaces
+    /// `[cors] allow_headers`.
+    #[arg(long, env = "FERRY_CORS_ALLOW_HEADERS", value_delimiter = ',')]
+    pub cors_allow_headers: Vec<String>,
+    /// Response headers a browser script may read besides the built-in TUS list;
+    /// comma-separated or repeated. Replaces `[cors] expose_headers`.
+    #[arg(long, env = "FERRY_CORS_EXPOSE_HEADERS", value_delimiter = ',')]
+    pub cors_expose_headers: Vec<String>,
 }
 
 /// `--expire-after`: a duration, or never.
@@ -174,6 +188,82 @@ struct FileConfig {
     fetch: FetchConfig,
     #[serde(default)]
     tasks: TasksFileConfig,
+    #[serde(default)]
+    cors: CorsFileConfig,
+}
+
+/// `[cors]` in ferry.toml (see [`CorsConfig`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CorsFileConfig {
+    allow_origins: Option<Vec<String>>,
+    #[serde(default)]
+    allow_headers: Vec<String>,
+    #[serde(default)]
+    expose_headers: Vec<String>,
+}
+
+/// Cross-origin access to the TUS endpoints (`/files/`) from web pages (`[cors]` in ferry.toml,
+/// `--cors-*` flags, `FERRY_CORS_*`). The API and `/mcp` are never open to other origins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CorsConfig {
+    /// `None`: any origin (`*`). Otherwise the exact origins (`scheme://host[:port]`, lowercase,
+    /// default ports removed) allowed; a request from another origin is refused with 403. A page
+    /// served from ferry's own host is always allowed.
+    pub allow_origins: Option<Vec<String>>,
+    /// Lowercase request header names allowed in addition to the built-in TUS list.
+    pub allow_headers: Vec<String>,
+    /// Lowercase response header names exposed in addition to the built-in TUS list.
+    pub expose_headers: Vec<String>,
+}
+
+impl CorsConfig {
+    /// Validate and normalise. Errors name the offending value.
+    fn new(origins: Option<Vec<String>>, allow_headers: Vec<String>, expose_headers: Vec<String>) -> anyhow::Result<CorsConfig> {
+        let allow_origins = match origins {
+            None => None,
+            Some(list) if list.iter().any(|o| o.trim() == "*") => {
+                if list.len() > 1 {
+                    anyhow::bail!("cors allow_origins: `*` allows every origin; list exact origins or only `*`, not both");
+                }
+                None
+            }
+            Some(list) if list.is_empty() => anyhow::bail!("cors allow_origins: list at least one origin, or `*` for any"),
+            Some(list) => Some(list.iter().map(|o| normalize_origin(o)).collect::<anyhow::Result<Vec<_>>>()?),
+        };
+        let names = |list: Vec<String>, key: &str| -> anyhow::Result<Vec<String>> {
+            list.iter()
+                .map(|h| {
+                    let h = h.trim().to_ascii_lowercase();
+                    http::HeaderName::from_bytes(h.as_bytes()).map(|_| h.clone()).map_err(|_| anyhow::anyhow!("cors {key}: {h:?} is not a header name"))
+                })
+                .collect()
+        };
+        Ok(CorsConfig { allow_origins, allow_headers: names(allow_headers, "allow_headers")?, expose_headers: names(expose_headers, "expose_headers")? })
+    }
+}
+
+/// An origin as browsers send it (RFC 6454 §6.1): `scheme://host[:port]`, lowercase, without
+/// the scheme's default port and without a path; or `null`.
+fn normalize_origin(o: &str) -> anyhow::Result<String> {
+    let o = o.trim();
+    if o == "null" {
+        return Ok(o.to_string());
+    }
+    let bad = || anyhow::anyhow!("cors allow_origins: {o:?} is not an origin like https://app.example.com (scheme://host[:port], no path)");
+    let (scheme, authority) = o.split_once("://").ok_or_else(bad)?;
+    let uri: http::Uri = o.parse().map_err(|_| bad())?;
+    if scheme.is_empty() || authority.is_empty() || authority.contains(['/', '?', '#', '@']) || uri.host().is_none() {
+        return Err(bad());
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    let mut authority = authority.to_ascii_lowercase();
+    for (s, port) in [("http", ":80"), ("https", ":443")] {
+        if scheme == s && authority.ends_with(port) {
+            authority.truncate(authority.len() - port.len());
+        }
+    }
+    Ok(format!("{scheme}://{authority}"))
 }
 
 /// `[[tokens]]` in ferry.toml: a bearer token's sha256 (hex) and the principal it names.
@@ -266,6 +356,8 @@ pub struct Config {
     pub url_secret: Option<String>,
     /// Largest decoded `file_upload_chunk` chunk, bytes.
     pub mcp_max_chunk: u64,
+    /// Browser access to /files/ from other origins.
+    pub cors: CorsConfig,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -286,6 +378,12 @@ impl Config {
         };
         let file = config_path.as_deref().map(read_file).transpose()?.unwrap_or_default();
         let tasks = file.tasks;
+        let flag_list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        let cors = CorsConfig::new(
+            flag_list(&args.cors_allow_origins).or(file.cors.allow_origins),
+            flag_list(&args.cors_allow_headers).unwrap_or(file.cors.allow_headers),
+            flag_list(&args.cors_expose_headers).unwrap_or(file.cors.expose_headers),
+        )?;
         let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> { v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose() };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
         let data = args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("ferry-data"));
@@ -331,6 +429,7 @@ impl Config {
                 Some(v) => v,
                 None => file.mcp_max_chunk.map(|v| size_value(v, "mcp_max_chunk")).transpose()?.unwrap_or(1 << 20),
             },
+            cors,
         })
     }
 }
@@ -415,6 +514,31 @@ mod tests {
             std::fs::write(&path, text).unwrap();
             let args = ServeArgs { config: Some(path.clone()), ..Default::default() };
             assert!(Config::resolve(&args).is_err(), "accepted: {text}");
+        }
+    }
+
+    #[test]
+    fn cors_origins_and_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, "[cors]\nallow_origins = [\"HTTPS://App.Example:443\", \"http://localhost:5173\", \"null\"]\nallow_headers = [\"X-Custom\"]\n").unwrap();
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!(c.cors.allow_origins, Some(vec!["https://app.example".to_string(), "http://localhost:5173".into(), "null".into()]));
+        assert_eq!(c.cors.allow_headers, vec!["x-custom".to_string()]);
+        // Flags replace the file's list.
+        let args = ServeArgs { config: Some(path.clone()), cors_allow_origins: vec!["*".into()], ..Default::default() };
+        assert_eq!(Config::resolve(&args).unwrap().cors.allow_origins, None);
+        assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().cors, CorsConfig::default(), "default: any origin");
+        for bad in [
+            "[cors]\nallow_origins = [\"https://app.example/path\"]\n",
+            "[cors]\nallow_origins = [\"app.example\"]\n",
+            "[cors]\nallow_origins = [\"*\", \"https://a.example\"]\n",
+            "[cors]\nallow_origins = []\n",
+            "[cors]\nallow_headers = [\"bad header\"]\n",
+            "[cors]\nexpose = [\"x\"]\n",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err(), "accepted: {bad}");
         }
     }
 

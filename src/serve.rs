@@ -68,7 +68,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tasks: tasks.clone(),
         tokens: Tokens::new(&cfg.tokens),
         metrics,
-        http: HttpConfig { behind_proxy: cfg.behind_proxy, absolute_locations: cfg.public_url.is_some(), allowed_hosts: allowed_hosts(&cfg, addr), shutdown: shutdown.clone() },
+        http: HttpConfig {
+            behind_proxy: cfg.behind_proxy,
+            absolute_locations: cfg.public_url.is_some(),
+            allowed_hosts: allowed_hosts(&cfg, addr),
+            shutdown: shutdown.clone(),
+            cors: cfg.cors.clone(),
+        },
         links,
         mcp: Arc::new(McpConfig {
             max_chunk: cfg.mcp_max_chunk,

@@ -39,7 +39,7 @@ async fn dropped_connection_keeps_what_arrived_and_resumes_byte_exact() {
     let url = t.create(data.len() as u64).await;
     let path = url.trim_start_matches(&s.base).to_string();
     let sock = partial_patch(&s.addr(), &path, 0, &data[..400_000], data.len());
-    std::thread::sleep(Duration::from_millis(200));
+    wait_bytes_received(&s, 400_000).await;
     drop(sock); // the client dies mid-body
     assert_eq!(wait_for_offset(&t, &url, 400_000).await, 400_000, "HEAD reports what was kept");
     assert_eq!(t.patch(&url, 400_000, data[400_000..].to_vec(), &[]).await.status(), 204);
@@ -55,7 +55,7 @@ async fn a_silently_dead_client_is_taken_over_by_head() {
     let path = url.trim_start_matches(&s.base).to_string();
     // The socket stays open and sends nothing more: no FIN, no RST.
     let _sock = partial_patch(&s.addr(), &path, 0, &data[..300_000], data.len());
-    std::thread::sleep(Duration::from_millis(300));
+    wait_bytes_received(&s, 300_000).await;
     let r = t.head(&url).await;
     assert_eq!(r.status(), 200, "HEAD takes the upload over instead of waiting forever");
     assert_eq!(header_u64(&r, "upload-offset"), Some(300_000));
@@ -106,8 +106,9 @@ async fn racing_patches_never_interleave() {
     let a = tokio::spawn(async move {
         c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(reqwest::Body::wrap_stream(rx)).send().await
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // B sends Y from offset 0: A is asked to stop, keeps what it wrote, B learns the offset.
+    // Once A has stored some bytes, B sends Y from offset 0: A is asked to stop, keeps what it
+    // wrote, B learns the offset.
+    wait_bytes_received(&s, 256 << 10).await;
     let r = t.patch(&url, 0, y.clone(), &[]).await;
     let k = if r.status() == 409 {
         header_u64(&r, "upload-offset").unwrap()

@@ -3,34 +3,121 @@
 mod common;
 use common::*;
 
+/// Every request header the installed tus-js-client (the browser client Uppy wraps) can set,
+/// read from its source (`setHeader('Name', …)`), so a newer client that sends more fails here.
+fn tus_js_client_request_headers() -> Vec<String> {
+    let dir = manifest_dir().join("tests/clients/node/node_modules/tus-js-client/lib.es5");
+    assert!(dir.exists(), "tus-js-client is not installed: run `bash .ci/run` or `(cd tests/clients/node && npm ci)`");
+    let mut names = std::collections::BTreeSet::new();
+    for entry in walk(&dir) {
+        let text = std::fs::read_to_string(entry).unwrap_or_default();
+        for part in text.split("setHeader(").skip(1) {
+            let quoted = part.trim_start();
+            let Some(q) = quoted.chars().next().filter(|c| *c == '\'' || *c == '"') else { continue };
+            if let Some(name) = quoted[1..].split(q).next().filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')) {
+                names.insert(name.to_ascii_lowercase());
+            }
+        }
+    }
+    names.into_iter().collect()
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.extension().is_some_and(|x| x == "js") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A preflight exactly as a browser sends it for tus-js-client with `addRequestId: true`, and
+/// for every other header tus-js-client and the IETF draft clients send.
 #[tokio::test]
-async fn cors_preflight_and_exposed_headers() {
+async fn cors_preflight_allows_what_browser_tus_clients_send() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
-    let r = t
-        .request(
-            "OPTIONS",
-            "/files/",
-            &[
-                ("Origin", "http://app.example"),
-                ("Access-Control-Request-Method", "PATCH"),
-                ("Access-Control-Request-Headers", "upload-offset,tus-resumable,upload-checksum,content-type"),
-            ],
-            None,
-        )
-        .await;
-    assert!(r.status().is_success());
-    assert_eq!(header(&r, "access-control-allow-origin"), Some("*"));
-    let allowed = header(&r, "access-control-allow-headers").unwrap().to_ascii_lowercase();
-    for h in ["upload-offset", "tus-resumable", "upload-checksum", "upload-metadata", "upload-concat", "upload-defer-length", "x-http-method-override"] {
-        assert!(allowed.contains(h), "{h} not allowed: {allowed}");
+    let sent = tus_js_client_request_headers();
+    for h in ["x-request-id", "upload-draft-interop-version", "upload-complete", "x-http-method-override", "tus-resumable", "upload-metadata"] {
+        assert!(sent.iter().any(|n| n == h), "the tus-js-client scan found {sent:?}, not {h}");
     }
-    assert!(header(&r, "access-control-allow-methods").unwrap().contains("PATCH"));
-    let r = t.request("POST", "/files/", &[("Origin", "http://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await;
+    let mut wanted: Vec<String> = sent.clone();
+    wanted.extend(["authorization", "upload-checksum", "upload-incomplete", "idempotency-key", "content-type"].map(String::from));
+    for (method, request_headers) in [("POST", "tus-resumable,upload-length,upload-metadata,x-request-id".to_string()), ("PATCH", wanted.join(","))] {
+        let r = t
+            .request(
+                "OPTIONS",
+                "/files/",
+                &[("Origin", "http://app.example"), ("Access-Control-Request-Method", method), ("Access-Control-Request-Headers", &request_headers)],
+                None,
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "access-control-allow-origin"), Some("*"));
+        let allowed: Vec<String> = header(&r, "access-control-allow-headers").unwrap().split(',').map(|h| h.trim().to_ascii_lowercase()).collect();
+        for h in request_headers.split(',') {
+            assert!(allowed.iter().any(|a| a == h), "{h} not allowed: {allowed:?}");
+        }
+        assert!(header(&r, "access-control-allow-methods").unwrap().contains(method));
+    }
+    let r = t.request("POST", "/files/", &[("Origin", "http://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1"), ("X-Request-ID", "4f0a")], None).await;
+    assert_eq!(r.status(), 201);
     let exposed = header(&r, "access-control-expose-headers").unwrap().to_ascii_lowercase();
-    for h in ["location", "upload-offset", "upload-length", "tus-resumable", "upload-expires", "repr-digest", "etag", "content-range"] {
+    for h in
+        ["location", "upload-offset", "upload-length", "tus-resumable", "upload-expires", "repr-digest", "etag", "content-range", "upload-complete", "upload-draft-interop-version"]
+    {
         assert!(exposed.contains(h), "{h} not exposed: {exposed}");
     }
+}
+
+async fn preflight(t: &Tus, origin: &str) -> reqwest::Response {
+    let h = [("Origin", origin), ("Access-Control-Request-Method", "POST"), ("Access-Control-Request-Headers", "tus-resumable,upload-length,x-request-id,x-upload-tag")];
+    t.request("OPTIONS", "/files/", &h, None).await
+}
+
+/// `[cors]` in ferry.toml: exact origins instead of `*`, extra allowed and exposed headers; an
+/// origin not listed is refused (403, preflight included) and creates nothing. Flags replace it.
+#[tokio::test]
+async fn cors_origins_and_headers_are_configurable() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_file(dir.path(), "ferry.toml", "[cors]\nallow_origins = [\"https://app.example\"]\nallow_headers = [\"X-Upload-Tag\"]\nexpose_headers = [\"X-Trace\"]\n");
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let t = Tus::new(&s);
+    let r = preflight(&t, "https://app.example").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "access-control-allow-origin"), Some("https://app.example"));
+    assert!(r.headers().get_all("vary").iter().any(|v| v.to_str().unwrap_or("").to_ascii_lowercase().contains("origin")), "Vary: Origin for caches");
+    let allowed = header(&r, "access-control-allow-headers").unwrap().to_ascii_lowercase();
+    assert!(allowed.contains("x-upload-tag") && allowed.contains("x-request-id"), "{allowed}");
+    let r = t.request("POST", "/files/", &[("Origin", "https://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1"), ("X-Upload-Tag", "a")], None).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&r, "access-control-allow-origin"), Some("https://app.example"));
+    assert!(header(&r, "access-control-expose-headers").unwrap().to_ascii_lowercase().contains("x-trace"));
+
+    // Another origin: refused outright, preflight included, and nothing is created.
+    let r = preflight(&t, "https://evil.example").await;
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    problem(r, 403, "unauthorized").await;
+    let r = t.request("POST", "/files/", &[("Origin", "https://evil.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await;
+    problem(r, 403, "unauthorized").await;
+    // A page on ferry's own origin, and clients that send no Origin (curl), are not affected.
+    let own = format!("http://{}", s.addr());
+    assert_eq!(t.request("POST", "/files/", &[("Origin", &own), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await.status(), 201);
+    assert_eq!(t.post(&[("Upload-Length", "1")]).await.status(), 201);
+    let files = json(t.c.get(s.url("/api/v1/files")).send().await.unwrap()).await;
+    assert_eq!(files["files"].as_array().unwrap().len(), 3, "the refused origin created nothing");
+    drop(s);
+
+    // Flags (and FERRY_CORS_ALLOW_ORIGINS) replace the file's list.
+    let s = Server::start(&["--config", cfg.to_str().unwrap(), "--cors-allow-origins", "https://a.example,https://b.example"]);
+    let t = Tus::new(&s);
+    let r = t.request("OPTIONS", "/files/", &[("Origin", "https://b.example"), ("Access-Control-Request-Method", "PATCH")], None).await;
+    assert_eq!(header(&r, "access-control-allow-origin"), Some("https://b.example"));
+    problem(t.request("OPTIONS", "/files/", &[("Origin", "https://app.example"), ("Access-Control-Request-Method", "PATCH")], None).await, 403, "unauthorized").await;
 }
 
 #[tokio::test]
@@ -89,7 +176,7 @@ async fn graceful_shutdown_keeps_a_streaming_patch() {
     let c = t.c.clone();
     let u = url.clone();
     let pending = tokio::spawn(async move { c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(body).send().await });
-    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    wait_bytes_received(&s, 1 << 20).await;
     assert!(s.terminate().success(), "clean exit");
     drop(tx);
     let _ = pending.await;
@@ -137,6 +224,6 @@ async fn token_create_then_bearer_auth() {
     problem(t.post(&[("Upload-Length", "1"), ("Authorization", "Bearer fy_wrong")]).await, 401, "unauthorized").await;
     let r = t.post(&[("Upload-Length", "1"), ("Authorization", &auth)]).await;
     assert_eq!(r.status(), 201);
-    assert_eq!(t.request("OPTIONS", "/files/", &[], None).await.status(), 204, "discovery needs no token");
+    assert_eq!(t.request("OPTIONS", "/files/", &[], None).await.status(), 200, "discovery needs no token");
     assert_eq!(t.c.get(s.url("/healthz")).send().await.unwrap().status(), 200);
 }

@@ -70,16 +70,7 @@ async fn a_plain_head_does_not_interrupt_an_upload() {
         c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(reqwest::Body::wrap_stream(rx)).send().await.unwrap().status()
     });
     // Wait until the server has received the first MiB (its metrics never interrupt).
-    let mut received = 0u64;
-    for _ in 0..500 {
-        let text = client().get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        received = text.lines().find_map(|l| l.strip_prefix("ferry_bytes_received_total ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-        if received >= 1 << 20 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(received >= 1 << 20, "the first MiB arrived");
+    common::wait_bytes_received(&s, 1 << 20).await;
     // A plain HEAD (no Tus-Resumable) reads; the PATCH goes on.
     let r = client().head(t.abs(&url)).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -2,7 +2,9 @@
 //! not already cover: the whole file in one PATCH (tus-js-client's default `chunkSize:
 //! Infinity`), `chunkSize` 1 MiB, and `parallelUploads: 4` (concatenation). (real_clients.rs
 //! covers 256 KiB chunks, `uploadLengthDeferred`, `parallelUploads: 3`, and abort + resume
-//! from the stored URL.) Every upload is checked by sha256 and `Repr-Digest`.
+//! from the stored URL.) Also `addRequestId: true` (an `X-Request-ID` on every request; the
+//! browser's CORS side of it is tests/interop_uppy.rs). Every upload is checked by sha256 and
+//! `Repr-Digest`.
 
 mod common;
 use common::*;
@@ -42,4 +44,12 @@ async fn tus_js_client_parallel_uploads_4() {
     let h = Tus::new(&s).head(out["url"].as_str().unwrap()).await;
     let concat = header(&h, "upload-concat").unwrap_or_default().to_string();
     assert!(concat.starts_with("final;") && concat.split(' ').count() == 4, "Upload-Concat {concat:?}");
+}
+
+#[tokio::test]
+async fn tus_js_client_add_request_id() {
+    let (_s, out, _) = upload_with(r#"{"addRequestId":true,"chunkSize":2097152}"#, 44).await;
+    // One POST and three PATCHes, each with its own X-Request-ID.
+    assert_eq!((out["posts"].as_u64(), out["patches"].as_u64()), (Some(1), Some(3)), "{out}");
+    assert_eq!(out["request_ids"], 4, "every request carried X-Request-ID: {out}");
 }

@@ -1,7 +1,8 @@
 //! Uppy (`@uppy/core` 6 + `@uppy/tus` 6) in headless Chromium, on a page served from another
 //! origin than ferry (so every request is a real CORS request): upload a generated file,
 //! pause after two PATCHes, read the server's offset with a cross-origin HEAD, resume,
-//! finish. The stored file's sha256 must equal the one the page computed
+//! finish, with `addRequestId: true` (an `X-Request-ID` on every request, which the preflight
+//! must allow). The stored file's sha256 must equal the one the page computed
 //! (`crypto.subtle`), and so must `Repr-Digest`. A screenshot of the page is saved to
 //! `target/test-artifacts/uppy-chromium.png`.
 //!
@@ -33,6 +34,8 @@ async fn uppy_in_chromium_cross_origin_pause_resume() {
     let paused = out["paused_at"].as_u64().unwrap();
     assert!(paused >= 2 * 512 * 1024 && paused < size, "paused at {paused} of {size}");
     assert_eq!(out["size"], size);
+    // Every answered request carried X-Request-ID: the browser's preflight allowed it.
+    assert!(out["request_ids"].as_u64().unwrap() >= out["patches"].as_u64().unwrap() + 1, "{out}");
     let sha = out["sha256"].as_str().unwrap();
     assert_eq!(sha.len(), 64);
     assert_stored_sha256(&s, out["url"].as_str().unwrap(), sha).await;

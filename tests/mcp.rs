@@ -325,3 +325,18 @@ async fn task_get_long_polls_and_reports_progress() {
     assert!(values.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {values:?}");
     c.cancel().await.unwrap();
 }
+
+/// `file_upload_begin`'s `sha256` is checked by the same parser as metadata `sha256` on
+/// POST /files/: hex of the wrong length and non-hex are both `invalid_argument`, each said as such.
+#[tokio::test]
+async fn a_declared_sha256_is_checked_as_tus_checks_it() {
+    let server = Server::start(&[]);
+    let c = http_client(&server, None, false).await;
+    for (sha, detail) in [("ab".repeat(31), "62 hex digits"), ("zz".repeat(32), "not hexadecimal")] {
+        let (v, err, _) = call(&c, "file_upload_begin", json!({ "name": "a.txt", "size": 1, "sha256": sha })).await;
+        assert!(err, "{v}");
+        assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap_or("").contains(detail), "{v}");
+    }
+    c.cancel().await.unwrap();
+}

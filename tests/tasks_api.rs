@@ -45,9 +45,9 @@ async fn idempotency_key_rules() {
     assert_eq!(again["idempotency_key"], "k-same");
     assert!(first.get("args").is_none(), "status payloads never carry arguments: {first}");
 
-    // The same key with different arguments → 409 conflict, naming nothing new.
+    // The same key with different arguments → 422 conflict (the idempotency-key draft), naming nothing new.
     let r = api.start_raw("external", r#"{"job":"export","n":2}"#, Some("k-same"), None).await;
-    let p = problem(r, 409, "conflict").await;
+    let p = problem(r, 422, "conflict").await;
     assert!(p["detail"].as_str().unwrap().contains(&id(&first)), "{p}");
 
     // The same key for another kind is another namespace.
@@ -102,7 +102,7 @@ async fn idempotency_key_rules() {
         assert_eq!(v["prior_failure"], failed.as_str());
     }
     // ... and different args are still a conflict.
-    problem(api.start_raw("external", r#"{"job":"export","n":3}"#, Some("k-same"), None).await, 409, "conflict").await;
+    problem(api.start_raw("external", r#"{"job":"export","n":3}"#, Some("k-same"), None).await, 422, "conflict").await;
 
     // Cancelled is also retried as a new task.
     let c = api.start_raw("external", "1", Some("k-cancel"), None).await;

@@ -51,11 +51,65 @@ async fn unknown_or_malformed_checksum_is_400_and_stores_nothing() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let url = t.create(10).await;
-    for bad in ["crc32 AAAAAA==", "sha1", "sha1 !!!", "sha256 AAAA", "sha1  2jmj7l5rSw0yVb/vlWAYkK/YBwk="] {
+    for bad in ["crc32 AAAAAA==", "sha1", "sha1 !!!", "sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAA-", "sha1  2jmj7l5rSw0yVb/vlWAYkK/YBwk="] {
         let r = t.patch(&url, 0, b"hello".to_vec(), &[("Upload-Checksum", bad)]).await;
         problem(r, 400, "invalid_argument").await;
     }
     assert_eq!(t.offset(&url).await, 0);
+}
+
+/// A checksum whose base64 is valid but whose digest has the wrong length for its algorithm is
+/// a checksum that does not match (460, chunk discarded), not a malformed one (400) — as a
+/// header on PATCH, as a trailer, and on a creation-with-upload body.
+#[tokio::test]
+async fn a_wrong_length_digest_is_a_mismatch_everywhere_a_checksum_is_read() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(10).await;
+    // The reported input: sha1 with 21 bytes of valid base64.
+    for wrong in ["sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAAA", "sha256 AAAA", &format!("md5 {}", b64(&[0u8; 20])), &format!("sha512 {}", b64(&[0u8; 32]))] {
+        let r = t.patch(&url, 0, b"hello".to_vec(), &[("Upload-Checksum", wrong)]).await;
+        assert_eq!(header(&r, "upload-offset"), Some("0"), "{wrong}");
+        let v = problem(r, 460, "checksum_mismatch").await;
+        assert_eq!(v["partial"]["cursor"], 0, "{wrong}");
+        assert_eq!(t.offset(&url).await, 0, "{wrong}: the chunk was discarded");
+    }
+    assert_eq!(t.patch(&url, 0, b"hello".to_vec(), &[("Upload-Checksum", &checksum("sha1", b"hello"))]).await.status(), 204);
+
+    // As a trailer.
+    let path = url.trim_start_matches(&s.base).to_string();
+    let (st, text) = chunked_patch_with_trailer(&s.addr(), &path, 5, b"world", "Upload-Checksum: sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n");
+    assert_eq!(st, 460, "{text}");
+    assert_eq!(t.offset(&url).await, 5);
+    let (st, _) = chunked_patch_with_trailer(&s.addr(), &path, 5, b"world", "Upload-Checksum: sha1 !!!!\r\n");
+    assert_eq!(st, 400, "a trailer that is not base64 is malformed");
+    assert_eq!(t.offset(&url).await, 5);
+
+    // On a creation-with-upload body: the upload exists at offset 0 and says where, as for any mismatch.
+    let r = t
+        .request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", "sha1 AAAA")], Some(b"hello".to_vec()))
+        .await;
+    let loc = t.abs(header(&r, "location").expect("Location of the created upload"));
+    problem(r, 460, "checksum_mismatch").await;
+    assert_eq!(t.offset(&loc).await, 0);
+}
+
+/// A declared whole-file sha256 (metadata `sha256`, `Repr-Digest`) is checked when the upload
+/// completes; one that could never match is refused at creation, before any byte is sent, as an
+/// invalid value (400) whose detail says so — apart from one that is not hex at all.
+#[tokio::test]
+async fn a_declared_sha256_of_the_wrong_length_is_refused_at_creation() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let short = "ab".repeat(31);
+    let v = problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(short.as_bytes())))]).await, 400, "invalid_argument").await;
+    assert!(v["detail"].as_str().unwrap().contains("62 hex digits"), "{v}");
+    let v = problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(b"not hex")))]).await, 400, "invalid_argument").await;
+    assert!(v["detail"].as_str().unwrap().contains("not hexadecimal"), "{v}");
+    let v = problem(t.post(&[("Upload-Length", "1"), ("Repr-Digest", &format!("sha-256=:{}:", b64(&[1u8; 31])))]).await, 400, "invalid_argument").await;
+    assert!(v["detail"].as_str().unwrap().contains("32 bytes"), "{v}");
+    let listed = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    assert_eq!(listed["files"].as_array().map(Vec::len), Some(0), "nothing was created");
 }
 
 /// Send a raw HTTP/1.1 request (for trailers, which reqwest cannot send) and return the

@@ -83,6 +83,29 @@ pub struct Checkpoint {
     pub now_ms: i64,
 }
 
+/// The key a creation request is made under (DESIGN §2; issue 9 item 5): a client's
+/// `Idempotency-Key`, or the key ferry derives for a final upload from its parts and metadata.
+/// Scoped to the record's principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreationKey {
+    /// The key (at most a few hundred bytes).
+    pub key: String,
+    /// Opaque digest of the request the key was first used for; a later request under the same
+    /// key with another fingerprint is a different request.
+    pub fingerprint: String,
+}
+
+/// What [`Catalog::create_upload_keyed`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyedCreate {
+    /// The record was inserted and now holds the key.
+    Created,
+    /// A live upload of the same principal already holds the key: that upload (as
+    /// [`Catalog::get_upload`] reads it) and the fingerprint it was created with. Nothing was
+    /// inserted.
+    Existing { upload: UploadRecord, fingerprint: String },
+}
+
 /// Catalog failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -109,6 +132,15 @@ pub type CatalogResult<T> = Result<T, CatalogError>;
 pub trait Catalog: TaskCatalog + Send + Sync + 'static {
     /// Insert a new upload. Atomic; fails with `AlreadyExists` if the id is taken.
     async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()>;
+
+    /// Insert a new upload under `key`, atomically: unless a live (not expired) upload of
+    /// `rec.principal` already holds `key.key`, insert `rec` holding it and return `Created`;
+    /// otherwise insert nothing and return that upload with its fingerprint (`Existing`).
+    /// Concurrent calls with the same principal and key create exactly one upload; the others
+    /// see it. The key is held as long as the row lives and is not marked expired: deleting
+    /// the upload or [`Catalog::mark_expired`] frees it. Keys of different principals never
+    /// collide. Fails with `AlreadyExists` only if `rec.id` is taken.
+    async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate>;
 
     /// The upload's current row, tombstones included; `Ok(None)` if unknown.
     /// Reads what the last committed checkpoint wrote (read-your-writes).

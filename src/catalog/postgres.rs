@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, UploadRecord};
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, UploadRecord};
 
 /// Connections one process keeps open at most (PostgreSQL's default `max_connections` is 100,
 /// shared by every replica).
@@ -160,34 +160,76 @@ fn scrub(text: &str, url: &str) -> String {
     }
 }
 
-#[async_trait]
-impl Catalog for PostgresCatalog {
-    async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()> {
+impl PostgresCatalog {
+    /// INSERT `rec`, holding `key` when given.
+    async fn insert(&self, rec: &UploadRecord, key: Option<&CreationKey>) -> CatalogResult<()> {
         let (kind, parts, header) = match &rec.concat {
             Concat::None => ("none", None, None),
             Concat::Partial => ("partial", None, None),
             Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
         };
-        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)")))
-            .bind(&rec.id)
-            .bind(&rec.principal)
-            .bind(rec.length.map(to_i64).transpose()?)
-            .bind(to_i64(rec.offset)?)
-            .bind(&rec.metadata)
-            .bind(&rec.hash_state)
-            .bind(rec.sha256.map(|d| d.to_vec()))
-            .bind(rec.expected_sha256.map(|d| d.to_vec()))
-            .bind(kind)
-            .bind(parts)
-            .bind(header)
-            .bind(rec.created_at_ms)
-            .bind(rec.updated_at_ms)
-            .bind(rec.expires_at_ms)
-            .bind(rec.finished_at_ms)
-            .bind(rec.expired)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)"
+        )))
+        .bind(&rec.id)
+        .bind(&rec.principal)
+        .bind(rec.length.map(to_i64).transpose()?)
+        .bind(to_i64(rec.offset)?)
+        .bind(&rec.metadata)
+        .bind(&rec.hash_state)
+        .bind(rec.sha256.map(|d| d.to_vec()))
+        .bind(rec.expected_sha256.map(|d| d.to_vec()))
+        .bind(kind)
+        .bind(parts)
+        .bind(header)
+        .bind(rec.created_at_ms)
+        .bind(rec.updated_at_ms)
+        .bind(rec.expires_at_ms)
+        .bind(rec.finished_at_ms)
+        .bind(rec.expired)
+        .bind(key.map(|k| k.key.as_str()))
+        .bind(key.map(|k| k.fingerprint.as_str()))
+        .execute(&self.pool)
+        .await?;
         Ok(())
+    }
+
+    /// The live upload of `principal` holding creation key `key`, with its fingerprint.
+    async fn by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS}, creation_fingerprint FROM uploads WHERE principal = $1 AND creation_key = $2 AND NOT expired")))
+            .bind(principal)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((row_to_record(&r)?, r.try_get::<Option<String>, _>("creation_fingerprint")?.unwrap_or_default()))).transpose()
+    }
+}
+
+#[async_trait]
+impl Catalog for PostgresCatalog {
+    async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()> {
+        self.insert(rec, None).await
+    }
+
+    async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
+        // The partial unique index (principal, creation_key) WHERE live makes the insert the
+        // arbiter across replicas: of concurrent inserts one wins, the others fail and read it.
+        for _ in 0..3 {
+            match self.insert(rec, Some(key)).await {
+                Ok(()) => return Ok(KeyedCreate::Created),
+                Err(CatalogError::AlreadyExists) => {
+                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
+                        return Ok(KeyedCreate::Existing { upload, fingerprint });
+                    }
+                    if self.get_upload(&rec.id).await?.is_some() {
+                        return Err(CatalogError::AlreadyExists);
+                    }
+                    // The holder went away between the insert and the read: try again.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CatalogError::Backend("creation key contended too long".into()))
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {

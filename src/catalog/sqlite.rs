@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, UploadRecord};
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, UploadRecord};
 
 /// SQLite-backed catalog.
 #[derive(Clone)]
@@ -102,15 +102,15 @@ impl SqliteCatalog {
     }
 }
 
-#[async_trait]
-impl Catalog for SqliteCatalog {
-    async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()> {
+impl SqliteCatalog {
+    /// INSERT `rec`, holding `key` when given.
+    async fn insert(&self, rec: &UploadRecord, key: Option<&CreationKey>) -> CatalogResult<()> {
         let (kind, parts, header) = match &rec.concat {
             Concat::None => ("none", None, None),
             Concat::Partial => ("partial", None, None),
             Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
         };
-        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
+        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
             .bind(&rec.id)
             .bind(&rec.principal)
             .bind(rec.length.map(to_i64).transpose()?)
@@ -127,9 +127,49 @@ impl Catalog for SqliteCatalog {
             .bind(rec.expires_at_ms)
             .bind(rec.finished_at_ms)
             .bind(rec.expired as i64)
+            .bind(key.map(|k| k.key.as_str()))
+            .bind(key.map(|k| k.fingerprint.as_str()))
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// The live upload of `principal` holding creation key `key`, with its fingerprint.
+    async fn by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS}, creation_fingerprint FROM uploads WHERE principal = ? AND creation_key = ? AND expired = 0")))
+            .bind(principal)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((row_to_record(&r)?, r.try_get::<Option<String>, _>("creation_fingerprint")?.unwrap_or_default()))).transpose()
+    }
+}
+
+#[async_trait]
+impl Catalog for SqliteCatalog {
+    async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()> {
+        self.insert(rec, None).await
+    }
+
+    async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
+        // The partial unique index (principal, creation_key) WHERE live makes the insert the
+        // arbiter: of concurrent inserts one wins, the others fail and read the winner.
+        for _ in 0..3 {
+            match self.insert(rec, Some(key)).await {
+                Ok(()) => return Ok(KeyedCreate::Created),
+                Err(CatalogError::AlreadyExists) => {
+                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
+                        return Ok(KeyedCreate::Existing { upload, fingerprint });
+                    }
+                    if self.get_upload(&rec.id).await?.is_some() {
+                        return Err(CatalogError::AlreadyExists);
+                    }
+                    // The holder went away between the insert and the read: try again.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CatalogError::Backend("creation key contended too long".into()))
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {

@@ -22,7 +22,6 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{OpenApi, PartialSchema, ToSchema};
 
 use super::auth::Principal;
-use super::tus::header;
 use super::{AppState, Problem};
 use crate::catalog::{Progress, TaskRecord, UploadRecord};
 
@@ -327,7 +326,9 @@ struct StartBody<'a> {
 /// the new task, or 200 with the task the key already names. The id is returned only after
 /// the task is durable. With a key (per principal and kind): a running or completed task is
 /// returned as is; a failed one is retried as a new task naming it in `prior_failure`; the
-/// same key with different arguments is a 409 `conflict`.
+/// same key with different arguments is a 422 `conflict` (draft-ietf-httpapi-idempotency-key-header).
+/// A key is 1 to 255 characters (`ferry_tus::IdempotencyKey`), sent as an RFC 9651 string
+/// (`"…"`) or bare visible ASCII; it is scoped to the principal and the kind.
 #[utoipa::path(post, path = "/api/v1/tasks", tag = "tasks", operation_id = "start_task",
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; makes the start safe to retry.")),
     request_body(content = StartBody, content_type = "application/json"),
@@ -336,15 +337,12 @@ struct StartBody<'a> {
             headers(("location" = String, description = "/api/v1/tasks/{id}"))),
         (status = 200, description = "The task the Idempotency-Key already names.", body = TaskView),
         (status = 400, description = "Unknown kind, invalid arguments or key (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "The key names a task started with other arguments (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "The key names a task started with other arguments (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let b: StartBody = json_body(&body)?;
-    let key = header(&h, "idempotency-key");
-    if key == Some("\u{0}") {
-        return Err(Problem(TusError::bad_request("Idempotency-Key must be one visible-ASCII value", "Send one Idempotency-Key header.")));
-    }
+    let key = super::tus::idempotency_key(&h)?;
     if b.kind == "concat" {
         // Started by the server when a concatenation's parts are complete (TUS concatenation).
         return Err(Problem(TusError::bad_request(
@@ -353,7 +351,7 @@ async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extensio
         )));
     }
     let args = b.args.map(RawValue::get).unwrap_or("null");
-    let started = s.tasks.start(&p, &b.kind, args, key, b.ttl_ms).await?;
+    let started = s.tasks.start(&p, &b.kind, args, key.as_ref().map(|k| k.as_str()), b.ttl_ms).await?;
     let mut res = task_json(if started.created { StatusCode::CREATED } else { StatusCode::OK }, &started.task);
     if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/tasks/{}", started.task.id)) {
         res.headers_mut().insert("location", loc);

@@ -40,6 +40,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
     /// Cancelled at shutdown: ends `/mcp` streams.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Which web origins may use TUS on `/files/`, and extra CORS headers.
+    pub cors: crate::config::CorsConfig,
 }
 
 /// Shared state of every handler.
@@ -56,8 +58,12 @@ pub struct AppState {
     pub mcp: Arc<crate::mcp::McpConfig>,
 }
 
-/// Headers a browser may send to the TUS endpoints (CORS preflight allow list).
-const ALLOW_HEADERS: &[&str] = &[
+/// Headers a browser may send to the TUS endpoints (CORS preflight allow list): everything the
+/// TUS 1.0 and IETF resumable-upload clients send (tus-js-client — also `X-Request-ID` with
+/// `addRequestId` and `X-HTTP-Method-Override` with `overridePatchMethod` —, Uppy, the draft's
+/// `Upload-Complete`/`Upload-Incomplete`/`Upload-Draft-Interop-Version`), tusd's default list as
+/// the reference, plus what ferry itself reads. Operators add more with `[cors] allow_headers`.
+pub const ALLOW_HEADERS: &[&str] = &[
     "authorization",
     "content-type",
     "content-length",
@@ -74,17 +80,19 @@ const ALLOW_HEADERS: &[&str] = &[
     "upload-concat",
     "upload-defer-length",
     "upload-draft-interop-version",
+    "upload-incomplete",
     "upload-length",
     "upload-metadata",
     "upload-offset",
     "x-forwarded-host",
     "x-forwarded-proto",
     "x-http-method-override",
+    "x-request-id",
     "x-requested-with",
 ];
 
-/// Response headers a browser script may read (CORS expose list).
-const EXPOSE_HEADERS: &[&str] = &[
+/// Response headers a browser script may read (CORS expose list); `[cors] expose_headers` adds more.
+pub const EXPOSE_HEADERS: &[&str] = &[
     "accept-ranges",
     "content-disposition",
     "content-length",
@@ -97,23 +105,50 @@ const EXPOSE_HEADERS: &[&str] = &[
     "tus-max-size",
     "tus-resumable",
     "tus-version",
+    "upload-complete",
     "upload-concat",
     "upload-defer-length",
+    "upload-draft-interop-version",
     "upload-expires",
+    "upload-incomplete",
     "upload-length",
     "upload-limit",
     "upload-metadata",
     "upload-offset",
 ];
 
-fn cors() -> CorsLayer {
-    let names = |list: &[&'static str]| list.iter().map(|h| HeaderName::from_static(h)).collect::<Vec<_>>();
+fn cors(cfg: &crate::config::CorsConfig) -> CorsLayer {
+    let names = |builtin: &[&'static str], extra: &[String]| {
+        let mut all: Vec<HeaderName> = builtin.iter().map(|h| HeaderName::from_static(h)).collect();
+        all.extend(extra.iter().filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok()));
+        all.dedup();
+        all
+    };
+    let origins = match &cfg.allow_origins {
+        None => AllowOrigin::any(),
+        // A page on this server's own host is allowed by the origin guard; mirror it here too.
+        Some(_) => AllowOrigin::mirror_request(),
+    };
     CorsLayer::new()
-        .allow_origin(AllowOrigin::any())
+        .allow_origin(origins)
         .allow_methods([Method::GET, Method::HEAD, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS])
-        .allow_headers(names(ALLOW_HEADERS))
-        .expose_headers(names(EXPOSE_HEADERS))
+        .allow_headers(names(ALLOW_HEADERS, &cfg.allow_headers))
+        .expose_headers(names(EXPOSE_HEADERS, &cfg.expose_headers))
         .max_age(std::time::Duration::from_secs(86_400))
+}
+
+/// Whether a request to `/files/` carrying `Origin: origin` may proceed: any origin with the
+/// default `*`; otherwise a listed one or this server's own (`Host`).
+fn tus_origin_allowed(cfg: &crate::config::CorsConfig, origin: &str, host: &str) -> bool {
+    match &cfg.allow_origins {
+        None => true,
+        Some(list) => same_origin(origin, host) || list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+    }
+}
+
+/// The `Origin` names the host this request was sent to.
+fn same_origin(origin: &str, host: &str) -> bool {
+    origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false)
 }
 
 /// The whole router, without binding a port.
@@ -146,11 +181,29 @@ pub fn app(state: AppState) -> Router {
     // the API and MCP are not readable from other origins. tower-http answers every OPTIONS
     // as a CORS preflight; a plain OPTIONS (no Access-Control-Request-Method) is TUS
     // discovery and must reach the handler.
-    let with_cors = routes.clone().layer(cors());
+    let with_cors = routes.clone().layer(cors(&state.http.cors));
+    let cors_cfg = state.http.cors.clone();
     let edge = tower::service_fn(move |req: Request| {
+        let tus = req.uri().path().starts_with("/files");
         let preflight = req.method() != Method::OPTIONS || req.headers().contains_key("access-control-request-method");
-        let svc = if preflight && req.uri().path().starts_with("/files") { with_cors.clone() } else { routes.clone() };
-        svc.oneshot(req)
+        if tus {
+            // An origin the operator did not allow is refused outright (as tusd does), the
+            // preflight included, so neither a browser nor a script gets anything from it.
+            let origin = req.headers().get("origin").and_then(|v| v.to_str().ok());
+            let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
+            if let Some(origin) = origin.filter(|o| !tus_origin_allowed(&cors_cfg, o, host)) {
+                let refused = Problem(TusError::new(
+                    403,
+                    ErrorCode::Unauthorized,
+                    format!("uploads from web pages on {origin} are not allowed"),
+                    "Add the page's origin to [cors] allow_origins (or --cors-allow-origins) in ferry's configuration.",
+                ))
+                .into_response();
+                return futures::future::Either::Left(std::future::ready(Ok(refused)));
+            }
+        }
+        let svc = if preflight && tus { with_cors.clone() } else { routes.clone() };
+        futures::future::Either::Right(svc.oneshot(req))
     });
     Router::new()
         .fallback_service(edge)
@@ -188,8 +241,7 @@ async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Re
     let path = req.uri().path();
     if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") {
         if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) {
-            let same = origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false);
-            if !same {
+            if !same_origin(origin, host) {
                 return Problem(TusError::new(
                     403,
                     ErrorCode::Unauthorized,

@@ -176,9 +176,8 @@ impl FerryMcp {
             return Err(invalid("name must be 1 to 255 bytes without control characters", "Pass a plain file name such as report.pdf."));
         }
         if let Some(h) = &a.sha256 {
-            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(invalid("sha256 must be 64 hex digits", "Pass the file's sha256 in hex, or omit it."));
-            }
+            // The same check as metadata `sha256` on POST /files/ (not hex vs. the wrong length).
+            ferry_tus::parse_declared_sha256(h)?;
         }
         let mut md = UploadMetadata::new();
         let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");

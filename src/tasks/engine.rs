@@ -107,16 +107,17 @@ impl Engine {
     /// Start a task of `kind` with `args` (exact JSON text). With an idempotency key: a running
     /// or completed task with the same key and arguments is returned instead (`created:
     /// false`); a failed one is retried as a new task naming it in `prior_failure`.
-    /// Errors: unknown kind or invalid arguments → 400 `invalid_argument`; the key names a
-    /// task with other arguments → 409 `conflict`.
+    /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument`; the key names a
+    /// task with other arguments → 422 `conflict` (draft-ietf-httpapi-idempotency-key-header).
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
         let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
         job.validate(&raw).map_err(|m| TusError::bad_request(format!("invalid args for {kind}: {m}"), "Fix the arguments and start the task again."))?;
         if let Some(k) = idempotency_key {
-            if k.is_empty() || k.len() > 255 {
-                return Err(TusError::bad_request("Idempotency-Key must be 1 to 255 characters", "Send a shorter key."));
-            }
+            // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
+            ferry_tus::IdempotencyKey::new(k).map_err(|e| {
+                TusError::bad_request(format!("{e}"), format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN))
+            })?;
         }
         let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
         if ttl <= 0 {
@@ -136,12 +137,14 @@ impl Engine {
             StartOutcome::Created(task) | StartOutcome::Retried { task, .. } => Started { task, created: true },
             StartOutcome::Existing(task) => Started { task, created: false },
             StartOutcome::Conflict(id) => {
+                // 422 as draft-ietf-httpapi-idempotency-key-header says for a key reused with
+                // another request (uploads answer the same).
                 return Err(TusError::new(
-                    409,
+                    422,
                     ErrorCode::Conflict,
                     format!("Idempotency-Key already names task {id}, started with different arguments"),
                     "Use a new Idempotency-Key for different arguments, or resend the original arguments.",
-                ))
+                ));
             }
         };
         self.wake.notify_one();

@@ -123,9 +123,10 @@ impl ChunkDigests {
         }
     }
 
-    /// Whether `expected` matches the digest of its algorithm (false if it was not computed).
+    /// Whether `expected` matches the digest of its algorithm (false if it was not computed,
+    /// and for a digest of the wrong length, which no bytes can match).
     pub fn matches(self, expected: &ferry_tus::UploadChecksum) -> bool {
-        self.0.into_iter().find(|d| d.algorithm() == expected.algorithm).is_some_and(|d| d.finish() == expected.digest)
+        self.0.into_iter().find(|d| d.algorithm() == expected.algorithm).is_some_and(|d| expected.matches(&d.finish()))
     }
 }
 

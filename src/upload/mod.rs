@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use ferry_tus::{CreationPlan, ErrorCode, PatchPlan, TusError, UploadConcat};
+use ferry_tus::{CreationPlan, ErrorCode, IdempotencyKey, PatchPlan, TusError, UploadConcat};
 use tokio_util::sync::CancellationToken;
 
 use crate::blob::{BlobError, BlobStore, ByteStream};
-use crate::catalog::{Catalog, CatalogError, Concat, UploadRecord};
+use crate::catalog::{Catalog, CatalogError, Concat, CreationKey, KeyedCreate, UploadRecord};
 use crate::metrics::Metrics;
 
 mod append;
@@ -26,6 +26,34 @@ pub use append::AppendOutcome;
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{WriteGuard, WriterLocks};
+
+/// What [`UploadEngine::create_keyed`] returns.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The upload, as `get` reads it.
+    pub upload: UploadRecord,
+    /// True when a retried request found the upload its first attempt created.
+    pub existing: bool,
+}
+
+/// sha256 (hex) of what a creation request asks for: length or deferral, metadata as sent,
+/// concatenation (the parts' ids, so absolute and relative URLs of one part agree) and the
+/// declared sha256. Two requests with the same fingerprint create the same upload.
+fn creation_fingerprint(plan: &CreationPlan, metadata_raw: &str) -> String {
+    use sha2::Digest as _;
+    let concat = match &plan.concat {
+        None => "none".to_string(),
+        Some(UploadConcat::Partial) => "partial".to_string(),
+        Some(f @ UploadConcat::Final(_)) => format!("final {}", f.final_ids().join(" ")),
+    };
+    let text = serde_json::json!({
+        "length": plan.length,
+        "concat": concat,
+        "metadata": metadata_raw,
+        "sha256": plan.expected_sha256.map(hex::encode),
+    });
+    hex::encode(sha2::Sha256::digest(text.to_string().as_bytes()))
+}
 
 /// Most partial uploads one final upload may name.
 pub const MAX_PARTS: usize = 10_000;
@@ -187,7 +215,31 @@ impl UploadEngine {
     /// Create an upload (TUS 1.0 §Creation). A final upload of a concatenation is created
     /// empty; [`UploadEngine::build_final`] fills it once [`UploadEngine::final_ready`].
     /// Errors: 400 for a final naming an unknown, foreign or non-partial upload.
+    ///
+    /// A final identical to a live one of the same principal (same parts, same metadata) is
+    /// not created again: see [`UploadEngine::create_keyed`].
     pub async fn create(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, TusError> {
+        Ok(self.create_keyed(principal, plan, metadata_raw, None).await?.upload)
+    }
+
+    /// Create an upload, doing the work once for a retried request (issue 9 item 5):
+    ///
+    /// - with an `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header): if a live
+    ///   upload of `principal` was created under `key`, it is returned (`existing: true`) and
+    ///   nothing is created; if that upload was created by a different request (another length,
+    ///   metadata, concatenation or declared sha256), 422 `conflict`. The key is scoped to the
+    ///   principal and lives as long as the upload it created: until that upload is deleted or
+    ///   expires (an expired one answers 410 to the key until it is swept).
+    /// - a final upload without a key gets one derived from its parts and metadata, so the same
+    ///   final POSTed twice (a client that timed out and retried) returns the first final: one
+    ///   copy of the parts, one `concat` task.
+    pub async fn create_keyed(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str, key: Option<&IdempotencyKey>) -> Result<Created, TusError> {
+        let fingerprint = creation_fingerprint(plan, metadata_raw);
+        let key = match (key, &plan.concat) {
+            (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
+            (None, Some(UploadConcat::Final(_))) => Some(CreationKey { key: format!("final:{fingerprint}"), fingerprint }),
+            (None, _) => None,
+        };
         let now = now_ms();
         let id = new_id();
         let (concat, length, expires) = match &plan.concat {
@@ -234,14 +286,36 @@ impl UploadEngine {
             expired: false,
         };
         self.blobs.create(&id).await?;
-        self.catalog.create_upload(&rec).await?;
+        match &key {
+            None => self.catalog.create_upload(&rec).await?,
+            Some(k) => match self.catalog.create_upload_keyed(&rec, k).await? {
+                KeyedCreate::Created => {}
+                KeyedCreate::Existing { upload, fingerprint } => {
+                    if let Err(e) = self.blobs.delete(&id).await {
+                        tracing::warn!(upload = %id, error = %e, "could not remove the blob of a creation that was a retry");
+                    }
+                    if fingerprint != k.fingerprint {
+                        return Err(TusError::new(
+                            422,
+                            ErrorCode::Conflict,
+                            format!("this Idempotency-Key already created upload {} with a different request", upload.id),
+                            "Use a new Idempotency-Key for a different upload, or resend the original request unchanged.",
+                        ));
+                    }
+                    if is_expired(&upload, now_ms()) {
+                        return Err(TusError::expired());
+                    }
+                    return Ok(Created { upload, existing: true });
+                }
+            },
+        }
         self.metrics.uploads_created.inc();
         if rec.length == Some(0) && !matches!(rec.concat, Concat::Final { .. }) {
             // `Upload-Length: 0` is complete at creation (DESIGN §3).
             let guard = self.take(&id).await?;
             self.complete_empty(&guard, &rec).await?;
         }
-        self.get(principal, &id).await
+        Ok(Created { upload: self.get(principal, &id).await?, existing: false })
     }
 
     /// The plan for the body of a creation-with-upload request, which starts at offset 0.

@@ -144,6 +144,27 @@ impl Drop for Server {
     }
 }
 
+/// The server's `ferry_bytes_received_total` (upload body bytes it has taken in and written).
+pub async fn bytes_received(server: &Server) -> u64 {
+    let text = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines().find_map(|l| l.strip_prefix("ferry_bytes_received_total ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Wait until the server has received at least `at_least` upload body bytes (its metrics never
+/// interrupt an upload): the observable event tests wait on instead of sleeping. A byte counted
+/// there is written and is kept by whatever ends the PATCH. Panics after 60 s.
+pub async fn wait_bytes_received(server: &Server, at_least: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = bytes_received(server).await;
+        if n >= at_least {
+            return n;
+        }
+        assert!(std::time::Instant::now() < deadline, "the server received {n} bytes, not {at_least}, within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A blocking-free reqwest client with no proxy (tests talk to loopback only).
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(600)).build().unwrap()

@@ -26,6 +26,7 @@ pub use headers::concat::UploadConcat;
 pub use headers::core::{TusResumable, UploadDeferLength, UploadLength, UploadOffset, TUS_VERSION};
 pub use headers::digest::{ContentDigest, ReprDigest};
 pub use headers::expires::UploadExpires;
+pub use headers::idempotency::IdempotencyKey;
 pub use headers::metadata::UploadMetadata;
 pub use headers::parse_u64_digits;
 pub use headers::rufh::{UploadComplete, UploadLimit};

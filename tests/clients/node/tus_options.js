@@ -2,7 +2,8 @@
 // Upload FILE with tus-js-client and the given options (JSON), counting the PATCH requests
 // it sends: `node tus_options.js SERVER_BASE FILE '{"chunkSize":1048576}'`.
 // "chunkSize": null means Infinity (tus-js-client's default: the whole file in one PATCH).
-// Prints {"url": ..., "patches": N, "posts": N}. Run by tests/interop_tus_js.rs.
+// Prints {"url": ..., "patches": N, "posts": N, "request_ids": N} (requests that carried
+// X-Request-ID, which `addRequestId: true` adds). Run by tests/interop_tus_js.rs.
 const fs = require('fs')
 const path = require('path')
 const { tus, args, run, headOffset, done, fail } = require('./common')
@@ -13,6 +14,7 @@ async function main() {
   if (options.chunkSize === null) options.chunkSize = Infinity
   let patches = 0
   let posts = 0
+  let requestIds = 0
   const upload = new tus.Upload(fs.createReadStream(file), {
     endpoint,
     retryDelays: null, // no silent retries: any server error fails the test
@@ -21,6 +23,7 @@ async function main() {
     onBeforeRequest: (req) => {
       if (req.getMethod() === 'PATCH') patches += 1
       if (req.getMethod() === 'POST') posts += 1
+      if (req.getHeader('X-Request-ID')) requestIds += 1
     },
   })
   await run(upload)
@@ -32,7 +35,7 @@ async function main() {
     if (off !== size) await new Promise((r) => setTimeout(r, 100))
   }
   if (off !== size) throw new Error(`final offset ${off} != size ${size}`)
-  done({ url: upload.url, patches, posts })
+  done({ url: upload.url, patches, posts, request_ids: requestIds })
 }
 
 main().catch(fail)

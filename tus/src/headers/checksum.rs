@@ -84,12 +84,16 @@ impl fmt::Display for ChecksumAlgorithm {
 ///
 /// Grammar: `algorithm SP base64` — "the name of the used checksum algorithm and the Base64
 /// encoded checksum separated by a space". Exactly one space; the base64 is the RFC 4648 §4
-/// standard alphabet with canonical padding and must decode to exactly
-/// [`ChecksumAlgorithm::digest_len`] bytes.
+/// standard alphabet with canonical padding and decodes to at least one byte.
 ///
 /// Errors are checked in this order: shape (`Syntax`), algorithm
 /// ([`ParseErrorKind::UnknownAlgorithm`] — the server answers 400 with its own message), then
-/// base64 and digest length (`Syntax`).
+/// base64 (`Syntax`). Those are the malformed checksums (400).
+///
+/// A digest whose length is not [`ChecksumAlgorithm::digest_len`] is *well formed*: it is a
+/// checksum that cannot match any bytes, so it parses, and comparing it with the chunk's digest
+/// fails like any other mismatch (TUS 1.0 §Checksum: a checksum that does not match → 460; tusd
+/// also compares whatever the base64 decodes to). [`UploadChecksum::can_match`] tells it apart.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UploadChecksum {
     /// The algorithm named in the header.
@@ -101,6 +105,17 @@ pub struct UploadChecksum {
 impl UploadChecksum {
     /// The canonical header name.
     pub const NAME: &'static str = NAME;
+
+    /// Whether the digest has the algorithm's length, so that some bytes could match it.
+    pub fn can_match(&self) -> bool {
+        self.digest.len() == self.algorithm.digest_len()
+    }
+
+    /// Whether `computed` (the chunk's digest under [`UploadChecksum::algorithm`]) is this
+    /// checksum. Always false when [`UploadChecksum::can_match`] is false.
+    pub fn matches(&self, computed: &[u8]) -> bool {
+        self.digest == computed
+    }
 }
 
 impl FromStr for UploadChecksum {
@@ -119,8 +134,8 @@ impl FromStr for UploadChecksum {
             };
             ParseError::syntax(NAME, base + i, "digest is not canonical padded base64")
         })?;
-        if digest.len() != algorithm.digest_len() {
-            return Err(ParseError::syntax(NAME, base, "digest length does not match the algorithm"));
+        if digest.is_empty() {
+            return Err(ParseError::syntax(NAME, base, "expected a base64 digest"));
         }
         Ok(UploadChecksum { algorithm, digest })
     }
@@ -178,6 +193,23 @@ mod tests {
     }
 
     #[test]
+    fn a_digest_of_the_wrong_length_is_well_formed_and_cannot_match() {
+        // The issue's input: valid base64 of 21 bytes for sha1 (20).
+        let c: UploadChecksum = "sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAAA".parse().unwrap();
+        assert_eq!((c.algorithm, c.digest.len()), (ChecksumAlgorithm::Sha1, 21));
+        assert!(!c.can_match());
+        assert!(!c.matches(&[0u8; 20]));
+        for (alg, len) in [("sha1", 19), ("sha256", 20), ("sha512", 32), ("md5", 20), ("sha256", 3)] {
+            let s = format!("{alg} {}", STANDARD.encode(vec![0u8; len]));
+            let c: UploadChecksum = s.parse().unwrap();
+            assert!(!c.can_match(), "{s}");
+            assert_eq!(c.to_string(), s, "round-trips");
+        }
+        let ok: UploadChecksum = format!("md5 {}", STANDARD.encode([5u8; 16])).parse().unwrap();
+        assert!(ok.can_match() && ok.matches(&[5u8; 16]) && !ok.matches(&[6u8; 16]));
+    }
+
+    #[test]
     fn malformed_is_syntax() {
         let sha1 = STANDARD.encode([0u8; 20]);
         for s in [
@@ -188,9 +220,6 @@ mod tests {
             format!("sha1 {sha1} "), // trailing space
             format!("sha1:{sha1}"),
             "sha1 ".to_owned(),                             // empty digest
-            format!("sha1 {}", STANDARD.encode([0u8; 19])), // wrong length
-            format!("sha1 {}", STANDARD.encode([0u8; 32])), // sha256-sized
-            format!("md5 {}", STANDARD.encode([0u8; 20])),
             format!("sha1 {}", sha1.trim_end_matches('=')), // unpadded
             "sha1 AAAAAAAAAAAAAAAAAAAAAAAAAA-=".to_owned(), // URL-safe char
         ] {

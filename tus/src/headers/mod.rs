@@ -11,6 +11,7 @@
 //! | [`expires`] | `Upload-Expires` | TUS 1.0 §Expiration, RFC 9110 §5.6.7 |
 //! | [`rufh`] | `Upload-Complete`, `Upload-Limit` | draft-ietf-httpbis-resumable-upload |
 //! | [`digest`] | `Repr-Digest`, `Content-Digest` | RFC 9530 |
+//! | [`idempotency`] | `Idempotency-Key` | draft-ietf-httpapi-idempotency-key-header |
 //!
 //! Parsers receive the field value as the HTTP layer hands it over (leading/trailing OWS already
 //! removed by the HTTP parser) and are strict: anything outside the grammar is an error, and any
@@ -21,6 +22,7 @@ pub mod concat;
 pub mod core;
 pub mod digest;
 pub mod expires;
+pub mod idempotency;
 pub mod metadata;
 pub mod rufh;
 

@@ -36,6 +36,7 @@ window.runScenario = async function runScenario(endpoint, size, chunkSize) {
   const { Uppy, Tus } = window.FerryUppy
   const uppy = new Uppy({ autoProceed: false })
   let patchesDone = 0
+  let requestIds = 0
   let pausedOnce = false
   let resolvePaused
   const paused = new Promise((r) => { resolvePaused = r })
@@ -44,7 +45,11 @@ window.runScenario = async function runScenario(endpoint, size, chunkSize) {
     chunkSize,
     retryDelays: [],
     removeFingerprintOnSuccess: true,
+    // An X-Request-ID on every request: the CORS preflight must allow it, or the browser
+    // blocks the upload (issue 9, item 4).
+    addRequestId: true,
     onAfterResponse: (req) => {
+      if (req.getHeader('X-Request-ID')) requestIds += 1
       if (req.getMethod() !== 'PATCH') return
       patchesDone += 1
       if (patchesDone === 2 && !pausedOnce) {
@@ -93,5 +98,5 @@ window.runScenario = async function runScenario(endpoint, size, chunkSize) {
   $('url').textContent = finalUrl
   $('bar').value = 1
   setState('done ✓ (paused and resumed)', 'done')
-  return { url: finalUrl, sha256, size, paused_at: pausedAt, patches: patchesDone, origin: location.origin }
+  return { url: finalUrl, sha256, size, paused_at: pausedAt, patches: patchesDone, request_ids: requestIds, origin: location.origin }
 }
