@@ -24,7 +24,7 @@ use support::pseudo_random;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use ferry::blob::{BlobStore, FsBlobStore};
+use ferry::blob::{BlobState, BlobStore, FsBlobStore};
 use ferry::upload::hash::RunningSha256;
 use futures::TryStreamExt;
 
@@ -94,7 +94,7 @@ fn pipeline(c: &mut Criterion) {
                 |id| {
                     rt.block_on(async {
                         let mut h = RunningSha256::new();
-                        let mut w = store.open_writer(&id, 0).await.expect("writer");
+                        let mut w = store.open_writer(&id, 0, &BlobState::default()).await.expect("writer");
                         for f in &frames {
                             if hash {
                                 h.update(f);
@@ -121,7 +121,7 @@ fn reads(c: &mut Criterion) {
     let data = Bytes::from(pseudo_random(PIPE, 11));
     rt.block_on(async {
         store.create("benchread").await.expect("create");
-        let mut w = store.open_writer("benchread", 0).await.expect("writer");
+        let mut w = store.open_writer("benchread", 0, &BlobState::default()).await.expect("writer");
         w.write(data.clone()).await.expect("write");
         w.sync().await.expect("sync");
     });

@@ -192,7 +192,6 @@ async fn open(data: &std::path::Path) -> anyhow::Result<Stores> {
     let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&data.join("ferry.db")).await.context("opening the catalog")?);
     let blobs = FsBlobStore::open(&data.join("blobs"), true).context("opening the blob store")?;
     let uploads = UploadEngine::new(catalog.clone(), Arc::new(blobs), EngineConfig::default(), Arc::new(Metrics::default()));
-    uploads.recover().await.context("start-up recovery")?;
     let mut tasks = Engine::new(catalog, uploads.clone(), TaskConfig { workers: 2, ..TaskConfig::default() });
     tasks.register(Arc::new(PagedExport { http: reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(30)).build()? }));
     let tasks = Arc::new(tasks);

@@ -119,6 +119,29 @@ pub struct ServeArgs {
     /// comma-separated or repeated. Replaces `[cors] expose_headers`.
     #[arg(long, env = "FERRY_CORS_EXPOSE_HEADERS", value_delimiter = ',')]
     pub cors_expose_headers: Vec<String>,
+    /// Upload leases: `local` (in-process; one server per catalog) or `catalog` (leases in the
+    /// catalog with owner, expiry on the database clock and a fencing token, so several
+    /// processes can share one catalog) [default: catalog with a postgres:// catalog, else local].
+    #[arg(long, env = "FERRY_LEASES", value_enum)]
+    pub leases: Option<LeaseMode>,
+    /// Upload lease length with `--leases catalog`: a holder that dies is taken over after this
+    /// long [default: 10s].
+    #[arg(long, env = "FERRY_UPLOAD_LEASE", value_parser = parse_interval)]
+    pub upload_lease: Option<Duration>,
+    /// This replica's name in `/metrics` (`ferry_replica_info{replica=…}`) and logs
+    /// [default: its lease owner id, kept in DATA/owner-id].
+    #[arg(long, env = "FERRY_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+}
+
+/// Where upload leases live (`--leases`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseMode {
+    /// In this process only: one server per catalog.
+    Local,
+    /// In the catalog: several processes may share it.
+    Catalog,
 }
 
 /// `--expire-after`: a duration, or never.
@@ -180,6 +203,9 @@ struct FileConfig {
     /// Secret for signed URLs: 64 hex digits (default: generated into DATA/url-secret).
     url_secret: Option<String>,
     mcp_max_chunk: Option<toml::Value>,
+    leases: Option<LeaseMode>,
+    upload_lease: Option<String>,
+    replica_name: Option<String>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
     #[serde(default)]
@@ -358,6 +384,12 @@ pub struct Config {
     pub mcp_max_chunk: u64,
     /// Browser access to /files/ from other origins.
     pub cors: CorsConfig,
+    /// Where upload leases live.
+    pub leases: LeaseMode,
+    /// Upload lease length (catalog leases).
+    pub upload_lease: Duration,
+    /// Replica name for metrics (None: the owner id).
+    pub replica_name: Option<String>,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -391,6 +423,8 @@ impl Config {
             Some(c) => CatalogUrl::parse(c).map_err(|e| anyhow::anyhow!("catalog: {e}"))?,
             None => CatalogUrl::Sqlite(data.join("ferry.db")),
         };
+        // A shared catalog means several processes: leases must live in it too.
+        let leases = args.leases.or(file.leases).unwrap_or(if matches!(catalog, CatalogUrl::Postgres(_)) { LeaseMode::Catalog } else { LeaseMode::Local });
         Ok(Config {
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid")),
             blobs: args.blobs.clone().or(file.blobs).unwrap_or_else(|| data.join("blobs")),
@@ -430,6 +464,9 @@ impl Config {
                 None => file.mcp_max_chunk.map(|v| size_value(v, "mcp_max_chunk")).transpose()?.unwrap_or(1 << 20),
             },
             cors,
+            leases,
+            upload_lease: args.upload_lease.or(dur(file.upload_lease, "upload_lease")?).unwrap_or(Duration::from_secs(10)),
+            replica_name: args.replica_name.clone().or(file.replica_name),
         })
     }
 }

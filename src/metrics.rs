@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 /// Label set of `ferry_http_requests_total`.
@@ -52,6 +53,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Metrics of the replica named `replica`: adds `ferry_replica_info{replica="…"} 1`, so
+    /// series scraped from several processes behind one address can be told apart.
+    pub fn for_replica(replica: &str) -> Metrics {
+        let mut m = Metrics::default();
+        m.registry.register("replica", "This process (replica) name", Info::new(vec![("replica".to_string(), replica.to_string())]));
+        m
+    }
+
     /// The registry in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -6,13 +6,14 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::blob::FsBlobStore;
-use crate::config::{Config, Durability};
+use crate::config::{Config, Durability, LeaseMode};
 use crate::http::auth::Tokens;
 use crate::http::{app, AppState, HttpConfig};
 use crate::mcp::{FerryMcp, McpConfig};
 use crate::metrics::Metrics;
 use crate::signing::{Links, UrlSigner};
 use crate::tasks::{Engine, TaskConfig};
+use crate::upload::locks::{CatalogLeaseConfig, CatalogLocker, LocalLocker, Locker};
 use crate::upload::{EngineConfig, UploadEngine};
 
 /// How long graceful shutdown waits for in-flight requests after asking PATCHes to stop.
@@ -29,11 +30,27 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         );
     }
     let _data_lock = lock_data_dir(&cfg.data)?;
+    // Holding DATA/lock proves this data dir's previous process is dead: whatever its owner id
+    // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
+    let owner = load_owner_id(&cfg.data)?;
     let catalog = cfg.catalog.open().await?;
-    tracing::info!(catalog = %cfg.catalog.redacted(), "catalog open");
+    tracing::info!(catalog = %cfg.catalog.redacted(), leases = ?cfg.leases, "catalog open");
+    let (uploads_back, tasks_back) = catalog.reclaim_owner(&owner).await.context("reclaiming the leases of this data dir's previous process")?;
+    if uploads_back + tasks_back > 0 {
+        tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
+    }
     let blobs = FsBlobStore::open(&cfg.blobs, cfg.durability == Durability::Full).with_context(|| format!("opening the blob store {}", cfg.blobs.display()))?;
-    let metrics = Arc::new(Metrics::default());
-    let engine = UploadEngine::new(
+    let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
+    let metrics = Arc::new(Metrics::for_replica(&replica));
+    let locker: Arc<dyn Locker> = match cfg.leases {
+        LeaseMode::Local => Arc::new(LocalLocker::new()),
+        LeaseMode::Catalog => Arc::new(
+            CatalogLocker::start(catalog.clone(), CatalogLeaseConfig { owner: owner.clone(), ttl: cfg.upload_lease, retry: Duration::from_millis(50) })
+                .await
+                .context("listening for upload release requests")?,
+        ),
+    };
+    let engine = UploadEngine::with_locker(
         catalog.clone(),
         Arc::new(blobs),
         EngineConfig {
@@ -45,10 +62,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             ..EngineConfig::default()
         },
         metrics.clone(),
+        locker,
     );
-    engine.recover().await.context("start-up recovery")?;
     let sweeper = engine.spawn_sweeper();
-    let mut tasks = Engine::new(catalog, engine.clone(), TaskConfig { workers: cfg.task_workers, lease: cfg.task_lease, default_ttl: cfg.task_ttl, ..TaskConfig::default() });
+    let signer = UrlSigner::load_shared(catalog.as_ref(), &cfg.data, cfg.url_secret.as_deref()).await.context("loading the URL-signing secret")?;
+    let mut tasks = Engine::new(
+        catalog,
+        engine.clone(),
+        TaskConfig { workers: cfg.task_workers, lease: cfg.task_lease, default_ttl: cfg.task_ttl, owner: owner.clone(), ..TaskConfig::default() },
+    );
     for job in crate::tasks::kinds::builtin(&cfg) {
         tasks.register(job);
     }
@@ -57,7 +79,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    let signer = UrlSigner::load_or_create(&cfg.data, cfg.url_secret.as_deref()).context("loading the URL-signing secret")?;
     if cfg.public_url.is_none() && addr.ip().is_unspecified() {
         tracing::warn!(%addr, "listening on a wildcard address without --public-url: signed URLs and MCP results will name {addr}, which clients cannot reach; set --public-url");
     }
@@ -83,7 +104,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }),
     };
     let router = app(state.clone());
-    tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, "ferry serving");
+    tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, "ferry serving");
     if cfg.stdio {
         // stdout carries MCP messages only.
         eprintln!("listening on http://{addr}");
@@ -139,6 +160,25 @@ fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
             anyhow::bail!("another ferry process is serving the data directory {} (it holds {}); stop it, or give this one its own --data", data.display(), path.display())
         }
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+/// This data dir's lease owner id (`DATA/owner-id`), created once: stable across restarts, so
+/// a restarted server knows which leases were its own. Errors: unreadable or unwritable file.
+fn load_owner_id(data: &std::path::Path) -> anyhow::Result<String> {
+    let path = data.join("owner-id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) if crate::upload::is_valid_id(text.trim().trim_start_matches("ferry-")) => Ok(text.trim().to_string()),
+        Ok(_) => anyhow::bail!("{} is not an owner id written by ferry; delete it to make a new one", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = format!("ferry-{}", crate::upload::new_id());
+            let tmp = data.join("owner-id.tmp");
+            std::fs::write(&tmp, &id).and_then(|()| std::fs::File::open(&tmp)?.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::File::open(data)?.sync_all()?;
+            Ok(id)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }
 

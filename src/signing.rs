@@ -6,12 +6,16 @@
 //! [`Scope::Download`] allows `GET`/`HEAD`, [`Scope::Upload`] allows the TUS resume verbs
 //! `HEAD`/`PATCH`. A request with such a URL acts as the principal that owns the file.
 //!
-//! The secret is read from the configuration (`url_secret`, 64 hex digits) or generated into
-//! `DATA/url-secret` on first start (mode 0600). Replicas that share a data store must share it.
+//! The secret is read from the configuration (`url_secret`, 64 hex digits), else it lives in the
+//! catalog (created once, shared by every replica: DESIGN §2 "shared secrets"). A data dir from
+//! before that keeps its `DATA/url-secret` value: the first start stores it in the catalog, so
+//! links signed earlier stay valid.
 
 use std::path::Path;
 
 use anyhow::Context;
+
+use crate::catalog::Catalog;
 use hmac::{Hmac, KeyInit, Mac};
 use http::Method;
 
@@ -102,34 +106,38 @@ impl std::fmt::Debug for UrlSigner {
     }
 }
 
+/// The per-data-dir secret file of earlier versions (read once, to migrate it).
 const SECRET_FILE: &str = "url-secret";
+/// The catalog's name for the URL-signing secret.
+const SECRET_NAME: &str = "url-signing-v1";
+
+fn parse_secret(hex_text: &str, origin: &str) -> anyhow::Result<UrlSigner> {
+    let bytes = hex::decode(hex_text.trim()).with_context(|| format!("{origin}: the URL secret must be hex"))?;
+    let key: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("{origin}: the URL secret must be 32 bytes (64 hex digits)"))?;
+    Ok(UrlSigner::new(key))
+}
 
 impl UrlSigner {
     pub fn new(key: [u8; 32]) -> UrlSigner {
         UrlSigner { key }
     }
 
-    /// The configured secret (64 hex digits), else `data/url-secret`, created on first use.
-    /// Errors: a malformed configured secret or secret file, or an unwritable data dir.
-    pub fn load_or_create(data: &Path, configured: Option<&str>) -> anyhow::Result<UrlSigner> {
-        let parse = |hex_text: &str, origin: &str| -> anyhow::Result<UrlSigner> {
-            let bytes = hex::decode(hex_text.trim()).with_context(|| format!("{origin}: the URL secret must be hex"))?;
-            let key: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("{origin}: the URL secret must be 32 bytes (64 hex digits)"))?;
-            Ok(UrlSigner::new(key))
-        };
+    /// The configured secret (64 hex digits), else the catalog's shared one, created once
+    /// (from `data/url-secret` when that file exists, else random). Errors: a malformed
+    /// configured secret or secret file, or a catalog failure.
+    pub async fn load_shared(catalog: &dyn Catalog, data: &Path, configured: Option<&str>) -> anyhow::Result<UrlSigner> {
         if let Some(s) = configured {
-            return parse(s, "url_secret");
+            return parse_secret(s, "url_secret");
         }
         let path = data.join(SECRET_FILE);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => parse(&text, &path.display().to_string()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key: [u8; 32] = rand::random();
-                write_secret(&path, &hex::encode(key)).with_context(|| format!("writing {}", path.display()))?;
-                Ok(UrlSigner::new(key))
-            }
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
+        let candidate = match std::fs::read_to_string(&path) {
+            Ok(text) => parse_secret(&text, &path.display().to_string())?.key,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => rand::random(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let stored = catalog.shared_secret(SECRET_NAME, &candidate).await.context("reading the shared URL secret from the catalog")?;
+        let key: [u8; 32] = stored.try_into().map_err(|_| anyhow::anyhow!("the catalog's URL secret is not 32 bytes"))?;
+        Ok(UrlSigner::new(key))
     }
 
     fn mac(&self, scope: Scope, id: &str, expires: i64) -> Hmac<sha2::Sha256> {
@@ -209,20 +217,6 @@ impl Links {
     }
 }
 
-#[cfg(unix)]
-fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()
-}
-
-#[cfg(not(unix))]
-fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::write(path, text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,13 +254,27 @@ mod tests {
         assert_eq!(SignedQuery::from_query(Some("a=1&b")), None);
     }
 
-    #[test]
-    fn secret_is_created_once_and_reused() {
+    #[tokio::test]
+    async fn secret_is_created_once_in_the_catalog_and_shared() {
         let dir = tempfile::tempdir().unwrap();
-        let a = UrlSigner::load_or_create(dir.path(), None).unwrap();
-        let b = UrlSigner::load_or_create(dir.path(), None).unwrap();
-        assert_eq!(a.key, b.key);
-        assert!(UrlSigner::load_or_create(dir.path(), Some("zz")).is_err());
-        assert!(UrlSigner::load_or_create(dir.path(), Some(&"ab".repeat(32))).is_ok());
+        let db = dir.path().join("shared.db");
+        let (one, two) = (crate::catalog::SqliteCatalog::open(&db).await.unwrap(), crate::catalog::SqliteCatalog::open(&db).await.unwrap());
+        let (d1, d2) = (dir.path().join("a"), dir.path().join("b"));
+        let a = UrlSigner::load_shared(&one, &d1, None).await.unwrap();
+        let b = UrlSigner::load_shared(&two, &d2, None).await.unwrap();
+        assert_eq!(a.key, b.key, "two replicas with their own data dirs share one secret");
+        assert_eq!(UrlSigner::load_shared(&one, &d1, None).await.unwrap().key, a.key, "and keep it across restarts");
+        assert!(UrlSigner::load_shared(&one, &d1, Some("zz")).await.is_err());
+        assert_eq!(UrlSigner::load_shared(&one, &d1, Some(&"ab".repeat(32))).await.unwrap().key, [0xab; 32], "a configured secret wins");
+    }
+
+    #[tokio::test]
+    async fn an_old_secret_file_is_migrated_into_the_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(SECRET_FILE), "cd".repeat(32)).unwrap();
+        let cat = crate::catalog::SqliteCatalog::open(&dir.path().join("ferry.db")).await.unwrap();
+        assert_eq!(UrlSigner::load_shared(&cat, dir.path(), None).await.unwrap().key, [0xcd; 32], "links signed before keep working");
+        std::fs::remove_file(dir.path().join(SECRET_FILE)).unwrap();
+        assert_eq!(UrlSigner::load_shared(&cat, dir.path(), None).await.unwrap().key, [0xcd; 32], "the catalog keeps it");
     }
 }

@@ -34,7 +34,7 @@ use bytes::Bytes;
 use futures::{FutureExt, Stream};
 use tokio::task::JoinHandle;
 
-use super::{BlobError, BlobResult, BlobStore, BlobWriter, ByteStream, SyncFuture};
+use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture};
 
 /// Bytes gathered before one `writev` is issued.
 pub const WRITE_BATCH: usize = 2 << 20;
@@ -212,7 +212,12 @@ impl BlobStore for FsBlobStore {
         .await
     }
 
-    async fn open_writer(&self, id: &str, offset: u64) -> BlobResult<Box<dyn BlobWriter>> {
+    async fn open_writer(&self, id: &str, offset: u64, state: &BlobState) -> BlobResult<Box<dyn BlobWriter>> {
+        // The fs state only repeats the durable length; it must not claim more than `offset`.
+        match state.fs_len() {
+            Some(len) if len == offset || state.0.is_empty() => {}
+            _ => return Err(BlobError::BadState),
+        }
         let path = self.path(id)?;
         self.stray.settle(&path).await;
         let durable = self.durable;
@@ -282,6 +287,31 @@ impl BlobStore for FsBlobStore {
             s.spawn_next();
         }
         Ok(Box::pin(s))
+    }
+
+    async fn finish(&self, id: &str, state: &BlobState) -> BlobResult<()> {
+        let len = state.fs_len().ok_or(BlobError::BadState)?;
+        match self.len(id).await? {
+            None => Err(BlobError::NotFound),
+            Some(have) if have < len => Err(BlobError::OutOfRange { start: 0, end: len, len: have }),
+            // Bytes are durable in place (the writer synced them before the state existed).
+            Some(_) => Ok(()),
+        }
+    }
+
+    async fn abort(&self, id: &str) -> BlobResult<()> {
+        self.delete(id).await
+    }
+
+    async fn ping(&self) -> BlobResult<()> {
+        let root = self.root.clone();
+        blocking(move || -> std::io::Result<()> {
+            // A directory we can create files in: write and remove a probe.
+            let probe = root.join(".ready-probe");
+            std::fs::write(&probe, b"ok")?;
+            std::fs::remove_file(&probe)
+        })
+        .await
     }
 
     async fn delete(&self, id: &str) -> BlobResult<()> {
@@ -413,19 +443,20 @@ impl BlobWriter for FsWriter {
         Ok(())
     }
 
-    async fn sync(&mut self) -> BlobResult<()> {
+    async fn sync(&mut self) -> BlobResult<BlobState> {
         self.start_sync().await?.await
     }
 
     async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
         self.flush_gathered().await?;
         self.settle().await?;
+        let state = BlobState::fs(self.flushed);
         if !self.durable {
-            return Ok(Box::pin(std::future::ready(Ok(()))));
+            return Ok(Box::pin(std::future::ready(Ok(state))));
         }
         let file = self.file.clone();
         let h = tokio::task::spawn_blocking(move || file.sync_data());
-        Ok(Box::pin(h.map(joined)) as Pin<Box<dyn Future<Output = BlobResult<()>> + Send>>)
+        Ok(Box::pin(h.map(move |r| joined(r).map(|()| state))) as Pin<Box<dyn Future<Output = BlobResult<BlobState>> + Send>>)
     }
 
     async fn rewind(&mut self, len: u64) -> BlobResult<()> {

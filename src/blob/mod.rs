@@ -19,8 +19,47 @@ pub use fs::FsBlobStore;
 /// A stream of byte chunks read from a blob.
 pub type ByteStream = Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>;
 
-/// Resolves once the bytes a [`BlobWriter::start_sync`] covered are durable.
-pub type SyncFuture = Pin<Box<dyn std::future::Future<Output = BlobResult<()>> + Send>>;
+/// Resolves once the bytes a [`BlobWriter::start_sync`] covered are durable, with the blob
+/// state describing exactly those bytes.
+pub type SyncFuture = Pin<Box<dyn std::future::Future<Output = BlobResult<BlobState>> + Send>>;
+
+/// The blob store's own record of a blob's durable bytes, returned by its writer and committed
+/// by the caller's fenced checkpoint together with offset and midstate (DESIGN §2 "blob state
+/// in the checkpoint"; the caller keeps it, as object_store's `MultipartStore` makes the caller
+/// keep the part list). Opaque to everyone but the store that made it; versioned by its first
+/// byte so a store can read states it wrote in older formats.
+///
+/// - fs (version 1): the durable length, u64 little-endian.
+/// - S3 (to come): the ordered part list (`part_idx, size, content_id`) and the tail object.
+///
+/// The empty state means "nothing written yet" (a new upload, or a row from before blob
+/// states existed); stores must accept it wherever they accept a state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlobState(pub Vec<u8>);
+
+impl BlobState {
+    /// The fs store's state: version 1, durable length.
+    pub fn fs(len: u64) -> BlobState {
+        let mut v = Vec::with_capacity(9);
+        v.push(1);
+        v.extend_from_slice(&len.to_le_bytes());
+        BlobState(v)
+    }
+
+    /// The durable length recorded by [`BlobState::fs`]; `Some(0)` for the empty state;
+    /// `None` for a state of another format.
+    pub fn fs_len(&self) -> Option<u64> {
+        match self.0.as_slice() {
+            [] => Some(0),
+            [1, rest @ ..] => Some(u64::from_le_bytes(rest.try_into().ok()?)),
+            _ => None,
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 /// Blob store failures.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +74,9 @@ pub enum BlobError {
     /// The backend failed (disk, network).
     #[error("blob backend: {0}")]
     Io(#[from] std::io::Error),
+    /// A blob state this store cannot read (another store's, or corrupt).
+    #[error("blob state is not one this store wrote")]
+    BadState,
 }
 
 pub type BlobResult<T> = Result<T, BlobError>;
@@ -46,10 +88,27 @@ pub trait BlobStore: Send + Sync + 'static {
     /// Durable once this returns (in durable mode).
     async fn create(&self, id: &str) -> BlobResult<()>;
 
-    /// Open a writer that appends at byte `offset`. Anything stored past `offset` is
-    /// discarded first. `NotFound` if the blob does not exist; `OutOfRange` if the blob is
-    /// shorter than `offset`.
-    async fn open_writer(&self, id: &str, offset: u64) -> BlobResult<Box<dyn BlobWriter>>;
+    /// Open a writer that appends at byte `offset`, resuming from `state` — the blob state
+    /// committed with that offset (empty for offset 0 or a legacy row). Anything stored past
+    /// `offset` is discarded (or, for object stores, ignored) first: this is the repair a
+    /// lease taker runs. `NotFound` if the blob does not exist; `OutOfRange` if fewer than
+    /// `offset` bytes survived (relaxed durability after a power loss; `len` says how many);
+    /// `BadState` for a state this store did not write.
+    async fn open_writer(&self, id: &str, offset: u64, state: &BlobState) -> BlobResult<Box<dyn BlobWriter>>;
+
+    /// Make the blob whole once the upload is complete: `state` is the one committed with
+    /// the final offset (S3: complete the multipart upload from its part list; fs: nothing to
+    /// do, the bytes are durable in place). Idempotent; after it, [`BlobStore::read`] serves
+    /// every byte. `NotFound` if the blob does not exist.
+    async fn finish(&self, id: &str, state: &BlobState) -> BlobResult<()>;
+
+    /// Discard an unfinished blob and everything written for it (S3: abort the multipart
+    /// upload and delete its tail; fs: remove the file). Idempotent: aborting an absent blob
+    /// is `Ok`.
+    async fn abort(&self, id: &str) -> BlobResult<()>;
+
+    /// Whether the store answers and accepts writes (for `/readyz`).
+    async fn ping(&self) -> BlobResult<()>;
 
     /// Stored length in bytes, garbage past the catalog offset included; `None` if absent.
     async fn len(&self, id: &str) -> BlobResult<Option<u64>>;
@@ -71,15 +130,16 @@ pub trait BlobWriter: Send {
     /// Append `data`. Not durable until [`BlobWriter::sync`] returns.
     async fn write(&mut self, data: Bytes) -> BlobResult<()>;
 
-    /// Make every byte written so far durable (fsync in durable mode).
-    async fn sync(&mut self) -> BlobResult<()>;
+    /// Make every byte written so far durable (fsync in durable mode) and return the blob
+    /// state that describes exactly them ([`BlobWriter::position`] bytes).
+    async fn sync(&mut self) -> BlobResult<BlobState>;
 
     /// Start making every byte written so far durable and return without waiting for it:
-    /// the future resolves once they are. Writes may continue meanwhile (they are not
-    /// covered). The default waits for [`BlobWriter::sync`] first.
+    /// the future resolves once they are, with their blob state. Writes may continue
+    /// meanwhile (they are not covered). The default waits for [`BlobWriter::sync`] first.
     async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
-        self.sync().await?;
-        Ok(Box::pin(std::future::ready(Ok(()))))
+        let state = self.sync().await?;
+        Ok(Box::pin(std::future::ready(Ok(state))))
     }
 
     /// Discard everything past byte `len` (e.g. a chunk whose checksum failed) and continue

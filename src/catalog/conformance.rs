@@ -1,9 +1,15 @@
 //! The conformance suite every [`Catalog`] backend must pass: plain async functions over
-//! `&dyn Catalog`, called by each backend's tests (SQLite now; PostgreSQL later).
+//! `&dyn Catalog`, called by each backend's tests (tests/conformance.rs: SQLite and PostgreSQL).
+//! The task half is in [`super::conformance_tasks`]; races between two handles (two
+//! processes) in [`run_concurrent`] and [`super::conformance_race`].
 //!
 //! Each check panics with a message on a violated guarantee.
 
-use super::{Catalog, CatalogError, Checkpoint, Concat, CreationKey, KeyedCreate, UploadRecord};
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::{Catalog, CatalogError, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseOutcome, NewTask, UploadRecord};
 
 fn record(id: &str, principal: &str, concat: Concat) -> UploadRecord {
     UploadRecord {
@@ -21,6 +27,22 @@ fn record(id: &str, principal: &str, concat: Concat) -> UploadRecord {
         expires_at_ms: Some(10_000),
         finished_at_ms: None,
         expired: false,
+        blob_state: Vec::new(),
+    }
+}
+
+fn cp(offset: u64, now_ms: i64) -> Checkpoint {
+    Checkpoint { offset, hash_state: vec![offset as u8; 8], blob_state: vec![1, offset as u8], length: None, finished_sha256: None, expires_at_ms: Some(now_ms + 10_000), now_ms }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn granted(o: LeaseOutcome) -> super::LeaseGrant {
+    match o {
+        LeaseOutcome::Granted(g) => g,
+        held => panic!("expected the lease to be granted, got {held:?}"),
     }
 }
 
@@ -35,7 +57,27 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_concat_lookup(cat, prefix).await;
     check_listing_is_per_principal(cat, prefix).await;
     check_creation_keys(cat, prefix).await;
+    check_blob_state_in_checkpoint(cat, prefix).await;
+    check_expire_if_due_is_compare_and_set(cat, prefix).await;
+    check_reopen_keeps_the_fence_monotonic(cat, prefix).await;
+    check_upload_lease(cat, prefix).await;
+    check_lease_expiry_uses_the_database_clock(cat, prefix).await;
+    check_touch_extends_never_shortens(cat, prefix).await;
+    check_reclaim_owner(cat, prefix).await;
+    check_task_lease_database_clock(cat, prefix).await;
+    check_release_requests(cat, prefix).await;
+    check_shared_secret(cat, prefix).await;
+    super::conformance_tasks::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
+}
+
+/// Checks that need two handles on one database (two processes sharing a catalog): each race
+/// has exactly one winner.
+pub async fn run_concurrent(a: &dyn Catalog, b: &dyn Catalog, prefix: &str) {
+    check_racing_lease(a, b, prefix).await;
+    check_racing_claim(a, b, prefix).await;
+    check_racing_expiry(a, b, prefix).await;
+    check_release_request_crosses_handles(a, b, prefix).await;
 }
 
 pub async fn check_create_get_roundtrip(cat: &dyn Catalog, p: &str) {
@@ -60,7 +102,7 @@ pub async fn check_fenced_checkpoint(cat: &dyn Catalog, p: &str) {
     let f1 = cat.acquire_fence(&id).await.unwrap();
     let f2 = cat.acquire_fence(&id).await.unwrap();
     assert!(f2 > f1, "fences increase");
-    let cp = Checkpoint { offset: 42, hash_state: vec![9; 110], length: None, finished_sha256: None, expires_at_ms: Some(20_000), now_ms: 2_000 };
+    let cp = Checkpoint { offset: 42, hash_state: vec![9; 110], blob_state: Vec::new(), length: None, finished_sha256: None, expires_at_ms: Some(20_000), now_ms: 2_000 };
     assert!(matches!(cat.checkpoint(&id, f1, &cp).await, Err(CatalogError::Fenced)), "stale fence refused");
     assert_eq!(cat.get_upload(&id).await.unwrap().unwrap().offset, 0, "a refused checkpoint changes nothing");
     cat.checkpoint(&id, f2, &cp).await.expect("current fence accepted");
@@ -77,7 +119,7 @@ pub async fn check_finish_and_large_values(cat: &dyn Catalog, p: &str) {
     cat.create_upload(&rec).await.unwrap();
     let f = cat.acquire_fence(&id).await.unwrap();
     let big = 5 * (1u64 << 30) + 7; // past 2^32
-    let cp = Checkpoint { offset: big, hash_state: vec![1], length: Some(big), finished_sha256: Some([3; 32]), expires_at_ms: Some(1), now_ms: 3_000 };
+    let cp = Checkpoint { offset: big, hash_state: vec![1], blob_state: Vec::new(), length: Some(big), finished_sha256: Some([3; 32]), expires_at_ms: Some(1), now_ms: 3_000 };
     cat.checkpoint(&id, f, &cp).await.unwrap();
     let got = cat.get_upload(&id).await.unwrap().unwrap();
     assert_eq!((got.offset, got.length, got.sha256, got.finished_at_ms), (big, Some(big), Some([3; 32]), Some(3_000)));
@@ -94,10 +136,10 @@ pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
     assert!(!cat.list_expired(4_999, 100).await.unwrap().contains(&id));
     assert!(cat.list_expired(5_000, 100).await.unwrap().contains(&id));
     let f = cat.acquire_fence(&id).await.unwrap();
-    cat.mark_expired(&id, 6_000).await.unwrap();
-    cat.mark_expired(&id, 7_000).await.expect("idempotent");
+    assert!(cat.mark_expired(&id, 6_000).await.unwrap());
+    assert!(cat.mark_expired(&id, 7_000).await.expect("idempotent"), "a tombstone stays one");
     assert!(cat.get_upload(&id).await.unwrap().unwrap().expired);
-    let cp = Checkpoint { offset: 1, hash_state: vec![], length: None, finished_sha256: None, expires_at_ms: None, now_ms: 1 };
+    let cp = Checkpoint { offset: 1, hash_state: vec![], blob_state: Vec::new(), length: None, finished_sha256: None, expires_at_ms: None, now_ms: 1 };
     assert!(matches!(cat.checkpoint(&id, f, &cp).await, Err(CatalogError::Fenced)), "expiry fences out writers");
     assert!(!cat.list_expired(i64::MAX, 100).await.unwrap().contains(&id), "tombstones are not listed again");
     assert!(!cat.list_tombstones(6_000, 100).await.unwrap().contains(&id), "kept until its time");
@@ -165,4 +207,276 @@ pub async fn check_creation_keys(cat: &dyn Catalog, p: &str) {
     let created = outcomes.iter().filter(|o| matches!(o, Ok(KeyedCreate::Created))).count();
     assert_eq!(created, 1, "{outcomes:?}");
     assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
+}
+
+pub async fn check_blob_state_in_checkpoint(cat: &dyn Catalog, p: &str) {
+    let id = format!("{p}blobstate");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    assert!(cat.get_upload(&id).await.unwrap().unwrap().blob_state.is_empty(), "a new upload has the empty blob state");
+    let f = cat.acquire_fence(&id).await.unwrap();
+    let mut c = cp(77, 2_000);
+    c.blob_state = (0..=255u8).collect();
+    cat.checkpoint(&id, f, &c).await.unwrap();
+    let got = cat.get_upload(&id).await.unwrap().unwrap();
+    assert_eq!((got.offset, &got.blob_state), (77, &c.blob_state), "blob state is committed with the offset, byte for byte");
+    let f2 = cat.acquire_fence(&id).await.unwrap();
+    assert!(matches!(cat.checkpoint(&id, f, &cp(99, 3_000)).await, Err(CatalogError::Fenced)));
+    assert_eq!(cat.get_upload(&id).await.unwrap().unwrap().blob_state, c.blob_state, "a stale checkpoint changes no blob state");
+    cat.checkpoint(&id, f2, &cp(99, 3_000)).await.unwrap();
+    assert_eq!(cat.get_upload(&id).await.unwrap().unwrap().blob_state, vec![1, 99]);
+}
+
+pub async fn check_expire_if_due_is_compare_and_set(cat: &dyn Catalog, p: &str) {
+    // Not due yet, then due.
+    let id = format!("{p}cas");
+    let mut rec = record(&id, "alice", Concat::None);
+    rec.expires_at_ms = Some(5_000);
+    cat.create_upload(&rec).await.unwrap();
+    assert!(!cat.expire_if_due(&id, 4_999).await.unwrap(), "not due");
+    let f = cat.acquire_fence(&id).await.unwrap();
+    assert!(cat.expire_if_due(&id, 5_000).await.unwrap(), "due");
+    assert!(!cat.expire_if_due(&id, 5_000).await.unwrap(), "exactly once");
+    assert!(matches!(cat.checkpoint(&id, f, &cp(1, 5_001)).await, Err(CatalogError::Fenced)), "expiry fences out the writer");
+    assert!(!cat.expire_if_due(&format!("{p}unknowncas"), 5_000).await.unwrap(), "unknown → false");
+
+    // Expiry vs finish: an upload that finished (on another replica) after the sweeper listed
+    // it is never tombstoned, by the sweep nor by mark_expired.
+    let id = format!("{p}casfinish");
+    let mut rec = record(&id, "alice", Concat::None);
+    rec.expires_at_ms = Some(5_000);
+    cat.create_upload(&rec).await.unwrap();
+    assert!(cat.list_expired(6_000, 1000).await.unwrap().contains(&id));
+    let f = cat.acquire_fence(&id).await.unwrap();
+    let mut fin = cp(10, 5_500);
+    fin.length = Some(10);
+    fin.finished_sha256 = Some([4; 32]);
+    cat.checkpoint(&id, f, &fin).await.unwrap();
+    assert!(!cat.expire_if_due(&id, 6_000).await.unwrap(), "finished meanwhile: left alone");
+    assert!(!cat.mark_expired(&id, 6_000).await.unwrap(), "mark_expired never tombstones a finished upload");
+    let got = cat.get_upload(&id).await.unwrap().unwrap();
+    assert!(got.is_finished() && !got.expired);
+
+    // Extended meanwhile (a checkpoint moved the expiry).
+    let id = format!("{p}casextend");
+    let mut rec = record(&id, "alice", Concat::None);
+    rec.expires_at_ms = Some(5_000);
+    cat.create_upload(&rec).await.unwrap();
+    let f = cat.acquire_fence(&id).await.unwrap();
+    cat.checkpoint(&id, f, &cp(3, 5_500)).await.unwrap(); // expires 15_500
+    assert!(!cat.expire_if_due(&id, 6_000).await.unwrap(), "extended meanwhile: left alone");
+
+    // A live lease (unexpired on the database clock) keeps a due upload alive.
+    let id = format!("{p}casleased");
+    let mut rec = record(&id, "alice", Concat::None);
+    rec.expires_at_ms = Some(5_000);
+    cat.create_upload(&rec).await.unwrap();
+    let g = granted(cat.acquire_upload_lease(&id, "writer", 3_600_000).await.unwrap());
+    assert!(!cat.expire_if_due(&id, 6_000).await.unwrap(), "a leased upload is alive");
+    cat.release_upload_lease(&id, g.fence).await.unwrap();
+    assert!(cat.expire_if_due(&id, 6_000).await.unwrap(), "released: due again");
+
+    // Tombstones are deleted only as tombstones, only when old enough.
+    assert!(!cat.delete_tombstone(&id, 6_000).await.unwrap(), "kept until its time");
+    assert!(cat.delete_tombstone(&id, 6_001).await.unwrap());
+    let live = format!("{p}casextend");
+    assert!(!cat.delete_tombstone(&live, i64::MAX).await.unwrap(), "a live upload is never deleted as a tombstone");
+    assert!(cat.get_upload(&live).await.unwrap().is_some());
+}
+
+pub async fn check_reopen_keeps_the_fence_monotonic(cat: &dyn Catalog, p: &str) {
+    let id = format!("{p}reopen");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    let old = cat.acquire_fence(&id).await.unwrap();
+    let mut fin = cp(50, 2_000);
+    fin.length = Some(50);
+    fin.finished_sha256 = Some([5; 32]);
+    cat.checkpoint(&id, old, &fin).await.unwrap();
+    let f = cat.acquire_fence(&id).await.unwrap();
+    assert!(matches!(cat.reopen_upload(&id, old, &cp(20, 3_000)).await, Err(CatalogError::Fenced)), "reopen is fenced");
+    cat.reopen_upload(&id, f, &cp(20, 3_000)).await.expect("reopen under the current fence");
+    let got = cat.get_upload(&id).await.unwrap().unwrap();
+    assert_eq!((got.offset, got.length, got.sha256, got.finished_at_ms, got.expires_at_ms), (20, None, None, None, Some(13_000)));
+    assert_eq!(got.blob_state, vec![1, 20]);
+    assert!(matches!(cat.checkpoint(&id, old, &cp(21, 3_100)).await, Err(CatalogError::Fenced)), "an older writer's token never becomes current again");
+    let next = cat.acquire_fence(&id).await.unwrap();
+    assert!(next > f, "the fence keeps growing after a reopen ({next} > {f})");
+    assert!(matches!(cat.reopen_upload(&format!("{p}nope"), 1, &cp(0, 1)).await, Err(CatalogError::NotFound)));
+}
+
+pub async fn check_upload_lease(cat: &dyn Catalog, p: &str) {
+    let id = format!("{p}lease");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    let before = cat.acquire_fence(&id).await.unwrap();
+    let g = granted(cat.acquire_upload_lease(&id, "a", 3_600_000).await.unwrap());
+    assert!(g.fence > before, "a lease grant grows the fence");
+    assert!(!g.taken_over, "a free lease is not a takeover");
+    match cat.acquire_upload_lease(&id, "b", 3_600_000).await.unwrap() {
+        LeaseOutcome::Held { owner, expires_at_ms } => assert_eq!((owner.as_str(), expires_at_ms), ("a", g.expires_at_ms)),
+        other => panic!("a held lease must answer Held, got {other:?}"),
+    }
+    assert!(matches!(cat.acquire_upload_lease(&id, "a", 1).await.unwrap(), LeaseOutcome::Held { .. }), "even for its own owner");
+    let renewed = cat.renew_upload_lease(&id, g.fence, 7_200_000).await.unwrap();
+    assert!(renewed > g.expires_at_ms, "renewal moves the expiry");
+    assert!(matches!(cat.renew_upload_lease(&id, g.fence - 1, 1_000).await, Err(CatalogError::Fenced)), "renewal with a stale fence");
+    cat.checkpoint(&id, g.fence, &cp(5, 2_000)).await.expect("the holder checkpoints with the lease's fence");
+    cat.release_upload_lease(&id, g.fence - 1).await.unwrap();
+    assert!(matches!(cat.acquire_upload_lease(&id, "b", 1_000).await.unwrap(), LeaseOutcome::Held { .. }), "a stale release is a no-op");
+    cat.release_upload_lease(&id, g.fence).await.unwrap();
+    cat.release_upload_lease(&id, g.fence).await.expect("release is idempotent");
+    assert!(matches!(cat.renew_upload_lease(&id, g.fence, 1_000).await, Err(CatalogError::Fenced)), "a released lease cannot be renewed");
+    let h = granted(cat.acquire_upload_lease(&id, "b", 3_600_000).await.unwrap());
+    assert!(h.fence > g.fence && !h.taken_over, "after a release: granted, nothing to repair");
+    assert!(matches!(cat.checkpoint(&id, g.fence, &cp(6, 2_100)).await, Err(CatalogError::Fenced)), "the old holder is fenced out");
+    assert!(matches!(cat.acquire_upload_lease(&format!("{p}nolease"), "a", 1_000).await, Err(CatalogError::NotFound)));
+    // A tombstone has no lease to give.
+    cat.release_upload_lease(&id, h.fence).await.unwrap();
+    assert!(cat.mark_expired(&id, 3_000).await.unwrap());
+    assert!(matches!(cat.acquire_upload_lease(&id, "a", 1_000).await, Err(CatalogError::NotFound)), "a tombstone is not leased");
+}
+
+pub async fn check_lease_expiry_uses_the_database_clock(cat: &dyn Catalog, p: &str) {
+    let id = format!("{p}leaseclock");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    // Expiry is database-now + ttl in Unix ms: near this machine's clock (generous bound:
+    // the database may run elsewhere), whatever `now_ms` values rows carry (here ~1970).
+    let local = unix_ms();
+    let g = granted(cat.acquire_upload_lease(&id, "a", 60_000).await.unwrap());
+    assert!((g.expires_at_ms - (local + 60_000)).abs() < 600_000, "lease expiry {} is database now + ttl in Unix ms (local {local})", g.expires_at_ms);
+    // A lease whose time is up on the database clock is free: a zero-length lease is expired
+    // at once, and its taker learns it must repair.
+    let id2 = format!("{p}leasezero");
+    cat.create_upload(&record(&id2, "alice", Concat::None)).await.unwrap();
+    let z = granted(cat.acquire_upload_lease(&id2, "a", 0).await.unwrap());
+    let t = granted(cat.acquire_upload_lease(&id2, "b", 60_000).await.unwrap());
+    assert!(t.fence > z.fence, "taken over with a bigger fence");
+    assert!(t.taken_over, "the taker of an expired lease must repair");
+    assert!(matches!(cat.checkpoint(&id2, z.fence, &cp(1, 1)).await, Err(CatalogError::Fenced)), "the expired holder is fenced out");
+}
+
+pub async fn check_touch_extends_never_shortens(cat: &dyn Catalog, p: &str) {
+    let id = format!("{p}touch");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap(); // expires 10_000
+    let f = cat.acquire_fence(&id).await.unwrap();
+    cat.touch_upload(&id, f, 50_000).await.unwrap();
+    assert_eq!(cat.get_upload(&id).await.unwrap().unwrap().expires_at_ms, Some(50_000));
+    cat.touch_upload(&id, f, 20_000).await.unwrap();
+    assert_eq!(cat.get_upload(&id).await.unwrap().unwrap().expires_at_ms, Some(50_000), "never earlier");
+    assert!(!cat.list_expired(40_000, 1000).await.unwrap().contains(&id), "a touched upload is not due");
+    assert!(matches!(cat.touch_upload(&id, f - 1, 90_000).await, Err(CatalogError::Fenced)));
+    assert!(matches!(cat.touch_upload(&format!("{p}nope"), 1, 1).await, Err(CatalogError::NotFound)));
+}
+
+pub async fn check_reclaim_owner(cat: &dyn Catalog, p: &str) {
+    let owner = format!("{p}me-before-the-crash");
+    let id = format!("{p}reclaim");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    let g = granted(cat.acquire_upload_lease(&id, &owner, 3_600_000).await.unwrap());
+    let kind = format!("{p}reclaimkind");
+    let task = new_task(&format!("{p}reclaimtask"), &kind);
+    cat.start_task(&task).await.unwrap();
+    let claimed = cat.claim_task(&owner, std::slice::from_ref(&kind), 3_600_000).await.unwrap().expect("claimed");
+    assert!(cat.claim_task("other", std::slice::from_ref(&kind), 3_600_000).await.unwrap().is_none(), "held for an hour");
+    let (uploads, tasks) = cat.reclaim_owner(&owner).await.unwrap();
+    assert!(uploads >= 1 && tasks >= 1, "reclaimed ({uploads}, {tasks})");
+    let t = granted(cat.acquire_upload_lease(&id, "me-now", 60_000).await.unwrap());
+    assert!(t.fence > g.fence && t.taken_over, "a reclaimed upload lease is taken at once, with a repair");
+    let again = cat.claim_task("me-now", std::slice::from_ref(&kind), 60_000).await.unwrap().expect("a reclaimed task is claimable at once");
+    assert_eq!(again.id, claimed.id);
+    assert!(again.fence > claimed.fence, "task fences grow too");
+    assert!(matches!(cat.update_task(&claimed.id, Some(claimed.fence), &Default::default()).await, Err(CatalogError::Fenced)), "the dead run is fenced out");
+    assert_eq!(cat.reclaim_owner(&format!("{p}nobody")).await.unwrap(), (0, 0));
+}
+
+fn new_task(id: &str, kind: &str) -> NewTask {
+    NewTask { id: id.to_string(), principal: "alice".into(), kind: kind.to_string(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 1_000 }
+}
+
+pub async fn check_task_lease_database_clock(cat: &dyn Catalog, p: &str) {
+    let kind = format!("{p}clockkind");
+    cat.start_task(&new_task(&format!("{p}clocktask"), &kind)).await.unwrap();
+    let local = unix_ms();
+    let t = cat.claim_task("a", std::slice::from_ref(&kind), 60_000).await.unwrap().expect("claimed");
+    let exp = t.lease_expires_ms.expect("leased");
+    assert!((exp - (local + 60_000)).abs() < 600_000, "task lease expiry {exp} is database now + lease in Unix ms");
+    assert!(cat.claim_task("b", std::slice::from_ref(&kind), 60_000).await.unwrap().is_none());
+    cat.renew_lease(&t.id, t.fence, 0).await.unwrap(); // expires at database now
+    let u = cat.claim_task("b", std::slice::from_ref(&kind), 60_000).await.unwrap().expect("an expired task lease is claimable");
+    assert!(u.fence > t.fence);
+    assert!(matches!(cat.renew_lease(&t.id, t.fence, 60_000).await, Err(CatalogError::Fenced)), "the old holder lost it");
+}
+
+pub async fn check_release_requests(cat: &dyn Catalog, p: &str) {
+    let id = format!("{p}releasereq");
+    let mut stream = cat.release_requests().await.unwrap();
+    cat.request_release(&id).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match stream.next().await {
+                Some(x) if x == id => return x,
+                Some(_) => continue,
+                None => panic!("the release request stream ended"),
+            }
+        }
+    })
+    .await
+    .expect("a release request arrives");
+    assert_eq!(got, id);
+}
+
+pub async fn check_shared_secret(cat: &dyn Catalog, p: &str) {
+    let name = format!("{p}secret");
+    assert_eq!(cat.shared_secret(&name, &[1; 32]).await.unwrap(), vec![1; 32], "the first candidate is stored");
+    assert_eq!(cat.shared_secret(&name, &[2; 32]).await.unwrap(), vec![1; 32], "later candidates get the stored value");
+}
+
+pub async fn check_racing_lease(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
+    for round in 0..20 {
+        let id = format!("{p}racelease{round}");
+        a.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+        let (x, y) = futures::join!(a.acquire_upload_lease(&id, "a", 3_600_000), b.acquire_upload_lease(&id, "b", 3_600_000));
+        let wins = [x.unwrap(), y.unwrap()].iter().filter(|o| matches!(o, LeaseOutcome::Granted(_))).count();
+        assert_eq!(wins, 1, "exactly one of two processes gets an upload lease (round {round})");
+    }
+}
+
+pub async fn check_racing_claim(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
+    let kind = format!("{p}racekind");
+    for round in 0..20 {
+        a.start_task(&new_task(&format!("{p}racetask{round}"), &kind)).await.unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let (x, y) = futures::join!(a.claim_task("a", std::slice::from_ref(&kind), 3_600_000), b.claim_task("b", std::slice::from_ref(&kind), 3_600_000));
+        for t in [x.unwrap(), y.unwrap()].into_iter().flatten() {
+            assert!(seen.insert(t.id.clone()), "task {} claimed twice", t.id);
+        }
+    }
+    assert_eq!(seen.len(), 20, "every task claimed exactly once");
+}
+
+pub async fn check_racing_expiry(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
+    for round in 0..20 {
+        let id = format!("{p}raceexpiry{round}");
+        let mut rec = record(&id, "alice", Concat::None);
+        rec.expires_at_ms = Some(5_000);
+        a.create_upload(&rec).await.unwrap();
+        let (x, y) = futures::join!(a.expire_if_due(&id, 6_000), b.expire_if_due(&id, 6_000));
+        assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|w| **w).count(), 1, "exactly one sweeper tombstones (round {round})");
+    }
+}
+
+pub async fn check_release_request_crosses_handles(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
+    let id = format!("{p}crossrelease");
+    let mut on_a = a.release_requests().await.unwrap();
+    b.request_release(&id).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(x) = on_a.next().await {
+            if x == id {
+                return;
+            }
+        }
+        panic!("stream ended");
+    })
+    .await
+    .expect("a request made through one handle reaches the other");
 }

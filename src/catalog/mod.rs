@@ -4,11 +4,21 @@
 //! The catalog's `offset` for an upload is the truth (DESIGN §2): bytes `[0, offset)` are
 //! durable in the blob store and `hash_state` is the sha256 midstate of exactly those bytes.
 //! Every write that moves an offset is a [`Catalog::checkpoint`], guarded by the fencing token
-//! the writer obtained from [`Catalog::acquire_fence`].
+//! the writer obtained from [`Catalog::acquire_fence`] or [`Catalog::acquire_upload_lease`].
+//!
+//! **Clocks.** Methods that take a `now_ms` argument use the caller's value for the row's
+//! timestamps (`updated_at_ms`, `expires_at_ms`, tombstone times). Every *lease* expiry
+//! (upload leases, task leases) is set and compared on the **database's** clock, never the
+//! caller's, so processes whose clocks disagree still agree on who holds a lease.
+//!
+//! **Fences** only ever grow, for the life of a row: nothing (reopen, expiry, reclaim) resets
+//! one, so a token handed out once can never become current again.
 
 use async_trait::async_trait;
 
 pub mod conformance;
+pub mod conformance_race;
+pub mod conformance_tasks;
 pub mod postgres;
 mod postgres_tasks;
 pub mod sqlite;
@@ -61,6 +71,9 @@ pub struct UploadRecord {
     pub finished_at_ms: Option<i64>,
     /// True once the sweeper removed the bytes of an expired upload (a tombstone: 410).
     pub expired: bool,
+    /// The blob store's own state for bytes `[0, offset)`, as its writer returned it
+    /// (`blob::BlobState` bytes: versioned, opaque to the catalog). Empty for a new upload.
+    pub blob_state: Vec<u8>,
 }
 
 impl UploadRecord {
@@ -75,6 +88,9 @@ impl UploadRecord {
 pub struct Checkpoint {
     pub offset: u64,
     pub hash_state: Vec<u8>,
+    /// The blob store's state for exactly bytes `[0, offset)` (opaque; see
+    /// [`UploadRecord::blob_state`]). Committed in the same transaction as offset and midstate.
+    pub blob_state: Vec<u8>,
     /// Sets the length (deferred length declared, or a final upload's derived length).
     pub length: Option<u64>,
     /// Marks the upload complete with this sha256.
@@ -126,6 +142,33 @@ pub enum CatalogError {
 
 pub type CatalogResult<T> = Result<T, CatalogError>;
 
+/// A granted upload lease (see [`Catalog::acquire_upload_lease`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The new fencing token: every checkpoint of this holder carries it.
+    pub fence: u64,
+    /// When the lease runs out, Unix ms on the **database** clock.
+    pub expires_at_ms: i64,
+    /// The lease was taken from a holder that did not release it (it expired, or its owner
+    /// was reclaimed after a restart): bytes past the committed offset may be garbage, and
+    /// the taker must repair the blob (reopen it at the committed state) before trusting it.
+    pub taken_over: bool,
+}
+
+/// What [`Catalog::acquire_upload_lease`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    Granted(LeaseGrant),
+    /// Another live holder has it (its owner id, and its expiry on the database clock).
+    Held {
+        owner: String,
+        expires_at_ms: i64,
+    },
+}
+
+/// Upload ids whose lease holders were asked to let go ([`Catalog::request_release`]).
+pub type ReleaseRequests = futures::stream::BoxStream<'static, String>;
+
 /// Upload metadata storage. Implementations must be safe to share between tasks and, for the
 /// distributed backends, between processes.
 #[async_trait]
@@ -156,13 +199,77 @@ pub trait Catalog: TaskCatalog + Send + Sync + 'static {
     /// bytes `[0, cp.offset)` durable first. Errors: `NotFound`, `Fenced`.
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()>;
 
-    /// Mark an upload expired at `now_ms` (a tombstone: its bytes are gone, the id answers
-    /// 410 until [`Catalog::list_tombstones`] lists it). Fences out every writer. Idempotent.
-    /// `NotFound` if the id is unknown.
-    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<()>;
+    /// Mark an **unfinished** upload expired at `now_ms` (a tombstone: its bytes are gone, the
+    /// id answers 410 until [`Catalog::list_tombstones`] lists it), whatever its expiry time
+    /// (a final whose part is gone). Compare-and-set: a finished upload is never tombstoned
+    /// (returns `false`). Fences out every writer (the fence grows). Idempotent: an existing
+    /// tombstone answers `true` and keeps its time. `NotFound` if the id is unknown.
+    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool>;
+
+    /// The expiry sweep's compare-and-set: tombstone upload `id` at `now_ms` only if, in one
+    /// atomic step, it is still unfinished, not a tombstone, `expires_at_ms <= now_ms`, and no
+    /// live lease holds it (no owner, or its lease expired on the database clock). Returns
+    /// whether this call tombstoned it: of many sweepers racing (any replica), exactly one
+    /// wins; an upload that finished, was extended, or is being written is left alone.
+    /// Fences out every writer. Unknown id → `Ok(false)`.
+    async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool>;
 
     /// Delete the row. Returns whether a row was deleted. Idempotent.
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool>;
+
+    /// Delete tombstone `id` if it still is one and was marked before `before_ms`
+    /// (compare-and-set; a live upload is never deleted by this). Returns whether it was.
+    async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool>;
+
+    /// Make a finished upload unfinished again at `cp` (a task resumed after a crash between
+    /// finishing its file and checkpointing its result): sets offset, hash state and blob state
+    /// from `cp`, clears length, sha256 and completion, sets `expires_at_ms`. Only while
+    /// `fence` is current (`Fenced` otherwise); the row and its fence are kept, so the fence
+    /// stays monotonic. `NotFound` if unknown.
+    async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()>;
+
+    /// Take the lease of upload `id` for `owner`, `ttl_ms` long on the **database clock**.
+    /// Atomic: granted only when nobody holds it or the holder's lease has expired
+    /// (`lease_expires_ms <= database now`); the fence grows by one and is returned. A lease
+    /// held (unexpired) by anyone — `owner` included — answers `Held`.
+    /// `NotFound` if the id is unknown; a tombstone answers `NotFound` too.
+    async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome>;
+
+    /// Extend a held lease to database-now + `ttl_ms`, only while `fence` is current and the
+    /// lease is still held. Returns the new lease expiry (database clock). `Fenced` if the
+    /// lease was lost (another holder, released, or a tombstone); `NotFound` if unknown.
+    async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64>;
+
+    /// An upload receiving bytes is alive: push an unfinished upload's `expires_at_ms` to at
+    /// least `expires_at_ms` (never earlier), only while `fence` is current (`Fenced`
+    /// otherwise, e.g. after a tombstone). A finished upload or one without expiry is left
+    /// alone (`Ok`). `NotFound` if unknown.
+    async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()>;
+
+    /// Give a held lease back (owner cleared) so the next taker need not repair. A no-op
+    /// when `fence` is no longer current. Idempotent.
+    async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()>;
+
+    /// A restarted single server (it holds `DATA/lock`, so its previous incarnation is dead)
+    /// reclaims what `owner` held: every upload lease of `owner` expires now (the next taker
+    /// repairs, `taken_over`), and every task lease of `owner` is freed so a worker claims
+    /// the task at once. Fences are not reset. Returns (uploads, tasks) reclaimed.
+    async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)>;
+
+    /// Ask whoever holds upload `id`'s lease, in any process, to checkpoint and let go
+    /// (release-on-request across replicas). Delivered to every [`Catalog::release_requests`]
+    /// stream open now, at least once, within about a second (SQLite polls; PostgreSQL uses
+    /// `NOTIFY`). Never fails because nobody holds the lease.
+    async fn request_release(&self, id: &str) -> CatalogResult<()>;
+
+    /// A stream of upload ids for which [`Catalog::request_release`] was called after this
+    /// call returned. Ends only when dropped; may repeat an id.
+    async fn release_requests(&self) -> CatalogResult<ReleaseRequests>;
+
+    /// The shared secret `name` (e.g. the URL-signing key): if none is stored yet, store
+    /// `candidate` — atomically, so of many replicas starting at once all end up with the
+    /// same value — and return the stored value.
+    async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>>;
 
     /// Ids of unfinished, not yet tombstoned uploads whose `expires_at_ms` ≤ `now_ms`,
     /// at most `limit`.
@@ -171,7 +278,7 @@ pub trait Catalog: TaskCatalog + Send + Sync + 'static {
     /// Ids of tombstones marked expired before `before_ms`, at most `limit`.
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
 
-    /// Every unfinished upload that still has bytes (not tombstoned), for start-up recovery.
+    /// Every unfinished upload that still has bytes (not tombstoned).
     async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>>;
 
     /// Final uploads that list `part_id` among their parts and are not finished.

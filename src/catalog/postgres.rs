@@ -16,7 +16,10 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, UploadRecord};
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequests, UploadRecord};
+
+/// The `NOTIFY` channel of release requests (release-on-request across replicas).
+const RELEASE_CHANNEL: &str = "ferry_release";
 
 /// Connections one process keeps open at most (PostgreSQL's default `max_connections` is 100,
 /// shared by every replica).
@@ -37,7 +40,7 @@ pub struct PostgresCatalog {
 
 const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
      concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired";
+     finished_at_ms, expired, blob_state";
 
 fn to_i64(v: u64) -> CatalogResult<i64> {
     i64::try_from(v).map_err(|_| CatalogError::Backend("value exceeds i64".into()))
@@ -72,6 +75,7 @@ fn row_to_record(r: &PgRow) -> CatalogResult<UploadRecord> {
         expires_at_ms: r.try_get("expires_at_ms")?,
         finished_at_ms: r.try_get("finished_at_ms")?,
         expired: r.try_get::<bool, _>("expired")?,
+        blob_state: r.try_get("blob_state")?,
     })
 }
 
@@ -132,6 +136,17 @@ impl PostgresCatalog {
         &self.pool
     }
 
+    /// `Ok` when one row changed; else `NotFound` (no such id) or `Fenced`.
+    async fn fenced_or_missing(&self, id: &str, changed: u64) -> CatalogResult<()> {
+        if changed == 1 {
+            return Ok(());
+        }
+        match self.get_upload(id).await? {
+            None => Err(CatalogError::NotFound),
+            Some(_) => Err(CatalogError::Fenced),
+        }
+    }
+
     async fn ids(&self, sql: &'static str, a: i64, limit: u32) -> CatalogResult<Vec<String>> {
         let rows = sqlx::query(sql).bind(a).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
@@ -169,7 +184,7 @@ impl PostgresCatalog {
             Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
         };
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)"
+            "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)"
         )))
         .bind(&rec.id)
         .bind(&rec.principal)
@@ -187,6 +202,7 @@ impl PostgresCatalog {
         .bind(rec.expires_at_ms)
         .bind(rec.finished_at_ms)
         .bind(rec.expired)
+        .bind(&rec.blob_state)
         .bind(key.map(|k| k.key.as_str()))
         .bind(key.map(|k| k.fingerprint.as_str()))
         .execute(&self.pool)
@@ -244,13 +260,14 @@ impl Catalog for PostgresCatalog {
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let done = sqlx::query(
-            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, length = COALESCE($3, length), \
-             sha256 = COALESCE($4, sha256), finished_at_ms = CASE WHEN $4::bytea IS NULL THEN finished_at_ms ELSE $5 END, \
-             expires_at_ms = CASE WHEN $4::bytea IS NULL THEN $6 ELSE NULL END, updated_at_ms = $5 \
-             WHERE id = $7 AND fence = $8",
+            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
+             sha256 = COALESCE($5, sha256), finished_at_ms = CASE WHEN $5::bytea IS NULL THEN finished_at_ms ELSE $6 END, \
+             expires_at_ms = CASE WHEN $5::bytea IS NULL THEN $7 ELSE NULL END, updated_at_ms = $6 \
+             WHERE id = $8 AND fence = $9",
         )
         .bind(to_i64(cp.offset)?)
         .bind(&cp.hash_state)
+        .bind(&cp.blob_state)
         .bind(cp.length.map(to_i64).transpose()?)
         .bind(cp.finished_sha256.map(|d| d.to_vec()))
         .bind(cp.now_ms)
@@ -259,33 +276,178 @@ impl Catalog for PostgresCatalog {
         .bind(to_i64(fence)?)
         .execute(&self.pool)
         .await?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        match self.get_upload(id).await? {
-            None => Err(CatalogError::NotFound),
-            Some(_) => Err(CatalogError::Fenced),
-        }
+        self.fenced_or_missing(id, done.rows_affected()).await
     }
 
-    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<()> {
+    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
         let done = sqlx::query(
             "UPDATE uploads SET updated_at_ms = CASE WHEN expired THEN updated_at_ms ELSE $1 END, \
-             expired = TRUE, fence = fence + 1 WHERE id = $2",
+             expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = $2 AND finished_at_ms IS NULL",
         )
         .bind(now_ms)
         .bind(id)
         .execute(&self.pool)
         .await?;
-        if done.rows_affected() == 0 {
-            return Err(CatalogError::NotFound);
+        if done.rows_affected() == 1 {
+            return Ok(true);
         }
-        Ok(())
+        match self.get_upload(id).await? {
+            None => Err(CatalogError::NotFound),
+            Some(_) => Ok(false),
+        }
+    }
+
+    async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
+        // One statement: under READ COMMITTED a concurrent writer's update makes PostgreSQL
+        // re-check this WHERE against the new row, so a finish or a fresh lease wins cleanly.
+        let done = sqlx::query(
+            "UPDATE uploads SET updated_at_ms = $1, expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
+             WHERE id = $2 AND finished_at_ms IS NULL AND NOT expired AND expires_at_ms <= $1 \
+             AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms())",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
         let done = sqlx::query("DELETE FROM uploads WHERE id = $1").bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
+        let done = sqlx::query("DELETE FROM uploads WHERE id = $1 AND expired AND updated_at_ms < $2").bind(id).bind(before_ms).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
+             finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired",
+        )
+        .bind(to_i64(cp.offset)?)
+        .bind(&cp.hash_state)
+        .bind(&cp.blob_state)
+        .bind(cp.expires_at_ms)
+        .bind(cp.now_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
+        // SET expressions read the row as it was (so `lease_taken_over` records whether an
+        // expired owner was still named); RETURNING reads it as written. A concurrent taker
+        // waits for the row lock, then re-checks the WHERE against the winner's row: Held.
+        let row = sqlx::query(
+            "UPDATE uploads SET fence = fence + 1, lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, \
+             lease_taken_over = (lease_owner IS NOT NULL) \
+             WHERE id = $3 AND NOT expired AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms()) \
+             RETURNING fence, lease_expires_ms, lease_taken_over",
+        )
+        .bind(owner)
+        .bind(ttl_ms)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(r) = row {
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, taken_over: r.try_get(2)? }));
+        }
+        let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        match row {
+            Some(r) if !r.try_get::<bool, _>(2)? => {
+                Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
+            }
+            _ => Err(CatalogError::NotFound),
+        }
+    }
+
+    async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
+        let until: Option<i64> = sqlx::query_scalar(
+            "UPDATE uploads SET lease_expires_ms = ferry_now_ms() + $1 WHERE id = $2 AND fence = $3 AND NOT expired AND lease_owner IS NOT NULL \
+             RETURNING lease_expires_ms",
+        )
+        .bind(ttl_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .fetch_optional(&self.pool)
+        .await?;
+        match until {
+            Some(t) => Ok(t),
+            None => self.fenced_or_missing(id, 0).await.map(|_| 0),
+        }
+    }
+
+    async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET expires_at_ms = CASE WHEN finished_at_ms IS NULL AND expires_at_ms IS NOT NULL \
+             THEN GREATEST(expires_at_ms, $1) ELSE expires_at_ms END WHERE id = $2 AND fence = $3 AND NOT expired",
+        )
+        .bind(expires_at_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = FALSE WHERE id = $1 AND fence = $2")
+            .bind(id)
+            .bind(to_i64(fence)?)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
+        let mut tx = self.pool.begin().await?;
+        let out = async {
+            let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = $1").bind(owner).execute(&mut *tx).await?.rows_affected();
+            let tasks = sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = $1 AND status IN ('working', 'input_required')")
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            Ok(super::postgres_tasks::Tx::Commit((uploads, tasks)))
+        }
+        .await;
+        super::postgres_tasks::settle(tx, out).await
+    }
+
+    async fn request_release(&self, id: &str) -> CatalogResult<()> {
+        sqlx::query("SELECT pg_notify($1, $2)").bind(RELEASE_CHANNEL).bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn release_requests(&self) -> CatalogResult<ReleaseRequests> {
+        // LISTEN before returning: every request made after this call is delivered. The
+        // listener has its own connection (not one of the pool's) and reconnects by itself
+        // when the database restarts; requests sent while it was away are lost, and the
+        // holder then lets go when its lease expires instead.
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(RELEASE_CHANNEL).await?;
+        let stream = futures::stream::unfold(listener, |mut listener| async move {
+            loop {
+                match listener.recv().await {
+                    Ok(n) => return Some((n.payload().to_string(), listener)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>> {
+        sqlx::query("INSERT INTO shared_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING").bind(name).bind(candidate).execute(&self.pool).await?;
+        Ok(sqlx::query_scalar("SELECT value FROM shared_secrets WHERE name = $1").bind(name).fetch_one(&self.pool).await?)
     }
 
     async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {

@@ -63,6 +63,33 @@ fn raw(text: &str) -> CatalogResult<Box<RawValue>> {
     RawValue::from_string(text.to_string()).map_err(|e| CatalogError::Backend(Box::new(e)))
 }
 
+/// How a transaction body ends.
+pub(super) enum Tx<T> {
+    Commit(T),
+    Rollback(T),
+}
+
+/// End `tx` as `out` says, rolling back explicitly on every path that does not commit. A
+/// dropped transaction only *queues* its ROLLBACK until the connection is next used, and a
+/// pooled idle connection would keep its row locks (and advisory locks) until then: claims
+/// with SKIP LOCKED would pass the row over.
+pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogResult<Tx<T>>) -> CatalogResult<T> {
+    match out {
+        Ok(Tx::Commit(v)) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Ok(Tx::Rollback(v)) => {
+            tx.rollback().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
 /// The task row, locked for the rest of the transaction.
 async fn task_for_update(tx: &mut Transaction<'static, Postgres>, id: &str) -> CatalogResult<Option<TaskRecord>> {
     let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"))).bind(id).fetch_optional(&mut **tx).await?;
@@ -87,47 +114,98 @@ async fn insert_task(tx: &mut Transaction<'static, Postgres>, new: &NewTask, pri
     row_to_task(&row)
 }
 
+async fn start_in(tx: &mut Transaction<'static, Postgres>, new: &NewTask) -> CatalogResult<Tx<StartOutcome>> {
+    let Some(key) = &new.idempotency_key else {
+        return Ok(Tx::Commit(StartOutcome::Created(insert_task(tx, new, None).await?)));
+    };
+    // Serialise starts with this key (on every replica) until the transaction ends. A hash
+    // collision only serialises two unrelated keys.
+    let lock_key = serde_json::to_string(&[&new.principal, &new.kind, key]).expect("strings serialise");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(&lock_key).execute(&mut **tx).await?;
+    let existing: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = $1 AND kind = $2 AND key = $3")
+        .bind(&new.principal)
+        .bind(&new.kind)
+        .bind(key)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let prior = match existing {
+        None => None,
+        Some(old_id) => match task_for_update(tx, &old_id).await? {
+            None => None, // swept: the key is free again
+            Some(old) if old.args != new.args => return Ok(Tx::Rollback(StartOutcome::Conflict(old.id))),
+            Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
+            Some(old) => return Ok(Tx::Rollback(StartOutcome::Existing(old))),
+        },
+    };
+    let task = insert_task(tx, new, prior.as_deref()).await?;
+    sqlx::query("INSERT INTO task_keys (principal, kind, key, task_id) VALUES ($1, $2, $3, $4) ON CONFLICT (principal, kind, key) DO UPDATE SET task_id = excluded.task_id")
+        .bind(&new.principal)
+        .bind(&new.kind)
+        .bind(key)
+        .bind(&new.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Tx::Commit(match prior {
+        Some(prior) => StartOutcome::Retried { task, prior },
+        None => StartOutcome::Created(task),
+    }))
+}
+
+async fn park_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<Tx<()>> {
+    let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
+    if task.fence != fence || task.status != TaskStatus::Working {
+        return Err(CatalogError::Fenced);
+    }
+    let mut requests = json_map(&task.input_requests)?;
+    requests.insert(key.to_string(), raw(request)?);
+    sqlx::query(
+        "UPDATE tasks SET status = 'input_required', input_requests = $1, lease_owner = NULL, lease_expires_ms = NULL, \
+         updated_at_ms = $2 WHERE id = $3",
+    )
+    .bind(json_text(&requests))
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(Tx::Commit(()))
+}
+
+async fn respond_in(tx: &mut Transaction<'static, Postgres>, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<Tx<bool>> {
+    let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
+    let requests = json_map(&task.input_requests)?;
+    let mut responses = json_map(&task.input_responses)?;
+    if task.status.is_terminal() || !requests.contains_key(key) || responses.contains_key(key) {
+        return Ok(Tx::Rollback(false));
+    }
+    responses.insert(key.to_string(), raw(response)?);
+    let all_answered = requests.keys().all(|k| responses.contains_key(k));
+    let status = if all_answered { "working" } else { task.status.as_str() };
+    sqlx::query("UPDATE tasks SET input_responses = $1, status = $2, updated_at_ms = $3 WHERE id = $4")
+        .bind(json_text(&responses))
+        .bind(status)
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Tx::Commit(true))
+}
+
+async fn sweep_in(tx: &mut Transaction<'static, Postgres>, now_ms: i64) -> CatalogResult<Tx<u64>> {
+    let swept: Vec<String> = sqlx::query_scalar("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= $1 RETURNING id")
+        .bind(now_ms)
+        .fetch_all(&mut **tx)
+        .await?;
+    // Only keys that still name a deleted task (a retry may have moved the key on).
+    sqlx::query("DELETE FROM task_keys WHERE task_id = ANY($1)").bind(&swept).execute(&mut **tx).await?;
+    Ok(Tx::Commit(swept.len() as u64))
+}
+
 #[async_trait]
 impl TaskCatalog for PostgresCatalog {
     async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
         let mut tx = self.pool.begin().await?;
-        let Some(key) = &new.idempotency_key else {
-            let task = insert_task(&mut tx, new, None).await?;
-            tx.commit().await?;
-            return Ok(StartOutcome::Created(task));
-        };
-        // Serialise starts with this key (on every replica) until commit. A hash collision
-        // only serialises two unrelated keys.
-        let lock_key = format!("{}\u{0}{}\u{0}{}", new.principal, new.kind, key);
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(&lock_key).execute(&mut *tx).await?;
-        let existing: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = $1 AND kind = $2 AND key = $3")
-            .bind(&new.principal)
-            .bind(&new.kind)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let prior = match existing {
-            None => None,
-            Some(old_id) => match task_for_update(&mut tx, &old_id).await? {
-                None => None, // swept: the key is free again
-                Some(old) if old.args != new.args => return Ok(StartOutcome::Conflict(old.id)),
-                Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
-                Some(old) => return Ok(StartOutcome::Existing(old)),
-            },
-        };
-        let task = insert_task(&mut tx, new, prior.as_deref()).await?;
-        sqlx::query("INSERT INTO task_keys (principal, kind, key, task_id) VALUES ($1, $2, $3, $4) ON CONFLICT (principal, kind, key) DO UPDATE SET task_id = excluded.task_id")
-            .bind(&new.principal)
-            .bind(&new.kind)
-            .bind(key)
-            .bind(&new.id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(match prior {
-            Some(prior) => StartOutcome::Retried { task, prior },
-            None => StartOutcome::Created(task),
-        })
+        let out = start_in(&mut tx, new).await;
+        settle(tx, out).await
     }
 
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
@@ -144,7 +222,7 @@ impl TaskCatalog for PostgresCatalog {
         rows.iter().map(row_to_task).collect()
     }
 
-    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64, _now_ms: i64) -> CatalogResult<Option<TaskRecord>> {
+    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>> {
         if kinds.is_empty() {
             return Ok(None);
         }
@@ -165,9 +243,9 @@ impl TaskCatalog for PostgresCatalog {
         row.as_ref().map(row_to_task).transpose()
     }
 
-    async fn renew_lease(&self, id: &str, fence: u64, until_ms: i64) -> CatalogResult<TaskStatus> {
-        let status: Option<String> = sqlx::query_scalar("UPDATE tasks SET lease_expires_ms = $1 WHERE id = $2 AND fence = $3 RETURNING status")
-            .bind(until_ms)
+    async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
+        let status: Option<String> = sqlx::query_scalar("UPDATE tasks SET lease_expires_ms = ferry_now_ms() + $1 WHERE id = $2 AND fence = $3 RETURNING status")
+            .bind(lease_ms)
             .bind(id)
             .bind(fence as i64)
             .fetch_optional(&self.pool)
@@ -202,45 +280,14 @@ impl TaskCatalog for PostgresCatalog {
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
         let mut tx = self.pool.begin().await?;
-        let task = task_for_update(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
-        if task.fence != fence || task.status != TaskStatus::Working {
-            return Err(CatalogError::Fenced);
-        }
-        let mut requests = json_map(&task.input_requests)?;
-        requests.insert(key.to_string(), raw(request)?);
-        sqlx::query(
-            "UPDATE tasks SET status = 'input_required', input_requests = $1, lease_owner = NULL, lease_expires_ms = NULL, \
-             updated_at_ms = $2 WHERE id = $3",
-        )
-        .bind(json_text(&requests))
-        .bind(now_ms)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let out = park_in(&mut tx, id, fence, key, request, now_ms).await;
+        settle(tx, out).await
     }
 
     async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
         let mut tx = self.pool.begin().await?;
-        let task = task_for_update(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
-        let requests = json_map(&task.input_requests)?;
-        let mut responses = json_map(&task.input_responses)?;
-        if task.status.is_terminal() || !requests.contains_key(key) || responses.contains_key(key) {
-            return Ok(false);
-        }
-        responses.insert(key.to_string(), raw(response)?);
-        let all_answered = requests.keys().all(|k| responses.contains_key(k));
-        let status = if all_answered { "working" } else { task.status.as_str() };
-        sqlx::query("UPDATE tasks SET input_responses = $1, status = $2, updated_at_ms = $3 WHERE id = $4")
-            .bind(json_text(&responses))
-            .bind(status)
-            .bind(now_ms)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
+        let out = respond_in(&mut tx, id, key, response, now_ms).await;
+        settle(tx, out).await
     }
 
     async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
@@ -264,17 +311,17 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
-        // One statement: the row after the call, whether or not it changed.
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "WITH changed AS (UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $1 \
-                 WHERE id = $2 AND status IN ('working', 'input_required') RETURNING {TASK_COLUMNS}) \
-             SELECT {TASK_COLUMNS} FROM changed UNION ALL SELECT {TASK_COLUMNS} FROM tasks WHERE id = $2 AND NOT EXISTS (SELECT 1 FROM changed)"
-        )))
+        sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $1 \
+             WHERE id = $2 AND status IN ('working', 'input_required')",
+        )
         .bind(now_ms)
         .bind(id)
-        .fetch_optional(&self.pool)
+        .execute(&self.pool)
         .await?;
-        row.as_ref().map(row_to_task).transpose()?.ok_or(CatalogError::NotFound)
+        // A statement of its own: it sees a finish that won the race (one statement would read
+        // the snapshot from before it).
+        self.get_task(id).await?.ok_or(CatalogError::NotFound)
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
@@ -284,12 +331,7 @@ impl TaskCatalog for PostgresCatalog {
 
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
         let mut tx = self.pool.begin().await?;
-        let swept: Vec<String> = sqlx::query_scalar("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= $1 RETURNING id")
-            .bind(now_ms)
-            .fetch_all(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM task_keys WHERE task_id = ANY($1)").bind(&swept).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(swept.len() as u64)
+        let out = sweep_in(&mut tx, now_ms).await;
+        settle(tx, out).await
     }
 }

@@ -9,7 +9,12 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, UploadRecord};
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequests, UploadRecord};
+
+/// A receiver as a stream (what `tokio_stream::wrappers::ReceiverStream` does).
+fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<String>) -> impl futures::Stream<Item = String> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
 
 /// SQLite-backed catalog.
 #[derive(Clone)]
@@ -29,7 +34,15 @@ impl From<sqlx::Error> for CatalogError {
 
 const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
      concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired";
+     finished_at_ms, expired, blob_state";
+
+/// The database clock as Unix ms (SQLite: the host clock, read inside the statement).
+pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+/// How long release requests are kept for pollers, ms.
+const RELEASE_REQUEST_TTL_MS: i64 = 60_000;
+/// How often a [`Catalog::release_requests`] stream polls, on SQLite.
+const RELEASE_POLL: Duration = Duration::from_millis(100);
 
 fn to_i64(v: u64) -> CatalogResult<i64> {
     i64::try_from(v).map_err(|_| CatalogError::Backend("value exceeds i64".into()))
@@ -64,6 +77,7 @@ fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
         expires_at_ms: r.try_get("expires_at_ms")?,
         finished_at_ms: r.try_get("finished_at_ms")?,
         expired: r.try_get::<i64, _>("expired")? != 0,
+        blob_state: r.try_get("blob_state")?,
     })
 }
 
@@ -96,6 +110,17 @@ impl SqliteCatalog {
         Ok(SqliteCatalog { pool })
     }
 
+    /// `Ok` when one row changed; else `NotFound` (no such id) or `Fenced`.
+    async fn fenced_or_missing(&self, id: &str, changed: u64) -> CatalogResult<()> {
+        if changed == 1 {
+            return Ok(());
+        }
+        match self.get_upload(id).await? {
+            None => Err(CatalogError::NotFound),
+            Some(_) => Err(CatalogError::Fenced),
+        }
+    }
+
     async fn ids(&self, sql: &'static str, a: i64, limit: u32) -> CatalogResult<Vec<String>> {
         let rows = sqlx::query(sql).bind(a).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
@@ -110,7 +135,7 @@ impl SqliteCatalog {
             Concat::Partial => ("partial", None, None),
             Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
         };
-        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
+        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
             .bind(&rec.id)
             .bind(&rec.principal)
             .bind(rec.length.map(to_i64).transpose()?)
@@ -127,6 +152,7 @@ impl SqliteCatalog {
             .bind(rec.expires_at_ms)
             .bind(rec.finished_at_ms)
             .bind(rec.expired as i64)
+            .bind(&rec.blob_state)
             .bind(key.map(|k| k.key.as_str()))
             .bind(key.map(|k| k.fingerprint.as_str()))
             .execute(&self.pool)
@@ -187,13 +213,14 @@ impl Catalog for SqliteCatalog {
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let done = sqlx::query(
-            "UPDATE uploads SET \"offset\" = ?, hash_state = ?, length = COALESCE(?, length), \
+            "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = COALESCE(?, length), \
              sha256 = COALESCE(?, sha256), finished_at_ms = CASE WHEN ? IS NULL THEN finished_at_ms ELSE ? END, \
              expires_at_ms = CASE WHEN ? IS NULL THEN ? ELSE NULL END, updated_at_ms = ? \
              WHERE id = ? AND fence = ?",
         )
         .bind(to_i64(cp.offset)?)
         .bind(&cp.hash_state)
+        .bind(&cp.blob_state)
         .bind(cp.length.map(to_i64).transpose()?)
         .bind(cp.finished_sha256.map(|d| d.to_vec()))
         .bind(cp.finished_sha256.map(|d| d.to_vec()))
@@ -205,33 +232,185 @@ impl Catalog for SqliteCatalog {
         .bind(to_i64(fence)?)
         .execute(&self.pool)
         .await?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        match self.get_upload(id).await? {
-            None => Err(CatalogError::NotFound),
-            Some(_) => Err(CatalogError::Fenced),
-        }
+        self.fenced_or_missing(id, done.rows_affected()).await
     }
 
-    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<()> {
+    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
         let done = sqlx::query(
             "UPDATE uploads SET updated_at_ms = CASE WHEN expired = 1 THEN updated_at_ms ELSE ? END, \
-             expired = 1, fence = fence + 1 WHERE id = ?",
+             expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND finished_at_ms IS NULL",
         )
         .bind(now_ms)
         .bind(id)
         .execute(&self.pool)
         .await?;
-        if done.rows_affected() == 0 {
-            return Err(CatalogError::NotFound);
+        if done.rows_affected() == 1 {
+            return Ok(true);
         }
-        Ok(())
+        match self.get_upload(id).await? {
+            None => Err(CatalogError::NotFound),
+            Some(_) => Ok(false),
+        }
+    }
+
+    async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE uploads SET updated_at_ms = ?, expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
+             WHERE id = ? AND finished_at_ms IS NULL AND expired = 0 AND expires_at_ms <= ? \
+             AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW})"
+        )))
+        .bind(now_ms)
+        .bind(id)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
         let done = sqlx::query("DELETE FROM uploads WHERE id = ?").bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
+        let done = sqlx::query("DELETE FROM uploads WHERE id = ? AND expired = 1 AND updated_at_ms < ?").bind(id).bind(before_ms).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = NULL, sha256 = NULL, \
+             finished_at_ms = NULL, expires_at_ms = ?, updated_at_ms = ? WHERE id = ? AND fence = ? AND expired = 0",
+        )
+        .bind(to_i64(cp.offset)?)
+        .bind(&cp.hash_state)
+        .bind(&cp.blob_state)
+        .bind(cp.expires_at_ms)
+        .bind(cp.now_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
+        // One statement: the condition and the update are atomic (SQLite serialises writers).
+        // SET expressions read the row as it was, so `lease_taken_over` records whether an
+        // (expired) owner was still named; RETURNING reads the row as written.
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE uploads SET fence = fence + 1, lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, \
+             lease_taken_over = (lease_owner IS NOT NULL) \
+             WHERE id = ? AND expired = 0 AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW}) \
+             RETURNING fence, lease_expires_ms, lease_taken_over"
+        )))
+        .bind(owner)
+        .bind(ttl_ms)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(r) = row {
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, taken_over: r.try_get::<i64, _>(2)? != 0 }));
+        }
+        let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        match row {
+            Some(r) if r.try_get::<i64, _>(2)? == 0 => {
+                Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
+            }
+            _ => Err(CatalogError::NotFound),
+        }
+    }
+
+    async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE uploads SET lease_expires_ms = {DB_NOW} + ? WHERE id = ? AND fence = ? AND expired = 0 AND lease_owner IS NOT NULL \
+             RETURNING lease_expires_ms"
+        )))
+        .bind(ttl_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(r) => Ok(r.try_get(0)?),
+            None => self.fenced_or_missing(id, 0).await.map(|_| 0),
+        }
+    }
+
+    async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET expires_at_ms = CASE WHEN finished_at_ms IS NULL AND expires_at_ms IS NOT NULL \
+             THEN MAX(expires_at_ms, ?) ELSE expires_at_ms END WHERE id = ? AND fence = ? AND expired = 0",
+        )
+        .bind(expires_at_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = 0 WHERE id = ? AND fence = ?")
+            .bind(id)
+            .bind(to_i64(fence)?)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = ?").bind(owner).execute(&mut *tx).await?.rows_affected();
+        let tasks = sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ? AND status IN ('working', 'input_required')")
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok((uploads, tasks))
+    }
+
+    async fn request_release(&self, id: &str) -> CatalogResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM lease_requests WHERE at_ms < {DB_NOW} - ?"))).bind(RELEASE_REQUEST_TTL_MS).execute(&mut *tx).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO lease_requests (upload_id, at_ms) VALUES (?, {DB_NOW})"))).bind(id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn release_requests(&self) -> CatalogResult<ReleaseRequests> {
+        let mut seen: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM lease_requests").fetch_one(&self.pool).await?;
+        let pool = self.pool.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel::<String>(256);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(RELEASE_POLL) => {}
+                }
+                let rows = match sqlx::query("SELECT seq, upload_id FROM lease_requests WHERE seq > ? ORDER BY seq").bind(seen).fetch_all(&pool).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "polling release requests");
+                        continue;
+                    }
+                };
+                for r in rows {
+                    let (Ok(seq), Ok(id)) = (r.try_get::<i64, _>(0), r.try_get::<String, _>(1)) else { continue };
+                    seen = seen.max(seq);
+                    if tx.send(id).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream_from(rx)))
+    }
+
+    async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>> {
+        sqlx::query("INSERT INTO shared_secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING").bind(name).bind(candidate).execute(&self.pool).await?;
+        Ok(sqlx::query_scalar("SELECT value FROM shared_secrets WHERE name = ?").bind(name).fetch_one(&self.pool).await?)
     }
 
     async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {

@@ -8,6 +8,7 @@ use serde_json::value::RawValue;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite, Transaction};
 
+use super::sqlite::DB_NOW;
 use super::tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, SqliteCatalog};
 
@@ -144,24 +145,23 @@ impl TaskCatalog for SqliteCatalog {
         rows.iter().map(row_to_task).collect()
     }
 
-    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64, now_ms: i64) -> CatalogResult<Option<TaskRecord>> {
+    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>> {
         if kinds.is_empty() {
             return Ok(None);
         }
         let kinds_json = serde_json::to_string(kinds).expect("strings serialise");
         let mut tx = self.immediate().await?;
-        let id: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= ?) \
-             AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1",
-        )
-        .bind(now_ms)
+        let id: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {DB_NOW}) \
+             AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1"
+        )))
         .bind(&kinds_json)
         .fetch_optional(&mut *tx)
         .await?;
         let Some(id) = id else { return Ok(None) };
-        sqlx::query("UPDATE tasks SET lease_owner = ?, lease_expires_ms = ?, fence = fence + 1, runs = runs + 1 WHERE id = ?")
+        sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?")))
             .bind(owner)
-            .bind(now_ms + lease_ms)
+            .bind(lease_ms)
             .bind(&id)
             .execute(&mut *tx)
             .await?;
@@ -170,13 +170,14 @@ impl TaskCatalog for SqliteCatalog {
         Ok(task)
     }
 
-    async fn renew_lease(&self, id: &str, fence: u64, until_ms: i64) -> CatalogResult<TaskStatus> {
-        let status: Option<String> = sqlx::query_scalar("UPDATE tasks SET lease_expires_ms = ? WHERE id = ? AND fence = ? RETURNING status")
-            .bind(until_ms)
-            .bind(id)
-            .bind(fence as i64)
-            .fetch_optional(&self.pool)
-            .await?;
+    async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
+        let status: Option<String> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("UPDATE tasks SET lease_expires_ms = {DB_NOW} + ? WHERE id = ? AND fence = ? RETURNING status")))
+                .bind(lease_ms)
+                .bind(id)
+                .bind(fence as i64)
+                .fetch_optional(&self.pool)
+                .await?;
         match status {
             Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
             None => Err(CatalogError::Fenced),

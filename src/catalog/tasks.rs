@@ -156,13 +156,16 @@ pub trait TaskCatalog: Send + Sync {
     /// A principal's tasks, newest first, at most `limit`.
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>>;
 
-    /// Claim one `working` task of one of `kinds` whose lease is free or expired: sets the
-    /// lease (`owner`, `now_ms + lease_ms`), increments the fence and `runs`, and returns it.
-    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64, now_ms: i64) -> CatalogResult<Option<TaskRecord>>;
+    /// Claim one `working` task of one of `kinds` whose lease is free or expired
+    /// (`lease_expires_ms <= database now`): sets the lease (`owner`, database now +
+    /// `lease_ms`), increments the fence and `runs`, and returns it. Atomic across processes:
+    /// of concurrent claimers exactly one gets a given task (PostgreSQL: `FOR UPDATE SKIP
+    /// LOCKED`). Lease times are on the **database** clock.
+    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>>;
 
-    /// Extend a held lease to `until_ms`; returns the task's status (so a worker learns of a
-    /// cancellation). `Fenced` if the lease was lost.
-    async fn renew_lease(&self, id: &str, fence: u64, until_ms: i64) -> CatalogResult<TaskStatus>;
+    /// Extend a held lease to database now + `lease_ms`; returns the task's status (so a
+    /// worker learns of a cancellation). `Fenced` if the lease was lost (fence moved on).
+    async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus>;
 
     /// Persist progress and/or a checkpoint. With `fence = Some`, only while that lease is
     /// current (`Fenced` otherwise); with `None` (an external producer), while not terminal.
@@ -191,6 +194,8 @@ pub trait TaskCatalog: Send + Sync {
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()>;
 
     /// Delete terminal tasks whose `updated_at_ms + ttl_ms <= now_ms`, and their idempotency
-    /// keys. Returns how many were deleted.
+    /// keys (only keys that still name a deleted task). Compare-and-set: one statement whose
+    /// condition is re-checked at delete time, so it is safe on every replica at once and never
+    /// touches a task that is not terminal. Returns how many were deleted.
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64>;
 }

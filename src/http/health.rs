@@ -1,4 +1,4 @@
-//! `/healthz` (the process answers), `/readyz` (the catalog answers), `/metrics` (Prometheus).
+//! `/healthz` (the process answers), `/readyz` (the catalog and the blob store answer), `/metrics` (Prometheus).
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
@@ -17,10 +17,9 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    if s.engine.ready().await {
-        "ready\n".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "catalog unavailable\n").into_response()
+    match s.engine.ready().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(what) => (StatusCode::SERVICE_UNAVAILABLE, format!("{what}\n")).into_response(),
     }
 }
 

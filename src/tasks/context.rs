@@ -26,6 +26,10 @@ pub struct JobContext {
     pub(super) cancel: CancellationToken,
     pub(super) responses: BTreeMap<String, Box<RawValue>>,
     pub(super) progress: Mutex<(Progress, Option<Instant>)>,
+    /// The progress clients had already seen when this run started (a resumed run restarts
+    /// from its checkpoint, behind it): reported instead of the job's own until the job
+    /// passes it, so reported progress never goes backwards. `None` once passed.
+    pub(super) floor: Mutex<Option<Progress>>,
     /// Files this run created or reopened (removed if the task fails or is cancelled).
     pub(super) files: Mutex<Vec<String>>,
 }
@@ -86,8 +90,21 @@ impl JobContext {
             g.1 = Some(Instant::now());
             g.0.clone()
         };
+        let snapshot = self.never_backwards(snapshot);
         let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
+    /// `p`, or the progress already reported before this run while `p` is still behind it.
+    fn never_backwards(&self, p: Progress) -> Progress {
+        let mut floor = self.floor.lock().unwrap();
+        let Some(f) = floor.as_ref() else { return p };
+        if passes(&p, f) {
+            *floor = None;
+            p
+        } else {
+            f.clone()
+        }
     }
 
     /// Persist `value` as the point to resume from after a crash (and the current progress).
@@ -95,6 +112,7 @@ impl JobContext {
     pub async fn checkpoint<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), JobError> {
         let text = serde_json::to_string(value).map_err(|e| JobError::Internal(e.to_string()))?;
         let progress = self.progress.lock().unwrap().0.clone();
+        let progress = self.never_backwards(progress);
         let u = TaskUpdate { progress: Some(progress), checkpoint: Some(text), now_ms: now_ms() };
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
     }
@@ -131,6 +149,7 @@ impl JobContext {
     /// job returns so the final counters are never lost).
     pub(super) async fn flush_progress(&self) -> Result<(), JobError> {
         let snapshot = self.progress.lock().unwrap().0.clone();
+        let snapshot = self.never_backwards(snapshot);
         let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
     }
@@ -150,5 +169,34 @@ impl JobContext {
     /// The upload engine (to read other files of the principal).
     pub fn uploads(&self) -> &Arc<UploadEngine> {
         &self.uploads
+    }
+}
+
+/// Whether progress `p` has caught up with `floor`: by fraction when both have one, else by
+/// every counter they share; equal counts as caught up.
+fn passes(p: &Progress, floor: &Progress) -> bool {
+    match (p.fraction, floor.fraction) {
+        (Some(a), Some(b)) => a >= b,
+        (None, Some(_)) => false,
+        _ => floor.counters.iter().all(|(k, v)| p.counters.get(k).is_none_or(|mine| mine >= v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prog(fraction: Option<f64>, bytes: u64) -> Progress {
+        Progress { fraction, message: None, counters: [("bytes".to_string(), bytes)].into() }
+    }
+
+    #[test]
+    fn progress_passes_by_fraction_else_by_counters() {
+        assert!(!passes(&prog(Some(0.3), 70), &prog(Some(0.5), 100)));
+        assert!(passes(&prog(Some(0.5), 1), &prog(Some(0.5), 100)), "fraction decides when both have one");
+        assert!(!passes(&prog(None, 70), &prog(None, 100)));
+        assert!(passes(&prog(None, 101), &prog(None, 100)));
+        assert!(!passes(&prog(None, 999), &prog(Some(0.1), 0)), "no fraction never passes a reported fraction");
+        assert!(passes(&Progress::default(), &Progress::default()));
     }
 }

@@ -30,11 +30,20 @@ pub struct TaskConfig {
     pub poll: Duration,
     /// Terminal tasks are kept this long, then swept (`ttl_ms` default).
     pub default_ttl: Duration,
+    /// This process's lease owner id. `ferry serve` keeps it in the data dir, so a restarted
+    /// server recognises (and at once reclaims) what it held before a crash.
+    pub owner: String,
 }
 
 impl Default for TaskConfig {
     fn default() -> Self {
-        TaskConfig { workers: 4, lease: Duration::from_secs(10), poll: Duration::from_millis(500), default_ttl: Duration::from_secs(24 * 3600) }
+        TaskConfig {
+            workers: 4,
+            lease: Duration::from_secs(10),
+            poll: Duration::from_millis(500),
+            default_ttl: Duration::from_secs(24 * 3600),
+            owner: format!("ferry-{}", new_id()),
+        }
     }
 }
 
@@ -76,16 +85,8 @@ fn error_json(code: ErrorCode, message: &str) -> String {
 
 impl Engine {
     pub fn new(catalog: Arc<dyn Catalog>, uploads: Arc<UploadEngine>, cfg: TaskConfig) -> Engine {
-        Engine {
-            catalog,
-            uploads,
-            cfg,
-            jobs: HashMap::new(),
-            owner: format!("ferry-{}", new_id()),
-            running: Mutex::new(HashMap::new()),
-            wake: Notify::new(),
-            shutdown: CancellationToken::new(),
-        }
+        let owner = cfg.owner.clone();
+        Engine { catalog, uploads, cfg, jobs: HashMap::new(), owner, running: Mutex::new(HashMap::new()), wake: Notify::new(), shutdown: CancellationToken::new() }
     }
 
     /// Add a job kind (replacing one of the same name).
@@ -261,7 +262,7 @@ impl Engine {
     async fn worker(self: Arc<Self>) {
         let runnable: Vec<String> = self.jobs.values().filter(|j| j.runnable()).map(|j| j.kind().to_string()).collect();
         while !self.shutdown.is_cancelled() {
-            match self.catalog.claim_task(&self.owner, &runnable, self.cfg.lease.as_millis() as i64, now_ms()).await {
+            match self.catalog.claim_task(&self.owner, &runnable, self.cfg.lease.as_millis() as i64).await {
                 Ok(Some(task)) => self.run(task).await,
                 Ok(None) => {
                     tokio::select! {
@@ -292,6 +293,7 @@ impl Engine {
             cancel: cancel.clone(),
             responses,
             progress: Mutex::new((task.progress.clone(), None)),
+            floor: Mutex::new((task.runs > 1 && task.progress != Default::default()).then(|| task.progress.clone())),
             files: Mutex::new(Vec::new()),
         };
         let heartbeat = {
@@ -299,7 +301,7 @@ impl Engine {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(lease / 3).await;
-                    match catalog.renew_lease(&id, fence, now_ms() + lease.as_millis() as i64).await {
+                    match catalog.renew_lease(&id, fence, lease.as_millis() as i64).await {
                         Ok(s) if s == TaskStatus::Working || s == TaskStatus::InputRequired => {}
                         Ok(_) | Err(CatalogError::Fenced) => {
                             cancel.cancel();

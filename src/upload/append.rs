@@ -3,14 +3,16 @@
 
 use std::fmt::Display;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferry_tus::{PatchPlan, TusError, UploadChecksum, UploadState};
 use http_body_util::BodyExt;
 
 use super::hash::{ChunkDigests, RunningSha256};
+use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
-use crate::blob::{BlobWriter, SyncFuture};
+use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture};
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 /// How a PATCH body ended.
@@ -33,8 +35,14 @@ pub(crate) struct Appender {
     fence: u64,
     writer: Box<dyn BlobWriter>,
     hasher: RunningSha256,
-    /// Offset and midstate of the last commit.
+    /// Offset, midstate and blob state of the last commit.
     committed: (u64, RunningSha256),
+    /// The blob state committed with it.
+    committed_blob: BlobState,
+    /// Whether the lease is still ours (checked before every batch of bytes).
+    validity: Validity,
+    /// When the upload's expiry was last pushed forward while bytes arrive.
+    touched: Instant,
     /// The length in force, and whether this request declared it.
     length: Option<u64>,
     set_length: Option<u64>,
@@ -51,6 +59,11 @@ struct PendingCheckpoint {
     done: SyncFuture,
 }
 
+/// The lease ran out by our own clock (paused, cut off): no more bytes may be added.
+fn lease_lost() -> TusError {
+    TusError::new(409, ferry_tus::ErrorCode::Conflict, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
+}
+
 struct InFlight<'a>(&'a UploadEngine);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -59,13 +72,54 @@ impl Drop for InFlight<'_> {
 }
 
 impl Appender {
-    /// Take the catalog fence and open the blob at `offset` (discarding anything past it).
-    pub(crate) async fn open(engine: &Arc<UploadEngine>, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>) -> Result<Appender, TusError> {
+    /// Open the blob at `offset` under `lease` (discarding anything past it: the repair a lease
+    /// taker owes) with the lease's fence, or a fresh catalog fence for in-process leases.
+    /// A blob shorter than its checkpoint (relaxed durability after a power loss) is rolled
+    /// back to what survived and the caller gets 409 with that offset.
+    pub(crate) async fn open(
+        engine: &Arc<UploadEngine>,
+        rec: UploadRecord,
+        offset: u64,
+        length: Option<u64>,
+        set_length: Option<u64>,
+        lease: &Lease,
+    ) -> Result<Appender, TusError> {
         let engine = engine.clone();
-        let fence = engine.catalog.acquire_fence(&rec.id).await?;
-        let writer = engine.blobs.open_writer(&rec.id, offset).await?;
+        let fence = match lease.fence() {
+            Some(f) => f,
+            None => engine.catalog.acquire_fence(&rec.id).await?,
+        };
+        let state = if offset == rec.offset { BlobState(rec.blob_state.clone()) } else { BlobState::default() };
+        let writer = match engine.blobs.open_writer(&rec.id, offset, &state).await {
+            Ok(w) => w,
+            Err(BlobError::OutOfRange { len, .. }) if offset == rec.offset => {
+                engine.roll_back_to(&rec, len, fence).await?;
+                return Err(TusError::new(
+                    409,
+                    ferry_tus::ErrorCode::OffsetMismatch,
+                    format!("the server kept only {len} bytes of this upload (a power loss in relaxed durability)"),
+                    format!("Resume from offset {len}."),
+                )
+                .with_cursor(len));
+            }
+            Err(e) => return Err(e.into()),
+        };
         let hasher = if offset == rec.offset { UploadEngine::hash_state_of(&rec)? } else { RunningSha256::new() };
-        Ok(Appender { engine, fence, writer, committed: (offset, hasher.clone()), hasher, length, set_length, finished: false, pending: None, rec })
+        Ok(Appender {
+            engine,
+            fence,
+            writer,
+            committed: (offset, hasher.clone()),
+            committed_blob: state,
+            validity: lease.validity(),
+            touched: Instant::now(),
+            hasher,
+            length,
+            set_length,
+            finished: false,
+            pending: None,
+            rec,
+        })
     }
 
     pub(crate) fn id(&self) -> &str {
@@ -76,9 +130,9 @@ impl Appender {
         self.writer.position()
     }
 
-    /// Offset and tagged midstate of the last commit.
-    pub(crate) fn committed_state(&self) -> (u64, Vec<u8>) {
-        (self.committed.0, self.committed.1.state())
+    /// Offset, tagged midstate and blob state of the last commit.
+    pub(crate) fn committed_state(&self) -> (u64, Vec<u8>, Vec<u8>) {
+        (self.committed.0, self.committed.1.state(), self.committed_blob.0.clone())
     }
 
     /// Declare the length (for a deferred-length upload) so the next commit completes it.
@@ -93,9 +147,28 @@ impl Appender {
     }
 
     pub(crate) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
+        // The fence check before bytes become part of the upload: a holder whose lease ran
+        // out by its own clock (it was paused or cut off) stops here.
+        if !self.validity.is_valid() {
+            return Err(lease_lost());
+        }
         self.hasher.update(&data);
         self.engine.count_received(&data);
         self.writer.write(data).await?;
+        self.keep_alive().await
+    }
+
+    /// An upload receiving bytes is alive: push its expiry forward now and then, so neither
+    /// the sweeper nor a reader takes it for expired while a slow body trickles in.
+    async fn keep_alive(&mut self) -> Result<(), TusError> {
+        let Some(after) = self.engine.cfg.expire_after else { return Ok(()) };
+        let every = (after / 4).clamp(Duration::from_millis(250), Duration::from_secs(60));
+        if self.touched.elapsed() < every {
+            return Ok(());
+        }
+        self.touched = Instant::now();
+        let until = now_ms().saturating_add(after.as_millis() as i64);
+        self.engine.catalog.touch_upload(&self.rec.id, self.fence, until).await?;
         Ok(())
     }
 
@@ -124,8 +197,8 @@ impl Appender {
             None => Ok(()),
             Some(r) => {
                 let p = self.pending.take().expect("pending checkpoint");
-                r?;
-                self.commit_durable(p.offset, p.hasher).await
+                let blob = r?;
+                self.commit_durable(p.offset, p.hasher, blob).await
             }
         }
     }
@@ -133,22 +206,31 @@ impl Appender {
     /// Wait for the outstanding background checkpoint, if any, and commit it.
     async fn settle_pending(&mut self) -> Result<(), TusError> {
         if let Some(p) = self.pending.take() {
-            p.done.await?;
-            self.commit_durable(p.offset, p.hasher).await?;
+            let blob = p.done.await?;
+            self.commit_durable(p.offset, p.hasher, blob).await?;
         }
         Ok(())
     }
 
     /// Commit `offset` + `hasher` (durable already) unless it would complete the upload
     /// (completion, with its digest check, is [`Appender::commit`]'s alone).
-    async fn commit_durable(&mut self, offset: u64, hasher: RunningSha256) -> Result<(), TusError> {
+    async fn commit_durable(&mut self, offset: u64, hasher: RunningSha256, blob: BlobState) -> Result<(), TusError> {
         if self.finished || self.length == Some(offset) || offset <= self.committed.0 {
             return Ok(());
         }
         let now = now_ms();
-        let cp = Checkpoint { offset, hash_state: hasher.state(), length: self.set_length, finished_sha256: None, expires_at_ms: self.engine.expiry_from(now), now_ms: now };
+        let cp = Checkpoint {
+            offset,
+            hash_state: hasher.state(),
+            blob_state: blob.0.clone(),
+            length: self.set_length,
+            finished_sha256: None,
+            expires_at_ms: self.engine.expiry_from(now),
+            now_ms: now,
+        };
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
         self.committed = (offset, hasher);
+        self.committed_blob = blob;
         Ok(())
     }
 
@@ -172,7 +254,7 @@ impl Appender {
         if let Some(p) = self.pending.take() {
             p.done.await?;
         }
-        self.writer.sync().await?;
+        let mut blob = self.writer.sync().await?;
         let offset = self.writer.position();
         let now = now_ms();
         let mut finished_sha256 = None;
@@ -180,10 +262,12 @@ impl Appender {
             let digest = self.hasher.digest();
             if self.rec.expected_sha256.is_some_and(|e| e != digest) {
                 self.writer.rewind(0).await?;
+                blob = self.writer.sync().await?;
                 self.hasher = RunningSha256::new();
                 let cp = Checkpoint {
                     offset: 0,
                     hash_state: self.hasher.state(),
+                    blob_state: blob.0.clone(),
                     length: self.set_length,
                     finished_sha256: None,
                     expires_at_ms: self.engine.expiry_from(now),
@@ -191,6 +275,7 @@ impl Appender {
                 };
                 self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
                 self.committed = (0, self.hasher.clone());
+                self.committed_blob = blob;
                 return Err(ferry_tus::upload_digest_mismatch());
             }
             finished_sha256 = Some(digest);
@@ -198,13 +283,20 @@ impl Appender {
         let cp = Checkpoint {
             offset,
             hash_state: self.hasher.state(),
+            blob_state: blob.0.clone(),
             length: self.set_length,
             finished_sha256,
             expires_at_ms: if finished_sha256.is_some() { None } else { self.engine.expiry_from(now) },
             now_ms: now,
         };
+        if finished_sha256.is_some() {
+            // Make the object whole before the catalog calls it finished (S3: complete the
+            // multipart upload); a crash in between leaves an unfinished upload to resume.
+            self.engine.blobs.finish(&self.rec.id, &blob).await?;
+        }
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
         self.committed = (offset, self.hasher.clone());
+        self.committed_blob = blob;
         if finished_sha256.is_some() {
             self.finished = true;
             self.engine.metrics.uploads_finished.inc();
@@ -249,7 +341,7 @@ impl UploadEngine {
         }
         self.metrics.patches_in_flight.inc();
         let _in_flight = InFlight(self);
-        let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length).await?;
+        let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length, &guard).await?;
 
         let mut digests = match (&plan.checksum, plan.checksum_in_trailer) {
             (Some(c), _) => ChunkDigests::for_header(c.algorithm),

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::append::Appender;
 use super::hash::RunningSha256;
-use super::locks::WriteGuard;
+use super::locks::{Lease, Want};
 use super::{internal, now_ms, UploadEngine};
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
@@ -25,6 +25,10 @@ pub struct FileCursor {
     pub offset: u64,
     /// Tagged sha256 midstate of those bytes, base64.
     pub hash_state: String,
+    /// The blob store's state for those bytes, base64 (empty in cursors saved before it
+    /// existed; stores accept the empty state).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub blob_state: String,
 }
 
 /// A finished file: an ordinary ferry upload.
@@ -46,7 +50,7 @@ pub struct FileWriter {
     media_type: String,
     /// The upload's writer slot, pinned until the file is finished or dropped: TUS requests
     /// and MCP tools on the file answer 423 `locked` meanwhile.
-    _slot: WriteGuard,
+    _slot: Lease,
 }
 
 fn metadata(name: &str, media_type: &str) -> Result<String, TusError> {
@@ -76,50 +80,59 @@ impl UploadEngine {
             expires_at_ms: self.expiry_from(now),
             finished_at_ms: None,
             expired: false,
+            blob_state: Vec::new(),
         };
         self.blobs.create(&rec.id).await?;
-        let slot = self.pin(&rec.id).await?;
         self.catalog.create_upload(&rec).await?;
+        let slot = self.pin(&rec.id).await?;
         self.metrics.uploads_created.inc();
-        let app = Appender::open(self, rec, 0, None, None).await?;
+        let app = Appender::open(self, rec, 0, None, None, &slot).await?;
         Ok(FileWriter { app, name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
     }
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
     /// discarded and the running sha256 continues from the cursor's midstate.
     pub async fn reopen_file(self: &Arc<Self>, principal: &str, cursor: &FileCursor) -> Result<FileWriter, TusError> {
-        let mut rec = self.get(principal, &cursor.id).await?;
+        let rec = self.get(principal, &cursor.id).await?;
         let slot = self.pin(&rec.id).await?;
-        if rec.is_finished() {
-            // The job crashed after finishing the file but before checkpointing its result:
-            // make it unfinished again at the cursor; the re-run writes the same bytes.
-            self.catalog.delete_upload(&rec.id).await?;
-            rec.length = None;
-            rec.sha256 = None;
-            rec.finished_at_ms = None;
-            rec.expires_at_ms = self.expiry_from(now_ms());
-            self.catalog.create_upload(&rec).await?;
-        }
         let state = base64::engine::general_purpose::STANDARD.decode(&cursor.hash_state).map_err(|e| internal("file cursor", e))?;
         RunningSha256::from_state(&state).map_err(|e| internal("file cursor", e))?;
         let md: UploadMetadata = rec.metadata.parse().map_err(|e| internal("file metadata", e))?;
         let name = md.get_str("filename").unwrap_or("file").to_string();
         let media_type = md.get_str("filetype").unwrap_or("application/octet-stream").to_string();
-        // Put the catalog back at the cursor first, so the appender resumes from it.
-        let fence = self.catalog.acquire_fence(&rec.id).await?;
+        // Put the catalog back at the cursor first, so the appender resumes from it. A file
+        // finished by a run that crashed before checkpointing its result becomes unfinished
+        // again (the re-run writes the same bytes); the row and its fence are kept, so the
+        // fence stays monotonic and no older writer's token can become current again.
+        let fence = match slot.fence() {
+            Some(f) => f,
+            None => self.catalog.acquire_fence(&rec.id).await?,
+        };
         let now = now_ms();
-        let cp = Checkpoint { offset: cursor.offset, hash_state: state, length: None, finished_sha256: None, expires_at_ms: self.expiry_from(now), now_ms: now };
-        self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+        let cp = Checkpoint {
+            offset: cursor.offset,
+            hash_state: state,
+            blob_state: base64::engine::general_purpose::STANDARD.decode(&cursor.blob_state).map_err(|e| internal("file cursor", e))?,
+            length: None,
+            finished_sha256: None,
+            expires_at_ms: self.expiry_from(now),
+            now_ms: now,
+        };
+        if rec.is_finished() {
+            self.catalog.reopen_upload(&rec.id, fence, &cp).await?;
+        } else {
+            self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+        }
         let rec = self.get(principal, &cursor.id).await?;
-        let app = Appender::open(self, rec, cursor.offset, None, None).await?;
+        let app = Appender::open(self, rec, cursor.offset, None, None, &slot).await?;
         Ok(FileWriter { app, name, media_type, _slot: slot })
     }
 }
 
 impl UploadEngine {
     /// Hold the writer slot of a job's file for as long as the job writes it.
-    async fn pin(&self, id: &str) -> Result<WriteGuard, TusError> {
-        self.locks.acquire_pinned(id, self.cfg.takeover_wait).await.ok_or_else(|| TusError::locked(None))
+    async fn pin(&self, id: &str) -> Result<Lease, TusError> {
+        self.lease(id, Want::Pinned).await
     }
 }
 
@@ -142,8 +155,9 @@ impl FileWriter {
     /// Make everything written durable and commit it; returns the cursor to resume from.
     pub async fn sync(&mut self) -> Result<FileCursor, TusError> {
         self.app.commit().await?;
-        let (offset, state) = self.app.committed_state();
-        Ok(FileCursor { id: self.id().to_string(), offset, hash_state: base64::engine::general_purpose::STANDARD.encode(state) })
+        let (offset, state, blob) = self.app.committed_state();
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        Ok(FileCursor { id: self.id().to_string(), offset, hash_state: b64.encode(state), blob_state: b64.encode(blob) })
     }
 
     /// Complete the file: its length becomes the bytes written; returns its handle.

@@ -1,19 +1,280 @@
-//! One writer per upload, with release-on-request (DESIGN §3 "Concurrency").
+//! Upload leases: one writer per upload, with release-on-request (DESIGN §2 "upload leases",
+//! §3 "Concurrency"). tusd calls this role a Locker.
 //!
-//! A request that needs an upload (HEAD, PATCH, DELETE) takes its slot. If a PATCH holds it,
-//! the newcomer cancels that PATCH's stop token — the PATCH checkpoints what it has and ends —
-//! and waits up to the take-over timeout for the slot, else the caller answers 423.
+//! A request that needs an upload (HEAD, PATCH, DELETE) takes its lease through a [`Locker`].
+//! If a PATCH holds it, the newcomer asks that PATCH to stop — its [`Lease::stop`] token fires,
+//! it checkpoints what it has and ends — and waits up to the take-over timeout, else the caller
+//! answers 423. A task writing one of its output files holds the lease *pinned*: it never lets
+//! go before the file is finished, so a newcomer is refused at once (423) instead of waiting.
+//! Background sweeps take a lease only [`Want::IfFree`]: they never stop a live writer.
 //!
-//! A task writing one of its output files holds the slot *pinned*: it never lets go before
-//! the file is finished, so a newcomer is refused at once (423) instead of waiting.
+//! Two implementations:
+//! - [`LocalLocker`]: the in-process table ([`WriterLocks`]) for a single server; the fence comes
+//!   from [`Catalog::acquire_fence`] when a writer opens the upload.
+//! - [`CatalogLocker`]: for catalogs shared by several processes: the in-process table plus a
+//!   catalog lease (owner, expiry on the database clock, a fence that only grows), renewed by
+//!   heartbeat; release requests cross processes through [`Catalog::request_release`] and
+//!   [`Catalog::release_requests`] (SQLite polls, PostgreSQL `LISTEN/NOTIFY`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use futures::StreamExt;
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{Catalog, CatalogError, LeaseOutcome};
+
+/// What kind of hold a caller wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Ask a current holder to let go, and wait for it (HEAD, PATCH, DELETE).
+    Takeover,
+    /// Like `Takeover`, then keep the lease until dropped, refusing every later request at once
+    /// (a task's output file).
+    Pinned,
+    /// Only if nobody holds it; never disturbs a holder (background sweeps).
+    IfFree,
+}
+
+/// Why a lease was not granted.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Held by someone who did not let go in time (or is pinned, or `IfFree` found it held).
+    #[error("the upload is locked by another request")]
+    Locked,
+    /// The catalog failed (or the upload is unknown: `CatalogError::NotFound`).
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+/// Takes upload leases. Implementations: [`LocalLocker`], [`CatalogLocker`].
+#[async_trait]
+pub trait Locker: Send + Sync + 'static {
+    /// Take the lease of upload `id` as `want` says, waiting at most `wait` for a holder to let
+    /// go. Errors: [`LockError::Locked`] when it did not in time (at once for a pinned holder
+    /// or `IfFree`); [`LockError::Catalog`] for catalog failures (`NotFound`: unknown upload).
+    async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError>;
+
+    /// Whether leases carry their own fence ([`Lease::fence`] is `Some`). When `false`, a
+    /// writer takes the fence with [`Catalog::acquire_fence`] under the lease.
+    fn fences(&self) -> bool;
+}
+
+/// Lease validity as seen by the holder's own monotonic clock: the deadline moves forward on
+/// every successful renewal (counted from when the renewal was *sent*), so a holder that was
+/// paused (SIGSTOP, a long GC-like stall) finds its lease stale before it writes again.
+#[derive(Debug, Clone, Default)]
+pub struct Validity(Arc<Mutex<Option<Instant>>>);
+
+impl Validity {
+    fn until(at: Instant) -> Validity {
+        Validity(Arc::new(Mutex::new(Some(at))))
+    }
+
+    fn extend(&self, to: Instant) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_some_and(|t| t < to) {
+            *g = Some(to);
+        }
+    }
+
+    fn end(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() - Duration::from_millis(1));
+    }
+
+    /// True while the lease may still be trusted (always, for in-process leases).
+    pub fn is_valid(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|t| Instant::now() < t)
+    }
+}
+
+/// A held upload lease. Dropping it releases the lease.
+pub struct Lease {
+    stop: CancellationToken,
+    fence: Option<u64>,
+    taken_over: bool,
+    validity: Validity,
+    /// Releases on drop (the in-process slot, the catalog lease and its heartbeat).
+    _hold: Box<dyn Send + Sync>,
+}
+
+impl Lease {
+    /// Cancelled when another request wants this upload (or the lease was lost).
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// The lease's fencing token, for lockers that [`Locker::fences`].
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// The lease was taken from a holder that never released it: repair the blob before
+    /// trusting bytes past the committed offset (reopening the writer at the committed state
+    /// does it).
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
+    }
+
+    /// Whether the lease is still ours by our own clock; checked before each batch of bytes
+    /// becomes part of the upload. A shared handle the writer keeps.
+    pub fn validity(&self) -> Validity {
+        self.validity.clone()
+    }
+}
+
+/// The in-process locker of a single server.
+#[derive(Default)]
+pub struct LocalLocker {
+    table: Arc<WriterLocks>,
+}
+
+impl LocalLocker {
+    pub fn new() -> LocalLocker {
+        LocalLocker::default()
+    }
+}
+
+#[async_trait]
+impl Locker for LocalLocker {
+    async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError> {
+        let g = self.table.take(id, want, wait).await.ok_or(LockError::Locked)?;
+        Ok(Lease { stop: g.stop.clone(), fence: None, taken_over: false, validity: Validity::default(), _hold: Box::new(g) })
+    }
+
+    fn fences(&self) -> bool {
+        false
+    }
+}
+
+/// Settings of a [`CatalogLocker`].
+#[derive(Debug, Clone)]
+pub struct CatalogLeaseConfig {
+    /// Lease owner id of this process (stable across restarts of one data dir).
+    pub owner: String,
+    /// Lease length; renewed every third of it.
+    pub ttl: Duration,
+    /// How often a waiting taker retries while the holder lets go.
+    pub retry: Duration,
+}
+
+/// Upload leases in a catalog shared by several processes.
+pub struct CatalogLocker {
+    catalog: Arc<dyn Catalog>,
+    cfg: CatalogLeaseConfig,
+    table: Arc<WriterLocks>,
+    _listener: tokio::task::JoinHandle<()>,
+}
+
+impl CatalogLocker {
+    /// Start listening for release requests from other processes.
+    pub async fn start(catalog: Arc<dyn Catalog>, cfg: CatalogLeaseConfig) -> Result<CatalogLocker, CatalogError> {
+        let table = Arc::new(WriterLocks::default());
+        let mut requests = catalog.release_requests().await?;
+        let t = table.clone();
+        let listener = tokio::spawn(async move {
+            while let Some(id) = requests.next().await {
+                t.request_stop(&id);
+            }
+        });
+        Ok(CatalogLocker { catalog, cfg, table, _listener: listener })
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        self.cfg.ttl.as_millis() as i64
+    }
+}
+
+impl Drop for CatalogLocker {
+    fn drop(&mut self) {
+        self._listener.abort();
+    }
+}
+
+/// Held by a [`CatalogLocker`] lease: releases the catalog lease, then the in-process slot.
+struct CatalogHold {
+    catalog: Arc<dyn Catalog>,
+    id: String,
+    fence: u64,
+    heartbeat: tokio::task::JoinHandle<()>,
+    local: Option<WriteGuard>,
+}
+
+impl Drop for CatalogHold {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        let (catalog, id, fence, local) = (self.catalog.clone(), std::mem::take(&mut self.id), self.fence, self.local.take());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = catalog.release_upload_lease(&id, fence).await {
+                    tracing::warn!(upload = id, error = %e, "releasing an upload lease (it will expire)");
+                }
+                drop(local);
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl Locker for CatalogLocker {
+    async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        // Same process first: stops a local holder without a catalog round trip.
+        let local = self.table.take(id, want, wait).await.ok_or(LockError::Locked)?;
+        let mut asked = false;
+        loop {
+            let sent = Instant::now();
+            match self.catalog.acquire_upload_lease(id, &self.cfg.owner, self.ttl_ms()).await? {
+                LeaseOutcome::Granted(g) => {
+                    let validity = Validity::until(sent + self.cfg.ttl);
+                    let heartbeat = spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
+                    let stop = local.stop.clone();
+                    let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, heartbeat, local: Some(local) };
+                    return Ok(Lease { stop, fence: Some(g.fence), taken_over: g.taken_over, validity, _hold: Box::new(hold) });
+                }
+                LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
+                LeaseOutcome::Held { .. } => {
+                    if !asked {
+                        self.catalog.request_release(id).await?;
+                        asked = true;
+                    }
+                    if tokio::time::Instant::now() + self.cfg.retry > deadline {
+                        return Err(LockError::Locked);
+                    }
+                    tokio::time::sleep(self.cfg.retry).await;
+                }
+            }
+        }
+    }
+
+    fn fences(&self) -> bool {
+        true
+    }
+}
+
+/// Renew every third of `ttl`; on a lost lease, end validity and fire the holder's stop token.
+fn spawn_heartbeat(catalog: Arc<dyn Catalog>, id: String, fence: u64, ttl: Duration, validity: Validity, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            let sent = Instant::now();
+            match catalog.renew_upload_lease(&id, fence, ttl.as_millis() as i64).await {
+                Ok(_) => validity.extend(sent + ttl),
+                Err(CatalogError::Fenced) | Err(CatalogError::NotFound) => {
+                    validity.end();
+                    stop.cancel();
+                    return;
+                }
+                // The catalog is away: keep trying; validity runs out on its own if it stays away.
+                Err(e) => tracing::warn!(upload = id, error = %e, "renewing an upload lease"),
+            }
+        }
+    })
+}
 
 #[derive(Default)]
 struct Slot {
@@ -30,7 +291,7 @@ pub struct WriterLocks {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
-/// Held while a request owns an upload; [`WriteGuard::stop`] fires when another request
+/// Held while a request owns an upload's slot; [`WriteGuard::stop`] fires when another request
 /// asks for it.
 pub struct WriteGuard {
     table: Arc<WriterLocks>,
@@ -67,39 +328,73 @@ impl Drop for WriteGuard {
 }
 
 impl WriterLocks {
+    /// Take the slot of `id` as `want` says (see [`Want`]), waiting at most `wait`.
+    /// `None` when the holder did not let go in time.
+    pub async fn take(self: &Arc<Self>, id: &str, want: Want, wait: Duration) -> Option<WriteGuard> {
+        let mut g = match want {
+            Want::IfFree => self.try_acquire(id)?,
+            Want::Takeover | Want::Pinned => self.acquire(id, wait).await?,
+        };
+        if want == Want::Pinned {
+            g.slot.pinned.store(true, Ordering::SeqCst);
+            g.pinned = true;
+        }
+        Some(g)
+    }
+
+    fn refuse(self: &Arc<Self>, id: &str, slot: Arc<Slot>) -> Option<WriteGuard> {
+        drop(WriteGuard { table: self.clone(), id: id.to_string(), slot, stop: CancellationToken::new(), _guard: None, pinned: false });
+        None
+    }
+
+    fn granted(self: &Arc<Self>, id: &str, slot: Arc<Slot>, guard: OwnedMutexGuard<()>) -> WriteGuard {
+        let stop = CancellationToken::new();
+        *slot.stop.lock().unwrap() = stop.clone();
+        WriteGuard { table: self.clone(), id: id.to_string(), slot, stop, _guard: Some(guard), pinned: false }
+    }
+
+    /// Take the slot of `id` only if nobody holds it; never asks a holder to stop.
+    pub fn try_acquire(self: &Arc<Self>, id: &str) -> Option<WriteGuard> {
+        let slot = self.slots.lock().unwrap().entry(id.to_string()).or_default().clone();
+        match slot.lock.clone().try_lock_owned() {
+            Ok(g) => Some(self.granted(id, slot, g)),
+            Err(_) => self.refuse(id, slot),
+        }
+    }
+
     /// Take the slot of `id`, asking a current holder to stop and waiting at most `wait`.
     /// `None` when the holder did not let go in time.
     pub async fn acquire(self: &Arc<Self>, id: &str, wait: Duration) -> Option<WriteGuard> {
         let slot = self.slots.lock().unwrap().entry(id.to_string()).or_default().clone();
         let guard = match slot.lock.clone().try_lock_owned() {
             Ok(g) => g,
-            Err(_) if slot.pinned.load(Ordering::SeqCst) => {
-                drop(WriteGuard { table: self.clone(), id: id.to_string(), slot, stop: CancellationToken::new(), _guard: None, pinned: false });
-                return None;
-            }
+            Err(_) if slot.pinned.load(Ordering::SeqCst) => return self.refuse(id, slot),
             Err(_) => {
                 slot.stop.lock().unwrap().cancel();
                 match tokio::time::timeout(wait, slot.lock.clone().lock_owned()).await {
                     Ok(g) => g,
-                    Err(_) => {
-                        drop(WriteGuard { table: self.clone(), id: id.to_string(), slot, stop: CancellationToken::new(), _guard: None, pinned: false });
-                        return None;
-                    }
+                    Err(_) => return self.refuse(id, slot),
                 }
             }
         };
-        let stop = CancellationToken::new();
-        *slot.stop.lock().unwrap() = stop.clone();
-        Some(WriteGuard { table: self.clone(), id: id.to_string(), slot, stop, _guard: Some(guard), pinned: false })
+        Some(self.granted(id, slot, guard))
     }
 
     /// Take the slot of `id` like [`WriterLocks::acquire`] and keep it until the guard drops:
     /// later requests for `id` are refused at once.
     pub async fn acquire_pinned(self: &Arc<Self>, id: &str, wait: Duration) -> Option<WriteGuard> {
-        let mut g = self.acquire(id, wait).await?;
-        g.slot.pinned.store(true, Ordering::SeqCst);
-        g.pinned = true;
-        Some(g)
+        self.take(id, Want::Pinned, wait).await
+    }
+
+    /// Ask the holder of `id`'s slot in this process, if any and not pinned, to let go (a
+    /// release request from another process).
+    pub fn request_stop(&self, id: &str) {
+        let slot = self.slots.lock().unwrap().get(id).cloned();
+        if let Some(slot) = slot {
+            if !slot.pinned.load(Ordering::SeqCst) {
+                slot.stop.lock().unwrap().cancel();
+            }
+        }
     }
 
     /// Number of live slots (for tests).

@@ -1,5 +1,10 @@
-//! Work the engine does on its own: start-up recovery, the expiry sweeper, and building the
-//! final upload of a concatenation (TUS 1.0 §Concatenation, concatenation-unfinished).
+//! Work the engine does on its own: the expiry sweeper, rolling back an upload whose blob lost
+//! bytes, and building the final upload of a concatenation (TUS 1.0 §Concatenation,
+//! concatenation-unfinished).
+//!
+//! There is no start-up recovery pass: the process that takes an upload's lease repairs that
+//! one upload when it opens the blob at the committed state (DESIGN §2 "recovery by the
+//! taker"), so no process ever cuts bytes another process is writing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +14,14 @@ use futures::TryStreamExt;
 
 use super::append::Appender;
 use super::hash::RunningSha256;
-use super::locks::WriteGuard;
+use super::locks::{Lease, Want};
 use super::{now_ms, UploadEngine};
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 impl UploadEngine {
     /// Complete an upload created with `Upload-Length: 0`.
-    pub(super) async fn complete_empty(self: &Arc<Self>, _guard: &WriteGuard, rec: &UploadRecord) -> Result<(), TusError> {
-        let mut app = Appender::open(self, rec.clone(), 0, Some(0), None).await?;
+    pub(super) async fn complete_empty(self: &Arc<Self>, lease: &Lease, rec: &UploadRecord) -> Result<(), TusError> {
+        let mut app = Appender::open(self, rec.clone(), 0, Some(0), None, lease).await?;
         app.commit().await
     }
 
@@ -57,11 +62,15 @@ impl UploadEngine {
         };
         for f in finals {
             tracing::info!(upload = f, part = part_id, "a part is gone; the final upload expires");
-            if let Err(e) = self.catalog.mark_expired(&f, now_ms()).await {
-                tracing::error!(upload = f, error = %e, "expiring a final upload");
+            match self.catalog.mark_expired(&f, now_ms()).await {
+                Ok(true) => {
+                    let _ = self.blobs.abort(&f).await;
+                    self.metrics.uploads_expired.inc();
+                }
+                // Finished meanwhile (compare-and-set): it keeps its bytes.
+                Ok(false) => {}
+                Err(e) => tracing::error!(upload = f, error = %e, "expiring a final upload"),
             }
-            let _ = self.blobs.delete(&f).await;
-            self.metrics.uploads_expired.inc();
         }
     }
 
@@ -93,7 +102,7 @@ impl UploadEngine {
             return Ok(());
         }
         let length_unset = rec.length.is_none();
-        let mut app = Appender::open(self, rec, 0, Some(total), length_unset.then_some(total)).await?;
+        let mut app = Appender::open(self, rec, 0, Some(total), length_unset.then_some(total), &guard).await?;
         for src in &sources {
             let mut stream = self.blobs.read(&src.id, 0..src.length.unwrap_or(0)).await?;
             while let Some(chunk) = stream.try_next().await.map_err(|e| super::internal("reading a part", e))? {
@@ -111,43 +120,30 @@ impl UploadEngine {
         result
     }
 
-    /// Start-up recovery (DESIGN §2): cut every blob back to its recorded offset, so garbage
-    /// past a checkpoint never becomes data. (Finals are rebuilt by their `concat` tasks.)
-    /// In relaxed durability a blob may be *shorter* than its offset after a power loss: the
-    /// upload is then rolled back to the bytes that survived (re-hashed once).
-    pub async fn recover(self: &Arc<Self>) -> anyhow::Result<()> {
-        for rec in self.catalog.list_unfinished().await? {
-            if matches!(rec.concat, Concat::Final { .. }) {
-                continue;
-            }
-            match self.blobs.len(&rec.id).await? {
-                Some(len) if len > rec.offset => {
-                    tracing::info!(upload = rec.id, len, offset = rec.offset, "truncating bytes past the last checkpoint");
-                    self.blobs.truncate(&rec.id, rec.offset).await?;
-                }
-                Some(len) if len == rec.offset => {}
-                found => {
-                    let len = found.unwrap_or(0);
-                    tracing::warn!(upload = rec.id, len, offset = rec.offset, "blob shorter than its checkpoint (relaxed durability?); rolling back");
-                    if found.is_none() {
-                        self.blobs.create(&rec.id).await?;
-                    }
-                    self.rehash_to(&rec, len).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn rehash_to(&self, rec: &UploadRecord, len: u64) -> Result<(), TusError> {
+    /// Roll upload `rec` back to the `len` bytes its blob still has (relaxed durability after
+    /// a power loss), re-hashing them once, under the caller's `fence`.
+    pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64) -> Result<(), TusError> {
+        tracing::warn!(upload = rec.id, len, offset = rec.offset, "blob shorter than its checkpoint (relaxed durability?); rolling back");
         let mut hasher = RunningSha256::new();
-        let mut stream = self.blobs.read(&rec.id, 0..len).await?;
-        while let Some(chunk) = stream.try_next().await.map_err(|e| super::internal("re-hashing", e))? {
-            hasher.update(&chunk);
+        if len > 0 {
+            let mut stream = self.blobs.read(&rec.id, 0..len).await?;
+            while let Some(chunk) = stream.try_next().await.map_err(|e| super::internal("re-hashing", e))? {
+                hasher.update(&chunk);
+            }
+        } else if self.blobs.len(&rec.id).await?.is_none() {
+            self.blobs.create(&rec.id).await?;
         }
-        let fence = self.catalog.acquire_fence(&rec.id).await?;
         let now = now_ms();
-        let cp = Checkpoint { offset: len, hash_state: hasher.state(), length: None, finished_sha256: None, expires_at_ms: self.expiry_from(now), now_ms: now };
+        let cp = Checkpoint {
+            offset: len,
+            hash_state: hasher.state(),
+            // The store's own state is unknown after a loss; the empty state means "as found".
+            blob_state: Vec::new(),
+            length: None,
+            finished_sha256: None,
+            expires_at_ms: self.expiry_from(now),
+            now_ms: now,
+        };
         self.catalog.checkpoint(&rec.id, fence, &cp).await?;
         Ok(())
     }
@@ -155,25 +151,33 @@ impl UploadEngine {
     /// One sweep: expire unfinished uploads past their `Upload-Expires` (their bytes are
     /// deleted and the id answers 410), and forget tombstones older than the expiry period
     /// (the id then answers 404). Returns how many uploads expired.
+    ///
+    /// Safe on every replica at once and never against a live writer: an upload whose lease
+    /// is held (in this process or, through the catalog, in another) is alive and skipped —
+    /// the sweep never asks a holder to stop — and the tombstone is a compare-and-set
+    /// ([`crate::catalog::Catalog::expire_if_due`]) re-checked under the lease.
     pub async fn sweep_once(&self) -> anyhow::Result<usize> {
         let now = now_ms();
         let ids = self.catalog.list_expired(now, 1000).await?;
         let mut n = 0;
         for id in ids {
-            let Ok(_guard) = self.take(&id).await else { continue };
-            match self.catalog.get_upload(&id).await? {
-                Some(r) if !r.is_finished() && !r.expired && r.expires_at_ms.is_some_and(|e| e <= now_ms()) => {}
-                _ => continue,
+            let _lease = match self.locker.acquire(&id, Want::IfFree, std::time::Duration::ZERO).await {
+                Ok(l) => l,
+                // Held: someone is writing it, so it is alive. Gone: someone else swept it.
+                Err(_) => continue,
+            };
+            if !self.catalog.expire_if_due(&id, now_ms()).await? {
+                continue;
             }
-            self.catalog.mark_expired(&id, now_ms()).await?;
-            self.blobs.delete(&id).await?;
+            self.blobs.abort(&id).await?;
             self.metrics.uploads_expired.inc();
             self.part_gone(&id).await;
             n += 1;
         }
         let keep = self.cfg.expire_after.unwrap_or(Duration::ZERO).min(Duration::from_secs(24 * 3600));
-        for id in self.catalog.list_tombstones(now - keep.as_millis() as i64, 1000).await? {
-            self.catalog.delete_upload(&id).await?;
+        let before = now - keep.as_millis() as i64;
+        for id in self.catalog.list_tombstones(before, 1000).await? {
+            self.catalog.delete_tombstone(&id, before).await?;
         }
         Ok(n)
     }

@@ -25,7 +25,7 @@ mod maintenance;
 pub use append::AppendOutcome;
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
-use locks::{WriteGuard, WriterLocks};
+use locks::{Lease, LocalLocker, LockError, Locker, Want};
 
 /// What [`UploadEngine::create_keyed`] returns.
 #[derive(Debug, Clone)]
@@ -93,7 +93,7 @@ pub struct UploadEngine {
     pub(crate) catalog: Arc<dyn Catalog>,
     pub(crate) blobs: Arc<dyn BlobStore>,
     pub(crate) cfg: EngineConfig,
-    pub(crate) locks: Arc<WriterLocks>,
+    pub(crate) locker: Arc<dyn Locker>,
     pub(crate) metrics: Arc<Metrics>,
     /// Cancelled on graceful shutdown: in-flight PATCHes checkpoint and end.
     pub(crate) shutdown: CancellationToken,
@@ -148,8 +148,15 @@ impl From<BlobError> for TusError {
 }
 
 impl UploadEngine {
+    /// An engine for a single server: in-process upload leases ([`LocalLocker`]).
     pub fn new(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(UploadEngine { catalog, blobs, cfg, locks: Arc::new(WriterLocks::default()), metrics, shutdown: CancellationToken::new() })
+        Self::with_locker(catalog, blobs, cfg, metrics, Arc::new(LocalLocker::new()))
+    }
+
+    /// An engine whose upload leases come from `locker` (a [`locks::CatalogLocker`] when
+    /// several processes share the catalog).
+    pub fn with_locker(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>, locker: Arc<dyn Locker>) -> Arc<Self> {
+        Arc::new(UploadEngine { catalog, blobs, cfg, locker, metrics, shutdown: CancellationToken::new() })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -161,9 +168,16 @@ impl UploadEngine {
         self.shutdown.cancel();
     }
 
-    /// Whether the stores answer (for `/readyz`).
-    pub async fn ready(&self) -> bool {
-        self.catalog.ping().await.is_ok()
+    /// Whether the stores answer (for `/readyz`): `Err` names the first that does not.
+    pub async fn ready(&self) -> Result<(), &'static str> {
+        self.catalog.ping().await.map_err(|e| {
+            tracing::warn!(error = %e, "readiness: catalog");
+            "catalog unavailable"
+        })?;
+        self.blobs.ping().await.map_err(|e| {
+            tracing::warn!(error = %e, "readiness: blob store");
+            "blob store unavailable"
+        })
     }
 
     fn expiry_from(&self, now: i64) -> Option<i64> {
@@ -190,14 +204,21 @@ impl UploadEngine {
         Ok(self.catalog.get_upload(id).await?.map(|r| r.principal))
     }
 
-    async fn take(&self, id: &str) -> Result<WriteGuard, TusError> {
-        match self.locks.acquire(id, self.cfg.takeover_wait).await {
-            Some(g) => Ok(g),
-            None => {
-                let offset = self.catalog.get_upload(id).await.ok().flatten().map(|r| r.offset);
+    /// Take the upload's lease as `want` says; 423 (with the durable offset) when the
+    /// holder does not let go in time.
+    pub(crate) async fn lease(&self, id: &str, want: Want) -> Result<Lease, TusError> {
+        match self.locker.acquire(id, want, self.cfg.takeover_wait).await {
+            Ok(l) => Ok(l),
+            Err(LockError::Locked) => {
+                let offset = if want == Want::Pinned { None } else { self.catalog.get_upload(id).await.ok().flatten().map(|r| r.offset) };
                 Err(TusError::locked(offset))
             }
+            Err(LockError::Catalog(e)) => Err(e.into()),
         }
+    }
+
+    async fn take(&self, id: &str) -> Result<Lease, TusError> {
+        self.lease(id, Want::Takeover).await
     }
 
     /// HEAD: first asks an in-flight PATCH to checkpoint and stop, so the answer is the true
@@ -284,6 +305,7 @@ impl UploadEngine {
             expires_at_ms: expires,
             finished_at_ms: None,
             expired: false,
+            blob_state: Vec::new(),
         };
         self.blobs.create(&id).await?;
         match &key {
@@ -330,7 +352,7 @@ impl UploadEngine {
         let _guard = self.take(id).await?;
         self.get(principal, id).await?;
         self.catalog.delete_upload(id).await?;
-        self.blobs.delete(id).await?;
+        self.blobs.abort(id).await?;
         self.metrics.uploads_terminated.inc();
         self.part_gone(id).await;
         Ok(())
