@@ -161,11 +161,18 @@ impl UploadEngine {
         let ids = self.catalog.list_expired(now, 1000).await?;
         let mut n = 0;
         for id in ids {
-            let _lease = match self.locker.acquire(&id, Want::IfFree, std::time::Duration::ZERO).await {
+            let lease = match self.locker.acquire(&id, Want::IfFree, std::time::Duration::ZERO).await {
                 Ok(l) => l,
                 // Held: someone is writing it, so it is alive. Gone: someone else swept it.
                 Err(_) => continue,
             };
+            // A catalog lease is this sweeper's own, and `expire_if_due` skips any upload with a
+            // live lease: give it back first. A writer taking the upload in between keeps it
+            // alive (the compare-and-set then sees its lease); the guard's own release later is
+            // a no-op once the fence has moved on.
+            if let Some(fence) = lease.fence() {
+                self.catalog.release_upload_lease(&id, fence).await?;
+            }
             if !self.catalog.expire_if_due(&id, now_ms()).await? {
                 continue;
             }
