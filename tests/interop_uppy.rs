@@ -34,8 +34,9 @@ async fn uppy_in_chromium_cross_origin_pause_resume() {
     let paused = out["paused_at"].as_u64().unwrap();
     assert!(paused >= 2 * 512 * 1024 && paused < size, "paused at {paused} of {size}");
     assert_eq!(out["size"], size);
-    // Every answered request carried X-Request-ID: the browser's preflight allowed it.
-    assert!(out["request_ids"].as_u64().unwrap() >= out["patches"].as_u64().unwrap() + 1, "{out}");
+    // Every answered request carried X-Request-ID (the POST and each PATCH at least): the
+    // browser's preflight allowed it.
+    assert!(out["request_ids"].as_u64().unwrap() > out["patches"].as_u64().unwrap(), "{out}");
     let sha = out["sha256"].as_str().unwrap();
     assert_eq!(sha.len(), 64);
     assert_stored_sha256(&s, out["url"].as_str().unwrap(), sha).await;

@@ -181,7 +181,7 @@ pub async fn check_creation_keys(cat: &dyn Catalog, p: &str) {
     let retry = record(&format!("{p}key2"), "alice", Concat::None);
     match cat.create_upload_keyed(&retry, &key("k", "fp-b")).await.unwrap() {
         KeyedCreate::Existing { upload, fingerprint } => {
-            assert_eq!(upload, first, "the existing upload, as get_upload reads it");
+            assert_eq!(*upload, first, "the existing upload, as get_upload reads it");
             assert_eq!(fingerprint, "fp-a", "the fingerprint it was created with");
         }
         other => panic!("a held key must return the holder, got {other:?}"),

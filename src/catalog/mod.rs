@@ -119,7 +119,7 @@ pub enum KeyedCreate {
     /// A live upload of the same principal already holds the key: that upload (as
     /// [`Catalog::get_upload`] reads it) and the fingerprint it was created with. Nothing was
     /// inserted.
-    Existing { upload: UploadRecord, fingerprint: String },
+    Existing { upload: Box<UploadRecord>, fingerprint: String },
 }
 
 /// Catalog failures.

@@ -185,7 +185,7 @@ impl Catalog for SqliteCatalog {
                 Ok(()) => return Ok(KeyedCreate::Created),
                 Err(CatalogError::AlreadyExists) => {
                     if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
-                        return Ok(KeyedCreate::Existing { upload, fingerprint });
+                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
                     }
                     if self.get_upload(&rec.id).await?.is_some() {
                         return Err(CatalogError::AlreadyExists);

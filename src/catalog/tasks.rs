@@ -57,8 +57,21 @@ pub struct Progress {
     pub fraction: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// `null` reads as no counters (the OpenAPI document allows it).
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, u64>, D::Error> {
+    let raw = <Option<BTreeMap<String, serde_json::Number>> as serde::Deserialize>::deserialize(d)?.unwrap_or_default();
+    raw.into_iter().map(|(k, n)| whole_number(&n).map(|v| (k, v)).ok_or_else(|| serde::de::Error::custom(format!("counter values are whole numbers ≥ 0, got {n}")))).collect()
+}
+
+/// A JSON number as a `u64` when it is a whole number ≥ 0, also when written with a zero
+/// fraction (`15.0`): JSON Schema's `integer` (2020-12 validation §6.1.1) is any number with a
+/// zero fractional part, and the OpenAPI document promises JSON Schema.
+pub fn whole_number(n: &serde_json::Number) -> Option<u64> {
+    n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 9_007_199_254_740_992.0).map(|f| f as u64))
 }
 
 /// One task's row.

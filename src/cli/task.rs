@@ -273,7 +273,9 @@ async fn execute(args: TaskArgs) -> Result<(), Exit> {
             }
             let raw: Option<&RawValue> = args.as_deref().map(|a| serde_json::from_str(a).expect("checked above"));
             let body = serde_json::to_string(&StartBody { kind: &kind, args: raw }).expect("serialises");
-            let headers: Vec<(&str, &str)> = idempotency_key.as_deref().map(|k| ("idempotency-key", k)).into_iter().collect();
+            // Sent in the header's RFC 9651 string form, so keys with spaces travel intact.
+            let key = idempotency_key.as_deref().map(|k| ferry_tus::IdempotencyKey::new(k).map(|k| k.to_string())).transpose().map_err(usage)?;
+            let headers: Vec<(&str, &str)> = key.as_deref().map(|k| ("idempotency-key", k)).into_iter().collect();
             let a = client.send(reqwest::Method::POST, "/tasks", &headers, Some(body)).await.map_err(|f| f.exit())?;
             if !wait {
                 print_json(&a.body);

@@ -100,10 +100,63 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// `GET /api/v1/openapi.json`.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta", operation_id = "openapi",
     responses((status = 200, description = "This OpenAPI 3.1 document.", content_type = "application/json", body = Object)))]
-async fn openapi_json() -> Response {
-    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let text = DOC.get_or_init(|| ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serialises"));
-    ([("content-type", "application/json")], text.as_str()).into_response()
+async fn openapi_json(State(s): State<AppState>) -> Response {
+    let kinds: Vec<String> = s.tasks.kinds().into_iter().filter(|k| k != "concat").collect();
+    let doc = document(!s.tokens.is_empty(), &kinds);
+    ([("content-type", "application/json")], serde_json::to_string_pretty(&doc).expect("the OpenAPI document serialises")).into_response()
+}
+
+/// The OpenAPI document as this server enforces it: the derived [`ApiDoc`] plus the
+/// constraints whose values live in constants the checks use too (so the two cannot drift):
+/// `limit` 1 to [`MAX_LIST_LIMIT`], `ttl_ms` of a share 1 to [`crate::signing::MAX_URL_TTL_MS`],
+/// `Idempotency-Key` of 1 to [`ferry_tus::IdempotencyKey::MAX_LEN`] characters, the task kinds
+/// this server has, and `Authorization` only when the server has tokens (without tokens every
+/// request acts as `local` and no operation answers 401).
+pub fn document(with_tokens: bool, kinds: &[String]) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
+    let limit = json!({ "type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT });
+    for path in ["/api/v1/files", "/api/v1/tasks"] {
+        if let Some(params) = doc.pointer_mut(&format!("/paths/{}/get/parameters", path.replace('/', "~1"))).and_then(Value::as_array_mut) {
+            for p in params.iter_mut().filter(|p| p["name"] == "limit") {
+                p["schema"] = limit.clone();
+                p["description"] = json!(format!("At most this many, 1 to {MAX_LIST_LIMIT} (default {DEFAULT_LIST_LIMIT}); other values are 400."));
+            }
+        }
+    }
+    if let Some(params) = doc.pointer_mut("/paths/~1api~1v1~1tasks/post/parameters").and_then(Value::as_array_mut) {
+        for p in params.iter_mut().filter(|p| p["name"] == "Idempotency-Key") {
+            let max = ferry_tus::IdempotencyKey::MAX_LEN;
+            // The bare form; an RFC 9651 string ("…") of the same characters is accepted too.
+            p["schema"] = json!({ "type": "string", "minLength": 1, "maxLength": max, "pattern": format!("^[!-~]{{1,{max}}}$") });
+            p["description"] = json!(format!("1 to {max} characters (visible ASCII, or an RFC 9651 string \"…\"); makes the start safe to retry."));
+        }
+    }
+    if let Some(share) = doc.pointer_mut("/components/schemas/ShareBody") {
+        share["required"] = json!([]);
+        share["properties"]["scope"] = json!({ "type": ["string", "null"], "enum": ["download", "upload", null], "description": "`download` (GET/HEAD of the finished file, the default) or `upload` (TUS HEAD/PATCH to finish it)." });
+        share["properties"]["ttl_ms"]["minimum"] = json!(1);
+        share["properties"]["ttl_ms"]["maximum"] = json!(crate::signing::MAX_URL_TTL_MS);
+    }
+    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask/properties/kind") {
+        start["enum"] = json!(kinds);
+    }
+    if !with_tokens {
+        if let Some(o) = doc.as_object_mut() {
+            o.remove("security");
+        }
+        if let Some(paths) = doc.pointer_mut("/paths").and_then(Value::as_object_mut) {
+            for op in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+                if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                    r.remove("401");
+                }
+            }
+        }
+        if let Some(scheme) = doc.pointer_mut("/components/securitySchemes/bearer/description") {
+            *scheme = json!("This server has no tokens: requests need no Authorization and act as principal `local`.");
+        }
+    }
+    doc
 }
 
 /// RFC 9457 problem details, as every error of ferry is rendered.
@@ -209,17 +262,46 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
     })
 }
 
-/// `limit` query parameter: 1 to 1000, default 100.
+/// Most items one list answer holds (`limit` ≤ this); the OpenAPI document states it.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+/// Items a list answer holds without `limit`.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+
+/// `limit` query parameter: 1 to [`MAX_LIST_LIMIT`], default [`DEFAULT_LIST_LIMIT`].
 fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
     match q {
-        Ok(Query(ListQuery { limit: None })) => Ok(100),
-        Ok(Query(ListQuery { limit: Some(n) })) if (1..=1000).contains(&n) => Ok(n),
-        _ => Err(Problem(TusError::bad_request("limit must be a whole number from 1 to 1000", "Send ?limit=100 or omit it."))),
+        Ok(Query(ListQuery { limit: None })) => Ok(DEFAULT_LIST_LIMIT),
+        Ok(Query(ListQuery { limit: Some(n) })) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
+        _ => Err(Problem(TusError::bad_request(format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"), format!("Send ?limit={DEFAULT_LIST_LIMIT} or omit it.")))),
     }
 }
 
+/// A request body: every one this API takes is a JSON object (serde would also read a struct
+/// from an array, which the document does not allow).
 fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
-    serde_json::from_slice(body).map_err(|e| Problem(TusError::bad_request(format!("invalid JSON body: {e}"), "Send a JSON object as documented in /api/v1/openapi.json.")))
+    let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
+    if !body.trim_ascii_start().starts_with(b"{") {
+        return Err(Problem(TusError::bad_request("the request body must be a JSON object", hint)));
+    }
+    serde_json::from_slice(body).map_err(|e| Problem(TusError::bad_request(format!("invalid JSON body: {e}"), hint)))
+}
+
+/// An optional whole number (`ttl_ms`), also written with a zero fraction (`3600000.0`), as
+/// JSON Schema's `integer` allows.
+fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let n: Option<serde_json::Number> = Option::deserialize(d)?;
+    n.map(|n| crate::catalog::tasks::whole_number(&n).ok_or_else(|| serde::de::Error::custom(format!("expected a whole number ≥ 0, got {n}")))).transpose()
+}
+
+/// [`opt_whole`] for a signed field: values past `i64::MAX` are refused.
+fn opt_whole_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let n: Option<serde_json::Number> = Option::deserialize(d)?;
+    n.map(|n| {
+        n.as_i64()
+            .or_else(|| crate::catalog::tasks::whole_number(&n).and_then(|v| i64::try_from(v).ok()))
+            .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, got {n}")))
+    })
+    .transpose()
 }
 
 /// Milliseconds between polls a client should wait.
@@ -317,6 +399,7 @@ struct StartBody<'a> {
     args: Option<&'a RawValue>,
     /// Keep the task this long after it finishes (default 24 h).
     #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "opt_whole_i64")]
     ttl_ms: Option<i64>,
 }
 
@@ -646,6 +729,7 @@ struct ShareBody {
     #[schema(value_type = String, example = "download")]
     scope: Option<crate::signing::Scope>,
     /// Lifetime in ms, 1 to 604800000 (7 days); default 3600000 (1 h).
+    #[serde(default, deserialize_with = "opt_whole")]
     ttl_ms: Option<u64>,
 }
 
@@ -686,7 +770,10 @@ async fn share_file(
     let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { json_body(&body)? };
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);
     if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
-        return Err(Problem(TusError::bad_request("ttl_ms must be from 1 to 604800000 (7 days)", "Send a shorter ttl_ms, e.g. 3600000 for one hour.")));
+        return Err(Problem(TusError::bad_request(
+            format!("ttl_ms must be from 1 to {} (7 days)", crate::signing::MAX_URL_TTL_MS),
+            format!("Send a ttl_ms in that range, e.g. {DEFAULT_SHARE_TTL_MS} for one hour."),
+        )));
     }
     s.engine.get(&p, &id).await?;
     let signed = s.links.signed(req.scope.unwrap_or(crate::signing::Scope::Download), &id, ttl, crate::upload::now_ms());

@@ -327,7 +327,7 @@ impl UploadEngine {
                     if is_expired(&upload, now_ms()) {
                         return Err(TusError::expired());
                     }
-                    return Ok(Created { upload, existing: true });
+                    return Ok(Created { upload: *upload, existing: true });
                 }
             },
         }

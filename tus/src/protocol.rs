@@ -360,7 +360,7 @@ pub fn parse_declared_sha256(hexed: &str) -> Result<[u8; 32], TusError> {
 /// Hex digits in pairs (either case) → bytes; `None` for anything else (also an odd count).
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
-    if b.is_empty() || b.len() % 2 != 0 {
+    if b.is_empty() || !b.len().is_multiple_of(2) {
         return None;
     }
     b.chunks(2).map(|pair| Some(((pair[0] as char).to_digit(16)? * 16 + (pair[1] as char).to_digit(16)?) as u8)).collect()
