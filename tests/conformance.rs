@@ -95,10 +95,10 @@ async fn postgres_catalog_reconnects_after_its_connections_are_terminated() {
     // The listener reconnects too: a request sent after that arrives.
     let got = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         loop {
-            cat.request_release("after-restart").await.unwrap();
-            if let Ok(Some(id)) = tokio::time::timeout(std::time::Duration::from_millis(500), requests.next()).await {
-                if id == "after-restart" {
-                    return id;
+            cat.request_release("after-restart", "test").await.unwrap();
+            if let Ok(Some(r)) = tokio::time::timeout(std::time::Duration::from_millis(500), requests.next()).await {
+                if r.upload_id == "after-restart" {
+                    return r.upload_id;
                 }
             }
         }

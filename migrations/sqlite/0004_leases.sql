@@ -8,9 +8,10 @@ ALTER TABLE uploads ADD COLUMN lease_taken_over INTEGER NOT NULL DEFAULT 0;
 
 -- Release-on-request across processes (PostgreSQL uses NOTIFY instead); rows are pruned after a minute.
 CREATE TABLE lease_requests (
-    seq       INTEGER PRIMARY KEY AUTOINCREMENT,
-    upload_id TEXT NOT NULL,
-    at_ms     INTEGER NOT NULL
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    upload_id  TEXT NOT NULL,
+    from_owner TEXT NOT NULL,
+    at_ms      INTEGER NOT NULL
 );
 
 -- Secrets every replica shares (the URL-signing key): created once, never replaced.

@@ -408,11 +408,14 @@ pub async fn check_task_lease_database_clock(cat: &dyn Catalog, p: &str) {
 pub async fn check_release_requests(cat: &dyn Catalog, p: &str) {
     let id = format!("{p}releasereq");
     let mut stream = cat.release_requests().await.unwrap();
-    cat.request_release(&id).await.unwrap();
+    cat.request_release(&id, "asker").await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             match stream.next().await {
-                Some(x) if x == id => return x,
+                Some(x) if x.upload_id == id => {
+                    assert_eq!(x.from, "asker", "the request names who asked");
+                    return x.upload_id;
+                }
                 Some(_) => continue,
                 None => panic!("the release request stream ended"),
             }
@@ -468,10 +471,10 @@ pub async fn check_racing_expiry(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
 pub async fn check_release_request_crosses_handles(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
     let id = format!("{p}crossrelease");
     let mut on_a = a.release_requests().await.unwrap();
-    b.request_release(&id).await.unwrap();
+    b.request_release(&id, "b").await.unwrap();
     tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(x) = on_a.next().await {
-            if x == id {
+            if x.upload_id == id {
                 return;
             }
         }

@@ -113,6 +113,8 @@ pub struct CreationKey {
 
 /// What [`Catalog::create_upload_keyed`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Returned once per creation request, never stored in bulk: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum KeyedCreate {
     /// The record was inserted and now holds the key.
     Created,
@@ -166,8 +168,17 @@ pub enum LeaseOutcome {
     },
 }
 
-/// Upload ids whose lease holders were asked to let go ([`Catalog::request_release`]).
-pub type ReleaseRequests = futures::stream::BoxStream<'static, String>;
+/// One [`Catalog::request_release`] call, as delivered to listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRequest {
+    /// The upload whose lease holder should let go.
+    pub upload_id: String,
+    /// The lease owner id of the process that asked (a listener ignores its own requests).
+    pub from: String,
+}
+
+/// Release requests made through [`Catalog::request_release`], in any process.
+pub type ReleaseRequests = futures::stream::BoxStream<'static, ReleaseRequest>;
 
 /// Upload metadata storage. Implementations must be safe to share between tasks and, for the
 /// distributed backends, between processes.
@@ -260,10 +271,11 @@ pub trait Catalog: TaskCatalog + Send + Sync + 'static {
     /// (release-on-request across replicas). Delivered to every [`Catalog::release_requests`]
     /// stream open now, at least once, within about a second (SQLite polls; PostgreSQL uses
     /// `NOTIFY`). Never fails because nobody holds the lease.
-    async fn request_release(&self, id: &str) -> CatalogResult<()>;
+    /// `from` is the asking process's lease owner id, delivered with the request.
+    async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()>;
 
-    /// A stream of upload ids for which [`Catalog::request_release`] was called after this
-    /// call returned. Ends only when dropped; may repeat an id.
+    /// A stream of the [`Catalog::request_release`] calls made (by any process) after this
+    /// call returned. Ends only when dropped; may repeat a request.
     async fn release_requests(&self) -> CatalogResult<ReleaseRequests>;
 
     /// The shared secret `name` (e.g. the URL-signing key): if none is stored yet, store

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequests, UploadRecord};
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequest, ReleaseRequests, UploadRecord};
 
 /// The `NOTIFY` channel of release requests (release-on-request across replicas).
 const RELEASE_CHANNEL: &str = "ferry_release";
@@ -153,6 +153,12 @@ impl PostgresCatalog {
     }
 }
 
+/// A release request from its `NOTIFY` payload (`{"upload_id":…,"from":…}`).
+fn release_request(payload: &str) -> Option<ReleaseRequest> {
+    let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+    Some(ReleaseRequest { upload_id: v["upload_id"].as_str()?.to_string(), from: v["from"].as_str()?.to_string() })
+}
+
 /// A driver error in one line: the server's own message for database errors (without the
 /// source position sqlx appends), the OS error for I/O.
 fn describe(e: &sqlx::Error) -> String {
@@ -235,7 +241,7 @@ impl Catalog for PostgresCatalog {
                 Ok(()) => return Ok(KeyedCreate::Created),
                 Err(CatalogError::AlreadyExists) => {
                     if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
-                        return Ok(KeyedCreate::Existing { upload, fingerprint });
+                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
                     }
                     if self.get_upload(&rec.id).await?.is_some() {
                         return Err(CatalogError::AlreadyExists);
@@ -419,8 +425,9 @@ impl Catalog for PostgresCatalog {
         super::postgres_tasks::settle(tx, out).await
     }
 
-    async fn request_release(&self, id: &str) -> CatalogResult<()> {
-        sqlx::query("SELECT pg_notify($1, $2)").bind(RELEASE_CHANNEL).bind(id).execute(&self.pool).await?;
+    async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
+        let payload = serde_json::json!({ "upload_id": id, "from": from }).to_string();
+        sqlx::query("SELECT pg_notify($1, $2)").bind(RELEASE_CHANNEL).bind(payload).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -434,7 +441,10 @@ impl Catalog for PostgresCatalog {
         let stream = futures::stream::unfold(listener, |mut listener| async move {
             loop {
                 match listener.recv().await {
-                    Ok(n) => return Some((n.payload().to_string(), listener)),
+                    Ok(n) => match release_request(n.payload()) {
+                        Some(r) => return Some((r, listener)),
+                        None => tracing::warn!(payload = n.payload(), "ignoring a malformed release request"),
+                    },
                     Err(e) => {
                         tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
                         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequests, UploadRecord};
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequest, ReleaseRequests, UploadRecord};
 
 /// A receiver as a stream (what `tokio_stream::wrappers::ReceiverStream` does).
-fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<String>) -> impl futures::Stream<Item = String> + Send + 'static {
+fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<ReleaseRequest>) -> impl futures::Stream<Item = ReleaseRequest> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
@@ -371,10 +371,14 @@ impl Catalog for SqliteCatalog {
         Ok((uploads, tasks))
     }
 
-    async fn request_release(&self, id: &str) -> CatalogResult<()> {
+    async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM lease_requests WHERE at_ms < {DB_NOW} - ?"))).bind(RELEASE_REQUEST_TTL_MS).execute(&mut *tx).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO lease_requests (upload_id, at_ms) VALUES (?, {DB_NOW})"))).bind(id).execute(&mut *tx).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO lease_requests (upload_id, from_owner, at_ms) VALUES (?, ?, {DB_NOW})")))
+            .bind(id)
+            .bind(from)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -382,14 +386,14 @@ impl Catalog for SqliteCatalog {
     async fn release_requests(&self) -> CatalogResult<ReleaseRequests> {
         let mut seen: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM lease_requests").fetch_one(&self.pool).await?;
         let pool = self.pool.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel::<String>(256);
+        let (tx, rx) = tokio::sync::mpsc::channel::<ReleaseRequest>(256);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = tx.closed() => return,
                     _ = tokio::time::sleep(RELEASE_POLL) => {}
                 }
-                let rows = match sqlx::query("SELECT seq, upload_id FROM lease_requests WHERE seq > ? ORDER BY seq").bind(seen).fetch_all(&pool).await {
+                let rows = match sqlx::query("SELECT seq, upload_id, from_owner FROM lease_requests WHERE seq > ? ORDER BY seq").bind(seen).fetch_all(&pool).await {
                     Ok(rows) => rows,
                     Err(e) => {
                         tracing::warn!(error = %e, "polling release requests");
@@ -397,9 +401,9 @@ impl Catalog for SqliteCatalog {
                     }
                 };
                 for r in rows {
-                    let (Ok(seq), Ok(id)) = (r.try_get::<i64, _>(0), r.try_get::<String, _>(1)) else { continue };
+                    let (Ok(seq), Ok(upload_id), Ok(from)) = (r.try_get::<i64, _>(0), r.try_get::<String, _>(1), r.try_get::<String, _>(2)) else { continue };
                     seen = seen.max(seq);
-                    if tx.send(id).await.is_err() {
+                    if tx.send(ReleaseRequest { upload_id, from }).await.is_err() {
                         return;
                     }
                 }

@@ -284,6 +284,7 @@ impl Engine {
         let cancel = self.shutdown.child_token();
         self.running.lock().unwrap().insert(task.id.clone(), cancel.clone());
         let responses: BTreeMap<String, Box<RawValue>> = serde_json::from_str(&task.input_responses).unwrap_or_default();
+        let resumed = task.runs > 1 && task.progress != Default::default();
         let ctx = JobContext {
             task_id: task.id.clone(),
             principal: task.principal.clone(),
@@ -292,22 +293,36 @@ impl Engine {
             uploads: self.uploads.clone(),
             cancel: cancel.clone(),
             responses,
-            progress: Mutex::new((task.progress.clone(), None)),
-            floor: Mutex::new((task.runs > 1 && task.progress != Default::default()).then(|| task.progress.clone())),
+            // A resumed run starts behind what clients saw: its own reports start empty and the
+            // stored progress is the floor until they pass it (never reported backwards).
+            progress: Mutex::new((if resumed { Default::default() } else { task.progress.clone() }, None)),
+            floor: Mutex::new(resumed.then(|| task.progress.clone())),
             files: Mutex::new(Vec::new()),
         };
         let heartbeat = {
             let (catalog, id, fence, lease, cancel) = (self.catalog.clone(), task.id.clone(), task.fence, self.cfg.lease, cancel.clone());
             tokio::spawn(async move {
+                // The lease is ours until `valid_until` by our own clock (counted from when the
+                // last successful renewal was sent): past it another process may have claimed
+                // the task, so the job is stopped even if the catalog cannot tell us.
+                let mut valid_until = std::time::Instant::now() + lease;
                 loop {
                     tokio::time::sleep(lease / 3).await;
+                    let sent = std::time::Instant::now();
                     match catalog.renew_lease(&id, fence, lease.as_millis() as i64).await {
-                        Ok(s) if s == TaskStatus::Working || s == TaskStatus::InputRequired => {}
+                        Ok(s) if s == TaskStatus::Working || s == TaskStatus::InputRequired => valid_until = sent + lease,
                         Ok(_) | Err(CatalogError::Fenced) => {
                             cancel.cancel();
                             break;
                         }
-                        Err(e) => tracing::warn!(task = id, error = %e, "lease renewal failed"),
+                        Err(e) => {
+                            tracing::warn!(task = id, error = %e, "lease renewal failed");
+                            if std::time::Instant::now() >= valid_until {
+                                tracing::warn!(task = id, "task lease ran out while the catalog was unreachable; stopping the job");
+                                cancel.cancel();
+                                break;
+                            }
+                        }
                     }
                 }
             })

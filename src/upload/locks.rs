@@ -175,10 +175,15 @@ impl CatalogLocker {
     pub async fn start(catalog: Arc<dyn Catalog>, cfg: CatalogLeaseConfig) -> Result<CatalogLocker, CatalogError> {
         let table = Arc::new(WriterLocks::default());
         let mut requests = catalog.release_requests().await?;
-        let t = table.clone();
+        let (t, me) = (table.clone(), cfg.owner.clone());
         let listener = tokio::spawn(async move {
-            while let Some(id) = requests.next().await {
-                t.request_stop(&id);
+            while let Some(r) = requests.next().await {
+                // Our own requests are for holders elsewhere (local holders were asked
+                // through the in-process table already); stopping ourselves would make a taker
+                // stop the very request it is acquiring for.
+                if r.from != me {
+                    t.request_stop(&r.upload_id);
+                }
             }
         });
         Ok(CatalogLocker { catalog, cfg, table, _listener: listener })
@@ -239,7 +244,7 @@ impl Locker for CatalogLocker {
                 LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
                 LeaseOutcome::Held { .. } => {
                     if !asked {
-                        self.catalog.request_release(id).await?;
+                        self.catalog.request_release(id, &self.cfg.owner).await?;
                         asked = true;
                     }
                     if tokio::time::Instant::now() + self.cfg.retry > deadline {

@@ -161,18 +161,18 @@ impl UploadEngine {
         let ids = self.catalog.list_expired(now, 1000).await?;
         let mut n = 0;
         for id in ids {
-            let lease = match self.locker.acquire(&id, Want::IfFree, std::time::Duration::ZERO).await {
-                Ok(l) => l,
-                // Held: someone is writing it, so it is alive. Gone: someone else swept it.
-                Err(_) => continue,
+            // In-process leases live only in this process's table: a held slot means a live
+            // writer. Catalog leases are checked by `expire_if_due` itself, in the same atomic
+            // step as the tombstone (taking one here would make the sweeper its own obstacle).
+            let _slot = if self.locker.fences() {
+                None
+            } else {
+                match self.locker.acquire(&id, Want::IfFree, Duration::ZERO).await {
+                    Ok(l) => Some(l),
+                    // Held: someone is writing it, so it is alive. Gone: swept meanwhile.
+                    Err(_) => continue,
+                }
             };
-            // A catalog lease is this sweeper's own, and `expire_if_due` skips any upload with a
-            // live lease: give it back first. A writer taking the upload in between keeps it
-            // alive (the compare-and-set then sees its lease); the guard's own release later is
-            // a no-op once the fence has moved on.
-            if let Some(fence) = lease.fence() {
-                self.catalog.release_upload_lease(&id, fence).await?;
-            }
             if !self.catalog.expire_if_due(&id, now_ms()).await? {
                 continue;
             }

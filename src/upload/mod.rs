@@ -350,9 +350,13 @@ impl UploadEngine {
     pub async fn terminate(&self, principal: &str, id: &str) -> Result<(), TusError> {
         self.get(principal, id).await?;
         let _guard = self.take(id).await?;
-        self.get(principal, id).await?;
+        let rec = self.get(principal, id).await?;
         self.catalog.delete_upload(id).await?;
-        self.blobs.abort(id).await?;
+        if rec.is_finished() {
+            self.blobs.delete(id).await?;
+        } else {
+            self.blobs.abort(id).await?;
+        }
         self.metrics.uploads_terminated.inc();
         self.part_gone(id).await;
         Ok(())

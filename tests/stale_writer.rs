@@ -1,0 +1,110 @@
+//! A writer that lost its upload lease can never add bytes afterwards (DESIGN §2 "upload
+//! leases": the fence is checked before each batch of bytes becomes part of the upload).
+//!
+//! Two upload engines with catalog leases share one SQLite catalog file and one blob directory,
+//! as two replicas would. Engine A runs on its own single-threaded runtime; its request body
+//! blocks that thread mid-upload — like `SIGSTOP`, nothing of A runs, not even its lease
+//! heartbeat. Its lease expires on the database clock, engine B takes the upload over (repairing
+//! the blob A left) and commits its own bytes. When A wakes, its next bytes are refused: the
+//! blob and the catalog hold exactly B's bytes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferry::blob::{BlobStore, FsBlobStore};
+use ferry::catalog::{Catalog, SqliteCatalog};
+use ferry::metrics::Metrics;
+use ferry::upload::locks::{CatalogLeaseConfig, CatalogLocker};
+use ferry::upload::{EngineConfig, UploadEngine};
+use ferry_tus::{CreationPlan, PatchPlan, TusError, UploadState};
+use futures::TryStreamExt;
+
+const MIB: usize = 1 << 20;
+
+/// A body that sends `first`, then blocks its thread for `pause` (the whole runtime stops),
+/// then sends `second`. Tells `paused` when the pause begins.
+struct PausingBody {
+    first: Option<Bytes>,
+    second: Option<Bytes>,
+    pause: Duration,
+    paused: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl http_body::Body for PausingBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(b) = self.first.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(b))));
+        }
+        if let Some(tx) = self.paused.take() {
+            let _ = tx.send(());
+            std::thread::sleep(self.pause); // the process is "stopped"
+        }
+        Poll::Ready(self.second.take().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+async fn engine(dir: &std::path::Path, owner: &str) -> Arc<UploadEngine> {
+    let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&dir.join("shared.db")).await.unwrap());
+    let blobs = Arc::new(FsBlobStore::open(&dir.join("blobs"), true).unwrap());
+    let locker = CatalogLocker::start(catalog.clone(), CatalogLeaseConfig { owner: owner.into(), ttl: Duration::from_secs(1), retry: Duration::from_millis(50) }).await.unwrap();
+    let cfg = EngineConfig { takeover_wait: Duration::from_secs(20), ..EngineConfig::default() };
+    UploadEngine::with_locker(catalog, blobs, cfg, Arc::new(Metrics::default()), Arc::new(locker))
+}
+
+fn at_durable_offset(st: &UploadState) -> Result<PatchPlan, TusError> {
+    let length = st.length.expect("length known");
+    Ok(PatchPlan { offset: st.offset, set_length: None, length: Some(length), max_bytes: length - st.offset, checksum: None, checksum_in_trailer: false })
+}
+
+#[test]
+fn a_paused_writer_never_adds_bytes_after_losing_its_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let b = rt.block_on(engine(dir.path(), "replica-b"));
+    let plan = CreationPlan { length: Some(8 * MIB as u64), metadata: Default::default(), concat: None, expected_sha256: None, with_body: false, checksum: None };
+    let id = rt.block_on(b.create("p", &plan, "")).unwrap().id;
+
+    // Replica A: 3 MiB (written to the blob as one batch), then paused 4 s (lease: 1 s), then
+    // 3 MiB more.
+    let (paused_tx, paused_rx) = std::sync::mpsc::channel();
+    let (dir_a, id_a) = (dir.path().to_path_buf(), id.clone());
+    let a = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let a = engine(&dir_a, "replica-a").await;
+            let body = PausingBody {
+                first: Some(Bytes::from(vec![b'A'; 3 * MIB])),
+                second: Some(Bytes::from(vec![b'a'; 3 * MIB])),
+                pause: Duration::from_secs(4),
+                paused: Some(paused_tx),
+            };
+            a.append("p".into(), id_a, at_durable_offset, body).await
+        })
+    });
+    paused_rx.recv().expect("A started and paused");
+
+    // Replica B takes over once A's lease has expired on the database clock, and commits 1 MiB.
+    let mine = vec![b'B'; MIB];
+    let got = rt.block_on(b.append("p".into(), id.clone(), at_durable_offset, http_body_util::Full::new(Bytes::from(mine.clone())))).expect("B takes the upload over");
+    assert_eq!(got.offset, MIB as u64, "B's bytes start at the durable offset 0: A committed nothing");
+
+    // A wakes: its next bytes are refused, nothing of it reaches the upload.
+    let a_result = a.join().unwrap();
+    let err = a_result.expect_err("the paused writer must not succeed");
+    assert_eq!(err.status, 409, "A learns it lost the upload: {err:?}");
+
+    rt.block_on(async {
+        let rec = b.get("p", &id).await.unwrap();
+        assert_eq!(rec.offset, MIB as u64, "the catalog holds B's offset");
+        let blobs = FsBlobStore::open(&dir.path().join("blobs"), true).unwrap();
+        assert_eq!(blobs.len(&id).await.unwrap(), Some(MIB as u64), "no byte of A landed after B's commit");
+        let stored: Vec<Bytes> = blobs.read(&id, 0..MIB as u64).await.unwrap().try_collect().await.unwrap();
+        assert!(stored.concat() == mine, "bytes [0, offset) are B's, byte for byte");
+    });
+}
