@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry::catalog::{Catalog, NewTask, PostgresCatalog, SqliteCatalog, TaskCatalog, TaskEnd};
+use ferry::catalog::{Catalog, NewTask, PostgresCatalog, SqliteCatalog, TaskEnd};
 use sqlx::{Connection, Executor};
 
 fn env_u64(name: &str, default: u64) -> u64 {
