@@ -58,7 +58,7 @@ pub fn classify_chain(e: &(dyn std::error::Error + 'static)) -> Option<Exhausted
 pub fn classify_sqlx(e: &sqlx::Error) -> Option<Exhausted> {
     match e {
         sqlx::Error::Io(io) => classify_io(io).or(Some(Exhausted::Transient)),
-        sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => Some(Exhausted::Transient),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_) => Some(Exhausted::Transient),
         sqlx::Error::Database(d) => {
             let code = d.code()?;
             if let Ok(n) = code.parse::<i32>() {
@@ -70,7 +70,10 @@ pub fn classify_sqlx(e: &sqlx::Error) -> Option<Exhausted> {
             }
             match &*code {
                 "53100" => Some(Exhausted::Space),
-                c if c.starts_with("53") || c == "57P03" => Some(Exhausted::Transient),
+                // Class 53 (insufficient resources), class 08 (connection exception), and the
+                // server shutting down or not yet accepting (57P01–57P03): the database is away
+                // for now, the request can be retried (PostgreSQL Appendix A).
+                c if c.starts_with("53") || c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => Some(Exhausted::Transient),
                 _ => None,
             }
         }

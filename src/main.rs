@@ -16,7 +16,7 @@ struct Cli {
 enum Command {
     /// Serve TUS uploads on /files/, downloads, the task API on /api/v1, /healthz, /readyz
     /// and /metrics.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),

@@ -7,7 +7,6 @@ use anyhow::Context;
 
 use crate::app::{AppState, HttpConfig, McpConfig, Tokens};
 use crate::blob::FsBlobStore;
-use crate::catalog::SqliteCatalog;
 use crate::config::{Config, Durability, LeaseMode};
 use crate::http::app;
 use crate::mcp::FerryMcp;
@@ -35,12 +34,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
     let owner = load_owner_id(&cfg.data)?;
     let max_connections = connection_cap(cfg.max_connections);
-    let catalog: Arc<dyn crate::catalog::Catalog> = Arc::new(SqliteCatalog::open(&cfg.data.join("ferry.db")).await.context("opening the catalog")?);
+    let catalog = cfg.catalog.open().await?;
+    tracing::info!(catalog = %cfg.catalog.redacted(), leases = ?cfg.leases, "catalog open");
     let (uploads_back, tasks_back) = catalog.reclaim_owner(&owner).await.context("reclaiming the leases of this data dir's previous process")?;
     if uploads_back + tasks_back > 0 {
         tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
     }
-    let blobs = FsBlobStore::open(&cfg.data.join("blobs"), cfg.durability == Durability::Full).context("opening the blob store")?;
+    let blobs = FsBlobStore::open(&cfg.blobs, cfg.durability == Durability::Full).with_context(|| format!("opening the blob store {}", cfg.blobs.display()))?;
     let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
     let metrics = Arc::new(Metrics::for_replica(&replica));
     let locker: Arc<dyn Locker> = match cfg.leases {
@@ -60,7 +60,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             checkpoint_every: cfg.checkpoint_every,
             idle_timeout: cfg.idle_timeout,
             sweep_interval: cfg.sweep_interval,
-            reserve: crate::exhaustion::SpaceReserve::new(&cfg.data, cfg.min_free_space),
+            reserve: crate::exhaustion::SpaceReserve::new(&cfg.blobs, cfg.min_free_space),
             ..EngineConfig::default()
         },
         metrics.clone(),
