@@ -398,7 +398,12 @@ impl UploadEngine {
             // Offset equals length: nothing more may arrive; an empty PATCH is a no-op.
             return Ok(rec);
         }
-        self.check_space(0, Some(rec.offset))?;
+        if let Err(e) = self.check_space(0, Some(rec.offset)) {
+            // Refused before reading: take the body in anyway, so a client still sending
+            // reads the 507 with its cursor instead of a reset connection.
+            super::exhausted::drain_body(&mut body).await;
+            return Err(e);
+        }
         self.metrics.patches_in_flight.inc();
         let _in_flight = InFlight(self);
         let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length, &guard).await?;
