@@ -205,7 +205,10 @@ async fn export_and_receive_over_stdio_with_native_tasks() {
 #[tokio::test]
 async fn a_task_started_over_mcp_survives_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
-    let script = write_script(tmp.path(), "slow.sh", "printf 'part one\\n'\necho 'checkpoint 9 one' >&2\nsleep 2\nprintf 'part two\\n'\n");
+    // Honours FERRY_CHECKPOINT as a resumable program must: the kill may land before or after
+    // checkpoint `one` commits, and the file holds each part once either way.
+    let script =
+        write_script(tmp.path(), "slow.sh", "if [ \"$FERRY_CHECKPOINT\" != one ]; then printf 'part one\\n'; echo 'checkpoint 9 one' >&2; fi\nsleep 2\nprintf 'part two\\n'\n");
     let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.report]\nprogram = \"{}\"\ndescription = \"a slow report\"\n", script.display()));
     let mut server = Server::start(&["--config", cfg.to_str().unwrap(), "--task-lease", "1s"]);
     let c = http_client(&server, None, false).await;
