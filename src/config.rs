@@ -650,8 +650,8 @@ mod tests {
         std::fs::write(&path, "catalog = \"postgres://ferry:hunter2@127.0.0.1/ferry\"\n").unwrap();
         let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
         assert_eq!(c.catalog, CatalogUrl::Postgres("postgres://ferry:hunter2@127.0.0.1/ferry".into()));
-        let args = ServeArgs { config: Some(path.clone()), catalog: Some("sqlite:/tmp/x.db".into()), ..Default::default() };
-        assert_eq!(Config::resolve(&args).unwrap().catalog, CatalogUrl::Sqlite("/tmp/x.db".into()), "the flag beats the file");
+        let args = ServeArgs { config: Some(path.clone()), catalog: Some("sqlite:/var/lib/ferry/x.db".into()), ..Default::default() };
+        assert_eq!(Config::resolve(&args).unwrap().catalog, CatalogUrl::Sqlite("/var/lib/ferry/x.db".into()), "the flag beats the file");
         let args = ServeArgs { catalog: Some("mysql://u:hunter2@h/db".into()), ..Default::default() };
         let e = format!("{:#}", Config::resolve(&args).unwrap_err());
         assert!(e.contains("sqlite:PATH") && !e.contains("hunter2"), "{e}");

@@ -370,8 +370,8 @@ mod url_tests {
 
     #[test]
     fn catalog_urls_parse() {
-        assert_eq!(CatalogUrl::parse("sqlite:/tmp/x.db"), Ok(CatalogUrl::Sqlite("/tmp/x.db".into())));
-        assert_eq!(CatalogUrl::parse("sqlite:///tmp/x.db"), Ok(CatalogUrl::Sqlite("/tmp/x.db".into())));
+        assert_eq!(CatalogUrl::parse("sqlite:/var/lib/ferry/x.db"), Ok(CatalogUrl::Sqlite("/var/lib/ferry/x.db".into())));
+        assert_eq!(CatalogUrl::parse("sqlite:///var/lib/ferry/x.db"), Ok(CatalogUrl::Sqlite("/var/lib/ferry/x.db".into())));
         assert_eq!(CatalogUrl::parse("sqlite:rel.db"), Ok(CatalogUrl::Sqlite("rel.db".into())));
         assert!(matches!(CatalogUrl::parse("postgres://u:p@h/db"), Ok(CatalogUrl::Postgres(_))));
         assert!(matches!(CatalogUrl::parse("postgresql://h/db"), Ok(CatalogUrl::Postgres(_))));
