@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::CatalogUrl;
+
 /// How hard ferry works to keep acknowledged bytes across power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -46,6 +48,17 @@ pub struct ServeArgs {
     /// Data directory: the catalog (ferry.db) and blobs/ [default: ./ferry-data].
     #[arg(long, env = "FERRY_DATA")]
     pub data: Option<PathBuf>,
+    /// Where metadata lives: `sqlite:PATH`, or `postgres://USER:PASSWORD@HOST:PORT/DATABASE`
+    /// for several replicas on one database [default: sqlite:DATA/ferry.db].
+    // A String, parsed in `Config::resolve`: clap would echo a rejected value, password and all.
+    #[arg(long, env = "FERRY_CATALOG", hide_env_values = true)]
+    pub catalog: Option<String>,
+    /// Where upload bytes live: a directory, or `s3://bucket/prefix` for S3 or an
+    /// S3-compatible store (credentials, region and endpoint from the `AWS_*` variables:
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
+    /// `AWS_ALLOW_HTTP`). Replicas sharing one catalog share one blob store [default: DATA/blobs].
+    #[arg(long, env = "FERRY_BLOBS")]
+    pub blobs: Option<String>,
     /// Largest upload accepted, e.g. 1TiB, 500MB, 1048576 [default: 1TiB].
     #[arg(long, env = "FERRY_MAX_SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
@@ -94,25 +107,16 @@ pub struct ServeArgs {
     /// Largest decoded chunk `file_upload_chunk` (MCP, base64 in-band) accepts [default: 1MiB].
     #[arg(long, env = "FERRY_MCP_MAX_CHUNK", value_parser = parse_size)]
     pub mcp_max_chunk: Option<u64>,
-    /// Upload leases: `local` (in-process; one server per catalog) or `catalog` (leases in the
-    /// catalog with owner, expiry on the database clock and a fencing token, so several
-    /// processes can share one catalog) [default: local].
-    #[arg(long, env = "FERRY_LEASES", value_enum)]
-    pub leases: Option<LeaseMode>,
-    /// Upload lease length with `--leases catalog`: a holder that dies is taken over after this
-    /// long [default: 10s].
-    #[arg(long, env = "FERRY_UPLOAD_LEASE", value_parser = parse_interval)]
-    pub upload_lease: Option<Duration>,
-    /// This replica's name in `/metrics` (`ferry_replica_info{replica=…}`) and logs
-    /// [default: its lease owner id, kept in DATA/owner-id].
-    #[arg(long, env = "FERRY_REPLICA_NAME")]
-    pub replica_name: Option<String>,
-    /// Where upload bytes live: a directory, or `s3://bucket/prefix` for S3 or an
-    /// S3-compatible store (credentials, region and endpoint from the `AWS_*` variables:
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
-    /// `AWS_ALLOW_HTTP`) [default: DATA/blobs].
-    #[arg(long, env = "FERRY_BLOBS")]
-    pub blobs: Option<String>,
+    /// Free space kept on the blob directory's filesystem (`--blobs`): new uploads, creations whose
+    /// Upload-Length does not fit, PATCHes and task files are refused with 507 before the disk
+    /// fills. Bytes (`2GiB`), a percentage of the filesystem (`10%`), or `0` for none
+    /// [default: 5% of the filesystem, at most 1GiB].
+    #[arg(long, env = "FERRY_MIN_FREE_SPACE", value_parser = crate::exhaustion::Reserve::parse)]
+    pub min_free_space: Option<crate::exhaustion::Reserve>,
+    /// Most client connections served at once; more wait in the kernel's accept queue
+    /// [default: 10000, and at most the open-file limit less 256].
+    #[arg(long, env = "FERRY_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
     /// Web origins that may use TUS on /files/ from a browser: exact origins such as
     /// https://app.example.com, or `*` for any; comma-separated or repeated. Replaces
     /// `[cors] allow_origins` [default: *].
@@ -127,6 +131,19 @@ pub struct ServeArgs {
     /// comma-separated or repeated. Replaces `[cors] expose_headers`.
     #[arg(long, env = "FERRY_CORS_EXPOSE_HEADERS", value_delimiter = ',')]
     pub cors_expose_headers: Vec<String>,
+    /// Upload leases: `local` (in-process; one server per catalog) or `catalog` (leases in the
+    /// catalog with owner, expiry on the database clock and a fencing token, so several
+    /// processes can share one catalog) [default: catalog with a postgres:// catalog, else local].
+    #[arg(long, env = "FERRY_LEASES", value_enum)]
+    pub leases: Option<LeaseMode>,
+    /// Upload lease length with `--leases catalog`: a holder that dies is taken over after this
+    /// long [default: 10s].
+    #[arg(long, env = "FERRY_UPLOAD_LEASE", value_parser = parse_interval)]
+    pub upload_lease: Option<Duration>,
+    /// This replica's name in `/metrics` (`ferry_replica_info{replica=…}`) and logs
+    /// [default: its lease owner id, kept in DATA/owner-id].
+    #[arg(long, env = "FERRY_REPLICA_NAME")]
+    pub replica_name: Option<String>,
 }
 
 /// Where upload bytes live (`--blobs`).
@@ -203,6 +220,8 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 struct FileConfig {
     listen: Option<SocketAddr>,
     data: Option<PathBuf>,
+    catalog: Option<String>,
+    blobs: Option<String>,
     max_size: Option<toml::Value>,
     expire_after: Option<String>,
     durability: Option<Durability>,
@@ -218,7 +237,8 @@ struct FileConfig {
     leases: Option<LeaseMode>,
     upload_lease: Option<String>,
     replica_name: Option<String>,
-    blobs: Option<String>,
+    min_free_space: Option<toml::Value>,
+    max_connections: Option<u32>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
     #[serde(default)]
@@ -361,6 +381,10 @@ struct TasksFileConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub data: PathBuf,
+    /// The catalog (default: SQLite in `DATA/ferry.db`).
+    pub catalog: CatalogUrl,
+    /// Where upload bytes live (default: the directory `DATA/blobs`).
+    pub blobs: BlobLocation,
     pub max_size: u64,
     pub expire_after: Option<Duration>,
     pub durability: Durability,
@@ -391,16 +415,18 @@ pub struct Config {
     pub url_secret: Option<String>,
     /// Largest decoded `file_upload_chunk` chunk, bytes.
     pub mcp_max_chunk: u64,
+    /// Browser access to /files/ from other origins.
+    pub cors: CorsConfig,
     /// Where upload leases live.
     pub leases: LeaseMode,
     /// Upload lease length (catalog leases).
     pub upload_lease: Duration,
     /// Replica name for metrics (None: the owner id).
     pub replica_name: Option<String>,
-    /// Where upload bytes live.
-    pub blobs: BlobLocation,
-    /// Browser access to /files/ from other origins.
-    pub cors: CorsConfig,
+    /// Free space kept on the blob directory's filesystem (DESIGN §9).
+    pub min_free_space: crate::exhaustion::Reserve,
+    /// Most connections served at once (`None`: derived from the open-file limit).
+    pub max_connections: Option<u32>,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -429,10 +455,21 @@ impl Config {
         )?;
         let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> { v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose() };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
-        let data = args.data.clone().or(file.data.clone()).unwrap_or_else(|| PathBuf::from("ferry-data"));
+        let data = args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("ferry-data"));
+        let catalog = match args.catalog.as_deref().or(file.catalog.as_deref()) {
+            Some(c) => CatalogUrl::parse(c).map_err(|e| anyhow::anyhow!("catalog: {e}"))?,
+            None => CatalogUrl::Sqlite(data.join("ferry.db")),
+        };
+        // A shared catalog means several processes: leases must live in it too.
+        let leases = args.leases.or(file.leases).unwrap_or(if matches!(catalog, CatalogUrl::Postgres(_)) { LeaseMode::Catalog } else { LeaseMode::Local });
         Ok(Config {
             listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid")),
-            data: data.clone(),
+            blobs: match args.blobs.as_deref().or(file.blobs.as_deref()) {
+                Some(v) => BlobLocation::parse(v),
+                None => BlobLocation::Dir(data.join("blobs")),
+            },
+            catalog,
+            data,
             max_size: match args.max_size {
                 Some(v) => v,
                 None => file.max_size.map(|v| size_value(v, "max_size")).transpose()?.unwrap_or(1 << 40),
@@ -466,14 +503,23 @@ impl Config {
                 Some(v) => v,
                 None => file.mcp_max_chunk.map(|v| size_value(v, "mcp_max_chunk")).transpose()?.unwrap_or(1 << 20),
             },
-            leases: args.leases.or(file.leases).unwrap_or(LeaseMode::Local),
+            cors,
+            leases,
             upload_lease: args.upload_lease.or(dur(file.upload_lease, "upload_lease")?).unwrap_or(Duration::from_secs(10)),
             replica_name: args.replica_name.clone().or(file.replica_name),
-            blobs: match args.blobs.as_deref().or(file.blobs.as_deref()) {
-                Some(v) => BlobLocation::parse(v),
-                None => BlobLocation::Dir(data.join("blobs")),
+            min_free_space: match args.min_free_space {
+                Some(r) => r,
+                None => match file.min_free_space {
+                    None => crate::exhaustion::Reserve::Default,
+                    Some(toml::Value::Integer(i)) if i >= 0 => crate::exhaustion::Reserve::Bytes(i as u64),
+                    Some(toml::Value::String(s)) => crate::exhaustion::Reserve::parse(&s).map_err(|e| anyhow::anyhow!("min_free_space: {e}"))?,
+                    Some(other) => anyhow::bail!("min_free_space: expected a size or a percentage, got {other}"),
+                },
             },
-            cors,
+            max_connections: match args.max_connections.or(file.max_connections) {
+                Some(0) => anyhow::bail!("max_connections must be at least 1"),
+                n => n,
+            },
         })
     }
 }
@@ -597,5 +643,41 @@ mod tests {
         assert_eq!(c.max_size, 2 << 30);
         assert_eq!(c.durability, Durability::Relaxed);
         assert_eq!(c.checkpoint_every, 64 << 20);
+        assert_eq!(c.min_free_space, crate::exhaustion::Reserve::Default);
+        assert_eq!(c.max_connections, None);
+        assert_eq!(c.catalog, CatalogUrl::Sqlite(c.data.join("ferry.db")), "default catalog: SQLite in the data dir");
+        assert_eq!(c.blobs, BlobLocation::Dir(c.data.join("blobs")));
+    }
+
+    #[test]
+    fn free_space_reserve_and_connection_cap_from_file_and_flags() {
+        use crate::exhaustion::Reserve;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, "min_free_space = \"10%\"\nmax_connections = 500\n").unwrap();
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!((c.min_free_space, c.max_connections), (Reserve::Percent(10), Some(500)));
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), min_free_space: Some(Reserve::Bytes(0)), ..Default::default() }).unwrap();
+        assert_eq!(c.min_free_space, Reserve::Bytes(0));
+        std::fs::write(&path, "min_free_space = 1048576\n").unwrap();
+        assert_eq!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap().min_free_space, Reserve::Bytes(1 << 20));
+        for bad in ["min_free_space = \"lots\"\n", "min_free_space = \"150%\"\n", "max_connections = 0\n"] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err(), "accepted: {bad}");
+        }
+    }
+
+    #[test]
+    fn catalog_from_flag_file_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, "catalog = \"postgres://ferry:hunter2@127.0.0.1/ferry\"\n").unwrap();
+        let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!(c.catalog, CatalogUrl::Postgres("postgres://ferry:hunter2@127.0.0.1/ferry".into()));
+        let args = ServeArgs { config: Some(path.clone()), catalog: Some("sqlite:/var/lib/ferry/x.db".into()), ..Default::default() };
+        assert_eq!(Config::resolve(&args).unwrap().catalog, CatalogUrl::Sqlite("/var/lib/ferry/x.db".into()), "the flag beats the file");
+        let args = ServeArgs { catalog: Some("mysql://u:hunter2@h/db".into()), ..Default::default() };
+        let e = format!("{:#}", Config::resolve(&args).unwrap_err());
+        assert!(e.contains("sqlite:PATH") && !e.contains("hunter2"), "{e}");
     }
 }

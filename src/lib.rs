@@ -1,12 +1,15 @@
 //! ferry: a resumable large-file transfer server.
 //!
-//! Layers (DESIGN §1), arrows pointing down only: [`http`] → [`upload`] → [`catalog`] and
-//! [`blob`]. The protocol itself lives in the sans-I/O crate `ferry_tus`.
+//! Layers (DESIGN §1), arrows pointing down only: [`http`] and [`mcp`] (siblings, never
+//! importing each other) → [`app`] → [`tasks`] → [`upload`] → [`catalog`] and [`blob`].
+//! The protocol itself lives in the sans-I/O crate `ferry_tus`. `tests/layers.rs` enforces it.
 
+pub mod app;
 pub mod blob;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod exhaustion;
 pub mod http;
 pub mod mcp;
 pub mod metrics;

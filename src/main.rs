@@ -55,8 +55,8 @@ fn token_create(name: &str, config: &std::path::Path) -> anyhow::Result<String> 
     if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)) {
         anyhow::bail!("principal name must be 1-64 characters of A-Z a-z 0-9 _ . -");
     }
-    let token = ferry::http::auth::new_token();
-    let entry = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", ferry::http::auth::token_hash(&token));
+    let token = ferry::app::principal::new_token();
+    let entry = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", ferry::app::principal::token_hash(&token));
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(config).map_err(|e| anyhow::anyhow!("opening {}: {e}", config.display()))?;
     f.write_all(entry.as_bytes())?;
     f.sync_all()?;

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::app::{AppState, HttpConfig, McpConfig, Tokens};
 use crate::blob::{BlobStore, FsBlobStore, S3BlobStore};
-use crate::catalog::SqliteCatalog;
 use crate::config::{BlobLocation, Config, Durability, LeaseMode};
-use crate::http::auth::Tokens;
-use crate::http::{app, AppState, HttpConfig};
-use crate::mcp::{FerryMcp, McpConfig};
+use crate::http::app;
+use crate::mcp::FerryMcp;
 use crate::metrics::Metrics;
 use crate::signing::{Links, UrlSigner};
 use crate::tasks::{Engine, TaskConfig};
@@ -34,7 +33,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // Holding DATA/lock proves this data dir's previous process is dead: whatever its owner id
     // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
     let owner = load_owner_id(&cfg.data)?;
-    let catalog: Arc<dyn crate::catalog::Catalog> = Arc::new(SqliteCatalog::open(&cfg.data.join("ferry.db")).await.context("opening the catalog")?);
+    let max_connections = connection_cap(cfg.max_connections);
+    let catalog = cfg.catalog.open().await?;
+    tracing::info!(catalog = %cfg.catalog.redacted(), leases = ?cfg.leases, "catalog open");
     let (uploads_back, tasks_back) = catalog.reclaim_owner(&owner).await.context("reclaiming the leases of this data dir's previous process")?;
     if uploads_back + tasks_back > 0 {
         tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
@@ -59,6 +60,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             checkpoint_every: cfg.checkpoint_every,
             idle_timeout: cfg.idle_timeout,
             sweep_interval: cfg.sweep_interval,
+            // Bytes in S3 use no local disk: the reserve then guards the data directory (catalog, logs).
+            reserve: crate::exhaustion::SpaceReserve::new(
+                match &cfg.blobs {
+                    BlobLocation::Dir(dir) => dir,
+                    BlobLocation::S3(_) => &cfg.data,
+                },
+                cfg.min_free_space,
+            ),
             ..EngineConfig::default()
         },
         metrics.clone(),
@@ -97,13 +106,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             cors: cfg.cors.clone(),
         },
         links,
-        mcp: Arc::new(McpConfig {
-            max_chunk: cfg.mcp_max_chunk,
-            commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect(),
-            fetch_hosts: cfg.fetch.allow_hosts.clone(),
-        }),
+        mcp: Arc::new(McpConfig { max_chunk: cfg.mcp_max_chunk, commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect() }),
     };
-    let router = app(state.clone());
+    // The MCP service is built here, once, and nested at `/mcp`: http and mcp never import
+    // each other (DESIGN §1).
+    let router = app(state.clone(), crate::mcp::streamable_http_service(&state));
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, "ferry serving");
     if cfg.stdio {
         // stdout carries MCP messages only.
@@ -140,7 +147,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         shutdown.cancel();
         shutdown_engine.begin_shutdown();
     };
-    serve_http(listener, router, signal).await;
+    serve_http(listener, router, signal, max_connections).await;
     tasks.shutdown();
     sweeper.abort();
     for w in workers {
@@ -213,33 +220,99 @@ fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
 /// How long a client may take to send a request's headers (slow-loris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Descriptors kept free of connections for the catalog, blobs being written or read, task
+/// programs and the like.
+const FD_HEADROOM: u64 = 256;
+/// Default cap on concurrent connections.
+const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
+
+/// Raise the soft open-file limit to the hard one (issue 9, item 8) and derive the connection
+/// cap: `--max-connections`, else 10 000; never more than the open-file limit less
+/// [`FD_HEADROOM`] (at least 16), so connections cannot starve the stores of descriptors.
+fn connection_cap(configured: Option<u32>) -> usize {
+    let limit = match crate::exhaustion::raise_nofile_limit() {
+        Ok((before, after)) => {
+            if after > before {
+                tracing::info!(before, after, "raised the soft open-file limit (RLIMIT_NOFILE) to the hard limit");
+            } else {
+                tracing::info!(limit = after, "open-file limit (RLIMIT_NOFILE)");
+            }
+            Some(after)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read or raise the open-file limit");
+            None
+        }
+    };
+    let fit = limit.map_or(u64::MAX, |l| l.saturating_sub(FD_HEADROOM).max(16));
+    let wanted = configured.map_or(DEFAULT_MAX_CONNECTIONS, u64::from);
+    if wanted > fit {
+        tracing::warn!(wanted, cap = fit, "max connections lowered to fit the open-file limit");
+    }
+    let cap = wanted.min(fit) as usize;
+    tracing::info!(max_connections = cap, "connection cap");
+    cap
+}
+
 /// Accept HTTP/1.1 connections until `signal` resolves, then wait up to [`SHUTDOWN_GRACE`]
 /// for in-flight requests (PATCHes checkpoint and end on the engine's shutdown token).
-async fn serve_http(listener: tokio::net::TcpListener, router: axum::Router, signal: impl std::future::Future<Output = ()>) {
+///
+/// At most `max_connections` are served at once: at the cap, accepting pauses until one
+/// closes (newcomers wait in the kernel's queue) while the accepted ones keep being served.
+/// When `accept` fails (`EMFILE`, `ENFILE`, `ENOBUFS`…), accepting backs off (10 ms doubling
+/// to 1 s) instead of spinning.
+async fn serve_http(listener: tokio::net::TcpListener, router: axum::Router, signal: impl std::future::Future<Output = ()>, max_connections: usize) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let mut backoff = Duration::from_millis(10);
+    let mut at_cap_logged = false;
     tokio::pin!(signal);
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => s,
+            Err(_) => {
+                if !at_cap_logged {
+                    tracing::warn!(max_connections, "connection cap reached: new connections wait until one closes");
+                    at_cap_logged = true;
+                }
+                tokio::select! {
+                    s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
+                    _ = &mut signal => break,
+                }
+            }
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    // Out of file descriptors and the like: back off instead of spinning;
+                    // the connections already accepted keep being served.
+                    tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
+                    drop(slot);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut signal => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             },
             _ = &mut signal => break,
         };
+        backoff = Duration::from_millis(10);
+        if slots.available_permits() > max_connections / 10 {
+            at_cap_logged = false;
+        }
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(slot);
         });
     }
     if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {

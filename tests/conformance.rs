@@ -1,10 +1,16 @@
-//! The Catalog and BlobStore conformance suites against the embedded backends.
+//! The Catalog and BlobStore conformance suites against every backend: SQLite (file and
+//! memory) and PostgreSQL (a fresh database per test, via `FERRY_TEST_PG`; see
+//! tests/common/pg.rs), plus the races between two handles on one database (two pools —
+//! what two processes have).
 
+mod common;
+
+use std::sync::Arc;
+
+use common::moto;
+use common::pg::TestDb;
 use ferry::blob::{BlobStore, FsBlobStore, S3BlobStore};
-
-#[path = "common/moto.rs"]
-mod moto;
-use ferry::catalog::SqliteCatalog;
+use ferry::catalog::{Catalog, PostgresCatalog, SqliteCatalog};
 
 #[tokio::test]
 async fn sqlite_catalog_conformance() {
@@ -22,6 +28,87 @@ async fn sqlite_catalog_two_handles_on_one_file() {
     let a = SqliteCatalog::open(&path).await.unwrap();
     let b = SqliteCatalog::open(&path).await.unwrap();
     ferry::catalog::conformance::run_concurrent(&a, &b, "c").await;
+    ferry::catalog::conformance_race::run_all(Arc::new(a), Arc::new(b), "r").await;
+}
+
+#[tokio::test]
+async fn postgres_catalog_conformance() {
+    let db = TestDb::create().await;
+    let cat = PostgresCatalog::connect(&db.url).await.unwrap();
+    ferry::catalog::conformance::run_all(&cat, "t").await;
+    cat.pool().close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_catalog_two_handles_on_one_database() {
+    let db = TestDb::create().await;
+    let a = PostgresCatalog::connect(&db.url).await.unwrap();
+    let b = PostgresCatalog::connect(&db.url).await.unwrap();
+    ferry::catalog::conformance::run_concurrent(&a, &b, "c").await;
+    let (pa, pb) = (a.pool().clone(), b.pool().clone());
+    ferry::catalog::conformance_race::run_all(Arc::new(a), Arc::new(b), "r").await;
+    pa.close().await;
+    pb.close().await;
+}
+
+/// Replicas starting together on an empty database migrate it once (sqlx's advisory lock)
+/// and all come up; a second start finds the schema current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_replicas_starting_at_once_migrate_once() {
+    let db = TestDb::create().await;
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let url = db.url.clone();
+            tokio::spawn(async move { PostgresCatalog::connect(&url).await })
+        })
+        .collect();
+    let mut cats = Vec::new();
+    for s in starts {
+        cats.push(s.await.unwrap().expect("every replica starts"));
+    }
+    let again = PostgresCatalog::connect(&db.url).await.expect("restart on a migrated database");
+    again.ping().await.unwrap();
+    for c in cats.iter().chain([&again]) {
+        c.pool().close().await;
+    }
+}
+
+/// Connections the database drops (a restart, `pg_terminate_backend`) are replaced: the next
+/// calls succeed without a new catalog handle, and a release-request stream keeps delivering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_catalog_reconnects_after_its_connections_are_terminated() {
+    use futures::StreamExt;
+    let db = TestDb::create().await;
+    let cat = PostgresCatalog::connect(&db.url).await.unwrap();
+    let mut requests = cat.release_requests().await.unwrap();
+    cat.ping().await.unwrap();
+    assert!(common::pg::terminate_backends(&db.name).await >= 1, "the pool and the listener had connections");
+    // The first call after the kill may fail on a connection that died under it (503 to a
+    // client); within a few calls the pool has fresh ones.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match cat.ping().await {
+            Ok(()) => break,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "the pool never reconnected: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The listener reconnects too: a request sent after that arrives.
+    let got = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            cat.request_release("after-restart", "test").await.unwrap();
+            if let Ok(Some(r)) = tokio::time::timeout(std::time::Duration::from_millis(500), requests.next()).await {
+                if r.upload_id == "after-restart" {
+                    return r.upload_id;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the release-request stream delivers again after its connection was terminated");
+    assert_eq!(got, "after-restart");
+    drop(requests);
+    cat.pool().close().await;
 }
 
 #[tokio::test]

@@ -1,6 +1,10 @@
 //! The MCP server through the rmcp 3.11 client (Rust), over stdio and Streamable HTTP, against
 //! the real binary: export by handle, receive by signed URL, native tasks (SEP-2663) answered
 //! from the durable store (also after a restart), input requests as elicitation forms.
+//!
+//! Every tool result these tests see is validated against the `outputSchema` its tool declares
+//! in `tools/list` (issue 9, item 1): success, each error, restarts, input requests, terminal
+//! states.
 
 mod common;
 
@@ -37,10 +41,22 @@ async fn stdio_client(data: &std::path::Path, tasks: bool) -> Client {
     client_info(tasks).serve(transport).await.expect("MCP over stdio connects")
 }
 
-/// Call a tool and return (structuredContent, isError, content).
+/// Assert that `structured` validates against the `outputSchema` tool `name` declares.
+async fn assert_valid(c: &Client, name: &str, structured: &Value) {
+    let tools = c.list_all_tools().await.expect("tools/list");
+    let tool = tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no tool {name}"));
+    let schema = Value::Object(tool.output_schema.as_deref().cloned().unwrap_or_else(|| panic!("{name} has no outputSchema")));
+    let validator = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: its outputSchema is not a valid JSON Schema: {e}"));
+    let errors: Vec<String> = validator.iter_errors(structured).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+    assert!(errors.is_empty(), "{name}: result does not match its outputSchema: {errors:?}\nresult: {structured}");
+}
+
+/// Call a tool and return (structuredContent, isError, content); the result must validate
+/// against the tool's outputSchema.
 async fn call(c: &Client, name: &str, args: Value) -> (Value, bool, Vec<ContentBlock>) {
     let Value::Object(a) = args else { panic!("args must be an object") };
     let r = c.call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(a)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_valid(c, name, r.structured_content.as_ref().expect("every result has structuredContent")).await;
     let text = r.content.first().and_then(|b| b.as_text()).map(|t| t.text.clone()).unwrap_or_default();
     let structured = r.structured_content.clone().expect("every result has structuredContent");
     assert_eq!(serde_json::from_str::<Value>(&text).ok(), Some(structured.clone()), "text content mirrors structuredContent");
@@ -104,6 +120,7 @@ async fn export_as_native_task(c: &Client) {
     let TaskPayload::Completed { result } = done.payload else { panic!("not completed: {done:?}") };
     let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
     let v = result.structured_content.unwrap();
+    assert_valid(c, "archive_files", &v).await;
     assert_eq!(v["status"], "completed");
     let url = v["download_url"].as_str().unwrap();
     assert!(result.content.iter().any(|b| matches!(b, ContentBlock::ResourceLink(r) if r.uri == format!("ferry://files/{}", v["file"]["id"].as_str().unwrap()))));
@@ -121,9 +138,18 @@ async fn export_and_receive_over_http_with_native_tasks() {
     let server = Server::start(&[]);
     let c = http_client(&server, None, true).await;
     let tools = c.list_all_tools().await.unwrap();
+    let envelope = json!({ "status": "failed", "error": { "code": "offset_mismatch", "message": "expected offset 131072, got 0", "retryable": true,
+        "recoveryHint": "Re-send this chunk starting at offset 131072.", "partial": { "cursor": 131072 } } });
     for t in &tools {
-        let schema = t.output_schema.as_ref().unwrap_or_else(|| panic!("{} has no outputSchema", t.name));
-        assert!(schema["properties"]["error"]["properties"]["recoveryHint"].is_object(), "{} schema admits the envelope", t.name);
+        let schema = Value::Object(t.output_schema.as_deref().cloned().unwrap_or_else(|| panic!("{} has no outputSchema", t.name)));
+        assert_eq!(schema["type"], "object", "{}: MCP requires an object schema", t.name);
+        let v = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{}: invalid outputSchema: {e}", t.name));
+        assert!(v.is_valid(&envelope), "{} schema admits the failure envelope", t.name);
+        assert!(
+            !v.is_valid(&json!({ "status": "failed", "error": { "code": "no_such_code", "message": "m", "retryable": true, "recoveryHint": "h" } })),
+            "{}: unknown codes are refused",
+            t.name
+        );
         assert!(t.annotations.is_some(), "{} has annotations", t.name);
     }
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
@@ -179,7 +205,10 @@ async fn export_and_receive_over_stdio_with_native_tasks() {
 #[tokio::test]
 async fn a_task_started_over_mcp_survives_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
-    let script = write_script(tmp.path(), "slow.sh", "printf 'part one\\n'\necho 'checkpoint 9 one' >&2\nsleep 2\nprintf 'part two\\n'\n");
+    // Honours FERRY_CHECKPOINT as a resumable program must: the kill may land before or after
+    // checkpoint `one` commits, and the file holds each part once either way.
+    let script =
+        write_script(tmp.path(), "slow.sh", "if [ \"$FERRY_CHECKPOINT\" != one ]; then printf 'part one\\n'; echo 'checkpoint 9 one' >&2; fi\nsleep 2\nprintf 'part two\\n'\n");
     let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.report]\nprogram = \"{}\"\ndescription = \"a slow report\"\n", script.display()));
     let mut server = Server::start(&["--config", cfg.to_str().unwrap(), "--task-lease", "1s"]);
     let c = http_client(&server, None, false).await;
@@ -315,6 +344,9 @@ async fn task_get_long_polls_and_reports_progress() {
     let mut params = CallToolRequestParams::new("task_get").with_arguments(a);
     params.set_progress_token(ProgressToken(NumberOrString::String("poll-1".into())));
     let done = c.call_tool(params).await.unwrap().structured_content.unwrap();
+    let tools = c.list_all_tools().await.unwrap();
+    let schema = Value::Object(tools.iter().find(|t| t.name == "task_get").unwrap().output_schema.as_deref().cloned().unwrap());
+    assert!(jsonschema::is_valid(&schema, &done), "task_get result matches its outputSchema: {done}");
     assert_eq!(done["status"], "completed", "the long poll returns when the task ends: {done}");
     let seen = recorder.0.lock().unwrap().clone();
     assert!(!seen.is_empty(), "progress notifications were sent");
@@ -323,6 +355,139 @@ async fn task_get_long_polls_and_reports_progress() {
     let values: Vec<f64> = seen.iter().map(|p| p.progress).collect();
     assert!(seen.iter().all(|p| p.total == Some(1.0) && (0.0..=1.0).contains(&p.progress)), "progress is a fraction of 1: {seen:?}");
     assert!(values.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {values:?}");
+    c.cancel().await.unwrap();
+}
+
+/// Issue 9, item 1, the exact input: a job tool started with an `idempotency_key`, cancelled,
+/// then called again with the same key. The new run names the prior one in `prior_failure`
+/// (a task id, as REST shows it) and every result — started, cancelled, restarted — validates
+/// against the tool's outputSchema (`call` checks), over the facade and as a native task.
+#[tokio::test]
+async fn a_restart_after_cancel_matches_the_output_schema() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_file(tmp.path(), "ferry.toml", "[commands.slow]\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"printf partial; exec sleep 30\"]\n");
+    let server = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let c = http_client(&server, None, false).await;
+    let first = ok(&c, "export_slow", json!({ "idempotency_key": "k1" })).await;
+    let first_id = first["task_id"].as_str().unwrap().to_string();
+    let cancelled = ok(&c, "task_cancel", json!({ "task_id": first_id })).await;
+    assert_eq!(cancelled["status"], "cancelled");
+    let (got, err, _) = call(&c, "task_get", json!({ "task_id": first_id })).await;
+    assert!(err && got["status"] == "cancelled" && got["error"]["code"] == "cancelled", "{got}");
+    let again = ok(&c, "export_slow", json!({ "idempotency_key": "k1" })).await;
+    assert_ne!(again["task_id"], first["task_id"], "a new run: {again}");
+    assert_eq!(again["prior_failure"], first_id.as_str(), "names the cancelled run: {again}");
+    // REST shows the same prior_failure.
+    let rest = Api::new(&server).task(again["task_id"].as_str().unwrap()).await;
+    assert_eq!(rest["prior_failure"], again["prior_failure"]);
+    ok(&c, "task_cancel", json!({ "task_id": again["task_id"] })).await;
+    // The same with the native tasks extension: the restarted task's view validates too.
+    let n = http_client(&server, None, true).await;
+    let Value::Object(a) = json!({ "idempotency_key": "k1" }) else { unreachable!() };
+    let created = match n.peer().call_tool_once(CallToolRequestParams::new("export_slow").with_arguments(a)).await.unwrap() {
+        CallToolResponse::Task(t) => t.task.task_id,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let (v, _, _) = call(&n, "task_get", json!({ "task_id": created })).await;
+    assert_eq!(v["prior_failure"], again["task_id"], "{v}");
+    let (v, _, _) = call(&n, "task_cancel", json!({ "task_id": created })).await;
+    assert_eq!(v["status"], "cancelled");
+    c.cancel().await.unwrap();
+    n.cancel().await.unwrap();
+}
+
+/// Issue 9, item 2: one view of a file and one of "a file a task produced". An upload with
+/// `filename a.png, mimetype image/png` has the same media type in REST file info, in the
+/// download's Content-Type and in MCP handles; an `external` task completed over REST with
+/// that file gives MCP `task_get` the same handle and a signed download URL, as built-in kinds
+/// do.
+#[tokio::test]
+async fn one_file_view_and_one_task_result_view_for_rest_mcp_and_downloads() {
+    use base64::Engine as _;
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let data = b"\x89PNG not really".to_vec();
+    let md = format!("filename {},mimetype {}", b64("a.png"), b64("image/png"));
+    let len = data.len().to_string();
+    let r = api.send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", &len), ("Upload-Metadata", &md)], None).await;
+    assert_eq!(r.status(), 201);
+    let id = common::header(&r, "location").unwrap().rsplit('/').next().unwrap().to_string();
+    let off = [("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "0")];
+    assert_eq!(api.send("PATCH", &format!("/files/{id}"), &off, Some(data.clone())).await.status(), 204);
+
+    let info = api.file(&id).await;
+    let dl = api.get(&format!("/files/{id}")).await;
+    assert_eq!(dl.status(), 200);
+    assert_eq!(info["media_type"], "image/png", "{info}");
+    assert_eq!(common::header(&dl, "content-type"), info["media_type"].as_str(), "REST info and the download agree");
+    assert_eq!(info["name"], "a.png");
+    assert!(common::header(&dl, "content-disposition").unwrap().contains("a.png"));
+
+    let c = http_client(&server, None, false).await;
+    let status = ok(&c, "file_status", json!({ "file_id": id })).await;
+    assert_eq!((&status["file"]["media_type"], &status["file"]["name"]), (&info["media_type"], &info["name"]));
+    let listed = ok(&c, "file_list", json!({})).await;
+    assert_eq!(listed["files"][0], status["file"]);
+
+    // An external task completed with the file over REST.
+    let tid = api.start("external", "{}").await["id"].as_str().unwrap().to_string();
+    let r = api.post(&format!("/api/v1/tasks/{tid}/complete"), &format!(r#"{{"result":{{"rows":3}},"files":["{id}"]}}"#)).await;
+    assert_eq!(r.status(), 200);
+    let rest = api.task(&tid).await;
+    let stored = &rest["result"]["files"][0];
+    let got = ok(&c, "task_get", json!({ "task_id": tid })).await;
+    assert_eq!(got["status"], "completed");
+    for k in ["id", "name", "media_type", "size", "sha256"] {
+        assert_eq!(got["file"][k], stored[k], "{k}: MCP {got} REST {rest}");
+    }
+    assert_eq!(got["result"], json!({ "rows": 3 }), "the producer's own result: {got}");
+    let url = got["download_url"].as_str().expect("a signed download URL, as for built-in kinds");
+    let bytes = reqwest::get(url).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&bytes[..], &data[..]);
+    c.cancel().await.unwrap();
+}
+
+/// Issue 9, item 2: one allow-list check. REST `POST /api/v1/tasks` kind `fetch` and MCP
+/// `fetch_url` accept and refuse the same URLs with the same code: ports, IPv6 literals,
+/// uppercase hosts, userinfo tricks.
+#[tokio::test]
+async fn rest_and_mcp_fetch_the_same_urls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_file(tmp.path(), "ferry.toml", "[fetch]\nallow_hosts = [\"allowed.invalid\", \"ported.invalid:8080\", \"[::1]:9\", \"127.0.0.1:80\"]\n");
+    let server = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let api = Api::new(&server);
+    let c = http_client(&server, None, false).await;
+    let cases: &[(&str, Option<&str>)] = &[
+        ("http://allowed.invalid/x", None),
+        ("http://ALLOWED.invalid:1234/x", None),
+        ("http://user:pw@allowed.invalid/x", None),
+        ("http://ported.invalid:8080/x", None),
+        ("http://ported.invalid/x", Some("unauthorized")),
+        ("http://ported.invalid:8081/x", Some("unauthorized")),
+        ("http://[::1]:9/x", None),
+        ("http://[0:0:0:0:0:0:0:1]:9/x", None),
+        ("http://[::1]:10/x", Some("unauthorized")),
+        ("http://127.0.0.1/x", None),
+        ("http://127.0.0.1:80/x", None),
+        ("http://127.0.0.1:81/x", Some("unauthorized")),
+        ("http://allowed.invalid@evil.invalid/x", Some("unauthorized")),
+        ("http://allowed.invalid:80@evil.invalid/x", Some("unauthorized")),
+        ("http://evil.invalid#@allowed.invalid/", Some("unauthorized")),
+        ("http://allowed.invalid.evil.invalid/", Some("unauthorized")),
+        ("https://allowed.invalid/x", Some("invalid_argument")),
+        ("ftp://allowed.invalid/x", Some("invalid_argument")),
+        ("not a url", Some("invalid_argument")),
+    ];
+    for (url, want) in cases {
+        let args = json!({ "url": url }).to_string();
+        let r = api.start_raw("fetch", &args, None, None).await;
+        let rest_code = if r.status().is_success() { None } else { Some(common::json(r).await["code"].as_str().unwrap().to_string()) };
+        let (v, err, _) = call(&c, "fetch_url", json!({ "url": url })).await;
+        let mcp_code = err.then(|| v["error"]["code"].as_str().unwrap().to_string());
+        assert_eq!(rest_code.as_deref(), *want, "REST {url}");
+        assert_eq!(mcp_code.as_deref(), *want, "MCP {url}: {v}");
+    }
     c.cancel().await.unwrap();
 }
 

@@ -7,10 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use common::moto;
 use ferry::catalog::Catalog;
 
-#[path = "common/moto.rs"]
-mod moto;
 
 const MIB: usize = 1 << 20;
 

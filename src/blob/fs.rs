@@ -306,10 +306,16 @@ impl BlobStore for FsBlobStore {
     async fn ping(&self) -> BlobResult<()> {
         let root = self.root.clone();
         blocking(move || -> std::io::Result<()> {
-            // A directory we can create files in: write and remove a probe.
+            // A directory we can create files in and sync: write 4 KiB, fsync, remove (a full
+            // disk fails here, DESIGN §9).
             let probe = root.join(".ready-probe");
-            std::fs::write(&probe, b"ok")?;
-            std::fs::remove_file(&probe)
+            let res = std::fs::File::create(&probe).and_then(|mut f| {
+                std::io::Write::write_all(&mut f, &[0u8; 4096])?;
+                f.sync_all()
+            });
+            let removed = std::fs::remove_file(&probe);
+            res?;
+            removed
         })
         .await
     }
@@ -472,7 +478,11 @@ impl BlobWriter for FsWriter {
         }
         self.gathered.clear();
         self.gathered_len = 0;
-        self.settle().await?;
+        // A batch that failed (ENOSPC, EDQUOT…) is being discarded anyway: its error must not
+        // stop the cut that releases its bytes (DESIGN §9).
+        if let Err(e) = self.settle().await {
+            tracing::debug!(error = %e, "discarding a failed write batch");
+        }
         let (file, durable) = (self.file.clone(), self.durable);
         blocking(move || -> std::io::Result<_> {
             file.set_len(len)?;

@@ -1,5 +1,7 @@
 //! The conformance suite every [`Catalog`] backend must pass: plain async functions over
-//! `&dyn Catalog`, called by each backend's tests (SQLite now; PostgreSQL later).
+//! `&dyn Catalog`, called by each backend's tests (tests/conformance.rs: SQLite and PostgreSQL).
+//! The task half is in [`super::conformance_tasks`]; races between two handles (two
+//! processes) in [`run_concurrent`] and [`super::conformance_race`].
 //!
 //! Each check panics with a message on a violated guarantee.
 
@@ -54,6 +56,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_expiry_and_tombstones(cat, prefix).await;
     check_concat_lookup(cat, prefix).await;
     check_listing_is_per_principal(cat, prefix).await;
+    check_creation_keys(cat, prefix).await;
     check_blob_state_in_checkpoint(cat, prefix).await;
     check_expire_if_due_is_compare_and_set(cat, prefix).await;
     check_reopen_keeps_the_fence_monotonic(cat, prefix).await;
@@ -64,7 +67,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_task_lease_database_clock(cat, prefix).await;
     check_release_requests(cat, prefix).await;
     check_shared_secret(cat, prefix).await;
-    check_creation_keys(cat, prefix).await;
+    super::conformance_tasks::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
 }
 
@@ -166,6 +169,44 @@ pub async fn check_listing_is_per_principal(cat: &dyn Catalog, p: &str) {
     assert!(bobs.iter().all(|r| r.principal == "bob"));
     assert!(bobs.iter().any(|r| r.id == rec.id));
     assert!(!cat.list_uploads("alice", 100).await.unwrap().iter().any(|r| r.id == rec.id));
+}
+
+/// [`Catalog::create_upload_keyed`]: a key is held per principal by one live upload; a second
+/// creation under it returns the first (and its fingerprint) and inserts nothing; deleting or
+/// expiring the holder frees the key; concurrent creations make exactly one upload.
+pub async fn check_creation_keys(cat: &dyn Catalog, p: &str) {
+    let key = |k: &str, fp: &str| CreationKey { key: format!("{p}{k}"), fingerprint: fp.to_string() };
+    let first = record(&format!("{p}key1"), "alice", Concat::None);
+    assert_eq!(cat.create_upload_keyed(&first, &key("k", "fp-a")).await.unwrap(), KeyedCreate::Created);
+    let retry = record(&format!("{p}key2"), "alice", Concat::None);
+    match cat.create_upload_keyed(&retry, &key("k", "fp-b")).await.unwrap() {
+        KeyedCreate::Existing { upload, fingerprint } => {
+            assert_eq!(*upload, first, "the existing upload, as get_upload reads it");
+            assert_eq!(fingerprint, "fp-a", "the fingerprint it was created with");
+        }
+        other => panic!("a held key must return the holder, got {other:?}"),
+    }
+    assert!(cat.get_upload(&retry.id).await.unwrap().is_none(), "nothing inserted for the retry");
+    // Keys are per principal.
+    let bobs = record(&format!("{p}key3"), "bob", Concat::None);
+    assert_eq!(cat.create_upload_keyed(&bobs, &key("k", "fp-a")).await.unwrap(), KeyedCreate::Created);
+    // A plain create does not take or check keys.
+    cat.create_upload(&record(&format!("{p}key4"), "alice", Concat::None)).await.unwrap();
+    // Expiring the holder frees the key; so does deleting it.
+    cat.mark_expired(&first.id, 50_000).await.unwrap();
+    assert_eq!(cat.create_upload_keyed(&retry, &key("k", "fp-b")).await.unwrap(), KeyedCreate::Created);
+    assert!(cat.delete_upload(&retry.id).await.unwrap());
+    let third = record(&format!("{p}key5"), "alice", Concat::None);
+    assert_eq!(cat.create_upload_keyed(&third, &key("k", "fp-c")).await.unwrap(), KeyedCreate::Created);
+    // The same id under another key is still a duplicate id.
+    assert!(matches!(cat.create_upload_keyed(&third, &key("other", "x")).await, Err(CatalogError::AlreadyExists)));
+    // Concurrent creations under one new key: exactly one is created.
+    let racers: Vec<UploadRecord> = (0..8).map(|i| record(&format!("{p}race{i}"), "carol", Concat::None)).collect();
+    let k = key("race", "fp");
+    let outcomes = futures::future::join_all(racers.iter().map(|r| cat.create_upload_keyed(r, &k))).await;
+    let created = outcomes.iter().filter(|o| matches!(o, Ok(KeyedCreate::Created))).count();
+    assert_eq!(created, 1, "{outcomes:?}");
+    assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
 }
 
 pub async fn check_blob_state_in_checkpoint(cat: &dyn Catalog, p: &str) {
@@ -441,42 +482,4 @@ pub async fn check_release_request_crosses_handles(a: &dyn Catalog, b: &dyn Cata
     })
     .await
     .expect("a request made through one handle reaches the other");
-}
-
-/// [`Catalog::create_upload_keyed`]: a key is held per principal by one live upload; a second
-/// creation under it returns the first (and its fingerprint) and inserts nothing; deleting or
-/// expiring the holder frees the key; concurrent creations make exactly one upload.
-pub async fn check_creation_keys(cat: &dyn Catalog, p: &str) {
-    let key = |k: &str, fp: &str| CreationKey { key: format!("{p}{k}"), fingerprint: fp.to_string() };
-    let first = record(&format!("{p}key1"), "alice", Concat::None);
-    assert_eq!(cat.create_upload_keyed(&first, &key("k", "fp-a")).await.unwrap(), KeyedCreate::Created);
-    let retry = record(&format!("{p}key2"), "alice", Concat::None);
-    match cat.create_upload_keyed(&retry, &key("k", "fp-b")).await.unwrap() {
-        KeyedCreate::Existing { upload, fingerprint } => {
-            assert_eq!(*upload, first, "the existing upload, as get_upload reads it");
-            assert_eq!(fingerprint, "fp-a", "the fingerprint it was created with");
-        }
-        other => panic!("a held key must return the holder, got {other:?}"),
-    }
-    assert!(cat.get_upload(&retry.id).await.unwrap().is_none(), "nothing inserted for the retry");
-    // Keys are per principal.
-    let bobs = record(&format!("{p}key3"), "bob", Concat::None);
-    assert_eq!(cat.create_upload_keyed(&bobs, &key("k", "fp-a")).await.unwrap(), KeyedCreate::Created);
-    // A plain create does not take or check keys.
-    cat.create_upload(&record(&format!("{p}key4"), "alice", Concat::None)).await.unwrap();
-    // Expiring the holder frees the key; so does deleting it.
-    cat.mark_expired(&first.id, 50_000).await.unwrap();
-    assert_eq!(cat.create_upload_keyed(&retry, &key("k", "fp-b")).await.unwrap(), KeyedCreate::Created);
-    assert!(cat.delete_upload(&retry.id).await.unwrap());
-    let third = record(&format!("{p}key5"), "alice", Concat::None);
-    assert_eq!(cat.create_upload_keyed(&third, &key("k", "fp-c")).await.unwrap(), KeyedCreate::Created);
-    // The same id under another key is still a duplicate id.
-    assert!(matches!(cat.create_upload_keyed(&third, &key("other", "x")).await, Err(CatalogError::AlreadyExists)));
-    // Concurrent creations under one new key: exactly one is created.
-    let racers: Vec<UploadRecord> = (0..8).map(|i| record(&format!("{p}race{i}"), "carol", Concat::None)).collect();
-    let k = key("race", "fp");
-    let outcomes = futures::future::join_all(racers.iter().map(|r| cat.create_upload_keyed(r, &k))).await;
-    let created = outcomes.iter().filter(|o| matches!(o, Ok(KeyedCreate::Created))).count();
-    assert_eq!(created, 1, "{outcomes:?}");
-    assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
 }

@@ -1,4 +1,5 @@
-//! Upload metadata: the [`Catalog`] trait and its SQLite implementation.
+//! Upload and task metadata: the [`Catalog`] trait, its SQLite implementation (the embedded
+//! default) and its PostgreSQL one (several replicas on one database).
 //!
 //! The catalog's `offset` for an upload is the truth (DESIGN §2): bytes `[0, offset)` are
 //! durable in the blob store and `hash_state` is the sha256 midstate of exactly those bytes.
@@ -16,10 +17,15 @@
 use async_trait::async_trait;
 
 pub mod conformance;
+pub mod conformance_race;
+pub mod conformance_tasks;
+pub mod postgres;
+mod postgres_tasks;
 pub mod sqlite;
 mod sqlite_tasks;
 pub mod tasks;
 
+pub use postgres::PostgresCatalog;
 pub use sqlite::SqliteCatalog;
 pub use tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 
@@ -131,6 +137,14 @@ pub enum CatalogError {
     /// The fencing token is stale: another writer has taken the upload since.
     #[error("fenced out: another writer holds this upload")]
     Fenced,
+    /// The database's disk or quota is full (SQLite `SQLITE_FULL`, `ENOSPC`/`EDQUOT`, PostgreSQL
+    /// `53100 disk_full`). The write was rolled back; it can succeed once space returns.
+    #[error("catalog storage full: {0}")]
+    Full(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database failed in a way that passes (busy, locked, out of connections or file
+    /// descriptors, an I/O error). The write was rolled back; retry later.
+    #[error("catalog unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The backing database failed.
     #[error("catalog backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -295,4 +309,75 @@ pub trait Catalog: TaskCatalog + Send + Sync + 'static {
 
     /// Whether the backend answers (for `/readyz`).
     async fn ping(&self) -> CatalogResult<()>;
+}
+
+/// Where the catalog lives (`--catalog`): `sqlite:PATH` or a `postgres://` (`postgresql://`) URL.
+#[derive(Clone, PartialEq, Eq)]
+pub enum CatalogUrl {
+    /// A SQLite file (created if missing).
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL connection URL, as given (it may carry a password: print
+    /// [`CatalogUrl::redacted`], never the URL itself).
+    Postgres(String),
+}
+
+impl CatalogUrl {
+    /// Parse `sqlite:PATH` (also `sqlite://PATH`) or `postgres://…` / `postgresql://…`.
+    /// Errors say what is accepted, without echoing a password.
+    pub fn parse(s: &str) -> Result<CatalogUrl, String> {
+        let s = s.trim();
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            url::Url::parse(s).map_err(|e| format!("invalid catalog URL {}: {e}", postgres::redact_url(s)))?;
+            return Ok(CatalogUrl::Postgres(s.to_string()));
+        }
+        if let Some(path) = s.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err("sqlite: needs a file path, e.g. sqlite:/var/lib/ferry/ferry.db".into());
+            }
+            return Ok(CatalogUrl::Sqlite(path.into()));
+        }
+        Err(format!("unsupported catalog {:?}: use sqlite:PATH or postgres://USER:PASSWORD@HOST:PORT/DATABASE", if s.contains('@') { "<redacted>" } else { s }))
+    }
+
+    /// For messages and logs: the path, or the URL with its password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        match self {
+            CatalogUrl::Sqlite(p) => format!("sqlite:{}", p.display()),
+            CatalogUrl::Postgres(u) => postgres::redact_url(u),
+        }
+    }
+
+    /// Open the catalog (creating the SQLite file, or migrating the PostgreSQL database).
+    /// The error is one line naming [`CatalogUrl::redacted`] and the cause.
+    pub async fn open(&self) -> anyhow::Result<std::sync::Arc<dyn Catalog>> {
+        Ok(match self {
+            CatalogUrl::Sqlite(p) => std::sync::Arc::new(SqliteCatalog::open(p).await.map_err(|e| anyhow::anyhow!("cannot open the catalog {}: {e:#}", self.redacted()))?),
+            CatalogUrl::Postgres(u) => std::sync::Arc::new(PostgresCatalog::connect(u).await?),
+        })
+    }
+}
+
+impl std::fmt::Debug for CatalogUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::CatalogUrl;
+
+    #[test]
+    fn catalog_urls_parse() {
+        assert_eq!(CatalogUrl::parse("sqlite:/var/lib/ferry/x.db"), Ok(CatalogUrl::Sqlite("/var/lib/ferry/x.db".into())));
+        assert_eq!(CatalogUrl::parse("sqlite:///var/lib/ferry/x.db"), Ok(CatalogUrl::Sqlite("/var/lib/ferry/x.db".into())));
+        assert_eq!(CatalogUrl::parse("sqlite:rel.db"), Ok(CatalogUrl::Sqlite("rel.db".into())));
+        assert!(matches!(CatalogUrl::parse("postgres://u:p@h/db"), Ok(CatalogUrl::Postgres(_))));
+        assert!(matches!(CatalogUrl::parse("postgresql://h/db"), Ok(CatalogUrl::Postgres(_))));
+        assert!(CatalogUrl::parse("sqlite:").is_err());
+        let e = CatalogUrl::parse("mysql://u:hunter2@h/db").unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert_eq!(format!("{:?}", CatalogUrl::parse("postgres://u:hunter2@h/db").unwrap()), "postgres://u:***@h/db");
+    }
 }

@@ -27,7 +27,11 @@ impl From<sqlx::Error> for CatalogError {
         match e {
             sqlx::Error::RowNotFound => CatalogError::NotFound,
             sqlx::Error::Database(ref d) if d.is_unique_violation() => CatalogError::AlreadyExists,
-            other => CatalogError::Backend(Box::new(other)),
+            other => match crate::exhaustion::classify_sqlx(&other) {
+                Some(crate::exhaustion::Exhausted::Space) => CatalogError::Full(Box::new(other)),
+                Some(crate::exhaustion::Exhausted::Transient) => CatalogError::Unavailable(Box::new(other)),
+                None => CatalogError::Backend(Box::new(other)),
+            },
         }
     }
 }
@@ -103,7 +107,16 @@ impl SqliteCatalog {
             sqlx::migrate!("./migrations/sqlite").run(&mut conn).await?;
             conn.close().await?;
         }
-        let pool = SqlitePoolOptions::new().max_connections(if in_memory { 1 } else { 8 }).min_connections(1).idle_timeout(None).max_lifetime(None).connect_with(opts).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(if in_memory { 1 } else { 8 })
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            // DESIGN §9: a connection whose transaction could not be rolled back is closed,
+            // never handed out again (see `left_clean`).
+            .before_acquire(|conn, _| Box::pin(async move { Ok(left_clean(conn)) }))
+            .connect_with(opts)
+            .await?;
         if in_memory {
             sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         }
@@ -121,10 +134,33 @@ impl SqliteCatalog {
         }
     }
 
+    /// The pool's connections, for tests that need to see their state.
+    #[doc(hidden)]
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     async fn ids(&self, sql: &'static str, a: i64, limit: u32) -> CatalogResult<Vec<String>> {
         let rows = sqlx::query(sql).bind(a).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
     }
+}
+
+/// Whether a pooled connection may be handed out again (`before_acquire`).
+///
+/// A dropped [`sqlx::Transaction`] queues a `ROLLBACK` that runs before the connection is
+/// pooled again. When SQLite already rolled the transaction back itself — it may do so on
+/// `SQLITE_FULL`, `SQLITE_IOERR` or `SQLITE_NOMEM`, e.g. when `COMMIT` hits a full disk —
+/// that `ROLLBACK` fails ("no transaction is active") and sqlx keeps counting the connection
+/// as inside a transaction. Every later `begin_with("BEGIN IMMEDIATE")` on it then failed with
+/// "attempted to call begin_with at non-zero transaction depth", forever (issue 9, item 6).
+/// Such a connection is closed here and the pool opens a fresh one.
+fn left_clean(conn: &mut sqlx::SqliteConnection) -> bool {
+    if conn.is_in_transaction() {
+        tracing::warn!("closing a catalog connection left inside a transaction (its rollback failed); the pool opens a new one");
+        return false;
+    }
+    true
 }
 
 impl SqliteCatalog {
@@ -469,5 +505,57 @@ impl Catalog for SqliteCatalog {
     async fn ping(&self) -> CatalogResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{NewTask, TaskCatalog};
+
+    /// Issue 9, item 6: a transaction that hit a full disk (here: SQLite's page limit, the same
+    /// `SQLITE_FULL`) was rolled back by SQLite itself, sqlx's rollback then failed, and the
+    /// pooled connection stayed "inside a transaction": every later `BEGIN IMMEDIATE` failed
+    /// with "attempted to call begin_with at non-zero transaction depth". Now each failure is
+    /// `Full`, reads keep working, and no pooled connection is left in a transaction.
+    #[tokio::test]
+    async fn a_full_database_rolls_back_and_leaves_every_connection_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = SqliteConnectOptions::new().filename(dir.path().join("ferry.db")).create_if_missing(true).synchronous(SqliteSynchronous::Full);
+        let cat = SqliteCatalog::connect(opts.clone(), false).await.unwrap();
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&cat.pool).await.unwrap();
+        cat.pool.close().await;
+        let cat = SqliteCatalog::connect(opts.pragma("max_page_count", (pages + 8).to_string()), false).await.unwrap();
+        let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(3000));
+        let task = |i: usize| NewTask {
+            id: format!("t{i:025}"),
+            principal: "p".into(),
+            kind: "k".into(),
+            args: big.clone(),
+            idempotency_key: Some(format!("key{i}")),
+            ttl_ms: 1,
+            now_ms: 0,
+        };
+        let mut full = 0;
+        for i in 0..200 {
+            match cat.start_task(&task(i)).await {
+                Ok(_) => {}
+                Err(CatalogError::Full(_)) => full += 1,
+                Err(other) => panic!("start {i}: expected Ok or Full, got {other}"),
+            }
+        }
+        assert!(full > 100, "the database never filled ({full} failures)");
+        // Reads work and the next transactions still reach SQLite (Full, not a stuck connection).
+        assert!(cat.get_task(&task(0).id).await.unwrap().is_some());
+        assert!(matches!(cat.start_task(&task(999)).await, Err(CatalogError::Full(_))));
+        for _ in 0..8 {
+            let mut conn = cat.pool.acquire().await.unwrap();
+            assert!(!conn.is_in_transaction(), "a pooled connection was handed out inside a transaction");
+            sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+        }
+        // Space returns (old rows go): writes succeed again on the same pool.
+        sqlx::query("DELETE FROM task_keys").execute(&cat.pool).await.unwrap();
+        sqlx::query("DELETE FROM tasks").execute(&cat.pool).await.unwrap();
+        cat.start_task(&task(1000)).await.unwrap();
     }
 }

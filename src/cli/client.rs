@@ -324,10 +324,10 @@ impl Client {
                     let body = r.text().await.unwrap_or_default();
                     retry.wait(CliError::from_status(what, status, &body)).await?;
                 }
-                Ok(r) => {
-                    retry.success();
-                    return Ok(r);
-                }
+                // An answer is not progress: only the caller knows whether bytes moved (and
+                // calls `Retry::success`), so a PATCH that keeps failing between successful
+                // HEADs still runs out of `--retry-for` (issue 9, item 6).
+                Ok(r) => return Ok(r),
                 Err(e) => retry.wait(CliError::network(what, &e).hint(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base))).await?,
             }
         }
@@ -402,13 +402,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// The `sha-256` member of an RFC 9530 `Repr-Digest` header, as lowercase hex.
 pub fn repr_digest_sha256(h: &reqwest::header::HeaderMap) -> Option<String> {
-    use base64::Engine as _;
-    let v = h.get("repr-digest")?.to_str().ok()?;
-    v.split(',').find_map(|m| {
-        let b64 = m.trim().strip_prefix("sha-256=")?.strip_prefix(':')?.strip_suffix(':')?;
-        let raw = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-        (raw.len() == 32).then(|| hex::encode(raw))
-    })
+    typed_header::<ferry_tus::ReprDigest>(h, "repr-digest").and_then(|d| d.sha256).map(hex::encode)
 }
 
 /// A header as text.
@@ -416,9 +410,11 @@ pub fn header_str<'a>(h: &'a reqwest::header::HeaderMap, name: &str) -> Option<&
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// A header as an unsigned number.
-pub fn header_u64(h: &reqwest::header::HeaderMap, name: &str) -> Option<u64> {
-    header_str(h, name).and_then(|v| v.trim().parse().ok())
+/// A header parsed with its ferry-tus type (`UploadOffset`, `UploadLength`, `ContentRange`…):
+/// the grammar the server enforces, so `+5` is refused here as it is there. `None` when absent
+/// or malformed.
+pub fn typed_header<T: std::str::FromStr>(h: &reqwest::header::HeaderMap, name: &str) -> Option<T> {
+    header_str(h, name).and_then(|v| v.parse().ok())
 }
 
 /// A two-worker tokio runtime, or exit code 1.
@@ -478,6 +474,28 @@ mod tests {
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("250").unwrap(), Duration::from_millis(250));
         assert_eq!(id_of(&reqwest::Url::parse("http://h/files/abc?x=1").unwrap()), "abc");
+    }
+
+    /// Issue 9 item 2: TUS headers are read with the server's grammar (ferry-tus), not
+    /// `str::parse::<u64>`, which takes `+5`.
+    #[test]
+    fn tus_headers_use_the_server_grammar() {
+        use ferry_tus::{ContentRange, UploadLength, UploadOffset};
+        let mut h = reqwest::header::HeaderMap::new();
+        for bad in ["+5", " 5", "5 ", "-1", "0x5", "", "18446744073709551616"] {
+            h.insert("upload-offset", bad.parse().unwrap());
+            h.insert("upload-length", bad.parse().unwrap());
+            h.insert("content-range", format!("bytes {bad}-9/10").parse().unwrap());
+            assert_eq!(typed_header::<UploadOffset>(&h, "upload-offset"), None, "{bad:?}");
+            assert_eq!(typed_header::<UploadLength>(&h, "upload-length"), None, "{bad:?}");
+            assert_eq!(typed_header::<ContentRange>(&h, "content-range"), None, "{bad:?}");
+        }
+        h.insert("upload-offset", "007".parse().unwrap());
+        assert_eq!(typed_header::<UploadOffset>(&h, "upload-offset"), Some(UploadOffset(7)));
+        h.insert("content-range", "bytes 5-9/10".parse().unwrap());
+        assert_eq!(typed_header::<ContentRange>(&h, "content-range"), Some(ContentRange::Bytes { first: 5, last: 9, total: Some(10) }));
+        h.insert("repr-digest", "sha-256=:AAAA:".parse().unwrap());
+        assert_eq!(repr_digest_sha256(&h), None, "a sha-256 that is not 32 bytes is no digest");
     }
 
     #[test]

@@ -19,14 +19,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
+use ferry_tus::ContentRange;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{
-    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_USAGE,
-    EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NETWORK,
+    EXIT_USAGE, EXIT_VERIFY, TRANSFER_EXIT_CODES,
 };
 use super::progress::Progress;
 
@@ -262,10 +263,10 @@ async fn probe(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result
     let status = res.status().as_u16();
     let h = res.headers().clone();
     let total = match status {
-        206 => header_str(&h, "content-range").and_then(|v| v.rsplit('/').next()).and_then(|t| t.parse().ok()),
+        206 => typed_header::<ContentRange>(&h, "content-range").and_then(|r| r.total()),
         200 => res.content_length(),
         // An empty file: no byte satisfies 0-0 (RFC 9110 §15.5.17).
-        416 => header_str(&h, "content-range").filter(|v| v.trim() == "bytes */0").map(|_| 0),
+        416 => typed_header::<ContentRange>(&h, "content-range").filter(|r| *r == ContentRange::Unsatisfied { total: 0 }).map(|_| 0),
         _ => None,
     };
     let Some(total) = total else {
@@ -393,7 +394,10 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
                 }
             }
             206 => {
-                let start = header_str(res.headers(), "content-range").and_then(|v| v.strip_prefix("bytes ")).and_then(|v| v.split('-').next()).and_then(|s| s.parse::<u64>().ok());
+                let start = match typed_header::<ContentRange>(res.headers(), "content-range") {
+                    Some(ContentRange::Bytes { first, .. }) => Some(first),
+                    _ => None,
+                };
                 if start != Some(pos) {
                     return Err(CliError::new(EXIT_FAILURE, format!("{what}: the server answered a different range ({:?})", header_str(res.headers(), "content-range"))));
                 }

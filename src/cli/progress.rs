@@ -21,7 +21,12 @@ pub struct Progress {
 }
 
 struct Plain {
+    /// Position shown: the most bytes ever reached, so progress never goes backwards.
     pos: u64,
+    /// Where the transfer really is (a resume may move it below `pos`).
+    actual: u64,
+    /// A resume went back: say so once, until `actual` catches up with `pos`.
+    behind_noted: bool,
     start: Instant,
     /// Bytes that went over the wire (the rate), unlike `pos`, which a resume moves.
     moved: u64,
@@ -46,30 +51,56 @@ impl Progress {
             b.reset_eta();
             b
         });
-        Progress { bar, label: label.to_string(), total, quiet, state: Mutex::new(Plain { pos, start: Instant::now(), moved: 0, last_line: None, last_pos: None }) }
+        Progress {
+            bar,
+            label: label.to_string(),
+            total,
+            quiet,
+            state: Mutex::new(Plain { pos, actual: pos, behind_noted: false, start: Instant::now(), moved: 0, last_line: None, last_pos: None }),
+        }
     }
 
     /// `n` more bytes went over the wire.
     pub fn inc(&self, n: u64) {
-        if let Some(b) = &self.bar {
-            b.inc(n);
-        }
         let mut s = self.state.lock().expect("progress lock");
-        s.pos = (s.pos + n).min(self.total);
+        s.actual = (s.actual + n).min(self.total);
         s.moved += n;
-        self.plain_line(&mut s, false);
+        self.show(&mut s, false);
     }
 
-    /// The position is `pos` (after a resume moved it back or forward); with `milestone` (the
-    /// server confirmed this offset), a plain line is printed now if none was printed yet.
+    /// The position is `pos` (the server's offset after a resume, which may be below what was
+    /// sent: bytes the server did not keep are sent again). The display never goes backwards:
+    /// it holds the most reached so far, with a note, until the transfer passes it again.
+    /// With `milestone` (the server confirmed this offset), a plain line is printed now if
+    /// none was printed yet.
     pub fn set(&self, pos: u64, milestone: bool) {
-        if let Some(b) = &self.bar {
-            b.set_position(pos);
-        }
         let mut s = self.state.lock().expect("progress lock");
-        s.pos = pos.min(self.total);
+        s.actual = pos.min(self.total);
+        if s.actual < s.pos && !s.behind_noted {
+            s.behind_noted = true;
+            let (kept, shown) = (s.actual, s.pos);
+            drop(s);
+            self.note(&format!("the server kept {kept} bytes; sending again from there (progress stays at {shown} until it is passed)"));
+            s = self.state.lock().expect("progress lock");
+        }
         let first = milestone && s.last_line.is_none();
-        self.plain_line(&mut s, first);
+        self.show(&mut s, first);
+    }
+
+    /// The position shown (the most reached so far), in bytes.
+    pub fn shown(&self) -> u64 {
+        self.state.lock().expect("progress lock").pos
+    }
+
+    fn show(&self, s: &mut Plain, force: bool) {
+        if s.actual >= s.pos {
+            s.pos = s.actual;
+            s.behind_noted = false;
+        }
+        if let Some(b) = &self.bar {
+            b.set_position(s.pos);
+        }
+        self.plain_line(s, force);
     }
 
     /// A status message (a bar shows it in place of the file name; plain mode prints a line).
@@ -118,5 +149,26 @@ impl Progress {
             String::new()
         };
         eprintln!("ferry: {}: {}/{} bytes ({pct:.1}%), {}/s{eta}", self.label, s.pos, self.total, bytesize::ByteSize::b(rate as u64).display().iec(),);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_never_goes_backwards() {
+        let p = Progress::new("f", 1000, 0, true);
+        p.inc(600);
+        assert_eq!(p.shown(), 600);
+        // The server kept only 200 bytes: they are sent again, the display holds at 600.
+        p.set(200, false);
+        assert_eq!(p.shown(), 600);
+        p.inc(300);
+        assert_eq!(p.shown(), 600);
+        p.inc(200);
+        assert_eq!(p.shown(), 700);
+        p.set(1000, true);
+        assert_eq!(p.shown(), 1000);
     }
 }

@@ -27,14 +27,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
 use clap::Args;
+use ferry_tus::{UploadLength, UploadMetadata, UploadOffset};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::client::{
-    describe, header_u64, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND,
+    describe, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND,
     EXIT_VERIFY, TRANSFER_EXIT_CODES,
 };
 use super::progress::Progress;
@@ -132,14 +132,16 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
     }
 }
 
-/// The `--meta` pairs, checked for TUS 1.0 §Upload-Metadata keys (no spaces or commas).
+/// The `--meta` pairs, checked with ferry-tus's `Upload-Metadata` grammar (the server's):
+/// keys non-empty ASCII without spaces or commas, each key once.
 fn metadata_pairs(meta: &[String]) -> Result<Vec<(String, String)>, CliError> {
+    let mut check = UploadMetadata::new();
     meta.iter()
         .map(|kv| {
             let (k, v) = kv.split_once('=').ok_or_else(|| CliError::usage(format!("--meta {kv:?} is not KEY=VALUE")))?;
-            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic() && b != b',') {
-                return Err(CliError::usage(format!("--meta key {k:?} must be non-empty ASCII without spaces or commas")));
-            }
+            check
+                .insert(k, Some(v.as_bytes().to_vec()))
+                .map_err(|e| CliError::usage(format!("--meta key {k:?}: {e} (keys are non-empty ASCII without spaces or commas, each given once)")))?;
             Ok((k.to_string(), v.to_string()))
         })
         .collect()
@@ -147,17 +149,17 @@ fn metadata_pairs(meta: &[String]) -> Result<Vec<(String, String)>, CliError> {
 
 /// The `Upload-Metadata` header: `filename` (the file's name) unless given, then the rest.
 fn metadata_header(path: &Path, pairs: &[(String, String)]) -> String {
-    let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
-    let mut items = Vec::new();
+    let mut md = UploadMetadata::new();
     if !pairs.iter().any(|(k, _)| k == "filename") {
         if let Some(name) = path.file_name() {
-            items.push(format!("filename {}", b64(&name.to_string_lossy())));
+            let _ = md.insert("filename", Some(name.to_string_lossy().as_bytes().to_vec()));
         }
     }
     for (k, v) in pairs {
-        items.push(if v.is_empty() { k.clone() } else { format!("{k} {}", b64(v)) });
+        // Checked by `metadata_pairs`.
+        let _ = md.insert(k.as_str(), (!v.is_empty()).then(|| v.as_bytes().to_vec()));
     }
-    items.join(",")
+    md.to_string()
 }
 
 /// What `ferry upload` prints for one file.
@@ -431,7 +433,11 @@ async fn head(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result<
         return Err(CliError::from_status(&what, status, ""));
     }
     let h = res.headers();
-    Ok(HeadInfo { offset: header_u64(h, "upload-offset"), length: header_u64(h, "upload-length"), sha256: repr_digest_sha256(h) })
+    Ok(HeadInfo {
+        offset: typed_header::<UploadOffset>(h, "upload-offset").map(|o| o.0),
+        length: typed_header::<UploadLength>(h, "upload-length").map(|l| l.0),
+        sha256: repr_digest_sha256(h),
+    })
 }
 
 /// The sha256 of a prefix of the file, with snapshots to rewind to.
@@ -540,12 +546,15 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
         let failure = match res {
             Ok(r) => {
                 let status = r.status().as_u16();
-                let server_offset = header_u64(r.headers(), "upload-offset");
+                let server_offset = typed_header::<UploadOffset>(r.headers(), "upload-offset").map(|o| o.0);
                 match (status, server_offset) {
                     (204 | 200, Some(o)) if o <= len => {
+                        if o > offset {
+                            // Bytes were kept: the --retry-for budget starts over.
+                            retry.success();
+                        }
                         offset = o;
                         conflicts = 0;
-                        retry.success();
                         job.progress.set(job.progress_pos(base, offset), true);
                         continue;
                     }
@@ -703,11 +712,8 @@ async fn concatenated(job: &Job<'_>, stored: Option<super::store::Entry>, n: usi
 impl Job<'_> {
     /// The sha256 the upload's metadata declares (`--meta sha256=…`), lowercase.
     fn declared_sha256(&self) -> Option<String> {
-        self.meta.split(',').find_map(|item| {
-            let (k, v) = item.split_once(' ')?;
-            let raw = base64::engine::general_purpose::STANDARD.decode(v).ok().filter(|_| k == "sha256")?;
-            Some(String::from_utf8_lossy(&raw).trim().to_ascii_lowercase())
-        })
+        let md: UploadMetadata = self.meta.parse().ok()?;
+        md.get_str("sha256").map(|v| v.trim().to_ascii_lowercase())
     }
 }
 
@@ -767,5 +773,6 @@ mod tests {
         assert_eq!(metadata_header(Path::new("/x/r.bin"), &pairs), "filename ci5iaW4=,a Yg==,flag");
         assert!(metadata_pairs(&["no".into()]).is_err());
         assert!(metadata_pairs(&["a b=c".into()]).is_err());
+        assert!(metadata_pairs(&["a=1".into(), "a=2".into()]).is_err(), "a key twice is refused here as the server refuses it");
     }
 }

@@ -14,16 +14,17 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use ferry_tus::{TusError, UploadMetadata};
+use ferry_tus::TusError;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{OpenApi, PartialSchema, ToSchema};
 
-use super::auth::Principal;
 use super::{AppState, Problem};
-use crate::catalog::{Progress, TaskRecord, UploadRecord};
+use crate::app::views::{file_view, FileView};
+use crate::app::Principal;
+use crate::catalog::{Progress, TaskRecord};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -324,9 +325,10 @@ pub struct TaskView<'a> {
     /// Outstanding input requests: key → request.
     #[schema(value_type = Object)]
     pub input_requests: serde_json::Map<String, serde_json::Value>,
-    /// The result (completed only), exactly as produced. For `external` tasks completed with
-    /// files: `{"files": [File…], "result": …}`; job kinds that write files put their handles
-    /// (`id`, `name`, `media_type`, `size`, `sha256`) in it.
+    /// The result (completed only), exactly as produced. A file a task produced is always the
+    /// same handle (`id`, `name`, `media_type`, `size`, `sha256`): built-in kinds store
+    /// `{"file": handle, …}`, `external` tasks completed with files `{"files": [handle…],
+    /// "result": …}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<serde_json::Value>)]
     pub result: Option<&'a RawValue>,
@@ -582,7 +584,8 @@ struct CompleteBody<'a> {
 /// Complete an `external` task (its producer only).
 ///
 /// `POST /tasks/{id}/complete` `{result?, files?}`: with files, the stored result is
-/// `{"files": [file info…], "result": <result>}`; without, the result exactly.
+/// `{"files": [handle…], "result": <result>}` (each handle `id`, `name`, `media_type`, `size`,
+/// `sha256`, as built-in kinds store theirs); without, the result exactly.
 #[utoipa::path(post, path = "/api/v1/tasks/{id}/complete", tag = "tasks", operation_id = "complete_task",
     params(("id" = String, Path, description = "Task id (kind `external`).")),
     request_body(content = CompleteBody, content_type = "application/json"),
@@ -607,17 +610,18 @@ async fn complete(
         let mut infos = Vec::new();
         for f in &b.files {
             let rec = s.engine.get(&p, f).await?;
-            if !rec.is_finished() {
+            // The same handle built-in kinds store for the files they produce.
+            let Some(handle) = crate::app::views::produced_file(&rec) else {
                 return Err(Problem(
                     TusError::new(409, ferry_tus::ErrorCode::UploadIncomplete, format!("file {f} is not complete"), "Finish uploading the file, then complete the task.")
                         .with_cursor(rec.offset),
                 ));
-            }
-            infos.push(file_view(&rec));
+            };
+            infos.push(handle);
         }
         #[derive(Serialize)]
         struct WithFiles<'a> {
-            files: Vec<FileView>,
+            files: Vec<crate::upload::FileHandle>,
             result: &'a RawValue,
         }
         let raw: &RawValue = serde_json::from_str(result).expect("already parsed");
@@ -648,50 +652,6 @@ async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Prin
     let body = body_bytes(body)?;
     let b: FailBody = json_body(&body)?;
     Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?))
-}
-
-/// What the API says about a file (an upload).
-#[derive(Debug, Serialize, ToSchema)]
-#[schema(as = File)]
-pub struct FileView {
-    pub id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    pub media_type: String,
-    /// Total bytes, when known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-    /// Bytes stored so far.
-    pub offset: u64,
-    /// All bytes are in.
-    pub complete: bool,
-    /// Lowercase hex, once complete.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sha256: Option<String>,
-    /// Unix ms.
-    pub created_at: i64,
-    /// Unix ms after which an unfinished upload is swept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<i64>,
-    /// Relative URL for GET (download) and TUS requests.
-    pub url: String,
-}
-
-pub fn file_view(r: &UploadRecord) -> FileView {
-    let md: UploadMetadata = r.metadata.parse().unwrap_or_default();
-    let get = |keys: &[&str]| keys.iter().find_map(|k| md.get_str(k).map(str::to_owned));
-    FileView {
-        id: r.id.clone(),
-        name: get(&["filename", "name"]),
-        media_type: get(&["filetype", "contentType", "type"]).unwrap_or_else(|| "application/octet-stream".into()),
-        size: r.length,
-        offset: r.offset,
-        complete: r.is_finished(),
-        sha256: r.sha256.map(hex::encode),
-        created_at: r.created_at_ms,
-        expires_at: if r.is_finished() { None } else { r.expires_at_ms },
-        url: format!("{}{}", super::FILES_PATH, r.id),
-    }
 }
 
 /// A page of files, newest first.

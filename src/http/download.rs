@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use ferry_tus::{ErrorCode, TusError, Verb};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::auth::Principal;
 use super::{tus_headers, AppState, Problem};
+use crate::app::Principal;
 use crate::catalog::UploadRecord;
 use axum::Extension;
 
@@ -80,10 +80,6 @@ fn decide(h: &HeaderMap, len: u64, etag: &str, last_modified: &str) -> Outcome {
     }
 }
 
-fn metadata_value(md: &ferry_tus::UploadMetadata, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| md.get_str(k).map(str::to_owned))
-}
-
 /// Media types a browser would execute or render actively: always served as attachments.
 fn is_active(m: &mime::Mime) -> bool {
     let essence = m.essence_str();
@@ -113,11 +109,10 @@ fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
 
 /// Content-Type, Content-Disposition and the validators of a finished upload.
 pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
-    let md: ferry_tus::UploadMetadata = rec.metadata.parse().unwrap_or_default();
-    let media =
-        metadata_value(&md, &["filetype", "contentType", "content-type", "type", "mimetype"]).and_then(|t| t.parse::<mime::Mime>().ok()).unwrap_or(mime::APPLICATION_OCTET_STREAM);
+    // The same description `GET /api/v1/files/{id}` and MCP handles show.
+    let crate::upload::Description { name, media_type: media } = crate::upload::describe_raw(&rec.metadata);
     let disposition = if is_active(&media) { "attachment" } else { "inline" };
-    let cd = content_disposition(disposition, metadata_value(&md, &["filename", "name"]).as_deref());
+    let cd = content_disposition(disposition, name.as_deref());
     let pairs = [
         ("content-type", media.to_string()),
         ("content-disposition", cd),

@@ -1,4 +1,5 @@
-//! `/healthz` (the process answers), `/readyz` (the catalog and the blob store answer), `/metrics` (Prometheus).
+//! `/healthz` (the process answers), `/readyz` (every store can do its work, DESIGN §9),
+//! `/metrics` (Prometheus).
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
@@ -16,11 +17,14 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// 200 when ready, 503 otherwise; the body is JSON either way:
+/// `{"ready":false,"checks":[{"store":"blobs","ok":false,"reason":"…"},…],"free_bytes":…,"reserve_bytes":…}`.
 async fn readyz(State(s): State<AppState>) -> Response {
-    match s.engine.ready().await {
-        Ok(()) => "ready\n".into_response(),
-        Err(what) => (StatusCode::SERVICE_UNAVAILABLE, format!("{what}\n")).into_response(),
-    }
+    let r = s.engine.readiness().await;
+    let status = if r.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut res = (status, axum::Json(r)).into_response();
+    res.headers_mut().insert("cache-control", HeaderValue::from_static("no-store"));
+    res
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {

@@ -4,8 +4,6 @@
 //! returns. One error type, [`Problem`], decides what a client sees of a failure: an RFC 9457
 //! `application/problem+json` body with ferry's stable `code`; details go to the logs.
 
-use std::sync::Arc;
-
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -16,47 +14,14 @@ use ferry_tus::{ErrorCode, TusError, TUS_VERSION};
 use tower::ServiceExt;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::metrics::Metrics;
-use crate::upload::UploadEngine;
-
 pub(crate) mod api;
 pub mod auth;
 mod download;
 mod health;
 pub(crate) mod tus;
 
-/// Path prefix of the TUS upload collection.
-pub const FILES_PATH: &str = "/files/";
-
-/// Settings of the HTTP edge.
-#[derive(Debug, Clone, Default)]
-pub struct HttpConfig {
-    /// Trust `Forwarded` / `X-Forwarded-*` to build absolute `Location` URLs.
-    pub behind_proxy: bool,
-    /// `Location` as `{public_url}/files/{id}` (set when `--public-url` is given).
-    pub absolute_locations: bool,
-    /// `Host` names this server answers to (DNS-rebinding guard for `/mcp`, and for every
-    /// route when there are no tokens); empty = any.
-    pub allowed_hosts: Vec<String>,
-    /// Cancelled at shutdown: ends `/mcp` streams.
-    pub shutdown: tokio_util::sync::CancellationToken,
-    /// Which web origins may use TUS on `/files/`, and extra CORS headers.
-    pub cors: crate::config::CorsConfig,
-}
-
-/// Shared state of every handler.
-#[derive(Clone)]
-pub struct AppState {
-    pub engine: Arc<UploadEngine>,
-    pub tasks: Arc<crate::tasks::Engine>,
-    pub tokens: auth::Tokens,
-    pub metrics: Arc<Metrics>,
-    pub http: HttpConfig,
-    /// Absolute and signed URLs of files (DESIGN §6).
-    pub links: crate::signing::Links,
-    /// The MCP facade's settings (`/mcp`).
-    pub mcp: Arc<crate::mcp::McpConfig>,
-}
+pub use crate::app::views::FILES_PATH;
+pub use crate::app::{AppState, HttpConfig};
 
 /// Headers a browser may send to the TUS endpoints (CORS preflight allow list): everything the
 /// TUS 1.0 and IETF resumable-upload clients send (tus-js-client — also `X-Request-ID` with
@@ -151,15 +116,21 @@ fn same_origin(origin: &str, host: &str) -> bool {
     origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false)
 }
 
-/// The whole router, without binding a port.
-pub fn app(state: AppState) -> Router {
+/// The whole router, without binding a port. `mcp` is the MCP service nested at `/mcp`
+/// (built by `serve.rs` from the same state; this layer does not know MCP).
+pub fn app<M>(state: AppState, mcp: M) -> Router
+where
+    M: tower::Service<Request, Error = std::convert::Infallible> + Clone + Send + Sync + 'static,
+    M::Response: IntoResponse,
+    M::Future: Send + 'static,
+{
     let files = Router::new()
         .route("/files", post(tus::create).options(tus::options))
         .route("/files/", post(tus::create).options(tus::options))
         .route("/files/{id}", get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options));
     let routes: Router = Router::new()
         .merge(files)
-        .nest_service("/mcp", mcp_service(&state))
+        .nest_service("/mcp", mcp)
         .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())
         .fallback(|| async {
@@ -212,8 +183,6 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::map_request(method_override))
 }
 
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-
 /// Browser protections outside the TUS endpoints:
 /// - a request to `/api/` or `/mcp` carrying an `Origin` other than this server's own is
 ///   refused (403): a web page must not drive the API, not even with requests a browser sends
@@ -261,18 +230,6 @@ fn host_without_port(host: &str) -> &str {
         return rest.split(']').next().unwrap_or(rest);
     }
     host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map(|(h, _)| h).unwrap_or(host)
-}
-
-/// rmcp's Streamable HTTP transport for `/mcp` (MCP 2026-07-28 stateless, and sessions for
-/// clients of older protocol versions).
-fn mcp_service(state: &AppState) -> rmcp::transport::StreamableHttpService<crate::mcp::FerryMcp, LocalSessionManager> {
-    let mcp = crate::mcp::FerryMcp::new(state.clone(), (*state.mcp).clone());
-    // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
-    // from the tool rather than a bare 413 from the transport.
-    let max_body = (state.mcp.max_chunk as usize).saturating_mul(4).saturating_add(1 << 20);
-    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
-    cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
-    rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
 }
 
 /// `X-HTTP-Method-Override` (TUS 1.0 §Protocol): replace the method before routing.
@@ -332,8 +289,12 @@ impl IntoResponse for Problem {
             h.insert("tus-version", HeaderValue::from_static(TUS_VERSION));
         }
         // The offset to resume from, where the spec's clients look for it.
-        if let (Some(c), 409 | 423 | 460) = (e.cursor, e.status) {
+        if let (Some(c), 409 | 423 | 460 | 503 | 507) = (e.cursor, e.status) {
             h.insert("upload-offset", HeaderValue::from(c));
+        }
+        // DESIGN §9: space and transient catalog trouble come back by themselves.
+        if let Some(secs) = e.code.retry_after_secs() {
+            h.insert("retry-after", HeaderValue::from(secs));
         }
         res
     }

@@ -4,15 +4,12 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, CreationLimits, PatchHeaders, TusError, Verb, TUS_EXTENSIONS, TUS_VERSION};
+use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, PatchHeaders, TusError, Verb, TUS_EXTENSIONS, TUS_VERSION};
 
-use super::auth::Principal;
 use super::{tus_headers, AppState, Problem, FILES_PATH};
+use crate::app::Principal;
 use crate::catalog::{Concat, UploadRecord};
 use axum::Extension;
-
-/// Largest `Upload-Metadata` header accepted, in bytes.
-pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 
 /// The single value of header `name`. A value that is not visible ASCII, or a header sent
 /// more than once, is passed on as a placeholder no grammar accepts, so it is refused as
@@ -141,7 +138,7 @@ pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extensio
         content_length: header(&h, "content-length"),
         has_body: has_body(&h),
     };
-    let limits = CreationLimits { max_size: s.engine.config().max_size, max_metadata: MAX_METADATA_BYTES };
+    let limits = crate::app::limits::creation_limits(&s.engine);
     let plan = plan_creation(&ch, &limits)?;
     let key = idempotency_key(&h)?;
     let created = s.engine.create_keyed(&p, &plan, header(&h, "upload-metadata").unwrap_or(""), key.as_ref()).await?;

@@ -2,36 +2,26 @@
 //!
 //! A failure a model can repair is
 //! `{"status":"failed","error":{"code","message","retryable","recoveryHint","partial":{"cursor"}}}`
-//! with `isError: true`; `code` is one of [`ErrorCode::ALL`], the same words as HTTP problem
-//! bodies. Every tool's `outputSchema` ([`output_schema`]) admits both its success shape and
-//! this envelope, because some clients validate error results too.
+//! with `isError: true`; `code` is one of `ErrorCode::ALL`, the same words as HTTP problem
+//! bodies. The shapes are Rust types in [`super::results`], which also generate every tool's
+//! `outputSchema`.
 
-use ferry_tus::{ErrorCode, TusError};
+use ferry_tus::TusError;
 use rmcp::model::{CallToolResult, ContentBlock as Content};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::json;
 
-/// The error object of the failure envelope.
-pub fn error_object(e: &TusError) -> Value {
-    let mut err = json!({
-        "code": e.code.as_str(),
-        "message": e.detail,
-        "retryable": e.code.retryable(),
-        "recoveryHint": e.recovery_hint,
-    });
-    if let Some(c) = e.cursor {
-        err["partial"] = json!({ "cursor": c });
-    }
-    err
-}
+use super::results::{ErrorObject, FailedStatus, Failure};
 
 /// `{"status":"failed","error":{…}}` as an `isError` tool result.
 pub fn failure(e: &TusError) -> CallToolResult {
-    result(json!({ "status": "failed", "error": error_object(e) }), Vec::new(), true)
+    result(&Failure { status: FailedStatus::Failed, error: ErrorObject::of(e) }, Vec::new(), true)
 }
 
-/// A tool result: `structured` as `structuredContent` and as the text of the first content
-/// block (for clients that only read text), then `extra` blocks (e.g. resource links).
-pub fn result(structured: Value, extra: Vec<Content>, is_error: bool) -> CallToolResult {
+/// A tool result: `out` as `structuredContent` and as the text of the first content block (for
+/// clients that only read text), then `extra` blocks (e.g. resource links).
+pub fn result<T: Serialize>(out: &T, extra: Vec<Content>, is_error: bool) -> CallToolResult {
+    let structured = serde_json::to_value(out).expect("tool results serialise");
     let mut content = vec![Content::text(structured.to_string())];
     content.extend(extra);
     let mut r = if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
@@ -58,44 +48,10 @@ pub fn id_from_uri(uri: &str) -> Option<&str> {
     uri.strip_prefix("ferry://files/").filter(|id| crate::upload::is_valid_id(id))
 }
 
-/// The JSON Schema of the failure envelope's `error` object.
-fn error_schema() -> Value {
-    let codes: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
-    json!({
-        "type": "object",
-        "description": "Why the call failed and the one next step that repairs it.",
-        "properties": {
-            "code": { "type": "string", "enum": codes },
-            "message": { "type": "string" },
-            "retryable": { "type": "boolean", "description": "Whether the same call may succeed later unchanged." },
-            "recoveryHint": { "type": "string", "description": "The next step to take." },
-            "partial": {
-                "type": "object",
-                "properties": { "cursor": { "type": "integer", "minimum": 0, "description": "Byte offset (or checkpoint) to resume from." } }
-            }
-        },
-        "required": ["code", "message", "retryable", "recoveryHint"]
-    })
-}
-
-/// An `outputSchema`: an object with `status`, the tool's own `properties` (all optional, so
-/// the failure envelope fits too), and `error`.
-pub fn output_schema(properties: Value) -> Map<String, Value> {
-    let mut props = match properties {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    props.insert("status".into(), json!({ "type": "string", "description": "`ok`, a task status, or `failed` (then see `error`)." }));
-    props.insert("error".into(), error_schema());
-    match json!({ "type": "object", "properties": props, "required": ["status"] }) {
-        Value::Object(m) => m,
-        _ => unreachable!(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_tus::ErrorCode;
 
     #[test]
     fn envelope_shape_and_cursor() {

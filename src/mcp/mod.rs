@@ -17,6 +17,7 @@
 
 mod args;
 pub mod envelope;
+pub mod results;
 mod tools;
 
 use std::collections::BTreeMap;
@@ -24,22 +25,36 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use ferry_tus::{CreationHeaders, CreationLimits, ErrorCode, PatchHeaders, TusError, UploadMetadata};
+use ferry_tus::{CreationHeaders, ErrorCode, PatchHeaders, TusError, UploadMetadata};
 use futures::StreamExt;
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::{ErrorData as McpError, ServerHandler};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
+use crate::app::views::{file_view, FileSummary};
+use crate::app::{AppState, McpConfig, Principal, LOCAL_PRINCIPAL};
 use crate::catalog::{TaskRecord, TaskStatus as FerryStatus, UploadRecord};
-use crate::http::auth::{Principal, LOCAL_PRINCIPAL};
-use crate::http::AppState;
 use crate::signing::Scope;
 use crate::upload::now_ms;
 use args::*;
 use envelope::{failure, file_uri, resource_link, result};
+use results::*;
 use tools::JobTool;
+
+/// rmcp's Streamable HTTP transport for `/mcp` (MCP 2026-07-28 stateless, and sessions for
+/// clients of older protocol versions).
+pub fn streamable_http_service(state: &AppState) -> rmcp::transport::StreamableHttpService<FerryMcp, LocalSessionManager> {
+    let mcp = FerryMcp::new(state.clone(), (*state.mcp).clone());
+    // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
+    // from the tool rather than a bare 413 from the transport.
+    let max_body = (state.mcp.max_chunk as usize).saturating_mul(4).saturating_add(1 << 20);
+    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
+    cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
+    rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
+}
 
 /// Longest `task_get` long-poll, ms.
 pub const MAX_WAIT_MS: u64 = 50_000;
@@ -53,17 +68,6 @@ const POLL_AFTER_MS: u64 = 1_000;
 const UPLOAD_URL_TTL_MS: u64 = 24 * 3600 * 1000;
 /// Lifetime of download URLs in results, ms (1 h).
 const DOWNLOAD_URL_TTL_MS: u64 = 3600 * 1000;
-
-/// Settings of the facade.
-#[derive(Debug, Clone)]
-pub struct McpConfig {
-    /// Largest decoded `file_upload_chunk` chunk, bytes.
-    pub max_chunk: u64,
-    /// `[commands.NAME]`: (name, description), each an `export_<name>` tool.
-    pub commands: Vec<(String, Option<String>)>,
-    /// Hosts `fetch_url` may reach (`[fetch] allow_hosts`).
-    pub fetch_hosts: Vec<String>,
-}
 
 /// The rmcp server handler. Cheap to clone: one per HTTP request or stdio session.
 #[derive(Clone)]
@@ -87,22 +91,17 @@ fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, Tu
         .map_err(|e| invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")))
 }
 
-/// A compact file handle (≈200 bytes) and its `resource_link`, from one read of the metadata.
-fn handle(r: &UploadRecord) -> (Value, ContentBlock) {
-    let v = crate::http::api::file_view(r);
+/// A compact file handle (≈200 bytes) and its `resource_link`, from one view of the record.
+fn handle(r: &UploadRecord) -> (FileSummary, ContentBlock) {
+    let v = FileSummary::from(file_view(r));
     let link = resource_link(&r.id, v.name.as_deref().unwrap_or(&r.id), &v.media_type, v.size);
-    let mut h = json!({ "id": v.id, "name": v.name, "media_type": v.media_type, "size": v.size, "offset": v.offset, "complete": v.complete });
-    if let Some(s) = v.sha256 {
-        h["sha256"] = json!(s);
-    }
-    (h, link)
+    (v, link)
 }
 
-/// A result carrying one file handle (and its link) next to `fields`.
-fn with_file(mut fields: Value, r: &UploadRecord) -> CallToolResult {
-    let (h, link) = handle(r);
-    fields["file"] = h;
-    result(fields, vec![link], false)
+/// `{"status":"ok","file":…}` with the file's resource link.
+fn file_out(r: &UploadRecord) -> CallToolResult {
+    let (file, link) = handle(r);
+    result(&FileOut { status: OkStatus::Ok, file }, vec![link], false)
 }
 
 impl FerryMcp {
@@ -124,19 +123,19 @@ impl FerryMcp {
             "file_status" => {
                 let FileArg { file_id } = args(&req.name, a)?;
                 let r = self.state.engine.get(p, &file_id).await?;
-                Ok(with_file(json!({ "status": "ok" }), &r))
+                Ok(file_out(&r))
             }
             "file_download_url" => self.download_url(p, args(&req.name, a)?).await,
             "file_read_chunk" => self.read_chunk(p, args(&req.name, a)?).await,
             "file_list" => {
                 let ListArg { limit } = args(&req.name, a)?;
                 let files = self.state.engine.list(p, list_limit(limit)?).await?;
-                Ok(result(json!({ "status": "ok", "files": files.iter().map(|r| handle(r).0).collect::<Vec<_>>() }), vec![], false))
+                Ok(result(&ListOut { status: OkStatus::Ok, files: files.iter().map(|r| handle(r).0).collect() }, vec![], false))
             }
             "file_delete" => {
                 let FileArg { file_id } = args(&req.name, a)?;
                 self.state.engine.terminate(p, &file_id).await?;
-                Ok(result(json!({ "status": "ok", "deleted": file_id }), vec![], false))
+                Ok(result(&DeletedOut { status: OkStatus::Ok, deleted: file_id }, vec![], false))
             }
             "task_get" => {
                 let TaskGetArg { task_id, wait_ms } = args(&req.name, a)?;
@@ -150,22 +149,22 @@ impl FerryMcp {
             "task_respond" => {
                 let RespondArg { task_id, key, response } = args(&req.name, a)?;
                 let (accepted, t) = self.state.tasks.respond(p, &task_id, &key, &response.to_string()).await?;
-                Ok(result(json!({ "status": t.status.as_str(), "task_id": t.id, "accepted": accepted }), vec![], false))
+                Ok(result(&RespondOut { status: t.status.into(), task_id: t.id, accepted }, vec![], false))
             }
             "task_cancel" => {
                 let TaskArg { task_id } = args(&req.name, a)?;
                 let t = self.state.tasks.cancel(p, &task_id).await?;
                 if t.status == FerryStatus::Cancelled {
                     // The call did what was asked: not an error.
-                    return Ok(result(json!({ "status": "cancelled", "task_id": t.id, "kind": t.kind }), vec![], false));
+                    return Ok(result(&TaskOut::new(TaskState::Cancelled, &t.id, &t.kind), vec![], false));
                 }
                 self.task_result(p, &t).await
             }
             "task_list" => {
                 let ListArg { limit } = args(&req.name, a)?;
                 let tasks = self.state.tasks.list(p, list_limit(limit)?).await?;
-                let list: Vec<Value> = tasks.iter().map(|t| json!({ "task_id": t.id, "kind": t.kind, "status": t.status.as_str() })).collect();
-                Ok(result(json!({ "status": "ok", "tasks": list }), vec![], false))
+                let tasks = tasks.into_iter().map(|t| TaskBrief { task_id: t.id, kind: t.kind, status: t.status.into() }).collect();
+                Ok(result(&TaskListOut { status: OkStatus::Ok, tasks }, vec![], false))
             }
             _ => Err(invalid(format!("unknown tool {:?}", req.name), "Call tools/list for the tools this server has.")),
         }
@@ -199,7 +198,7 @@ impl FerryMcp {
             content_length: None,
             has_body: false,
         };
-        let limits = CreationLimits { max_size: self.state.engine.config().max_size, max_metadata: crate::http::tus::MAX_METADATA_BYTES };
+        let limits = crate::app::limits::creation_limits(&self.state.engine);
         let plan = ferry_tus::plan_creation(&ch, &limits)?;
         let rec = self.state.engine.create(p, &plan, &md_raw).await?;
         let ttl = a.url_ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
@@ -207,22 +206,31 @@ impl FerryMcp {
             return Err(invalid("url_ttl_ms must be from 1 to 604800000 (7 days)", "Omit url_ttl_ms for 24 hours."));
         }
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
-        let mut headers = json!({ "Tus-Resumable": "1.0.0", "Content-Type": "application/offset+octet-stream", "Upload-Offset": "<current offset, 0 at first>" });
+        let mut headers: BTreeMap<String, String> =
+            [("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "<current offset, 0 at first>")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
         if a.size.is_none() {
-            headers["Upload-Length"] = json!("<total bytes, on the first PATCH>");
+            headers.insert("Upload-Length".into(), "<total bytes, on the first PATCH>".into());
         }
         let curl = format!(
             "curl -X PATCH -H 'Tus-Resumable: 1.0.0' -H 'Upload-Offset: 0' -H 'Content-Type: application/offset+octet-stream'{} --data-binary @FILE '{}'",
             if a.size.is_none() { " -H 'Upload-Length: SIZE'" } else { "" },
             signed.url
         );
-        Ok(with_file(
-            json!({
-                "status": "ok", "upload_url": signed.url, "method": "PATCH", "headers": headers,
-                "expires_at": crate::upload::rfc3339(signed.expires_at_ms), "max_inline_chunk": self.cfg.max_chunk, "curl": curl,
-            }),
-            &rec,
-        ))
+        let (file, link) = handle(&rec);
+        let out = BeginOut {
+            status: OkStatus::Ok,
+            file,
+            upload_url: signed.url,
+            method: "PATCH".into(),
+            headers,
+            expires_at: crate::upload::rfc3339(signed.expires_at_ms),
+            max_inline_chunk: self.cfg.max_chunk,
+            curl,
+        };
+        Ok(result(&out, vec![link], false))
     }
 
     async fn upload_chunk(&self, p: &str, a: ChunkArg) -> Outcome {
@@ -262,7 +270,7 @@ impl FerryMcp {
         };
         let body = http_body_util::Full::new(bytes::Bytes::from(data));
         let rec = self.state.engine.append(p.to_string(), a.file_id, decide, body).await?;
-        Ok(with_file(json!({ "status": "ok" }), &rec))
+        Ok(file_out(&rec))
     }
 
     /// The finished file `id`, or `upload_incomplete` with its offset as the cursor.
@@ -288,7 +296,8 @@ impl FerryMcp {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for one hour."));
         }
         let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
-        Ok(with_file(json!({ "status": "ok", "url": s.url, "expires_at": crate::upload::rfc3339(s.expires_at_ms) }), &r))
+        let (file, link) = handle(&r);
+        Ok(result(&UrlOut { status: OkStatus::Ok, url: s.url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file }, vec![link], false))
     }
 
     /// Up to `max` bytes of a finished file from `offset`.
@@ -327,9 +336,9 @@ impl FerryMcp {
         let bytes = self.read_bytes(&r, offset, length).await?;
         let n = bytes.len() as u64;
         let (encoding, data) = match a.encoding.as_deref().unwrap_or("text") {
-            "base64" => ("base64", base64::engine::general_purpose::STANDARD.encode(&bytes)),
+            "base64" => (Encoding::Base64, base64::engine::general_purpose::STANDARD.encode(&bytes)),
             "text" => match String::from_utf8(bytes) {
-                Ok(s) => ("text", s),
+                Ok(s) => (Encoding::Text, s),
                 Err(e) => {
                     // A multi-byte character cut at the end of the range is not an error.
                     let valid = e.utf8_error().valid_up_to();
@@ -337,11 +346,8 @@ impl FerryMcp {
                         let b = e.into_bytes();
                         let s = String::from_utf8(b[..valid].to_vec()).expect("valid prefix");
                         let next = offset + valid as u64;
-                        return Ok(result(
-                            json!({ "status": "ok", "offset": offset, "length": valid, "next_offset": next, "eof": next >= size, "encoding": "text", "data": s }),
-                            vec![],
-                            false,
-                        ));
+                        let out = ReadOut { status: OkStatus::Ok, offset, length: valid as u64, next_offset: next, eof: next >= size, encoding: Encoding::Text, data: s };
+                        return Ok(result(&out, vec![], false));
                     }
                     return Err(invalid(format!("bytes at {} are not UTF-8 text", offset + valid as u64), "Call file_read_chunk again with encoding \"base64\".")
                         .with_cursor(offset + valid as u64));
@@ -350,7 +356,7 @@ impl FerryMcp {
             other => return Err(invalid(format!("encoding {other:?} is not text or base64"), "Use encoding \"text\" or \"base64\".")),
         };
         let next = offset + n;
-        Ok(result(json!({ "status": "ok", "offset": offset, "length": n, "next_offset": next, "eof": next >= size, "encoding": encoding, "data": data }), vec![], false))
+        Ok(result(&ReadOut { status: OkStatus::Ok, offset, length: n, next_offset: next, eof: next >= size, encoding, data }, vec![], false))
     }
 
     /// Start the job behind a job tool; `Err` for arguments or idempotency problems.
@@ -372,7 +378,6 @@ impl FerryMcp {
             }
             "fetch" => {
                 let FetchArg { url, name } = args(&job.name, &Some(a))?;
-                self.check_fetch_host(&url)?;
                 json!({ "url": url, "name": name })
             }
             _ => {
@@ -386,26 +391,6 @@ impl FerryMcp {
         }
         let started = self.state.tasks.start(p, job.kind, &job_args.to_string(), key.as_deref(), None).await?;
         Ok(started.task)
-    }
-
-    /// `fetch_url` may reach only allow-listed hosts: anything else is `unauthorized`.
-    fn check_fetch_host(&self, url: &str) -> Result<(), TusError> {
-        let uri = match url.parse::<http::Uri>() {
-            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => u,
-            _ => return Err(invalid(format!("{url:?} is not an absolute http:// or https:// URL"), "Pass an absolute http:// URL.")),
-        };
-        let host = uri.host().unwrap_or("").to_ascii_lowercase();
-        let with_port = uri.port_u16().map(|p| format!("{host}:{p}"));
-        let allowed = self.cfg.fetch_hosts.iter().any(|h| h.eq_ignore_ascii_case(&host) || with_port.as_deref().is_some_and(|hp| h.eq_ignore_ascii_case(hp)));
-        if !allowed {
-            return Err(TusError::new(
-                403,
-                ErrorCode::Unauthorized,
-                format!("this server may not fetch from {:?}", uri.authority().map(|a| a.as_str()).unwrap_or("")),
-                "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file with file_upload_begin instead.",
-            ));
-        }
-        Ok(())
     }
 
     /// Re-read a task until it is terminal, needs input, or `wait_ms` passed; sends
@@ -447,43 +432,44 @@ impl FerryMcp {
     }
 
     /// The facade's view of a task: status, progress, questions, result or failure envelope.
+    /// Files the task produced (built-in kinds' `file`, an `external` task's `files`) come
+    /// back alike: handles from the live records, each with a signed download URL.
     async fn task_result(&self, p: &str, t: &TaskRecord) -> Outcome {
-        let mut v = json!({ "status": t.status.as_str(), "task_id": t.id, "kind": t.kind });
+        let mut v = TaskOut::new(t.status.into(), &t.id, &t.kind);
         if t.progress != Default::default() {
-            v["progress"] = serde_json::to_value(&t.progress).unwrap_or_default();
+            v.progress = Some((&t.progress).into());
         }
-        if let Some(prior) = &t.prior_failure {
-            v["prior_failure"] = serde_json::from_str(prior).unwrap_or(json!(prior));
-        }
+        v.prior_failure = t.prior_failure.clone();
         let mut extra = Vec::new();
         match t.status {
             FerryStatus::Working => {
-                v["poll_with"] = json!("task_get");
-                v["poll_after_ms"] = json!(POLL_AFTER_MS);
+                v.poll_with = Some("task_get".into());
+                v.poll_after_ms = Some(POLL_AFTER_MS);
             }
             FerryStatus::InputRequired => {
-                v["input_requests"] = json!(outstanding(t));
-                v["poll_with"] = json!("task_get");
-                v["poll_after_ms"] = json!(POLL_AFTER_MS);
+                v.input_requests = Some(outstanding(t));
+                v.poll_with = Some("task_get".into());
+                v.poll_after_ms = Some(POLL_AFTER_MS);
             }
             FerryStatus::Completed => {
-                let res: Value = t.result.as_deref().and_then(|r| serde_json::from_str(r).ok()).unwrap_or(Value::Null);
-                if let Some(id) = res.get("file").and_then(|f| f.get("id")).and_then(Value::as_str) {
+                let out = crate::app::views::task_output(t.result.as_deref());
+                let mut produced = Vec::new();
+                for id in &out.files {
                     if let Ok(r) = self.state.engine.get(p, id).await {
                         let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
-                        let (h, link) = handle(&r);
-                        v["file"] = h;
-                        v["download_url"] = json!(s.url);
+                        let (file, link) = handle(&r);
+                        produced.push(ProducedFile { file, download_url: s.url });
                         extra.push(link);
                     }
                 }
-                let mut rest = res;
-                if let Value::Object(m) = &mut rest {
-                    m.remove("file");
+                if let Some(first) = produced.first() {
+                    v.file = Some(first.file.clone());
+                    v.download_url = Some(first.download_url.clone());
                 }
-                if rest != Value::Null && rest != json!({}) {
-                    v["result"] = rest;
+                if produced.len() > 1 {
+                    v.files = Some(produced);
                 }
+                v.result = out.rest;
             }
             FerryStatus::Failed => {
                 let e: Value = t.error.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
@@ -491,30 +477,29 @@ impl FerryMcp {
                 let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
                 let hint = match code {
                     ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
+                    ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
+                        "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later (the same idempotency_key starts a new run)."
+                    }
                     _ => "Read error.message, fix the arguments or inputs it names, and start the task again (a retry with the same idempotency_key starts a new run).",
                 };
-                let mut err = envelope::error_object(&TusError::new(500, code, message, hint));
-                if let Some(c) = t.checkpoint.as_deref().and_then(checkpoint_cursor) {
-                    err["partial"] = json!({ "cursor": c });
-                }
-                v["error"] = err;
-                return Ok(result(v, extra, true));
+                let mut err = TusError::new(500, code, message, hint);
+                err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
+                v.error = Some(ErrorObject::of(&err));
+                return Ok(result(&v, extra, true));
             }
             FerryStatus::Cancelled => {
-                let mut err = envelope::error_object(&TusError::new(
+                let mut err = TusError::new(
                     409,
                     ErrorCode::Cancelled,
                     format!("task {} was cancelled", t.id),
-                    "Start the task again if its result is still needed.",
-                ));
-                if let Some(c) = t.checkpoint.as_deref().and_then(checkpoint_cursor) {
-                    err["partial"] = json!({ "cursor": c });
-                }
-                v["error"] = err;
-                return Ok(result(v, extra, true));
+                    "Start the task again if its result is still needed (the same idempotency_key starts a new run).",
+                );
+                err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
+                v.error = Some(ErrorObject::of(&err));
+                return Ok(result(&v, extra, true));
             }
         }
-        Ok(result(v, extra, false))
+        Ok(result(&v, extra, false))
     }
 
     /// The SEP-2663 view of a task, for `tasks/get`.
@@ -620,6 +605,10 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
         ErrorCode::Conflict if on_task => "The task already ended and cannot change; start a new one if needed.",
         ErrorCode::Conflict => "This idempotency_key already names a task with other arguments: use a new key, or resend the original arguments.",
         ErrorCode::Internal => "Retry once; if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).",
+        ErrorCode::InsufficientStorage => {
+            "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check file_status and resume from error.partial.cursor; tell the user if it persists."
+        }
+        ErrorCode::Unavailable => "The server was briefly out of resources and changed nothing: wait a few seconds and call again.",
         _ => return e,
     };
     e.recovery_hint = hint.to_string();
@@ -628,7 +617,7 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
 
 fn mcp_err(e: TusError) -> McpError {
     let e = for_model(e, "task_get");
-    let data = Some(json!({ "status": "failed", "error": envelope::error_object(&e) }));
+    let data = Some(serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(&e) }).expect("serialises"));
     match e.code {
         ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail, data),
         _ => McpError::internal_error(e.detail, data),
@@ -738,7 +727,7 @@ impl ServerHandler for FerryMcp {
             Err(e) if e.code == ErrorCode::NotFound => return Err(McpError::resource_not_found(format!("no file {id}"), Some(json!({ "uri": req.uri })))),
             Err(e) => return Err(mcp_err(e)),
         };
-        let v = crate::http::api::file_view(&r);
+        let v = file_view(&r);
         let size = v.size.unwrap_or(r.offset);
         let too_big = size > MAX_RESOURCE_TEXT;
         let text = if too_big { None } else { self.read_bytes(&r, 0, size).await.ok().and_then(|b| String::from_utf8(b).ok()) };

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use rmcp::model::{Tool, ToolAnnotations};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use super::envelope::output_schema;
+use super::results::{output_schema, BeginOut, DeletedOut, FileOut, ListOut, ReadOut, RespondOut, TaskListOut, TaskOut, UrlOut};
 
 /// What a tool does to state, for its annotations (MCP `ToolAnnotations`).
 #[derive(Clone, Copy)]
@@ -23,14 +23,14 @@ const WRITE: Hints = Hints { read_only: false, destructive: false, idempotent: f
 const JOB: Hints = WRITE;
 const DESTROY: Hints = Hints { read_only: false, destructive: true, idempotent: true, open_world: false };
 
-fn tool(name: String, title: &str, description: String, input: Value, output: Value, h: Hints) -> Tool {
+fn tool(name: String, title: &str, description: String, input: Value, output: Map<String, Value>, h: Hints) -> Tool {
     let input = match input {
         Value::Object(m) => m,
         _ => unreachable!("input schemas are objects"),
     };
     let mut t = Tool::new(name, description, Arc::new(input));
     t.title = Some(title.to_string());
-    t.output_schema = Some(Arc::new(output_schema(output)));
+    t.output_schema = Some(Arc::new(output));
     t.annotations = Some(ToolAnnotations::from_raw(Some(title.to_string()), Some(h.read_only), Some(h.destructive), Some(h.idempotent), Some(h.open_world)));
     t
 }
@@ -49,32 +49,6 @@ fn task_id() -> Value {
 
 fn idempotency_key() -> Value {
     json!({ "type": "string", "minLength": 1, "maxLength": 255, "description": "Retry-safe key: the same key and arguments join the same task instead of starting another." })
-}
-
-/// Output properties of a file handle.
-fn file_props() -> Value {
-    json!({ "type": "object", "description": "File handle: id, name, media_type, size and offset (bytes), complete, sha256 (hex, once complete).",
-        "properties": {
-            "id": { "type": "string" }, "name": { "type": ["string", "null"] }, "media_type": { "type": "string" },
-            "size": { "type": ["integer", "null"] }, "offset": { "type": "integer" }, "complete": { "type": "boolean" },
-            "sha256": { "type": "string" }
-        } })
-}
-
-/// Output properties shared by every task-shaped result.
-fn task_props() -> Value {
-    json!({
-        "task_id": { "type": "string" },
-        "kind": { "type": "string" },
-        "progress": { "type": "object", "description": "fraction (0..1), message, counters." },
-        "poll_with": { "type": "string" },
-        "poll_after_ms": { "type": "integer" },
-        "input_requests": { "type": "object", "description": "Questions to answer with task_respond, by key." },
-        "result": { "description": "The job's result (file handles inside)." },
-        "file": file_props(),
-        "download_url": { "type": "string" },
-        "prior_failure": { "type": "object" }
-    })
 }
 
 /// One job tool: which task kind it starts and how its MCP arguments map to the kind's.
@@ -99,8 +73,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
                 "sha256": { "type": "string", "pattern": "^[0-9a-fA-F]{64}$", "description": "Expected sha256 of the whole file (hex); a mismatch at completion resets the upload." },
                 "url_ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the signed upload URL (default 24 h)." }
             }), &["name"]),
-            json!({ "file": file_props(), "upload_url": { "type": "string" }, "method": { "type": "string" }, "headers": { "type": "object" },
-                    "expires_at": { "type": "string" }, "max_inline_chunk": { "type": "integer" }, "curl": { "type": "string" } }),
+            output_schema::<BeginOut>(),
             WRITE),
         tool("file_upload_chunk".into(), "Send a chunk in-band",
             format!("Append base64 bytes at a byte offset of an upload (for clients without HTTP). Decoded size at most {max_chunk} bytes. On offset_mismatch, resend from error.partial.cursor."),
@@ -110,17 +83,17 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
                 "data": { "type": "string", "contentEncoding": "base64", "description": "The chunk, standard base64." },
                 "size": { "type": "integer", "minimum": 0, "description": "Total bytes, if the upload was begun without a size." }
             }), &["file_id", "offset", "data"]),
-            json!({ "file": file_props() }),
+            output_schema::<FileOut>(),
             WRITE),
         tool("file_status".into(), "File status",
             "A file's handle: size, offset received so far, complete, sha256 (hex) once complete. Never interrupts an upload in progress.".into(),
             object(json!({ "file_id": file_id() }), &["file_id"]),
-            json!({ "file": file_props() }),
+            output_schema::<FileOut>(),
             READ),
         tool("file_download_url".into(), "Signed download URL",
             "A URL that downloads the finished file without a token (curl, a browser; supports Range) until it expires.".into(),
             object(json!({ "file_id": file_id(), "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime (default 1 h)." } }), &["file_id"]),
-            json!({ "url": { "type": "string" }, "expires_at": { "type": "string" }, "file": file_props() }),
+            output_schema::<UrlOut>(),
             READ),
         tool("file_read_chunk".into(), "Read part of a file",
             "Read a bounded byte range of a finished file: text (UTF-8) or base64. For whole or large files use file_download_url.".into(),
@@ -130,38 +103,37 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
                 "length": { "type": "integer", "minimum": 1, "maximum": super::MAX_READ_CHUNK, "description": "Bytes to read (default 4096)." },
                 "encoding": { "type": "string", "enum": ["text", "base64"], "description": "text (default; fails on invalid UTF-8) or base64." }
             }), &["file_id"]),
-            json!({ "offset": { "type": "integer" }, "length": { "type": "integer" }, "next_offset": { "type": "integer" }, "eof": { "type": "boolean" },
-                    "encoding": { "type": "string" }, "data": { "type": "string" } }),
+            output_schema::<ReadOut>(),
             READ),
         tool("file_list".into(), "List files",
             "Your files, newest first: handles with size, complete, sha256.".into(),
             object(json!({ "limit": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many (default 20)." } }), &[]),
-            json!({ "files": { "type": "array", "items": file_props() } }),
+            output_schema::<ListOut>(),
             READ),
         tool("file_delete".into(), "Delete a file",
             "Delete a file or abandon an upload, with its bytes. Cannot be undone.".into(),
             object(json!({ "file_id": file_id() }), &["file_id"]),
-            json!({ "deleted": { "type": "string" } }),
+            output_schema::<DeletedOut>(),
             DESTROY),
         tool("task_get".into(), "Task status",
             "A task's status, progress, questions (input_requests) and, when completed, its result with file handles and a download URL. wait_ms long-polls until it changes state (sends progress notifications when the call has a progress token).".into(),
             object(json!({ "task_id": task_id(), "wait_ms": { "type": "integer", "minimum": 0, "maximum": super::MAX_WAIT_MS, "description": "Wait up to this long for the task to finish or need input (default 0)." } }), &["task_id"]),
-            task_props(),
+            output_schema::<TaskOut>(),
             READ),
         tool("task_respond".into(), "Answer a task's question",
             "Answer an input request of a task in input_required; the task then continues.".into(),
             object(json!({ "task_id": task_id(), "key": { "type": "string", "description": "The input_requests key." }, "response": { "description": "The answer (any JSON)." } }), &["task_id", "key", "response"]),
-            json!({ "accepted": { "type": "boolean" }, "task_id": { "type": "string" } }),
+            output_schema::<RespondOut>(),
             WRITE),
         tool("task_cancel".into(), "Cancel a task",
             "Stop a task; cancelled is final. Cancelling a finished task changes nothing.".into(),
             object(json!({ "task_id": task_id() }), &["task_id"]),
-            task_props(),
+            output_schema::<TaskOut>(),
             DESTROY),
         tool("task_list".into(), "List tasks",
             "Your tasks, newest first.".into(),
             object(json!({ "limit": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many (default 20)." } }), &[]),
-            json!({ "tasks": { "type": "array", "items": { "type": "object" } } }),
+            output_schema::<TaskListOut>(),
             READ),
     ];
     let mut jobs = vec![
@@ -182,7 +154,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
             }),
             &["file_ids"],
         ),
-        task_props(),
+        output_schema::<TaskOut>(),
         JOB,
     ));
     tools.push(tool(
@@ -198,7 +170,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
             }),
             &["file_id"],
         ),
-        task_props(),
+        output_schema::<TaskOut>(),
         JOB,
     ));
     tools.push(tool(
@@ -206,7 +178,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
         "Import a URL",
         "Start a task that downloads an http URL (hosts allow-listed by the operator) into a new file, resuming with Range after interruptions.".into(),
         object(json!({ "url": { "type": "string" }, "name": { "type": "string" }, "idempotency_key": idempotency_key() }), &["url"]),
-        task_props(),
+        output_schema::<TaskOut>(),
         Hints { open_world: true, ..JOB },
     ));
     for (name, description) in commands {
@@ -223,7 +195,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
                 json!({ "params": { "type": "object", "description": "Parameters passed to the export program as FERRY_PARAMS (JSON)." }, "idempotency_key": idempotency_key() }),
                 &[],
             ),
-            task_props(),
+            output_schema::<TaskOut>(),
             JOB,
         ));
         jobs.push(JobTool { name: tool_name, kind: "command", command: Some(name.clone()) });

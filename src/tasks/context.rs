@@ -37,6 +37,7 @@ pub struct JobContext {
 fn lost(e: CatalogError) -> JobError {
     match e {
         CatalogError::Fenced => JobError::Cancelled,
+        e @ (CatalogError::Full(_) | CatalogError::Unavailable(_)) => JobError::Exhausted(e.into()),
         other => JobError::Internal(other.to_string()),
     }
 }
@@ -92,7 +93,15 @@ impl JobContext {
         };
         let snapshot = self.never_backwards(snapshot);
         let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
-        self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+        match self.catalog.update_task(&self.task_id, Some(self.fence), &u).await {
+            // A progress report is advisory: one the catalog cannot take now (disk full, busy)
+            // is skipped — the next report or checkpoint carries it (DESIGN §9).
+            Err(e @ (CatalogError::Full(_) | CatalogError::Unavailable(_))) => {
+                tracing::warn!(task = self.task_id, error = %e, "progress report skipped");
+                Ok(())
+            }
+            other => other.map_err(lost),
+        }
     }
 
     /// `p`, or the progress already reported before this run while `p` is still behind it.

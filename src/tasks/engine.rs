@@ -75,6 +75,8 @@ fn unknown_task() -> TusError {
 fn catalog_err(e: CatalogError) -> TusError {
     match e {
         CatalogError::NotFound => unknown_task(),
+        // 507 / 503 with the cause named (DESIGN §9); the rest 500.
+        e @ (CatalogError::Full(_) | CatalogError::Unavailable(_)) => e.into(),
         other => internal("task catalog", other),
     }
 }
@@ -108,12 +110,13 @@ impl Engine {
     /// Start a task of `kind` with `args` (exact JSON text). With an idempotency key: a running
     /// or completed task with the same key and arguments is returned instead (`created:
     /// false`); a failed one is retried as a new task naming it in `prior_failure`.
-    /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument`; the key names a
-    /// task with other arguments → 422 `conflict` (draft-ietf-httpapi-idempotency-key-header).
+    /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument` (or the kind's
+    /// own refusal, [`Job::check`]); the key names a task with other arguments → 422 `conflict`
+    /// (draft-ietf-httpapi-idempotency-key-header).
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
         let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
-        job.validate(&raw).map_err(|m| TusError::bad_request(format!("invalid args for {kind}: {m}"), "Fix the arguments and start the task again."))?;
+        job.check(&raw)?;
         if let Some(k) = idempotency_key {
             // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
             ferry_tus::IdempotencyKey::new(k).map_err(|e| {
@@ -340,13 +343,17 @@ impl Engine {
             let _ = ctx.flush_progress().await;
         }
         let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled))) && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
-        if user_cancelled || matches!(out, Ok(Err(JobError::Failed { .. })) | Err(_)) {
+        if user_cancelled || matches!(out, Ok(Err(JobError::Failed { .. } | JobError::Exhausted(_))) | Err(_)) {
             ctx.discard_unfinished_files().await;
         }
         let now = now_ms();
         let end = match out {
             Ok(Ok(value)) => Some(TaskEnd::Completed(value.to_string())),
             Ok(Err(JobError::Failed { message })) => Some(TaskEnd::Failed(error_json(ErrorCode::TaskFailed, &message))),
+            Ok(Err(JobError::Exhausted(e))) => {
+                tracing::warn!(task = task.id, error = %e, "task failed: a resource ran out; its unfinished files were removed");
+                Some(TaskEnd::Failed(error_json(e.code, &format!("{}; the task's unfinished files were removed — start it again once the server has room", e.detail))))
+            }
             Ok(Err(JobError::Parked)) => None,
             Ok(Err(JobError::Cancelled)) => {
                 // Cancelled by the user: already terminal. By shutdown or a lost lease: let it
@@ -369,10 +376,27 @@ impl Engine {
             }
         };
         if let Some(end) = end {
-            match self.catalog.finish_task(&task.id, Some(task.fence), &end, now).await {
-                Ok(true) => tracing::info!(task = task.id, "task ended"),
-                Ok(false) => tracing::info!(task = task.id, "late result discarded (cancelled or taken over)"),
-                Err(e) => tracing::error!(task = task.id, error = %e, "recording a task's end failed"),
+            self.record_end(&task, &end, now).await;
+        }
+    }
+
+    /// Record a task's end. A catalog that cannot write now (disk full, busy: DESIGN §9) is
+    /// asked again with backoff for as long as the lease lasts, so the task does not sit in
+    /// `working` with frozen progress; if it never answers, the lease expires and another
+    /// worker runs the task again.
+    async fn record_end(&self, task: &TaskRecord, end: &TaskEnd, now: i64) {
+        let deadline = std::time::Instant::now() + self.cfg.lease;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match self.catalog.finish_task(&task.id, Some(task.fence), end, now).await {
+                Ok(true) => return tracing::info!(task = task.id, "task ended"),
+                Ok(false) => return tracing::info!(task = task.id, "late result discarded (cancelled or taken over)"),
+                Err(e @ (CatalogError::Full(_) | CatalogError::Unavailable(_))) if std::time::Instant::now() + wait < deadline && !self.shutdown.is_cancelled() => {
+                    tracing::warn!(task = task.id, error = %e, "recording a task's end failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return tracing::error!(task = task.id, error = %e, "recording a task's end failed; the task runs again when its lease expires"),
             }
         }
     }

@@ -35,6 +35,12 @@ pub enum JobError {
     /// The lease was lost (another worker owns the task now) or storage failed.
     #[error("internal: {0}")]
     Internal(String),
+    /// A resource ran out (DESIGN §9): the disk is full or reached the server's free-space
+    /// reserve (507 `insufficient_storage`), or a store was briefly unavailable (503). The task
+    /// fails with that code — its unfinished files are removed, freeing their space — and can
+    /// be started again once the resource returns.
+    #[error("{0}")]
+    Exhausted(ferry_tus::TusError),
 }
 
 impl JobError {
@@ -50,6 +56,7 @@ impl From<ferry_tus::TusError> for JobError {
             ferry_tus::ErrorCode::NotFound | ferry_tus::ErrorCode::InvalidArgument | ferry_tus::ErrorCode::UploadIncomplete | ferry_tus::ErrorCode::UploadExpired => {
                 JobError::failed(e.detail)
             }
+            ferry_tus::ErrorCode::InsufficientStorage | ferry_tus::ErrorCode::Unavailable => JobError::Exhausted(e),
             _ => JobError::Internal(e.to_string()),
         }
     }
@@ -71,6 +78,14 @@ pub trait Job: Send + Sync + 'static {
     /// Check arguments before a task is created; the message becomes an `invalid_argument`.
     fn validate(&self, _args: &RawValue) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The refusal callers see for arguments this kind does not accept, before a task is
+    /// created: by default [`Job::validate`]'s message as 400 `invalid_argument`. A kind
+    /// overrides it to answer with another code (`fetch`: 403 `unauthorized` for a host
+    /// outside the allow list).
+    fn check(&self, args: &RawValue) -> Result<(), ferry_tus::TusError> {
+        self.validate(args).map_err(|m| ferry_tus::TusError::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again."))
     }
 
     /// Run the job, or resume it from `checkpoint` (the last value given to

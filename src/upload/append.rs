@@ -23,7 +23,12 @@ enum End {
     Idle,
     TakenOver,
     Shutdown,
+    /// Free space fell to the reserve (DESIGN §9): keep what arrived, answer 507.
+    Reserve,
 }
+
+/// How often (in bytes received) a PATCH re-measures free space against the reserve.
+pub(crate) const SPACE_CHECK_EVERY: u64 = 16 << 20;
 
 /// Result of an append: the upload's record after the last checkpoint.
 pub type AppendOutcome = UploadRecord;
@@ -126,6 +131,10 @@ impl Appender {
         &self.rec.id
     }
 
+    pub(crate) fn engine(&self) -> &Arc<UploadEngine> {
+        &self.engine
+    }
+
     pub(crate) fn position(&self) -> u64 {
         self.writer.position()
     }
@@ -154,7 +163,9 @@ impl Appender {
         }
         self.hasher.update(&data);
         self.engine.count_received(&data);
-        self.writer.write(data).await?;
+        if let Err(e) = self.writer.write(data).await {
+            return Err(self.released(e.into()).await);
+        }
         self.keep_alive().await
     }
 
@@ -172,6 +183,32 @@ impl Appender {
         Ok(())
     }
 
+    /// After a failed write, sync or checkpoint (DESIGN §9): release every byte past the
+    /// durable offset at once — so a full disk does not stay full — and name that offset as
+    /// the client's cursor. Not after a lost fence or a vanished upload: the bytes are no
+    /// longer this writer's to cut.
+    async fn released(&mut self, e: TusError) -> TusError {
+        use ferry_tus::ErrorCode::{InsufficientStorage, Internal, Unavailable};
+        if !matches!(e.code, InsufficientStorage | Unavailable | Internal) {
+            return e;
+        }
+        self.pending = None;
+        let keep = self.committed.0;
+        if let Err(re) = self.writer.rewind(keep).await {
+            tracing::warn!(upload = self.rec.id, error = %re, "releasing uncommitted bytes through the writer failed; truncating the blob");
+            if let Err(te) = self.engine.blobs.truncate(&self.rec.id, keep).await {
+                tracing::error!(upload = self.rec.id, error = %te, "could not release uncommitted bytes; the next writer cuts them");
+            }
+        }
+        self.hasher = self.committed.1.clone();
+        tracing::info!(upload = self.rec.id, kept = keep, code = %e.code, "write failed; bytes past the durable offset released");
+        if e.cursor.is_none() {
+            e.with_cursor(keep)
+        } else {
+            e
+        }
+    }
+
     /// Start a checkpoint of everything written so far without waiting for its fsync: the
     /// offset and midstate are committed once it is durable (by [`Appender::poll_checkpoint`],
     /// the next call of this, [`Appender::discard`]; [`Appender::commit`] supersedes it).
@@ -180,8 +217,13 @@ impl Appender {
         if self.finished {
             return Ok(());
         }
-        self.settle_pending().await?;
-        let done = self.writer.start_sync().await?;
+        if let Err(e) = self.settle_pending().await {
+            return Err(self.released(e).await);
+        }
+        let done = match self.writer.start_sync().await {
+            Ok(d) => d,
+            Err(e) => return Err(self.released(e.into()).await),
+        };
         self.pending = Some(PendingCheckpoint { offset: self.writer.position(), hasher: self.hasher.clone(), done });
         Ok(())
     }
@@ -197,8 +239,14 @@ impl Appender {
             None => Ok(()),
             Some(r) => {
                 let p = self.pending.take().expect("pending checkpoint");
-                let blob = r?;
-                self.commit_durable(p.offset, p.hasher, blob).await
+                let done = match r {
+                    Ok(blob) => self.commit_durable(p.offset, p.hasher, blob).await,
+                    Err(e) => Err(e.into()),
+                };
+                match done {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.released(e).await),
+                }
             }
         }
     }
@@ -237,8 +285,12 @@ impl Appender {
     /// Throw away everything since the last commit (a background checkpoint that was
     /// already under way is completed first, as if it had been synchronous).
     pub(crate) async fn discard(&mut self) -> Result<(), TusError> {
-        self.settle_pending().await?;
-        self.writer.rewind(self.committed.0).await?;
+        if let Err(e) = self.settle_pending().await {
+            return Err(self.released(e).await);
+        }
+        if let Err(e) = self.writer.rewind(self.committed.0).await {
+            return Err(self.released(e.into()).await);
+        }
         self.hasher = self.committed.1.clone();
         Ok(())
     }
@@ -247,6 +299,13 @@ impl Appender {
     /// catalog transaction. At completion the whole-upload sha256 is checked against the
     /// declared one; a mismatch resets the upload to offset 0 and answers 460.
     pub(crate) async fn commit(&mut self) -> Result<(), TusError> {
+        match self.commit_inner().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.released(e).await),
+        }
+    }
+
+    async fn commit_inner(&mut self) -> Result<(), TusError> {
         if self.finished {
             return Ok(());
         }
@@ -339,6 +398,12 @@ impl UploadEngine {
             // Offset equals length: nothing more may arrive; an empty PATCH is a no-op.
             return Ok(rec);
         }
+        if let Err(e) = self.check_space(0, Some(rec.offset)) {
+            // Refused before reading: take the body in anyway, so a client still sending
+            // reads the 507 with its cursor instead of a reset connection.
+            super::exhausted::drain_body(&mut body).await;
+            return Err(e);
+        }
         self.metrics.patches_in_flight.inc();
         let _in_flight = InFlight(self);
         let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length, &guard).await?;
@@ -383,14 +448,27 @@ impl UploadEngine {
             }
             digests.update(&data);
             since_checkpoint += data.len() as u64;
-            app.write(data).await?;
+            let crossed = (received - data.len() as u64) / SPACE_CHECK_EVERY != received / SPACE_CHECK_EVERY;
+            if let Err(e) = app.write(data).await {
+                super::exhausted::drain_body(&mut body).await;
+                return Err(e);
+            }
+            if crossed && self.check_space(0, None).is_err() {
+                break End::Reserve;
+            }
             if !verifying {
                 if since_checkpoint >= self.cfg.checkpoint_every {
                     // fsync + commit in the background while the body keeps streaming in
-                    app.checkpoint_in_background().await?;
+                    if let Err(e) = app.checkpoint_in_background().await {
+                        super::exhausted::drain_body(&mut body).await;
+                        return Err(e);
+                    }
                     since_checkpoint = 0;
                 } else {
-                    app.poll_checkpoint().await?;
+                    if let Err(e) = app.poll_checkpoint().await {
+                        super::exhausted::drain_body(&mut body).await;
+                        return Err(e);
+                    }
                 }
             }
         };
@@ -449,7 +527,7 @@ impl UploadEngine {
                 )
                 .with_cursor(kept));
             }
-            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown => {
+            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown | End::Reserve => {
                 // Keep what arrived, unless it can no longer be verified.
                 if verifying {
                     app.discard().await?;
@@ -458,7 +536,14 @@ impl UploadEngine {
                 }
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
+                if matches!(end, End::Reserve) {
+                    super::exhausted::drain_body(&mut body).await;
+                }
                 return Err(match end {
+                    End::Reserve => match self.check_space(0, Some(kept)) {
+                        Err(e) => e,
+                        Ok(()) => TusError::insufficient_storage("the server's disk reached its free-space reserve", Some(kept)),
+                    },
                     End::Shutdown => {
                         TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment."))
                             .with_cursor(kept)

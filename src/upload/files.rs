@@ -9,7 +9,7 @@ use bytes::Bytes;
 use ferry_tus::{TusError, UploadMetadata};
 use serde::{Deserialize, Serialize};
 
-use super::append::Appender;
+use super::append::{Appender, SPACE_CHECK_EVERY};
 use super::hash::RunningSha256;
 use super::locks::{Lease, Want};
 use super::{internal, now_ms, UploadEngine};
@@ -82,8 +82,12 @@ impl UploadEngine {
             expired: false,
             blob_state: Vec::new(),
         };
+        self.check_space(0, None)?;
         self.blobs.create(&rec.id).await?;
-        self.catalog.create_upload(&rec).await?;
+        if let Err(e) = self.catalog.create_upload(&rec).await {
+            let _ = self.blobs.delete(&rec.id).await;
+            return Err(e.into());
+        }
         let slot = self.pin(&rec.id).await?;
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None, &slot).await?;
@@ -98,8 +102,9 @@ impl UploadEngine {
         let state = base64::engine::general_purpose::STANDARD.decode(&cursor.hash_state).map_err(|e| internal("file cursor", e))?;
         RunningSha256::from_state(&state).map_err(|e| internal("file cursor", e))?;
         let md: UploadMetadata = rec.metadata.parse().map_err(|e| internal("file metadata", e))?;
-        let name = md.get_str("filename").unwrap_or("file").to_string();
-        let media_type = md.get_str("filetype").unwrap_or("application/octet-stream").to_string();
+        let d = super::describe(&md);
+        let name = d.name.unwrap_or_else(|| "file".to_string());
+        let media_type = d.media_type.to_string();
         // Put the catalog back at the cursor first, so the appender resumes from it. A file
         // finished by a run that crashed before checkpointing its result becomes unfinished
         // again (the re-run writes the same bytes); the row and its fence are kept, so the
@@ -147,9 +152,18 @@ impl FileWriter {
         self.app.position()
     }
 
-    /// Append bytes (not durable until [`FileWriter::sync`]).
+    /// Append bytes (not durable until [`FileWriter::sync`]). Errors: 507 when the disk is
+    /// full or free space reaches the server's reserve (bytes since the last sync are
+    /// released; the error's cursor is the last synced offset).
     pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
-        self.app.write(data).await
+        let before = self.app.position();
+        let after = before + data.len() as u64;
+        self.app.write(data).await?;
+        if before / SPACE_CHECK_EVERY != after / SPACE_CHECK_EVERY {
+            let kept = self.app.committed_state().0;
+            self.app.engine().check_space(0, Some(kept))?;
+        }
+        Ok(())
     }
 
     /// Make everything written durable and commit it; returns the cursor to resume from.

@@ -17,12 +17,15 @@ use crate::catalog::{Catalog, CatalogError, Concat, CreationKey, KeyedCreate, Up
 use crate::metrics::Metrics;
 
 mod append;
+pub mod describe;
+mod exhausted;
 mod files;
 pub mod hash;
 pub mod locks;
 mod maintenance;
 
 pub use append::AppendOutcome;
+pub use describe::{describe, describe_raw, Description};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{Lease, LocalLocker, LockError, Locker, Want};
@@ -73,6 +76,9 @@ pub struct EngineConfig {
     pub idle_timeout: Duration,
     /// How often the sweeper looks for expired uploads.
     pub sweep_interval: Duration,
+    /// Free space kept on the data directory's filesystem (DESIGN §9); off by default here,
+    /// `ferry serve` sets `--min-free-space`.
+    pub reserve: crate::exhaustion::SpaceReserve,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +90,7 @@ impl Default for EngineConfig {
             takeover_wait: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
             sweep_interval: Duration::from_secs(60),
+            reserve: crate::exhaustion::SpaceReserve::none(),
         }
     }
 }
@@ -136,14 +143,14 @@ impl From<CatalogError> for TusError {
         match e {
             CatalogError::NotFound => TusError::not_found(),
             CatalogError::Fenced => TusError::new(409, ErrorCode::Conflict, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
-            other => internal("catalog", other),
+            other => exhausted::catalog_error(other),
         }
     }
 }
 
 impl From<BlobError> for TusError {
     fn from(e: BlobError) -> Self {
-        internal("blob store", e)
+        exhausted::blob_error(e)
     }
 }
 
@@ -168,16 +175,9 @@ impl UploadEngine {
         self.shutdown.cancel();
     }
 
-    /// Whether the stores answer (for `/readyz`): `Err` names the first that does not.
-    pub async fn ready(&self) -> Result<(), &'static str> {
-        self.catalog.ping().await.map_err(|e| {
-            tracing::warn!(error = %e, "readiness: catalog");
-            "catalog unavailable"
-        })?;
-        self.blobs.ping().await.map_err(|e| {
-            tracing::warn!(error = %e, "readiness: blob store");
-            "blob store unavailable"
-        })
+    /// Whether every store can do its work (for `/readyz`); see [`UploadEngine::readiness`].
+    pub async fn ready(&self) -> bool {
+        self.readiness().await.ready
     }
 
     fn expiry_from(&self, now: i64) -> Option<i64> {
@@ -307,29 +307,39 @@ impl UploadEngine {
             expired: false,
             blob_state: Vec::new(),
         };
+        self.check_space(rec.length.unwrap_or(0), None)?;
         self.blobs.create(&id).await?;
-        match &key {
-            None => self.catalog.create_upload(&rec).await?,
-            Some(k) => match self.catalog.create_upload_keyed(&rec, k).await? {
-                KeyedCreate::Created => {}
-                KeyedCreate::Existing { upload, fingerprint } => {
-                    if let Err(e) = self.blobs.delete(&id).await {
-                        tracing::warn!(upload = %id, error = %e, "could not remove the blob of a creation that was a retry");
-                    }
-                    if fingerprint != k.fingerprint {
-                        return Err(TusError::new(
-                            422,
-                            ErrorCode::Conflict,
-                            format!("this Idempotency-Key already created upload {} with a different request", upload.id),
-                            "Use a new Idempotency-Key for a different upload, or resend the original request unchanged.",
-                        ));
-                    }
-                    if is_expired(&upload, now_ms()) {
-                        return Err(TusError::expired());
-                    }
-                    return Ok(Created { upload: *upload, existing: true });
+        let created = match &key {
+            None => self.catalog.create_upload(&rec).await.map(|()| KeyedCreate::Created),
+            Some(k) => self.catalog.create_upload_keyed(&rec, k).await,
+        };
+        let created = match created {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing was recorded (a full disk, a failing catalog): the blob goes too.
+                let _ = self.blobs.delete(&id).await;
+                return Err(e.into());
+            }
+        };
+        match (created, &key) {
+            (KeyedCreate::Created, _) | (_, None) => {}
+            (KeyedCreate::Existing { upload, fingerprint }, Some(k)) => {
+                if let Err(e) = self.blobs.delete(&id).await {
+                    tracing::warn!(upload = %id, error = %e, "could not remove the blob of a creation that was a retry");
                 }
-            },
+                if fingerprint != k.fingerprint {
+                    return Err(TusError::new(
+                        422,
+                        ErrorCode::Conflict,
+                        format!("this Idempotency-Key already created upload {} with a different request", upload.id),
+                        "Use a new Idempotency-Key for a different upload, or resend the original request unchanged.",
+                    ));
+                }
+                if is_expired(&upload, now_ms()) {
+                    return Err(TusError::expired());
+                }
+                return Ok(Created { upload: *upload, existing: true });
+            }
         }
         self.metrics.uploads_created.inc();
         if rec.length == Some(0) && !matches!(rec.concat, Concat::Final { .. }) {
@@ -351,12 +361,7 @@ impl UploadEngine {
         self.get(principal, id).await?;
         let _guard = self.take(id).await?;
         let rec = self.get(principal, id).await?;
-        self.catalog.delete_upload(id).await?;
-        if rec.is_finished() {
-            self.blobs.delete(id).await?;
-        } else {
-            self.blobs.abort(id).await?;
-        }
+        self.delete_record_and_bytes(&rec).await?;
         self.metrics.uploads_terminated.inc();
         self.part_gone(id).await;
         Ok(())

@@ -2,6 +2,9 @@
 //! to it over HTTP. Every black-box test goes through [`Server`].
 #![allow(dead_code)]
 
+pub mod moto;
+pub mod pg;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,7 +17,40 @@ pub struct Server {
     pub base: String,
     pub data: PathBuf,
     pub extra_args: Vec<String>,
+    /// The PostgreSQL database this server's catalog lives in (`FERRY_TEST_CATALOG=postgres`).
+    pub pg_db: Option<String>,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// Whether the servers tests start put their catalog in PostgreSQL
+/// (`FERRY_TEST_CATALOG=postgres`; `.ci/run` reruns the TUS and task suites so).
+pub fn catalog_is_postgres() -> bool {
+    match std::env::var("FERRY_TEST_CATALOG").as_deref() {
+        Ok("postgres") => true,
+        Ok("" | "sqlite") | Err(_) => false,
+        Ok(other) => panic!("FERRY_TEST_CATALOG={other:?}: use postgres or sqlite"),
+    }
+}
+
+/// With `FERRY_TEST_CATALOG=postgres`, the catalog URL of the server on `data`: the same
+/// database for every start on that data dir (a restart reuses it), a fresh one the first
+/// time. The URL is kept in `DATA/test-catalog`.
+fn test_catalog(data: &Path, args: &[&str]) -> Option<(String, String)> {
+    if !catalog_is_postgres() || args.iter().any(|a| a.starts_with("--catalog")) {
+        return None;
+    }
+    std::fs::create_dir_all(data).expect("create data dir");
+    let marker = data.join("test-catalog");
+    if let Ok(text) = std::fs::read_to_string(&marker) {
+        let (name, url) = text.trim().split_once(' ').expect("DATA/test-catalog: NAME URL");
+        return Some((name.to_string(), url.to_string()));
+    }
+    let db = pg::TestDb::create_blocking();
+    std::fs::write(&marker, format!("{} {}", db.name, db.url)).expect("write DATA/test-catalog");
+    // Kept for restarts of this data dir; dropped by the next test run once this process is gone.
+    let out = (db.name.clone(), db.url.clone());
+    std::mem::forget(db);
+    Some(out)
 }
 
 /// Path of the compiled `ferry` binary under test.
@@ -34,7 +70,26 @@ impl Server {
 
     /// Start on an existing (or new) data dir, e.g. to restart after a crash.
     pub fn start_in(data: &Path, args: &[&str]) -> Server {
-        let mut cmd = Command::new(ferry_bin());
+        Server::start_under(&[], data, args)
+    }
+
+    /// Start under a wrapper command, e.g. `["prlimit", "--nofile=1024:20000", "--"]`.
+    pub fn start_under(wrapper: &[&str], data: &Path, args: &[&str]) -> Server {
+        let catalog = test_catalog(data, args);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(ferry_bin());
+                c
+            }
+            None => Command::new(ferry_bin()),
+        };
+        if let Some((_, url)) = &catalog {
+            // From the environment, not argv: the URL carries a password.
+            cmd.env("FERRY_CATALOG", url);
+        } else {
+            cmd.env_remove("FERRY_CATALOG");
+        }
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -57,7 +112,7 @@ impl Server {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        Server { child, base, data: data.to_path_buf(), extra_args: args.iter().map(|s| s.to_string()).collect(), _tmp: None }
+        Server { child, base, data: data.to_path_buf(), extra_args: args.iter().map(|s| s.to_string()).collect(), pg_db: catalog.map(|c| c.0), _tmp: None }
     }
 
     /// `kill -9` the process and wait for it to be gone.

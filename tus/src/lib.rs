@@ -29,6 +29,7 @@ pub use headers::expires::UploadExpires;
 pub use headers::idempotency::IdempotencyKey;
 pub use headers::metadata::UploadMetadata;
 pub use headers::parse_u64_digits;
+pub use headers::range::ContentRange;
 pub use headers::rufh::{UploadComplete, UploadLimit};
 
 /// The TUS extensions ferry implements, in the order advertised in `Tus-Extension`

@@ -31,12 +31,17 @@ pub enum ErrorCode {
     Unauthorized,
     TaskFailed,
     Cancelled,
+    /// The server's disk (or quota) has no room for these bytes (DESIGN §9): 507.
+    InsufficientStorage,
+    /// A store is briefly unable to answer (a failing catalog write, too many open files):
+    /// 503 with `Retry-After` (DESIGN §9).
+    Unavailable,
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -50,6 +55,8 @@ impl ErrorCode {
         ErrorCode::Unauthorized,
         ErrorCode::TaskFailed,
         ErrorCode::Cancelled,
+        ErrorCode::InsufficientStorage,
+        ErrorCode::Unavailable,
         ErrorCode::Internal,
     ];
 
@@ -69,13 +76,35 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::TaskFailed => "task_failed",
             ErrorCode::Cancelled => "cancelled",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
     }
 
     /// Whether repeating the (repaired) request can succeed without a person's help.
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::OffsetMismatch | ErrorCode::ChecksumMismatch | ErrorCode::ChunkTooLarge | ErrorCode::UploadIncomplete | ErrorCode::Locked | ErrorCode::Internal)
+        matches!(
+            self,
+            ErrorCode::OffsetMismatch
+                | ErrorCode::ChecksumMismatch
+                | ErrorCode::ChunkTooLarge
+                | ErrorCode::UploadIncomplete
+                | ErrorCode::Locked
+                | ErrorCode::InsufficientStorage
+                | ErrorCode::Unavailable
+                | ErrorCode::Internal
+        )
+    }
+
+    /// Seconds a client should wait before retrying (`Retry-After`, RFC 9110 §10.2.3), for the
+    /// codes that name a resource that comes back by itself: 507 and 503.
+    pub fn retry_after_secs(self) -> Option<u32> {
+        match self {
+            ErrorCode::InsufficientStorage => Some(30),
+            ErrorCode::Unavailable => Some(2),
+            _ => None,
+        }
     }
 }
 
@@ -156,6 +185,29 @@ impl TusError {
             "the server failed to complete this request; stored data is unchanged",
             "Retry after a moment; send HEAD first to learn the offset.",
         )
+    }
+
+    /// 507 `insufficient_storage` (DESIGN §9): no room for the bytes. `detail` says which
+    /// limit (disk full, quota, the server's free-space reserve); `cursor` is the durable offset
+    /// the upload resumes from, when there is an upload.
+    pub fn insufficient_storage(detail: impl Into<String>, cursor: Option<u64>) -> Self {
+        let hint = match cursor {
+            Some(c) => {
+                format!("Nothing acknowledged was lost: the upload is kept at offset {c}. Retry from offset {c} later (after Retry-After), once the server has free space again.")
+            }
+            None => "Retry later (after Retry-After), once the server has free space again; a smaller file may fit sooner.".to_string(),
+        };
+        let e = TusError::new(507, ErrorCode::InsufficientStorage, detail, hint);
+        match cursor {
+            Some(c) => e.with_cursor(c),
+            None => e,
+        }
+    }
+
+    /// 503 `unavailable` (DESIGN §9): a store failed briefly (a catalog write, too many open
+    /// files); nothing was changed.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        TusError::new(503, ErrorCode::Unavailable, detail, "Retry after Retry-After seconds; send HEAD first to learn the offset.")
     }
 
     fn from_parse(e: &ParseError) -> Self {
@@ -633,6 +685,19 @@ mod tests {
     #[test]
     fn catalogue_is_complete() {
         let words: std::collections::HashSet<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
-        assert_eq!(words.len(), 14);
+        assert_eq!(words.len(), ErrorCode::ALL.len());
+    }
+
+    #[test]
+    fn exhaustion_errors_are_retryable_with_a_cursor_and_retry_after() {
+        let e = TusError::insufficient_storage("no space left on the server's disk", Some(4096));
+        assert_eq!((e.status, e.code.as_str(), e.cursor), (507, "insufficient_storage", Some(4096)));
+        assert!(e.code.retryable());
+        assert!(e.recovery_hint.contains("4096"), "{}", e.recovery_hint);
+        assert_eq!(ErrorCode::InsufficientStorage.retry_after_secs(), Some(30));
+        let u = TusError::unavailable("the catalog could not write");
+        assert_eq!((u.status, u.code.as_str(), u.code.retryable()), (503, "unavailable", true));
+        assert_eq!(ErrorCode::Unavailable.retry_after_secs(), Some(2));
+        assert_eq!(ErrorCode::Internal.retry_after_secs(), None);
     }
 }

@@ -251,8 +251,7 @@ fn member_names<'a>(members: impl IntoIterator<Item = (&'a str, &'a str)>) -> Ve
     let mut taken = HashSet::new();
     let mut out = Vec::new();
     for (id, metadata) in members {
-        let md: Option<ferry_tus::UploadMetadata> = metadata.parse().ok();
-        let base = md.as_ref().and_then(|m| m.get_str("filename")).and_then(sanitize_name).unwrap_or_else(|| id.to_string());
+        let base = crate::upload::describe_raw(metadata).name.as_deref().and_then(sanitize_name).unwrap_or_else(|| id.to_string());
         out.push(dedupe(&base, &mut taken));
     }
     out

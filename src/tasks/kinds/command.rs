@@ -253,12 +253,9 @@ enum Line {
     Log(String),
 }
 
-/// `1*DIGIT` as u64 (no sign, no overflow).
+/// `1*DIGIT` as u64 (no sign, no overflow): ferry-tus's one number grammar.
 fn digits(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
+    ferry_tus::parse_u64_digits(s, "stderr line").ok()
 }
 
 fn is_name(s: &str) -> bool {

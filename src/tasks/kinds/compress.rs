@@ -160,10 +160,9 @@ async fn write_out(w: &mut FileWriter, out: Vec<u8>) -> Result<(), JobError> {
 /// The output name: the last component of the input's `filename` (else its id) plus the
 /// format's extension.
 fn output_name(id: &str, metadata: &str, format: Format) -> String {
-    let md: Option<ferry_tus::UploadMetadata> = metadata.parse().ok();
-    let base = md
-        .as_ref()
-        .and_then(|m| m.get_str("filename"))
+    let base = crate::upload::describe_raw(metadata)
+        .name
+        .as_deref()
         .and_then(|f| f.rsplit(['/', '\\']).find(|p| !p.is_empty() && *p != "." && *p != ".."))
         .map(|f| f.chars().map(|c| if c.is_control() { '_' } else { c }).collect::<String>())
         .unwrap_or_else(|| id.to_string());

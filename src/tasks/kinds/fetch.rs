@@ -45,6 +45,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use ferry_tus::ContentRange;
+
 use crate::config::FetchConfig;
 use crate::tasks::{Job, JobContext, JobError};
 use crate::upload::{FileCursor, FileWriter};
@@ -76,7 +78,7 @@ impl FetchJob {
             if attempt.previous().len() >= MAX_REDIRECTS {
                 return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
             }
-            match check_target(&allow, attempt.url()) {
+            match check_target(&allow, attempt.url()).map_err(|r| r.to_string()) {
                 Ok(()) => attempt.follow(),
                 Err(e) => attempt.error(format!("redirect refused: {e}")),
             }
@@ -102,8 +104,7 @@ struct FetchArgs {
 /// Parse and check the arguments: the URL to fetch and the explicit name, if any.
 fn parse_args(allow: &[String], args: &RawValue) -> Result<(Url, Option<String>), String> {
     let a: FetchArgs = serde_json::from_str(args.get()).map_err(|e| format!("fetch arguments: {e} (expected {{\"url\": \"http://...\", \"name\": ...}})"))?;
-    let url = Url::parse(&a.url).map_err(|e| format!("url: {e}"))?;
-    check_target(allow, &url)?;
+    let url = check_url(allow, &a.url).map_err(|r| r.to_string())?;
     if let Some(n) = &a.name {
         if n.is_empty() || n.len() > 255 || n.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
             return Err("name must be 1 to 255 bytes without '/', '\\' or control characters".into());
@@ -112,24 +113,88 @@ fn parse_args(allow: &[String], args: &RawValue) -> Result<(Url, Option<String>)
     Ok((url, a.name))
 }
 
-/// The scheme must be `http` and the host allow-listed.
-fn check_target(allow: &[String], url: &Url) -> Result<(), String> {
+/// Why a URL may not be fetched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not an absolute `http://` URL with a host (400 `invalid_argument`).
+    Invalid(String),
+    /// The host (and port) is not in `[fetch] allow_hosts` (403 `unauthorized`).
+    NotAllowed(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Invalid(m) | Refusal::NotAllowed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<Refusal> for ferry_tus::TusError {
+    /// The one answer to a refused URL, on REST (`POST /api/v1/tasks` kind `fetch`) and MCP
+    /// (`fetch_url`) alike.
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Invalid(m) => ferry_tus::TusError::bad_request(format!("invalid args for fetch: {m}"), "Pass an absolute http:// URL."),
+            Refusal::NotAllowed(m) => ferry_tus::TusError::new(
+                403,
+                ferry_tus::ErrorCode::Unauthorized,
+                format!("this server may not fetch from it: {m}"),
+                "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file instead.",
+            ),
+        }
+    }
+}
+
+/// An `allow_hosts` entry: a host name, IPv4 or IPv6 address (bracketed or not), optionally
+/// with `:port`; case-insensitive, a trailing dot ignored. `None` if it names no host.
+fn allow_entry(entry: &str) -> Option<(url::Host<String>, Option<u16>)> {
+    let e = entry.trim();
+    let (host, port) = match e.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']')) => (h, Some(p.parse::<u16>().ok()?)),
+        _ => (e, None),
+    };
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+    Some((normal_host(url::Host::parse(&host).ok()?), port))
+}
+
+fn normal_host(h: url::Host<String>) -> url::Host<String> {
+    match h {
+        url::Host::Domain(d) => url::Host::Domain(d.trim_end_matches('.').to_ascii_lowercase()),
+        other => other,
+    }
+}
+
+/// The allow-list check (DESIGN §4 `fetch`): the one function every path that fetches uses —
+/// task creation over REST and MCP, the job itself, and every redirect. The scheme must be
+/// `http`; the URL's host (as a WHATWG URL parser reads it: userinfo, IDNA, IPv4 forms and
+/// IPv6 literals resolved) must equal an entry's host, and the entry's port, when it names
+/// one, the URL's port (80 when absent). An entry without a port allows every port.
+pub fn check_target(allow: &[String], url: &Url) -> Result<(), Refusal> {
     match url.scheme() {
         "http" => {}
-        "https" => return Err("https:// is not supported: this ferry build has no TLS; use an http:// URL".into()),
-        s => return Err(format!("unsupported URL scheme '{s}': use http://")),
+        "https" => return Err(Refusal::Invalid("https:// is not supported: this ferry build has no TLS; use an http:// URL".into())),
+        s => return Err(Refusal::Invalid(format!("unsupported URL scheme '{s}': use http://"))),
     }
-    let host = url.host_str().filter(|h| !h.is_empty()).ok_or("the URL has no host")?.to_ascii_lowercase();
-    let with_port = url.port_or_known_default().map(|p| format!("{host}:{p}"));
-    let allowed = allow.iter().any(|a| a.eq_ignore_ascii_case(&host) || with_port.as_deref().is_some_and(|hp| a.eq_ignore_ascii_case(hp)));
+    let host = url.host().filter(|h| !matches!(h, url::Host::Domain(""))).ok_or_else(|| Refusal::Invalid("the URL has no host".into()))?;
+    let host = normal_host(host.to_owned());
+    let port = url.port_or_known_default();
+    let allowed = allow.iter().filter_map(|a| allow_entry(a)).any(|(h, p)| h == host && p.is_none_or(|p| Some(p) == port));
     if allowed {
         return Ok(());
     }
     let shown = match url.port() {
         Some(p) => format!("{host}:{p}"),
-        None => host,
+        None => host.to_string(),
     };
-    Err(format!("host {shown} is not in [fetch] allow_hosts of ferry.toml"))
+    Err(Refusal::NotAllowed(format!("host {shown} is not in [fetch] allow_hosts of ferry.toml")))
+}
+
+/// Parse `url` and [`check_target`] it.
+pub fn check_url(allow: &[String], url: &str) -> Result<Url, Refusal> {
+    let u = Url::parse(url).map_err(|e| Refusal::Invalid(format!("url: {e}")))?;
+    check_target(allow, &u)?;
+    Ok(u)
 }
 
 /// The URL without user name and password.
@@ -155,36 +220,14 @@ fn file_name(url: &Url, name: Option<&str>) -> String {
     }
 }
 
-/// A parsed `Content-Range` (RFC 9110 §14.4), single byte range only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ContentRange {
-    /// `bytes first-last/total` (`total` absent for `*`).
-    Bytes { first: u64, last: u64, total: Option<u64> },
-    /// `bytes */total` (on a 416).
-    Unsatisfied { total: u64 },
-}
-
-/// `1*DIGIT` as u64, strict.
+/// `1*DIGIT` as u64, strict (ferry-tus's one number grammar).
 fn digits(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
+    ferry_tus::parse_u64_digits(s, "Content-Length").ok()
 }
 
+/// A `Content-Range` value (ferry-tus's one grammar), `None` if it does not parse.
 fn parse_content_range(v: &str) -> Option<ContentRange> {
-    let rest = v.trim().strip_prefix("bytes ")?;
-    let (range, total) = rest.split_once('/')?;
-    if range == "*" {
-        return Some(ContentRange::Unsatisfied { total: digits(total)? });
-    }
-    let (first, last) = range.split_once('-')?;
-    let (first, last) = (digits(first)?, digits(last)?);
-    let total = if total == "*" { None } else { Some(digits(total)?) };
-    if last < first || total.is_some_and(|t| last >= t) {
-        return None;
-    }
-    Some(ContentRange::Bytes { first, last, total })
+    v.trim().parse().ok()
 }
 
 /// What to do with a response.
@@ -308,6 +351,17 @@ impl Job for FetchJob {
 
     fn validate(&self, args: &RawValue) -> Result<(), String> {
         parse_args(&self.allow, args).map(|_| ())
+    }
+
+    /// A URL outside the allow list is 403 `unauthorized` (the same on REST and MCP); other
+    /// argument problems are 400 `invalid_argument`.
+    fn check(&self, args: &RawValue) -> Result<(), ferry_tus::TusError> {
+        if let Ok(FetchArgs { url, .. }) = serde_json::from_str::<FetchArgs>(args.get()) {
+            if let Err(r @ Refusal::NotAllowed(_)) = check_url(&self.allow, &url) {
+                return Err(r.into());
+            }
+        }
+        self.validate(args).map_err(|m| ferry_tus::TusError::bad_request(format!("invalid args for fetch: {m}"), "Fix the arguments and start the task again."))
     }
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
@@ -495,7 +549,7 @@ mod tests {
     }
 
     fn check(hosts: &[&str], url: &str) -> Result<(), String> {
-        check_target(&allow(hosts), &Url::parse(url).unwrap())
+        check_target(&allow(hosts), &Url::parse(url).unwrap()).map_err(|r| r.to_string())
     }
 
     #[test]
@@ -512,6 +566,33 @@ mod tests {
         assert!(check(&["example.com"], "http://sub.example.com/").is_err());
         assert!(check(&["example.com"], "https://example.com/").unwrap_err().contains("no TLS"));
         assert!(check(&["example.com"], "ftp://example.com/").is_err());
+    }
+
+    /// The same URL gets the same answer whatever the spelling of the host or the entry.
+    #[test]
+    fn allow_list_normalises_hosts_and_sees_through_userinfo() {
+        for (hosts, url) in [
+            (&["::1"][..], "http://[::1]:9000/"),
+            (&["[::1]"][..], "http://[0:0:0:0:0:0:0:1]/"),
+            (&["[::1]:9000"][..], "http://[::1]:9000/x"),
+            (&["127.0.0.1"][..], "http://0x7f.0.0.1/"),
+            (&["Example.com."][..], "http://EXAMPLE.COM/"),
+            (&["example.com"][..], "http://example.com./"),
+            (&["example.com"][..], "http://user:pw@example.com/"),
+        ] {
+            assert!(check(hosts, url).is_ok(), "{hosts:?} should allow {url}");
+        }
+        for (hosts, url) in [
+            (&["allowed"][..], "http://allowed@evil/"),
+            (&["allowed"][..], "http://allowed:80@evil/"),
+            (&["allowed"][..], "http://evil#@allowed/"),
+            (&["allowed"][..], "http://allowed.evil/"),
+            (&["::1"][..], "http://[::2]/"),
+            (&["[::1]:9000"][..], "http://[::1]:9001/"),
+            (&["example.com:80"][..], "http://example.com:8080/"),
+        ] {
+            assert!(check(hosts, url).unwrap_err().contains("allow_hosts"), "{hosts:?} should refuse {url}");
+        }
     }
 
     #[test]
@@ -646,6 +727,7 @@ mod tests {
         let e = crate::tasks::kinds::command::tests::engine(dir.path(), Arc::new(FetchJob::new(FetchConfig::default()))).await;
         let err = e.start("p", "fetch", r#"{"url":"http://example.com/x"}"#, None, None).await.unwrap_err();
         assert!(err.to_string().contains("host example.com is not in [fetch] allow_hosts of ferry.toml"), "{err}");
+        assert_eq!((err.status, err.code), (403, ferry_tus::ErrorCode::Unauthorized));
         e.shutdown();
     }
 }

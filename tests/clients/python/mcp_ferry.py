@@ -304,13 +304,31 @@ class TasksExtension(ClientExtension):
 # Connecting
 
 
+def validating(c: Client) -> Client:
+    """Validate error results against the tool's outputSchema too (issue 9 item 1).
+
+    The `mcp` client validates structured content of successful results itself and skips
+    `isError` ones; DESIGN §5 promises every result fits, so this checks those as well.
+    """
+    plain = c.call_tool
+
+    async def call_tool(name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> mt.CallToolResult:
+        r = await plain(name, arguments, *args, **kwargs)
+        if isinstance(r, mt.CallToolResult) and r.is_error:
+            await c.session.validate_tool_result(name, r)
+        return r
+
+    c.call_tool = call_tool  # type: ignore[method-assign]
+    return c
+
+
 @asynccontextmanager
 async def connect(token: str | None = None, extensions: list[ClientExtension] | None = None):
     if ARGS.url:
         headers = {"Authorization": f"Bearer {token}"} if token else None
         async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0, read=120.0), trust_env=False) as hc:
             async with Client(streamable_http_client(ARGS.url, http_client=hc), extensions=extensions, cache=None) as c:
-                yield c
+                yield validating(c)
     else:
         check(token is None, "stdio has no tokens")
         params = StdioServerParameters(
@@ -320,7 +338,7 @@ async def connect(token: str | None = None, extensions: list[ClientExtension] | 
             cwd=os.path.dirname(os.path.abspath(ARGS.data)),
         )
         async with Client(params, extensions=extensions, cache=None) as c:
-            yield c
+            yield validating(c)
 
 
 async def begin(c: Client, name: str, data: bytes | None = None, size: int | None = None, media_type: str | None = None, declare_sha: bool = True) -> dict[str, Any]:
@@ -628,6 +646,18 @@ async def scenario_errors() -> dict[str, Any]:
         check(sc(r)["status"] == "cancelled", "cancelling again changes nothing", sc(r))
         tl = ok(await tool("task_list", {}), "task_list")
         check({"task_id": tid, "kind": "command", "status": "cancelled"} in tl["tasks"], "task_list shows the cancelled task", tl)
+
+        # Issue 9 item 1: the same idempotency_key after a cancel starts a new run that names the
+        # cancelled one in prior_failure (a task id); the client validates every result against
+        # the tool's outputSchema, so a mismatch raises here.
+        r = await tool("export_slow", {"idempotency_key": "slow-1"})
+        again = ok(r, "export_slow restarted with the same key")
+        check(again["task_id"] != tid and again.get("prior_failure") == tid, "the restart names the cancelled run", again)
+        r = await tool("task_cancel", {"task_id": again["task_id"]})
+        check(sc(r)["status"] == "cancelled", "cancel the restarted run", sc(r))
+        r = await tool("task_get", {"task_id": again["task_id"]})
+        envelope(r, "cancelled", "task_get of the restarted, cancelled task")
+        check(sc(r).get("prior_failure") == tid, "task_get keeps prior_failure", sc(r))
 
         # internal: the blob of a finished file is gone from disk.
         iid = await complete_file(c, "victim.txt", b"soon gone\n", media_type="text/plain")

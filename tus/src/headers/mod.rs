@@ -24,6 +24,7 @@ pub mod digest;
 pub mod expires;
 pub mod idempotency;
 pub mod metadata;
+pub mod range;
 pub mod rufh;
 
 use crate::error::{ParseError, ParseErrorKind};

@@ -1,0 +1,529 @@
+//! The distributed [`Catalog`]: PostgreSQL (sqlx), shared by every replica.
+//!
+//! The same rows as the SQLite catalog (migrations/postgres/ mirrors migrations/sqlite/), with
+//! the differences that matter across processes:
+//! - leases and claims compare against the **database's** clock (`ferry_now_ms()`), never a
+//!   replica's own;
+//! - task claims use `FOR UPDATE SKIP LOCKED`, so replicas polling at once never wait on each
+//!   other and never claim one task twice;
+//! - read-modify-write changes lock their row (`SELECT … FOR UPDATE`) inside one transaction;
+//! - JSON is stored as `text`, so what goes in comes back byte for byte.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, Connection, Row};
+
+use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequest, ReleaseRequests, UploadRecord};
+
+/// The `NOTIFY` channel of release requests (release-on-request across replicas).
+const RELEASE_CHANNEL: &str = "ferry_release";
+
+/// Connections one process keeps open at most (PostgreSQL's default `max_connections` is 100,
+/// shared by every replica).
+const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// How long a request waits for a pooled connection before it fails (503 with
+/// `retryable: true`) instead of hanging while the database is away.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long start-up waits for the first connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// PostgreSQL-backed catalog.
+#[derive(Clone)]
+pub struct PostgresCatalog {
+    pub(super) pool: PgPool,
+}
+
+const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
+     concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
+     finished_at_ms, expired, blob_state";
+
+fn to_i64(v: u64) -> CatalogResult<i64> {
+    i64::try_from(v).map_err(|_| CatalogError::Backend("value exceeds i64".into()))
+}
+
+fn digest32(v: Option<Vec<u8>>) -> CatalogResult<Option<[u8; 32]>> {
+    v.map(|b| <[u8; 32]>::try_from(b.as_slice()).map_err(|_| CatalogError::Backend("stored digest is not 32 bytes".into()))).transpose()
+}
+
+fn row_to_record(r: &PgRow) -> CatalogResult<UploadRecord> {
+    let kind: String = r.try_get("concat_kind")?;
+    let concat = match kind.as_str() {
+        "partial" => Concat::Partial,
+        "final" => {
+            let parts: String = r.try_get::<Option<String>, _>("concat_parts")?.unwrap_or_default();
+            Concat::Final { parts: parts.split_whitespace().map(str::to_owned).collect(), header: r.try_get::<Option<String>, _>("concat_header")?.unwrap_or_default() }
+        }
+        _ => Concat::None,
+    };
+    Ok(UploadRecord {
+        id: r.try_get("id")?,
+        principal: r.try_get("principal")?,
+        length: r.try_get::<Option<i64>, _>("length")?.map(|v| v as u64),
+        offset: r.try_get::<i64, _>("offset")? as u64,
+        metadata: r.try_get("metadata")?,
+        hash_state: r.try_get("hash_state")?,
+        sha256: digest32(r.try_get("sha256")?)?,
+        expected_sha256: digest32(r.try_get("expected_sha256")?)?,
+        concat,
+        created_at_ms: r.try_get("created_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+        expires_at_ms: r.try_get("expires_at_ms")?,
+        finished_at_ms: r.try_get("finished_at_ms")?,
+        expired: r.try_get::<bool, _>("expired")?,
+        blob_state: r.try_get("blob_state")?,
+    })
+}
+
+/// A `postgres://` URL with its password (in the user info or a `password=` parameter)
+/// replaced by `***`, for messages and logs. Text that is not a URL is replaced whole.
+pub fn redact_url(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else { return "<unparsable URL>".to_string() };
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    if u.query_pairs().any(|(k, _)| k == "password") {
+        let pairs: Vec<(String, String)> = u.query_pairs().map(|(k, v)| (k.to_string(), if k == "password" { "***".to_string() } else { v.to_string() })).collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
+}
+
+impl PostgresCatalog {
+    /// Connect to `url` (`postgres://user:password@host:port/database?…`), run pending
+    /// migrations (under sqlx's advisory lock, so replicas starting together migrate once),
+    /// and keep a pool of at most 10 connections that reconnects by itself.
+    ///
+    /// Errors name the URL without its password: unparsable URL, unreachable server, refused
+    /// login, missing database, failed migration.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Self::connect_with_max(url, DEFAULT_MAX_CONNECTIONS).await
+    }
+
+    /// [`PostgresCatalog::connect`] with another pool size.
+    pub async fn connect_with_max(url: &str, max_connections: u32) -> anyhow::Result<Self> {
+        let shown = redact_url(url);
+        let opts = PgConnectOptions::from_str(url).map_err(|e| anyhow::anyhow!("invalid catalog URL {shown}: {}", scrub(&e.to_string(), url)))?.application_name("ferry");
+        // One plain connection first: its error names the cause (refused, login, no such
+        // database), where the pool would only report that it timed out.
+        match tokio::time::timeout(CONNECT_TIMEOUT, opts.connect()).await {
+            Err(_) => anyhow::bail!("cannot connect to the catalog {shown}: no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+            Ok(Err(e)) => anyhow::bail!("cannot connect to the catalog {shown}: {}", scrub(&describe(&e), url)),
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .min_connections(0)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(Duration::from_secs(300))
+            .test_before_acquire(true)
+            .connect_with(opts)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to the catalog {shown}: {}", scrub(&describe(&e), url)))?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await.map_err(|e| anyhow::anyhow!("migrating the catalog {shown}: {e}"))?;
+        Ok(PostgresCatalog { pool })
+    }
+
+    /// The connection pool (tests and benchmarks).
+    #[doc(hidden)]
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// `Ok` when one row changed; else `NotFound` (no such id) or `Fenced`.
+    async fn fenced_or_missing(&self, id: &str, changed: u64) -> CatalogResult<()> {
+        if changed == 1 {
+            return Ok(());
+        }
+        match self.get_upload(id).await? {
+            None => Err(CatalogError::NotFound),
+            Some(_) => Err(CatalogError::Fenced),
+        }
+    }
+
+    async fn ids(&self, sql: &'static str, a: i64, limit: u32) -> CatalogResult<Vec<String>> {
+        let rows = sqlx::query(sql).bind(a).bind(limit as i64).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
+    }
+}
+
+/// A release request from its `NOTIFY` payload (`{"upload_id":…,"from":…}`).
+fn release_request(payload: &str) -> Option<ReleaseRequest> {
+    let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+    Some(ReleaseRequest { upload_id: v["upload_id"].as_str()?.to_string(), from: v["from"].as_str()?.to_string() })
+}
+
+/// A driver error in one line: the server's own message for database errors (without the
+/// source position sqlx appends), the OS error for I/O.
+fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => match d.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", d.message()),
+            None => d.message().to_string(),
+        },
+        sqlx::Error::Io(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// `text` with any occurrence of the URL's password removed (driver messages may echo parts
+/// of the URL).
+fn scrub(text: &str, url: &str) -> String {
+    match url::Url::parse(url).ok().and_then(|u| u.password().map(str::to_owned)) {
+        Some(p) if !p.is_empty() => text.replace(&p, "***"),
+        _ => text.to_string(),
+    }
+}
+
+impl PostgresCatalog {
+    /// INSERT `rec`, holding `key` when given.
+    async fn insert(&self, rec: &UploadRecord, key: Option<&CreationKey>) -> CatalogResult<()> {
+        let (kind, parts, header) = match &rec.concat {
+            Concat::None => ("none", None, None),
+            Concat::Partial => ("partial", None, None),
+            Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
+        };
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)"
+        )))
+        .bind(&rec.id)
+        .bind(&rec.principal)
+        .bind(rec.length.map(to_i64).transpose()?)
+        .bind(to_i64(rec.offset)?)
+        .bind(&rec.metadata)
+        .bind(&rec.hash_state)
+        .bind(rec.sha256.map(|d| d.to_vec()))
+        .bind(rec.expected_sha256.map(|d| d.to_vec()))
+        .bind(kind)
+        .bind(parts)
+        .bind(header)
+        .bind(rec.created_at_ms)
+        .bind(rec.updated_at_ms)
+        .bind(rec.expires_at_ms)
+        .bind(rec.finished_at_ms)
+        .bind(rec.expired)
+        .bind(&rec.blob_state)
+        .bind(key.map(|k| k.key.as_str()))
+        .bind(key.map(|k| k.fingerprint.as_str()))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The live upload of `principal` holding creation key `key`, with its fingerprint.
+    async fn by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS}, creation_fingerprint FROM uploads WHERE principal = $1 AND creation_key = $2 AND NOT expired")))
+            .bind(principal)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((row_to_record(&r)?, r.try_get::<Option<String>, _>("creation_fingerprint")?.unwrap_or_default()))).transpose()
+    }
+}
+
+#[async_trait]
+impl Catalog for PostgresCatalog {
+    async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()> {
+        self.insert(rec, None).await
+    }
+
+    async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
+        // The partial unique index (principal, creation_key) WHERE live makes the insert the
+        // arbiter across replicas: of concurrent inserts one wins, the others fail and read it.
+        for _ in 0..3 {
+            match self.insert(rec, Some(key)).await {
+                Ok(()) => return Ok(KeyedCreate::Created),
+                Err(CatalogError::AlreadyExists) => {
+                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
+                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
+                    }
+                    if self.get_upload(&rec.id).await?.is_some() {
+                        return Err(CatalogError::AlreadyExists);
+                    }
+                    // The holder went away between the insert and the read: try again.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CatalogError::Backend("creation key contended too long".into()))
+    }
+
+    async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id = $1"))).bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(row_to_record).transpose()
+    }
+
+    async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
+        let fence: Option<i64> = sqlx::query_scalar("UPDATE uploads SET fence = fence + 1 WHERE id = $1 RETURNING fence").bind(id).fetch_optional(&self.pool).await?;
+        fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
+    }
+
+    async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
+             sha256 = COALESCE($5, sha256), finished_at_ms = CASE WHEN $5::bytea IS NULL THEN finished_at_ms ELSE $6 END, \
+             expires_at_ms = CASE WHEN $5::bytea IS NULL THEN $7 ELSE NULL END, updated_at_ms = $6 \
+             WHERE id = $8 AND fence = $9",
+        )
+        .bind(to_i64(cp.offset)?)
+        .bind(&cp.hash_state)
+        .bind(&cp.blob_state)
+        .bind(cp.length.map(to_i64).transpose()?)
+        .bind(cp.finished_sha256.map(|d| d.to_vec()))
+        .bind(cp.now_ms)
+        .bind(cp.expires_at_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
+        let done = sqlx::query(
+            "UPDATE uploads SET updated_at_ms = CASE WHEN expired THEN updated_at_ms ELSE $1 END, \
+             expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = $2 AND finished_at_ms IS NULL",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 1 {
+            return Ok(true);
+        }
+        match self.get_upload(id).await? {
+            None => Err(CatalogError::NotFound),
+            Some(_) => Ok(false),
+        }
+    }
+
+    async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
+        // One statement: under READ COMMITTED a concurrent writer's update makes PostgreSQL
+        // re-check this WHERE against the new row, so a finish or a fresh lease wins cleanly.
+        let done = sqlx::query(
+            "UPDATE uploads SET updated_at_ms = $1, expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
+             WHERE id = $2 AND finished_at_ms IS NULL AND NOT expired AND expires_at_ms <= $1 \
+             AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms())",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
+        let done = sqlx::query("DELETE FROM uploads WHERE id = $1").bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
+        let done = sqlx::query("DELETE FROM uploads WHERE id = $1 AND expired AND updated_at_ms < $2").bind(id).bind(before_ms).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
+             finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired",
+        )
+        .bind(to_i64(cp.offset)?)
+        .bind(&cp.hash_state)
+        .bind(&cp.blob_state)
+        .bind(cp.expires_at_ms)
+        .bind(cp.now_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
+        // SET expressions read the row as it was (so `lease_taken_over` records whether an
+        // expired owner was still named); RETURNING reads it as written. A concurrent taker
+        // waits for the row lock, then re-checks the WHERE against the winner's row: Held.
+        let row = sqlx::query(
+            "UPDATE uploads SET fence = fence + 1, lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, \
+             lease_taken_over = (lease_owner IS NOT NULL) \
+             WHERE id = $3 AND NOT expired AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms()) \
+             RETURNING fence, lease_expires_ms, lease_taken_over",
+        )
+        .bind(owner)
+        .bind(ttl_ms)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(r) = row {
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, taken_over: r.try_get(2)? }));
+        }
+        let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        match row {
+            Some(r) if !r.try_get::<bool, _>(2)? => {
+                Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
+            }
+            _ => Err(CatalogError::NotFound),
+        }
+    }
+
+    async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
+        let until: Option<i64> = sqlx::query_scalar(
+            "UPDATE uploads SET lease_expires_ms = ferry_now_ms() + $1 WHERE id = $2 AND fence = $3 AND NOT expired AND lease_owner IS NOT NULL \
+             RETURNING lease_expires_ms",
+        )
+        .bind(ttl_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .fetch_optional(&self.pool)
+        .await?;
+        match until {
+            Some(t) => Ok(t),
+            None => self.fenced_or_missing(id, 0).await.map(|_| 0),
+        }
+    }
+
+    async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
+        let done = sqlx::query(
+            "UPDATE uploads SET expires_at_ms = CASE WHEN finished_at_ms IS NULL AND expires_at_ms IS NOT NULL \
+             THEN GREATEST(expires_at_ms, $1) ELSE expires_at_ms END WHERE id = $2 AND fence = $3 AND NOT expired",
+        )
+        .bind(expires_at_ms)
+        .bind(id)
+        .bind(to_i64(fence)?)
+        .execute(&self.pool)
+        .await?;
+        self.fenced_or_missing(id, done.rows_affected()).await
+    }
+
+    async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = FALSE WHERE id = $1 AND fence = $2")
+            .bind(id)
+            .bind(to_i64(fence)?)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
+        let mut tx = self.pool.begin().await?;
+        let out = async {
+            let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = $1").bind(owner).execute(&mut *tx).await?.rows_affected();
+            let tasks = sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = $1 AND status IN ('working', 'input_required')")
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            Ok(super::postgres_tasks::Tx::Commit((uploads, tasks)))
+        }
+        .await;
+        super::postgres_tasks::settle(tx, out).await
+    }
+
+    async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
+        let payload = serde_json::json!({ "upload_id": id, "from": from }).to_string();
+        sqlx::query("SELECT pg_notify($1, $2)").bind(RELEASE_CHANNEL).bind(payload).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn release_requests(&self) -> CatalogResult<ReleaseRequests> {
+        // LISTEN before returning: every request made after this call is delivered. The
+        // listener has its own connection (not one of the pool's) and reconnects by itself
+        // when the database restarts; requests sent while it was away are lost, and the
+        // holder then lets go when its lease expires instead.
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(RELEASE_CHANNEL).await?;
+        let stream = futures::stream::unfold(listener, |mut listener| async move {
+            loop {
+                match listener.recv().await {
+                    Ok(n) => match release_request(n.payload()) {
+                        Some(r) => return Some((r, listener)),
+                        None => tracing::warn!(payload = n.payload(), "ignoring a malformed release request"),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>> {
+        sqlx::query("INSERT INTO shared_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING").bind(name).bind(candidate).execute(&self.pool).await?;
+        Ok(sqlx::query_scalar("SELECT value FROM shared_secrets WHERE name = $1").bind(name).fetch_one(&self.pool).await?)
+    }
+
+    async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
+        self.ids(
+            "SELECT id FROM uploads WHERE finished_at_ms IS NULL AND NOT expired AND expires_at_ms <= $1 \
+             ORDER BY expires_at_ms LIMIT $2",
+            now_ms,
+            limit,
+        )
+        .await
+    }
+
+    async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
+        self.ids("SELECT id FROM uploads WHERE expired AND updated_at_ms < $1 LIMIT $2", before_ms, limit).await
+    }
+
+    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND NOT expired"))).fetch_all(&self.pool).await?;
+        rows.iter().map(row_to_record).collect()
+    }
+
+    async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT id, concat_parts FROM uploads WHERE concat_kind = 'final' AND finished_at_ms IS NULL \
+             AND NOT expired AND strpos(concat_parts, $1) > 0",
+        )
+        .bind(part_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::new();
+        for r in rows {
+            let parts: String = r.try_get("concat_parts")?;
+            if parts.split_whitespace().any(|p| p == part_id) {
+                out.push(r.try_get("id")?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn list_uploads(&self, principal: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM uploads WHERE principal = $1 AND NOT expired \
+             ORDER BY created_at_ms DESC LIMIT $2"
+        )))
+        .bind(principal)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(row_to_record).collect()
+    }
+
+    async fn ping(&self) -> CatalogResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redaction_hides_passwords() {
+        assert_eq!(redact_url("postgres://ferry:s3cret@127.0.0.1:5432/db"), "postgres://ferry:***@127.0.0.1:5432/db");
+        assert_eq!(redact_url("postgres://ferry@db/x?password=s3cret&sslmode=disable"), "postgres://ferry@db/x?password=***&sslmode=disable");
+        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+        assert!(!redact_url("postgres://a:b c@").contains("b c"));
+    }
+}

@@ -1,0 +1,337 @@
+//! [`TaskCatalog`] on PostgreSQL. Claims take `FOR UPDATE SKIP LOCKED`; read-modify-write
+//! changes lock their row first; idempotency keys serialise on a transaction-scoped advisory
+//! lock of (principal, kind, key), so concurrent starts with one key create at most one run
+//! on every replica.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row, Transaction};
+
+use super::tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
+use super::{CatalogError, CatalogResult, PostgresCatalog};
+
+const TASK_COLUMNS: &str = "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
+     input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
+     lease_owner, lease_expires_ms, fence, runs";
+
+fn corrupt(what: &str) -> CatalogError {
+    CatalogError::Backend(format!("stored task {what} is invalid").into())
+}
+
+fn row_to_task(r: &PgRow) -> CatalogResult<TaskRecord> {
+    let status: String = r.try_get("status")?;
+    let progress: String = r.try_get("progress")?;
+    Ok(TaskRecord {
+        id: r.try_get("id")?,
+        principal: r.try_get("principal")?,
+        kind: r.try_get("kind")?,
+        args: r.try_get("args")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        status: TaskStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
+        status_message: r.try_get("status_message")?,
+        progress: serde_json::from_str::<Progress>(&progress).map_err(|_| corrupt("progress"))?,
+        checkpoint: r.try_get("checkpoint")?,
+        input_requests: r.try_get("input_requests")?,
+        input_responses: r.try_get("input_responses")?,
+        result: r.try_get("result")?,
+        error: r.try_get("error")?,
+        prior_failure: r.try_get("prior_failure")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+        ttl_ms: r.try_get("ttl_ms")?,
+        lease_owner: r.try_get("lease_owner")?,
+        lease_expires_ms: r.try_get("lease_expires_ms")?,
+        fence: r.try_get::<i64, _>("fence")? as u64,
+        runs: r.try_get::<i64, _>("runs")? as u64,
+    })
+}
+
+type JsonMap = BTreeMap<String, Box<RawValue>>;
+
+fn json_map(text: &str) -> CatalogResult<JsonMap> {
+    serde_json::from_str(text).map_err(|_| corrupt("input map"))
+}
+
+fn json_text(map: &JsonMap) -> String {
+    serde_json::to_string(map).expect("a map of raw JSON serialises")
+}
+
+fn raw(text: &str) -> CatalogResult<Box<RawValue>> {
+    RawValue::from_string(text.to_string()).map_err(|e| CatalogError::Backend(Box::new(e)))
+}
+
+/// How a transaction body ends.
+pub(super) enum Tx<T> {
+    Commit(T),
+    Rollback(T),
+}
+
+/// End `tx` as `out` says, rolling back explicitly on every path that does not commit. A
+/// dropped transaction only *queues* its ROLLBACK until the connection is next used, and a
+/// pooled idle connection would keep its row locks (and advisory locks) until then: claims
+/// with SKIP LOCKED would pass the row over.
+pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogResult<Tx<T>>) -> CatalogResult<T> {
+    match out {
+        Ok(Tx::Commit(v)) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Ok(Tx::Rollback(v)) => {
+            tx.rollback().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// The task row, locked for the rest of the transaction.
+async fn task_for_update(tx: &mut Transaction<'static, Postgres>, id: &str) -> CatalogResult<Option<TaskRecord>> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"))).bind(id).fetch_optional(&mut **tx).await?;
+    row.as_ref().map(row_to_task).transpose()
+}
+
+async fn insert_task(tx: &mut Transaction<'static, Postgres>, new: &NewTask, prior: Option<&str>) -> CatalogResult<TaskRecord> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO tasks (id, principal, kind, args, idempotency_key, status, prior_failure, created_at_ms, updated_at_ms, ttl_ms) \
+         VALUES ($1, $2, $3, $4, $5, 'working', $6, $7, $7, $8) RETURNING {TASK_COLUMNS}"
+    )))
+    .bind(&new.id)
+    .bind(&new.principal)
+    .bind(&new.kind)
+    .bind(&new.args)
+    .bind(&new.idempotency_key)
+    .bind(prior)
+    .bind(new.now_ms)
+    .bind(new.ttl_ms)
+    .fetch_one(&mut **tx)
+    .await?;
+    row_to_task(&row)
+}
+
+async fn start_in(tx: &mut Transaction<'static, Postgres>, new: &NewTask) -> CatalogResult<Tx<StartOutcome>> {
+    let Some(key) = &new.idempotency_key else {
+        return Ok(Tx::Commit(StartOutcome::Created(insert_task(tx, new, None).await?)));
+    };
+    // Serialise starts with this key (on every replica) until the transaction ends. A hash
+    // collision only serialises two unrelated keys.
+    let lock_key = serde_json::to_string(&[&new.principal, &new.kind, key]).expect("strings serialise");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(&lock_key).execute(&mut **tx).await?;
+    let existing: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = $1 AND kind = $2 AND key = $3")
+        .bind(&new.principal)
+        .bind(&new.kind)
+        .bind(key)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let prior = match existing {
+        None => None,
+        Some(old_id) => match task_for_update(tx, &old_id).await? {
+            None => None, // swept: the key is free again
+            Some(old) if old.args != new.args => return Ok(Tx::Rollback(StartOutcome::Conflict(old.id))),
+            Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
+            Some(old) => return Ok(Tx::Rollback(StartOutcome::Existing(old))),
+        },
+    };
+    let task = insert_task(tx, new, prior.as_deref()).await?;
+    sqlx::query("INSERT INTO task_keys (principal, kind, key, task_id) VALUES ($1, $2, $3, $4) ON CONFLICT (principal, kind, key) DO UPDATE SET task_id = excluded.task_id")
+        .bind(&new.principal)
+        .bind(&new.kind)
+        .bind(key)
+        .bind(&new.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Tx::Commit(match prior {
+        Some(prior) => StartOutcome::Retried { task, prior },
+        None => StartOutcome::Created(task),
+    }))
+}
+
+async fn park_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<Tx<()>> {
+    let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
+    if task.fence != fence || task.status != TaskStatus::Working {
+        return Err(CatalogError::Fenced);
+    }
+    let mut requests = json_map(&task.input_requests)?;
+    requests.insert(key.to_string(), raw(request)?);
+    sqlx::query(
+        "UPDATE tasks SET status = 'input_required', input_requests = $1, lease_owner = NULL, lease_expires_ms = NULL, \
+         updated_at_ms = $2 WHERE id = $3",
+    )
+    .bind(json_text(&requests))
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(Tx::Commit(()))
+}
+
+async fn respond_in(tx: &mut Transaction<'static, Postgres>, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<Tx<bool>> {
+    let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
+    let requests = json_map(&task.input_requests)?;
+    let mut responses = json_map(&task.input_responses)?;
+    if task.status.is_terminal() || !requests.contains_key(key) || responses.contains_key(key) {
+        return Ok(Tx::Rollback(false));
+    }
+    responses.insert(key.to_string(), raw(response)?);
+    let all_answered = requests.keys().all(|k| responses.contains_key(k));
+    let status = if all_answered { "working" } else { task.status.as_str() };
+    sqlx::query("UPDATE tasks SET input_responses = $1, status = $2, updated_at_ms = $3 WHERE id = $4")
+        .bind(json_text(&responses))
+        .bind(status)
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Tx::Commit(true))
+}
+
+async fn sweep_in(tx: &mut Transaction<'static, Postgres>, now_ms: i64) -> CatalogResult<Tx<u64>> {
+    let swept: Vec<String> = sqlx::query_scalar("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= $1 RETURNING id")
+        .bind(now_ms)
+        .fetch_all(&mut **tx)
+        .await?;
+    // Only keys that still name a deleted task (a retry may have moved the key on).
+    sqlx::query("DELETE FROM task_keys WHERE task_id = ANY($1)").bind(&swept).execute(&mut **tx).await?;
+    Ok(Tx::Commit(swept.len() as u64))
+}
+
+#[async_trait]
+impl TaskCatalog for PostgresCatalog {
+    async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let out = start_in(&mut tx, new).await;
+        settle(tx, out).await
+    }
+
+    async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))).bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(row_to_task).transpose()
+    }
+
+    async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE principal = $1 ORDER BY created_at_ms DESC, id LIMIT $2")))
+            .bind(principal)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(row_to_task).collect()
+    }
+
+    async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>> {
+        if kinds.is_empty() {
+            return Ok(None);
+        }
+        // The lease is measured on the database's clock, so replicas with skewed clocks agree
+        // on when it expires. SKIP LOCKED: a row another replica is claiming is passed over.
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE tasks SET lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, fence = fence + 1, runs = runs + 1 \
+             WHERE id = (SELECT id FROM tasks WHERE status = 'working' \
+                 AND (lease_expires_ms IS NULL OR lease_expires_ms <= ferry_now_ms()) AND kind = ANY($3) \
+                 ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             RETURNING {TASK_COLUMNS}"
+        )))
+        .bind(owner)
+        .bind(lease_ms)
+        .bind(kinds)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(row_to_task).transpose()
+    }
+
+    async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
+        let status: Option<String> = sqlx::query_scalar("UPDATE tasks SET lease_expires_ms = ferry_now_ms() + $1 WHERE id = $2 AND fence = $3 RETURNING status")
+            .bind(lease_ms)
+            .bind(id)
+            .bind(fence as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        match status {
+            Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
+            None => Err(CatalogError::Fenced),
+        }
+    }
+
+    async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
+        let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
+        let done = sqlx::query(
+            "UPDATE tasks SET progress = COALESCE($1, progress), checkpoint = COALESCE($2, checkpoint), updated_at_ms = $3 \
+             WHERE id = $4 AND status IN ('working', 'input_required') AND ($5::bigint IS NULL OR fence = $5)",
+        )
+        .bind(progress)
+        .bind(&u.checkpoint)
+        .bind(u.now_ms)
+        .bind(id)
+        .bind(fence.map(|f| f as i64))
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else if self.get_task(id).await?.is_none() {
+            Err(CatalogError::NotFound)
+        } else {
+            Err(CatalogError::Fenced)
+        }
+    }
+
+    async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let out = park_in(&mut tx, id, fence, key, request, now_ms).await;
+        settle(tx, out).await
+    }
+
+    async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
+        let mut tx = self.pool.begin().await?;
+        let out = respond_in(&mut tx, id, key, response, now_ms).await;
+        settle(tx, out).await
+    }
+
+    async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
+        let (status, result, error) = match end {
+            TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
+            TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
+        };
+        let done = sqlx::query(
+            "UPDATE tasks SET status = $1, result = $2, error = $3, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $4 \
+             WHERE id = $5 AND status IN ('working', 'input_required') AND ($6::bigint IS NULL OR fence = $6)",
+        )
+        .bind(status)
+        .bind(result)
+        .bind(error)
+        .bind(now_ms)
+        .bind(id)
+        .bind(fence.map(|f| f as i64))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
+        sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $1 \
+             WHERE id = $2 AND status IN ('working', 'input_required')",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        // A statement of its own: it sees a finish that won the race (one statement would read
+        // the snapshot from before it).
+        self.get_task(id).await?.ok_or(CatalogError::NotFound)
+    }
+
+    async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
+        sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = $1 AND fence = $2").bind(id).bind(fence as i64).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
+        let mut tx = self.pool.begin().await?;
+        let out = sweep_in(&mut tx, now_ms).await;
+        settle(tx, out).await
+    }
+}

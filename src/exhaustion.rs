@@ -1,0 +1,225 @@
+//! Resource exhaustion (DESIGN §9): recognising it, the free-space reserve, and the process's
+//! open-file limit.
+//!
+//! Disk full, quota reached, too many open files and a catalog that cannot write are expected
+//! states, not internal errors. This module names them ([`Exhausted`]) from the errors the
+//! stores return (`io::Error`, `sqlx::Error`), measures free space against the operator's
+//! reserve ([`SpaceReserve`]), and raises `RLIMIT_NOFILE` at start-up ([`raise_nofile_limit`]).
+//! The stores map what it finds into their own error variants; the upload engine turns them
+//! into `507 insufficient_storage` / `503 unavailable`.
+
+use std::path::{Path, PathBuf};
+
+/// A resource that ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exhausted {
+    /// No room: `ENOSPC`, `EDQUOT`, SQLite `SQLITE_FULL`, PostgreSQL `53100 disk_full`.
+    Space,
+    /// Something that passes by itself: `EMFILE`/`ENFILE`, a busy or locked database, a pool
+    /// out of connections, PostgreSQL `53xxx` insufficient resources other than disk.
+    Transient,
+}
+
+/// What an I/O error says about resources (`None`: not an exhaustion).
+pub fn classify_io(e: &std::io::Error) -> Option<Exhausted> {
+    if e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded {
+        return Some(Exhausted::Space);
+    }
+    match e.raw_os_error() {
+        Some(nix::libc::ENOSPC | nix::libc::EDQUOT) => Some(Exhausted::Space),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOMEM) => Some(Exhausted::Transient),
+        _ => None,
+    }
+}
+
+/// Whether any error in `e`'s source chain is an exhaustion (the first one found).
+pub fn classify_chain(e: &(dyn std::error::Error + 'static)) -> Option<Exhausted> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(x) = classify_io(io) {
+                return Some(x);
+            }
+        }
+        if let Some(sq) = err.downcast_ref::<sqlx::Error>() {
+            if let Some(x) = classify_sqlx(sq) {
+                return Some(x);
+            }
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// What a database error says about resources. SQLite result codes (primary code = low byte
+/// of the extended one): 13 `SQLITE_FULL`; 5 `BUSY`, 6 `LOCKED`, 7 `NOMEM`, 10 `IOERR`,
+/// 14 `CANTOPEN` (often `EMFILE`). PostgreSQL SQLSTATE class 53 (insufficient resources):
+/// `53100` disk full, the rest transient; `57P03` cannot connect now.
+pub fn classify_sqlx(e: &sqlx::Error) -> Option<Exhausted> {
+    match e {
+        sqlx::Error::Io(io) => classify_io(io).or(Some(Exhausted::Transient)),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_) => Some(Exhausted::Transient),
+        sqlx::Error::Database(d) => {
+            let code = d.code()?;
+            if let Ok(n) = code.parse::<i32>() {
+                return match n & 0xff {
+                    13 => Some(Exhausted::Space),
+                    5 | 6 | 7 | 10 | 14 => Some(Exhausted::Transient),
+                    _ => None,
+                };
+            }
+            match &*code {
+                "53100" => Some(Exhausted::Space),
+                // Class 53 (insufficient resources), class 08 (connection exception), and the
+                // server shutting down or not yet accepting (57P01–57P03): the database is away
+                // for now, the request can be retried (PostgreSQL Appendix A).
+                c if c.starts_with("53") || c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => Some(Exhausted::Transient),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Bytes of free space the server keeps on the filesystem of its data directory: new uploads,
+/// creations whose `Upload-Length` would eat into it, PATCHes and task files are refused with
+/// 507 before the disk is full (`--min-free-space`, `min_free_space`, `FERRY_MIN_FREE_SPACE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    /// A fixed number of bytes (`0` turns the reserve off).
+    Bytes(u64),
+    /// A share of the filesystem's size, in percent (`5%`).
+    Percent(u8),
+    /// The default: 5 % of the filesystem, at most 1 GiB.
+    Default,
+}
+
+impl Reserve {
+    /// The reserve in bytes on a filesystem of `total` bytes.
+    pub fn bytes(self, total: u64) -> u64 {
+        match self {
+            Reserve::Bytes(b) => b,
+            Reserve::Percent(p) => total / 100 * u64::from(p),
+            Reserve::Default => (total / 20).min(1 << 30),
+        }
+    }
+
+    /// Parse `0`, `512MiB`, `1GiB`, `1073741824` or `5%` (0–99 %).
+    pub fn parse(s: &str) -> Result<Reserve, String> {
+        let s = s.trim();
+        if let Some(p) = s.strip_suffix('%') {
+            return match p.trim().parse::<u8>() {
+                Ok(p) if p < 100 && p.to_string() == p.to_string().trim() => Ok(Reserve::Percent(p)),
+                _ => Err(format!("invalid free-space reserve {s:?}: a percentage must be 0% to 99%")),
+            };
+        }
+        let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) { s.parse::<u64>().ok() } else { s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64()) };
+        n.map(Reserve::Bytes).ok_or_else(|| format!("invalid free-space reserve {s:?}: expected bytes like 0, 512MiB, 1GiB, or a percentage like 5%"))
+    }
+}
+
+/// Free space on a filesystem, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes an unprivileged writer may still use (`f_bavail × f_frsize`).
+    pub available: u64,
+    /// The filesystem's size.
+    pub total: u64,
+    /// The reserve in force on it.
+    pub reserve: u64,
+}
+
+impl Space {
+    /// Bytes that may be written before the reserve is reached.
+    pub fn usable(&self) -> u64 {
+        self.available.saturating_sub(self.reserve)
+    }
+}
+
+/// Measures the free space of the data directory's filesystem against a [`Reserve`].
+#[derive(Debug, Clone)]
+pub struct SpaceReserve {
+    dir: PathBuf,
+    reserve: Reserve,
+}
+
+impl SpaceReserve {
+    pub fn new(dir: &Path, reserve: Reserve) -> SpaceReserve {
+        SpaceReserve { dir: dir.to_path_buf(), reserve }
+    }
+
+    /// Off: never refuses (tests, embedders without a local disk).
+    pub fn none() -> SpaceReserve {
+        SpaceReserve { dir: PathBuf::new(), reserve: Reserve::Bytes(0) }
+    }
+
+    /// The free space now (`statvfs`, a cheap system call). `None` when the reserve is off or
+    /// the filesystem cannot be asked.
+    pub fn measure(&self) -> Option<Space> {
+        if self.reserve == Reserve::Bytes(0) || self.dir.as_os_str().is_empty() {
+            return None;
+        }
+        let st = nix::sys::statvfs::statvfs(&self.dir).ok()?;
+        let unit = st.fragment_size() as u64;
+        let total = (st.blocks() as u64).saturating_mul(unit);
+        Some(Space { available: (st.blocks_available() as u64).saturating_mul(unit), total, reserve: self.reserve.bytes(total) })
+    }
+
+    /// `Err(detail)` when writing `bytes` more would eat into the reserve (or the reserve is
+    /// already reached, for `bytes = 0`).
+    pub fn check(&self, bytes: u64) -> Result<(), String> {
+        let Some(s) = self.measure() else { return Ok(()) };
+        if s.available <= s.reserve || bytes > s.usable() {
+            return Err(if bytes == 0 || s.available <= s.reserve {
+                format!("the server's disk is nearly full: {} bytes free, and it keeps {} bytes in reserve", s.available, s.reserve)
+            } else {
+                format!("{bytes} bytes do not fit: the server's disk has {} bytes free and keeps {} bytes in reserve", s.available, s.reserve)
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit (each connection, blob and database file
+/// is a descriptor; distributions default the soft limit to 1024). Returns `(before, after)`
+/// soft limits. Errors: the limit cannot be read or set.
+pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
+    }
+    let (now, _) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
+    Ok((soft, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_are_classified() {
+        assert_eq!(classify_io(&std::io::Error::from_raw_os_error(nix::libc::ENOSPC)), Some(Exhausted::Space));
+        assert_eq!(classify_io(&std::io::Error::from_raw_os_error(nix::libc::EDQUOT)), Some(Exhausted::Space));
+        assert_eq!(classify_io(&std::io::Error::from_raw_os_error(nix::libc::EMFILE)), Some(Exhausted::Transient));
+        assert_eq!(classify_io(&std::io::Error::from_raw_os_error(nix::libc::ENFILE)), Some(Exhausted::Transient));
+        assert_eq!(classify_io(&std::io::Error::from_raw_os_error(nix::libc::EACCES)), None);
+        let wrapped = sqlx::Error::Io(std::io::Error::from_raw_os_error(nix::libc::ENOSPC));
+        assert_eq!(classify_sqlx(&wrapped), Some(Exhausted::Space));
+        assert_eq!(classify_sqlx(&sqlx::Error::PoolTimedOut), Some(Exhausted::Transient));
+        assert_eq!(classify_sqlx(&sqlx::Error::RowNotFound), None);
+    }
+
+    #[test]
+    fn reserve_parses_bytes_and_percentages() {
+        assert_eq!(Reserve::parse("0"), Ok(Reserve::Bytes(0)));
+        assert_eq!(Reserve::parse("1GiB"), Ok(Reserve::Bytes(1 << 30)));
+        assert_eq!(Reserve::parse("5%"), Ok(Reserve::Percent(5)));
+        assert!(Reserve::parse("100%").is_err());
+        assert!(Reserve::parse("-1%").is_err());
+        assert!(Reserve::parse("lots").is_err());
+        assert_eq!(Reserve::Default.bytes(100 << 30), 1 << 30);
+        assert_eq!(Reserve::Default.bytes(1000), 50);
+        assert_eq!(Reserve::Percent(10).bytes(1000), 100);
+    }
+}

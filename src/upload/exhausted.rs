@@ -1,0 +1,175 @@
+//! What the upload engine does when a resource runs out (DESIGN §9): the statuses clients get
+//! (507 `insufficient_storage`, 503 `unavailable`), the free-space reserve checked before
+//! bytes are accepted, deletes that free space even on a full disk, and the readiness report
+//! behind `/readyz`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_tus::TusError;
+use serde::Serialize;
+
+use super::{internal, UploadEngine};
+use crate::blob::BlobError;
+use crate::catalog::{CatalogError, UploadRecord};
+use crate::exhaustion::{classify_chain, classify_io, Exhausted};
+
+/// The last catalog failure that was an exhaustion, and when: `/readyz` reports it for
+/// [`CATALOG_TROUBLE_FOR`] after it happened (then the catalog is assumed well again, so
+/// readiness comes back by itself).
+static CATALOG_TROUBLE: Mutex<Option<(Instant, String)>> = Mutex::new(None);
+const CATALOG_TROUBLE_FOR: Duration = Duration::from_secs(5);
+
+fn note_catalog_trouble(what: &str) {
+    *CATALOG_TROUBLE.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), what.to_string()));
+}
+
+fn recent_catalog_trouble() -> Option<String> {
+    CATALOG_TROUBLE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| at.elapsed() < CATALOG_TROUBLE_FOR).map(|(_, w)| w.clone())
+}
+
+/// A blob store failure as the client sees it: no room → 507, too many open files → 503,
+/// anything else → 500 (logged).
+pub(super) fn blob_error(e: BlobError) -> TusError {
+    let kind = match &e {
+        BlobError::Io(io) => classify_io(io),
+        _ => None,
+    };
+    match kind {
+        Some(Exhausted::Space) => {
+            tracing::warn!(error = %e, "blob store: no space left");
+            TusError::insufficient_storage("the server's disk is full (or its quota reached): these bytes could not be stored", None)
+        }
+        Some(Exhausted::Transient) => {
+            tracing::warn!(error = %e, "blob store: out of file descriptors or memory");
+            TusError::unavailable("the server is briefly out of resources (open files); nothing was changed")
+        }
+        None => internal("blob store", e),
+    }
+}
+
+/// A catalog failure as the client sees it: `Full` → 507, `Unavailable` → 503 (both were
+/// rolled back), anything else → 500 (logged).
+pub(super) fn catalog_error(e: CatalogError) -> TusError {
+    let kind = match &e {
+        CatalogError::Full(_) => Some(Exhausted::Space),
+        CatalogError::Unavailable(_) => Some(Exhausted::Transient),
+        CatalogError::Backend(b) => classify_chain(b.as_ref()),
+        _ => None,
+    };
+    match kind {
+        Some(Exhausted::Space) => {
+            tracing::warn!(error = %e, "catalog: no space left; the write was rolled back");
+            note_catalog_trouble("the catalog cannot write: its disk is full");
+            TusError::insufficient_storage("the server's disk is full: the change could not be recorded and was rolled back", None)
+        }
+        Some(Exhausted::Transient) => {
+            tracing::warn!(error = %e, "catalog unavailable; the write was rolled back");
+            note_catalog_trouble("the catalog failed a write (busy, or out of connections or file descriptors)");
+            TusError::unavailable("the server's catalog could not record the change; nothing was changed")
+        }
+        None => internal("catalog", e),
+    }
+}
+
+/// Most bytes of a refused PATCH body read and dropped so its client receives the 507.
+const DRAIN_MAX: u64 = 1 << 30;
+/// Longest wait for the next piece of a refused body.
+const DRAIN_IDLE: Duration = Duration::from_secs(5);
+
+/// Read and drop the rest of a request body that was refused part-way (507): a client still
+/// sending when the answer comes would otherwise see its connection reset and never read the
+/// answer with its cursor. Bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per read.
+pub(super) async fn drain_body<B>(body: &mut B)
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut dropped = 0u64;
+    while dropped < DRAIN_MAX {
+        match tokio::time::timeout(DRAIN_IDLE, body.frame()).await {
+            Ok(Some(Ok(f))) => dropped += f.data_ref().map_or(0, |d| d.len() as u64),
+            _ => break,
+        }
+    }
+}
+
+/// One store's part of the readiness report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// `catalog`, `blobs` or `free_space`.
+    pub store: &'static str,
+    pub ok: bool,
+    /// Why not, for a person.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What `/readyz` answers: ready only when every check passes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub checks: Vec<Check>,
+    /// Free bytes on the data directory's filesystem, and the reserve kept (when measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_bytes: Option<u64>,
+}
+
+impl UploadEngine {
+    /// 507 when writing `bytes` more (0: anything at all) would eat into the free-space
+    /// reserve; `cursor` is the durable offset of the upload concerned, if any.
+    pub(crate) fn check_space(&self, bytes: u64, cursor: Option<u64>) -> Result<(), TusError> {
+        self.cfg.reserve.check(bytes).map_err(|detail| TusError::insufficient_storage(detail, cursor))
+    }
+
+    /// Remove an upload's row and bytes: a finished blob is deleted, an unfinished one aborted
+    /// (DESIGN §2: S3 aborts its multipart upload). When the catalog cannot write because the
+    /// disk is full, the bytes go first (freeing their space at once) and the row is deleted
+    /// again; a row left without bytes is rolled back to offset 0 by the next writer.
+    pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
+        let id = rec.id.as_str();
+        match self.catalog.delete_upload(id).await {
+            Ok(_) => {}
+            Err(CatalogError::Full(e)) => {
+                tracing::warn!(upload = id, error = %e, "catalog full while deleting: freeing the bytes first");
+                self.discard_bytes(rec).await?;
+                self.catalog.delete_upload(id).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.discard_bytes(rec).await
+    }
+
+    async fn discard_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
+        if rec.is_finished() {
+            self.blobs.delete(&rec.id).await?;
+        } else {
+            self.blobs.abort(&rec.id).await?;
+        }
+        Ok(())
+    }
+
+    /// Every store's state (`/readyz`): the catalog answers and has not failed a write in
+    /// the last few seconds; the blob store can write and sync ([`crate::blob::BlobStore::ping`]); free space is
+    /// above the reserve. Each comes back by itself when the resource does.
+    pub async fn readiness(&self) -> Readiness {
+        let mut checks = Vec::new();
+        let catalog = match self.catalog.ping().await {
+            Err(e) => Some(format!("the catalog does not answer: {e}")),
+            Ok(()) => recent_catalog_trouble(),
+        };
+        checks.push(Check { store: "catalog", ok: catalog.is_none(), reason: catalog });
+        let blobs = self.blobs.ping().await.err();
+        checks.push(Check { store: "blobs", ok: blobs.is_none(), reason: blobs.map(|e| format!("the blob store cannot write: {e}")) });
+        let space = self.cfg.reserve.measure();
+        if let Some(s) = space {
+            let low = s.available <= s.reserve;
+            let reason = low.then(|| format!("free space is below the reserve: {} bytes free, {} kept in reserve; new uploads are refused with 507", s.available, s.reserve));
+            checks.push(Check { store: "free_space", ok: !low, reason });
+        }
+        Readiness { ready: checks.iter().all(|c| c.ok), checks, free_bytes: space.map(|s| s.available), reserve_bytes: space.map(|s| s.reserve) }
+    }
+}

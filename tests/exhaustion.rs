@@ -1,0 +1,292 @@
+//! Resource exhaustion (DESIGN §9, issue 9 item 6) on a real small filesystem: the data dir is
+//! a tmpfs of a few tens of MiB that the uploads overflow. Needs root (to mount); it fails
+//! loudly, never skips, without it.
+//!
+//! What must hold when the disk fills: the client gets `507 insufficient_storage` with the
+//! resume cursor; bytes past the durable offset are released at once (the blob is cut to the
+//! committed offset and the filesystem's free space comes back); POST and DELETE keep working;
+//! `/readyz` says which store is in trouble; an `archive` task that fills the disk fails with a
+//! clear error and new tasks start afterwards; and everything recovers without a restart once
+//! space returns.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+/// A tmpfs mounted for one test, unmounted (lazily, so open files cannot block it) on drop.
+struct SmallFs {
+    dir: PathBuf,
+    _parent: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(size_mib: u64) -> SmallFs {
+        let is_root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
+        assert!(is_root, "tests/exhaustion.rs needs root: it mounts a small tmpfs as the data directory to fill the disk for real (CI runs `.ci/run` as root); run it as root");
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("fs");
+        std::fs::create_dir(&dir).unwrap();
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"]).arg(&dir).status().expect("run mount");
+        assert!(st.success(), "mount -t tmpfs failed ({st}); this test needs root and tmpfs");
+        SmallFs { dir, _parent: parent }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Grow (or shrink) the filesystem in place.
+    fn resize(&self, size_mib: u64) {
+        let st = Command::new("mount").args(["-o", &format!("remount,size={size_mib}m")]).arg(&self.dir).status().unwrap();
+        assert!(st.success(), "remount failed");
+    }
+
+    /// `(available, total)` bytes, as `df` computes them.
+    fn space(&self) -> (u64, u64) {
+        let st = nix::sys::statvfs::statvfs(&self.dir).unwrap();
+        let unit = st.fragment_size() as u64;
+        (st.blocks_available() as u64 * unit, st.blocks() as u64 * unit)
+    }
+
+    /// Write a file of zeros until the disk is full (or `max` bytes); returns its size.
+    fn fill(&self, name: &str, max: u64) -> u64 {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path(name)).unwrap();
+        let block = vec![0u8; 64 << 10];
+        let mut n = 0;
+        while n < max {
+            match f.write(&block[..((max - n).min(block.len() as u64)) as usize]) {
+                Ok(0) => break,
+                Ok(w) => n += w as u64,
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(nix::libc::ENOSPC), "filling {name}: {e}");
+                    break;
+                }
+            }
+        }
+        n
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+fn blob_len(data: &Path, id: &str) -> u64 {
+    std::fs::metadata(data.join("blobs").join(&id[..2]).join(id)).map(|m| m.len()).unwrap_or(0)
+}
+
+fn id_of(url: &str) -> String {
+    url.trim_end_matches('/').rsplit('/').next().unwrap().to_string()
+}
+
+async fn readyz(s: &Server) -> (u16, Value) {
+    let r = client().get(s.url("/readyz")).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, json(r).await)
+}
+
+fn failing_check(v: &Value, store: &str) -> String {
+    let c = v["checks"].as_array().unwrap().iter().find(|c| c["store"] == store).unwrap_or_else(|| panic!("no {store} check in {v}"));
+    assert_eq!(c["ok"], false, "{v}");
+    c["reason"].as_str().unwrap().to_string()
+}
+
+/// Poll `/readyz` until it answers `want` (readiness is measured, so it follows the disk).
+async fn wait_ready(s: &Server, want: u16) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, v) = readyz(s).await;
+        if status == want {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "/readyz never answered {want}; last: {status} {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_answers_507_releases_the_tail_and_resumes_when_space_returns() {
+    let fs = SmallFs::mount(80);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "0", "--checkpoint-every", "16MiB"]);
+    let tus = Tus::new(&s);
+    let (_, total) = fs.space();
+
+    // 120 MiB into 80 MiB, in one PATCH: the disk fills part-way.
+    let body = pseudo_random((120 * MIB) as usize, 9);
+    let url = tus.create(body.len() as u64).await;
+    let id = id_of(&url);
+    let r = tus.patch(&url, 0, body.clone(), &[]).await;
+    assert_eq!(r.status(), 507, "PATCH past the disk's end");
+    assert!(header(&r, "retry-after").is_some(), "507 carries Retry-After");
+    let offset_header = header_u64(&r, "upload-offset");
+    let p = problem(r, 507, "insufficient_storage").await;
+    assert_eq!(p["retryable"], true, "{p}");
+    let cursor = p["partial"]["cursor"].as_u64().unwrap_or_else(|| panic!("no cursor: {p}"));
+    assert_eq!(offset_header, Some(cursor));
+    // The cursor is the last checkpoint (one every ≈16 MiB) before the disk filled.
+    assert!((16 * MIB..80 * MIB).contains(&cursor), "cursor {cursor}");
+
+    // The truth: HEAD, the JSON view and the blob on disk all say `cursor`; what was past it
+    // is released, so the filesystem holds little beyond the committed bytes.
+    assert_eq!(tus.offset(&url).await, cursor);
+    let api = Api::new(&s);
+    assert_eq!(api.file(&id).await["offset"], cursor);
+    assert_eq!(blob_len(&data, &id), cursor, "the blob was cut to the committed offset");
+    let (avail, _) = fs.space();
+    assert!(total - avail <= cursor + 8 * MIB, "bytes past the cursor still occupy the disk: used {} of {total}, cursor {cursor}", total - avail);
+
+    // Space came back at once: a new upload and a DELETE work.
+    let small = tus.create(MIB).await;
+    assert_eq!(tus.patch(&small, 0, pseudo_random(MIB as usize, 1), &[]).await.status(), 204);
+    assert_eq!(wait_ready(&s, 200).await["ready"], true);
+
+    // Now fill the disk to the last byte from outside: readiness names the blob store, a new
+    // upload gets 507 (not 500), and DELETE still works — and frees space.
+    fs.fill("filler", u64::MAX);
+    let v = wait_ready(&s, 503).await;
+    assert_eq!(v["ready"], false);
+    assert!(failing_check(&v, "blobs").contains("cannot write"), "{v}");
+    let r = tus.post(&[("Upload-Length", "1048576")]).await;
+    assert!(matches!(r.status().as_u16(), 507 | 201), "POST on a full disk: {}", r.status());
+    if r.status() == 507 {
+        problem(r, 507, "insufficient_storage").await;
+    }
+    let r = tus.request("DELETE", &small, &[("Tus-Resumable", "1.0.0")], None).await;
+    assert_eq!(r.status(), 204, "DELETE on a full disk");
+    assert_eq!(tus.head(&small).await.status(), 404);
+
+    // The space returns (the filler goes, the filesystem grows): no restart, the upload
+    // resumes at its cursor and completes with the right sha256.
+    std::fs::remove_file(fs.path("filler")).unwrap();
+    fs.resize(200);
+    assert_eq!(wait_ready(&s, 200).await["ready"], true);
+    let r = tus.patch(&url, cursor, body[cursor as usize..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "resume after space returned");
+    assert_stored_sha256(&s, &url, &sha256_hex(&body)).await;
+    // Creation keeps working too.
+    let again = tus.create(10).await;
+    assert_eq!(tus.patch(&again, 0, b"0123456789".to_vec(), &[]).await.status(), 204);
+}
+
+#[tokio::test]
+async fn an_archive_task_that_fills_the_disk_fails_cleanly_and_tasks_start_afterwards() {
+    let fs = SmallFs::mount(80);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "0"]);
+    let api = Api::new(&s);
+    // Two 28 MiB files: their archive (56 MiB more) cannot fit next to them.
+    let a = api.upload(&pseudo_random((28 * MIB) as usize, 1), "a.bin").await;
+    let b = api.upload(&pseudo_random((28 * MIB) as usize, 2), "b.bin").await;
+    let (_, total) = fs.space();
+
+    for round in 0..2 {
+        let t = api.start("archive", &format!(r#"{{"files":["{a}","{b}"],"format":"tar"}}"#)).await;
+        let id = t["id"].as_str().unwrap().to_string();
+        let v = api.wait_status(&id, "failed", 120).await;
+        assert_eq!(v["error"]["code"], "insufficient_storage", "round {round}: {v}");
+        // The partial archive was removed: the disk holds the two files and little else.
+        let (avail, _) = fs.space();
+        assert!(total - avail <= 56 * MIB + 8 * MIB, "round {round}: the failed archive still occupies the disk: used {}", total - avail);
+    }
+
+    // New tasks start and run (a stuck catalog transaction made every POST /api/v1/tasks 500).
+    let tiny = api.upload(b"hello", "tiny.txt").await;
+    for _ in 0..3 {
+        let t = api.start("archive", &format!(r#"{{"files":["{tiny}"],"format":"tar"}}"#)).await;
+        let v = api.wait_status(t["id"].as_str().unwrap(), "completed", 60).await;
+        assert_eq!(v["status"], "completed", "{v}");
+    }
+    assert_eq!(readyz(&s).await.0, 200);
+}
+
+#[tokio::test]
+async fn the_free_space_reserve_refuses_with_507_before_the_disk_is_full() {
+    let fs = SmallFs::mount(80);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "40MiB"]);
+    let tus = Tus::new(&s);
+    let api = Api::new(&s);
+
+    // A creation whose Upload-Length cannot fit above the reserve: 507 at once.
+    let r = tus.post(&[("Upload-Length", &(50 * MIB).to_string())]).await;
+    let p = problem(r, 507, "insufficient_storage").await;
+    assert!(p["detail"].as_str().unwrap().contains("reserve"), "{p}");
+    // One that fits goes through.
+    let url = tus.create(10 * MIB).await;
+    assert_eq!(tus.patch(&url, 0, pseudo_random((10 * MIB) as usize, 3), &[]).await.status(), 204);
+    assert_eq!(readyz(&s).await.0, 200);
+
+    // Something else eats into the reserve: not ready (naming the reserve), new uploads and
+    // PATCHes get 507 with the cursor, and task files are refused too.
+    let half = pseudo_random((4 * MIB) as usize, 4);
+    let part = tus.create(8 * MIB).await;
+    assert_eq!(tus.patch(&part, 0, half.clone(), &[]).await.status(), 204);
+    let (avail, _) = fs.space();
+    fs.fill("filler", avail - 30 * MIB);
+    let v = wait_ready(&s, 503).await;
+    assert!(failing_check(&v, "free_space").contains("reserve"), "{v}");
+    problem(tus.post(&[("Upload-Length", "1")]).await, 507, "insufficient_storage").await;
+    let r = tus.patch(&part, 4 * MIB, half.clone(), &[]).await;
+    let p = problem(r, 507, "insufficient_storage").await;
+    assert_eq!(p["partial"]["cursor"], 4 * MIB, "{p}");
+    let t = api.start("archive", &format!(r#"{{"files":["{}"],"format":"tar"}}"#, id_of(&url))).await;
+    let v = api.wait_status(t["id"].as_str().unwrap(), "failed", 60).await;
+    assert_eq!(v["error"]["code"], "insufficient_storage", "{v}");
+
+    // The filler goes: ready again by itself, and the upload completes.
+    std::fs::remove_file(fs.path("filler")).unwrap();
+    wait_ready(&s, 200).await;
+    assert_eq!(tus.patch(&part, 4 * MIB, half, &[]).await.status(), 204);
+}
+
+#[tokio::test]
+async fn the_cli_gives_up_after_retry_for_on_a_full_disk_and_its_progress_never_goes_back() {
+    let fs = SmallFs::mount(64);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "0", "--checkpoint-every", "8MiB"]);
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("big.bin");
+    std::fs::write(&file, pseudo_random((100 * MIB) as usize, 5)).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+
+    let mut cmd = Command::new(ferry_bin());
+    cmd.args(["upload", "--retry-for", "3s", "--chunk-size", "16MiB"]).arg(&file);
+    cmd.env("FERRY_SERVER", &s.base).env("FERRY_CACHE_DIR", cache.path()).env_remove("FERRY_TOKEN").env_remove("http_proxy").env_remove("HTTP_PROXY");
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // It must end by itself (it used to retry forever); the deadline only guards the test.
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("ferry upload --retry-for 3s was still retrying after 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(5), "exit code 5 (gave up): {err}");
+    assert!(err.contains("gave up"), "{err}");
+    assert!(err.contains("insufficient_storage") || err.contains("507") || err.contains("full"), "{err}");
+    // Plain progress lines `ferry: big.bin: N/TOTAL bytes …` never go backwards.
+    let mut last = 0u64;
+    for line in err.lines().filter(|l| l.starts_with("ferry: big.bin: ") && l.contains(" bytes (")) {
+        let n: u64 = line["ferry: big.bin: ".len()..].split('/').next().unwrap().parse().unwrap();
+        assert!(n >= last, "progress went back from {last} to {n}:\n{err}");
+        last = n;
+    }
+}

@@ -1,0 +1,212 @@
+//! The layers of DESIGN §1, checked on the source tree: a module that imports across a
+//! forbidden arrow fails this test with the file and the path it names.
+//!
+//! Arrows point down only: `http` and `mcp` are siblings over `app` (neither imports the
+//! other); `app` → `tasks` → `upload` → `catalog`, `blob`; `catalog` and `blob` know no callers;
+//! `ferry-tus` (tus/) depends on nothing of ferry's. The transports (`http`, `mcp`, `app`) never
+//! touch files or SQL themselves.
+//!
+//! An import is any path the code names — `use crate::x`, `crate::{x, y}`, `crate::x::f()` in an
+//! expression, or `super::super::x` climbing out of a module — with comments removed first.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// (layer, top-level modules it must never name).
+const FORBIDDEN: &[(&str, &[&str])] = &[
+    ("http", &["mcp", "cli"]),
+    ("mcp", &["http", "cli"]),
+    ("app", &["http", "mcp", "cli", "serve"]),
+    ("tasks", &["http", "mcp", "app", "cli", "serve"]),
+    ("upload", &["tasks", "http", "mcp", "app", "cli", "serve"]),
+    ("catalog", &["upload", "tasks", "http", "mcp", "app", "cli", "serve", "blob", "events"]),
+    ("blob", &["upload", "tasks", "http", "mcp", "app", "cli", "serve", "catalog", "events"]),
+    ("cli", &["http", "mcp", "app", "serve", "tasks", "upload", "catalog", "blob"]),
+];
+
+/// Layers that must not do file or SQL I/O themselves (text that would mean they do).
+const NO_STORAGE: &[&str] = &["http", "mcp", "app"];
+const STORAGE_PATHS: &[&str] = &["sqlx::", "std::fs", "tokio::fs", "rusqlite"];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file under `src/`: `src/http/tus.rs` → `[http, tus]`,
+/// `src/http/mod.rs` → `[http]`, `src/serve.rs` → `[serve]`.
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let last = parts.pop().expect("a file name");
+    let stem = last.trim_end_matches(".rs");
+    if stem != "mod" && stem != "lib" && stem != "main" {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// Source without `//` and `/* */` comments (string literals are kept; good enough for paths).
+fn strip_comments(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("//") {
+            rest = r.find('\n').map(|i| &r[i..]).unwrap_or("");
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.find("*/").map(|i| &r[i + 2..]).unwrap_or("");
+        } else if rest.starts_with('"') {
+            // Skip string literals: text such as "see crate::http" is not an import.
+            let mut end = 1;
+            let b = rest.as_bytes();
+            while end < b.len() && b[end] != b'"' {
+                end += if b[end] == b'\\' { 2 } else { 1 };
+            }
+            out.push_str("\"\"");
+            rest = rest.get(end + 1..).unwrap_or("");
+        } else {
+            let c = rest.chars().next().unwrap();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Top-level modules of the crate that the code of module `module` names.
+fn imported_modules(module: &[String], src: &str) -> BTreeSet<String> {
+    let code = strip_comments(src);
+    let mut found = BTreeSet::new();
+    let bytes = code.as_bytes();
+    for (i, _) in code.match_indices("crate::") {
+        // Not part of a longer identifier such as `ferry_crate::`.
+        if i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_') {
+            continue;
+        }
+        let after = code[i + "crate::".len()..].trim_start();
+        if let Some(group) = after.strip_prefix('{') {
+            let body = &group[..group.find('}').unwrap_or(group.len())];
+            for item in body.split(',') {
+                let id = ident_at(item.trim());
+                if !id.is_empty() {
+                    found.insert(id.to_string());
+                }
+            }
+        } else {
+            let id = ident_at(after);
+            if !id.is_empty() {
+                found.insert(id.to_string());
+            }
+        }
+    }
+    // `super::` chains resolved against this module's path.
+    for (i, _) in code.match_indices("super::") {
+        if i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':') {
+            continue;
+        }
+        let mut rest = &code[i..];
+        let mut path: Vec<String> = module.to_vec();
+        while let Some(r) = rest.strip_prefix("super::") {
+            path.pop();
+            rest = r;
+        }
+        if path.is_empty() {
+            let id = ident_at(rest);
+            if !id.is_empty() {
+                found.insert(id.to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Every forbidden import in the tree under `src/` given as (relative path, source) pairs.
+fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (rel, src) in files {
+        let module = module_path(rel);
+        let Some(top) = module.first() else { continue };
+        let names = imported_modules(&module, src);
+        if let Some((_, banned)) = FORBIDDEN.iter().find(|(layer, _)| layer == top) {
+            for b in banned.iter().filter(|b| names.contains(**b)) {
+                out.push(format!("src/{}: the {top} layer imports crate::{b}", rel.display()));
+            }
+        }
+        if NO_STORAGE.contains(&top.as_str()) {
+            let code = strip_comments(src);
+            for p in STORAGE_PATHS.iter().filter(|p| code.contains(**p)) {
+                out.push(format!("src/{}: the {top} layer touches storage directly ({p})", rel.display()));
+            }
+        }
+    }
+    out
+}
+
+fn source_tree() -> Vec<(PathBuf, String)> {
+    let src = root().join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    paths.sort();
+    paths.into_iter().map(|p| (p.strip_prefix(&src).unwrap().to_path_buf(), std::fs::read_to_string(&p).unwrap())).collect()
+}
+
+#[test]
+fn no_module_imports_across_the_layers_design_forbids() {
+    let files = source_tree();
+    assert!(files.iter().any(|(p, _)| p.starts_with("mcp")) && files.iter().any(|(p, _)| p.starts_with("http")), "the source tree was found");
+    let v = violations(&files);
+    assert!(v.is_empty(), "DESIGN §1 layer violations:\n{}", v.join("\n"));
+}
+
+#[test]
+fn ferry_tus_depends_on_nothing_of_ferry() {
+    let manifest = std::fs::read_to_string(root().join("tus/Cargo.toml")).unwrap();
+    let deps: toml::Table = toml::from_str(&manifest).unwrap();
+    for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
+        if let Some(t) = deps.get(section).and_then(|d| d.as_table()) {
+            assert!(!t.contains_key("ferry"), "tus/Cargo.toml [{section}] names ferry");
+            for (name, spec) in t {
+                assert!(spec.get("path").is_none(), "tus/Cargo.toml [{section}] {name} is a path dependency: ferry-tus depends on nothing of ours");
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    rust_files(&root().join("tus/src"), &mut paths);
+    for p in paths {
+        let code = strip_comments(&std::fs::read_to_string(&p).unwrap());
+        assert!(!code.contains("ferry::"), "{} names the ferry crate", p.display());
+    }
+}
+
+/// The checker itself: each kind of forbidden import is caught, allowed ones are not.
+#[test]
+fn the_checker_catches_each_kind_of_crossing() {
+    let f = |path: &str, src: &str| violations(&[(PathBuf::from(path), src.to_string())]);
+    assert_eq!(f("mcp/mod.rs", "use crate::http::AppState;").len(), 1);
+    assert_eq!(f("mcp/tools.rs", "use crate::{app::AppState, http::api::file_view};").len(), 1);
+    assert_eq!(f("http/mod.rs", "fn f() { crate::mcp::FerryMcp::new(); }").len(), 1);
+    assert_eq!(f("http/tus.rs", "use super::super::mcp::X;").len(), 1);
+    assert_eq!(f("catalog/sqlite.rs", "use crate::upload::now_ms;").len(), 1);
+    assert_eq!(f("tasks/kinds/fetch.rs", "use crate::http::Problem;").len(), 1);
+    assert_eq!(f("upload/mod.rs", "use crate::tasks::Engine;").len(), 1);
+    assert_eq!(f("http/api.rs", "let x = sqlx::query(\"\");").len(), 1);
+    // Allowed: downward imports, comments, strings, and `super::` inside the same layer.
+    assert!(f("mcp/mod.rs", "use crate::app::AppState; use crate::upload::now_ms;").is_empty());
+    assert!(f("mcp/mod.rs", "// use crate::http::AppState;\n/* crate::http */ let s = \"crate::http\";").is_empty());
+    assert!(f("http/tus.rs", "use super::{AppState, Problem};").is_empty());
+    assert!(f("tasks/kinds/fetch.rs", "use super::super::Job; use crate::upload::FileHandle;").is_empty());
+}

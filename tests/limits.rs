@@ -1,0 +1,105 @@
+//! Limits the process inherits (issue 9, item 8): the open-file limit and the connection cap.
+//! ferry is started under `prlimit`; a flood of idle connections must neither stop `/healthz`
+//! nor stall uploads, and connections accepted before the flood keep being served.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// `(soft, hard)` "Max open files" of process `pid`, from /proc.
+fn nofile(pid: u32) -> (String, String) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text.lines().find(|l| l.starts_with("Max open files")).unwrap().to_string();
+    let mut f = line["Max open files".len()..].split_whitespace();
+    (f.next().unwrap().to_string(), f.next().unwrap().to_string())
+}
+
+/// Open `n` TCP connections that never send a byte (connections the kernel has not handed to
+/// ferry yet still count: they wait in its accept queue).
+async fn idle_connections(addr: &str, n: usize) -> Vec<TcpStream> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => v.push(s),
+            _ => break, // the accept queue is full: enough
+        }
+    }
+    v
+}
+
+/// One HTTP/1.1 request on an open connection; returns the status.
+async fn raw(conn: &mut TcpStream, head: &str, body: &[u8]) -> u16 {
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body).await.unwrap();
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        assert_eq!(conn.read(&mut byte).await.unwrap(), 1, "connection closed mid-response");
+        buf.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let len: usize = text.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
+    let mut body = vec![0u8; len];
+    conn.read_exact(&mut body).await.unwrap();
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn the_soft_open_file_limit_is_raised_and_idle_connections_do_not_block_health_or_uploads() {
+    // The test itself holds the idle connections: it needs the descriptors too.
+    ferry::exhaustion::raise_nofile_limit().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Server::start_under(&["prlimit", "--nofile=1024:20000", "--"], &tmp.path().join("data"), &[]);
+    assert_eq!(nofile(s.child.id()), ("20000".to_string(), "20000".to_string()), "the soft limit was raised to the hard limit");
+
+    let idle = idle_connections(&s.addr(), 1500).await;
+    assert!(idle.len() >= 1200, "only {} connections opened", idle.len());
+    // A fresh connection is served at once (it used to wait ≈30 s for idle ones to time out).
+    let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(15)).build().unwrap();
+    let r = c.get(s.url("/healthz")).send().await.expect("/healthz with 1500 idle connections open");
+    assert_eq!(r.status(), 200);
+    let api = Api::new(&s);
+    let data = pseudo_random(3 << 20, 8);
+    let id = api.upload(&data, "during-flood.bin").await;
+    assert_eq!(sha256_hex(&api.download(&id).await), sha256_hex(&data));
+    drop(idle);
+}
+
+#[tokio::test]
+async fn at_the_connection_cap_accepted_connections_keep_being_served() {
+    ferry::exhaustion::raise_nofile_limit().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    // A hard limit raising cannot help: the cap becomes 400 - 256 = 144 connections.
+    let s = Server::start_under(&["prlimit", "--nofile=400:400", "--"], &tmp.path().join("data"), &[]);
+    assert_eq!(nofile(s.child.id()).0, "400");
+    let tus = Tus::new(&s);
+    let url = tus.create(2 << 20).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+
+    let mut mine = TcpStream::connect(s.addr()).await.unwrap();
+    let host = s.addr();
+    assert_eq!(raw(&mut mine, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
+
+    // Far more idle connections than the cap (and than the open-file limit).
+    let idle = idle_connections(&s.addr(), 600).await;
+    assert!(idle.len() > 144, "only {} connections opened", idle.len());
+
+    // The connection accepted before the flood is still served: health and a whole upload.
+    assert_eq!(raw(&mut mine, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
+    let body = pseudo_random(2 << 20, 6);
+    let head = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    assert_eq!(raw(&mut mine, &head, &body).await, 204, "PATCH on an accepted connection at the cap");
+
+    // The flood goes away: new connections are served again, nothing needs a restart.
+    drop(idle);
+    let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(60)).build().unwrap();
+    assert_eq!(c.get(s.url("/healthz")).send().await.expect("healthz after the flood").status(), 200);
+    assert_stored_sha256(&s, &url, &sha256_hex(&body)).await;
+}
