@@ -129,6 +129,12 @@ impl RoundRobin {
         self.shared.backends.lock().unwrap()[i] = Backend { base: base.to_string(), up: true };
     }
 
+    /// Send the next request to replica `i` (then continue the rotation from there): tests
+    /// use it to have each replica in turn hold a PATCH.
+    pub fn aim(&self, i: usize) {
+        self.shared.next.store(i, Ordering::SeqCst);
+    }
+
     /// Every request answered so far (in the order the answers started).
     pub fn served(&self) -> Vec<Served> {
         self.shared.served.lock().unwrap().clone()
@@ -162,7 +168,12 @@ async fn forward(State(p): State<Arc<Shared>>, req: Request) -> Response {
             rb = rb.header(k, v);
         }
     }
-    rb = rb.body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    // A request without a body (no Content-Length, no chunked encoding) is forwarded without
+    // one: a streamed body would reach the replica as `Transfer-Encoding: chunked`.
+    let has_body = parts.headers.contains_key(http::header::CONTENT_LENGTH) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if has_body {
+        rb = rb.body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    }
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => {
