@@ -220,7 +220,7 @@ fn loopback_command_output(mut cmd: std::process::Command) -> std::process::Outp
 }
 
 /// 20 rounds: a PATCH streams through the balancer, the replica holding it is killed once it
-/// has taken in at least 1 MiB more, and the client resumes through the balancer — on another
+/// has taken in at least 2 MiB more, and the client resumes through the balancer — on another
 /// replica, after the dead holder's lease expired. No acknowledged byte is lost, the final
 /// sha256 is right on every replica, and no multipart upload is left in the bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,7 +250,7 @@ async fn kill9_of_the_patch_holder_twenty_times_resumes_on_another_replica() {
         });
         let w = patch_holder(&c.proxy, &id).await;
         let before = bytes_received(&c.servers[w]).await;
-        wait_bytes_received(&c.servers[w], before + MIB as u64).await;
+        wait_bytes_received(&c.servers[w], before + 2 * MIB as u64).await;
         c.kill(w);
         holders.push(w);
         feeder.abort();
@@ -533,11 +533,21 @@ async fn the_readme_nginx_configuration_balances_three_replicas() {
     let conf_path = prefix.join("nginx.conf");
     let t = std::process::Command::new(&nginx).arg("-t").arg("-c").arg(&conf_path).arg("-p").arg(prefix).output().unwrap();
     assert!(t.status.success(), "nginx -t: {}", String::from_utf8_lossy(&t.stderr));
-    let child = std::process::Command::new(&nginx).arg("-c").arg(&conf_path).arg("-p").arg(prefix).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let child = std::process::Command::new(&nginx)
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-p")
+        .arg(prefix)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    /// SIGTERM to nginx's master, which stops its workers (a SIGKILL would orphan them).
     struct Kill(std::process::Child);
     impl Drop for Kill {
         fn drop(&mut self) {
-            let _ = self.0.kill();
+            let _ = std::process::Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
             let _ = self.0.wait();
         }
     }
