@@ -29,11 +29,16 @@ fn recent_catalog_trouble() -> Option<String> {
     CATALOG_TROUBLE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| at.elapsed() < CATALOG_TROUBLE_FOR).map(|(_, w)| w.clone())
 }
 
-/// A blob store failure as the client sees it: no room → 507, too many open files → 503,
-/// anything else → 500 (logged).
+/// A blob store failure as the client sees it: no room → 507; too many open files, or a
+/// store that is away or refusing (S3 unreachable, 5xx, `SlowDown`, 403) → 503
+/// `unavailable` with `Retry-After`; anything else → 500 (logged).
 pub(super) fn blob_error(e: BlobError) -> TusError {
     let kind = match &e {
         BlobError::Io(io) => classify_io(io),
+        BlobError::Unavailable(why) => {
+            tracing::warn!(error = %why, "blob store unavailable");
+            return TusError::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing acknowledged was lost");
+        }
         _ => None,
     };
     match kind {
