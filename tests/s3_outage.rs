@@ -81,7 +81,28 @@ async fn s3_cut_off_mid_upload_gives_503_and_the_upload_resumes_when_it_returns(
     let done = tus.create(small.len() as u64).await;
     assert_eq!(tus.patch(&done, 0, small.clone(), &[]).await.status(), 204);
 
+    // S3 goes away while a PATCH body streams in: 2 MiB have arrived, then the cut, then 4 MiB
+    // more, which fill a part whose upload fails.
+    let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let req =
+        tus.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", first.to_string()).body(reqwest::Body::wrap_stream(rx)).send();
+    let pending = tokio::spawn(req);
+    let received = bytes_received(&s).await;
+    let mut sent = first;
+    for chunk in data[first..first + 2 * MIB].chunks(256 * 1024) {
+        futures::SinkExt::send(&mut tx, Ok(chunk.to_vec())).await.expect("the server reads the body");
+        sent += chunk.len();
+    }
+    wait_bytes_received(&s, received + 2 * MIB as u64).await;
     proxy.cut().await;
+    for chunk in data[sent..sent + 4 * MIB].chunks(256 * 1024) {
+        // The server reads the rest of a body it refused, so its client reads the answer.
+        if futures::SinkExt::send(&mut tx, Ok(chunk.to_vec())).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    assert_unavailable(pending.await.unwrap().expect("an answer, not a reset connection"), Some(first as u64)).await;
     // A PATCH that fills the next part and one that would only add to the tail: both 503.
     assert_unavailable(tus.patch(&url, first as u64, data[first..first + 4 * MIB].to_vec(), &[]).await, Some(first as u64)).await;
     assert_unavailable(tus.patch(&url, first as u64, data[first..first + 1000].to_vec(), &[]).await, Some(first as u64)).await;
@@ -104,6 +125,31 @@ async fn s3_cut_off_mid_upload_gives_503_and_the_upload_resumes_when_it_returns(
     }
     assert_stored_sha256(&s, &url, &sha256_hex(&data)).await;
     assert_eq!(tus.download(&done).await, small);
+
+    // S3 goes away in the middle of a download: the client gets every byte, or an error —
+    // never a short body that ends as if it were complete.
+    let mut r = client().get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "content-length"), Some(data.len() as u64));
+    let mut got = Vec::new();
+    while got.len() < MIB {
+        got.extend_from_slice(&r.chunk().await.expect("first MiB").expect("more body"));
+    }
+    proxy.cut().await;
+    let outcome = loop {
+        match r.chunk().await {
+            Ok(Some(c)) => got.extend_from_slice(&c),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    eprintln!("download cut off after {} of {} bytes: {outcome:?}", got.len(), data.len());
+    match outcome {
+        Ok(()) => assert!(got == data, "a body that ended cleanly is whole ({} of {} bytes)", got.len(), data.len()),
+        Err(e) => assert!(got.len() < data.len(), "the cut was signalled: {e}"),
+    }
+    proxy.restore().await;
+    wait_ready(&s, 200).await;
     assert_only_objects(&moto, "ferry", "up", &[id_of(&url), id_of(&done)]).await;
 }
 
