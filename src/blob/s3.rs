@@ -541,7 +541,7 @@ fn compose_plan(lens: &[u64], min_part: u64) -> Option<Vec<Piece>> {
 /// A missing object a committed state names: the store lost bytes (or someone deleted them).
 fn corrupt(e: object_store::Error, what: &str) -> BlobError {
     if is_not_found(&e) {
-        BlobError::Io(std::io::Error::other(format!("{what} named by the blob state is missing")))
+        BlobError::Io(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{what} named by the blob state is missing")))
     } else {
         io(e)
     }
@@ -677,10 +677,12 @@ impl BlobStore for S3BlobStore {
             };
         }
         if let Err(e) = self.assemble(id, &st).await {
-            // Assembled already, by a finisher that stopped before cleaning up or by another
-            // replica finishing the same committed state at the same moment (whose clean-up
-            // may have removed the tail segments this one was reading)? Then clean up.
-            if matches!(e, BlobError::Unavailable(_)) || s.exists(&s.object(id)).await? != Some(len) {
+            // The multipart upload or a tail segment gone: assembled already, by a finisher
+            // that stopped before cleaning up or by another replica finishing the same
+            // committed state at the same moment (whose clean-up removed what this one was
+            // reading)? Then only the clean-up is left. Any other failure stands.
+            let gone = matches!(&e, BlobError::NotFound) || matches!(&e, BlobError::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
+            if !gone || s.exists(&s.object(id)).await? != Some(len) {
                 return Err(e);
             }
         }
