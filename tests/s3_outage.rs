@@ -112,6 +112,10 @@ async fn s3_cut_off_mid_upload_gives_503_and_the_upload_resumes_when_it_returns(
     assert_unavailable(tus.post(&[("Upload-Length", "10")]).await, None).await;
     assert_unavailable(client().get(&done).send().await.unwrap(), None).await;
     assert_unavailable(client().get(&done).header("Range", "bytes=10-20").send().await.unwrap(), None).await;
+    // Termination too: the upload stays (bytes and row) to be deleted by the retry, rather
+    // than its row going and its bytes staying in the bucket with nothing naming them.
+    assert_unavailable(tus.request("DELETE", &done, &[("Tus-Resumable", "1.0.0")], None).await, None).await;
+    assert_eq!(tus.head(&done).await.status(), 200);
     let ready = wait_ready(&s, 503).await;
     assert_eq!(blobs_check(&ready)["ok"], false, "{ready}");
 
@@ -150,7 +154,8 @@ async fn s3_cut_off_mid_upload_gives_503_and_the_upload_resumes_when_it_returns(
     }
     proxy.restore().await;
     wait_ready(&s, 200).await;
-    assert_only_objects(&moto, "ferry", "up", &[id_of(&url), id_of(&done)]).await;
+    assert_eq!(tus.request("DELETE", &done, &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
+    assert_only_objects(&moto, "ferry", "up", &[id_of(&url)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,4 +221,45 @@ async fn a_bucket_that_refuses_writes_gives_503_and_the_upload_resumes_when_it_a
     wait_ready(&s, 200).await;
     assert_eq!(tus.patch(&url, first as u64, data[first..].to_vec(), &[]).await.status(), 204);
     assert_stored_sha256(&s, &url, &sha256_hex(&data)).await;
+}
+
+/// An upload that expires while S3 is away is swept all the same (410), and its multipart
+/// upload, tail and markers are removed once S3 is back: the sweeper keeps the tombstone until
+/// its bytes are gone, so nothing is left in the bucket that no row names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_expires_while_s3_is_away_leaves_nothing_in_the_bucket() {
+    let moto = Moto::start("ferry", 5 * MIB as u64).await;
+    let target = moto.endpoint.trim_start_matches("http://").parse().unwrap();
+    let mut proxy = TcpProxy::start(target).await;
+    s3_env(&moto, &proxy.http_url());
+    let s = Server::start(&["--blobs", "s3://ferry/up", "--expire-after", "2s", "--sweep-interval", "200ms"]);
+    let tus = Tus::new(&s);
+    let url = tus.create(10 * MIB as u64).await;
+    assert_eq!(tus.patch(&url, 0, pseudo_random(6 * MIB + 7, 9), &[]).await.status(), 204);
+    assert_eq!(moto.multipart_uploads("ferry").await.len(), 1);
+
+    proxy.cut().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = client().get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let expired: u64 = text.lines().find_map(|l| l.strip_prefix("ferry_uploads_expired_total ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+        if expired >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sweeper never expired the upload");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(tus.head(&url).await.status(), 410);
+
+    proxy.restore().await;
+    let id = id_of(&url).to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (mpus, keys) = (moto.multipart_uploads("ferry").await, moto.keys("ferry").await);
+        if mpus.is_empty() && !keys.iter().any(|k| k.contains(&id)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the expired upload's bytes stayed in the bucket: {mpus:?} {keys:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -130,22 +130,21 @@ impl UploadEngine {
         self.cfg.reserve.check(bytes).map_err(|detail| TusError::insufficient_storage(detail, cursor))
     }
 
-    /// Remove an upload's row and bytes: a finished blob is deleted, an unfinished one aborted
-    /// (DESIGN §2: S3 aborts its multipart upload). When the catalog cannot write because the
-    /// disk is full, the bytes go first (freeing their space at once) and the row is deleted
-    /// again; a row left without bytes is rolled back to offset 0 by the next writer.
+    /// Remove an upload's row and bytes, the bytes first: a finished blob is deleted, an
+    /// unfinished one aborted (DESIGN §2: S3 aborts its multipart upload). If the blob store
+    /// fails (S3 away: 503), the row is still there and the client's retry finishes the job —
+    /// the other order would leave bytes that no row names any more, which nothing would ever
+    /// delete (and S3 bills). Freeing the bytes first also makes room when the catalog cannot
+    /// write because the disk is full. A row whose bytes went but whose deletion failed is
+    /// deleted by the retry (removing bytes is idempotent), or, unfinished, by expiry; until
+    /// then the next writer rolls it back to offset 0.
     pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
-        let id = rec.id.as_str();
-        match self.catalog.delete_upload(id).await {
-            Ok(_) => {}
-            Err(CatalogError::Full(e)) => {
-                tracing::warn!(upload = id, error = %e, "catalog full while deleting: freeing the bytes first");
-                self.discard_bytes(rec).await?;
-                self.catalog.delete_upload(id).await?;
-            }
-            Err(e) => return Err(e.into()),
+        self.discard_bytes(rec).await?;
+        if let Err(e) = self.catalog.delete_upload(&rec.id).await {
+            tracing::warn!(upload = rec.id, error = %e, "the upload's bytes are gone but its row could not be deleted; a retry deletes it");
+            return Err(e.into());
         }
-        self.discard_bytes(rec).await
+        Ok(())
     }
 
     async fn discard_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {

@@ -242,7 +242,11 @@ impl UploadEngine {
             if !self.catalog.expire_if_due(&id, now_ms()).await? {
                 continue;
             }
-            self.blobs.abort(&id).await?;
+            if let Err(e) = self.blobs.abort(&id).await {
+                // The tombstone remembers the id: its bytes are aborted again before it is
+                // forgotten (below), so a blob store that is away now leaks nothing.
+                tracing::warn!(upload = id, error = %e, "expired, but its bytes could not be removed yet");
+            }
             self.metrics.uploads_expired.inc();
             self.part_gone(&id).await;
             n += 1;
@@ -250,6 +254,12 @@ impl UploadEngine {
         let keep = self.cfg.expire_after.unwrap_or(Duration::ZERO).min(Duration::from_secs(24 * 3600));
         let before = now - keep.as_millis() as i64;
         for id in self.catalog.list_tombstones(before, 1000).await? {
+            // Idempotent; the last chance to remove bytes an earlier abort could not (a blob
+            // store that was away): a tombstone is only forgotten once they are gone.
+            if let Err(e) = self.blobs.abort(&id).await {
+                tracing::warn!(upload = id, error = %e, "keeping the tombstone until its bytes can be removed");
+                continue;
+            }
             self.catalog.delete_tombstone(&id, before).await?;
         }
         Ok(n)
