@@ -252,7 +252,7 @@ async fn two_replicas_sweeping_and_running_tasks_never_run_a_task_twice_or_expir
     }
 }
 
-/// Three replicas behind a per-request round-robin balancer (tests/common/proxy.rs), no
+/// Three replicas behind a per-request round-robin balancer (tests/common/balancer.rs), no
 /// sticky sessions: an MCP client that opens a session (the rmcp client's `initialize`, MCP
 /// before 2026-07-28) has its consecutive calls served by different replicas. The session's
 /// state — the client's capabilities, which decide that a job tool answers with a native task —
@@ -270,7 +270,7 @@ async fn mcp_calls_of_one_session_are_served_by_every_replica() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let public = format!("http://{}", listener.local_addr().unwrap());
     let servers: Vec<Server> = (0..3).map(|_| replica(&db, blobs.path(), &["--public-url", &public])).collect();
-    let proxy = proxy::RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
+    let proxy = balancer::RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
 
     let caps = ClientCapabilities::builder().enable_tasks().build();
     let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(proxy.url("/mcp")));

@@ -4,7 +4,7 @@
 //! the middle of a PATCH or of an `archive` task loses nothing while another finishes its work;
 //! termination and expiry leave nothing behind in the bucket.
 //!
-//! The balancer (tests/common/proxy.rs) balances per HTTP *request*, not per connection: a
+//! The balancer (tests/common/balancer.rs) balances per HTTP *request*, not per connection: a
 //! client that keeps one connection open still has each request served by the next replica,
 //! so every chunk of an upload after the first is written by a replica that did not write the
 //! previous one — it takes the lease over in the catalog, resumes from the committed part list
@@ -21,9 +21,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::balancer::RoundRobin;
 use common::moto::Moto;
 use common::pg::TestDb;
-use common::proxy::RoundRobin;
 use common::*;
 use futures::StreamExt;
 use serde_json::Value;

@@ -1,198 +1,169 @@
-//! A round-robin HTTP load balancer on loopback for replica tests: every HTTP *request* goes to
-//! the next replica in turn (not every connection, as a TCP proxy would do), so consecutive
-//! requests of one client on one keep-alive connection land on different replicas — the
-//! cross-replica paths (lease takeover, release requests, catalog-only state) run on every
-//! step. Request and response bodies are streamed both ways (PATCH bodies, SSE responses).
+//! Loopback proxies that put a backing service (PostgreSQL, S3) out of reach the way the network
+//! or the service would, while the test watches ferry:
 //!
-//! Like nginx's `upstream` with a health check, a replica can be taken out of rotation
-//! ([`RoundRobin::set_down`]) and put back at a new address after a restart
-//! ([`RoundRobin::set_backend`]). A replica that refuses the connection while still in
-//! rotation gets the request's 502, which clients retry. The proxy records which replica
-//! served every request and which ones are in flight (to find the replica holding a PATCH).
-#![allow(dead_code)]
+//! - [`TcpProxy`]: forwards TCP; [`TcpProxy::cut`] drops every connection and refuses new ones
+//!   (a partition, a service restart), [`TcpProxy::restore`] listens again on the same port.
+//! - [`HttpFaultProxy`]: forwards HTTP/1.1 requests; while a [`Fault`] is set, the requests it
+//!   matches are answered as S3 answers when it sheds load (`503 SlowDown`).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::response::Response;
-use futures::StreamExt;
+use tokio::net::{TcpListener, TcpStream};
 
-/// Headers that belong to one hop (RFC 9110 §7.6.1), never forwarded.
-const HOP: &[&str] = &["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"];
-
-#[derive(Debug, Clone)]
-struct Backend {
-    base: String,
-    up: bool,
+/// A TCP proxy on a fixed loopback port that can be cut and restored.
+pub struct TcpProxy {
+    pub port: u16,
+    target: SocketAddr,
+    serving: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// One request as the proxy saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Served {
-    /// Index of the replica that got it.
-    pub replica: usize,
-    pub method: String,
-    /// Path and query.
-    pub path: String,
-    /// Response status (502 when the replica could not be reached).
-    pub status: u16,
-}
+impl TcpProxy {
+    pub async fn start(target: SocketAddr) -> TcpProxy {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        TcpProxy { port, target, serving: Some(tokio::spawn(serve_tcp(l, target))) }
+    }
 
-#[derive(Debug, Clone)]
-struct InFlight {
-    seq: u64,
-    replica: usize,
-    method: String,
-    path: String,
-}
+    /// `http://127.0.0.1:PORT`.
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
 
-struct Shared {
-    backends: Mutex<Vec<Backend>>,
-    next: AtomicUsize,
-    seq: AtomicU64,
-    inflight: Mutex<Vec<InFlight>>,
-    served: Mutex<Vec<Served>>,
-    client: reqwest::Client,
-}
-
-impl Shared {
-    /// The next replica in rotation: (index, base URL).
-    fn pick(&self) -> Option<(usize, String)> {
-        let b = self.backends.lock().unwrap();
-        let n = b.len();
-        for _ in 0..n {
-            let i = self.next.fetch_add(1, Ordering::SeqCst) % n;
-            if b[i].up {
-                return Some((i, b[i].base.clone()));
-            }
+    /// Drop every proxied connection and stop listening (new connections are refused).
+    pub async fn cut(&mut self) {
+        if let Some(h) = self.serving.take() {
+            h.abort();
+            let _ = h.await;
         }
-        None
+    }
+
+    /// Listen again on the same port.
+    pub async fn restore(&mut self) {
+        let l = TcpListener::bind(("127.0.0.1", self.port)).await.expect("rebind the proxy port");
+        self.serving = Some(tokio::spawn(serve_tcp(l, self.target)));
     }
 }
 
-/// Removes an in-flight entry when the response body is done (or dropped).
-struct Leave(Arc<Shared>, u64);
-impl Drop for Leave {
-    fn drop(&mut self) {
-        self.0.inflight.lock().unwrap().retain(|f| f.seq != self.1);
+/// Accept and forward; the connections live in a `JoinSet`, so aborting this task drops them all.
+async fn serve_tcp(l: TcpListener, target: SocketAddr) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let Ok((mut inbound, _)) = l.accept().await else { continue };
+        while conns.try_join_next().is_some() {}
+        conns.spawn(async move {
+            if let Ok(mut out) = TcpStream::connect(target).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+            }
+        });
     }
 }
 
-/// The running balancer. Stops when dropped.
-pub struct RoundRobin {
-    /// e.g. `http://127.0.0.1:41234`.
-    pub base: String,
-    shared: Arc<Shared>,
+/// Which requests an [`HttpFaultProxy`] refuses: given the method and the path with its query.
+pub type Fault = Arc<dyn Fn(&http::Method, &str) -> bool + Send + Sync>;
+
+/// Every request.
+pub fn every_request() -> Fault {
+    Arc::new(|_, _| true)
+}
+
+/// S3's CompleteMultipartUpload: `POST /bucket/key?uploadId=…`.
+pub fn complete_multipart_upload() -> Fault {
+    Arc::new(|m, pq| m == http::Method::POST && pq.contains("uploadId="))
+}
+
+struct FaultState {
+    upstream: String,
+    fault: Mutex<Option<Fault>>,
+    refused: AtomicU64,
+    /// `METHOD path?query`, with ` copy-source` for a request carrying `x-amz-copy-source`.
+    seen: Mutex<Vec<String>>,
+    http: reqwest::Client,
+}
+
+/// An HTTP forwarding proxy in front of an S3 endpoint that answers `503 SlowDown` to the
+/// requests a [`Fault`] matches.
+pub struct HttpFaultProxy {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    state: Arc<FaultState>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl RoundRobin {
-    /// Listen on a free loopback port, in front of replicas at `bases` (`http://host:port`).
-    pub async fn start(bases: &[String]) -> RoundRobin {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        RoundRobin::serve(listener, bases)
-    }
-
-    /// Serve on `listener` (bind it first when the replicas must know the proxy's URL, e.g.
-    /// for `--public-url`).
-    pub fn serve(listener: tokio::net::TcpListener, bases: &[String]) -> RoundRobin {
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let client = reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        let shared = Arc::new(Shared {
-            backends: Mutex::new(bases.iter().map(|b| Backend { base: b.clone(), up: true }).collect()),
-            next: AtomicUsize::new(0),
-            seq: AtomicU64::new(0),
-            inflight: Mutex::new(Vec::new()),
-            served: Mutex::new(Vec::new()),
-            client,
+impl HttpFaultProxy {
+    /// Forward to `upstream` (e.g. `http://127.0.0.1:41234`).
+    pub async fn start(upstream: &str) -> HttpFaultProxy {
+        let state = Arc::new(FaultState {
+            upstream: upstream.trim_end_matches('/').to_string(),
+            fault: Mutex::new(None),
+            refused: AtomicU64::new(0),
+            seen: Mutex::new(Vec::new()),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
         });
-        let app = axum::Router::new().fallback(forward).with_state(shared.clone());
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let app = axum::Router::new().fallback(forward).with_state(state.clone());
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = axum::serve(l, app).await;
         });
-        RoundRobin { base, shared, task }
+        HttpFaultProxy { url, state, task }
     }
 
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+    /// Refuse what `fault` matches from now on (`None`: forward everything).
+    pub fn set(&self, fault: Option<Fault>) {
+        *self.state.fault.lock().unwrap() = fault;
     }
 
-    /// Take replica `i` out of rotation (it was killed or frozen).
-    pub fn set_down(&self, i: usize) {
-        self.shared.backends.lock().unwrap()[i].up = false;
+    /// Every request so far: `METHOD path?query`, then ` copy-source` when it carried
+    /// `x-amz-copy-source` (CopyObject, UploadPartCopy).
+    pub fn seen(&self) -> Vec<String> {
+        self.state.seen.lock().unwrap().clone()
     }
 
-    /// Put replica `i` (back) into rotation at `base`.
-    pub fn set_backend(&self, i: usize, base: &str) {
-        self.shared.backends.lock().unwrap()[i] = Backend { base: base.to_string(), up: true };
-    }
-
-    /// Send the next request to replica `i` (then continue the rotation from there): tests
-    /// use it to have each replica in turn hold a PATCH.
-    pub fn aim(&self, i: usize) {
-        self.shared.next.store(i, Ordering::SeqCst);
-    }
-
-    /// Every request answered so far (in the order the answers started).
-    pub fn served(&self) -> Vec<Served> {
-        self.shared.served.lock().unwrap().clone()
-    }
-
-    /// Replicas with an unfinished request `method` whose path contains `path_part`.
-    pub fn in_flight(&self, method: &str, path_part: &str) -> Vec<usize> {
-        self.shared.inflight.lock().unwrap().iter().filter(|f| f.method == method && f.path.contains(path_part)).map(|f| f.replica).collect()
+    /// Requests answered with 503 so far.
+    pub fn refused(&self) -> u64 {
+        self.state.refused.load(Ordering::SeqCst)
     }
 }
 
-impl Drop for RoundRobin {
+impl Drop for HttpFaultProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-async fn forward(State(p): State<Arc<Shared>>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map(|pq| pq.as_str().to_string()).unwrap_or_else(|| "/".into());
-    let method = parts.method.to_string();
-    let Some((replica, base)) = p.pick() else {
-        return Response::builder().status(503).body(Body::from("no replica in rotation")).unwrap();
-    };
-    let seq = p.seq.fetch_add(1, Ordering::SeqCst);
-    p.inflight.lock().unwrap().push(InFlight { seq, replica, method: method.clone(), path: path.clone() });
-    let leave = Leave(p.clone(), seq);
-    let mut rb = p.client.request(parts.method.clone(), format!("{base}{path}"));
-    for (k, v) in parts.headers.iter() {
-        if !HOP.contains(&k.as_str()) {
-            rb = rb.header(k, v);
-        }
+async fn forward(axum::extract::State(s): axum::extract::State<Arc<FaultState>>, req: axum::extract::Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let method = req.method().clone();
+    let pq = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    let copy = if req.headers().contains_key("x-amz-copy-source") { " copy-source" } else { "" };
+    s.seen.lock().unwrap().push(format!("{method} {pq}{copy}"));
+    let refuse = s.fault.lock().unwrap().as_ref().is_some_and(|f| f(&method, &pq));
+    if refuse {
+        s.refused.fetch_add(1, Ordering::SeqCst);
+        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+        return (http::StatusCode::SERVICE_UNAVAILABLE, [("content-type", "application/xml")], body).into_response();
     }
-    // A request without a body (no Content-Length, no chunked encoding) is forwarded without
-    // one: a streamed body would reach the replica as `Transfer-Encoding: chunked`.
-    let has_body = parts.headers.contains_key(http::header::CONTENT_LENGTH) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
-    if has_body {
-        rb = rb.body(reqwest::Body::wrap_stream(body.into_data_stream()));
-    }
-    let resp = match rb.send().await {
-        Ok(r) => r,
-        Err(e) => {
-            p.served.lock().unwrap().push(Served { replica, method, path, status: 502 });
-            return Response::builder().status(502).body(Body::from(format!("replica {replica} at {base}: {e}"))).unwrap();
-        }
-    };
-    let status = resp.status();
-    p.served.lock().unwrap().push(Served { replica, method, path, status: status.as_u16() });
-    let mut out = Response::builder().status(status);
-    for (k, v) in resp.headers().iter() {
-        if !HOP.contains(&k.as_str()) {
+    let headers = req.headers().clone();
+    let body = axum::body::to_bytes(req.into_body(), usize::MAX).await.unwrap_or_default();
+    let mut out = s.http.request(method, format!("{}{pq}", s.upstream)).body(body);
+    for (k, v) in headers.iter() {
+        if !matches!(k.as_str(), "content-length" | "transfer-encoding" | "connection") {
             out = out.header(k, v);
         }
     }
-    // The entry stays in flight until the response body is done.
-    let stream = resp.bytes_stream().map(move |r| {
-        let _ = &leave;
-        r
-    });
-    out.body(Body::from_stream(stream)).unwrap()
+    match out.send().await {
+        Ok(r) => {
+            let status = r.status();
+            let mut headers = r.headers().clone();
+            headers.remove("transfer-encoding");
+            headers.remove("connection");
+            let body = r.bytes().await.unwrap_or_default();
+            let mut res = (status, body).into_response();
+            res.headers_mut().extend(headers);
+            res
+        }
+        Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
 }
