@@ -358,13 +358,18 @@ pub struct CommandSpec {
     pub description: Option<String>,
 }
 
-/// `[fetch]` in ferry.toml: hosts the `fetch` task kind may download from (none by default).
+/// `[fetch]` in ferry.toml: hosts the `fetch` task kind may download from (none by default),
+/// and extra certificate authorities it trusts for `https://`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FetchConfig {
     /// Host names or `host:port`, matched exactly (case-insensitive).
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+    /// PEM file of certificate authorities trusted for `https://` besides the system's (a
+    /// company CA, a test CA). Checked at start-up.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `[tasks]` in ferry.toml.
@@ -487,7 +492,12 @@ impl Config {
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
             tokens: file.tokens,
             commands: file.commands,
-            fetch: file.fetch,
+            fetch: {
+                if let Some(path) = &file.fetch.ca_file {
+                    crate::tasks::kinds::fetch::load_roots(path).map_err(|e| anyhow::anyhow!("[fetch] ca_file: {e}"))?;
+                }
+                file.fetch
+            },
             task_workers: args.task_workers.or(tasks.workers).unwrap_or(4).clamp(1, MAX_TASK_WORKERS),
             task_lease: args.task_lease.or(dur(tasks.lease, "tasks.lease")?).unwrap_or(Duration::from_secs(10)),
             task_ttl: dur(tasks.default_ttl, "tasks.default_ttl")?.unwrap_or(Duration::from_secs(24 * 3600)),
