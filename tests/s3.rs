@@ -6,10 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
 use common::moto;
+use common::*;
 use ferry::catalog::Catalog;
-
 
 const MIB: usize = 1 << 20;
 
