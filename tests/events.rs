@@ -88,11 +88,14 @@ async fn upload(tus: &Tus, data: &[u8]) -> String {
     url.trim_end_matches('/').rsplit('/').next().unwrap().to_string()
 }
 
-/// (type, subject) → the distinct webhook ids seen for it, over every request logged.
-fn ids_per_change(records: &[serde_json::Value]) -> BTreeMap<(String, String), HashSet<String>> {
-    let mut out: BTreeMap<(String, String), HashSet<String>> = BTreeMap::new();
+/// One change: (type, subject, task status — each status change of a task is its own change).
+type Change = (String, String, String);
+
+/// Change → the distinct webhook ids seen for it, over every request logged.
+fn ids_per_change(records: &[serde_json::Value]) -> BTreeMap<Change, HashSet<String>> {
+    let mut out: BTreeMap<Change, HashSet<String>> = BTreeMap::new();
     for r in records {
-        let key = (r["type"].as_str().unwrap_or("?").to_string(), r["subject"].as_str().unwrap_or("?").to_string());
+        let key = (r["type"].as_str().unwrap_or("?").to_string(), r["subject"].as_str().unwrap_or("?").to_string(), r["data"]["status"].as_str().unwrap_or("").to_string());
         out.entry(key).or_default().insert(r["id"].as_str().unwrap().to_string());
     }
     out
@@ -136,8 +139,8 @@ async fn webhooks_deliver_every_event_verified_once_in_order_despite_refusals() 
     assert!(all.iter().all(|r| r["verified"] == true), "every delivery verifies with standardwebhooks: {all:?}");
     assert_eq!(all.iter().filter(|r| r["status"] == 503).count(), 3, "the first 3 were refused");
     assert_eq!(accepted.len(), total, "each event acknowledged once: {accepted:?}");
-    for ((ty, subject), ids) in ids_per_change(&all) {
-        assert_eq!(ids.len(), 1, "{ty} of {subject} arrived under {} ids: {ids:?}", ids.len());
+    for ((ty, subject, status), ids) in ids_per_change(&all) {
+        assert_eq!(ids.len(), 1, "{ty} {status} of {subject} arrived under {} ids: {ids:?}", ids.len());
     }
     let acked: HashSet<&str> = accepted.iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(acked.len(), total, "no id acknowledged twice");
@@ -195,8 +198,8 @@ async fn kill9_after_the_final_patch_still_delivers_upload_finished_once() {
         .await;
     let all = rx.records();
     assert!(all.iter().all(|r| r["verified"] == true));
-    for ((ty, subject), ids) in ids_per_change(&all) {
-        assert_eq!(ids.len(), 1, "{ty} of {subject} arrived under {} ids: {ids:?}", ids.len());
+    for ((ty, subject, status), ids) in ids_per_change(&all) {
+        assert_eq!(ids.len(), 1, "{ty} {status} of {subject} arrived under {} ids: {ids:?}", ids.len());
     }
     for id in &refused {
         assert!(!acc.iter().any(|r| r["subject"] == id.as_str() && r["type"] == "upload.finished"), "no upload.finished for {id}, whose final PATCH was refused");
