@@ -94,7 +94,8 @@ pub(super) struct DeliveryList {
 /// their next attempt) or were given up (failed), newest first.
 #[utoipa::path(get, path = "/api/v1/webhooks/deliveries", tag = "events", operation_id = "webhook_deliveries",
     params(
-        ("state" = Option<String>, Query, description = "pending, failed, delivered; comma-separated (default pending,failed)."),
+        ("state" = Option<String>, Query, pattern = r"^(pending|failed|delivered)(,(pending|failed|delivered))*$",
+            description = "pending, failed, delivered; comma-separated (default pending,failed)."),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many (default 100)."),
     ),
     responses(
