@@ -10,10 +10,6 @@ use std::time::Duration;
 const LEN: usize = 256 << 20;
 const CHUNK: usize = 16 << 20;
 
-fn blob_path(s: &Server, id: &str) -> std::path::PathBuf {
-    s.data.join("blobs").join(&id[..2]).join(id)
-}
-
 /// Body bytes this server process has received (`ferry_bytes_received_total`; 0 if unreadable).
 async fn received(s: &Server) -> u64 {
     let Ok(r) = client().get(s.url("/metrics")).send().await else { return 0 };
@@ -80,9 +76,9 @@ async fn twenty_kill9_rounds_during_a_256mib_upload() {
         // repairs (recovery by the taker, not a blanket start-up pass), never data.
         let t = Tus::new(&s);
         let off = t.offset(&path).await;
-        let on_disk = std::fs::read(blob_path(&s, &id)).unwrap();
-        assert!(on_disk.len() as u64 >= off, "round {round}: the blob holds the recorded offset");
-        assert!(on_disk[..off as usize] == data[..off as usize], "round {round}: HEAD offset {off} covers only correct bytes");
+        let stored = s.blob_len(&id).await.expect("the blob exists");
+        assert!(stored >= off, "round {round}: the blob holds the recorded offset");
+        assert!(s.blob_bytes(&id, 0..off).await == data[..off as usize], "round {round}: HEAD offset {off} covers only correct bytes");
         let acked_now = acked.load(std::sync::atomic::Ordering::SeqCst);
         assert!(off >= acked_now, "round {round}: acknowledged offset {acked_now} lost (HEAD {off})");
         offsets.push(off);
@@ -95,7 +91,7 @@ async fn twenty_kill9_rounds_during_a_256mib_upload() {
     let t = Tus::new(&s);
     let u = t.abs(&path);
     upload_from(&t, &u, &data, &acked).await;
-    assert_eq!(std::fs::metadata(blob_path(&s, &id)).unwrap().len(), LEN as u64, "the writer cut the garbage before appending");
+    assert_eq!(s.blob_len(&id).await, Some(LEN as u64), "the writer cut the garbage before appending");
     let r = t.c.get(&u).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let digest = r.headers()["repr-digest"].to_str().unwrap().to_string();

@@ -4,6 +4,7 @@
 
 pub mod moto;
 pub mod pg;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -19,7 +20,61 @@ pub struct Server {
     pub extra_args: Vec<String>,
     /// The PostgreSQL database this server's catalog lives in (`FERRY_TEST_CATALOG=postgres`).
     pub pg_db: Option<String>,
+    /// The `s3://bucket/` this server's bytes live in (`FERRY_TEST_BLOBS=s3`).
+    pub s3_blobs: Option<String>,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// Whether the servers tests start keep their bytes in S3 (`FERRY_TEST_BLOBS=s3`, with an S3
+/// endpoint in `FERRY_TEST_S3_ENDPOINT`, e.g. the moto server `.ci/run` starts; `.ci/run`
+/// reruns the TUS and task suites so).
+pub fn blobs_are_s3() -> bool {
+    match std::env::var("FERRY_TEST_BLOBS").as_deref() {
+        Ok("s3") => true,
+        Ok("" | "fs") | Err(_) => false,
+        Ok(other) => panic!("FERRY_TEST_BLOBS={other:?}: use s3 or fs"),
+    }
+}
+
+/// The `AWS_*` variables that point ferry (and [`Server::blob_store`]) at the test S3
+/// endpoint `FERRY_TEST_S3_ENDPOINT`.
+fn test_s3_env() -> Vec<(&'static str, String)> {
+    let endpoint = std::env::var("FERRY_TEST_S3_ENDPOINT").expect("FERRY_TEST_BLOBS=s3 needs FERRY_TEST_S3_ENDPOINT (an S3 such as moto_server; .ci/run starts one)");
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ]
+}
+
+/// With `FERRY_TEST_BLOBS=s3`, the `s3://bucket/` of the server on `data`: the same bucket for
+/// every start on that data dir (kept in `DATA/test-bucket`), a new empty one the first time.
+fn test_bucket(data: &Path, args: &[&str]) -> Option<String> {
+    if !blobs_are_s3() || args.iter().any(|a| a.starts_with("--blobs")) {
+        return None;
+    }
+    std::fs::create_dir_all(data).expect("create data dir");
+    let marker = data.join("test-bucket");
+    if let Ok(url) = std::fs::read_to_string(&marker) {
+        return Some(url.trim().to_string());
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let bucket = format!("t{}-{nanos}", std::process::id());
+    let endpoint = test_s3_env()[0].1.clone();
+    let create = format!("{endpoint}/{bucket}");
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async move {
+            let r = reqwest::Client::builder().no_proxy().build().unwrap().put(&create).send().await.expect("reach FERRY_TEST_S3_ENDPOINT");
+            assert!(r.status().is_success(), "creating bucket {create}: {}", r.status());
+        })
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    let url = format!("s3://{bucket}/");
+    std::fs::write(&marker, &url).expect("write DATA/test-bucket");
+    Some(url)
 }
 
 /// Whether the servers tests start put their catalog in PostgreSQL
@@ -76,6 +131,7 @@ impl Server {
     /// Start under a wrapper command, e.g. `["prlimit", "--nofile=1024:20000", "--"]`.
     pub fn start_under(wrapper: &[&str], data: &Path, args: &[&str]) -> Server {
         let catalog = test_catalog(data, args);
+        let bucket = test_bucket(data, args);
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
@@ -89,6 +145,9 @@ impl Server {
             cmd.env("FERRY_CATALOG", url);
         } else {
             cmd.env_remove("FERRY_CATALOG");
+        }
+        if let Some(url) = &bucket {
+            cmd.envs(test_s3_env()).env("FERRY_BLOBS", url);
         }
         cmd.arg("serve")
             .arg("--listen")
@@ -112,7 +171,7 @@ impl Server {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        Server { child, base, data: data.to_path_buf(), extra_args: args.iter().map(|s| s.to_string()).collect(), pg_db: catalog.map(|c| c.0), _tmp: None }
+        Server { child, base, data: data.to_path_buf(), extra_args: args.iter().map(|s| s.to_string()).collect(), pg_db: catalog.map(|c| c.0), s3_blobs: bucket, _tmp: None }
     }
 
     /// `kill -9` the process and wait for it to be gone.
@@ -147,6 +206,35 @@ impl Server {
     /// The `host:port` part of the base URL.
     pub fn addr(&self) -> String {
         self.base.trim_start_matches("http://").to_string()
+    }
+}
+
+impl Server {
+    /// The blob store this server keeps its bytes in, opened by the test (the fs store under
+    /// `DATA/blobs`, or the test bucket): tests check the storage invariant through the
+    /// BlobStore API, so they hold on every store.
+    pub fn blob_store(&self) -> std::sync::Arc<dyn ferry::blob::BlobStore> {
+        match &self.s3_blobs {
+            Some(url) => {
+                for (k, v) in test_s3_env() {
+                    std::env::set_var(k, v);
+                }
+                std::sync::Arc::new(ferry::blob::S3BlobStore::from_url(url, ferry::blob::s3::MIN_PART).expect("open the test bucket"))
+            }
+            None => std::sync::Arc::new(ferry::blob::FsBlobStore::open(&self.data.join("blobs"), false).expect("open DATA/blobs")),
+        }
+    }
+
+    /// The stored length of upload `id`'s bytes (`None`: the store holds nothing for it).
+    pub async fn blob_len(&self, id: &str) -> Option<u64> {
+        self.blob_store().len(id).await.expect("BlobStore::len")
+    }
+
+    /// Bytes `range` of upload `id` as the blob store holds them.
+    pub async fn blob_bytes(&self, id: &str, range: std::ops::Range<u64>) -> Vec<u8> {
+        use futures::TryStreamExt;
+        let chunks: Vec<bytes::Bytes> = self.blob_store().read(id, range).await.expect("BlobStore::read").try_collect().await.expect("read blob");
+        chunks.concat()
     }
 }
 
