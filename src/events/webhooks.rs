@@ -4,7 +4,8 @@
 //! for every configured webhook ([`crate::catalog::EventCatalog::enqueue_deliveries`]), (2)
 //! claims due deliveries under a lease on the database clock — one at a time per (webhook,
 //! upload/task), so a subject's events arrive in order; no two replicas hold one delivery —
-//! and (3) POSTs each, at most [`PARALLEL`] at once, each bounded by the webhook's `timeout`:
+//! and (3) POSTs each, at most [`PARALLEL`] at once (a freed slot is refilled at once, so a
+//! hanging receiver never holds up the others), each bounded by the webhook's `timeout`:
 //! `webhook-id` is the event's one id (the same on every attempt), `webhook-timestamp` the
 //! attempt's Unix seconds, `webhook-signature` `v1,` + base64 HMAC-SHA256 of
 //! `id.timestamp.body` under the webhook's secret. A 2xx settles it; anything else (another
@@ -85,9 +86,13 @@ impl WebhookWorker {
         if self.hooks.is_empty() {
             return tokio::spawn(async {});
         }
+        let me = Arc::new(self);
+        // At most PARALLEL deliveries in flight; a slot is refilled as soon as one settles, so
+        // a receiver that hangs holds one slot per attempt, never the other webhooks' deliveries.
+        let slots = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
         tokio::spawn(async move {
             loop {
-                let busy = match self.round().await {
+                let busy = match me.round(&slots).await {
                     Ok(busy) => busy,
                     Err(e) => {
                         tracing::warn!(error = %e, "webhook delivery round failed; trying again");
@@ -107,9 +112,10 @@ impl WebhookWorker {
         })
     }
 
-    /// One round: enqueue, claim, send. Returns whether there was work (look again at once).
-    /// An idle round costs two reads (the last event seq, the backlog), no write.
-    async fn round(&self) -> anyhow::Result<bool> {
+    /// One round: enqueue, claim as many deliveries as there are free slots, start sending them.
+    /// Returns whether to look again at once. An idle round costs two reads (the last event
+    /// seq, the backlog), no write.
+    async fn round(self: &Arc<Self>, slots: &Arc<tokio::sync::Semaphore>) -> anyhow::Result<bool> {
         use std::sync::atomic::Ordering;
         let now = now_ms();
         let mut busy = false;
@@ -125,41 +131,48 @@ impl WebhookWorker {
         let (pending, failed) = self.catalog.delivery_backlog().await?;
         self.metrics.webhook_deliveries_pending.set(pending as i64);
         self.metrics.webhook_deliveries_failed.set(failed as i64);
-        if pending == 0 {
+        let free = slots.available_permits().min(BATCH as usize);
+        if pending == 0 || free == 0 {
             return Ok(busy);
         }
         let lease_ms = self.hooks.iter().map(|h| h.cfg.timeout).max().unwrap_or_default().as_millis() as i64 + 30_000;
-        let claimed = self.catalog.claim_deliveries(&self.owner, now, lease_ms, BATCH).await?;
-        if claimed.is_empty() {
-            return Ok(busy);
+        let claimed = self.catalog.claim_deliveries(&self.owner, now, lease_ms, free as u32).await?;
+        let got = claimed.len();
+        for d in claimed {
+            let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+            let me = self.clone();
+            tokio::spawn(async move {
+                me.deliver(d).await;
+                drop(slot);
+            });
         }
-        futures::stream::iter(claimed)
-            .for_each_concurrent(PARALLEL, |d| async move {
-                let Some(hook) = self.hooks.iter().find(|h| h.cfg.name == d.webhook) else {
-                    // A webhook removed from the configuration: leave its deliveries pending
-                    // (visible) and let the lease lapse.
-                    return;
-                };
-                let outcome = self.attempt(hook, &d).await;
-                match &outcome {
-                    AttemptOutcome::Delivered { .. } => self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "delivered" }).inc(),
-                    AttemptOutcome::Retry { status, error, .. } => {
-                        tracing::info!(webhook = hook.cfg.name, event = d.event.id, attempt = d.attempts + 1, ?status, error, "webhook delivery failed; will retry");
-                        self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "retry" }).inc()
-                    }
-                    AttemptOutcome::GiveUp { status, error } => {
-                        tracing::warn!(webhook = hook.cfg.name, event = d.event.id, attempts = d.attempts + 1, ?status, error, "webhook delivery given up");
-                        self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "failed" }).inc()
-                    }
-                };
-                match self.catalog.settle_delivery(&d.webhook, d.event.seq, &self.owner, &outcome, now_ms()).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!(webhook = hook.cfg.name, event = d.event.id, "lost the delivery's lease before settling it; another worker retries"),
-                    Err(e) => tracing::warn!(webhook = hook.cfg.name, event = d.event.id, error = %e, "could not record a delivery attempt; it is retried when its lease lapses"),
-                }
-            })
-            .await;
-        Ok(true)
+        Ok(busy || (got == free && slots.available_permits() > 0))
+    }
+
+    /// Send one claimed delivery and record the attempt.
+    async fn deliver(&self, d: Delivery) {
+        let Some(hook) = self.hooks.iter().find(|h| h.cfg.name == d.webhook) else {
+            // A webhook removed from the configuration: leave its deliveries pending (visible)
+            // and let the lease lapse.
+            return;
+        };
+        let outcome = self.attempt(hook, &d).await;
+        match &outcome {
+            AttemptOutcome::Delivered { .. } => self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "delivered" }).inc(),
+            AttemptOutcome::Retry { status, error, .. } => {
+                tracing::info!(webhook = hook.cfg.name, event = d.event.id, attempt = d.attempts + 1, ?status, error, "webhook delivery failed; will retry");
+                self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "retry" }).inc()
+            }
+            AttemptOutcome::GiveUp { status, error } => {
+                tracing::warn!(webhook = hook.cfg.name, event = d.event.id, attempts = d.attempts + 1, ?status, error, "webhook delivery given up");
+                self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "failed" }).inc()
+            }
+        };
+        match self.catalog.settle_delivery(&d.webhook, d.event.seq, &self.owner, &outcome, now_ms()).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(webhook = hook.cfg.name, event = d.event.id, "lost the delivery's lease before settling it; another worker retries"),
+            Err(e) => tracing::warn!(webhook = hook.cfg.name, event = d.event.id, error = %e, "could not record a delivery attempt; it is retried when its lease lapses"),
+        }
     }
 
     /// POST one delivery and judge the answer.
