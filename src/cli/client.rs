@@ -67,13 +67,14 @@ impl Connection {
         self.server.clone().or_else(|| env_nonempty("FERRY_SERVER")).unwrap_or_else(|| DEFAULT_SERVER.to_string())
     }
 
-    /// The server's base URL without a trailing slash; only `http://` (this build has no TLS).
+    /// The server's base URL without a trailing slash: `http://` or `https://` (verified with
+    /// rustls against the system's certificate authorities).
     pub fn base(&self) -> Result<reqwest::Url, CliError> {
         let server = self.server();
         let base = server.trim_end_matches('/');
         let url = reqwest::Url::parse(base).map_err(|e| CliError::usage(format!("--server {base:?} is not a URL: {e}")))?;
-        if url.scheme() != "http" {
-            return Err(CliError::usage(format!("--server must be an http:// URL (this build has no TLS), got {base:?}")));
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(CliError::usage(format!("--server must be an http:// or https:// URL, got {base:?}")));
         }
         Ok(url)
     }
