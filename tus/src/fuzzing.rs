@@ -49,7 +49,7 @@ fn draft_append(s: &str) {
         upload_length: next(),
         content_length: next(),
         content_digest: next(),
-        has_body: s.len() % 2 == 0,
+        has_body: s.len().is_multiple_of(2),
     };
     let max = 1u64 << 40;
     for state in [(0, None), (10, Some(100)), (100, Some(100)), (5, None), (u64::MAX - 1, None)] {
