@@ -10,58 +10,15 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::pg::TestDb;
+use common::proxy::TcpProxy;
 use common::*;
-use tokio::net::{TcpListener, TcpStream};
-
-/// A TCP proxy on a fixed loopback port that can be cut and restored.
-struct Proxy {
-    port: u16,
-    target: SocketAddr,
-    serving: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Proxy {
-    async fn start(target: SocketAddr) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        Proxy { port, target, serving: Some(tokio::spawn(serve(l, target))) }
-    }
-
-    /// Drop every proxied connection and stop listening (new connections are refused).
-    async fn cut(&mut self) {
-        if let Some(h) = self.serving.take() {
-            h.abort();
-            let _ = h.await;
-        }
-    }
-
-    /// Listen again on the same port.
-    async fn restore(&mut self) {
-        let l = TcpListener::bind(("127.0.0.1", self.port)).await.expect("rebind the proxy port");
-        self.serving = Some(tokio::spawn(serve(l, self.target)));
-    }
-}
-
-/// Accept and forward; the connections live in a `JoinSet`, so aborting this task drops them all.
-async fn serve(l: TcpListener, target: SocketAddr) {
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let Ok((mut inbound, _)) = l.accept().await else { continue };
-        while conns.try_join_next().is_some() {}
-        conns.spawn(async move {
-            if let Ok(mut out) = TcpStream::connect(target).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-            }
-        });
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns() {
     let db = TestDb::create().await;
     let mut url = url::Url::parse(&db.url).unwrap();
     let target: SocketAddr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432)).parse().expect("FERRY_TEST_PG names an IP address");
-    let mut proxy = Proxy::start(target).await;
+    let mut proxy = TcpProxy::start(target).await;
     url.set_port(Some(proxy.port)).unwrap();
     let s = Server::start(&["--catalog", url.as_str()]);
     let tus = Tus::new(&s);

@@ -130,6 +130,23 @@ async fn s3_blob_store_conformance() {
     moto.set_env();
     let store = S3BlobStore::from_url("s3://conf/some/prefix", MIB).unwrap();
     ferry::blob::conformance::run_all(&store, "ab").await;
+    // Two processes finishing the same committed state at once (a reader on each replica
+    // completing an upload whose finish was interrupted), then a third time: all succeed and
+    // the object is whole.
+    let other = S3BlobStore::from_url("s3://conf/some/prefix", MIB).unwrap();
+    let data: Vec<u8> = (0..2 * MIB + 12_345).map(|i| (i * 7 % 251) as u8).collect();
+    store.create("race").await.unwrap();
+    let mut w = store.open_writer("race", 0, &ferry::blob::BlobState::default()).await.unwrap();
+    w.write(bytes::Bytes::from(data.clone())).await.unwrap();
+    let state = w.sync().await.unwrap();
+    drop(w);
+    let (a, b) = tokio::join!(store.finish("race", &state), other.finish("race", &state));
+    a.expect("first finisher");
+    b.expect("second finisher");
+    store.finish("race", &state).await.expect("finish again");
+    let got: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(store.read("race", 0..data.len() as u64).await.unwrap()).await.unwrap();
+    assert_eq!(got.concat(), data);
+    store.delete("race").await.unwrap();
     assert_eq!(moto.multipart_uploads("conf").await, Vec::<String>::new(), "every multipart upload completed or aborted");
     // What remains: the blobs the suite finished and did not delete.
     let keys = moto.keys("conf").await;

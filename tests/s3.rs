@@ -127,3 +127,54 @@ async fn serve_refuses_a_bucket_it_cannot_write() {
     assert!(!err.contains("s3cr3t"), "{err}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
 }
+
+/// TUS concatenation on S3: partials of at least a part (5 MiB) are copied inside S3
+/// (UploadPartCopy), small ones and the bytes that top a part up pass through ferry; the
+/// final's bytes and sha256 are right and nothing but the objects remains in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concatenation_on_s3_copies_large_partials_inside_s3() {
+    let moto = moto::Moto::start("ferry", 5 * MIB as u64).await;
+    // A forwarding proxy in front of moto, to see which requests ferry sends.
+    let proxy = common::proxy::HttpFaultProxy::start(&moto.endpoint).await;
+    moto.set_env();
+    std::env::set_var("AWS_ENDPOINT_URL", &proxy.url);
+    let server = Server::start(&["--blobs", "s3://ferry/c"]);
+    let tus = Tus::new(&server);
+    // Parts of the final: 1. the first partial, copied; 2. the second (too small to be a part)
+    // topped up to 5 MiB by the head of the third, streamed; 3. the rest of the third, copied;
+    // 4. the fourth, small but last, copied as the short last part.
+    let sizes = [6 * MIB + 1, MIB + 3, 11 * MIB, 200 * 1024];
+    let mut urls = Vec::new();
+    let mut all = Vec::new();
+    for (i, n) in sizes.iter().enumerate() {
+        let part = pseudo_random(*n, 40 + i as u64);
+        let r = tus.post(&[("Upload-Length", &n.to_string()), ("Upload-Concat", "partial")]).await;
+        assert_eq!(r.status(), 201);
+        let url = tus.abs(header(&r, "location").unwrap());
+        assert_eq!(tus.patch(&url, 0, part.clone(), &[]).await.status(), 204);
+        all.extend_from_slice(&part);
+        urls.push(url);
+    }
+    let before = proxy.seen().len();
+    let r = tus.post(&[("Upload-Concat", &format!("final;{}", urls.join(" ")))]).await;
+    assert_eq!(r.status(), 201);
+    let fin = tus.abs(header(&r, "location").unwrap());
+    assert_stored_sha256(&server, &fin, &sha256_hex(&all)).await;
+    let fin_id = fin.rsplit('/').next().unwrap().to_string();
+    let sent: Vec<String> = proxy.seen()[before..].iter().filter(|l| l.contains(&fin_id)).cloned().collect();
+    let copies = sent.iter().filter(|l| l.starts_with("PUT ") && l.contains("partNumber=") && l.ends_with(" copy-source")).count();
+    let uploaded = sent.iter().filter(|l| l.starts_with("PUT ") && l.contains("partNumber=") && !l.ends_with(" copy-source")).count();
+    assert_eq!((copies, uploaded), (3, 1), "three parts copied inside S3, one (5 MiB) streamed: {sent:#?}");
+
+    // A single partial: copied whole, nothing streamed.
+    let r = tus.post(&[("Upload-Concat", &format!("final;{}", urls[0]))]).await;
+    let one = tus.abs(header(&r, "location").unwrap());
+    assert_stored_sha256(&server, &one, &sha256_hex(&all[..sizes[0]])).await;
+
+    let mut ids: Vec<String> = urls.iter().chain([&fin, &one]).map(|u| u.rsplit('/').next().unwrap().to_string()).collect();
+    ids.sort();
+    assert_eq!(moto.multipart_uploads("ferry").await, Vec::<String>::new(), "no multipart upload left");
+    let mut keys = moto.keys("ferry").await;
+    keys.sort();
+    assert_eq!(keys, ids.iter().map(|id| format!("c/{id}")).collect::<Vec<_>>(), "only the objects remain");
+}

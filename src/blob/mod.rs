@@ -80,6 +80,37 @@ pub enum BlobError {
     /// A blob state this store cannot read (another store's, or corrupt).
     #[error("blob state is not one this store wrote")]
     BadState,
+    /// The backend is away or refuses for now, after the store's own bounded retries: S3
+    /// unreachable, answering 5xx / `SlowDown`, or refusing access (403). Nothing the caller
+    /// committed was changed; the same call can succeed later.
+    #[error("blob store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl BlobError {
+    /// The error a [`ByteStream`] item carries, as a [`BlobError`]: a store puts a
+    /// `BlobError` inside the `io::Error` (e.g. [`BlobError::Unavailable`] for an S3 outage
+    /// in the middle of a read); anything else is [`BlobError::Io`].
+    pub fn from_stream(e: std::io::Error) -> BlobError {
+        if !e.get_ref().is_some_and(|inner| inner.is::<BlobError>()) {
+            return BlobError::Io(e);
+        }
+        match e.into_inner().map(|inner| inner.downcast::<BlobError>()) {
+            Some(Ok(b)) => *b,
+            // Not reached: the inner error was checked to be a BlobError.
+            Some(Err(other)) => BlobError::Io(std::io::Error::other(other)),
+            None => BlobError::Io(std::io::Error::other("blob stream failed")),
+        }
+    }
+
+    /// `self` inside an `io::Error`, for a [`ByteStream`] item ([`BlobError::from_stream`]
+    /// recovers it).
+    pub fn into_stream_error(self) -> std::io::Error {
+        match self {
+            BlobError::Io(e) => e,
+            other => std::io::Error::other(other),
+        }
+    }
 }
 
 pub type BlobResult<T> = Result<T, BlobError>;
@@ -109,6 +140,18 @@ pub trait BlobStore: Send + Sync + 'static {
     /// upload and delete its tail; fs: remove the file). Idempotent: aborting an absent blob
     /// is `Ok`.
     async fn abort(&self, id: &str) -> BlobResult<()>;
+
+    /// Build unfinished blob `id` from the finished blobs `sources` (`(id, length in bytes)`,
+    /// in order) inside the store, without the bytes passing through this process where the
+    /// store can (S3: UploadPartCopy). Returns `false`, changing nothing, when this store or
+    /// these lengths do not allow it (the caller then streams the bytes through a writer);
+    /// `true` once `id` is finished as after [`BlobStore::finish`] with exactly those bytes,
+    /// whatever it held before. `NotFound` when a source is not (yet) a finished blob.
+    /// Restartable: a call that failed part-way can be repeated.
+    async fn compose(&self, id: &str, sources: &[(String, u64)]) -> BlobResult<bool> {
+        let _ = (id, sources);
+        Ok(false)
+    }
 
     /// Whether the store answers and accepts writes (for `/readyz`).
     async fn ping(&self) -> BlobResult<()>;

@@ -31,6 +31,7 @@
 use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -38,9 +39,22 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{BackoffConfig, GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream};
+
+/// object_store's retries of one S3 request (5xx, `SlowDown`, connection errors, timeouts):
+/// at most 3 more attempts, 100 ms then doubling backoff (at most 1 s), and none started
+/// after 10 s — so a request is not held for minutes while S3 is away (object_store's default
+/// is 10 retries over up to 3 minutes). The client then gets `503 unavailable` with
+/// `Retry-After` and retries itself.
+pub fn retry_config() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(1), base: 2.0 },
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(10),
+    }
+}
 
 /// S3's smallest part but the last: 5 MiB.
 pub const MIN_PART: u64 = 5 * 1024 * 1024;
@@ -71,15 +85,71 @@ pub fn max_upload(base: u64) -> u64 {
     part_start(base, MAX_PARTS)
 }
 
-fn io(e: object_store::Error) -> BlobError {
+/// What an S3 failure means for the caller, once object_store's own bounded retries are spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// 404: the object (or multipart upload) is not there.
+    NotFound,
+    /// The store is away or refuses for now: no connection, a timeout, a dropped response,
+    /// 5xx / 429 / 408, an error body such as `SlowDown` or `InternalError`, 403 / 401
+    /// (a bucket policy or credentials that refuse; an operator can fix it without losing
+    /// anything). The request may succeed later.
+    Unavailable,
+    /// Anything else (400 `InvalidPart`, a response that does not parse…): retrying the same
+    /// request cannot help.
+    Other,
+}
+
+/// Classify an object_store error. object_store 0.14 keeps its `RetryError` (the one carrying
+/// the HTTP status) in a private module, so a status it did not map to a variant of its own
+/// (`NotFound`, `PermissionDenied`, …) is read from the error's message, which it formats as
+/// `Server returned non-2xx status code: 503 Service Unavailable: …` or, for an error in the
+/// body of a 200 (S3's `SlowDown` / `InternalError`), `Server returned error response: …`.
+/// Transport failures are its public `HttpError` in the source chain.
+fn classify(e: &object_store::Error) -> Failure {
+    use object_store::Error as E;
     match e {
-        object_store::Error::NotFound { .. } => BlobError::NotFound,
-        e => BlobError::Io(std::io::Error::other(e.to_string())),
+        E::NotFound { .. } => return Failure::NotFound,
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => return Failure::Unavailable,
+        // 409: S3's `OperationAborted` (a conflicting operation in progress on the key).
+        E::AlreadyExists { .. } => return Failure::Unavailable,
+        E::Generic { .. } => {}
+        _ => return Failure::Other,
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<object_store::client::HttpError>() {
+            return Failure::Unavailable;
+        }
+        cur = err.source();
+    }
+    classify_message(&e.to_string())
+}
+
+/// [`classify`] for an error's message (see there).
+fn classify_message(msg: &str) -> Failure {
+    if msg.contains("Server returned error response") {
+        return Failure::Unavailable;
+    }
+    let Some(at) = msg.find("status code: ") else { return Failure::Other };
+    let code: u16 = msg[at + "status code: ".len()..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
+    match code {
+        404 => Failure::NotFound,
+        401 | 403 | 408 | 409 | 429 | 500..=599 => Failure::Unavailable,
+        _ => Failure::Other,
+    }
+}
+
+fn io(e: object_store::Error) -> BlobError {
+    match classify(&e) {
+        Failure::NotFound => BlobError::NotFound,
+        Failure::Unavailable => BlobError::Unavailable(e.to_string()),
+        Failure::Other => BlobError::Io(std::io::Error::other(e.to_string())),
     }
 }
 
 fn is_not_found(e: &object_store::Error) -> bool {
-    matches!(e, object_store::Error::NotFound { .. })
+    classify(e) == Failure::NotFound
 }
 
 /// The S3 store's blob state (version 2).
@@ -200,6 +270,10 @@ impl Reader<'_> {
 
 struct Inner {
     s3: AmazonS3,
+    /// For the one request object_store does not offer (UploadPartCopy with a range; see
+    /// [`Inner::copy_part`]), sent to a URL object_store signs.
+    http: reqwest::Client,
+    bucket: String,
     prefix: String,
     base: u64,
 }
@@ -298,10 +372,176 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// UploadPartCopy (S3 API reference): part `idx` (0-based) of multipart upload `mp` on
+    /// `to` becomes bytes `range` of object `from`, copied inside S3. object_store 0.14 sends
+    /// UploadPartCopy only within its own whole-object `copy` and does not expose it; it does
+    /// expose SigV4 presigning with signed query parameters and headers
+    /// ([`Signer::signed_url_opts`]), so this request goes to a URL object_store signs
+    /// (`partNumber`, `uploadId`, `x-amz-copy-source`, `x-amz-copy-source-range` all under
+    /// the signature) — no signing code of ferry's own. Errors are classified as object_store's
+    /// are ([`classify_message`]); S3 may answer 200 with an `<Error>` body, which is one too.
+    async fn copy_part(&self, to: &Path, mp: &str, idx: usize, from: &Path, range: Range<u64>) -> BlobResult<PartId> {
+        use object_store::signer::{SignedUrlOptions, Signer};
+        const KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
+        let source = format!("{}/{}", self.bucket, percent_encoding::utf8_percent_encode(from.as_ref(), KEY));
+        let source_range = format!("bytes={}-{}", range.start, range.end - 1);
+        let header = |v: &str| http::HeaderValue::from_str(v).map_err(|e| BlobError::Io(std::io::Error::other(e)));
+        let (src_h, range_h) = (header(&source)?, header(&source_range)?);
+        let opts = SignedUrlOptions::new()
+            .with_query([("partNumber", (idx + 1).to_string()), ("uploadId", mp.to_string())])
+            .with_signed_header(http::HeaderName::from_static("x-amz-copy-source"), src_h.clone())
+            .with_signed_header(http::HeaderName::from_static("x-amz-copy-source-range"), range_h.clone());
+        let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
+        let unavailable = |what: String| BlobError::Unavailable(format!("UploadPartCopy of {from} {source_range} into part {}: {what}", idx + 1));
+        let mut attempt = 0;
+        let body = loop {
+            let sent = self.http.put(url.clone()).header("x-amz-copy-source", src_h.clone()).header("x-amz-copy-source-range", range_h.clone()).send().await;
+            let failure = match sent {
+                Ok(r) if r.status().is_success() => match r.text().await {
+                    Ok(body) if !body.contains("<Error>") => break body,
+                    Ok(body) => (classify_message(&format!("Server returned error response: {body}")), body),
+                    Err(e) => (Failure::Unavailable, e.to_string()),
+                },
+                Ok(r) => {
+                    let status = r.status();
+                    let body = r.text().await.unwrap_or_default();
+                    (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}"))
+                }
+                Err(e) => (Failure::Unavailable, e.to_string()),
+            };
+            // The same bounded retries object_store gives its own requests ([`retry_config`]).
+            attempt += 1;
+            match failure {
+                (Failure::Unavailable, _) if attempt <= retry_config().max_retries => tokio::time::sleep(Duration::from_millis(100 << attempt.min(3))).await,
+                (Failure::Unavailable, what) => return Err(unavailable(what)),
+                (Failure::NotFound, _) => return Err(BlobError::NotFound),
+                (Failure::Other, what) => return Err(BlobError::Io(std::io::Error::other(format!("UploadPartCopy of {from} {source_range}: {what}")))),
+            }
+        };
+        let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| unavailable(format!("no ETag in the answer: {body}")))?;
+        Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
+    }
+
+    /// Part `idx` of a composition on `path` (multipart upload `mp`): copied or streamed.
+    async fn compose_part(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> BlobResult<PartId> {
+        match piece {
+            Piece::Copy { src, range } => self.copy_part(path, mp, idx, &self.object(&sources[*src].0), range.clone()).await,
+            Piece::Stream(ranges) => {
+                let mut buf = BytesMut::new();
+                for (src, range) in ranges {
+                    let opts = GetOptions { range: Some(GetRange::Bounded(range.clone())), ..Default::default() };
+                    let got = self.s3.get_opts(&self.object(&sources[*src].0), opts).await.map_err(io)?;
+                    buf.extend_from_slice(&got.bytes().await.map_err(io)?);
+                }
+                let mpid = MultipartId::from(mp.to_string());
+                self.s3.put_part(path, &mpid, idx, PutPayload::from(buf.freeze())).await.map_err(io)
+            }
+        }
+    }
+
+    /// Build `id` from finished objects (see [`BlobStore::compose`]) along `plan`.
+    async fn compose(&self, id: &str, sources: &[(String, u64)], plan: &[Piece]) -> BlobResult<()> {
+        // Start from nothing: an earlier attempt's multipart uploads, object and tail go.
+        self.remove_all(id).await?;
+        self.s3.put(&self.created(id), PutPayload::new()).await.map_err(io)?;
+        let path = self.object(id);
+        let mp = self.s3.create_multipart(&path).await.map_err(io)?;
+        self.s3.put(&self.mpu_marker(id, &mp), PutPayload::new()).await.map_err(io)?;
+        let mpid = MultipartId::from(mp.clone());
+        // Up to 4 parts at once (UploadPartCopy of a large range takes S3 a while).
+        let mut pending = Vec::with_capacity(plan.len());
+        for (idx, piece) in plan.iter().enumerate() {
+            pending.push(self.compose_part(&path, &mp, idx, piece, sources));
+        }
+        let parts = futures::stream::iter(pending).buffered(4).try_collect::<Vec<PartId>>().await;
+        let done = match parts {
+            Ok(parts) => self.s3.complete_multipart(&path, &mpid, parts).await.map_err(io),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            // Best effort: if S3 is away, the marker lets a later abort or delete find it.
+            if self.s3.abort_multipart(&path, &mpid).await.is_ok() {
+                let _ = self.delete_quiet(&self.mpu_marker(id, &mp)).await;
+            }
+            return Err(e);
+        }
+        self.delete_quiet(&self.mpu_marker(id, &mp)).await?;
+        self.delete_quiet(&self.created(id)).await
+    }
+}
+
+/// Largest range one UploadPartCopy copies: 5 GiB (S3's largest part).
+const MAX_COPY: u64 = 5 << 30;
+
+/// One part of a composed blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    /// Bytes `range` of source `src`, copied inside S3 (UploadPartCopy).
+    Copy { src: usize, range: Range<u64> },
+    /// These source ranges, read and uploaded as one part (small sources, and the bytes that
+    /// top a part up to the minimum).
+    Stream(Vec<(usize, Range<u64>)>),
+}
+
+/// How to compose sources of lengths `lens` (bytes) into parts of at least `min_part` bytes
+/// but the last (S3's rule for every part, copied or uploaded): every stretch of a source that
+/// can be a part of its own is copied inside S3 (split at [`MAX_COPY`]); a source too small
+/// for that is read and uploaded together with its neighbours, and when such bytes are waiting,
+/// the head of the next large source tops them up to `min_part` before the rest of it is
+/// copied. So at most `min_part` bytes pass through ferry per small stretch. `None` when
+/// nothing would be copied (streaming is as good) or the parts would exceed [`MAX_PARTS`].
+fn compose_plan(lens: &[u64], min_part: u64) -> Option<Vec<Piece>> {
+    let last = lens.iter().rposition(|&l| l > 0)?;
+    let mut parts = Vec::new();
+    let mut buf: Vec<(usize, Range<u64>)> = Vec::new();
+    let mut buf_len = 0u64;
+    for (i, &len) in lens.iter().enumerate() {
+        if len == 0 {
+            continue;
+        }
+        let mut pos = 0;
+        if buf_len > 0 {
+            let need = min_part - buf_len;
+            if len > need && (len - need >= min_part || i == last) {
+                buf.push((i, 0..need));
+                parts.push(Piece::Stream(std::mem::take(&mut buf)));
+                buf_len = 0;
+                pos = need;
+            } else {
+                buf.push((i, 0..len));
+                buf_len += len;
+                if buf_len >= min_part {
+                    parts.push(Piece::Stream(std::mem::take(&mut buf)));
+                    buf_len = 0;
+                }
+                continue;
+            }
+        }
+        let rem = len - pos;
+        if rem >= min_part || i == last {
+            let step = rem.div_ceil(rem.div_ceil(MAX_COPY));
+            while pos < len {
+                let end = (pos + step).min(len);
+                parts.push(Piece::Copy { src: i, range: pos..end });
+                pos = end;
+            }
+        } else {
+            buf.push((i, pos..len));
+            buf_len += rem;
+        }
+    }
+    if !buf.is_empty() {
+        parts.push(Piece::Stream(buf));
+    }
+    let copies = parts.iter().any(|p| matches!(p, Piece::Copy { .. }));
+    (copies && parts.len() as u64 <= MAX_PARTS).then_some(parts)
+}
+
 /// A missing object a committed state names: the store lost bytes (or someone deleted them).
 fn corrupt(e: object_store::Error, what: &str) -> BlobError {
     if is_not_found(&e) {
-        BlobError::Io(std::io::Error::other(format!("{what} named by the blob state is missing")))
+        BlobError::Io(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{what} named by the blob state is missing")))
     } else {
         io(e)
     }
@@ -337,8 +577,9 @@ impl S3BlobStore {
             // S3-compatible stores are addressed by path (bucket in the path), as MinIO and moto expect.
             b = b.with_endpoint(ep).with_virtual_hosted_style_request(false);
         }
-        let s3 = b.build().map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
-        Ok(S3BlobStore { inner: Arc::new(Inner { s3, prefix: prefix.trim_matches('/').to_string(), base: base_part }) })
+        let s3 = b.with_retry(retry_config()).build().map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().map_err(|e| anyhow::anyhow!("HTTP client for {url}: {e}"))?;
+        Ok(S3BlobStore { inner: Arc::new(Inner { s3, http, bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string(), base: base_part }) })
     }
 
     /// Reopen a finished blob at `offset` (a job re-running after a crash between finishing
@@ -356,11 +597,32 @@ impl S3BlobStore {
         let mut w = S3Writer { store: s.clone(), id: id.to_string(), parts_end: 0, known: Vec::new(), history: vec![Vec::new()], st: fresh, buf: BytesMut::new() };
         if offset > 0 {
             let mut stream = self.read(id, 0..offset).await?;
-            while let Some(chunk) = stream.try_next().await? {
+            while let Some(chunk) = stream.try_next().await.map_err(BlobError::from_stream)? {
                 w.write(chunk).await?;
             }
         }
         Ok(Box::new(w))
+    }
+
+    /// Complete the multipart upload of `id` from committed state `st` (its tail becomes the
+    /// last part), or PUT the tail whole when no part was ever uploaded.
+    async fn assemble(&self, id: &str, st: &S3State) -> BlobResult<()> {
+        let s = &self.inner;
+        let mut tail = BytesMut::new();
+        s.read_segments(id, &st.segments(), &mut tail).await?;
+        match &st.multipart {
+            None => s.s3.put(&s.object(id), PutPayload::from(tail.freeze())).await.map(drop).map_err(io),
+            Some(mp) => {
+                let mpid = MultipartId::from(mp.clone());
+                let mut parts: Vec<PartId> = st.parts.iter().map(|(_, c)| PartId { content_id: c.clone() }).collect();
+                if !tail.is_empty() {
+                    // The tail becomes the last part (S3 allows the last one to be short).
+                    parts.push(s.s3.put_part(&s.object(id), &mpid, st.parts.len(), PutPayload::from(tail.freeze())).await.map_err(io)?);
+                }
+                s.s3.complete_multipart(&s.object(id), &mpid, parts).await.map_err(io)?;
+                s.delete_quiet(&s.mpu_marker(id, mp)).await
+            }
+        }
     }
 
     /// Parts an upload of `len` bytes needs under this store's schedule.
@@ -414,31 +676,26 @@ impl BlobStore for S3BlobStore {
                 None => Err(BlobError::NotFound),
             };
         }
-        let mut tail = BytesMut::new();
-        s.read_segments(id, &st.segments(), &mut tail).await?;
-        match &st.multipart {
-            None => {
-                s.s3.put(&s.object(id), PutPayload::from(tail.freeze())).await.map_err(io)?;
-            }
-            Some(mp) => {
-                let mpid = MultipartId::from(mp.clone());
-                let mut parts: Vec<PartId> = st.parts.iter().map(|(_, c)| PartId { content_id: c.clone() }).collect();
-                if !tail.is_empty() {
-                    // The tail becomes the last part (S3 allows the last one to be short).
-                    parts.push(s.s3.put_part(&s.object(id), &mpid, st.parts.len(), PutPayload::from(tail.freeze())).await.map_err(io)?);
-                }
-                if let Err(e) = s.s3.complete_multipart(&s.object(id), &mpid, parts).await {
-                    // Completed by an earlier call that crashed before cleaning up?
-                    if s.exists(&s.object(id)).await? != Some(len) {
-                        return Err(io(e));
-                    }
-                }
-                s.delete_quiet(&s.mpu_marker(id, mp)).await?;
+        if let Err(e) = self.assemble(id, &st).await {
+            // The multipart upload or a tail segment gone: assembled already, by a finisher
+            // that stopped before cleaning up or by another replica finishing the same
+            // committed state at the same moment (whose clean-up removed what this one was
+            // reading)? Then only the clean-up is left. Any other failure stands.
+            let gone = matches!(&e, BlobError::NotFound) || matches!(&e, BlobError::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
+            if !gone || s.exists(&s.object(id)).await? != Some(len) {
+                return Err(e);
             }
         }
         s.abort_multiparts(id, None).await?;
         s.delete_segments(id, &HashSet::new()).await?;
         s.delete_quiet(&s.created(id)).await
+    }
+
+    async fn compose(&self, id: &str, sources: &[(String, u64)]) -> BlobResult<bool> {
+        let lens: Vec<u64> = sources.iter().map(|s| s.1).collect();
+        let Some(plan) = compose_plan(&lens, self.inner.base) else { return Ok(false) };
+        self.inner.compose(id, sources, &plan).await?;
+        Ok(true)
     }
 
     async fn abort(&self, id: &str) -> BlobResult<()> {
@@ -479,7 +736,9 @@ impl BlobStore for S3BlobStore {
         }
         let opts = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
         let got = s.s3.get_opts(&s.object(id), opts).await.map_err(io)?;
-        Ok(Box::pin(got.into_stream().map(|r| r.map_err(|e| std::io::Error::other(e.to_string())))))
+        // A failure mid-body (S3 cut off) ends the stream with the classified error, so the
+        // reader knows the bytes stopped short and why.
+        Ok(Box::pin(got.into_stream().map(|r| r.map_err(|e| io(e).into_stream_error()))))
     }
 
     async fn delete(&self, id: &str) -> BlobResult<()> {
@@ -632,6 +891,90 @@ mod tests {
             assert_eq!(part_start(MIN_PART, idx), sum);
             assert!(part_size(MIN_PART, idx) >= MIN_PART);
             sum += part_size(MIN_PART, idx);
+        }
+    }
+
+    #[test]
+    fn s3_failures_are_classified_from_object_stores_messages() {
+        let m = |tail: &str| format!("Error performing PUT http://127.0.0.1:1/b/k in 1.2s, after 3 retries, max_retries: 3, retry_timeout: 10s  - {tail}");
+        let slow = m("Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>");
+        assert_eq!(classify_message(&slow), Failure::Unavailable);
+        assert_eq!(classify_message(&m("Server returned non-2xx status code: 500 Internal Server Error: ")), Failure::Unavailable);
+        assert_eq!(classify_message(&m("Server returned non-2xx status code: 429 Too Many Requests: ")), Failure::Unavailable);
+        assert_eq!(classify_message(&m("Server returned error response: <Error><Code>InternalError</Code></Error>")), Failure::Unavailable);
+        assert_eq!(classify_message(&m("Server returned non-2xx status code: 403 Forbidden: AccessDenied")), Failure::Unavailable);
+        assert_eq!(classify_message(&m("Server returned non-2xx status code: 404 Not Found: NoSuchUpload")), Failure::NotFound);
+        assert_eq!(classify_message(&m("Server returned non-2xx status code: 400 Bad Request: <Code>InvalidPart</Code>")), Failure::Other);
+        assert_eq!(classify_message("Got invalid multipart response: missing field"), Failure::Other);
+        let denied = object_store::Error::PermissionDenied { path: "k".into(), source: "AccessDenied".into() };
+        assert!(matches!(io(denied), BlobError::Unavailable(_)), "a bucket that refuses writes is retryable");
+        let missing = object_store::Error::NotFound { path: "k".into(), source: "NoSuchKey".into() };
+        assert!(matches!(io(missing), BlobError::NotFound));
+        let generic = object_store::Error::Generic { store: "S3", source: slow.into() };
+        assert!(matches!(io(generic), BlobError::Unavailable(_)));
+        // Carried through a read stream and back.
+        let back = BlobError::from_stream(BlobError::Unavailable("cut".into()).into_stream_error());
+        assert!(matches!(back, BlobError::Unavailable(w) if w == "cut"));
+    }
+
+    /// Each part: its byte count, and whether it is copied.
+    fn sizes(plan: &[Piece]) -> Vec<(u64, bool)> {
+        plan.iter()
+            .map(|p| match p {
+                Piece::Copy { range, .. } => (range.end - range.start, true),
+                Piece::Stream(rs) => (rs.iter().map(|(_, r)| r.end - r.start).sum(), false),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn compose_plans_copy_large_stretches_and_stream_small_ones() {
+        let c = |src, range| Piece::Copy { src, range };
+        assert_eq!(compose_plan(&[6], 5), Some(vec![c(0, 0..6)]));
+        assert_eq!(compose_plan(&[3], 5), Some(vec![c(0, 0..3)]), "a single source is the last part: copied whatever its size");
+        assert_eq!(compose_plan(&[6, 1, 5, 1], 5), Some(vec![c(0, 0..6), Piece::Stream(vec![(1, 0..1), (2, 0..5)]), c(3, 0..1)]));
+        assert_eq!(compose_plan(&[1, 12], 5), Some(vec![Piece::Stream(vec![(0, 0..1), (1, 0..4)]), c(1, 4..12)]), "the head of a large source tops small bytes up");
+        assert_eq!(compose_plan(&[1, 1], 5), None, "nothing to copy: stream");
+        assert_eq!(compose_plan(&[0, 0], 5), None);
+        assert_eq!(compose_plan(&[], 5), None);
+        let big = 2 * MAX_COPY + 10;
+        let plan = compose_plan(&[big], MIN_PART).unwrap();
+        assert_eq!(plan.len(), 3);
+        assert!(sizes(&plan).iter().all(|&(n, copied)| copied && (MIN_PART..=MAX_COPY).contains(&n)));
+        assert_eq!(compose_plan(&vec![MIN_PART; 10_001], MIN_PART), None, "more than 10 000 parts: stream");
+
+        // Any lengths: the parts cover every source in order, each part but the last has at
+        // least the minimum, and at most `min` bytes are streamed per copied stretch.
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        for _ in 0..2_000 {
+            let mut next = |m: u64| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (seed >> 33) % m
+            };
+            let n = 1 + next(7) as usize;
+            let lens: Vec<u64> = (0..n).map(|_| [0, 1, 4, 5, 6, 9, 10, 11, 23][next(9) as usize]).collect();
+            let Some(plan) = compose_plan(&lens, 5) else {
+                assert!(lens.iter().sum::<u64>() == 0 || lens.iter().filter(|&&l| l > 0).count() > 1, "{lens:?}");
+                continue;
+            };
+            let mut at = vec![0u64; n];
+            let mut order = Vec::new();
+            for p in &plan {
+                let ranges = match p {
+                    Piece::Copy { src, range } => vec![(*src, range.clone())],
+                    Piece::Stream(rs) => rs.clone(),
+                };
+                for (src, r) in ranges {
+                    assert_eq!(r.start, at[src], "{lens:?} {plan:?}");
+                    assert!(r.end > r.start);
+                    at[src] = r.end;
+                    order.push(src);
+                }
+            }
+            assert_eq!(at, lens, "every byte once: {plan:?}");
+            assert!(order.windows(2).all(|w| w[0] <= w[1]), "in order: {plan:?}");
+            let sz = sizes(&plan);
+            assert!(sz[..sz.len() - 1].iter().all(|&(b, _)| b >= 5), "{lens:?} {plan:?}");
         }
     }
 

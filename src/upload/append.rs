@@ -348,17 +348,22 @@ impl Appender {
             expires_at_ms: if finished_sha256.is_some() { None } else { self.engine.expiry_from(now) },
             now_ms: now,
         };
-        if finished_sha256.is_some() {
-            // Make the object whole before the catalog calls it finished (S3: complete the
-            // multipart upload); a crash in between leaves an unfinished upload to resume.
-            self.engine.blobs.finish(&self.rec.id, &blob).await?;
-        }
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
         self.committed = (offset, self.hasher.clone());
-        self.committed_blob = blob;
+        self.committed_blob = blob.clone();
         if finished_sha256.is_some() {
             self.finished = true;
             self.engine.metrics.uploads_finished.inc();
+            // Make the object whole only once the catalog calls it finished (S3: complete the
+            // multipart upload from the committed part list). Every byte is durable already,
+            // so this is a pure function of the committed state that any process can run
+            // again: if it fails here (the store is away, or this process dies), the first
+            // read of the upload finishes it ([`UploadEngine::read`]). The other order would
+            // leave a completed object behind an unfinished row after a crash, and resuming
+            // that upload would copy every byte again.
+            if let Err(e) = self.engine.blobs.finish(&self.rec.id, &blob).await {
+                tracing::warn!(upload = self.rec.id, error = %e, "the upload is complete; making its object whole failed and is left to its first read");
+            }
         }
         Ok(())
     }
@@ -406,7 +411,17 @@ impl UploadEngine {
         }
         self.metrics.patches_in_flight.inc();
         let _in_flight = InFlight(self);
-        let mut app = Appender::open(self, rec, plan.offset, plan.length, plan.set_length, &guard).await?;
+        let durable = rec.offset;
+        let mut app = match Appender::open(self, rec, plan.offset, plan.length, plan.set_length, &guard).await {
+            Ok(app) => app,
+            Err(e) => {
+                // The blob could not be opened (the store is away, say): read the body anyway, so
+                // a client still sending gets the answer with its cursor, not a reset connection.
+                super::exhausted::drain_body(&mut body).await;
+                let retry_later = matches!(e.code, ferry_tus::ErrorCode::Unavailable | ferry_tus::ErrorCode::InsufficientStorage);
+                return Err(if retry_later && e.cursor.is_none() { e.with_cursor(durable) } else { e });
+            }
+        };
 
         let mut digests = match (&plan.checksum, plan.checksum_in_trailer) {
             (Some(c), _) => ChunkDigests::for_header(c.algorithm),

@@ -29,11 +29,16 @@ fn recent_catalog_trouble() -> Option<String> {
     CATALOG_TROUBLE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| at.elapsed() < CATALOG_TROUBLE_FOR).map(|(_, w)| w.clone())
 }
 
-/// A blob store failure as the client sees it: no room → 507, too many open files → 503,
-/// anything else → 500 (logged).
+/// A blob store failure as the client sees it: no room → 507; too many open files, or a
+/// store that is away or refusing (S3 unreachable, 5xx, `SlowDown`, 403) → 503
+/// `unavailable` with `Retry-After`; anything else → 500 (logged).
 pub(super) fn blob_error(e: BlobError) -> TusError {
     let kind = match &e {
         BlobError::Io(io) => classify_io(io),
+        BlobError::Unavailable(why) => {
+            tracing::warn!(error = %why, "blob store unavailable");
+            return TusError::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing acknowledged was lost");
+        }
         _ => None,
     };
     match kind {
@@ -125,22 +130,21 @@ impl UploadEngine {
         self.cfg.reserve.check(bytes).map_err(|detail| TusError::insufficient_storage(detail, cursor))
     }
 
-    /// Remove an upload's row and bytes: a finished blob is deleted, an unfinished one aborted
-    /// (DESIGN §2: S3 aborts its multipart upload). When the catalog cannot write because the
-    /// disk is full, the bytes go first (freeing their space at once) and the row is deleted
-    /// again; a row left without bytes is rolled back to offset 0 by the next writer.
+    /// Remove an upload's row and bytes, the bytes first: a finished blob is deleted, an
+    /// unfinished one aborted (DESIGN §2: S3 aborts its multipart upload). If the blob store
+    /// fails (S3 away: 503), the row is still there and the client's retry finishes the job —
+    /// the other order would leave bytes that no row names any more, which nothing would ever
+    /// delete (and S3 bills). Freeing the bytes first also makes room when the catalog cannot
+    /// write because the disk is full. A row whose bytes went but whose deletion failed is
+    /// deleted by the retry (removing bytes is idempotent), or, unfinished, by expiry; until
+    /// then the next writer rolls it back to offset 0.
     pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
-        let id = rec.id.as_str();
-        match self.catalog.delete_upload(id).await {
-            Ok(_) => {}
-            Err(CatalogError::Full(e)) => {
-                tracing::warn!(upload = id, error = %e, "catalog full while deleting: freeing the bytes first");
-                self.discard_bytes(rec).await?;
-                self.catalog.delete_upload(id).await?;
-            }
-            Err(e) => return Err(e.into()),
+        self.discard_bytes(rec).await?;
+        if let Err(e) = self.catalog.delete_upload(&rec.id).await {
+            tracing::warn!(upload = rec.id, error = %e, "the upload's bytes are gone but its row could not be deleted; a retry deletes it");
+            return Err(e.into());
         }
-        self.discard_bytes(rec).await
+        Ok(())
     }
 
     async fn discard_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {

@@ -16,6 +16,7 @@ use super::append::Appender;
 use super::hash::RunningSha256;
 use super::locks::{Lease, Want};
 use super::{now_ms, UploadEngine};
+use crate::blob::BlobError;
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 impl UploadEngine {
@@ -74,10 +75,16 @@ impl UploadEngine {
         }
     }
 
-    /// Build final upload `id` (TUS 1.0 §Concatenation) if every part is complete: copy the
-    /// parts in order into its blob with the running sha256, then commit it finished. A no-op
-    /// while parts are unfinished or once built. A declared sha256 that does not match deletes
-    /// the final (460). Restartable: a crash mid-copy starts the copy again.
+    /// Build final upload `id` (TUS 1.0 §Concatenation) if every part is complete, then commit
+    /// it finished with its sha256. A no-op while parts are unfinished or once built. A
+    /// declared sha256 that does not match deletes the final (460). Restartable: a crash
+    /// mid-way builds it again.
+    ///
+    /// Where the blob store can compose inside itself ([`crate::blob::BlobStore::compose`];
+    /// S3: UploadPartCopy for every stretch of ≥ 5 MiB), the bytes are not written again: they
+    /// are only read for the sha256, and not even that for the first part, whose committed
+    /// midstate is where the final's hash starts. Otherwise every part is copied through a
+    /// writer with the running sha256.
     pub async fn build_final(self: &Arc<Self>, id: &str) -> Result<(), TusError> {
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(()) };
         let Concat::Final { parts, .. } = &rec.concat else { return Ok(()) };
@@ -102,14 +109,20 @@ impl UploadEngine {
             return Ok(());
         }
         let length_unset = rec.length.is_none();
-        let mut app = Appender::open(self, rec, 0, Some(total), length_unset.then_some(total), &guard).await?;
-        for src in &sources {
-            let mut stream = self.blobs.read(&src.id, 0..src.length.unwrap_or(0)).await?;
-            while let Some(chunk) = stream.try_next().await.map_err(|e| super::internal("reading a part", e))? {
-                app.write(chunk).await?;
+        let result = match self.compose_final(&rec, &sources, total, &guard).await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let mut app = Appender::open(self, rec, 0, Some(total), length_unset.then_some(total), &guard).await?;
+                for src in &sources {
+                    let mut stream = self.read(src, 0..src.length.unwrap_or(0)).await?;
+                    while let Some(chunk) = stream.try_next().await.map_err(|e| TusError::from(BlobError::from_stream(e)))? {
+                        app.write(chunk).await?;
+                    }
+                }
+                app.commit().await
             }
-        }
-        let result = app.commit().await;
+            Err(e) => Err(e),
+        };
         drop(guard);
         if let Err(e) = &result {
             if e.code == ferry_tus::ErrorCode::ChecksumMismatch {
@@ -118,6 +131,59 @@ impl UploadEngine {
             }
         }
         result
+    }
+
+    /// Build final `rec` inside the blob store ([`crate::blob::BlobStore::compose`]) and
+    /// commit it finished under `lease`; `false` when the store cannot (nothing changed).
+    async fn compose_final(self: &Arc<Self>, rec: &UploadRecord, sources: &[UploadRecord], total: u64, lease: &Lease) -> Result<bool, TusError> {
+        let list: Vec<(String, u64)> = sources.iter().map(|r| (r.id.clone(), r.length.unwrap_or(0))).collect();
+        let composed = match self.blobs.compose(&rec.id, &list).await {
+            // A part the catalog calls finished whose object is not whole yet (its finish was
+            // left to the first read): finish the parts, then compose again.
+            Err(BlobError::NotFound) => {
+                for src in sources {
+                    self.blobs.finish(&src.id, &crate::blob::BlobState(src.blob_state.clone())).await?;
+                }
+                self.blobs.compose(&rec.id, &list).await?
+            }
+            r => r?,
+        };
+        if !composed {
+            return Ok(false);
+        }
+        // The final's sha256: the first part's committed midstate, then the others' bytes.
+        let mut hasher = match sources.first() {
+            Some(first) => UploadEngine::hash_state_of(first)?,
+            None => RunningSha256::new(),
+        };
+        for src in sources.iter().skip(1) {
+            let mut stream = self.read(src, 0..src.length.unwrap_or(0)).await?;
+            while let Some(chunk) = stream.try_next().await.map_err(|e| TusError::from(BlobError::from_stream(e)))? {
+                hasher.update(&chunk);
+            }
+        }
+        let digest = hasher.digest();
+        if rec.expected_sha256.is_some_and(|e| e != digest) {
+            return Err(ferry_tus::upload_digest_mismatch());
+        }
+        let fence = match lease.fence() {
+            Some(f) => f,
+            None => self.catalog.acquire_fence(&rec.id).await?,
+        };
+        let now = now_ms();
+        let cp = Checkpoint {
+            offset: total,
+            hash_state: hasher.state(),
+            // The composed object is whole already; a finished S3 blob needs no part list.
+            blob_state: Vec::new(),
+            length: rec.length.is_none().then_some(total),
+            finished_sha256: Some(digest),
+            expires_at_ms: None,
+            now_ms: now,
+        };
+        self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+        self.metrics.uploads_finished.inc();
+        Ok(true)
     }
 
     /// Roll upload `rec` back to the `len` bytes its blob still has (relaxed durability after
@@ -176,7 +242,11 @@ impl UploadEngine {
             if !self.catalog.expire_if_due(&id, now_ms()).await? {
                 continue;
             }
-            self.blobs.abort(&id).await?;
+            if let Err(e) = self.blobs.abort(&id).await {
+                // The tombstone remembers the id: its bytes are aborted again before it is
+                // forgotten (below), so a blob store that is away now leaks nothing.
+                tracing::warn!(upload = id, error = %e, "expired, but its bytes could not be removed yet");
+            }
             self.metrics.uploads_expired.inc();
             self.part_gone(&id).await;
             n += 1;
@@ -184,6 +254,12 @@ impl UploadEngine {
         let keep = self.cfg.expire_after.unwrap_or(Duration::ZERO).min(Duration::from_secs(24 * 3600));
         let before = now - keep.as_millis() as i64;
         for id in self.catalog.list_tombstones(before, 1000).await? {
+            // Idempotent; the last chance to remove bytes an earlier abort could not (a blob
+            // store that was away): a tombstone is only forgotten once they are gone.
+            if let Err(e) = self.blobs.abort(&id).await {
+                tracing::warn!(upload = id, error = %e, "keeping the tombstone until its bytes can be removed");
+                continue;
+            }
             self.catalog.delete_tombstone(&id, before).await?;
         }
         Ok(n)

@@ -369,8 +369,21 @@ impl UploadEngine {
 
     /// Stream bytes `range` of a finished upload. Never takes the writer slot, so
     /// concurrent downloads never block each other.
+    ///
+    /// An upload the catalog calls finished whose blob was not made whole yet (a crash or a
+    /// store outage between the completing checkpoint and [`crate::blob::BlobStore::finish`],
+    /// which runs after it; S3: the multipart upload is still open) is finished here from the
+    /// committed blob state — by whichever process reads it first; `finish` is idempotent.
+    /// A store that is away answers 503 (`unavailable`); a failure mid-stream ends the
+    /// stream with the store's error (see [`BlobError::from_stream`]).
     pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, TusError> {
-        Ok(self.blobs.read(&rec.id, range).await?)
+        match self.blobs.read(&rec.id, range.clone()).await {
+            Err(BlobError::OutOfRange { .. } | BlobError::NotFound) if rec.is_finished() => {
+                self.blobs.finish(&rec.id, &crate::blob::BlobState(rec.blob_state.clone())).await?;
+                Ok(self.blobs.read(&rec.id, range).await?)
+            }
+            r => Ok(r?),
+        }
     }
 
     pub(crate) fn hash_state_of(rec: &UploadRecord) -> Result<RunningSha256, TusError> {

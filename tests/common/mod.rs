@@ -4,6 +4,7 @@
 
 pub mod moto;
 pub mod pg;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
