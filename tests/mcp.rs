@@ -506,3 +506,21 @@ async fn a_declared_sha256_is_checked_as_tus_checks_it() {
     }
     c.cancel().await.unwrap();
 }
+
+/// An upload created over the IETF resumable-upload draft (issue 15) is an ordinary file for
+/// MCP: `file_status` shows it complete, with its size and sha256.
+#[tokio::test]
+async fn a_draft_upload_is_visible_to_file_status() {
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let data = common::pseudo_random(200_000, 15);
+    let r = api.send("POST", "/files/", &[("Upload-Draft-Interop-Version", "8"), ("Upload-Complete", "?0")], Some(data[..50_000].to_vec())).await;
+    assert_eq!(r.status(), 201);
+    let id = common::header(&r, "location").unwrap().rsplit('/').next().unwrap().to_string();
+    let h = [("Upload-Draft-Interop-Version", "8"), ("Content-Type", "application/partial-upload"), ("Upload-Offset", "50000"), ("Upload-Complete", "?1")];
+    assert_eq!(api.send("PATCH", &format!("/files/{id}"), &h, Some(data[50_000..].to_vec())).await.status(), 200);
+    let c = http_client(&server, None, false).await;
+    let status = ok(&c, "file_status", json!({ "file_id": id })).await;
+    assert_eq!(status["file"]["sha256"], sha256_hex(&data), "{status}");
+    assert_eq!(status["file"]["size"], 200_000, "{status}");
+}

@@ -59,7 +59,7 @@ async fn engine(dir: &std::path::Path, owner: &str) -> Arc<UploadEngine> {
 
 fn at_durable_offset(st: &UploadState) -> Result<PatchPlan, TusError> {
     let length = st.length.expect("length known");
-    Ok(PatchPlan { offset: st.offset, set_length: None, length: Some(length), max_bytes: length - st.offset, checksum: None, checksum_in_trailer: false })
+    Ok(PatchPlan { offset: st.offset, set_length: None, length: Some(length), max_bytes: length - st.offset, checksum: None, checksum_in_trailer: false, completes: false })
 }
 
 #[test]

@@ -19,6 +19,7 @@ pub mod auth;
 mod download;
 mod events;
 mod health;
+mod rufh;
 pub(crate) mod tus;
 
 pub use crate::app::views::FILES_PATH;
@@ -71,10 +72,12 @@ pub const EXPOSE_HEADERS: &[&str] = &[
     "tus-max-size",
     "tus-resumable",
     "tus-version",
+    "accept-patch",
     "upload-complete",
     "upload-concat",
     "upload-defer-length",
     "upload-draft-interop-version",
+    "upload-draft-interop-versions",
     "upload-expires",
     "upload-incomplete",
     "upload-length",
@@ -268,35 +271,64 @@ impl From<TusError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let e = self.0;
-        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut body = serde_json::json!({
-            "type": format!("urn:ferry:error:{}", e.code),
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": e.status,
-            "detail": e.detail,
-            "code": e.code.as_str(),
-            "retryable": e.code.retryable(),
-            "recovery_hint": e.recovery_hint,
-        });
-        if let Some(c) = e.cursor {
-            body["partial"] = serde_json::json!({ "cursor": c });
-        }
-        let mut res = (status, body.to_string()).into_response();
-        let h = res.headers_mut();
-        h.insert("content-type", HeaderValue::from_static("application/problem+json"));
-        tus_headers(h);
-        if e.status == 412 {
-            h.insert("tus-version", HeaderValue::from_static(TUS_VERSION));
-        }
-        // The offset to resume from, where the spec's clients look for it.
-        if let (Some(c), 409 | 423 | 460 | 503 | 507) = (e.cursor, e.status) {
-            h.insert("upload-offset", HeaderValue::from(c));
-        }
-        // DESIGN §9: space and transient catalog trouble come back by themselves.
-        if let Some(secs) = e.code.retry_after_secs() {
-            h.insert("retry-after", HeaderValue::from(secs));
-        }
-        res
+        render_problem(self.0, None)
     }
+}
+
+/// Renders a refusal as RFC 9457 problem+json: ferry's `code`, `retryable`, `recovery_hint`
+/// and `partial.cursor`, plus the offset in `Upload-Offset` and `Retry-After` where they apply.
+///
+/// `draft` is `None` for TUS 1.0 (TUS headers, `type` `urn:ferry:error:<code>`), and for a
+/// client of the IETF resumable-upload draft `Some(the Upload-Limit its version speaks)`: the
+/// draft's problem type (`type`, `title` and members such as `expected-offset`) when the
+/// refusal has one, no TUS headers, `Upload-Limit` on 413 (draft §Limits), and 400 for TUS's
+/// own 460 checksum status.
+pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::UploadLimit>>) -> Response {
+    let status = match (e.status, &draft) {
+        (460, Some(_)) => StatusCode::BAD_REQUEST,
+        (s, _) => StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+    };
+    let draft_type = draft.as_ref().and(e.draft);
+    let mut body = serde_json::json!({
+        "type": draft_type.map_or_else(|| format!("urn:ferry:error:{}", e.code), |d| d.type_uri().to_string()),
+        "title": draft_type.map_or_else(|| status.canonical_reason().unwrap_or("Error"), |d| d.title()),
+        "status": status.as_u16(),
+        "detail": e.detail,
+        "code": e.code.as_str(),
+        "retryable": e.code.retryable(),
+        "recovery_hint": e.recovery_hint,
+    });
+    if let Some(c) = e.cursor {
+        body["partial"] = serde_json::json!({ "cursor": c });
+    }
+    for (name, value) in draft_type.map(|d| d.members()).unwrap_or_default() {
+        body[name] = serde_json::json!(value);
+    }
+    let mut res = (status, body.to_string()).into_response();
+    let h = res.headers_mut();
+    h.insert("content-type", HeaderValue::from_static("application/problem+json"));
+    match &draft {
+        None => {
+            tus_headers(h);
+            if e.status == 412 {
+                h.insert("tus-version", HeaderValue::from_static(TUS_VERSION));
+            }
+        }
+        Some(limit) => {
+            if let (413, Some(l)) = (e.status, limit) {
+                if let Ok(v) = HeaderValue::from_str(&l.to_string()) {
+                    h.insert("upload-limit", v);
+                }
+            }
+        }
+    }
+    // The offset to resume from, where the spec's clients look for it.
+    if let (Some(c), 409 | 423 | 460 | 503 | 507) = (e.cursor, e.status) {
+        h.insert("upload-offset", HeaderValue::from(c));
+    }
+    // DESIGN §9: space and transient catalog trouble come back by themselves.
+    if let Some(secs) = e.code.retry_after_secs() {
+        h.insert("retry-after", HeaderValue::from(secs));
+    }
+    res
 }

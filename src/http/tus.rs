@@ -1,4 +1,6 @@
 //! TUS 1.0 handlers: OPTIONS (discovery), POST (creation), HEAD, PATCH, DELETE (termination).
+//! A request carrying `Upload-Draft-Interop-Version` speaks the IETF resumable-upload draft
+//! instead and is handed to [`super::rufh`] before any TUS rule applies.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -6,7 +8,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, PatchHeaders, TusError, Verb, TUS_EXTENSIONS, TUS_VERSION};
 
-use super::{tus_headers, AppState, Problem, FILES_PATH};
+use super::{rufh, tus_headers, AppState, Problem, FILES_PATH};
 use crate::app::Principal;
 use crate::catalog::{Concat, UploadRecord};
 use axum::Extension;
@@ -23,11 +25,22 @@ pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     Some(first.to_str().unwrap_or("\u{0}"))
 }
 
+/// Hand a request that speaks the IETF draft to [`rufh`]: `$call` gets the interop version.
+macro_rules! draft_or_tus {
+    ($s:expr, $h:expr, |$v:ident| $call:expr) => {
+        match rufh::version_of(&$h) {
+            Some(Ok($v)) => return Ok($call.await),
+            Some(Err(e)) => return Ok(rufh::draft_problem(&$s, None, e)),
+            None => {}
+        }
+    };
+}
+
 fn version(verb: Verb, h: &HeaderMap) -> Result<(), Problem> {
     check_version(verb, header(h, "tus-resumable")).map_err(Problem)
 }
 
-fn set(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
+pub(super) fn set(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
         h.insert(name, v);
     }
@@ -81,12 +94,13 @@ pub async fn options(State(s): State<AppState>, h: HeaderMap) -> Result<Response
     set(h, "tus-extension", TUS_EXTENSIONS.join(","));
     set(h, "tus-max-size", s.engine.config().max_size);
     set(h, "tus-checksum-algorithm", ferry_tus::checksum_algorithms_header());
+    rufh::options_headers(&s, h);
     Ok(res)
 }
 
 /// The URL of an upload as the client should see it: relative by default; absolute from
 /// `Forwarded` / `X-Forwarded-Host`/`-Proto` only when configured behind a proxy.
-fn location(s: &AppState, h: &HeaderMap, id: &str) -> String {
+pub(super) fn location(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let path = format!("{FILES_PATH}{id}");
     if !s.http.behind_proxy {
         // With `--public-url` the operator told us the absolute address; else stay relative.
@@ -117,7 +131,7 @@ fn location(s: &AppState, h: &HeaderMap, id: &str) -> String {
     }
 }
 
-fn has_body(h: &HeaderMap) -> bool {
+pub(super) fn has_body(h: &HeaderMap) -> bool {
     match header(h, "content-length") {
         Some(cl) => cl != "0",
         None => h.contains_key("transfer-encoding"),
@@ -126,6 +140,7 @@ fn has_body(h: &HeaderMap) -> bool {
 
 /// `POST /files/`: creation, creation-with-upload, creation-defer-length, concatenation.
 pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body));
     version(Verb::Post, &h)?;
     let ch = CreationHeaders {
         upload_length: header(&h, "upload-length"),
@@ -216,6 +231,7 @@ pub async fn head(
     Path(id): Path<String>,
     h: HeaderMap,
 ) -> Result<Response, Problem> {
+    draft_or_tus!(s, h, |v| rufh::head(s.clone(), p, v, id));
     version(Verb::Head, &h)?;
     // A plain HTTP HEAD (no Tus-Resumable: a download client) or one with a signed download
     // URL reads the record without asking an in-flight PATCH to stop.
@@ -234,6 +250,7 @@ pub async fn head(
 
 /// `PATCH /files/{id}`: append a chunk at `Upload-Offset`.
 pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+    draft_or_tus!(s, h, |v| rufh::append(s.clone(), p, v, id, h, body));
     version(Verb::Patch, &h)?;
     let owned: Vec<Option<String>> =
         ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
@@ -264,6 +281,7 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
 
 /// `DELETE /files/{id}`: termination (TUS 1.0 §Termination).
 pub async fn terminate(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+    draft_or_tus!(s, h, |v| rufh::cancel(s.clone(), p, v, id));
     version(Verb::Delete, &h)?;
     s.engine.terminate(&p, &id).await?;
     let mut res = StatusCode::NO_CONTENT.into_response();

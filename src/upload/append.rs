@@ -551,6 +551,18 @@ impl UploadEngine {
                         return Err(ferry_tus::chunk_checksum_mismatch(plan.offset));
                     }
                 }
+                if plan.completes {
+                    // The draft's `Upload-Complete: ?1`: the body's end is the upload's end.
+                    let end = app.position();
+                    match app.length {
+                        None => app.set_final_length(end),
+                        Some(len) if len != end => {
+                            app.commit().await?;
+                            return Err(ferry_tus::draft::length_short(len, app.committed.0));
+                        }
+                        Some(_) => {}
+                    }
+                }
                 app.commit().await?;
             }
             End::TooLarge => {

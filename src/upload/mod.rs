@@ -382,7 +382,7 @@ impl UploadEngine {
     /// The plan for the body of a creation-with-upload request, which starts at offset 0.
     pub fn creation_body_plan(&self, plan: &CreationPlan) -> PatchPlan {
         let limit = plan.length.unwrap_or(self.cfg.max_size);
-        PatchPlan { offset: 0, set_length: None, length: plan.length, max_bytes: limit, checksum: plan.checksum.clone(), checksum_in_trailer: false }
+        PatchPlan { offset: 0, set_length: None, length: plan.length, max_bytes: limit, checksum: plan.checksum.clone(), checksum_in_trailer: false, completes: false }
     }
 
     /// Terminate (TUS 1.0 §Termination): the record and bytes are gone; the id answers 404.

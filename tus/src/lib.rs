@@ -8,6 +8,8 @@
 //!
 //! - [`error`] — [`ParseError`], the single parse error type (header, byte index, kind).
 //! - [`headers`] — the header types; everything is re-exported at the crate root.
+//! - [`protocol`] — TUS 1.0's decisions and the error catalogue; [`draft`] — the IETF
+//!   resumable-upload draft's decisions, rendering the same catalogue.
 //!
 //! Sources: TUS 1.0 (<https://tus.io/protocols/resumable-upload>), RFC 9110, RFC 9530,
 //! RFC 9651, draft-ietf-httpbis-resumable-upload.
@@ -30,7 +32,7 @@ pub use headers::idempotency::IdempotencyKey;
 pub use headers::metadata::UploadMetadata;
 pub use headers::parse_u64_digits;
 pub use headers::range::ContentRange;
-pub use headers::rufh::{UploadComplete, UploadLimit};
+pub use headers::rufh::{RufhLength, RufhOffset, UploadComplete, UploadDraftInteropVersion, UploadLimit};
 
 /// The TUS extensions ferry implements, in the order advertised in `Tus-Extension`
 /// (TUS 1.0 §Tus-Extension).
@@ -39,3 +41,6 @@ pub const TUS_EXTENSIONS: &[&str] =
 
 pub mod protocol;
 pub use protocol::*;
+
+pub mod draft;
+pub use draft::{DraftProblem, InteropVersion};

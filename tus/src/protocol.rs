@@ -134,11 +134,21 @@ pub struct TusError {
     pub recovery_hint: String,
     /// Byte offset to resume from, when known (`partial.cursor` in MCP envelopes).
     pub cursor: Option<u64>,
+    /// The IETF resumable-upload draft's problem type for this refusal, when it has one; the
+    /// HTTP layer renders it for requests that speak the draft (TUS requests keep ferry's own
+    /// `type`). See [`crate::draft`].
+    pub draft: Option<crate::draft::DraftProblem>,
 }
 
 impl TusError {
     pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None }
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None }
+    }
+
+    /// Attach the draft problem type this refusal is an instance of.
+    pub fn with_draft(mut self, problem: crate::draft::DraftProblem) -> Self {
+        self.draft = Some(problem);
+        self
     }
 
     /// Attach the byte offset the client should resume from.
@@ -171,6 +181,7 @@ impl TusError {
     pub fn offset_mismatch(expected: u64, got: u64) -> Self {
         TusError::new(409, ErrorCode::OffsetMismatch, format!("expected offset {expected}, got {got}"), format!("Re-send this chunk starting at offset {expected}."))
             .with_cursor(expected)
+            .with_draft(crate::draft::DraftProblem::MismatchingOffset { expected, provided: got })
     }
 
     /// 423 `locked`: another request holds the upload.
@@ -215,7 +226,7 @@ impl TusError {
         TusError::new(503, ErrorCode::Unavailable, detail, "Retry after Retry-After seconds; send HEAD first to learn the offset.")
     }
 
-    fn from_parse(e: &ParseError) -> Self {
+    pub(crate) fn from_parse(e: &ParseError) -> Self {
         TusError::bad_request(e.to_string(), format!("Send a valid {} header.", e.header()))
     }
 }
@@ -293,7 +304,7 @@ pub struct CreationPlan {
     pub checksum: Option<UploadChecksum>,
 }
 
-fn parse_opt<T: std::str::FromStr<Err = ParseError>>(v: Option<&str>) -> Result<Option<T>, TusError> {
+pub(crate) fn parse_opt<T: std::str::FromStr<Err = ParseError>>(v: Option<&str>) -> Result<Option<T>, TusError> {
     v.map(|s| s.parse::<T>().map_err(|e| TusError::from_parse(&e))).transpose()
 }
 
@@ -316,11 +327,11 @@ fn parse_checksum(v: Option<&str>) -> Result<Option<UploadChecksum>, TusError> {
     v.map(parse_upload_checksum).transpose()
 }
 
-fn content_length(v: Option<&str>) -> Result<Option<u64>, TusError> {
+pub(crate) fn content_length(v: Option<&str>) -> Result<Option<u64>, TusError> {
     v.map(|s| crate::parse_u64_digits(s, "Content-Length").map_err(|e| TusError::from_parse(&e))).transpose()
 }
 
-fn too_large(max: u64) -> TusError {
+pub(crate) fn too_large(max: u64) -> TusError {
     TusError::new(413, ErrorCode::SizeExceeded, format!("upload exceeds the maximum size of {max} bytes"), format!("Split the file into uploads of at most {max} bytes."))
 }
 
@@ -478,6 +489,11 @@ pub struct PatchPlan {
     pub checksum: Option<UploadChecksum>,
     /// The client announced `Upload-Checksum` as an HTTP trailer (checksum-trailer).
     pub checksum_in_trailer: bool,
+    /// The request carries the end of the upload (the IETF draft's `Upload-Complete: ?1`): when
+    /// the body ends, its end is the upload's length — it becomes the length of a
+    /// deferred-length upload, and one that ends short of a known length is an inconsistent
+    /// length ([`crate::draft::length_short`]). Always false for TUS 1.0.
+    pub completes: bool,
 }
 
 /// TUS 1.0 §PATCH with §Checksum and §Creation Defer Length, decided before any I/O.
@@ -534,7 +550,7 @@ pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> R
     }
     let checksum = parse_checksum(h.upload_checksum)?;
     let checksum_in_trailer = h.trailer.is_some_and(|t| t.split(',').any(|n| n.trim().eq_ignore_ascii_case("upload-checksum")));
-    Ok(PatchPlan { offset, set_length, length, max_bytes, checksum, checksum_in_trailer })
+    Ok(PatchPlan { offset, set_length, length, max_bytes, checksum, checksum_in_trailer, completes: false })
 }
 
 /// The `Tus-Checksum-Algorithm` value (TUS 1.0 §Checksum): `sha1,sha256,sha512,md5`.

@@ -8,7 +8,7 @@
 const fs = require('fs')
 const os = require('os')
 const path = require('path')
-const { tus, KiB, args, run, headOffset, done, fail } = require('./common')
+const { tus, KiB, args, run, headOffset, done, fail, protocolOptions } = require('./common')
 
 async function main() {
   const { endpoint, file, rest } = args()
@@ -18,6 +18,7 @@ async function main() {
   const storeDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-tus-js-'))
   const urlStorage = new tus.FileUrlStorage(path.join(storeDir, 'uploads.json'))
   const common = {
+    ...protocolOptions(),
     endpoint,
     chunkSize,
     retryDelays: null,

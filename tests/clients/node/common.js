@@ -14,6 +14,16 @@ function args() {
   return { base: base.replace(/\/+$/, ''), endpoint: base.replace(/\/+$/, '') + '/files/', file, rest }
 }
 
+// The protocol tus-js-client speaks: TUS 1.0 by default, or the IETF draft when the test sets
+// TUS_PROTOCOL=ietf-draft-03 (Upload-Draft-Interop-Version 5) or ietf-draft-05 (6).
+const PROTOCOL = process.env.TUS_PROTOCOL || 'tus-v1'
+const INTEROP = { 'ietf-draft-03': '5', 'ietf-draft-05': '6' }[PROTOCOL]
+
+// Options every script passes to tus.Upload for the protocol.
+function protocolOptions() {
+  return { protocol: PROTOCOL }
+}
+
 // Run `upload.start()` and resolve with the upload when it succeeds.
 function run(upload) {
   return new Promise((resolve, reject) => {
@@ -26,7 +36,8 @@ function run(upload) {
 // HEAD the upload (URL resolved against `base` if relative) and return its Upload-Offset.
 async function headOffset(url, base) {
   url = new URL(url, base).href
-  const res = await fetch(url, { method: 'HEAD', headers: { 'Tus-Resumable': '1.0.0' } })
+  const headers = INTEROP ? { 'Upload-Draft-Interop-Version': INTEROP } : { 'Tus-Resumable': '1.0.0' }
+  const res = await fetch(url, { method: 'HEAD', headers })
   if (res.status !== 200 && res.status !== 204) throw new Error(`HEAD ${url}: status ${res.status}`)
   const off = res.headers.get('upload-offset')
   if (off == null || !/^\d+$/.test(off)) throw new Error(`HEAD ${url}: bad Upload-Offset ${off}`)
@@ -50,4 +61,4 @@ function fail(err) {
 
 process.on('unhandledRejection', fail)
 
-module.exports = { tus, KiB, args, run, headOffset, done, fail }
+module.exports = { tus, KiB, args, run, headOffset, done, fail, protocolOptions, PROTOCOL }

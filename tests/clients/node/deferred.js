@@ -3,13 +3,14 @@
 // POST carries Upload-Defer-Length: 1 and the length is sent on the last PATCH.
 const fs = require('fs')
 const { PassThrough } = require('stream')
-const { tus, KiB, args, run, headOffset, done, fail } = require('./common')
+const { tus, KiB, args, run, headOffset, done, fail, protocolOptions } = require('./common')
 
 async function main() {
   const { endpoint, file } = args()
   // Pipe through a PassThrough so tus-js-client sees a generic stream (not a file it could stat).
   const source = fs.createReadStream(file, { highWaterMark: 64 * KiB }).pipe(new PassThrough())
   const upload = new tus.Upload(source, {
+    ...protocolOptions(),
     endpoint,
     chunkSize: 192 * KiB, // required for streams; not a power of two on purpose
     uploadLengthDeferred: true,

@@ -1,0 +1,8 @@
+//! Fuzz target: `rufh_offset` — see `ferry_tus::fuzzing::check`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    ferry_tus::fuzzing::check("rufh_offset", data);
+});
