@@ -1,0 +1,241 @@
+// ferry's pages for people (issue 16): the request-a-file page (a signed upload link) and the
+// download page (a signed download link). The HTML is the same for both and carries no data;
+// this script reads the link's id and signature from its own URL, asks the server what the
+// link is for (GET /share/{id}/info?…), and fills the page with textContent only — never
+// innerHTML — so names and metadata always render as text.
+import Uppy from '@uppy/core'
+import Tus from '@uppy/tus'
+import { sha256 } from '@noble/hashes/sha2.js'
+import { bytesToHex } from '@noble/hashes/utils.js'
+
+const $ = (id) => document.getElementById(id)
+const setText = (id, value) => {
+  $(id).textContent = value
+}
+const setState = (state) => {
+  document.body.dataset.state = state
+}
+
+/** Upload PATCHes of this many bytes: each ends in a server checkpoint. */
+const CHUNK_SIZE = 16 * 1024 * 1024
+/** The local file is hashed in slices of this many bytes. */
+const HASH_SLICE = 8 * 1024 * 1024
+
+export function formatBytes(n) {
+  if (n == null) return 'not known yet'
+  const units = ['bytes', 'KiB', 'MiB', 'GiB', 'TiB']
+  let v = n
+  let i = 0
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024
+    i += 1
+  }
+  const exact = `${n.toLocaleString('en-US')} bytes`
+  return i === 0 ? exact : `${v.toFixed(v < 10 ? 2 : 1)} ${units[i]} (${exact})`
+}
+
+function formatTime(ms) {
+  if (ms == null) return 'no limit'
+  const d = new Date(ms)
+  return `${d.toLocaleString()} (${d.toISOString()})`
+}
+
+function show(section) {
+  for (const s of ['problem', 'upload', 'download']) $(s).hidden = s !== section
+  setText('status', '')
+}
+
+function problem(title, detail) {
+  show('problem')
+  setText('problem-title', title)
+  setText('problem-detail', detail)
+  setState('error')
+}
+
+/** The link's parts: `/share/{id}?scope=…&expires=…&sig=…`. */
+function link() {
+  const parts = location.pathname.split('/')
+  return { id: decodeURIComponent(parts[2] || ''), query: location.search }
+}
+
+async function fetchInfo({ id, query }) {
+  let res
+  try {
+    res = await fetch(`/share/${encodeURIComponent(id)}/info${query}`, { cache: 'no-store' })
+  } catch (e) {
+    return { error: ['The server cannot be reached', 'Check your connection and reload this page.'] }
+  }
+  if (res.ok) return { info: await res.json() }
+  let detail = ''
+  try {
+    detail = (await res.json()).detail || ''
+  } catch (_) {}
+  switch (res.status) {
+    case 410:
+      return { error: ['This link has expired', 'Ask the person who sent it for a new link.'] }
+    case 403:
+      return { error: ['This link is not valid', 'It was changed or cut short. Copy the whole link again, or ask for a new one.'] }
+    case 404:
+      return { error: ['This file is not here any more', 'It was deleted, or it expired unfinished. Ask for a new link.'] }
+    default:
+      return { error: [`The server answered ${res.status}`, detail || 'Try again in a moment.'] }
+  }
+}
+
+async function hashFile(file, onProgress) {
+  const h = sha256.create()
+  for (let at = 0; at < file.size; at += HASH_SLICE) {
+    const buf = await file.slice(at, Math.min(file.size, at + HASH_SLICE)).arrayBuffer()
+    h.update(new Uint8Array(buf))
+    onProgress(Math.min(file.size, at + HASH_SLICE))
+  }
+  return bytesToHex(h.digest())
+}
+
+function downloadPage(l, info) {
+  const f = info.file
+  show('download')
+  setText('dl-name', f.name || f.id)
+  setText('dl-size', formatBytes(f.size))
+  setText('dl-type', f.media_type)
+  setText('dl-sha', f.sha256 || 'not complete yet')
+  setText('dl-expires', formatTime(info.expires_at_ms))
+  const button = $('dl-button')
+  if (!f.complete) {
+    button.hidden = true
+    setText('status', 'This file is still being uploaded; reload the page later.')
+    setState('incomplete')
+    return
+  }
+  const params = new URLSearchParams(l.query)
+  params.set('download', '1')
+  button.href = `/files/${encodeURIComponent(l.id)}?${params}`
+  if (f.name) button.download = f.name
+  setState('ready')
+}
+
+function uploadPage(l, info) {
+  const f = info.file
+  show('upload')
+  setText('up-name', f.name || 'any name')
+  setText('up-size', f.size == null ? 'any size' : formatBytes(f.size))
+  setText('up-received', f.size ? `${formatBytes(f.offset)} (${((f.offset * 100) / f.size).toFixed(1)} %)` : formatBytes(f.offset))
+  setText('up-expires', formatTime(info.expires_at_ms))
+  if (f.complete) {
+    $('drop').hidden = true
+    $('result').hidden = false
+    setText('verdict', 'This upload is complete.')
+    setText('sha-local', '—')
+    setText('sha-server', f.sha256 || '')
+    setState('complete')
+    return
+  }
+  if (f.offset > 0) setText('drop-text', 'Part of the file is here already: choose the same file again to continue where it stopped.')
+  const pick = $('pick')
+  const drop = $('drop')
+  drop.addEventListener('dragover', (e) => {
+    e.preventDefault()
+    drop.classList.add('over')
+  })
+  drop.addEventListener('dragleave', () => drop.classList.remove('over'))
+  drop.addEventListener('drop', (e) => {
+    e.preventDefault()
+    drop.classList.remove('over')
+    if (e.dataTransfer.files.length) start(l, info, e.dataTransfer.files[0])
+  })
+  pick.addEventListener('change', () => {
+    if (pick.files.length) start(l, info, pick.files[0])
+  })
+  setState('ready')
+}
+
+let started = false
+
+function start(l, info, file) {
+  const f = info.file
+  if (started) return
+  if (f.size != null && file.size !== f.size) {
+    setText('status', `“${file.name}” has ${formatBytes(file.size)}; this request asks for exactly ${formatBytes(f.size)}. Choose the right file.`)
+    $('status').className = 'bad'
+    return
+  }
+  started = true
+  $('status').className = ''
+  $('drop').hidden = true
+  $('progress').hidden = false
+  setText('status', `Sending “${file.name}”…`)
+  const hashing = hashFile(file, () => {})
+  const uploadUrl = new URL(`/files/${encodeURIComponent(l.id)}${l.query}`, location.href).href
+  const uppy = new Uppy({ autoProceed: false, allowMultipleUploadBatches: false })
+  uppy.use(Tus, {
+    uploadUrl,
+    chunkSize: CHUNK_SIZE,
+    retryDelays: [0, 1000, 3000, 5000, 10000, 20000, 30000],
+    uploadLengthDeferred: f.size == null,
+    storeFingerprintForResuming: false,
+    removeFingerprintOnSuccess: true,
+  })
+  const fileId = uppy.addFile({ name: file.name, type: file.type || 'application/octet-stream', data: file, source: 'page' })
+  let paused = false
+  uppy.on('upload-progress', (_file, p) => {
+    if (!p.bytesTotal) return
+    $('bar').value = p.bytesUploaded / p.bytesTotal
+    setText('pct', `${((p.bytesUploaded * 100) / p.bytesTotal).toFixed(1)} %`)
+    setText('bytes', `${formatBytes(p.bytesUploaded)} of ${formatBytes(p.bytesTotal)}`)
+    document.body.dataset.uploaded = String(p.bytesUploaded)
+  })
+  $('pause').addEventListener('click', () => {
+    paused = uppy.pauseResume(fileId)
+    setText('pause', paused ? 'Resume' : 'Pause')
+    setText('status', paused ? 'Paused. You can close this page: choose the same file again later to continue.' : `Sending “${file.name}”…`)
+    setState(paused ? 'paused' : 'uploading')
+  })
+  setState('uploading')
+  uppy.upload().then(
+    async (result) => {
+      if (!result || result.failed.length || !result.successful.length) {
+        const err = result && result.failed[0] && result.failed[0].error
+        return failed(err)
+      }
+      $('pause').hidden = true
+      setText('status', 'All bytes sent. Comparing checksums…')
+      const [local, server] = await Promise.all([hashing, serverSha(l)])
+      setText('up-received', `${formatBytes(file.size)} (100 %)`)
+      $('result').hidden = false
+      setText('sha-local', local)
+      setText('sha-server', server || 'not reported')
+      const same = local === server
+      setText('verdict', same ? '✓ Done: the server has exactly your file (sha256 matches).' : '✗ The checksums differ: the server did not receive your file intact.')
+      $('verdict').className = same ? 'ok' : 'bad'
+      setText('status', '')
+      setState(same ? 'done' : 'mismatch')
+    },
+    (err) => failed(err),
+  )
+}
+
+function failed(err) {
+  setText('status', `The upload stopped: ${(err && err.message) || err}. Reload the page and choose the same file to continue.`)
+  $('status').className = 'bad'
+  setState('failed')
+}
+
+/** The sha256 the server computed: polled until the upload shows complete. */
+async function serverSha(l) {
+  for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
+    const { info } = await fetchInfo(l)
+    if (info && info.file.complete) return info.file.sha256
+    await new Promise((r) => setTimeout(r, delay))
+  }
+}
+
+async function main() {
+  const l = link()
+  if (!l.id || !l.query) return problem('This link is not valid', 'It was cut short. Copy the whole link again.')
+  const { info, error } = await fetchInfo(l)
+  if (error) return problem(...error)
+  if (info.scope === 'upload') return uploadPage(l, info)
+  return downloadPage(l, info)
+}
+
+main()
