@@ -251,3 +251,87 @@ async fn two_replicas_sweeping_and_running_tasks_never_run_a_task_twice_or_expir
         }
     }
 }
+
+/// Three replicas behind a per-request round-robin balancer (tests/common/balancer.rs), no
+/// sticky sessions: an MCP client that opens a session (the rmcp client's `initialize`, MCP
+/// before 2026-07-28) has its consecutive calls served by different replicas. The session's
+/// state — the client's capabilities, which decide that a job tool answers with a native task —
+/// comes from the catalog wherever the call lands (src/mcp/sessions.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_calls_of_one_session_are_served_by_every_replica() {
+    use rmcp::model::*;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    use serde_json::{json, Value};
+
+    let db = TestDb::create().await;
+    let blobs = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let public = format!("http://{}", listener.local_addr().unwrap());
+    let servers: Vec<Server> = (0..3).map(|_| replica(&db, blobs.path(), &["--public-url", &public])).collect();
+    let proxy = balancer::RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
+
+    let caps = ClientCapabilities::builder().enable_tasks().build();
+    let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(proxy.url("/mcp")));
+    let c = ClientConfig::new(caps, Implementation::new("ferry-replica-tests", "0")).serve(transport).await.expect("MCP session through the balancer");
+    let call = |name: &'static str, args: Value| {
+        let c = &c;
+        async move {
+            let Value::Object(a) = args else { unreachable!() };
+            let r = c.call_tool(CallToolRequestParams::new(name).with_arguments(a)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+            let v = r.structured_content.expect("structuredContent");
+            assert_ne!(r.is_error, Some(true), "{name} failed: {v}");
+            v
+        }
+    };
+    // A file uploaded to its signed URL (through the balancer too), then looked at by every replica.
+    let data = pseudo_random(700_000, 31);
+    let begin = call("file_upload_begin", json!({ "name": "r.bin", "size": data.len() })).await;
+    let url = begin["upload_url"].as_str().unwrap();
+    assert!(url.starts_with(&public), "signed URLs name the balancer (--public-url): {url}");
+    let r = client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(data.clone()).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let id = begin["file"]["id"].as_str().unwrap().to_string();
+    for _ in 0..3 {
+        let st = call("file_status", json!({ "file_id": id })).await;
+        assert_eq!(st["file"]["sha256"], sha256_hex(&data).as_str(), "{st}");
+    }
+    // A job tool: the client declared the tasks extension at initialize, on one replica only.
+    for round in 0..3 {
+        let Value::Object(a) = json!({ "file_ids": [id], "format": "tar", "name": format!("r{round}.tar") }) else { unreachable!() };
+        let created = match c.peer().call_tool_once(CallToolRequestParams::new("archive_files").with_arguments(a)).await.unwrap() {
+            CallToolResponse::Task(t) => t,
+            other => panic!("round {round}: expected a CreateTaskResult (the session's capabilities), got {other:?}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let done = loop {
+            let t = c.peer().get_task(GetTaskParams::new(created.task.task_id.clone())).await.expect("tasks/get").task;
+            if t.status() != TaskStatus::Working {
+                break t;
+            }
+            assert!(Instant::now() < deadline, "task still working after 60 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(matches!(done.payload, TaskPayload::Completed { .. }), "round {round}: {done:?}");
+    }
+    c.cancel().await.unwrap();
+
+    let posts: Vec<_> = proxy.served().into_iter().filter(|s| s.path.starts_with("/mcp") && s.method == "POST").collect();
+    assert!(posts.iter().all(|s| s.status < 400), "every MCP request succeeded: {posts:?}");
+    let replicas: std::collections::BTreeSet<usize> = posts.iter().map(|s| s.replica).collect();
+    assert_eq!(replicas.len(), 3, "the session's calls went to every replica: {posts:?}");
+
+    // The TypeScript SDK (MCP 2025-11-25, sessions) through the same balancer.
+    let dir = manifest_dir().join("tests/clients/mcp-ts");
+    assert!(dir.join("node_modules/@modelcontextprotocol/sdk/package.json").exists(), "tests/clients/mcp-ts/node_modules is not installed: run .ci/run");
+    let before = proxy.served().len();
+    let node = std::env::var_os("FERRY_NODE").unwrap_or_else(|| "node".into());
+    let mut cmd = loopback_command(node);
+    cmd.current_dir(&dir).arg(dir.join("call_tool.mjs")).arg(proxy.url("/mcp"));
+    let v = run_json_client(cmd, 120).await;
+    assert_eq!(v["protocol"], "2025-11-25", "{v}");
+    assert_eq!(v["ok"]["size"], 3, "{v}");
+    let ts: Vec<_> = proxy.served().into_iter().skip(before).filter(|s| s.path.starts_with("/mcp") && s.method == "POST").collect();
+    assert_eq!(ts.iter().map(|s| s.replica).collect::<std::collections::BTreeSet<_>>().len(), 3, "{ts:?}");
+}

@@ -36,10 +36,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::client::{HttpConnector, ReqwestConnector};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{BackoffConfig, GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{ClientConfigKey, ClientOptions};
 
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream};
 
@@ -276,6 +278,19 @@ struct Inner {
     bucket: String,
     prefix: String,
     base: u64,
+    /// Where ListMultipartUploads goes ([`Inner::unmarked_multiparts`]).
+    listing: Listing,
+}
+
+/// Path-style address of the bucket and the signing region, for the one request object_store
+/// does not make: ListMultipartUploads.
+struct Listing {
+    /// e.g. `http://127.0.0.1:9000/bucket` or `https://s3.eu-west-1.amazonaws.com/bucket`.
+    bucket_url: String,
+    region: String,
+    /// object_store's own HTTP client (TLS, proxies and `AWS_ALLOW_HTTP` as for every other
+    /// request).
+    http: object_store::client::HttpClient,
 }
 
 impl Inner {
@@ -325,21 +340,57 @@ impl Inner {
         self.s3.list(Some(dir)).map_ok(|m| m.location).try_collect().await.map_err(io)
     }
 
-    /// Abort every multipart upload of `id` but `keep`, and forget their markers.
+    /// Abort every multipart upload of `id` but `keep`, and forget their markers. Multipart
+    /// uploads no marker names (a writer died between CreateMultipartUpload and writing the
+    /// marker) are found with ListMultipartUploads on the object's key and aborted too.
     async fn abort_multiparts(&self, id: &str, keep: Option<&str>) -> BlobResult<()> {
         for marker in self.list(&self.mpu_dir(id)).await? {
             let Some(mp) = marker.filename().and_then(|h| hex::decode(h).ok()).and_then(|b| String::from_utf8(b).ok()) else { continue };
             if keep == Some(mp.as_str()) {
                 continue;
             }
-            match self.s3.abort_multipart(&self.object(id), &MultipartId::from(mp)).await {
-                Ok(()) => {}
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(io(e)),
-            }
+            self.abort_one(id, mp).await?;
             self.delete_quiet(&marker).await?;
         }
+        match self.unmarked_multiparts(id).await {
+            Ok(ids) => {
+                for mp in ids.into_iter().filter(|m| keep != Some(m.as_str())) {
+                    self.abort_one(id, mp).await?;
+                }
+            }
+            // Best effort: a store without ListMultipartUploads leaves such orphans to the
+            // bucket's AbortIncompleteMultipartUpload lifecycle rule.
+            Err(e) => tracing::warn!(upload = id, error = %e, "listing multipart uploads to abort orphans failed"),
+        }
         Ok(())
+    }
+
+    async fn abort_one(&self, id: &str, mp: String) -> BlobResult<()> {
+        match self.s3.abort_multipart(&self.object(id), &MultipartId::from(mp)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    /// The ids of the unfinished multipart uploads of `id`'s object: ListMultipartUploads
+    /// with the key as prefix (exact key matches only), signed with object_store's own
+    /// credentials. For cleanup only, never for resume state (DESIGN §2).
+    async fn unmarked_multiparts(&self, id: &str) -> Result<Vec<String>, String> {
+        let key = self.object(id).to_string();
+        let mut url = url::Url::parse(&self.listing.bucket_url).map_err(|e| e.to_string())?;
+        url.query_pairs_mut().append_pair("prefix", &key).append_pair("uploads", "");
+        let cred = self.s3.credentials().get_credential().await.map_err(|e| e.to_string())?;
+        let mut req = http::Request::get(url.as_str()).body(object_store::client::HttpRequestBody::empty()).map_err(|e| e.to_string())?;
+        object_store::aws::AwsAuthorizer::new(&cred, "s3", &self.listing.region).try_authorize(&mut req, None).map_err(|e| e.to_string())?;
+        let resp = self.listing.http.execute(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp.into_body().bytes().await.map_err(|e| e.to_string())?;
+        let body = String::from_utf8_lossy(&body);
+        if !status.is_success() {
+            return Err(format!("ListMultipartUploads answered {status}: {}", body.chars().take(300).collect::<String>()));
+        }
+        Ok(parse_uploads(&body).into_iter().filter(|(k, _)| *k == key).map(|(_, u)| u).collect())
     }
 
     /// Delete the tail segments of `id` not in `keep`.
@@ -538,6 +589,17 @@ fn compose_plan(lens: &[u64], min_part: u64) -> Option<Vec<Piece>> {
     (copies && parts.len() as u64 <= MAX_PARTS).then_some(parts)
 }
 
+/// `(Key, UploadId)` of each `<Upload>` in a ListMultipartUploads answer (XML entities of the
+/// five predefined kinds decoded).
+fn parse_uploads(xml: &str) -> Vec<(String, String)> {
+    fn field(block: &str, name: &str) -> Option<String> {
+        let start = block.find(&format!("<{name}>"))? + name.len() + 2;
+        let end = start + block[start..].find(&format!("</{name}>"))?;
+        Some(block[start..end].replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&"))
+    }
+    xml.split("<Upload>").skip(1).filter_map(|b| Some((field(b, "Key")?, field(b, "UploadId")?))).collect()
+}
+
 /// A missing object a committed state names: the store lost bytes (or someone deleted them).
 fn corrupt(e: object_store::Error, what: &str) -> BlobError {
     if is_not_found(&e) {
@@ -577,9 +639,14 @@ impl S3BlobStore {
             // S3-compatible stores are addressed by path (bucket in the path), as MinIO and moto expect.
             b = b.with_endpoint(ep).with_virtual_hosted_style_request(false);
         }
+        let region = b.get_config_value(&AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".to_string());
+        let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+        let allow_http = b.get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp)).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let listing_http = ReqwestConnector::default().connect(&ClientOptions::new().with_allow_http(allow_http)).map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
+        let listing = Listing { bucket_url: format!("{}/{bucket}", endpoint.trim_end_matches('/')), region, http: listing_http };
         let s3 = b.with_retry(retry_config()).build().map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().map_err(|e| anyhow::anyhow!("HTTP client for {url}: {e}"))?;
-        Ok(S3BlobStore { inner: Arc::new(Inner { s3, http, bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string(), base: base_part }) })
+        Ok(S3BlobStore { inner: Arc::new(Inner { s3, http, bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string(), base: base_part, listing }) })
     }
 
     /// Reopen a finished blob at `offset` (a job re-running after a crash between finishing
@@ -892,6 +959,14 @@ mod tests {
             assert!(part_size(MIN_PART, idx) >= MIN_PART);
             sum += part_size(MIN_PART, idx);
         }
+    }
+
+    #[test]
+    fn list_multipart_uploads_answers_parse() {
+        let xml = "<?xml version=\"1.0\"?><ListMultipartUploadsResult><Bucket>b</Bucket><Upload><Key>up/a&amp;b</Key><UploadId>X1</UploadId>\
+                   <Initiated>2026</Initiated></Upload><Upload><Key>up/c</Key><UploadId>Y2</UploadId></Upload></ListMultipartUploadsResult>";
+        assert_eq!(parse_uploads(xml), vec![("up/a&b".to_string(), "X1".to_string()), ("up/c".to_string(), "Y2".to_string())]);
+        assert_eq!(parse_uploads("<ListMultipartUploadsResult/>"), vec![]);
     }
 
     #[test]

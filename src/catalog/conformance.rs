@@ -67,6 +67,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_task_lease_database_clock(cat, prefix).await;
     check_release_requests(cat, prefix).await;
     check_shared_secret(cat, prefix).await;
+    check_mcp_sessions(cat, prefix).await;
     super::conformance_tasks::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
 }
@@ -430,6 +431,23 @@ pub async fn check_shared_secret(cat: &dyn Catalog, p: &str) {
     let name = format!("{p}secret");
     assert_eq!(cat.shared_secret(&name, &[1; 32]).await.unwrap(), vec![1; 32], "the first candidate is stored");
     assert_eq!(cat.shared_secret(&name, &[2; 32]).await.unwrap(), vec![1; 32], "later candidates get the stored value");
+}
+
+pub async fn check_mcp_sessions(cat: &dyn Catalog, p: &str) {
+    let (old, new) = (format!("{p}session-old"), format!("{p}session-new"));
+    assert_eq!(cat.get_mcp_session(&old, 10).await.unwrap(), None, "unknown session");
+    cat.put_mcp_session(&old, "{\"a\":1}", 1_000).await.unwrap();
+    cat.put_mcp_session(&old, "{\"a\":2}", 1_000).await.unwrap();
+    cat.put_mcp_session(&new, "{}", 1_000).await.unwrap();
+    assert_eq!(cat.get_mcp_session(&old, 1_000).await.unwrap().as_deref(), Some("{\"a\":2}"), "a second put replaces the state");
+    // Reading marks the session used: only the one not read since 1 000 is forgotten.
+    assert_eq!(cat.get_mcp_session(&new, 5_000).await.unwrap().as_deref(), Some("{}"));
+    assert!(cat.forget_mcp_sessions(2_000).await.unwrap() >= 1);
+    assert_eq!(cat.get_mcp_session(&old, 6_000).await.unwrap(), None, "unused since 1 000: forgotten");
+    assert!(cat.get_mcp_session(&new, 6_000).await.unwrap().is_some(), "used at 5 000: kept");
+    cat.delete_mcp_session(&new).await.unwrap();
+    cat.delete_mcp_session(&new).await.unwrap();
+    assert_eq!(cat.get_mcp_session(&new, 7_000).await.unwrap(), None, "deleted");
 }
 
 pub async fn check_racing_lease(a: &dyn Catalog, b: &dyn Catalog, p: &str) {

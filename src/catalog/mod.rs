@@ -309,6 +309,20 @@ pub trait Catalog: TaskCatalog + Send + Sync + 'static {
 
     /// Whether the backend answers (for `/readyz`).
     async fn ping(&self) -> CatalogResult<()>;
+
+    /// Store (or replace) the MCP session `id`: `state` is opaque text (the client's
+    /// `initialize` parameters as JSON), `now_ms` its last use. Sessions exist only for MCP
+    /// clients of protocols before 2026-07-28; keeping them here lets any replica serve them.
+    async fn put_mcp_session(&self, id: &str, state: &str, now_ms: i64) -> CatalogResult<()>;
+
+    /// The state of MCP session `id`, marking it used at `now_ms`; `None` if unknown.
+    async fn get_mcp_session(&self, id: &str, now_ms: i64) -> CatalogResult<Option<String>>;
+
+    /// Forget MCP session `id` (the client ended it). Idempotent.
+    async fn delete_mcp_session(&self, id: &str) -> CatalogResult<()>;
+
+    /// Forget MCP sessions last used before `before_ms`; returns how many.
+    async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64>;
 }
 
 /// Where the catalog lives (`--catalog`): `sqlite:PATH` or a `postgres://` (`postgresql://`) URL.

@@ -506,6 +506,29 @@ impl Catalog for SqliteCatalog {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+
+    async fn put_mcp_session(&self, id: &str, state: &str, now_ms: i64) -> CatalogResult<()> {
+        sqlx::query("INSERT INTO mcp_sessions (id, state, used_at_ms) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, used_at_ms = excluded.used_at_ms")
+            .bind(id)
+            .bind(state)
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_mcp_session(&self, id: &str, now_ms: i64) -> CatalogResult<Option<String>> {
+        Ok(sqlx::query_scalar("UPDATE mcp_sessions SET used_at_ms = ? WHERE id = ? RETURNING state").bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
+    }
+
+    async fn delete_mcp_session(&self, id: &str) -> CatalogResult<()> {
+        sqlx::query("DELETE FROM mcp_sessions WHERE id = ?").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
+        Ok(sqlx::query("DELETE FROM mcp_sessions WHERE used_at_ms < ?").bind(before_ms).execute(&self.pool).await?.rows_affected())
+    }
 }
 
 #[cfg(test)]

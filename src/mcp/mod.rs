@@ -18,6 +18,7 @@
 mod args;
 pub mod envelope;
 pub mod results;
+pub mod sessions;
 mod tools;
 
 use std::collections::BTreeMap;
@@ -44,14 +45,16 @@ use envelope::{failure, file_uri, resource_link, result};
 use results::*;
 use tools::JobTool;
 
-/// rmcp's Streamable HTTP transport for `/mcp` (MCP 2026-07-28 stateless, and sessions for
-/// clients of older protocol versions).
+/// rmcp's Streamable HTTP transport for `/mcp`: MCP 2026-07-28 stateless, and sessions for
+/// clients of older protocol versions whose state lives in the catalog ([`sessions`]), so
+/// every replica behind a load balancer serves every request.
 pub fn streamable_http_service(state: &AppState) -> rmcp::transport::StreamableHttpService<FerryMcp, LocalSessionManager> {
     let mcp = FerryMcp::new(state.clone(), (*state.mcp).clone());
     // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
     // from the tool rather than a bare 413 from the transport.
     let max_body = (state.mcp.max_chunk as usize).saturating_mul(4).saturating_add(1 << 20);
     let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
+    cfg.session_store = Some(Arc::new(sessions::CatalogSessions::new(state.engine.catalog.clone())));
     cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
     rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
 }

@@ -2,6 +2,7 @@
 //! to it over HTTP. Every black-box test goes through [`Server`].
 #![allow(dead_code)]
 
+pub mod balancer;
 pub mod moto;
 pub mod pg;
 pub mod proxy;

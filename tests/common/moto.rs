@@ -78,6 +78,14 @@ impl Moto {
         body.split("<UploadId>").skip(1).filter_map(|s| s.split("</UploadId>").next()).map(str::to_string).collect()
     }
 
+    /// CreateMultipartUpload of `key` behind ferry's back (as a writer that died right after
+    /// creating one would leave it); returns its upload id.
+    pub async fn create_multipart(&self, bucket: &str, key: &str) -> String {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let body = http.post(format!("{}/{bucket}/{key}?uploads", self.endpoint)).send().await.unwrap().text().await.unwrap();
+        body.split("<UploadId>").nth(1).and_then(|s| s.split("</UploadId>").next()).unwrap_or_else(|| panic!("CreateMultipartUpload: {body}")).to_string()
+    }
+
     /// ListObjectsV2: every key in the bucket.
     pub async fn keys(&self, bucket: &str) -> Vec<String> {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();

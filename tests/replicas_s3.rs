@@ -1,0 +1,578 @@
+//! Three `ferry serve` replicas on one PostgreSQL catalog and one S3 bucket (moto), behind a
+//! round-robin balancer, end to end (issue 11): real clients upload through the balancer and
+//! every replica serves the downloads; a replica killed (`kill -9`) or frozen (`SIGSTOP`) in
+//! the middle of a PATCH or of an `archive` task loses nothing while another finishes its work;
+//! termination and expiry leave nothing behind in the bucket.
+//!
+//! The balancer (tests/common/balancer.rs) balances per HTTP *request*, not per connection: a
+//! client that keeps one connection open still has each request served by the next replica,
+//! so every chunk of an upload after the first is written by a replica that did not write the
+//! previous one — it takes the lease over in the catalog, resumes from the committed part list
+//! and tail, and continues the sha256 from the midstate. The replicas run with `--public-url`
+//! naming the balancer, so `Location` and signed URLs point at it, as behind nginx.
+//!
+//! Needs PostgreSQL (`FERRY_TEST_PG`, see tests/common/pg.rs), moto (tests/common/moto.rs),
+//! tus-js-client (tests/clients/node) — all installed by `.ci/run`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::balancer::RoundRobin;
+use common::moto::Moto;
+use common::pg::TestDb;
+use common::*;
+use futures::StreamExt;
+use serde_json::Value;
+use sha2::Digest;
+
+const MIB: usize = 1 << 20;
+const BUCKET: &str = "ferry";
+/// Key prefix of the blobs in the bucket.
+const PREFIX: &str = "up";
+
+/// Three replicas, their catalog, their bucket and the balancer in front.
+struct Cluster {
+    // Dropped in this order: the replicas first, the database last.
+    servers: Vec<Server>,
+    proxy: RoundRobin,
+    moto: Moto,
+    _db: TestDb,
+}
+
+impl Cluster {
+    /// Start moto, a fresh database and three replicas with `--leases catalog`, 2 s upload and
+    /// task leases, and `extra` flags.
+    async fn start(extra: &[&str]) -> Cluster {
+        Cluster::start_public(extra, None).await
+    }
+
+    /// [`Cluster::start`] with `--public-url public` (another balancer in front) instead of
+    /// this test balancer's URL.
+    async fn start_public(extra: &[&str], public: Option<&str>) -> Cluster {
+        let db = TestDb::create().await;
+        let moto = Moto::start(BUCKET, 5 * MIB as u64).await;
+        // The replicas inherit the AWS_* variables (nextest runs one test per process).
+        moto.set_env();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let public = public.map(str::to_string).unwrap_or_else(|| format!("http://{}", listener.local_addr().unwrap()));
+        let blobs = format!("s3://{BUCKET}/{PREFIX}");
+        let mut args = vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", "2s", "--task-lease", "2s", "--public-url", &public];
+        args.extend_from_slice(extra);
+        let servers: Vec<Server> = (0..3).map(|_| Server::start(&args)).collect();
+        let proxy = RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
+        Cluster { servers, proxy, moto, _db: db }
+    }
+
+    /// A TUS client that talks to the balancer.
+    fn tus(&self) -> Tus {
+        Tus { c: client(), base: self.proxy.base.clone() }
+    }
+
+    /// `kill -9` replica `i` (the balancer stops sending it requests first, as a health check
+    /// would).
+    fn kill(&mut self, i: usize) {
+        self.proxy.set_down(i);
+        self.servers[i].kill9();
+    }
+
+    /// Start replica `i` again on its data dir and put it back into rotation.
+    fn restart(&mut self, i: usize) {
+        self.servers[i].restart();
+        self.proxy.set_backend(i, &self.servers[i].base);
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        let ok = std::process::Command::new("kill").arg(format!("-{sig}")).arg(self.servers[i].child.id().to_string()).status().unwrap().success();
+        assert!(ok, "kill -{sig}");
+    }
+
+    /// The bucket's keys that belong to upload `id`, and its unfinished multipart uploads.
+    async fn leftovers(&self, id: &str) -> (Vec<String>, Vec<String>) {
+        let keys = self.moto.keys(BUCKET).await.into_iter().filter(|k| k.contains(id)).collect();
+        (keys, self.moto.multipart_uploads(BUCKET).await)
+    }
+
+    /// Download `path` through every replica directly: each must serve the same sha256.
+    async fn assert_everywhere(&self, path: &str, sha: &str, len: u64) {
+        let path = path.find("/files/").map(|i| &path[i..]).unwrap_or(path);
+        for (i, s) in self.servers.iter().enumerate() {
+            let (got, n) = download_sha256(&s.url(path)).await;
+            assert_eq!((got.as_str(), n), (sha, len), "replica {i} serves {path}");
+        }
+    }
+}
+
+/// GET `url` streaming: (sha256 hex, bytes).
+async fn download_sha256(url: &str) -> (String, u64) {
+    let r = client().get(url).send().await.unwrap();
+    assert_eq!(r.status(), 200, "GET {url}");
+    let mut h = sha2::Sha256::new();
+    let mut n = 0u64;
+    let mut s = r.bytes_stream();
+    while let Some(c) = s.next().await {
+        let c = c.unwrap();
+        n += c.len() as u64;
+        h.update(&c);
+    }
+    (hex::encode(h.finalize()), n)
+}
+
+fn id_of(url: &str) -> String {
+    url.trim_end_matches('/').rsplit('/').next().unwrap().to_string()
+}
+
+/// A PATCH whose body the test feeds piece by piece; the response arrives on the handle.
+fn streaming_patch(url: &str, offset: u64) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
+    let req = client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
+    (tx, tokio::spawn(req.send()))
+}
+
+/// HEAD through the balancer until it answers 200 (a HEAD waits for a dead holder's lease to
+/// expire and answers 423 if that takes longer than its wait); returns the offset.
+async fn offset_when_free(tus: &Tus, url: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = tus.head(url).await;
+        if r.status() == 200 {
+            return header_u64(&r, "upload-offset").expect("Upload-Offset");
+        }
+        assert!(matches!(r.status().as_u16(), 423 | 502), "HEAD {url}: {}", r.status());
+        assert!(Instant::now() < deadline, "the upload stayed locked for a minute");
+    }
+}
+
+/// The replica that holds the open PATCH of upload `id` (the balancer knows where it sent it).
+async fn patch_holder(proxy: &RoundRobin, id: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let [i] = proxy.in_flight("PATCH", id)[..] {
+            return i;
+        }
+        assert!(Instant::now() < deadline, "no PATCH of {id} in flight");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A pseudo-random file of `len` bytes in `dir`; returns its path and sha256.
+fn source(dir: &Path, name: &str, len: usize, seed: u64) -> (std::path::PathBuf, String) {
+    let data = pseudo_random(len, seed);
+    let p = dir.join(name);
+    std::fs::write(&p, &data).unwrap();
+    (p, sha256_hex(&data))
+}
+
+/// tus-js-client (5 MiB and 1 MiB chunks, 3 parallel uploads joined by concatenation) and
+/// `ferry upload --parallel 4` upload 256 MiB each through the balancer; every replica
+/// serves each file with the right sha256.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_clients_upload_256_mib_through_three_replicas() {
+    let c = Cluster::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let len = 256 * MIB;
+    let (path, sha) = source(dir.path(), "big.bin", len, 0x256);
+    let mut urls = Vec::new();
+    for (opts, name) in [(r#"{"parallelUploads":3,"chunkSize":5242880}"#, "tus-js 5 MiB"), (r#"{"parallelUploads":3,"chunkSize":1048576}"#, "tus-js 1 MiB")] {
+        let t = Instant::now();
+        let out = run_json_client(node_script("tus_options.js", &[&c.proxy.base, path.to_str().unwrap(), opts]), 900).await;
+        eprintln!("{name}: 256 MiB uploaded through 3 replicas in {:.1} s", t.elapsed().as_secs_f64());
+        assert_eq!(out["posts"], 4, "3 partial uploads and the final one: {out}");
+        urls.push((name, out["url"].as_str().unwrap().to_string()));
+    }
+    let cache = dir.path().join("cache");
+    let t = Instant::now();
+    let mut cmd = std::process::Command::new(ferry_bin());
+    cmd.args(["upload", "--json", "--parallel", "4", path.to_str().unwrap()]).env("FERRY_SERVER", &c.proxy.base).env("FERRY_CACHE_DIR", &cache).env_remove("FERRY_TOKEN");
+    let o = tokio::task::spawn_blocking(move || loopback_command_output(cmd)).await.unwrap();
+    assert!(o.status.success(), "ferry upload: {}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("ferry upload --parallel 4: 256 MiB through 3 replicas in {:.1} s", t.elapsed().as_secs_f64());
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sha256"], sha.as_str());
+    urls.push(("ferry upload", v["url"].as_str().unwrap().to_string()));
+
+    let t = Instant::now();
+    for (name, url) in &urls {
+        assert!(url.starts_with(&c.proxy.base), "{name}: the upload URL names the balancer: {url}");
+        c.assert_everywhere(url, &sha, len as u64).await;
+    }
+    eprintln!("9 downloads of 256 MiB (3 files × 3 replicas) in {:.1} s", t.elapsed().as_secs_f64());
+
+    // Per-request balancing: the PATCHes went to every replica.
+    let served = c.proxy.served();
+    let patches: Vec<_> = served.iter().filter(|s| s.method == "PATCH").collect();
+    assert!(patches.iter().all(|s| s.status == 204), "every PATCH succeeded: {:?}", patches.iter().filter(|s| s.status != 204).collect::<Vec<_>>());
+    assert_eq!(patches.iter().map(|s| s.replica).collect::<BTreeSet<_>>().len(), 3);
+    // Finished uploads keep no multipart upload.
+    assert_eq!(c.moto.multipart_uploads(BUCKET).await, Vec::<String>::new());
+}
+
+/// `std::process::Command::output` with no proxy variables (the client talks to loopback).
+fn loopback_command_output(mut cmd: std::process::Command) -> std::process::Output {
+    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
+        cmd.env_remove(v);
+    }
+    cmd.stdin(std::process::Stdio::null()).output().expect("run ferry")
+}
+
+/// 20 rounds: a PATCH streams through the balancer, the replica holding it is killed once it
+/// has taken in at least 2 MiB more, and the client resumes through the balancer — on another
+/// replica, after the dead holder's lease expired. No acknowledged byte is lost, the final
+/// sha256 is right on every replica, and no multipart upload is left in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_the_patch_holder_twenty_times_resumes_on_another_replica() {
+    let mut c = Cluster::start(&["--checkpoint-every", "1MiB"]).await;
+    let tus = c.tus();
+    let data = pseudo_random(64 * MIB + 12_345, 0x20);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    let mut acknowledged = 0u64;
+    let mut holders = Vec::new();
+    for round in 0..20 {
+        let off = offset_when_free(&tus, &url).await;
+        assert!(off >= acknowledged, "round {round}: the offset went back from {acknowledged} to {off}: acknowledged bytes lost");
+        acknowledged = off;
+        // Each replica in turn holds the PATCH (the rotation alone would repeat a pattern).
+        c.proxy.aim(round % 3);
+        let (tx, patch) = streaming_patch(&url, off);
+        let rest = data[off as usize..].to_vec();
+        let feeder = tokio::spawn(async move {
+            for piece in rest.chunks(64 << 10) {
+                if tx.send(Bytes::copy_from_slice(piece)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let w = patch_holder(&c.proxy, &id).await;
+        let before = bytes_received(&c.servers[w]).await;
+        wait_bytes_received(&c.servers[w], before + 2 * MIB as u64).await;
+        c.kill(w);
+        holders.push(w);
+        feeder.abort();
+        let _ = patch.await;
+        // The next request goes to another replica; the dead one comes back for later rounds.
+        let taken = offset_when_free(&tus, &url).await;
+        assert!(taken >= acknowledged, "round {round}: the taker reports {taken} < {acknowledged}");
+        acknowledged = taken;
+        c.restart(w);
+    }
+    assert_eq!(holders.iter().collect::<BTreeSet<_>>().len(), 3, "the PATCHes were held by every replica: {holders:?}");
+    eprintln!("PATCH holders killed, round by round: {holders:?}");
+    let off = offset_when_free(&tus, &url).await;
+    assert!(off >= acknowledged && off > 10 * MIB as u64, "the rounds made progress across parts: {off}");
+    let r = tus.patch(&url, off, data[off as usize..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204);
+    c.assert_everywhere(&url, &sha256_hex(&data), data.len() as u64).await;
+    let (keys, mpus) = c.leftovers(&id).await;
+    assert_eq!(keys, vec![format!("{PREFIX}/{id}")], "only the finished object remains");
+    assert_eq!(mpus, Vec::<String>::new(), "no multipart upload is left");
+}
+
+/// The replica holding a PATCH is frozen (`SIGSTOP`) after it took in 7 MiB (a whole part
+/// uploaded); the client resumes through the balancer on another replica and finishes; the
+/// frozen one wakes (`SIGCONT`) with a stale lease and bytes in its socket that are not the
+/// file's. Its late bytes are never part of the file: every replica serves the right sha256,
+/// and nothing it wrote late is left in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstop_of_the_patch_holder_its_late_parts_are_never_referenced() {
+    let c = Cluster::start(&["--checkpoint-every", "1MiB"]).await;
+    let tus = c.tus();
+    let data = pseudo_random(23 * MIB + 999, 0x57);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    let (tx, patch) = streaming_patch(&url, 0);
+    for piece in data[..7 * MIB].chunks(256 << 10) {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    let a = patch_holder(&c.proxy, &id).await;
+    wait_bytes_received(&c.servers[a], 7 * MIB as u64).await;
+    c.signal(a, "STOP");
+    c.proxy.set_down(a);
+    // What A will find in its socket once it runs again: bytes that are not the file's,
+    // enough to fill more parts.
+    let garbage = tokio::spawn(async move {
+        for _ in 0..48 {
+            if tx.send(Bytes::from(vec![0xEE; 256 << 10])).await.is_err() {
+                break;
+            }
+        }
+        tx
+    });
+    let off = offset_when_free(&tus, &url).await;
+    assert!(off <= 7 * MIB as u64, "resumed from a checkpoint A committed: {off}");
+    eprintln!("A froze after 7 MiB; the upload resumed at {off}");
+    let r = tus.patch(&url, off, data[off as usize..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "another replica finished the upload while A was frozen");
+    c.signal(a, "CONT");
+    let tx = tokio::time::timeout(Duration::from_secs(60), garbage).await.expect("A reads its socket again").unwrap();
+    drop(tx);
+    let late = tokio::time::timeout(Duration::from_secs(60), patch).await.expect("A's PATCH ends").unwrap();
+    if let Ok(r) = late {
+        assert_ne!(r.status(), 204, "the frozen writer's PATCH must not succeed");
+    }
+    c.proxy.set_backend(a, &c.servers[a].base.clone());
+    c.assert_everywhere(&url, &sha256_hex(&data), data.len() as u64).await;
+    let (keys, mpus) = c.leftovers(&id).await;
+    assert_eq!(keys, vec![format!("{PREFIX}/{id}")], "only the finished object remains");
+    assert_eq!(mpus, Vec::<String>::new(), "no multipart upload is left");
+}
+
+/// `kill -9` of the replica running a 220 MiB `archive` task: another replica takes the task
+/// over when its lease expires and resumes it from its checkpoint — the same output file,
+/// progress never below the checkpoint — and the archive equals the reference built here
+/// from the inputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_the_archive_runner_another_replica_resumes_from_the_checkpoint() {
+    let mut c = Cluster::start(&[]).await;
+    let api = Api { c: client(), base: c.proxy.base.clone(), token: None };
+    let a = pseudo_random(110 * MIB, 0xA1);
+    let b = pseudo_random(110 * MIB + 12_345, 0xB2);
+    let ia = api.upload(&a, "first.bin").await;
+    let ib = api.upload(&b, "second.bin").await;
+    let inputs = [(&a, "first.bin"), (&b, "second.bin")];
+    let total = (a.len() + b.len()) as u64;
+    let mut baseline = Vec::new();
+    for s in &c.servers {
+        baseline.push(bytes_received(s).await);
+    }
+    let args = format!(r#"{{"files":["{ia}","{ib}"],"format":"tar","name":"big.tar"}}"#);
+    let t0 = Instant::now();
+    let task = api.start("archive", &args).await;
+    let tid = task["id"].as_str().unwrap().to_string();
+
+    // The runner is the replica whose received bytes grow (the archive is written through the
+    // upload path). Kill it once the archive is durable past byte 0 and progress went on
+    // past that point (progress > durable offset: a checkpoint was committed before it).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let (runner, durable, partial_id) = loop {
+        let v = api.task(&tid).await;
+        assert_eq!(v["status"], "working", "the archive ended before it could be interrupted: {v}");
+        let progress = v["progress"]["counters"]["bytes"].as_u64().unwrap_or(0);
+        let list = json(api.get("/api/v1/files?limit=100").await).await;
+        let out = list["files"].as_array().unwrap().iter().find(|f| f["name"] == "big.tar").cloned();
+        if let Some(f) = out {
+            let durable = f["offset"].as_u64().unwrap();
+            if durable > 0 && progress > durable && progress < total - 32 * MIB as u64 {
+                let mut grew = Vec::new();
+                for (i, s) in c.servers.iter().enumerate() {
+                    if bytes_received(s).await > baseline[i] {
+                        grew.push(i);
+                    }
+                }
+                assert_eq!(grew.len(), 1, "one replica writes the archive: {grew:?}");
+                break (grew[0], durable, f["id"].as_str().unwrap().to_string());
+            }
+        }
+        assert!(Instant::now() < deadline, "no checkpoint within 300 s: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    c.kill(runner);
+    eprintln!("killed replica {runner} at archive offset {durable} of {total} bytes, {:.1} s after the start", t0.elapsed().as_secs_f64());
+    let mut after = Vec::new();
+    for (i, s) in c.servers.iter().enumerate() {
+        after.push(if i == runner { 0 } else { bytes_received(s).await });
+    }
+
+    // Another replica resumes it; progress never goes below the checkpoint.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut lowest = u64::MAX;
+    let v = loop {
+        let v = api.task(&tid).await;
+        if v["status"] != "working" {
+            break v;
+        }
+        if let Some(p) = v["progress"]["counters"]["bytes"].as_u64() {
+            lowest = lowest.min(p);
+        }
+        assert!(Instant::now() < deadline, "not done within 300 s after the kill: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("archive of {total} bytes done {:.1} s after the start", t0.elapsed().as_secs_f64());
+    assert_eq!(v["status"], "completed", "{v}");
+    assert!(v["runs"].as_u64().unwrap() >= 2, "resumed by a new run: {v}");
+    assert!(lowest >= durable.saturating_sub(4096), "progress went back to {lowest}, below the checkpoint at {durable}: the run started over");
+    let f = &v["result"]["file"];
+    assert_eq!(f["id"], partial_id.as_str(), "the resumed run finished the same file (a run from zero creates a new one)");
+    let mut resumer = Vec::new();
+    for (i, s) in c.servers.iter().enumerate() {
+        if i != runner && bytes_received(s).await > after[i] {
+            resumer.push(i);
+        }
+    }
+    assert_eq!(resumer.len(), 1, "another replica finished it: {resumer:?}");
+    // It wrote only what came after the checkpoint (a restart from zero would write it all).
+    let written = bytes_received(&c.servers[resumer[0]]).await - after[resumer[0]];
+    let archive_len = f["size"].as_u64().unwrap();
+    assert!(written <= archive_len - durable, "the resumer wrote {written} bytes; the archive has {archive_len}, durable {durable}");
+
+    // The reference: the tar built here from the inputs (headers as the archive has them,
+    // checked by the tar crate: names and sizes), streamed into sha256.
+    let (sha, n) = download_sha256(&c.proxy.url(&format!("/files/{partial_id}"))).await;
+    assert_eq!((f["sha256"].as_str(), f["size"].as_u64()), (Some(sha.as_str()), Some(n)));
+    let head = client().get(c.proxy.url(&format!("/files/{partial_id}"))).header("Range", "bytes=0-511").send().await.unwrap().bytes().await.unwrap();
+    let second_at = 512 + a.len() + (512 - a.len() % 512) % 512;
+    let head2 =
+        client().get(c.proxy.url(&format!("/files/{partial_id}"))).header("Range", format!("bytes={second_at}-{}", second_at + 511)).send().await.unwrap().bytes().await.unwrap();
+    let mut reference = sha2::Sha256::new();
+    let mut ref_len = 0u64;
+    for ((data, name), hdr) in inputs.iter().zip([head, head2]) {
+        let h = tar::Header::from_byte_slice(&hdr);
+        assert_eq!(h.path().unwrap().to_str(), Some(*name));
+        assert_eq!(h.size().unwrap(), data.len() as u64);
+        assert_eq!(h.cksum().unwrap(), {
+            let mut sum: u32 = hdr.iter().map(|&b| b as u32).sum();
+            sum -= hdr[148..156].iter().map(|&b| b as u32).sum::<u32>();
+            sum + 8 * b' ' as u32
+        });
+        let pad = (512 - data.len() % 512) % 512;
+        reference.update(&hdr);
+        reference.update(data);
+        reference.update(vec![0u8; pad]);
+        ref_len += 512 + data.len() as u64 + pad as u64;
+    }
+    reference.update([0u8; 1024]);
+    ref_len += 1024;
+    assert_eq!((hex::encode(reference.finalize()), ref_len), (sha, n), "the resumed archive = the reference tar");
+}
+
+/// Termination through the balancer, and expiry by the sweepers of three replicas, leave no
+/// object and no multipart upload of the upload in the bucket — also when the upload was
+/// written by several replicas (parts, tail segments).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_and_expired_uploads_leave_nothing_in_the_bucket() {
+    let c = Cluster::start(&["--expire-after", "5s", "--sweep-interval", "200ms"]).await;
+    let tus = c.tus();
+    let data = pseudo_random(13 * MIB + 7, 0x7E);
+    let mut urls = Vec::new();
+    for round in 0..2 {
+        let url = tus.create(40 * MIB as u64).await;
+        // Three PATCHes, each on the next replica: two parts and a tail.
+        let mut at = 0;
+        for len in [3 * MIB, 4 * MIB, 6 * MIB + 7] {
+            let r = tus.patch(&url, at as u64, data[at..at + len].to_vec(), &[]).await;
+            assert_eq!(r.status(), 204, "PATCH at {at}");
+            at += len;
+        }
+        let (keys, mpus) = c.leftovers(&id_of(&url)).await;
+        assert!(keys.iter().any(|k| k.contains(".tail/")), "a tail segment exists: {keys:?}");
+        assert!(!mpus.is_empty(), "a multipart upload exists");
+        // And one no marker names: what a writer killed between CreateMultipartUpload and
+        // writing its marker leaves.
+        let orphan = c.moto.create_multipart(BUCKET, &format!("{PREFIX}/{}", id_of(&url))).await;
+        assert!(c.moto.multipart_uploads(BUCKET).await.contains(&orphan));
+        if round == 0 {
+            // Terminate the first (on whichever replica the DELETE lands).
+            let r = tus.request("DELETE", &url, &[("Tus-Resumable", "1.0.0")], None).await;
+            assert_eq!(r.status(), 204);
+            let (keys, mpus) = c.leftovers(&id_of(&url)).await;
+            assert_eq!(keys, Vec::<String>::new(), "termination left objects behind");
+            assert_eq!(mpus, Vec::<String>::new(), "termination left a multipart upload");
+        }
+        urls.push(url);
+    }
+    // The second expires: no more bytes arrive, a sweeper tombstones it and aborts its blob.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = tus.head(&urls[1]).await.status().as_u16();
+        if st == 410 || st == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the idle upload never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The sweeper tombstones first, then removes the blob: wait for that to be done.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (keys, mpus) = c.leftovers(&id_of(&urls[1])).await;
+        if keys.is_empty() && mpus.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "expiry left objects {keys:?} and multipart uploads {mpus:?} behind");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all = c.moto.keys(BUCKET).await;
+    assert!(!all.iter().any(|k| urls.iter().any(|u| k.contains(&id_of(u)))), "{all:?}");
+}
+
+/// The nginx configuration of README "Run several replicas", run for real (Debian's nginx,
+/// installed by `.ci/run`) in front of three replicas: `nginx -t` accepts it, tus-js-client
+/// uploads through it with 1 MiB chunks and 3 parallel uploads (every replica takes PATCHes),
+/// the TypeScript MCP SDK keeps its session through it, and downloads through it stream the
+/// right bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_nginx_configuration_balances_three_replicas() {
+    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+    let start = readme.find("```nginx\n").expect("README has an nginx block") + "```nginx\n".len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let public = format!("http://127.0.0.1:{port}");
+    let c = Cluster::start_public(&[], Some(&public)).await;
+    let mut conf = block.replace("listen 80;", &format!("listen 127.0.0.1:{port};"));
+    for (i, s) in c.servers.iter().enumerate() {
+        let from = format!("127.0.0.1:808{}", i + 1);
+        assert!(conf.contains(&from), "the README's upstream names {from}");
+        conf = conf.replace(&from, &s.addr());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path();
+    std::fs::write(prefix.join("ferry.conf"), conf).unwrap();
+    let main = format!(
+        "user root;\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{}}\nhttp {{\n  access_log {p}/access.log;\n  \
+         client_body_temp_path {p}/body; proxy_temp_path {p}/proxy; fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;\n  \
+         include {p}/ferry.conf;\n}}\n",
+        p = prefix.display()
+    );
+    std::fs::write(prefix.join("nginx.conf"), main).unwrap();
+    let nginx = std::env::var("FERRY_NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into());
+    assert!(Path::new(&nginx).exists(), "{nginx} is missing: run .ci/run (apt-get install nginx) or set FERRY_NGINX");
+    let conf_path = prefix.join("nginx.conf");
+    let t = std::process::Command::new(&nginx).arg("-t").arg("-c").arg(&conf_path).arg("-p").arg(prefix).output().unwrap();
+    assert!(t.status.success(), "nginx -t: {}", String::from_utf8_lossy(&t.stderr));
+    let child = std::process::Command::new(&nginx)
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-p")
+        .arg(prefix)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    /// SIGTERM to nginx's master, which stops its workers (a SIGKILL would orphan them).
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
+            let _ = self.0.wait();
+        }
+    }
+    let _nginx = Kill(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client().get(format!("{public}/healthz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(Instant::now() < deadline, "nginx did not answer on {public}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let len = 24 * MIB + 333;
+    let (path, sha) = source(prefix, "n.bin", len, 0x9);
+    let out = run_json_client(node_script("tus_options.js", &[&public, path.to_str().unwrap(), r#"{"parallelUploads":3,"chunkSize":1048576}"#]), 300).await;
+    let url = out["url"].as_str().unwrap();
+    assert!(url.starts_with(&public), "{url}");
+    c.assert_everywhere(url, &sha, len as u64).await;
+    assert_eq!(download_sha256(url).await, (sha.clone(), len as u64), "a download through nginx");
+    for (i, s) in c.servers.iter().enumerate() {
+        assert!(bytes_received(s).await > 0, "nginx sent PATCHes to replica {i}");
+    }
+
+    let mcp = manifest_dir().join("tests/clients/mcp-ts");
+    let node = std::env::var_os("FERRY_NODE").unwrap_or_else(|| "node".into());
+    let mut cmd = loopback_command(node);
+    cmd.current_dir(&mcp).arg(mcp.join("call_tool.mjs")).arg(format!("{public}/mcp"));
+    let v = run_json_client(cmd, 120).await;
+    assert_eq!(v["ok"]["size"], 3, "the TypeScript MCP SDK through nginx: {v}");
+}
