@@ -258,3 +258,72 @@ async fn no_web_turns_the_pages_off() {
     assert_eq!(info_status(&page).await, 404);
     assert_eq!(client().get(s.url("/assets/app.js")).send().await.unwrap().status(), 404);
 }
+
+/// The dashboard at `/`: a token login (kept in the tab), the principal's own files only, a
+/// share link made from it, a task's progress bar at 100 % (polled, no reload), cancel of a
+/// running task from the page.
+#[tokio::test]
+async fn dashboard_token_login_own_files_share_and_tasks() {
+    require_browser();
+    let tmp = tempfile::tempdir().unwrap();
+    let (alice, bob) = ("fy_alice_token_for_tests", "fy_bob_token_for_tests");
+    let toml =
+        format!("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n", sha256_hex(alice.as_bytes()), sha256_hex(bob.as_bytes()));
+    let cfg = write_file(tmp.path(), "ferry.toml", &toml);
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let (a, b) = (Api::with_token(&s, alice), Api::with_token(&s, bob));
+    a.upload(b"alice's bytes", "alice <b>report</b>.txt").await;
+    b.upload(b"bob's bytes", "bob-secret.txt").await;
+    let done = a.start("external", r#"{"job":"export"}"#).await["id"].as_str().unwrap().to_string();
+    let running = a.start("external", r#"{"job":"other"}"#).await["id"].as_str().unwrap().to_string();
+    let r = a.post(&format!("/api/v1/tasks/{done}/progress"), r#"{"fraction":0.5,"message":"half"}"#).await;
+    assert_eq!(r.status(), 200);
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = serde_json::json!({ "base": s.base, "token": alice, "artifacts": artifacts() });
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let mut cmd = node_script("web/dashboard.js", &[spec_path.to_str().unwrap()]);
+    let child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start node");
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut node = KillOnDrop(child);
+    let mut stdin = node.0.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = node.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.trim_start().starts_with('{') && tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| {
+        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|e| panic!("no {what} line from web/dashboard.js: {e}"));
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    };
+    let login = next("login");
+    assert_eq!(login["event"], "login", "{login}");
+    assert!(login["stored_in_session"].as_bool().unwrap(), "{login}");
+    assert!(!login["url"].as_str().unwrap().contains(alice), "the token is never in a URL: {login}");
+    let page = login["page"].as_str().unwrap();
+    assert!(page.contains("alice <b>report</b>.txt"), "{page}");
+    assert!(!page.contains("bob-secret"), "another principal's files never appear: {page}");
+    assert!(login["share"].as_str().unwrap().contains("/share/"), "{login}");
+    // The producer finishes its progress while the page is open: the bar follows by polling.
+    let r = a.post(&format!("/api/v1/tasks/{done}/progress"), r#"{"fraction":1.0,"message":"all rows"}"#).await;
+    assert_eq!(r.status(), 200);
+    writeln!(stdin, "progressed").unwrap();
+    drop(stdin);
+    let end = next("end");
+    eprintln!("dashboard: {end}");
+    assert_eq!(end["bars"].as_array().unwrap().iter().filter(|v| v.as_f64() == Some(1.0)).count(), 1, "{end}");
+    assert_eq!(end["dialogs"].as_array().unwrap().len(), 1, "only the page's own confirm(): {end}");
+    a.wait_status(&running, "cancelled", 30).await;
+    assert_eq!(a.task(&done).await["status"], "working");
+}

@@ -29,3 +29,4 @@ await build({
   logLevel: 'warning',
 })
 copyFileSync(join(here, 'src/page.html'), join(dist, 'page.html'))
+copyFileSync(join(here, 'src/dash.html'), join(dist, 'dash.html'))

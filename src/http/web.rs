@@ -1,4 +1,5 @@
-//! The pages for people (issue 16): a signed link's page at `/share/{id}?scope=…&expires=…&sig=…`
+//! The pages for people (issue 16): the dashboard at `/` (a principal's files and tasks through
+//! the JSON API, with a token pasted into the tab), a signed link's page at `/share/{id}?scope=…&expires=…&sig=…`
 //! — a request-a-file page for an `upload` link, a download page for a `download` link — and
 //! its assets under `/assets/`.
 //!
@@ -59,6 +60,7 @@ impl Asset {
 }
 
 static PAGE: Asset = Asset::new(include_bytes!("../../web/dist/page.html"), "text/html; charset=utf-8");
+static DASH: Asset = Asset::new(include_bytes!("../../web/dist/dash.html"), "text/html; charset=utf-8");
 static APP_JS: Asset = Asset::new(include_bytes!("../../web/dist/app.js"), "text/javascript; charset=utf-8");
 static APP_CSS: Asset = Asset::new(include_bytes!("../../web/dist/app.css"), "text/css; charset=utf-8");
 
@@ -70,16 +72,18 @@ pub fn page_weight() -> (usize, usize) {
 /// The routes, merged into the app by [`super::app`] unless `--no-web`.
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
+        .route("/", get(|h: HeaderMap| async move { serve(&DASH, &h, "no-cache") }))
         .route("/share/{id}", get(page))
         .route("/share/{id}/info", get(info))
         .route("/assets/app.js", get(|h: HeaderMap| async move { serve(&APP_JS, &h, "no-cache") }))
         .route("/assets/app.css", get(|h: HeaderMap| async move { serve(&APP_CSS, &h, "no-cache") }))
 }
 
-/// Paths that need neither a token nor a signature of their own: the page (static, no data),
-/// its assets, and the info endpoint (which checks the link's signature itself).
+/// Paths that need neither a token nor a signature of their own: the pages (static, no data;
+/// the dashboard at `/` calls the API with the token the person pastes), their assets, and the
+/// info endpoint (which checks the link's signature itself).
 pub(super) fn is_open(path: &str) -> bool {
-    path.starts_with(PAGE_PATH) || path.starts_with(ASSETS_PATH)
+    path == "/" || path.starts_with(PAGE_PATH) || path.starts_with(ASSETS_PATH)
 }
 
 /// The headers every page response carries.

@@ -229,7 +229,155 @@ async function serverSha(l) {
   }
 }
 
+// ---- The dashboard at `/`: the principal's files and tasks through the JSON API. ----
+
+const TOKEN_KEY = 'ferry-token'
+
+async function api(method, path, body) {
+  const headers = { 'content-type': 'application/json' }
+  const token = sessionStorage.getItem(TOKEN_KEY)
+  if (token) headers.authorization = `Bearer ${token}`
+  const res = await fetch(path, { method, headers, body: body == null ? undefined : JSON.stringify(body), cache: 'no-store' })
+  if (res.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY)
+    throw Object.assign(new Error('the token is not valid'), { unauthorized: true })
+  }
+  if (!res.ok) {
+    let detail = ''
+    try {
+      detail = (await res.json()).detail || ''
+    } catch (_) {}
+    throw new Error(`${res.status} ${detail}`)
+  }
+  return res.json()
+}
+
+function el(tag, textValue, cls) {
+  const e = document.createElement(tag)
+  if (textValue != null) e.textContent = textValue
+  if (cls) e.className = cls
+  return e
+}
+
+function button(label, onClick) {
+  const b = el('button', label)
+  b.type = 'button'
+  b.addEventListener('click', onClick)
+  return b
+}
+
+function row(cells) {
+  const tr = el('tr')
+  for (const c of cells) {
+    const td = el('td')
+    if (c instanceof Node) td.append(c)
+    else td.textContent = c == null ? '' : String(c)
+    tr.append(td)
+  }
+  return tr
+}
+
+function fileRows(files, refresh) {
+  return files.map((f) => {
+    const state = f.complete ? 'complete' : f.size ? `${((f.offset * 100) / f.size).toFixed(1)} % uploaded` : `${f.offset} bytes uploaded`
+    const actions = el('span')
+    const share = (scope) => async () => {
+      const out = await api('POST', `/api/v1/files/${encodeURIComponent(f.id)}/share`, { scope, ttl_ms: Number($('ttl').value) })
+      setText('share-out', `${scope} page for ${f.name || f.id}: ${out.page_url || out.url}`)
+    }
+    if (f.complete) actions.append(button('Share', share('download')))
+    else actions.append(button('Request upload', share('upload')))
+    actions.append(
+      button('Delete', async () => {
+        if (!confirm(`Delete ${f.name || f.id}?`)) return
+        const token = sessionStorage.getItem(TOKEN_KEY)
+        const headers = { 'tus-resumable': '1.0.0' }
+        if (token) headers.authorization = `Bearer ${token}`
+        await fetch(`/files/${encodeURIComponent(f.id)}`, { method: 'DELETE', headers })
+        refresh()
+      }),
+    )
+    return row([f.name || f.id, formatBytes(f.size), state, f.sha256 || '', new Date(f.created_at).toLocaleString(), actions])
+  })
+}
+
+function taskRows(tasks, refresh) {
+  return tasks.map((t) => {
+    const bar = el('progress')
+    bar.max = 1
+    if (t.progress && t.progress.fraction != null) bar.value = t.progress.fraction
+    else if (t.status === 'completed') bar.value = 1
+    const progress = el('span')
+    progress.append(bar, el('span', t.progress && t.progress.message ? ` ${t.progress.message}` : ''))
+    const actions = el('span')
+    if (t.status === 'working' || t.status === 'input_required') {
+      actions.append(
+        button('Cancel', async () => {
+          await api('POST', `/api/v1/tasks/${encodeURIComponent(t.id)}/cancel`, {})
+          refresh()
+        }),
+      )
+    }
+    return row([t.kind, t.status_message ? `${t.status}: ${t.status_message}` : t.status, progress, actions])
+  })
+}
+
+async function dashboard() {
+  const login = $('login')
+  let tried = false
+  login.addEventListener('submit', (e) => {
+    e.preventDefault()
+    tried = true
+    sessionStorage.setItem(TOKEN_KEY, $('token').value.trim())
+    $('token').value = ''
+    login.hidden = true
+    poll(0)
+  })
+  $('logout').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY)
+    location.reload()
+  })
+  let timer = null
+  let delay = 1000
+  let last = ''
+  const poll = async (wait) => {
+    clearTimeout(timer)
+    timer = setTimeout(refresh, wait)
+  }
+  const refresh = async () => {
+    try {
+      const [files, tasks] = await Promise.all([api('GET', '/api/v1/files'), api('GET', '/api/v1/tasks')])
+      const snapshot = JSON.stringify([files, tasks])
+      // Polling backs off while nothing changes (1 s → 30 s), and speeds up again on a change.
+      delay = snapshot === last ? Math.min(delay * 2, 30000) : 1000
+      if (snapshot !== last) {
+        last = snapshot
+        $('files').replaceChildren(...fileRows(files.files, () => poll(0)))
+        $('tasks').replaceChildren(...taskRows(tasks.tasks, () => poll(0)))
+      }
+      $('dash').hidden = false
+      $('logout').hidden = !sessionStorage.getItem(TOKEN_KEY)
+      setText('status', '')
+      setState('ready')
+      poll(delay)
+    } catch (e) {
+      if (e.unauthorized) {
+        $('dash').hidden = true
+        login.hidden = false
+        setText('status', tried ? 'That token is not valid.' : '')
+        setState('login')
+        return
+      }
+      setText('status', `The server cannot be reached (${e.message}); trying again…`)
+      delay = Math.min(delay * 2, 30000)
+      poll(delay)
+    }
+  }
+  poll(0)
+}
+
 async function main() {
+  if (location.pathname === '/') return dashboard()
   const l = link()
   if (!l.id || !l.query) return problem('This link is not valid', 'It was cut short. Copy the whole link again.')
   const { info, error } = await fetchInfo(l)
