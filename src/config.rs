@@ -254,6 +254,149 @@ struct FileConfig {
     tasks: TasksFileConfig,
     #[serde(default)]
     cors: CorsFileConfig,
+    #[serde(default)]
+    webhooks: Vec<WebhookFileConfig>,
+    #[serde(default)]
+    events: EventsFileConfig,
+    #[serde(default)]
+    hooks: HooksFileConfig,
+}
+
+/// `[hooks]` in ferry.toml: `[hooks.pre_create]` and `[hooks.pre_finish]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HooksFileConfig {
+    pre_create: Option<HookFileConfig>,
+    pre_finish: Option<HookFileConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HookFileConfig {
+    url: String,
+    timeout: Option<String>,
+    on_failure: Option<HookFailure>,
+}
+
+/// What a synchronous hook that fails (times out, cannot be reached, answers 5xx or not JSON)
+/// means for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HookFailure {
+    /// Refuse the request with 503 `unavailable` (retryable). The default.
+    Reject,
+    /// Go on as if the hook had allowed it.
+    Allow,
+}
+
+/// A synchronous upload hook (`[hooks.pre_create]`, `[hooks.pre_finish]`; see `events::hooks`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookConfig {
+    pub url: url::Url,
+    /// The longest a request waits for the hook (default 5 s).
+    pub timeout: Duration,
+    pub on_failure: HookFailure,
+}
+
+impl HookFileConfig {
+    fn resolve(self, which: &str) -> anyhow::Result<HookConfig> {
+        let url = url::Url::parse(&self.url).map_err(|e| anyhow::anyhow!("[hooks.{which}] url {:?}: {e}", self.url))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            anyhow::bail!("[hooks.{which}] url {:?} must be http:// or https://", self.url);
+        }
+        let timeout = self.timeout.map(|t| parse_interval(&t).map_err(|e| anyhow::anyhow!("[hooks.{which}] timeout: {e}"))).transpose()?.unwrap_or(Duration::from_secs(5));
+        Ok(HookConfig { url, timeout, on_failure: self.on_failure.unwrap_or(HookFailure::Reject) })
+    }
+}
+
+/// `[[webhooks]]` in ferry.toml (see [`WebhookConfig`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhookFileConfig {
+    name: Option<String>,
+    url: String,
+    #[serde(default)]
+    events: Vec<String>,
+    #[serde(default)]
+    principals: Vec<String>,
+    secret: String,
+    retry_for: Option<String>,
+    timeout: Option<String>,
+}
+
+/// `[events]` in ferry.toml.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsFileConfig {
+    retention: Option<String>,
+}
+
+/// Event types ferry writes (DESIGN §8).
+pub const EVENT_TYPES: [&str; 5] = ["upload.created", "upload.finished", "upload.terminated", "upload.expired", "task.status_changed"];
+
+/// One `[[webhooks]]` receiver: every event of `events` (types, or prefixes like `upload.*`;
+/// empty = all) of `principals` (empty = all) is POSTed to `url` in the Standard Webhooks
+/// shape, signed with `secret`, and retried with exponential backoff for `retry_for` until a 2xx.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Names the delivery cursor and the deliveries (default: the URL). Renaming it starts
+    /// the webhook afresh.
+    pub name: String,
+    pub url: url::Url,
+    pub events: Vec<String>,
+    pub principals: Vec<String>,
+    /// `whsec_` + base64 of the key, as Standard Webhooks libraries take it.
+    pub secret: String,
+    /// How long a delivery is retried before it is given up (default 24 h).
+    pub retry_for: Duration,
+    /// How long one attempt may take, connect to last byte (default 10 s).
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("events", &self.events)
+            .field("principals", &self.principals)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookFileConfig {
+    fn resolve(self) -> anyhow::Result<WebhookConfig> {
+        let url = url::Url::parse(&self.url).map_err(|e| anyhow::anyhow!("[[webhooks]] url {:?}: {e}", self.url))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            anyhow::bail!("[[webhooks]] url {:?} must be http:// or https://", self.url);
+        }
+        let name = self.name.unwrap_or_else(|| url.as_str().to_string());
+        if name.is_empty() || name.len() > 512 {
+            anyhow::bail!("[[webhooks]] name must be 1-512 characters");
+        }
+        standardwebhooks::Webhook::new(&self.secret).map_err(|_| anyhow::anyhow!("[[webhooks]] {name}: secret must be `whsec_` followed by base64 (Standard Webhooks)"))?;
+        for t in &self.events {
+            let known = match t.strip_suffix('*') {
+                Some(prefix) => EVENT_TYPES.iter().any(|k| k.starts_with(prefix)),
+                None => EVENT_TYPES.contains(&t.as_str()),
+            };
+            if !known {
+                anyhow::bail!("[[webhooks]] {name}: unknown event type {t:?} (known: {}, or a prefix such as upload.*)", EVENT_TYPES.join(", "));
+            }
+        }
+        let dur = |v: Option<String>, key: &str, default: Duration| -> anyhow::Result<Duration> {
+            v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("[[webhooks]] {name}: {key}: {e}"))).transpose().map(|d| d.unwrap_or(default))
+        };
+        Ok(WebhookConfig {
+            retry_for: dur(self.retry_for, "retry_for", Duration::from_secs(24 * 3600))?,
+            timeout: dur(self.timeout, "timeout", Duration::from_secs(10))?,
+            name: name.clone(),
+            url,
+            events: self.events,
+            principals: self.principals,
+            secret: self.secret,
+        })
+    }
 }
 
 /// `[cors]` in ferry.toml (see [`CorsConfig`]).
@@ -363,13 +506,18 @@ pub struct CommandSpec {
     pub description: Option<String>,
 }
 
-/// `[fetch]` in ferry.toml: hosts the `fetch` task kind may download from (none by default).
+/// `[fetch]` in ferry.toml: hosts the `fetch` task kind may download from (none by default),
+/// and extra certificate authorities it trusts for `https://`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FetchConfig {
     /// Host names or `host:port`, matched exactly (case-insensitive).
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+    /// PEM file of certificate authorities trusted for `https://` besides the system's (a
+    /// company CA, a test CA). Checked at start-up.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `[tasks]` in ferry.toml.
@@ -434,6 +582,14 @@ pub struct Config {
     pub min_free_space: crate::exhaustion::Reserve,
     /// Most connections served at once (`None`: derived from the open-file limit).
     pub max_connections: Option<u32>,
+    /// `[[webhooks]]`: receivers of events.
+    pub webhooks: Vec<WebhookConfig>,
+    /// `[events] retention`: how long events are kept for SSE resumption (default 24 h).
+    pub event_retention: Duration,
+    /// `[hooks.pre_create]`: asked before every upload is created.
+    pub pre_create_hook: Option<HookConfig>,
+    /// `[hooks.pre_finish]`: asked before an upload is called finished.
+    pub pre_finish_hook: Option<HookConfig>,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -495,7 +651,12 @@ impl Config {
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
             tokens: file.tokens,
             commands: file.commands,
-            fetch: file.fetch,
+            fetch: {
+                if let Some(path) = &file.fetch.ca_file {
+                    crate::tasks::kinds::fetch::load_roots(path).map_err(|e| anyhow::anyhow!("[fetch] ca_file: {e}"))?;
+                }
+                file.fetch
+            },
             task_workers: args.task_workers.or(tasks.workers).unwrap_or(4).clamp(1, MAX_TASK_WORKERS),
             task_lease: args.task_lease.or(dur(tasks.lease, "tasks.lease")?).unwrap_or(Duration::from_secs(10)),
             task_ttl: dur(tasks.default_ttl, "tasks.default_ttl")?.unwrap_or(Duration::from_secs(24 * 3600)),
@@ -528,6 +689,17 @@ impl Config {
                 Some(0) => anyhow::bail!("max_connections must be at least 1"),
                 n => n,
             },
+            webhooks: {
+                let hooks = file.webhooks.into_iter().map(WebhookFileConfig::resolve).collect::<anyhow::Result<Vec<_>>>()?;
+                let mut names = std::collections::HashSet::new();
+                if let Some(dup) = hooks.iter().find(|h| !names.insert(h.name.clone())) {
+                    anyhow::bail!("[[webhooks]]: two webhooks are named {:?}; give each its own `name`", dup.name);
+                }
+                hooks
+            },
+            event_retention: dur(file.events.retention, "events.retention")?.unwrap_or(Duration::from_secs(24 * 3600)),
+            pre_create_hook: file.hooks.pre_create.map(|h| h.resolve("pre_create")).transpose()?,
+            pre_finish_hook: file.hooks.pre_finish.map(|h| h.resolve("pre_finish")).transpose()?,
         })
     }
 }

@@ -9,6 +9,7 @@ pub mod blob;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod events;
 pub mod exhaustion;
 pub mod http;
 pub mod mcp;

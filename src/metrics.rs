@@ -13,6 +13,13 @@ pub struct StatusLabel {
     pub status: u16,
 }
 
+/// Label set of `ferry_webhook_attempts_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `delivered`, `retry` or `failed` (given up).
+    pub outcome: &'static str,
+}
+
 /// Every metric ferry exports.
 pub struct Metrics {
     registry: Registry,
@@ -26,6 +33,12 @@ pub struct Metrics {
     pub uploads_expired: Counter,
     /// PATCH (and creation-with-upload) bodies being received now.
     pub patches_in_flight: Gauge,
+    /// Webhook delivery attempts by outcome.
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    /// Webhook deliveries not yet acknowledged (every webhook, every replica).
+    pub webhook_deliveries_pending: Gauge,
+    /// Webhook deliveries given up and still kept.
+    pub webhook_deliveries_failed: Gauge,
 }
 
 impl Default for Metrics {
@@ -39,6 +52,9 @@ impl Default for Metrics {
             uploads_terminated: Counter::default(),
             uploads_expired: Counter::default(),
             patches_in_flight: Gauge::default(),
+            webhook_deliveries: Family::default(),
+            webhook_deliveries_pending: Gauge::default(),
+            webhook_deliveries_failed: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP responses by status code", m.requests.clone());
@@ -48,6 +64,9 @@ impl Default for Metrics {
         registry.register("uploads_terminated", "Uploads terminated by DELETE", m.uploads_terminated.clone());
         registry.register("uploads_expired", "Unfinished uploads removed by the expiry sweeper", m.uploads_expired.clone());
         registry.register("patches_in_flight", "Upload bodies being received", m.patches_in_flight.clone());
+        registry.register("webhook_attempts", "Webhook delivery attempts by outcome (delivered, retry, failed = given up)", m.webhook_deliveries.clone());
+        registry.register("webhook_deliveries_pending", "Webhook deliveries not yet acknowledged by their receiver (the backlog)", m.webhook_deliveries_pending.clone());
+        registry.register("webhook_deliveries_failed", "Webhook deliveries given up after their retry window", m.webhook_deliveries_failed.clone());
         Metrics { registry, ..m }
     }
 }

@@ -73,8 +73,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         metrics.clone(),
         locker,
     );
+    let hooks = crate::events::HttpHooks::new(cfg.pre_create_hook.clone(), cfg.pre_finish_hook.clone())?;
+    if hooks.any() {
+        engine.set_hooks(Arc::new(hooks));
+    }
     let sweeper = engine.spawn_sweeper();
     let signer = UrlSigner::load_shared(catalog.as_ref(), &cfg.data, cfg.url_secret.as_deref()).await.context("loading the URL-signing secret")?;
+    let events = Arc::new(crate::events::Events::new(catalog.clone(), cfg.event_retention));
+    let webhooks = crate::events::WebhookWorker::new(catalog.clone(), &cfg.webhooks, owner.clone(), metrics.clone())?;
+    // Before the first request: a new webhook receives every event from this start on.
+    webhooks.start_cursors().await.context("starting the webhook cursors")?;
+    let background_stop = tokio_util::sync::CancellationToken::new();
+    let webhook_worker = webhooks.spawn(background_stop.clone());
+    let pruner = events.spawn_pruner(Duration::from_secs(600), background_stop.clone());
     let mut tasks = Engine::new(
         catalog,
         engine.clone(),
@@ -96,6 +107,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let state = AppState {
         engine: engine.clone(),
         tasks: tasks.clone(),
+        events,
         tokens: Tokens::new(&cfg.tokens),
         metrics,
         http: HttpConfig {
@@ -151,6 +163,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     serve_http(listener, router, signal, max_connections).await;
     tasks.shutdown();
     sweeper.abort();
+    background_stop.cancel();
+    pruner.abort();
+    // A delivery in flight is settled or, if cut off here, retried after its lease lapses.
+    let _ = tokio::time::timeout(Duration::from_secs(5), webhook_worker).await;
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }

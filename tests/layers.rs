@@ -18,6 +18,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("mcp", &["http", "cli"]),
     ("app", &["http", "mcp", "cli", "serve"]),
     ("tasks", &["http", "mcp", "app", "cli", "serve"]),
+    ("events", &["tasks", "http", "mcp", "app", "cli", "serve"]),
     ("upload", &["tasks", "http", "mcp", "app", "cli", "serve"]),
     ("catalog", &["upload", "tasks", "http", "mcp", "app", "cli", "serve", "blob", "events"]),
     ("blob", &["upload", "tasks", "http", "mcp", "app", "cli", "serve", "catalog", "events"]),

@@ -479,7 +479,8 @@ async fn rest_and_mcp_fetch_the_same_urls() {
         ("http://allowed.invalid:80@evil.invalid/x", Some("unauthorized")),
         ("http://evil.invalid#@allowed.invalid/", Some("unauthorized")),
         ("http://allowed.invalid.evil.invalid/", Some("unauthorized")),
-        ("https://allowed.invalid/x", Some("invalid_argument")),
+        ("https://allowed.invalid/x", None),
+        ("https://ported.invalid/x", Some("unauthorized")),
         ("ftp://allowed.invalid/x", Some("invalid_argument")),
         ("not a url", Some("invalid_argument")),
     ];

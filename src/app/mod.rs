@@ -45,6 +45,8 @@ pub struct McpConfig {
 pub struct AppState {
     pub engine: Arc<UploadEngine>,
     pub tasks: Arc<crate::tasks::Engine>,
+    /// The outbox's readers: SSE, webhook deliveries (DESIGN §8).
+    pub events: Arc<crate::events::Events>,
     pub tokens: Tokens,
     pub metrics: Arc<Metrics>,
     pub http: HttpConfig,

@@ -69,6 +69,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_shared_secret(cat, prefix).await;
     check_mcp_sessions(cat, prefix).await;
     super::conformance_tasks::run_all(cat, prefix).await;
+    super::conformance_events::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
 }
 
@@ -77,6 +78,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
 pub async fn run_concurrent(a: &dyn Catalog, b: &dyn Catalog, prefix: &str) {
     check_racing_lease(a, b, prefix).await;
     check_racing_claim(a, b, prefix).await;
+    super::conformance_events::check_racing_delivery_claims(a, b, prefix).await;
     check_racing_expiry(a, b, prefix).await;
     check_release_request_crosses_handles(a, b, prefix).await;
 }

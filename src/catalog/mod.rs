@@ -17,14 +17,19 @@
 use async_trait::async_trait;
 
 pub mod conformance;
+pub mod conformance_events;
 pub mod conformance_race;
 pub mod conformance_tasks;
+pub mod events;
 pub mod postgres;
+mod postgres_events;
 mod postgres_tasks;
 pub mod sqlite;
+mod sqlite_events;
 mod sqlite_tasks;
 pub mod tasks;
 
+pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord};
 pub use postgres::PostgresCatalog;
 pub use sqlite::SqliteCatalog;
 pub use tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
@@ -191,7 +196,7 @@ pub type ReleaseRequests = futures::stream::BoxStream<'static, ReleaseRequest>;
 /// Upload metadata storage. Implementations must be safe to share between tasks and, for the
 /// distributed backends, between processes.
 #[async_trait]
-pub trait Catalog: TaskCatalog + Send + Sync + 'static {
+pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
     /// Insert a new upload. Atomic; fails with `AlreadyExists` if the id is taken.
     async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()>;
 
@@ -272,7 +277,8 @@ pub trait Catalog: TaskCatalog + Send + Sync + 'static {
     /// A restarted single server (it holds `DATA/lock`, so its previous incarnation is dead)
     /// reclaims what `owner` held: every upload lease of `owner` expires now (the next taker
     /// repairs, `taken_over`), and every task lease of `owner` is freed so a worker claims
-    /// the task at once. Fences are not reset. Returns (uploads, tasks) reclaimed.
+    /// the task at once, and every webhook delivery lease of `owner` is freed (the delivery is
+    /// sent again under its one id). Fences are not reset. Returns (uploads, tasks) reclaimed.
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)>;
 
     /// Ask whoever holds upload `id`'s lease, in any process, to checkpoint and let go

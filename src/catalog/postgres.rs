@@ -419,6 +419,7 @@ impl Catalog for PostgresCatalog {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
+            sqlx::query("UPDATE webhook_deliveries SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = $1").bind(owner).execute(&mut *tx).await?;
             Ok(super::postgres_tasks::Tx::Commit((uploads, tasks)))
         }
         .await;

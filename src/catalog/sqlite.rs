@@ -403,6 +403,7 @@ impl Catalog for SqliteCatalog {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+        sqlx::query("UPDATE webhook_deliveries SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ?").bind(owner).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok((uploads, tasks))
     }

@@ -40,6 +40,8 @@ pub fn routes() -> Router<AppState> {
         .route("/files/{id}", get(file_info))
         .route("/files/{id}/share", post(share_file))
         .route("/openapi.json", get(openapi_json))
+        .route("/events", get(super::events::events))
+        .route("/webhooks/deliveries", get(super::events::deliveries))
 }
 
 /// The OpenAPI 3.1 description of this API, generated from the handlers' annotations.
@@ -51,13 +53,14 @@ pub fn routes() -> Router<AppState> {
             Uploads themselves use TUS 1.0 on /files/ and are not described here. \
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
-    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, share_file, openapi_json),
-    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc)),
+    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, share_file, openapi_json, super::events::events, super::events::deliveries),
+    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, super::events::DeliveryList)),
     modifiers(&DocExtras),
     security(("bearer" = [])),
     tags(
         (name = "tasks", description = "Durable background jobs: start (idempotently), poll, answer input, cancel; and the `external` producer's reports."),
         (name = "files", description = "Uploads and task artifacts: list and info. Download with GET /files/{id} (ranged)."),
+        (name = "events", description = "Live events of the caller's uploads and tasks (Server-Sent Events) and webhook deliveries."),
         (name = "meta", description = "This document."),
     )
 )]
@@ -164,7 +167,7 @@ pub fn document(with_tokens: bool, kinds: &[String]) -> serde_json::Value {
 #[derive(ToSchema)]
 #[schema(as = Problem)]
 #[allow(dead_code)]
-struct ProblemDoc {
+pub(super) struct ProblemDoc {
     /// `urn:ferry:error:<code>`.
     #[schema(rename = "type", example = "urn:ferry:error:not_found")]
     type_: String,

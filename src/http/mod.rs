@@ -17,6 +17,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 pub(crate) mod api;
 pub mod auth;
 mod download;
+mod events;
 mod health;
 pub(crate) mod tus;
 pub mod web;

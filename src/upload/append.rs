@@ -348,6 +348,29 @@ impl Appender {
             expires_at_ms: if finished_sha256.is_some() { None } else { self.engine.expiry_from(now) },
             now_ms: now,
         };
+        if let (Some(digest), Some(hooks)) = (finished_sha256, self.engine.hooks.get().filter(|h| h.has_pre_finish())) {
+            // The bytes are durable first, so a crash while the hook thinks resumes here.
+            let mut at_offset = cp.clone();
+            at_offset.finished_sha256 = None;
+            at_offset.expires_at_ms = self.engine.expiry_from(now);
+            self.engine.catalog.checkpoint(&self.rec.id, self.fence, &at_offset).await?;
+            self.committed = (offset, self.hasher.clone());
+            self.committed_blob = blob.clone();
+            let finishing = super::hooks::FinishingUpload { id: &self.rec.id, principal: &self.rec.principal, size: offset, sha256: digest, metadata: &self.rec.metadata };
+            match hooks.pre_finish(&finishing).await {
+                Ok(()) => {}
+                Err(refused) if refused.code == ferry_tus::ErrorCode::Rejected => {
+                    // Refused (e.g. a virus scan): the upload is failed; its record and bytes go.
+                    tracing::info!(upload = self.rec.id, status = refused.status, "pre-finish hook refused the upload; removing it");
+                    self.finished = true;
+                    self.engine.delete_record_and_bytes(&self.rec).await?;
+                    return Err(refused);
+                }
+                // The hook could not answer (policy: reject): every byte is kept; the client
+                // retries the final request (an empty PATCH at the full offset asks again).
+                Err(unavailable) => return Err(unavailable.with_cursor(offset)),
+            }
+        }
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
         self.committed = (offset, self.hasher.clone());
         self.committed_blob = blob.clone();

@@ -21,6 +21,7 @@ pub mod describe;
 mod exhausted;
 mod files;
 pub mod hash;
+pub mod hooks;
 pub mod locks;
 mod maintenance;
 
@@ -104,6 +105,8 @@ pub struct UploadEngine {
     pub(crate) metrics: Arc<Metrics>,
     /// Cancelled on graceful shutdown: in-flight PATCHes checkpoint and end.
     pub(crate) shutdown: CancellationToken,
+    /// Pre-create / pre-finish hooks, when configured ([`UploadEngine::set_hooks`]).
+    pub(crate) hooks: std::sync::OnceLock<Arc<dyn hooks::UploadHooks>>,
 }
 
 /// Current Unix time in ms.
@@ -163,7 +166,12 @@ impl UploadEngine {
     /// An engine whose upload leases come from `locker` (a [`locks::CatalogLocker`] when
     /// several processes share the catalog).
     pub fn with_locker(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>, locker: Arc<dyn Locker>) -> Arc<Self> {
-        Arc::new(UploadEngine { catalog, blobs, cfg, locker, metrics, shutdown: CancellationToken::new() })
+        Arc::new(UploadEngine { catalog, blobs, cfg, locker, metrics, shutdown: CancellationToken::new(), hooks: std::sync::OnceLock::new() })
+    }
+
+    /// Install the pre-create / pre-finish hooks (once, before serving). Later calls are ignored.
+    pub fn set_hooks(&self, hooks: Arc<dyn hooks::UploadHooks>) {
+        let _ = self.hooks.set(hooks);
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -254,8 +262,29 @@ impl UploadEngine {
     /// - a final upload without a key gets one derived from its parts and metadata, so the same
     ///   final POSTed twice (a client that timed out and retried) returns the first final: one
     ///   copy of the parts, one `concat` task.
+    ///
+    /// A pre-create hook (when configured) is asked first, with the request as sent: it may
+    /// refuse (its error is returned, nothing is created) or replace the metadata.
     pub async fn create_keyed(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str, key: Option<&IdempotencyKey>) -> Result<Created, TusError> {
         let fingerprint = creation_fingerprint(plan, metadata_raw);
+        let hooked;
+        let metadata_raw = match self.hooks.get() {
+            None => metadata_raw,
+            Some(h) => {
+                let concat = match &plan.concat {
+                    None => "none",
+                    Some(UploadConcat::Partial) => "partial",
+                    Some(UploadConcat::Final(_)) => "final",
+                };
+                match h.pre_create(&hooks::PlannedUpload { principal, length: plan.length, metadata: metadata_raw, concat }).await? {
+                    None => metadata_raw,
+                    Some(new) => {
+                        hooked = new;
+                        hooked.as_str()
+                    }
+                }
+            }
+        };
         let key = match (key, &plan.concat) {
             (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
             (None, Some(UploadConcat::Final(_))) => Some(CreationKey { key: format!("final:{fingerprint}"), fingerprint }),

@@ -36,12 +36,15 @@ pub enum ErrorCode {
     /// A store is briefly unable to answer (a failing catalog write, too many open files):
     /// 503 with `Retry-After` (DESIGN §9).
     Unavailable,
+    /// A hook the operator configured (pre-create, pre-finish) refused the request; the
+    /// status and message are the hook's (DESIGN §8).
+    Rejected,
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -57,6 +60,7 @@ impl ErrorCode {
         ErrorCode::Cancelled,
         ErrorCode::InsufficientStorage,
         ErrorCode::Unavailable,
+        ErrorCode::Rejected,
         ErrorCode::Internal,
     ];
 
@@ -78,6 +82,7 @@ impl ErrorCode {
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Rejected => "rejected",
             ErrorCode::Internal => "internal",
         }
     }

@@ -2,11 +2,11 @@
 //!
 //! # Arguments
 //!
-//! `{"url": "http://host/path", "name": "optional file name"}`. Only `http://` is supported:
-//! this build has no TLS, so an `https://` URL is refused at validation. The URL's host — or
-//! `host:port` — must be listed in `[fetch] allow_hosts` of ferry.toml (case-insensitive; an
-//! entry without a port allows every port). Nothing is allowed by default. Redirects (at most
-//! 10) are followed only to allowed `http://` hosts. Credentials in the URL are sent as basic
+//! `{"url": "http(s)://host/path", "name": "optional file name"}`. `https://` is verified
+//! with rustls against the system's certificate authorities plus `[fetch] ca_file`. The URL's
+//! host — or `host:port` — must be listed in `[fetch] allow_hosts` of ferry.toml
+//! (case-insensitive; an entry without a port allows every port). Nothing is allowed by
+//! default. Redirects (at most 10) are followed only to allowed hosts. Credentials in the URL are sent as basic
 //! auth and removed from the result.
 //!
 //! # Behaviour
@@ -65,11 +65,22 @@ const MAX_REDIRECTS: usize = 10;
 /// Downloads from allow-listed hosts.
 pub struct FetchJob {
     allow: Arc<Vec<String>>,
+    /// Certificate authorities trusted besides the system's (`[fetch] ca_file`).
+    roots: Arc<Vec<reqwest::Certificate>>,
 }
 
 impl FetchJob {
+    /// A `[fetch] ca_file` that cannot be read is logged and ignored here; `Config::resolve`
+    /// refuses it at start-up.
     pub fn new(cfg: FetchConfig) -> Self {
-        FetchJob { allow: Arc::new(cfg.allow_hosts) }
+        let roots = match cfg.ca_file.as_deref().map(load_roots).transpose() {
+            Ok(r) => r.unwrap_or_default(),
+            Err(e) => {
+                tracing::error!(error = %e, "[fetch] ca_file ignored");
+                Vec::new()
+            }
+        };
+        FetchJob { allow: Arc::new(cfg.allow_hosts), roots: Arc::new(roots) }
     }
 
     fn client(&self) -> Result<reqwest::Client, JobError> {
@@ -88,6 +99,7 @@ impl FetchJob {
             .connect_timeout(Duration::from_secs(30))
             .read_timeout(Duration::from_secs(60))
             .user_agent(concat!("ferry/", env!("CARGO_PKG_VERSION")))
+            .tls_certs_merge(self.roots.iter().cloned())
             .build()
             .map_err(|e| JobError::Internal(format!("http client: {e}")))
     }
@@ -165,16 +177,24 @@ fn normal_host(h: url::Host<String>) -> url::Host<String> {
     }
 }
 
+/// The certificate authorities of a PEM file (`[fetch] ca_file`). Errors: unreadable file, no
+/// certificate in it, or one that does not parse.
+pub fn load_roots(path: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem = std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "{} holds no PEM certificate", path.display());
+    Ok(certs)
+}
+
 /// The allow-list check (DESIGN §4 `fetch`): the one function every path that fetches uses —
 /// task creation over REST and MCP, the job itself, and every redirect. The scheme must be
-/// `http`; the URL's host (as a WHATWG URL parser reads it: userinfo, IDNA, IPv4 forms and
+/// `http` or `https`; the URL's host (as a WHATWG URL parser reads it: userinfo, IDNA, IPv4 forms and
 /// IPv6 literals resolved) must equal an entry's host, and the entry's port, when it names
 /// one, the URL's port (80 when absent). An entry without a port allows every port.
 pub fn check_target(allow: &[String], url: &Url) -> Result<(), Refusal> {
     match url.scheme() {
-        "http" => {}
-        "https" => return Err(Refusal::Invalid("https:// is not supported: this ferry build has no TLS; use an http:// URL".into())),
-        s => return Err(Refusal::Invalid(format!("unsupported URL scheme '{s}': use http://"))),
+        "http" | "https" => {}
+        s => return Err(Refusal::Invalid(format!("unsupported URL scheme '{s}': use http:// or https://"))),
     }
     let host = url.host().filter(|h| !matches!(h, url::Host::Domain(""))).ok_or_else(|| Refusal::Invalid("the URL has no host".into()))?;
     let host = normal_host(host.to_owned());
@@ -564,7 +584,8 @@ mod tests {
         let e = check(&[], "http://example.com/a").unwrap_err();
         assert_eq!(e, "host example.com is not in [fetch] allow_hosts of ferry.toml");
         assert!(check(&["example.com"], "http://sub.example.com/").is_err());
-        assert!(check(&["example.com"], "https://example.com/").unwrap_err().contains("no TLS"));
+        assert!(check(&["example.com"], "https://example.com/").is_ok());
+        assert!(check(&["example.com:443"], "https://example.com/").is_ok(), "https's default port");
         assert!(check(&["example.com"], "ftp://example.com/").is_err());
     }
 
@@ -706,7 +727,7 @@ mod tests {
         use crate::tasks::kinds::command::tests::{engine, file_bytes, settle};
         let (addr, seen) = flaky_server().await;
         let dir = tempfile::tempdir().unwrap();
-        let job = FetchJob::new(FetchConfig { allow_hosts: vec![format!("127.0.0.1:{}", addr.port())] });
+        let job = FetchJob::new(FetchConfig { allow_hosts: vec![format!("127.0.0.1:{}", addr.port())], ..Default::default() });
         let e = engine(dir.path(), Arc::new(job)).await;
         let args = format!(r#"{{"url":"http://127.0.0.1:{}/dir/data.txt"}}"#, addr.port());
         let t = e.start("p", "fetch", &args, None, None).await.unwrap().task;

@@ -1,0 +1,194 @@
+//! [`EventCatalog`] on SQLite: the outbox rows the triggers of `0005_events.sql` write, and
+//! webhook deliveries. Multi-statement changes run in `BEGIN IMMEDIATE` transactions.
+
+use async_trait::async_trait;
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord};
+use super::sqlite::DB_NOW;
+use super::{CatalogError, CatalogResult, SqliteCatalog};
+
+const EVENT_COLUMNS: &str = "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body";
+const DELIVERY_COLUMNS: &str = "d.webhook, d.state, d.attempts, d.created_at_ms, d.next_attempt_ms, d.last_attempt_ms, d.last_status, d.last_error";
+
+fn row_to_event(r: &SqliteRow) -> CatalogResult<EventRecord> {
+    Ok(EventRecord {
+        seq: r.try_get("seq")?,
+        id: r.try_get("id")?,
+        event_type: r.try_get("type")?,
+        principal: r.try_get("principal")?,
+        subject: r.try_get("subject")?,
+        at_ms: r.try_get("at_ms")?,
+        body: r.try_get("body")?,
+    })
+}
+
+fn row_to_delivery(r: &SqliteRow) -> CatalogResult<Delivery> {
+    let state: String = r.try_get("state")?;
+    Ok(Delivery {
+        webhook: r.try_get("webhook")?,
+        event: row_to_event(r)?,
+        state: DeliveryState::parse(&state).ok_or_else(|| CatalogError::Backend("stored delivery state is invalid".into()))?,
+        attempts: r.try_get::<i64, _>("attempts")? as u32,
+        created_at_ms: r.try_get("created_at_ms")?,
+        next_attempt_ms: r.try_get("next_attempt_ms")?,
+        last_attempt_ms: r.try_get("last_attempt_ms")?,
+        last_status: r.try_get::<Option<i64>, _>("last_status")?.map(|s| s as u16),
+        last_error: r.try_get("last_error")?,
+    })
+}
+
+#[async_trait]
+impl EventCatalog for SqliteCatalog {
+    async fn list_events(&self, principal: Option<&str>, after_seq: i64, limit: u32) -> CatalogResult<Vec<EventRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq > ? AND (? IS NULL OR e.principal = ?) ORDER BY e.seq LIMIT ?")))
+            .bind(after_seq)
+            .bind(principal)
+            .bind(principal)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(row_to_event).collect()
+    }
+
+    async fn event_by_id(&self, id: &str) -> CatalogResult<Option<EventRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.id = ?"))).bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(row_to_event).transpose()
+    }
+
+    async fn last_event_seq(&self) -> CatalogResult<i64> {
+        // AUTOINCREMENT never reuses a seq, even after pruning: read the counter, not MAX(seq).
+        let seq: Option<i64> = sqlx::query_scalar("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetch_optional(&self.pool).await?;
+        Ok(seq.unwrap_or(0))
+    }
+
+    async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < ?").bind(before_ms).execute(&mut *tx).await?;
+        let done = sqlx::query("DELETE FROM events WHERE at_ms < ? AND seq NOT IN (SELECT event_seq FROM webhook_deliveries)").bind(before_ms).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn enqueue_deliveries(&self, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO webhook_cursors (webhook, last_seq) VALUES (?, COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)) ON CONFLICT (webhook) DO NOTHING",
+        )
+        .bind(webhook)
+        .execute(&mut *tx)
+        .await?;
+        let cursor: i64 = sqlx::query_scalar("SELECT last_seq FROM webhook_cursors WHERE webhook = ?").bind(webhook).fetch_one(&mut *tx).await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq > ? ORDER BY e.seq LIMIT ?")))
+            .bind(cursor)
+            .bind(limit as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        let events = rows.iter().map(row_to_event).collect::<CatalogResult<Vec<_>>>()?;
+        let Some(last) = events.last().map(|e| e.seq) else {
+            tx.commit().await?;
+            return Ok(0);
+        };
+        for e in events.iter().filter(|e| filter.matches(e)) {
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (webhook, event_seq, subject, state, created_at_ms, next_attempt_ms) VALUES (?, ?, ?, 'pending', ?, ?) \
+                 ON CONFLICT (webhook, event_seq) DO NOTHING",
+            )
+            .bind(webhook)
+            .bind(e.seq)
+            .bind(&e.subject)
+            .bind(now_ms)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query("UPDATE webhook_cursors SET last_seq = ? WHERE webhook = ?").bind(last).bind(webhook).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(events.len() as u32)
+    }
+
+    async fn claim_deliveries(&self, owner: &str, now_ms: i64, lease_ms: i64, limit: u32) -> CatalogResult<Vec<Delivery>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let keys: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT d.webhook, d.event_seq FROM webhook_deliveries d WHERE d.state = 'pending' AND d.next_attempt_ms <= ? \
+             AND (d.lease_owner IS NULL OR d.lease_expires_ms <= {DB_NOW}) \
+             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p WHERE p.webhook = d.webhook AND p.subject = d.subject \
+                             AND p.state = 'pending' AND p.event_seq < d.event_seq) \
+             ORDER BY d.event_seq LIMIT ?"
+        )))
+        .bind(now_ms)
+        .bind(limit as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (webhook, seq) in keys {
+            sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE webhook_deliveries SET lease_owner = ?, lease_expires_ms = {DB_NOW} + ? WHERE webhook = ? AND event_seq = ?")))
+                .bind(owner)
+                .bind(lease_ms)
+                .bind(&webhook)
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {DELIVERY_COLUMNS}, {EVENT_COLUMNS} FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq WHERE d.webhook = ? AND d.event_seq = ?"
+            )))
+            .bind(&webhook)
+            .bind(seq)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(r) = row {
+                out.push(row_to_delivery(&r)?);
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn settle_delivery(&self, webhook: &str, event_seq: i64, owner: &str, outcome: &AttemptOutcome, now_ms: i64) -> CatalogResult<bool> {
+        let (state, status, error, next) = match outcome {
+            AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
+            AttemptOutcome::Retry { status, error, next_attempt_ms } => ("pending", *status, Some(error.as_str()), Some(*next_attempt_ms)),
+            AttemptOutcome::GiveUp { status, error } => ("failed", *status, Some(error.as_str()), None),
+        };
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1, last_attempt_ms = ?, last_status = ?, last_error = ?, \
+             next_attempt_ms = COALESCE(?, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \
+             WHERE webhook = ? AND event_seq = ? AND lease_owner = ? AND state = 'pending'",
+        )
+        .bind(state)
+        .bind(now_ms)
+        .bind(status.map(i64::from))
+        .bind(error)
+        .bind(next)
+        .bind(webhook)
+        .bind(event_seq)
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {
+        let states_json = serde_json::to_string(&states.iter().map(|s| s.as_str()).collect::<Vec<_>>()).expect("strings serialise");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS}, {EVENT_COLUMNS} FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq \
+             WHERE d.state IN (SELECT value FROM json_each(?)) AND (? IS NULL OR e.principal = ?) ORDER BY d.event_seq DESC LIMIT ?"
+        )))
+        .bind(states_json)
+        .bind(principal)
+        .bind(principal)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(row_to_delivery).collect()
+    }
+
+    async fn delivery_backlog(&self) -> CatalogResult<(u64, u64)> {
+        let (pending, failed): (i64, i64) =
+            sqlx::query_as("SELECT COALESCE(SUM(state = 'pending'), 0), COALESCE(SUM(state = 'failed'), 0) FROM webhook_deliveries WHERE state <> 'delivered'")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok((pending as u64, failed as u64))
+    }
+}

@@ -1,0 +1,196 @@
+//! Events (DESIGN §8): what the outbox holds, delivered to the systems that integrate ferry.
+//!
+//! The catalog writes every event in the same transaction as the change it describes
+//! ([`crate::catalog::events`]); this module only *reads* the outbox:
+//! - [`webhooks`]: the delivery worker — `[[webhooks]]` receivers get each event in the
+//!   Standard Webhooks shape, retried with exponential backoff, with delivery state in the
+//!   catalog (a restart resumes; replicas claim deliveries under a lease).
+//! - [`Events::follow`]: a principal's events from a cursor on, for Server-Sent Events
+//!   (`GET /api/v1/events`, resumable with `Last-Event-ID`).
+//! - retention: events are pruned after `[events] retention` (default 24 h) unless a pending
+//!   webhook delivery still needs them.
+//!
+//! Memory stays bounded whatever receivers do: events stay in the outbox, and the worker holds
+//! at most one claimed batch at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use serde::Serialize;
+
+use crate::catalog::{Catalog, CatalogError, Delivery, DeliveryState, EventRecord};
+use crate::upload::now_ms;
+
+pub mod hooks;
+pub mod webhooks;
+
+pub use hooks::HttpHooks;
+pub use webhooks::WebhookWorker;
+
+/// How often a follower (SSE) looks for new events, and the delivery worker for due work.
+pub const POLL: Duration = Duration::from_millis(200);
+/// Events read per catalog query.
+const PAGE: u32 = 256;
+
+/// Shared handle: read the outbox for one principal, list deliveries.
+pub struct Events {
+    catalog: Arc<dyn Catalog>,
+    retention: Duration,
+}
+
+/// One event as SSE and webhook receivers see it (Standard Webhooks payload shape:
+/// `type`, `timestamp`, `data`).
+#[derive(Debug, Clone, Serialize)]
+pub struct EventView {
+    /// The event's one id for life (`evt_` + 32 hex): the SSE `id` and the `webhook-id`.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// When the change committed, RFC 3339 with milliseconds (UTC).
+    pub timestamp: String,
+    /// The event body (handles, sizes, hashes; never bytes) plus `principal`.
+    pub data: serde_json::Value,
+}
+
+impl EventView {
+    pub fn of(e: &EventRecord) -> EventView {
+        let mut data: serde_json::Value = serde_json::from_str(&e.body).unwrap_or_else(|_| serde_json::json!({}));
+        if let Some(obj) = data.as_object_mut() {
+            obj.insert("principal".into(), e.principal.clone().into());
+        }
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms.max(0) as u64);
+        EventView { id: e.id.clone(), event_type: e.event_type.clone(), timestamp: humantime::format_rfc3339_millis(at).to_string(), data }
+    }
+
+    /// The webhook payload: `{"type", "timestamp", "data"}` (the id travels in `webhook-id`).
+    pub fn payload(&self) -> String {
+        serde_json::json!({"type": self.event_type, "timestamp": self.timestamp, "data": self.data}).to_string()
+    }
+}
+
+/// A delivery as `GET /api/v1/webhooks/deliveries` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeliveryView {
+    pub webhook: String,
+    pub event: EventView,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    /// Unix ms of the next attempt (pending only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_attempt_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl DeliveryView {
+    fn of(d: &Delivery) -> DeliveryView {
+        DeliveryView {
+            webhook: d.webhook.clone(),
+            event: EventView::of(&d.event),
+            state: d.state,
+            attempts: d.attempts,
+            next_attempt_ms: (d.state == DeliveryState::Pending).then_some(d.next_attempt_ms),
+            last_attempt_ms: d.last_attempt_ms,
+            last_status: d.last_status,
+            last_error: d.last_error.clone(),
+        }
+    }
+}
+
+/// Where a follower starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cursor {
+    /// Only events committed from now on.
+    Now,
+    /// After the event with this id (`Last-Event-ID`).
+    After(String),
+}
+
+/// Why a follow could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    /// `Last-Event-ID` names no event kept for this principal (unknown, another principal's,
+    /// or older than the retention).
+    #[error("event {0} is unknown or no longer kept (events are kept {1})")]
+    UnknownEvent(String, String),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+impl Events {
+    pub fn new(catalog: Arc<dyn Catalog>, retention: Duration) -> Events {
+        Events { catalog, retention }
+    }
+
+    /// How long events are kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// `principal`'s events from `cursor` on, in commit order, forever (until dropped). Polls
+    /// the outbox every [`POLL`]; a catalog error ends the stream with that error (the client
+    /// reconnects with its last id). Errors at start: [`FollowError::UnknownEvent`].
+    pub async fn follow(&self, principal: &str, cursor: Cursor) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
+        let after = match cursor {
+            Cursor::Now => self.catalog.last_event_seq().await?,
+            Cursor::After(id) => match self.catalog.event_by_id(&id).await? {
+                Some(e) if e.principal == principal => e.seq,
+                _ => return Err(FollowError::UnknownEvent(id, humantime::format_duration(self.retention).to_string())),
+            },
+        };
+        let catalog = self.catalog.clone();
+        let principal = principal.to_string();
+        Ok(futures::stream::unfold((after, std::collections::VecDeque::new(), false), move |(mut after, mut buf, done)| {
+            let catalog = catalog.clone();
+            let principal = principal.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    if let Some(e) = buf.pop_front() {
+                        return Some((Ok(EventView::of(&e)), (after, buf, false)));
+                    }
+                    match catalog.list_events(Some(&principal), after, PAGE).await {
+                        Ok(page) if page.is_empty() => tokio::time::sleep(POLL).await,
+                        Ok(page) => {
+                            after = page.last().map_or(after, |e| e.seq);
+                            buf.extend(page);
+                        }
+                        Err(e) => return Some((Err(e), (after, buf, true))),
+                    }
+                }
+            }
+        }))
+    }
+
+    /// Deliveries of `principal`'s events in `states`, newest first, at most `limit`.
+    pub async fn deliveries(&self, principal: &str, states: &[DeliveryState], limit: u32) -> Result<Vec<DeliveryView>, CatalogError> {
+        Ok(self.catalog.list_deliveries(Some(principal), states, limit).await?.iter().map(DeliveryView::of).collect())
+    }
+
+    /// Prune events past the retention (and settled deliveries as old), every `every`, until
+    /// `shutdown`. Safe on every replica at once.
+    pub fn spawn_pruner(self: &Arc<Self>, every: Duration, shutdown: tokio_util::sync::CancellationToken) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let before = now_ms() - me.retention.as_millis() as i64;
+                match me.catalog.prune_events(before).await {
+                    Ok(n) if n > 0 => tracing::info!(events = n, "pruned events past the retention"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "pruning events failed; trying again later"),
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+        })
+    }
+}

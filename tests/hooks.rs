@@ -1,0 +1,143 @@
+//! Pre-create and pre-finish hooks (DESIGN §8; issue 12) against the real binary, a real hook
+//! server (tests/clients/python/upload_hook.py) and tus-js-client.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct HookServer {
+    child: Child,
+    port: u16,
+}
+
+impl HookServer {
+    fn start(dir: &Path) -> HookServer {
+        let log = dir.join("hook.jsonl");
+        let mut child = python_script("upload_hook.py", &["--log", log.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start upload_hook.py");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines.next().expect("hook exited before listening").unwrap();
+        let port = line.strip_prefix("listening on ").expect("listening line").trim().parse().unwrap();
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        HookServer { child, port }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for HookServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn md(pairs: &[(&str, &str)]) -> String {
+    use base64::Engine as _;
+    pairs.iter().map(|(k, v)| format!("{k} {}", base64::engine::general_purpose::STANDARD.encode(v))).collect::<Vec<_>>().join(",")
+}
+
+fn start(dir: &Path, toml: &str) -> Server {
+    let cfg = write_file(dir, "ferry.toml", toml);
+    Server::start(&["--config", cfg.to_str().unwrap()])
+}
+
+/// A pre-create hook that refuses `.exe` names: tus-js-client gets the hook's status and
+/// message; nothing is created. The same hook renames a file: HEAD shows the new metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_create_hook_refuses_exe_for_tus_js_client_and_can_change_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_create]\nurl = \"{}\"\n", hook.url("/pre-create")));
+    let file = dir.path().join("payload.bin");
+    std::fs::write(&file, pseudo_random(100_000, 3)).unwrap();
+    let out = run_json_client(node_script("expect_rejected.js", &[&server.base, file.to_str().unwrap(), "setup.exe"]), 120).await;
+    assert_eq!(out["status"], 403, "{out}");
+    let body: serde_json::Value = serde_json::from_str(out["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["code"], "rejected", "{body}");
+    assert_eq!(body["detail"], "executables are not accepted: setup.exe", "{body}");
+    let api = Api::new(&server);
+    assert_eq!(json(api.get("/api/v1/files").await).await["files"].as_array().unwrap().len(), 0, "nothing was created");
+
+    // Allowed and renamed by the hook.
+    let tus = Tus::new(&server);
+    let r = tus.post(&[("Upload-Length", "5"), ("Upload-Metadata", &md(&[("filename", "rename-me.txt")]))]).await;
+    assert_eq!(r.status(), 201);
+    let url = tus.abs(header(&r, "location").unwrap());
+    let head = tus.head(&url).await;
+    let got = header(&head, "upload-metadata").unwrap().to_string();
+    let mut pairs: Vec<&str> = got.split(',').collect();
+    pairs.sort();
+    let mut want_pairs = md(&[("filename", "renamed.txt"), ("checked", "yes")]);
+    want_pairs = {
+        let mut v: Vec<&str> = want_pairs.split(',').collect();
+        v.sort();
+        v.join(",")
+    };
+    assert_eq!(pairs.join(","), want_pairs, "HEAD shows the hook's metadata");
+    // Other names pass untouched.
+    let r = tus.post(&[("Upload-Length", "5"), ("Upload-Metadata", &md(&[("filename", "ok.txt")]))]).await;
+    assert_eq!(r.status(), 201);
+}
+
+/// A hook that sleeps past its timeout: the creation is refused (503 `unavailable`, the
+/// default policy) long before the hook would answer; with `on_failure = "allow"` it goes on.
+/// A hook answering something that is not JSON is a failure too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_or_broken_pre_create_hook_follows_the_failure_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_create]\nurl = \"{}\"\ntimeout = \"2s\"\n", hook.url("/slow")));
+    let tus = Tus::new(&server);
+    let began = Instant::now();
+    let r = tus.post(&[("Upload-Length", "5")]).await;
+    let took = began.elapsed();
+    problem(r, 503, "unavailable").await;
+    // The hook sleeps 30 s; the 2 s timeout (+ a generous margin for a loaded machine) holds.
+    assert!(took < Duration::from_secs(12), "refused after {took:?}, not within the 2 s timeout");
+    drop(server);
+
+    let server = start(dir.path(), &format!("[hooks.pre_create]\nurl = \"{}\"\ntimeout = \"1s\"\non_failure = \"allow\"\n", hook.url("/slow")));
+    assert_eq!(Tus::new(&server).post(&[("Upload-Length", "5")]).await.status(), 201, "allow policy: created anyway");
+    drop(server);
+
+    let server = start(dir.path(), &format!("[hooks.pre_create]\nurl = \"{}\"\n", hook.url("/broken")));
+    problem(Tus::new(&server).post(&[("Upload-Length", "5")]).await, 503, "unavailable").await;
+}
+
+/// A pre-finish hook (a virus scan) that refuses: the final PATCH gets the hook's status and
+/// message, the upload is failed (404 after) and its bytes are gone; an accepted upload finishes
+/// with the sha256 the hook was shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_finish_hook_refusal_fails_the_upload_and_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/pre-finish")));
+    let tus = Tus::new(&server);
+    let data = pseudo_random(70_000, 9);
+
+    let r = tus.post(&[("Upload-Length", "70000"), ("Upload-Metadata", &md(&[("filename", "virus.txt")]))]).await;
+    let bad = tus.abs(header(&r, "location").unwrap());
+    let r = tus.patch(&bad, 0, data[..30_000].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "a PATCH that does not finish is not asked about");
+    let r = tus.patch(&bad, 30_000, data[30_000..].to_vec(), &[]).await;
+    let p = problem(r, 422, "rejected").await;
+    assert_eq!(p["detail"], "virus.txt failed the virus scan");
+    assert_eq!(tus.head(&bad).await.status(), 404, "the failed upload is gone");
+
+    let r = tus.post(&[("Upload-Length", "70000"), ("Upload-Metadata", &md(&[("filename", "clean.txt")]))]).await;
+    let good = tus.abs(header(&r, "location").unwrap());
+    assert_eq!(tus.patch(&good, 0, data.clone(), &[]).await.status(), 204);
+    assert_stored_sha256(&server, &good, &sha256_hex(&data)).await;
+    let log = std::fs::read_to_string(dir.path().join("hook.jsonl")).unwrap();
+    let asked: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let clean = asked.iter().find(|a| a["request"]["upload"]["metadata"]["filename"] == "clean.txt").expect("the hook saw clean.txt");
+    assert_eq!(clean["request"]["upload"]["sha256"], sha256_hex(&data));
+    assert_eq!(clean["request"]["upload"]["size"], 70_000);
+}
