@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// Trust Forwarded / X-Forwarded-Host / X-Forwarded-Proto to build absolute upload URLs.
     #[arg(long, env = "FERRY_BEHIND_PROXY")]
     pub behind_proxy: bool,
+    /// Turn off the pages for people (`/share/{id}` request-a-file and download pages and
+    /// their `/assets/`); share links then carry no `page_url`. For API-only deployments.
+    #[arg(long, env = "FERRY_NO_WEB")]
+    pub no_web: bool,
     /// Checkpoint inside a long PATCH every this many bytes [default: 64MiB].
     #[arg(long, env = "FERRY_CHECKPOINT_EVERY", value_parser = parse_size)]
     pub checkpoint_every: Option<u64>,
@@ -226,6 +230,7 @@ struct FileConfig {
     expire_after: Option<String>,
     durability: Option<Durability>,
     behind_proxy: Option<bool>,
+    no_web: Option<bool>,
     checkpoint_every: Option<toml::Value>,
     idle_timeout: Option<String>,
     sweep_interval: Option<String>,
@@ -537,6 +542,8 @@ pub struct Config {
     pub expire_after: Option<Duration>,
     pub durability: Durability,
     pub behind_proxy: bool,
+    /// Serve no web pages (`--no-web`).
+    pub no_web: bool,
     pub checkpoint_every: u64,
     pub idle_timeout: Duration,
     pub sweep_interval: Duration,
@@ -633,6 +640,7 @@ impl Config {
             expire_after: args.expire_after.or(expire_file).unwrap_or(Expiry(Some(Duration::from_secs(7 * 24 * 3600)))).0,
             durability: args.durability.or(file.durability).unwrap_or(Durability::Full),
             behind_proxy: args.behind_proxy || file.behind_proxy.unwrap_or(false),
+            no_web: args.no_web || file.no_web.unwrap_or(false),
             checkpoint_every: match args.checkpoint_every {
                 Some(v) => v,
                 None => file.checkpoint_every.map(|v| size_value(v, "checkpoint_every")).transpose()?.unwrap_or(64 << 20),

@@ -102,7 +102,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if cfg.public_url.is_none() && addr.ip().is_unspecified() {
         tracing::warn!(%addr, "listening on a wildcard address without --public-url: signed URLs and MCP results will name {addr}, which clients cannot reach; set --public-url");
     }
-    let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")), signer);
+    let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")), signer).with_pages(!cfg.no_web);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let state = AppState {
         engine: engine.clone(),
@@ -116,6 +116,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             allowed_hosts: allowed_hosts(&cfg, addr),
             shutdown: shutdown.clone(),
             cors: cfg.cors.clone(),
+            web: !cfg.no_web,
         },
         links,
         mcp: Arc::new(McpConfig { max_chunk: cfg.mcp_max_chunk, commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect() }),

@@ -156,6 +156,17 @@ impl UrlSigner {
     /// Check a signed query for file `id` and request `method` at `now` (unix seconds).
     /// The MAC is compared in constant time.
     pub fn verify(&self, q: &SignedQuery, id: &str, method: &Method, now: i64) -> Result<Scope, SignatureError> {
+        let (scope, _) = self.verify_link(q, id, now)?;
+        if !scope.allows(method) {
+            return Err(SignatureError::WrongScope(scope.as_str(), method.clone()));
+        }
+        Ok(scope)
+    }
+
+    /// Check a signed query for file `id` at `now` (unix seconds) whatever it will be used
+    /// for: the MAC (constant time) and the expiry. Returns the scope and the expiry (unix
+    /// seconds). The page of a link (`/share/{id}`) uses this to say what the link is for.
+    pub fn verify_link(&self, q: &SignedQuery, id: &str, now: i64) -> Result<(Scope, i64), SignatureError> {
         let (Some(scope), Some(expires), Some(sig)) = (&q.scope, &q.expires, &q.sig) else {
             return Err(SignatureError::Incomplete);
         };
@@ -166,10 +177,7 @@ impl UrlSigner {
         if expires <= now {
             return Err(SignatureError::Expired(expires));
         }
-        if !scope.allows(method) {
-            return Err(SignatureError::WrongScope(scope.as_str(), method.clone()));
-        }
-        Ok(scope)
+        Ok((scope, expires))
     }
 }
 
@@ -178,6 +186,10 @@ impl UrlSigner {
 pub struct SignedUrl {
     /// Absolute URL: `{public_url}/files/{id}?scope=…&expires=…&sig=…`.
     pub url: String,
+    /// The page for people with the same signature: `{public_url}/share/{id}?scope=…` (a
+    /// request-a-file page for `upload`, a download page for `download`); `None` with `--no-web`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_url: Option<String>,
     pub scope: Scope,
     /// Unix ms.
     pub expires_at_ms: i64,
@@ -191,12 +203,23 @@ pub const MAX_URL_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 pub struct Links {
     base: String,
     signer: UrlSigner,
+    pages: bool,
 }
+
+/// Path prefix of the pages for people behind signed links (`/share/{id}?scope=…`).
+pub const PAGE_PATH: &str = "/share/";
 
 impl Links {
     /// `base`: absolute URL without a trailing `/` (the `public_url` setting).
     pub fn new(base: impl Into<String>, signer: UrlSigner) -> Links {
-        Links { base: base.into().trim_end_matches('/').to_string(), signer }
+        Links { base: base.into().trim_end_matches('/').to_string(), signer, pages: false }
+    }
+
+    /// Whether signed URLs also name their page for people ([`SignedUrl::page_url`]): on when
+    /// the server serves the pages (not `--no-web`).
+    pub fn with_pages(mut self, pages: bool) -> Links {
+        self.pages = pages;
+        self
     }
 
     pub fn signer(&self) -> &UrlSigner {
@@ -213,7 +236,9 @@ impl Links {
     pub fn signed(&self, scope: Scope, id: &str, ttl_ms: u64, now_ms: i64) -> SignedUrl {
         let expires_ms = now_ms.saturating_add(ttl_ms.min(MAX_URL_TTL_MS) as i64);
         let expires = (expires_ms + 999).div_euclid(1000);
-        SignedUrl { url: format!("{}?{}", self.file_url(id), self.signer.sign(scope, id, expires)), scope, expires_at_ms: expires * 1000 }
+        let query = self.signer.sign(scope, id, expires);
+        let page_url = self.pages.then(|| format!("{}{PAGE_PATH}{id}?{query}", self.base));
+        SignedUrl { url: format!("{}?{query}", self.file_url(id)), page_url, scope, expires_at_ms: expires * 1000 }
     }
 }
 

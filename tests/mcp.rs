@@ -75,6 +75,8 @@ async fn upload_by_url(c: &Client, name: &str, data: &[u8]) -> String {
     assert!(begin.to_string().len() < 1024, "small result: {begin}");
     let url = begin["upload_url"].as_str().unwrap();
     assert!(url.contains("scope=upload") && url.contains("sig="), "{url}");
+    // The request-a-file page for a person carries the same signature (tests/web_pages.rs).
+    assert_eq!(begin["page_url"].as_str(), Some(url.replacen("/files/", "/share/", 1).as_str()), "{begin}");
     let r = reqwest::Client::new()
         .patch(url)
         .header("Tus-Resumable", "1.0.0")
@@ -301,7 +303,9 @@ async fn principals_are_isolated_and_signed_urls_open_one_file() {
     assert!(err && t["status"] == "failed" && t["error"]["code"] == "task_failed", "bob cannot archive alice's file: {t}");
     assert!(!t["error"]["message"].as_str().unwrap().contains("alice"), "{t}");
 
-    let url = ok(&a, "file_download_url", json!({ "file_id": fa })).await["url"].as_str().unwrap().to_string();
+    let dl = ok(&a, "file_download_url", json!({ "file_id": fa })).await;
+    let url = dl["url"].as_str().unwrap().to_string();
+    assert_eq!(dl["page_url"].as_str(), Some(url.replacen("/files/", "/share/", 1).as_str()), "{dl}");
     assert_eq!(reqwest::get(&url).await.unwrap().text().await.unwrap(), "alice's bytes");
     // The same signature on bob's file id does not open it.
     let forged = url.replace(&fa, &fb);

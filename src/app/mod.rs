@@ -27,6 +27,8 @@ pub struct HttpConfig {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Which web origins may use TUS on `/files/`, and extra CORS headers.
     pub cors: crate::config::CorsConfig,
+    /// Serve the pages for people (`/share/{id}`, `/assets/`); off with `--no-web`.
+    pub web: bool,
 }
 
 /// Settings of the MCP facade.

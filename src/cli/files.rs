@@ -77,7 +77,8 @@ pub struct ShareArgs {
     /// What the URL allows: `download` (GET) or `upload` (TUS HEAD/PATCH).
     #[arg(long, value_name = "SCOPE", default_value = "download", value_parser = ["download", "upload"])]
     pub scope: String,
-    /// Print the server's JSON (url, scope, expires_at, expires_at_ms) instead of the URL.
+    /// Print the server's JSON (url, page_url, scope, expires_at, expires_at_ms) instead of
+    /// the URL. Without it the URL goes to stdout and the page for a browser to stderr.
     #[arg(long)]
     pub json: bool,
     /// Keep retrying network errors and 5xx for this long.
@@ -199,8 +200,13 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         #[derive(Deserialize)]
         struct Shared {
             url: String,
+            #[serde(default)]
+            page_url: Option<String>,
         }
         let shared: Shared = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no url ({e}): {}", body.trim())))?;
+        if let Some(page) = &shared.page_url {
+            eprintln!("ferry: page for a browser: {}", client.resolve(page)?);
+        }
         print_line(client.resolve(&shared.url)?.as_str())
     })
 }

@@ -702,6 +702,10 @@ struct ShareBody {
 struct ShareView {
     /// Absolute URL that works without a token until it expires.
     url: String,
+    /// The page for people with the same signature (absent with `--no-web`): for `upload` a
+    /// request-a-file page that uploads into this file, for `download` a page with the file's
+    /// name, size, sha256 and a download button.
+    page_url: Option<String>,
     #[schema(example = "download")]
     scope: String,
     /// Unix ms.
@@ -741,8 +745,11 @@ async fn share_file(
     s.engine.get(&p, &id).await?;
     let signed = s.links.signed(req.scope.unwrap_or(crate::signing::Scope::Download), &id, ttl, crate::upload::now_ms());
     let expires_at = crate::upload::rfc3339(signed.expires_at_ms);
-    Ok(axum::Json(serde_json::json!({
+    let mut view = serde_json::json!({
         "url": signed.url, "scope": signed.scope, "expires_at_ms": signed.expires_at_ms, "expires_at": expires_at,
-    }))
-    .into_response())
+    });
+    if let Some(page) = signed.page_url {
+        view["page_url"] = page.into();
+    }
+    Ok(axum::Json(view).into_response())
 }

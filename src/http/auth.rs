@@ -20,6 +20,11 @@ fn unauthorized(detail: &str) -> Response {
 /// Resolve the request's principal, or answer 401. Health, metrics, the OpenAPI document and
 /// TUS discovery (`OPTIONS`) need no token.
 pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    // The pages for people and their assets: static, or checking the link's signature
+    // themselves (`GET /share/{id}/info`); they never act as a principal.
+    if super::web::is_open(req.uri().path()) && matches!(*req.method(), Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
     if req.method() != Method::OPTIONS {
         if let Some(q) = SignedQuery::from_query(req.uri().query()) {
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());

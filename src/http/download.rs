@@ -107,11 +107,13 @@ fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
     format!("{disposition}; filename=\"{fallback}\"; filename*=UTF-8''{}", utf8_percent_encode(name, ATTR_CHAR))
 }
 
-/// Content-Type, Content-Disposition and the validators of a finished upload.
-pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
+/// Content-Type, Content-Disposition and the validators of a finished upload. `attachment`
+/// forces `Content-Disposition: attachment` (the download page's button asks for it with
+/// `?download=1`); otherwise only active types are attachments.
+pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord, attachment: bool) {
     // The same description `GET /api/v1/files/{id}` and MCP handles show.
     let crate::upload::Description { name, media_type: media } = crate::upload::describe_raw(&rec.metadata);
-    let disposition = if is_active(&media) { "attachment" } else { "inline" };
+    let disposition = if attachment || is_active(&media) { "attachment" } else { "inline" };
     let cd = content_disposition(disposition, name.as_deref());
     let pairs = [
         ("content-type", media.to_string()),
@@ -130,7 +132,15 @@ pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord) {
 
 /// `GET /files/{id}`. Errors: 404/410; 409 `upload_incomplete` with `Upload-Offset` while the
 /// upload is unfinished; 416 with `Content-Range: bytes */N` for an unsatisfiable range.
-pub async fn get(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+/// `?download=1` asks for `Content-Disposition: attachment` whatever the media type.
+pub async fn get(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    uri: axum::http::Uri,
+    h: HeaderMap,
+) -> Result<Response, Problem> {
+    let attachment = uri.query().is_some_and(|q| q.split('&').any(|pair| pair == "download=1"));
     ferry_tus::check_version(Verb::Get, super::tus::header(&h, "tus-resumable"))?;
     let rec = s.engine.get(&p, &id).await?;
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
@@ -150,7 +160,7 @@ pub async fn get(State(s): State<AppState>, Extension(Principal(p)): Extension<P
     let tag = etag(&sha);
     let mut headers = HeaderMap::new();
     super::tus::upload_headers(&mut headers, &rec);
-    representation_headers(&mut headers, &rec);
+    representation_headers(&mut headers, &rec, attachment);
     let last_modified = headers.get("last-modified").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let (status, range) = match decide(&h, len, &tag, &last_modified) {
         Outcome::NotModified => {

@@ -21,6 +21,7 @@ mod events;
 mod health;
 mod rufh;
 pub(crate) mod tus;
+pub mod web;
 
 pub use crate::app::views::FILES_PATH;
 pub use crate::app::{AppState, HttpConfig};
@@ -132,8 +133,10 @@ where
         .route("/files", post(tus::create).options(tus::options))
         .route("/files/", post(tus::create).options(tus::options))
         .route("/files/{id}", get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options));
+    let pages = if state.http.web { web::routes() } else { Router::new() };
     let routes: Router = Router::new()
         .merge(files)
+        .merge(pages)
         .nest_service("/mcp", mcp)
         .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())

@@ -242,7 +242,7 @@ pub async fn head(
     upload_headers(hm, &rec);
     hm.insert("cache-control", HeaderValue::from_static("no-store"));
     if rec.is_finished() {
-        super::download::representation_headers(hm, &rec);
+        super::download::representation_headers(hm, &rec, false);
         set(hm, "content-length", rec.length.unwrap_or(0));
     }
     Ok(res)

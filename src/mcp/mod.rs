@@ -227,6 +227,7 @@ impl FerryMcp {
             status: OkStatus::Ok,
             file,
             upload_url: signed.url,
+            page_url: signed.page_url,
             method: "PATCH".into(),
             headers,
             expires_at: crate::upload::rfc3339(signed.expires_at_ms),
@@ -300,7 +301,7 @@ impl FerryMcp {
         }
         let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
         let (file, link) = handle(&r);
-        Ok(result(&UrlOut { status: OkStatus::Ok, url: s.url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file }, vec![link], false))
+        Ok(result(&UrlOut { status: OkStatus::Ok, url: s.url, page_url: s.page_url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file }, vec![link], false))
     }
 
     /// Up to `max` bytes of a finished file from `offset`.

@@ -121,6 +121,10 @@ pub struct BeginOut {
     pub file: FileSummary,
     /// Signed TUS URL: PATCH the bytes here without a token.
     pub upload_url: String,
+    /// A page for a person (absent when the server runs with `--no-web`): open it in a browser
+    /// to drop the file in; it uploads into this upload and shows the sha256.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_url: Option<String>,
     /// `PATCH`.
     pub method: String,
     /// Headers to send with each PATCH (placeholders in angle brackets).
@@ -140,6 +144,10 @@ pub struct UrlOut {
     pub status: OkStatus,
     /// Signed URL: GET (with Range) without a token until `expires_at`.
     pub url: String,
+    /// A download page for a person (name, size, sha256, a download button); absent when the
+    /// server runs with `--no-web`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_url: Option<String>,
     /// RFC 3339.
     pub expires_at: String,
     pub file: FileSummary,

@@ -131,6 +131,11 @@ impl Server {
 
     /// Start under a wrapper command, e.g. `["prlimit", "--nofile=1024:20000", "--"]`.
     pub fn start_under(wrapper: &[&str], data: &Path, args: &[&str]) -> Server {
+        Server::start_listening(wrapper, data, "127.0.0.1:0", args)
+    }
+
+    /// Start listening on `listen` (e.g. the address a killed server had).
+    fn start_listening(wrapper: &[&str], data: &Path, listen: &str, args: &[&str]) -> Server {
         let catalog = test_catalog(data, args);
         let bucket = test_bucket(data, args);
         let mut cmd = match wrapper.split_first() {
@@ -152,7 +157,7 @@ impl Server {
         }
         cmd.arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--data")
             .arg(data)
             .args(args)
@@ -190,6 +195,19 @@ impl Server {
         let mut s = Server::start_in(&self.data.clone(), &argv);
         s._tmp = tmp;
         // Replace self without running Drop on the dead child.
+        std::mem::swap(self, &mut s);
+        std::mem::forget(s);
+    }
+
+    /// Kill -9 and start again on the same data dir and the same address, so URLs a client
+    /// holds (a browser's page) stay valid.
+    pub fn restart_same_port(&mut self) {
+        self.kill9();
+        let (args, addr) = (self.extra_args.clone(), self.addr());
+        let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let tmp = self._tmp.take();
+        let mut s = Server::start_listening(&[], &self.data.clone(), &addr, &argv);
+        s._tmp = tmp;
         std::mem::swap(self, &mut s);
         std::mem::forget(s);
     }

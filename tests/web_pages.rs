@@ -1,0 +1,329 @@
+//! The pages for people (issue 16) in Debian's Chromium via playwright-core, against the real
+//! binary: the request-a-file page survives a pause, `kill -9` of ferry, a restart and a page
+//! reload, and ends showing the sha256 the server stored (equal to the file's); the download
+//! page's button downloads the exact bytes; altered and expired links show a clear message;
+//! names with markup, quotes and newlines render as text (no dialog fires); every page carries
+//! the CSP and refuses framing; `--no-web` turns the pages off. Screenshots (desktop and
+//! 390×844) go to `target/test-artifacts/`.
+//!
+//! Needs /usr/bin/chromium (or `FERRY_CHROMIUM`) and `tests/clients/node/node_modules`;
+//! `bash .ci/run` installs both. Fails (does not skip) without them.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::Duration;
+
+fn artifacts() -> std::path::PathBuf {
+    manifest_dir().join("target/test-artifacts")
+}
+
+fn require_browser() {
+    let chromium = std::env::var("FERRY_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(std::path::Path::new(&chromium).exists(), "Chromium not found at {chromium}: `bash .ci/run` installs it (`apt-get install -y chromium`)");
+    assert!(
+        manifest_dir().join("tests/clients/node/node_modules/playwright-core/package.json").exists(),
+        "playwright-core is not installed: run `bash .ci/run` or `(cd tests/clients/node && npm ci)`"
+    );
+}
+
+/// Create an upload with `metadata` pairs (values base64-encoded here) and optional length.
+async fn create(s: &Server, length: Option<u64>, metadata: &[(&str, &str)]) -> String {
+    use base64::Engine as _;
+    let md: Vec<String> = metadata.iter().map(|(k, v)| format!("{k} {}", base64::engine::general_purpose::STANDARD.encode(v))).collect();
+    let md = md.join(",");
+    let len = length.map(|l| l.to_string());
+    let mut headers = vec![("Upload-Metadata", md.as_str())];
+    match &len {
+        Some(l) => headers.push(("Upload-Length", l)),
+        None => headers.push(("Upload-Defer-Length", "1")),
+    }
+    let r = Tus::new(s).post(&headers).await;
+    if r.status() != 201 {
+        panic!("create: {} {}", r.status(), r.text().await.unwrap());
+    }
+    header(&r, "location").unwrap().trim_end_matches('/').rsplit('/').next().unwrap().to_string()
+}
+
+/// `POST /api/v1/files/{id}/share` → the answer (url, page_url, …).
+async fn share(s: &Server, id: &str, scope: &str, ttl_ms: u64) -> serde_json::Value {
+    let r = Api::new(s).post(&format!("/api/v1/files/{id}/share"), &format!(r#"{{"scope":"{scope}","ttl_ms":{ttl_ms}}}"#)).await;
+    assert_eq!(r.status(), 200);
+    json(r).await
+}
+
+/// The page's info request for `page_url`, as the page's script makes it.
+async fn info_status(page_url: &str) -> u16 {
+    let (path, query) = page_url.split_once('?').unwrap();
+    client().get(format!("{path}/info?{query}")).send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
+    require_browser();
+    let mut s = Server::start(&[]);
+    let size: u64 = 64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("recording.bin");
+    let data = pseudo_random(size as usize, 16);
+    std::fs::write(&file, &data).unwrap();
+    let want = sha256_hex(&data);
+    drop(data);
+    let id = create(&s, Some(size), &[("filename", "recording.bin")]).await;
+    let shared = share(&s, &id, "upload", 3_600_000).await;
+    let page_url = shared["page_url"].as_str().expect("an upload share has a page_url").to_string();
+    assert!(page_url.starts_with(&s.url(&format!("/share/{id}?scope=upload&expires="))), "{page_url}");
+
+    let _ = std::fs::remove_file(artifacts().join("web-request.png"));
+    let mut cmd = node_script("web/request.js", &[&page_url, file.to_str().unwrap(), artifacts().to_str().unwrap()]);
+    let node = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start node");
+    // Killed if the test fails half-way (a browser must not outlive it).
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut node = KillOnDrop(node);
+    let mut stdin = node.0.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = node.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.trim_start().starts_with('{') && tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| {
+        let line = rx.recv_timeout(Duration::from_secs(300)).unwrap_or_else(|e| panic!("no {what} line from web/request.js: {e}"));
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    };
+    let paused = next("paused");
+    assert_eq!(paused["event"], "paused", "{paused}");
+    let uploaded = paused["uploaded"].as_u64().unwrap();
+    assert!(uploaded > 0 && uploaded < size, "paused at {uploaded} of {size}");
+
+    // Some bytes are durable (the catalog's offset, not the page's word), then ferry dies.
+    let api = Api::new(&s);
+    let mut offset = 0;
+    for _ in 0..600 {
+        offset = api.file(&id).await["offset"].as_u64().unwrap();
+        if offset > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(offset > 0 && offset < size, "durable offset before the kill: {offset}");
+    s.restart_same_port();
+    writeln!(stdin, "restarted").unwrap();
+    drop(stdin);
+
+    let out = next("done");
+    eprintln!("request page: {out}");
+    let mut status = None;
+    for _ in 0..600 {
+        status = node.0.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(status.is_some_and(|s| s.success()), "web/request.js did not exit cleanly: {status:?}");
+    assert_eq!(out["sha_local"], want.as_str(), "the page hashed the file it sent: {out}");
+    assert_eq!(out["sha_server"], want.as_str(), "the page shows the sha256 the server stored: {out}");
+    assert!(out["verdict"].as_str().unwrap().contains("matches"), "{out}");
+    assert_eq!(out["asked"]["name"], "recording.bin");
+    assert!(out["asked"]["size"].as_str().unwrap().contains("67,108,864 bytes"), "{out}");
+    // After the reload the page knew part of the file was there already.
+    assert!(!out["received_after_reload"].as_str().unwrap().starts_with("0 bytes"), "{out}");
+    assert!(out["drop_text"].as_str().unwrap().contains("continue"), "{out}");
+    assert!(out["csp"].as_str().unwrap().contains("connect-src 'self'"), "{out}");
+    assert_eq!(out["dialogs"], serde_json::json!([]));
+    assert_stored_sha256(&s, &format!("/files/{id}"), &want).await;
+    for shot in ["web-request.png", "web-request-390x844.png"] {
+        assert!(std::fs::read(artifacts().join(shot)).unwrap().starts_with(b"\x89PNG"), "{shot}");
+    }
+}
+
+#[tokio::test]
+async fn download_page_tampered_and_expired_links_and_names_with_markup() {
+    require_browser();
+    let s = Server::start(&[]);
+    let evil = "<img src=x onerror=alert(1)>.txt";
+    let data = pseudo_random(3 * 1024 * 1024 + 17, 7);
+    let id = Api::new(&s).upload(&data, evil).await;
+    let shared = share(&s, &id, "download", 3_600_000).await;
+    let page_url = shared["page_url"].as_str().unwrap().to_string();
+    assert!(page_url.starts_with(&s.url(&format!("/share/{id}?scope=download&expires="))), "{page_url}");
+
+    // A request with quotes, newlines and markup in its name.
+    let odd = "a \"quoted\" name\nsecond line <script>alert(2)</script> & 'more'";
+    let up = create(&s, Some(10), &[("filename", odd), ("note", "x\"y\nz")]).await;
+    let upload_page = share(&s, &up, "upload", 3_600_000).await["page_url"].as_str().unwrap().to_string();
+
+    // Altered: the signature no longer matches (another file's id, same signature).
+    let tampered = page_url.replacen(&id, &up, 1);
+    assert_eq!(info_status(&tampered).await, 403);
+    // Expired: a link for 1 ms, used once the server says it has expired.
+    let expired = share(&s, &id, "download", 1).await["page_url"].as_str().unwrap().to_string();
+    let mut st = 0;
+    for _ in 0..100 {
+        st = info_status(&expired).await;
+        if st == 410 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(st, 410, "the 1 ms link expires");
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = serde_json::json!({
+        "download": page_url, "upload": upload_page, "tampered": tampered, "expired": expired,
+        "artifacts": artifacts(), "download_dir": dir.path(),
+    });
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let out = run_json_client(node_script("web/check.js", &[spec_path.to_str().unwrap()]), 300).await;
+    eprintln!("pages: {out}");
+    assert_eq!(out["dialogs"], serde_json::json!([]), "no script ran from a name");
+    assert!(!out["errors"].as_array().unwrap().iter().any(|e| e.as_str().unwrap().contains("pageerror")), "{out}");
+    // The name shows verbatim, as text; no element was made from it.
+    assert_eq!(out["download"]["name"], evil);
+    assert_eq!(out["download"]["images"], 0);
+    assert_eq!(out["upload"]["name"], odd);
+    assert_eq!(out["upload"]["images"], 0);
+    assert_eq!(out["download"]["sha256"], sha256_hex(&data).as_str());
+    assert_eq!(out["download"]["type"], "application/octet-stream");
+    assert!(out["download"]["size"].as_str().unwrap().contains("3,145,745 bytes"), "{out}");
+    // The button downloaded the bytes.
+    assert_eq!(out["downloaded"]["sha256"], sha256_hex(&data).as_str(), "{out}");
+    assert_eq!(out["downloaded"]["failure"], serde_json::Value::Null);
+    assert_eq!(out["tampered"]["title"], "This link is not valid");
+    assert_eq!(out["expired"]["title"], "This link has expired");
+    let h = &out["headers"];
+    assert!(h["content-security-policy"].as_str().unwrap().contains("script-src 'self'"), "{h}");
+    assert!(h["content-security-policy"].as_str().unwrap().contains("frame-ancestors 'none'"), "{h}");
+    assert_eq!(h["x-frame-options"], "DENY");
+    for shot in ["web-download", "web-download-390x844", "web-expired-390x844", "web-tampered-390x844", "web-upload-xss-390x844"] {
+        assert!(std::fs::read(artifacts().join(format!("{shot}.png"))).unwrap().starts_with(b"\x89PNG"), "{shot}");
+    }
+}
+
+/// The button's URL (`?download=1`) is an attachment whatever the type; the page, its info and
+/// its assets carry the CSP; the assets are gzipped and revalidate by ETag.
+#[tokio::test]
+async fn page_headers_attachment_and_assets() {
+    let s = Server::start(&[]);
+    let id = Api::new(&s).upload(b"plain text", "notes.txt").await;
+    let shared = share(&s, &id, "download", 60_000).await;
+    let url = shared["url"].as_str().unwrap();
+    let plain = client().get(url).send().await.unwrap();
+    assert!(header(&plain, "content-disposition").unwrap().starts_with("inline"));
+    let button = client().get(format!("{url}&download=1")).send().await.unwrap();
+    assert_eq!(button.status(), 200);
+    assert!(header(&button, "content-disposition").unwrap().starts_with("attachment; filename=\"notes.txt\""));
+
+    let page = client().get(shared["page_url"].as_str().unwrap()).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(header(&page, "content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(header(&page, "x-frame-options"), Some("DENY"));
+    assert_eq!(header(&page, "cache-control"), Some("no-store"));
+    assert!(header(&page, "content-security-policy").unwrap().contains("connect-src 'self'"));
+    let mut weight = 0;
+    for asset in ["/assets/app.js", "/assets/app.css"] {
+        let r = client().get(s.url(asset)).header("accept-encoding", "gzip").send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "content-encoding"), Some("gzip"));
+        let etag = header(&r, "etag").unwrap().to_string();
+        weight += r.bytes().await.unwrap().len();
+        let again = client().get(s.url(asset)).header("if-none-match", &etag).send().await.unwrap();
+        assert_eq!(again.status(), 304, "{asset}");
+    }
+    assert!(weight < 300 * 1024, "page weight {weight} bytes gzipped");
+    // An upload link's page_url, from MCP's file_upload_begin too, is checked in tests/mcp.rs.
+}
+
+#[tokio::test]
+async fn no_web_turns_the_pages_off() {
+    let s = Server::start(&["--no-web"]);
+    let id = Api::new(&s).upload(b"x", "x.txt").await;
+    let shared = share(&s, &id, "download", 60_000).await;
+    assert!(shared.get("page_url").is_none(), "{shared}");
+    let page = format!("{}/share/{id}?{}", s.base, shared["url"].as_str().unwrap().split_once('?').unwrap().1);
+    assert_eq!(client().get(&page).send().await.unwrap().status(), 404);
+    assert_eq!(info_status(&page).await, 404);
+    assert_eq!(client().get(s.url("/assets/app.js")).send().await.unwrap().status(), 404);
+}
+
+/// The dashboard at `/`: a token login (kept in the tab), the principal's own files only, a
+/// share link made from it, a task's progress bar at 100 % (polled, no reload), cancel of a
+/// running task from the page.
+#[tokio::test]
+async fn dashboard_token_login_own_files_share_and_tasks() {
+    require_browser();
+    let tmp = tempfile::tempdir().unwrap();
+    let (alice, bob) = ("fy_alice_token_for_tests", "fy_bob_token_for_tests");
+    let toml =
+        format!("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n", sha256_hex(alice.as_bytes()), sha256_hex(bob.as_bytes()));
+    let cfg = write_file(tmp.path(), "ferry.toml", &toml);
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let (a, b) = (Api::with_token(&s, alice), Api::with_token(&s, bob));
+    a.upload(b"alice's bytes", "alice <b>report</b>.txt").await;
+    b.upload(b"bob's bytes", "bob-secret.txt").await;
+    let done = a.start("external", r#"{"job":"export"}"#).await["id"].as_str().unwrap().to_string();
+    let running = a.start("external", r#"{"job":"other"}"#).await["id"].as_str().unwrap().to_string();
+    let r = a.post(&format!("/api/v1/tasks/{done}/progress"), r#"{"fraction":0.5,"message":"half"}"#).await;
+    assert_eq!(r.status(), 200);
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = serde_json::json!({ "base": s.base, "token": alice, "artifacts": artifacts() });
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let mut cmd = node_script("web/dashboard.js", &[spec_path.to_str().unwrap()]);
+    let child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start node");
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut node = KillOnDrop(child);
+    let mut stdin = node.0.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = node.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.trim_start().starts_with('{') && tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| {
+        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|e| panic!("no {what} line from web/dashboard.js: {e}"));
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    };
+    let login = next("login");
+    assert_eq!(login["event"], "login", "{login}");
+    assert!(login["stored_in_session"].as_bool().unwrap(), "{login}");
+    assert!(!login["url"].as_str().unwrap().contains(alice), "the token is never in a URL: {login}");
+    let page = login["page"].as_str().unwrap();
+    assert!(page.contains("alice <b>report</b>.txt"), "{page}");
+    assert!(!page.contains("bob-secret"), "another principal's files never appear: {page}");
+    assert!(login["share"].as_str().unwrap().contains("/share/"), "{login}");
+    // The producer finishes its progress while the page is open: the bar follows by polling.
+    let r = a.post(&format!("/api/v1/tasks/{done}/progress"), r#"{"fraction":1.0,"message":"all rows"}"#).await;
+    assert_eq!(r.status(), 200);
+    writeln!(stdin, "progressed").unwrap();
+    drop(stdin);
+    let end = next("end");
+    eprintln!("dashboard: {end}");
+    assert_eq!(end["bars"].as_array().unwrap().iter().filter(|v| v.as_f64() == Some(1.0)).count(), 1, "{end}");
+    assert_eq!(end["dialogs"].as_array().unwrap().len(), 1, "only the page's own confirm(): {end}");
+    a.wait_status(&running, "cancelled", 30).await;
+    assert_eq!(a.task(&done).await["status"], "working");
+}
