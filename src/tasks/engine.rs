@@ -12,6 +12,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{Job, JobContext, JobError};
+
+/// How long a run that found its file held by an earlier run waits before releasing the task
+/// ([`JobError::Busy`]).
+const BUSY_PAUSE: Duration = Duration::from_millis(500);
 use crate::catalog::{Catalog, CatalogError, NewTask, StartOutcome, TaskEnd, TaskRecord, TaskStatus};
 use crate::upload::{internal, new_id, now_ms, UploadEngine};
 
@@ -355,6 +359,14 @@ impl Engine {
                 Some(TaskEnd::Failed(error_json(e.code, &format!("{}; the task's unfinished files were removed — start it again once the server has room", e.detail))))
             }
             Ok(Err(JobError::Parked)) => None,
+            Ok(Err(JobError::Busy(msg))) => {
+                // Pause before releasing, so the run that holds the file can stop (its lease
+                // renewal fails, it is cancelled and lets go) without this one spinning on claims.
+                tracing::warn!(task = task.id, error = msg, "task busy: an earlier run still holds its file; running it again shortly");
+                tokio::time::sleep(BUSY_PAUSE).await;
+                let _ = self.catalog.release_task(&task.id, task.fence).await;
+                None
+            }
             Ok(Err(JobError::Cancelled)) => {
                 // Cancelled by the user: already terminal. By shutdown or a lost lease: let it
                 // resume from its checkpoint.

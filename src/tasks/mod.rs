@@ -41,6 +41,12 @@ pub enum JobError {
     /// be started again once the resource returns.
     #[error("{0}")]
     Exhausted(ferry_tus::TusError),
+    /// Something the job needs is still held by an earlier run of the same task that has not
+    /// stopped yet — its output file's writer (423 `locked`), e.g. a run whose lease was taken
+    /// over while it was slow. Not a failure: the task is released after a short pause and
+    /// runs again once the earlier run lets go.
+    #[error("busy: {0}")]
+    Busy(String),
 }
 
 impl JobError {
@@ -57,6 +63,7 @@ impl From<ferry_tus::TusError> for JobError {
                 JobError::failed(e.detail)
             }
             ferry_tus::ErrorCode::InsufficientStorage | ferry_tus::ErrorCode::Unavailable => JobError::Exhausted(e),
+            ferry_tus::ErrorCode::Locked => JobError::Busy(e.detail),
             _ => JobError::Internal(e.to_string()),
         }
     }
