@@ -11,37 +11,14 @@
 //! Needs PostgreSQL (`FERRY_TEST_PG`, default the role `.ci/run` creates). Run:
 //! `cargo bench --bench replicas`. Results go to stdout; benches/RESULTS.md keeps a copy.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+#[path = "support/replicas.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::catalog::{Catalog, NewTask, PostgresCatalog, SqliteCatalog, TaskEnd};
-use sqlx::{Connection, Executor};
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn admin_url() -> String {
-    std::env::var("FERRY_TEST_PG").unwrap_or_else(|_| "postgres://ferry:ferry-ci@127.0.0.1:5432/postgres".into())
-}
-
-/// A fresh database; dropped by [`drop_db`].
-async fn create_db() -> (String, String) {
-    let mut c = sqlx::PgConnection::connect(&admin_url()).await.expect("PostgreSQL at FERRY_TEST_PG (start it as .ci/run does)");
-    let name = format!("ferry_bench_{:016x}", rand::random::<u64>());
-    c.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).await.unwrap();
-    let mut u = url::Url::parse(&admin_url()).unwrap();
-    u.set_path(&format!("/{name}"));
-    (name, u.to_string())
-}
-
-async fn drop_db(name: &str) {
-    let mut c = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-    let _ = c.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))).await;
-}
+use support::{client, create_db, drop_db, env_u64, start_server};
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
@@ -76,31 +53,6 @@ async fn claim_throughput(handles: Vec<Arc<dyn Catalog>>, n: usize, claimers_per
     }
     assert_eq!(total, n, "every task claimed once");
     n as f64 / t0.elapsed().as_secs_f64()
-}
-
-fn start_server(data: &Path, args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let base = loop {
-        let l = lines.next().expect("ferry exited").unwrap();
-        if let Some(a) = l.strip_prefix("listening on ") {
-            break a.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (child, base)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
 /// p50 and p99 of GET /api/v1/tasks/{id} with 64 pollers spread over `bases`.
@@ -186,13 +138,13 @@ fn main() {
         println!("\nratio PostgreSQL / SQLite: {:.2}\n", pgt / sq);
 
         // 2. GET latency
-        let (mut one, base) = start_server(&tmp.path().join("sq"), &[]);
+        let (mut one, base) = start_server(&tmp.path().join("sq"), &[], &[]);
         let (p50s, p99s, ns) = poll_latency(std::slice::from_ref(&base), poll_secs).await;
         let _ = one.kill();
         let _ = one.wait();
         let (db, url) = create_db().await;
-        let (mut ra, ba) = start_server(&tmp.path().join("pa"), &["--catalog", &url]);
-        let (mut rb, bb) = start_server(&tmp.path().join("pb"), &["--catalog", &url]);
+        let (mut ra, ba) = start_server(&tmp.path().join("pa"), &["--catalog", &url], &[]);
+        let (mut rb, bb) = start_server(&tmp.path().join("pb"), &["--catalog", &url], &[]);
         let (p50p, p99p, np) = poll_latency(&[ba, bb], poll_secs).await;
         for c in [&mut ra, &mut rb] {
             let _ = c.kill();
@@ -205,12 +157,12 @@ fn main() {
         println!("\nratio p99 PostgreSQL / SQLite: {:.2}; requests/s ratio: {:.2}\n", p99p.as_secs_f64() / p99s.as_secs_f64(), np as f64 / ns as f64);
 
         // 3. S2
-        let (mut one, base) = start_server(&tmp.path().join("s2sq"), &[]);
+        let (mut one, base) = start_server(&tmp.path().join("s2sq"), &[], &[]);
         let ts = s2(&base, s2_bytes).await;
         let _ = one.kill();
         let _ = one.wait();
         let (db, url) = create_db().await;
-        let (mut p, base) = start_server(&tmp.path().join("s2pg"), &["--catalog", &url]);
+        let (mut p, base) = start_server(&tmp.path().join("s2pg"), &["--catalog", &url], &[]);
         let tp = s2(&base, s2_bytes).await;
         let _ = p.kill();
         let _ = p.wait();

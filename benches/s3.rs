@@ -16,74 +16,19 @@
 
 #[path = "../tests/common/moto.rs"]
 mod moto;
+#[path = "support/replicas.rs"]
+mod support;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Instant;
 
 use object_store::aws::AmazonS3Builder;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjectPath;
 use object_store::PutPayload;
-use sqlx::{Connection, Executor};
+use support::{client, create_db, drop_db, env_u64, start_server, stop};
 
 const MIB: u64 = 1 << 20;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn admin_url() -> String {
-    std::env::var("FERRY_TEST_PG").unwrap_or_else(|_| "postgres://ferry:ferry-ci@127.0.0.1:5432/postgres".into())
-}
-
-/// A fresh PostgreSQL database (name, URL).
-async fn create_db() -> (String, String) {
-    let mut c = sqlx::PgConnection::connect(&admin_url()).await.expect("PostgreSQL at FERRY_TEST_PG (start it as .ci/run does)");
-    let name = format!("ferry_bench_{:016x}", rand::random::<u64>());
-    c.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).await.unwrap();
-    let mut u = url::Url::parse(&admin_url()).unwrap();
-    u.set_path(&format!("/{name}"));
-    (name, u.to_string())
-}
-
-async fn drop_db(name: &str) {
-    let mut c = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-    let _ = c.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))).await;
-}
-
-/// `ferry serve` on `data` with `args` and the moto variables; returns the child and its base URL.
-fn start_server(data: &Path, args: &[&str], env: &[(&'static str, String)]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let base = loop {
-        let l = lines.next().expect("ferry exited").unwrap();
-        if let Some(a) = l.strip_prefix("listening on ") {
-            break a.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (child, base)
-}
-
-fn stop(mut c: Child) {
-    let _ = c.kill();
-    let _ = c.wait();
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
 
 /// One TUS upload of `len` bytes of `fill` in 8 MiB PATCHes; returns its seconds.
 async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> f64 {
