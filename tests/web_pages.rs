@@ -60,6 +60,43 @@ async fn info_status(page_url: &str) -> u16 {
     client().get(format!("{path}/info?{query}")).send().await.unwrap().status().as_u16()
 }
 
+/// A node script driving chromium, its JSON event lines read from stdout on a thread; killed on
+/// drop, so a browser never outlives a failed test.
+struct NodeDriver {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    script: &'static str,
+}
+
+impl NodeDriver {
+    fn start(cmd: &mut std::process::Command, script: &'static str) -> NodeDriver {
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start node");
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.trim_start().starts_with('{') && tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        NodeDriver { child, lines, script }
+    }
+
+    /// The next JSON event line, waiting at most `secs` seconds (`what` names it in the panic).
+    fn next(&self, what: &str, secs: u64) -> serde_json::Value {
+        let line = self.lines.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|e| panic!("no {what} line from {}: {e}", self.script));
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    }
+}
+
+impl Drop for NodeDriver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[tokio::test]
 async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
     require_browser();
@@ -78,30 +115,9 @@ async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
 
     let _ = std::fs::remove_file(artifacts().join("web-request.png"));
     let mut cmd = node_script("web/request.js", &[&page_url, file.to_str().unwrap(), artifacts().to_str().unwrap()]);
-    let node = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start node");
-    // Killed if the test fails half-way (a browser must not outlive it).
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut node = KillOnDrop(node);
-    let mut stdin = node.0.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stdout = node.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.trim_start().starts_with('{') && tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let next = |what: &str| {
-        let line = rx.recv_timeout(Duration::from_secs(300)).unwrap_or_else(|e| panic!("no {what} line from web/request.js: {e}"));
-        serde_json::from_str::<serde_json::Value>(&line).unwrap()
-    };
+    let mut node = NodeDriver::start(&mut cmd, "web/request.js");
+    let mut stdin = node.child.stdin.take().unwrap();
+    let next = |what: &str| node.next(what, 300);
     let paused = next("paused");
     assert_eq!(paused["event"], "paused", "{paused}");
     let uploaded = paused["uploaded"].as_u64().unwrap();
@@ -126,7 +142,7 @@ async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
     eprintln!("request page: {out}");
     let mut status = None;
     for _ in 0..600 {
-        status = node.0.try_wait().unwrap();
+        status = node.child.try_wait().unwrap();
         if status.is_some() {
             break;
         }
@@ -284,29 +300,9 @@ async fn dashboard_token_login_own_files_share_and_tasks() {
     let spec_path = dir.path().join("spec.json");
     std::fs::write(&spec_path, spec.to_string()).unwrap();
     let mut cmd = node_script("web/dashboard.js", &[spec_path.to_str().unwrap()]);
-    let child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start node");
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut node = KillOnDrop(child);
-    let mut stdin = node.0.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stdout = node.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.trim_start().starts_with('{') && tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let next = |what: &str| {
-        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|e| panic!("no {what} line from web/dashboard.js: {e}"));
-        serde_json::from_str::<serde_json::Value>(&line).unwrap()
-    };
+    let mut node = NodeDriver::start(&mut cmd, "web/dashboard.js");
+    let mut stdin = node.child.stdin.take().unwrap();
+    let next = |what: &str| node.next(what, 120);
     let login = next("login");
     assert_eq!(login["event"], "login", "{login}");
     assert!(login["stored_in_session"].as_bool().unwrap(), "{login}");
