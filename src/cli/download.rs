@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{
-    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NETWORK,
-    EXIT_USAGE, EXIT_VERIFY, exit_codes_help,
+    describe, exit_codes_help, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE,
+    EXIT_NETWORK, EXIT_USAGE, EXIT_VERIFY,
 };
 use super::progress::Progress;
 
@@ -214,7 +214,14 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
     };
     if let Output::Verified(path) = &output {
         // A re-run after the download finished: PATH already is the server's file.
-        let done = Done { path: shown.display().to_string(), url: url.to_string(), size: probe.total, sha256: probe.sha256.clone().unwrap_or_default(), resumed_from: probe.total, received: 0 };
+        let done = Done {
+            path: shown.display().to_string(),
+            url: url.to_string(),
+            size: probe.total,
+            sha256: probe.sha256.clone().unwrap_or_default(),
+            resumed_from: probe.total,
+            received: 0,
+        };
         if !args.quiet {
             eprintln!("ferry: {}: already downloaded (same size and sha256 as the server's file); nothing to do", path.display());
         }

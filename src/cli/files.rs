@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
-use super::client::{parse_duration, print_line, CliError, Client, Connection, Retry, EXIT_FAILURE, exit_codes_help};
+use super::client::{exit_codes_help, parse_duration, print_line, CliError, Client, Connection, Retry, EXIT_FAILURE};
 
 /// Requests of these commands fail after this long without an answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);

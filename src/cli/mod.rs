@@ -5,7 +5,7 @@ pub mod client;
 pub mod download;
 pub mod files;
 pub mod progress;
-pub mod stream;
 pub mod store;
+pub mod stream;
 pub mod task;
 pub mod upload;

@@ -36,11 +36,8 @@ pub const STREAM_CHUNK: u64 = 16 << 20;
 /// Upload the stream `path` (`-` for stdin) into a new upload with `meta` as its
 /// `Upload-Metadata`, or into the existing upload `given` (`--url`).
 pub(super) async fn upload(client: &Client, args: &UploadArgs, meta: Option<String>, path: &Path, given: Option<reqwest::Url>) -> Result<Done, CliError> {
-    let mut src: Box<dyn AsyncRead + Unpin + Send> = if path.as_os_str() == "-" {
-        Box::new(tokio::io::stdin())
-    } else {
-        Box::new(tokio::fs::File::open(path).await.map_err(|e| local_error(path, e))?)
-    };
+    let mut src: Box<dyn AsyncRead + Unpin + Send> =
+        if path.as_os_str() == "-" { Box::new(tokio::io::stdin()) } else { Box::new(tokio::fs::File::open(path).await.map_err(|e| local_error(path, e))?) };
     let chunk = usize::try_from(args.chunk_size.unwrap_or(STREAM_CHUNK)).unwrap_or(usize::MAX - 1).max(1);
     let label = if path.as_os_str() == "-" { "stdin".to_string() } else { path.display().to_string() };
     let progress = Arc::new(Progress::unknown(&label, args.quiet));
@@ -76,7 +73,8 @@ impl Sender<'_> {
                 known_length = info.length;
                 let offset = info.offset.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
                 if offset > 0 {
-                    self.progress.note(&format!("the server has {offset} bytes of {url}: reading them from the input again (not sent; the final sha256 tells whether they are the same)"));
+                    self.progress
+                        .note(&format!("the server has {offset} bytes of {url}: reading them from the input again (not sent; the final sha256 tells whether they are the same)"));
                     self.skip(src, offset).await?;
                 }
                 (url, offset, offset)

@@ -22,8 +22,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::client::{error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_TASK_CANCELLED, EXIT_TASK_FAILED};
 pub use super::client::Connection;
+use super::client::{error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_TASK_CANCELLED, EXIT_TASK_FAILED};
 
 /// `ferry task …`: start, inspect, list and cancel tasks on a running ferry server.
 #[derive(Debug, Args)]

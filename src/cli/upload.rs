@@ -34,8 +34,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::client::{
-    describe, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND,
-    EXIT_VERIFY, exit_codes_help,
+    describe, exit_codes_help, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE,
+    EXIT_NOT_FOUND, EXIT_VERIFY,
 };
 use super::progress::Progress;
 use super::store::{fingerprint, Store};
@@ -325,7 +325,15 @@ const CLEANUP_RETRY: Duration = Duration::from_secs(10);
 
 /// Upload one regular file: a new upload, a remembered one (`identity` names the principal
 /// in the URL store), or the existing upload `given` (`--url`).
-async fn upload_one(client: &Client, store: &Store, identity: Option<&str>, args: &UploadArgs, meta: &[(String, String)], path: &Path, given: Option<reqwest::Url>) -> Result<Done, CliError> {
+async fn upload_one(
+    client: &Client,
+    store: &Store,
+    identity: Option<&str>,
+    args: &UploadArgs,
+    meta: &[(String, String)],
+    path: &Path,
+    given: Option<reqwest::Url>,
+) -> Result<Done, CliError> {
     let canon = std::fs::canonicalize(path).map_err(|e| local_error(path, e))?;
     let md = std::fs::metadata(&canon).map_err(|e| local_error(path, e))?;
     if !md.is_file() {

@@ -172,4 +172,3 @@ pub fn kill9(child: &mut std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
-
