@@ -231,6 +231,9 @@ impl CliError {
             (Some(d), Some(c)) => format!("{d} ({c})"),
             (Some(d), None) => d.clone(),
             _ if body.trim().is_empty() => String::from("no details"),
+            // A page (a proxy's or another server's error page) is not a message: never
+            // print its markup.
+            _ if body.trim_start().starts_with('<') => format!("an HTML or XML page of {} bytes (not an answer from ferry: a proxy in between?)", body.len()),
             _ => body.trim().chars().take(300).collect(),
         };
         let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
@@ -636,6 +639,9 @@ mod tests {
         assert_eq!(CliError::from_status("x", 401, "").code, EXIT_AUTH);
         assert_eq!(CliError::from_status("x", 413, "").code, EXIT_USAGE);
         assert_eq!(CliError::from_status("x", 503, "").code, EXIT_NETWORK);
+        let page = CliError::from_status("PATCH /files/x", 502, "<html><body><h1>502 Bad Gateway</h1></body></html>");
+        assert_eq!(page.code, EXIT_NETWORK);
+        assert!(!page.message.contains("<h1>") && page.message.contains("an HTML or XML page"), "{}", page.message);
         let e = CliError::from_status("GET /x", 404, r#"{"detail":"no such upload","code":"not_found","recovery_hint":"Check the id."}"#);
         assert_eq!(e.message, "GET /x: HTTP 404: no such upload (not_found)");
         assert_eq!(e.hint.as_deref(), Some("Check the id."));
