@@ -209,3 +209,34 @@ async fn upload_link_filled_and_resumed_without_a_token() {
     let o = out(&mut ferry(&s.base, &cache, &["upload", "--url", &link, "--meta", "a=b", src.to_str().unwrap()]));
     assert_eq!(code(&o), 2, "{}", stderr(&o));
 }
+
+/// Retries stay for failures after the transfer started: the connection of a pipe upload is
+/// dropped in the middle of a PATCH (a byte-budget proxy holds the request halfway, a proxy in
+/// front of it is cut); the CLI retries, asks the server's offset, sends the rest of the piece
+/// it holds in memory, and the result verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipe_survives_a_dropped_connection() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    // CLI → cuttable proxy → proxy that lets 2.5 MiB through → server.
+    let gate = Proxy::start(s.addr(), (5 << 20) / 2, u64::MAX).await;
+    let mut front = proxy::TcpProxy::start(gate.base.trim_start_matches("http://").parse().unwrap()).await;
+    let data = pseudo_random(6 << 20, 21);
+    let mut child =
+        ferry(&front.http_url(), &cache, &["upload", "-", "--chunk-size", "1MiB", "--json"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = data.clone();
+    let feed = std::thread::spawn(move || stdin.write_all(&input).unwrap());
+    // The third PATCH (bytes 2 to 3 MiB) is under way, and held at about 2.5 MiB.
+    wait_bytes_received(&s, (9 << 20) / 4).await;
+    front.cut().await;
+    gate.up.open();
+    front.restore().await;
+    let o = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    feed.join().unwrap();
+    let v = ok_json(&o);
+    assert!(stderr(&o).contains("(retry 1 in"), "the dropped connection was retried: {}", stderr(&o));
+    assert_eq!((v["size"].as_u64(), v["sha256"].as_str()), (Some(6 << 20), Some(sha256_hex(&data).as_str())), "{v}");
+    assert_eq!(server_sha256(&s.url(&format!("/files/{}", v["id"].as_str().unwrap()))).await, sha256_hex(&data));
+}
