@@ -240,3 +240,36 @@ async fn pipe_survives_a_dropped_connection() {
     assert_eq!((v["size"].as_u64(), v["sha256"].as_str()), (Some(6 << 20), Some(sha256_hex(&data).as_str())), "{v}");
     assert_eq!(server_sha256(&s.url(&format!("/files/{}", v["id"].as_str().unwrap()))).await, sha256_hex(&data));
 }
+
+/// An upload created without a length (TUS `Upload-Defer-Length`, or MCP `file_upload_begin`
+/// without `size`), filled through its upload link: the CLI declares the length, from a file
+/// and from a pipe alike.
+#[tokio::test]
+async fn upload_link_of_unknown_length() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let link = |s: &Server| {
+        let (tus, api) = (Tus::new(s), Api::new(s));
+        async move {
+            let r = tus.post(&[("Upload-Defer-Length", "1")]).await;
+            assert_eq!(r.status(), 201);
+            let id = r.headers()["location"].to_str().unwrap().rsplit('/').next().unwrap().to_string();
+            let share = json(api.post(&format!("/api/v1/files/{id}/share"), r#"{"scope":"upload"}"#).await).await;
+            let url = share["url"].as_str().unwrap().to_string();
+            if url.starts_with("http") {
+                url
+            } else {
+                format!("{}{url}", tus.base)
+            }
+        }
+    };
+    let (src, sha) = source(dir.path(), "late.bin", 3_000_000, 14);
+    let u = link(&s).await;
+    let v = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--url", &u, "--json", "-q", src.to_str().unwrap()])));
+    assert_eq!((v["size"].as_u64(), v["sha256"].as_str()), (Some(3_000_000), Some(sha.as_str())), "{v}");
+    let u = link(&s).await;
+    let v = ok_json(&out(ferry(&s.base, &cache, &["upload", "-", "--url", &u, "--chunk-size", "1MiB", "--json", "-q"]).stdin(std::fs::File::open(&src).unwrap())));
+    assert_eq!((v["size"].as_u64(), v["sha256"].as_str()), (Some(3_000_000), Some(sha.as_str())), "{v}");
+    assert_eq!(server_sha256(u.split('?').next().unwrap()).await, sha);
+}

@@ -117,6 +117,9 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
         return Err(CliError::usage("--chunk-size must be at least 1 byte"));
     }
     let metadata = metadata_pairs(&args.meta)?;
+    if args.files.iter().filter(|f| f.as_os_str() == "-").count() > 1 {
+        return Err(CliError::usage("`-` (standard input) can be given once"));
+    }
     if let Some(n) = &args.name {
         if n.is_empty() || metadata.iter().any(|(k, _)| k == "filename") {
             return Err(CliError::usage("--name must be a non-empty name, and not given together with --meta filename=…"));
@@ -484,6 +487,7 @@ async fn rejected(job: &Job<'_>, url: &reqwest::Url, e: CliError) -> CliError {
 /// Upload as one TUS upload: the remembered one (`stored`), the `given` one at its offset
 /// (`--url`), or a new one.
 async fn single(job: &Job<'_>, stored: Vec<String>, given: Option<(reqwest::Url, u64)>) -> Result<Outcome, CliError> {
+    let from_link = given.is_some();
     let mut existing = given;
     if let (true, [url]) = (existing.is_none(), stored.as_slice()) {
         let url = job.client.resolve(url)?;
@@ -493,7 +497,8 @@ async fn single(job: &Job<'_>, stored: Vec<String>, given: Option<(reqwest::Url,
     }
     let (url, offset) = match existing {
         Some((url, offset)) => {
-            job.progress.note(&format!("resuming {url} at byte {offset} of {}", job.size));
+            let verb = if from_link && offset == 0 { "sending into" } else { "resuming" };
+            job.progress.note(&format!("{verb} {url} at byte {offset} of {}", job.size));
             (url, offset)
         }
         None => {
