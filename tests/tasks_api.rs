@@ -51,8 +51,8 @@ async fn idempotency_key_rules() {
     assert!(p["detail"].as_str().unwrap().contains(&id(&first)), "{p}");
 
     // The same key for another kind is another namespace.
-    let r = api.start_raw("archive", r#"{"files":["nope"],"format":"tar"}"#, Some("k-same"), None).await;
-    assert_eq!(r.status(), 201, "keys are per principal + kind");
+    let r = api.start_raw("compress", r#"{"file_id":"nope","format":"zstd"}"#, Some("k-same"), None).await;
+    problem(r, 404, "not_found").await; // another namespace: not a conflict (the file is unknown)
 
     // 16 concurrent starts with one key → exactly one task.
     let starts = (0..16).map(|_| {
@@ -667,12 +667,11 @@ async fn archive_tar_and_zip_hold_the_uploaded_files() {
     let (v2, _) = wait_result_file(&api, &t2).await;
     assert_eq!(v2["result"]["file"]["sha256"], api.task(&t).await["result"]["file"]["sha256"]);
 
-    // Bad arguments are refused before a task exists; a missing file fails the task.
+    // Bad arguments and missing files are refused before a task exists.
     problem(api.start_raw("archive", r#"{"files":[],"format":"tar"}"#, None, None).await, 400, "invalid_argument").await;
     problem(api.start_raw("archive", &format!(r#"{{"files":["{ia}"],"format":"rar"}}"#), None, None).await, 400, "invalid_argument").await;
-    let m = id(&api.start("archive", r#"{"files":["missing"],"format":"tar"}"#).await);
-    let v = api.wait_status(&m, "failed", 30).await;
-    assert_eq!(v["error"]["code"], "task_failed");
+    let p = problem(api.start_raw("archive", r#"{"file_ids":["missing"],"format":"tar"}"#, None, None).await, 404, "not_found").await;
+    assert!(p["detail"].as_str().unwrap().contains("missing"), "{p}");
 }
 
 #[tokio::test]
