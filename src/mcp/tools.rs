@@ -81,8 +81,8 @@ pub struct JobTool {
     pub command: Option<String>,
 }
 
-/// Every tool, in the order `tools/list` shows them. `commands`: (name, description) of
-/// each `[commands.NAME]`; `max_chunk`: largest decoded `file_upload_chunk` (bytes).
+/// Every tool, in the order `tools/list` shows them. `commands`: name, description and
+/// `params_schema` of each `[commands.NAME]`; `max_chunk`: largest decoded `file_upload_chunk` (bytes).
 pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<Tool>, Vec<JobTool>) {
     let mut tools = vec![
         tool("file_upload_begin".into(), "Begin a file upload",

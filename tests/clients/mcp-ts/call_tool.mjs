@@ -55,8 +55,14 @@ async function main() {
   }
   check(bad.isError === true && bad.structuredContent.error.code === 'not_found', 'task_get unknown id', bad);
 
-  // A task that fails: its task_get result (task fields + envelope) must fit the schema too.
-  const started = await client.callTool({ name: 'archive_files', arguments: { file_ids: ['aaaaaaaaaaaaaaaaaaaaaaaaaa'] } });
+  // A job naming an unknown file is refused at the call, with the envelope.
+  const refused = await client.callTool({ name: 'archive_files', arguments: { file_ids: ['aaaaaaaaaaaaaaaaaaaaaaaaaa'] } });
+  check(refused.isError === true && refused.structuredContent.error.code === 'not_found' && refused.structuredContent.error.recoveryHint.includes('aaaaaaaaaaaaaaaaaaaaaaaaaa'), 'archive_files of an unknown id', refused);
+  out.refused = refused.structuredContent;
+
+  // A task that fails (the server's [commands.fail] exits 1): its task_get result (task
+  // fields + envelope) must fit the schema too.
+  const started = await client.callTool({ name: 'export_fail', arguments: {} });
   check(started.isError !== true && typeof started.structuredContent.task_id === 'string', 'archive_files started', started);
   let task;
   for (let i = 0; i < 300; i++) {

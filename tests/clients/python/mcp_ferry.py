@@ -458,7 +458,7 @@ async def scenario_export() -> dict[str, Any]:
         u = ok(r, "file_download_url")
         check(u["file"]["sha256"] == h["sha256"] and file_id_of_url(u["download_url"]) == h["id"], "file_download_url handle", u)
         get_url(u["download_url"], want=tar_bytes, what="file_download_url")
-        st, hd, part = http_get(u["url"], "-r", "512-1023")
+        st, hd, part = http_get(u["download_url"], "-r", "512-1023")
         check(st == 206 and part == tar_bytes[512:1024], "Range request on the signed URL", [st, hd])
 
         # The result is stable: task_get again answers the same handle.
