@@ -9,6 +9,14 @@
 //! SEP-2663) gets a `CreateTaskResult`, and `tasks/get`, `tasks/update` and `tasks/cancel` are
 //! answered from ferry's task store, so they survive restarts. Other clients get
 //! `{task_id, status, poll_with: "task_get", poll_after_ms}` at once and poll `task_get`.
+//! Arguments a job can check before it runs — input files that are unknown or unfinished, a
+//! command's `params_schema` — are refused at the call as a tool error, and no task is made.
+//!
+//! Task status notifications (`notifications/tasks`) are not sent: rmcp 3.11 routes server
+//! notifications outside a request only through `subscriptions/listen`, whose
+//! `SubscriptionFilter` has no `taskIds` and whose sender refuses `notifications/tasks`
+//! (`rmcp::service::server`, `ServerSubscription::send`). `tasks/get` and `task_get`'s
+//! long-poll are the way.
 //!
 //! Input requests of a task: a job's request may carry `message` (text for the person) and
 //! `schema` (a flat JSON Schema object of the answer). Native tasks show each as an

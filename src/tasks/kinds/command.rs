@@ -4,7 +4,8 @@
 //! # Arguments
 //!
 //! `{"command": "NAME", "params": {...}}` — `NAME` must be declared in ferry.toml; `params` is an
-//! optional JSON object. A request never supplies a command line: ferry runs `program` with the
+//! optional JSON object. When the command declares `params_schema`, params (absent: `{}`) must
+//! validate against it ([`Job::validate`], so a start is refused before a task exists). A request never supplies a command line: ferry runs `program` with the
 //! fixed `args`, in `cwd`, with stdin closed, and this environment (on top of the server's,
 //! minus any inherited `FERRY_INPUT_*`):
 //!
