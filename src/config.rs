@@ -504,6 +504,21 @@ pub struct CommandSpec {
     /// What the command does, for tool descriptions.
     #[serde(default)]
     pub description: Option<String>,
+    /// A JSON Schema (draft 2020-12 unless `$schema` says otherwise) of the task's `params`:
+    /// the MCP tool `export_NAME` shows it as the `params` of its inputSchema, and every start
+    /// (MCP or REST) whose params do not match it is refused with 400 `invalid_argument`.
+    /// Must describe an object (`type = "object"`); checked at start-up. Absent params are
+    /// validated as `{}`.
+    #[serde(default)]
+    pub params_schema: Option<serde_json::Value>,
+}
+
+/// The validator of a `params_schema`, or why it is not a usable schema for params.
+pub fn params_validator(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
+    if schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
+        return Err("it must describe a JSON object (type = \"object\"), as params are one".into());
+    }
+    jsonschema::validator_for(schema).map_err(|e| format!("it is not a valid JSON Schema: {e} (at {})", e.instance_path()))
 }
 
 /// `[fetch]` in ferry.toml: hosts the `fetch` task kind may download from (none by default),
@@ -739,9 +754,12 @@ impl FileConfig {
                 anyhow::bail!("[[tokens]] sha256 for {:?} must be 64 hex digits (write it with `ferry token create NAME`)", t.principal);
             }
         }
-        for name in self.commands.keys() {
+        for (name, spec) in &self.commands {
             if !is_valid_name(name) || name.contains('.') {
                 anyhow::bail!("[commands.{name:?}]: a command name must be 1-64 characters of A-Z a-z 0-9 _ - (it becomes the MCP tool export_NAME)");
+            }
+            if let Some(schema) = &spec.params_schema {
+                params_validator(schema).map_err(|e| anyhow::anyhow!("[commands.{name}] params_schema: {e}"))?;
             }
         }
         if self.tasks.workers.is_some_and(|w| w == 0 || w > MAX_TASK_WORKERS) {

@@ -120,7 +120,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             web: !cfg.no_web,
         },
         links,
-        mcp: Arc::new(McpConfig { max_chunk: cfg.mcp_max_chunk, commands: cfg.commands.iter().map(|(n, c)| (n.clone(), c.description.clone())).collect() }),
+        mcp: Arc::new(McpConfig {
+            max_chunk: cfg.mcp_max_chunk,
+            commands: cfg
+                .commands
+                .iter()
+                .map(|(n, c)| crate::app::CommandTool { name: n.clone(), description: c.description.clone(), params_schema: c.params_schema.clone() })
+                .collect(),
+        }),
     };
     // The MCP service is built here, once, and nested at `/mcp`: http and mcp never import
     // each other (DESIGN §1).

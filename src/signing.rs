@@ -62,7 +62,8 @@ pub enum SignatureError {
     Incomplete,
     #[error("the URL signature does not match (the URL was altered or signed for another file)")]
     Mismatch,
-    #[error("the signed URL expired at {0} (unix seconds)")]
+    /// The expiry, Unix seconds (shown as RFC 3339).
+    #[error("the signed URL expired at {}", crate::upload::rfc3339(.0.saturating_mul(1000)))]
     Expired(i64),
     #[error("this URL is signed for {0}; it does not allow {1}")]
     WrongScope(&'static str, Method),

@@ -72,7 +72,8 @@ async fn ok(c: &Client, name: &str, args: Value) -> Value {
 /// Upload `data` to the signed URL `file_upload_begin` returns, with plain reqwest and no token.
 async fn upload_by_url(c: &Client, name: &str, data: &[u8]) -> String {
     let begin = ok(c, "file_upload_begin", json!({ "name": name, "size": data.len(), "media_type": "text/plain" })).await;
-    assert!(begin.to_string().len() < 1024, "small result: {begin}");
+    // The one result above 1 KiB: it carries two ready shell lines (`curl`, `curl_resume`).
+    assert!(begin.to_string().len() < 1536, "small result: {begin}");
     let url = begin["upload_url"].as_str().unwrap();
     assert!(url.contains("scope=upload") && url.contains("sig="), "{url}");
     // The request-a-file page for a person carries the same signature (tests/web_pages.rs).
@@ -298,13 +299,13 @@ async fn principals_are_isolated_and_signed_urls_open_one_file() {
         let (v, err, _) = call(&b, tool, args).await;
         assert!(err && v["error"]["code"] == "not_found", "bob {tool}: {v}");
     }
-    let (v, _, _) = call(&b, "archive_files", json!({ "file_ids": [fa] })).await;
-    let (t, err, _) = call(&b, "task_get", json!({ "task_id": v["task_id"], "wait_ms": 10000 })).await;
-    assert!(err && t["status"] == "failed" && t["error"]["code"] == "task_failed", "bob cannot archive alice's file: {t}");
+    // Refused at the call, as for an id nobody has: nothing of alice's file shows.
+    let (t, err, _) = call(&b, "archive_files", json!({ "file_ids": [fa] })).await;
+    assert!(err && t["status"] == "failed" && t["error"]["code"] == "not_found", "bob cannot archive alice's file: {t}");
     assert!(!t["error"]["message"].as_str().unwrap().contains("alice"), "{t}");
 
     let dl = ok(&a, "file_download_url", json!({ "file_id": fa })).await;
-    let url = dl["url"].as_str().unwrap().to_string();
+    let url = dl["download_url"].as_str().unwrap().to_string();
     assert_eq!(dl["page_url"].as_str(), Some(url.replacen("/files/", "/share/", 1).as_str()), "{dl}");
     assert_eq!(reqwest::get(&url).await.unwrap().text().await.unwrap(), "alice's bytes");
     // The same signature on bob's file id does not open it.

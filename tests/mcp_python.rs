@@ -363,7 +363,9 @@ fn python_stdio_task_output_is_locked() {
 fn typescript_sdk_call_tool_failing_and_succeeding() {
     let dir = manifest_dir().join("tests/clients/mcp-ts");
     assert!(dir.join("node_modules/@modelcontextprotocol/sdk/package.json").exists(), "tests/clients/mcp-ts/node_modules is not installed: {INSTALL_HINT}");
-    let s = Server::start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_file(tmp.path(), "ferry.toml", "[commands.fail]\nprogram = \"/bin/false\"\n");
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let node = std::env::var_os("FERRY_NODE").unwrap_or_else(|| "node".into());
     let mut cmd = loopback(node);
     cmd.current_dir(&dir).arg(dir.join("call_tool.mjs")).arg(s.url("/mcp"));
@@ -375,5 +377,7 @@ fn typescript_sdk_call_tool_failing_and_succeeding() {
         assert!(e["retryable"].is_boolean() && e["recoveryHint"].as_str().is_some_and(|h| !h.is_empty()), "{v}");
     }
     assert_eq!(v["offset"]["error"]["partial"]["cursor"], 0, "{v}");
+    assert_eq!(v["refused"]["error"]["code"], "not_found", "{v}");
+    assert_eq!(v["task"]["error"]["code"], "task_failed", "{v}");
     assert_eq!(v["ok"]["size"], 3, "{v}");
 }

@@ -269,7 +269,12 @@ async fn mcp_calls_of_one_session_are_served_by_every_replica() {
     let blobs = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let public = format!("http://{}", listener.local_addr().unwrap());
-    let servers: Vec<Server> = (0..3).map(|_| replica(&db, blobs.path(), &["--public-url", &public])).collect();
+    // Every replica declares the same commands (tests/clients/mcp-ts/call_tool.mjs runs `export_fail`).
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("ferry.toml");
+    std::fs::write(&cfg, "[commands.fail]\nprogram = \"/bin/false\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_string();
+    let servers: Vec<Server> = (0..3).map(|_| replica(&db, blobs.path(), &["--public-url", &public, "--config", &cfg])).collect();
     let proxy = balancer::RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
 
     let caps = ClientCapabilities::builder().enable_tasks().build();

@@ -51,8 +51,8 @@ async fn idempotency_key_rules() {
     assert!(p["detail"].as_str().unwrap().contains(&id(&first)), "{p}");
 
     // The same key for another kind is another namespace.
-    let r = api.start_raw("archive", r#"{"files":["nope"],"format":"tar"}"#, Some("k-same"), None).await;
-    assert_eq!(r.status(), 201, "keys are per principal + kind");
+    let r = api.start_raw("compress", r#"{"file_id":"nope","format":"zstd"}"#, Some("k-same"), None).await;
+    problem(r, 404, "not_found").await; // another namespace: not a conflict (the file is unknown)
 
     // 16 concurrent starts with one key → exactly one task.
     let starts = (0..16).map(|_| {
@@ -470,11 +470,10 @@ async fn another_principals_tasks_and_files_do_not_exist() {
     let own = id(&bob.start("external", "{}").await);
     problem(bob.post(&format!("/api/v1/tasks/{own}/complete"), &format!(r#"{{"files":["{file}"]}}"#)).await, 404, "not_found").await;
     assert_eq!(bob.task(&own).await["status"], "working");
-    let arch = id(&bob.start("archive", &format!(r#"{{"files":["{file}"],"format":"zip"}}"#)).await);
-    let v = bob.wait_status(&arch, "failed", 30).await;
-    assert!(!v["error"].to_string().contains("alice"), "{v}");
-    let comp = id(&bob.start("compress", &format!(r#"{{"file":"{file}","format":"gzip"}}"#)).await);
-    bob.wait_status(&comp, "failed", 30).await;
+    // Refused at the start as for an id nobody has: nothing of alice's file shows.
+    let p = problem(bob.start_raw("archive", &format!(r#"{{"file_ids":["{file}"],"format":"zip"}}"#), None, None).await, 404, "not_found").await;
+    assert!(!p.to_string().contains("alice"), "{p}");
+    problem(bob.start_raw("compress", &format!(r#"{{"file_id":"{file}","format":"gzip"}}"#), None, None).await, 404, "not_found").await;
     // Bob's idempotency key namespace is his own.
     let r = bob.start_raw("external", r#"{"secret":"alice's"}"#, Some("shared-key"), None).await;
     assert_eq!(r.status(), 201);
@@ -484,7 +483,7 @@ async fn another_principals_tasks_and_files_do_not_exist() {
     let bl = json(bob.get("/api/v1/tasks?limit=1000").await).await;
     let bob_ids: Vec<&str> = bl["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
     assert!(!bob_ids.contains(&task.as_str()), "{bl}");
-    assert_eq!(bob_ids.len(), 4, "{bl}");
+    assert_eq!(bob_ids.len(), 2, "his external task and the keyed one; the refused archive and compress created none: {bl}");
     let bf = json(bob.get("/api/v1/files?limit=1000").await).await;
     let bob_files: Vec<&str> = bf["files"].as_array().unwrap().iter().map(|f| f["id"].as_str().unwrap()).collect();
     assert!(!bob_files.contains(&file.as_str()) && !bob_files.contains(&unfinished.as_str()), "{bf}");
@@ -667,12 +666,11 @@ async fn archive_tar_and_zip_hold_the_uploaded_files() {
     let (v2, _) = wait_result_file(&api, &t2).await;
     assert_eq!(v2["result"]["file"]["sha256"], api.task(&t).await["result"]["file"]["sha256"]);
 
-    // Bad arguments are refused before a task exists; a missing file fails the task.
+    // Bad arguments and missing files are refused before a task exists.
     problem(api.start_raw("archive", r#"{"files":[],"format":"tar"}"#, None, None).await, 400, "invalid_argument").await;
     problem(api.start_raw("archive", &format!(r#"{{"files":["{ia}"],"format":"rar"}}"#), None, None).await, 400, "invalid_argument").await;
-    let m = id(&api.start("archive", r#"{"files":["missing"],"format":"tar"}"#).await);
-    let v = api.wait_status(&m, "failed", 30).await;
-    assert_eq!(v["error"]["code"], "task_failed");
+    let p = problem(api.start_raw("archive", r#"{"file_ids":["missing"],"format":"tar"}"#, None, None).await, 404, "not_found").await;
+    assert!(p["detail"].as_str().unwrap().contains("missing"), "{p}");
 }
 
 #[tokio::test]

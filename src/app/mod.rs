@@ -36,8 +36,17 @@ pub struct HttpConfig {
 pub struct McpConfig {
     /// Largest decoded `file_upload_chunk` chunk, bytes.
     pub max_chunk: u64,
-    /// `[commands.NAME]`: (name, description), each an `export_<name>` tool.
-    pub commands: Vec<(String, Option<String>)>,
+    /// `[commands.NAME]`, each an `export_<name>` tool.
+    pub commands: Vec<CommandTool>,
+}
+
+/// What the MCP tool `export_<name>` shows of `[commands.NAME]`.
+#[derive(Debug, Clone)]
+pub struct CommandTool {
+    pub name: String,
+    pub description: Option<String>,
+    /// `params_schema`: the `params` member of the tool's inputSchema.
+    pub params_schema: Option<serde_json::Value>,
 }
 
 /// Shared state of every transport: cheap to clone (handles only).

@@ -131,8 +131,24 @@ pub async fn check_task_idempotency(cat: &dyn Catalog, p: &str) {
         StartOutcome::Existing(t) => assert_eq!(t.id, first.id, "a retry joins the running task"),
         other => panic!("same key, same args, running: expected Existing, got {other:?}"),
     }
-    match cat.start_task(&new_task(&format!("{p}idem3"), "alice", &kind, "{\"n\": 1}", key)).await.unwrap() {
-        StartOutcome::Conflict(id) => assert_eq!(id, first.id, "other argument text → conflict naming the task"),
+    // The same JSON value in other text (spaces, key order, number spelling) is the same
+    // request; the row keeps the first text exactly.
+    let first2 = created(cat.start_task(&new_task(&format!("{p}idem1b"), "alice", &kind, "{\"n\":1,\"m\":[1,{\"a\":true,\"b\":null}]}", Some("key-json"))).await.unwrap());
+    for (i, text) in ["{ \"m\" : [ 1.0, {\"b\":null, \"a\":true} ], \"n\" : 1e0 }", "\n{\"n\": 1, \"m\": [1, {\"a\": true, \"b\": null}]}\n"].iter().enumerate() {
+        match cat.start_task(&new_task(&format!("{p}idem1c{i}"), "alice", &kind, text, Some("key-json"))).await.unwrap() {
+            StartOutcome::Existing(t) => assert_eq!((t.id.as_str(), t.args.as_str()), (first2.id.as_str(), first2.args.as_str()), "reformatted JSON joins the task"),
+            other => panic!("same key, same JSON value in other text {text:?}: expected Existing, got {other:?}"),
+        }
+    }
+    for text in ["{\"n\":1,\"m\":[{\"a\":true,\"b\":null},1]}", "{\"n\":1,\"m\":[1,{\"a\":true}]}", "{\"n\":\"1\",\"m\":[1,{\"a\":true,\"b\":null}]}"] {
+        match cat.start_task(&new_task(&format!("{p}idem1d"), "alice", &kind, text, Some("key-json"))).await.unwrap() {
+            StartOutcome::Conflict(id) => assert_eq!(id, first2.id, "array order, a missing member or a type change is another request"),
+            other => panic!("same key, other JSON value {text:?}: expected Conflict, got {other:?}"),
+        }
+    }
+    cat.cancel_task(&first2.id, now()).await.unwrap();
+    match cat.start_task(&new_task(&format!("{p}idem3"), "alice", &kind, "{\"n\": 2}", key)).await.unwrap() {
+        StartOutcome::Conflict(id) => assert_eq!(id, first.id, "other arguments → conflict naming the task"),
         other => panic!("same key, other args: expected Conflict, got {other:?}"),
     }
     assert!(cat.get_task(&format!("{p}idem2")).await.unwrap().is_none(), "a joined start creates no row");

@@ -132,7 +132,7 @@ async fn start_in(tx: &mut Transaction<'static, Postgres>, new: &NewTask) -> Cat
         None => None,
         Some(old_id) => match task_for_update(tx, &old_id).await? {
             None => None, // swept: the key is free again
-            Some(old) if old.args != new.args => return Ok(Tx::Rollback(StartOutcome::Conflict(old.id))),
+            Some(old) if !super::tasks::same_args(&old.args, &new.args) => return Ok(Tx::Rollback(StartOutcome::Conflict(old.id))),
             Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
             Some(old) => return Ok(Tx::Rollback(StartOutcome::Existing(old))),
         },

@@ -111,7 +111,7 @@ impl TaskCatalog for SqliteCatalog {
             None => None,
             Some(old_id) => match task_in(&mut tx, &old_id).await? {
                 None => None, // swept: the key is free again
-                Some(old) if old.args != new.args => return Ok(StartOutcome::Conflict(old.id)),
+                Some(old) if !super::tasks::same_args(&old.args, &new.args) => return Ok(StartOutcome::Conflict(old.id)),
                 Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
                 Some(old) => return Ok(StartOutcome::Existing(old)),
             },

@@ -74,6 +74,36 @@ pub fn whole_number(n: &serde_json::Number) -> Option<u64> {
     n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 9_007_199_254_740_992.0).map(|f| f as u64))
 }
 
+/// Whether two arguments texts are the same request for an idempotency key: equal as JSON
+/// values — whitespace, object key order and number spelling (`1`, `1.0`, `1e0`) do not matter;
+/// array order does. Texts that are not JSON are compared as text. Catalogs store the exact
+/// text either way (DESIGN §4); this decides only `Existing` vs `Conflict`.
+pub fn same_args(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    match (serde_json::from_str::<serde_json::Value>(a), serde_json::from_str::<serde_json::Value>(b)) {
+        (Ok(x), Ok(y)) => json_eq(&x, &y),
+        _ => false,
+    }
+}
+
+fn json_eq(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value::*;
+    match (a, b) {
+        (Number(x), Number(y)) => match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+            (Some(i), Some(j), _, _) => i == j,
+            (_, _, Some(i), Some(j)) => i == j,
+            // Integers of different signs/ranges differ; a float compares by value.
+            _ if (x.is_f64() || y.is_f64()) => x.as_f64() == y.as_f64(),
+            _ => false,
+        },
+        (Array(x), Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b)),
+        (Object(x), Object(y)) => x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w))),
+        _ => a == b,
+    }
+}
+
 /// One task's row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskRecord {
@@ -158,8 +188,9 @@ pub enum TaskEnd {
 #[async_trait]
 pub trait TaskCatalog: Send + Sync {
     /// Start a task, honouring its idempotency key per (principal, kind, key) as DESIGN §4:
-    /// running or completed with equal `args` text → `Existing`; failed or cancelled →
-    /// `Retried` (a new run); different `args` → `Conflict`. Atomic: concurrent starts with
+    /// running or completed with the same `args` ([`same_args`]: equal as JSON values) →
+    /// `Existing`; failed or cancelled → `Retried` (a new run); other `args` → `Conflict`.
+    /// The new row keeps `new.args` as sent. Atomic: concurrent starts with
     /// one key create at most one run. The row is committed when this returns.
     async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome>;
 
@@ -211,4 +242,21 @@ pub trait TaskCatalog: Send + Sync {
     /// condition is re-checked at delete time, so it is safe on every replica at once and never
     /// touches a task that is not terminal. Returns how many were deleted.
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_args;
+
+    #[test]
+    fn arguments_are_compared_as_json_values() {
+        assert!(same_args(r#"{"a":1}"#, r#"{ "a": 1 }"#));
+        assert!(same_args(r#"{"a":1,"b":[true,null]}"#, r#"{"b":[true,null],"a":1.0}"#));
+        assert!(same_args("1e2", "100"));
+        assert!(!same_args(r#"{"a":[1,2]}"#, r#"{"a":[2,1]}"#));
+        assert!(!same_args(r#"{"a":1}"#, r#"{"a":"1"}"#));
+        assert!(!same_args(r#"{"a":1}"#, r#"{"a":1,"b":null}"#));
+        assert!(!same_args("-1", "18446744073709551615"));
+        assert!(same_args("not json", "not json") && !same_args("not json", "not  json"));
+    }
 }

@@ -414,7 +414,8 @@ struct StartBody<'a> {
 /// the new task, or 200 with the task the key already names. The id is returned only after
 /// the task is durable. With a key (per principal and kind): a running or completed task is
 /// returned as is; a failed one is retried as a new task naming it in `prior_failure`; the
-/// same key with different arguments is a 422 `conflict` (draft-ietf-httpapi-idempotency-key-header).
+/// same key with different arguments (compared as JSON values: whitespace, member order and
+/// number spelling do not matter) is a 422 `conflict` (draft-ietf-httpapi-idempotency-key-header).
 /// A key is 1 to 255 characters (`ferry_tus::IdempotencyKey`), sent as an RFC 9651 string
 /// (`"…"`) or bare visible ASCII; it is scoped to the principal and the kind.
 #[utoipa::path(post, path = "/api/v1/tasks", tag = "tasks", operation_id = "start_task",
@@ -424,8 +425,10 @@ struct StartBody<'a> {
         (status = 201, description = "Started; `Location` names the task.", body = TaskView,
             headers(("location" = String, description = "/api/v1/tasks/{id}"))),
         (status = 200, description = "The task the Idempotency-Key already names.", body = TaskView),
-        (status = 400, description = "Unknown kind, invalid arguments or key (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "The key names a task started with other arguments (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 400, description = "Unknown kind, invalid arguments or key (`invalid_argument`), or params that do not match the command's `params_schema`.", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "An input file the arguments name (`archive`, `compress`) is not one of the caller's files (`not_found`, the ids in `detail`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "An input file is still being uploaded (`upload_incomplete`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "The key names a task started with other arguments, compared as JSON values (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
@@ -579,14 +582,15 @@ struct CompleteBody<'a> {
     #[serde(borrow)]
     #[schema(value_type = Option<serde_json::Value>)]
     result: Option<&'a RawValue>,
-    /// Ids of finished uploads (sent with TUS) the task produced.
-    #[serde(default)]
-    files: Vec<String>,
+    /// Ids of finished uploads (sent with TUS) the task produced. `files` is the deprecated
+    /// name, still accepted.
+    #[serde(default, alias = "files")]
+    file_ids: Vec<String>,
 }
 
 /// Complete an `external` task (its producer only).
 ///
-/// `POST /tasks/{id}/complete` `{result?, files?}`: with files, the stored result is
+/// `POST /tasks/{id}/complete` `{result?, file_ids?}`: with files, the stored result is
 /// `{"files": [handle…], "result": <result>}` (each handle `id`, `name`, `media_type`, `size`,
 /// `sha256`, as built-in kinds store theirs); without, the result exactly.
 #[utoipa::path(post, path = "/api/v1/tasks/{id}/complete", tag = "tasks", operation_id = "complete_task",
@@ -607,11 +611,11 @@ async fn complete(
     let body = body_bytes(body)?;
     let b: CompleteBody = json_body(&body)?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
-    let text = if b.files.is_empty() {
+    let text = if b.file_ids.is_empty() {
         result.to_string()
     } else {
         let mut infos = Vec::new();
-        for f in &b.files {
+        for f in &b.file_ids {
             let rec = s.engine.get(&p, f).await?;
             // The same handle built-in kinds store for the files they produce.
             let Some(handle) = crate::app::views::produced_file(&rec) else {

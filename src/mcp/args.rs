@@ -44,7 +44,9 @@ pub(super) struct BeginArg {
     pub(super) size: Option<u64>,
     pub(super) media_type: Option<String>,
     pub(super) sha256: Option<String>,
-    pub(super) url_ttl_ms: Option<u64>,
+    /// `url_ttl_ms` is the deprecated name.
+    #[serde(alias = "url_ttl_ms")]
+    pub(super) ttl_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]

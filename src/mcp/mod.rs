@@ -9,6 +9,14 @@
 //! SEP-2663) gets a `CreateTaskResult`, and `tasks/get`, `tasks/update` and `tasks/cancel` are
 //! answered from ferry's task store, so they survive restarts. Other clients get
 //! `{task_id, status, poll_with: "task_get", poll_after_ms}` at once and poll `task_get`.
+//! Arguments a job can check before it runs — input files that are unknown or unfinished, a
+//! command's `params_schema` — are refused at the call as a tool error, and no task is made.
+//!
+//! Task status notifications (`notifications/tasks`) are not sent: rmcp 3.11 routes server
+//! notifications outside a request only through `subscriptions/listen`, whose
+//! `SubscriptionFilter` has no `taskIds` and whose sender refuses `notifications/tasks`
+//! (`rmcp::service::server`, `ServerSubscription::send`). `tasks/get` and `task_get`'s
+//! long-poll are the way.
 //!
 //! Input requests of a task: a job's request may carry `message` (text for the person) and
 //! `schema` (a flat JSON Schema object of the answer). Native tasks show each as an
@@ -204,9 +212,9 @@ impl FerryMcp {
         let limits = crate::app::limits::creation_limits(&self.state.engine);
         let plan = ferry_tus::plan_creation(&ch, &limits)?;
         let rec = self.state.engine.create(p, &plan, &md_raw).await?;
-        let ttl = a.url_ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
+        let ttl = a.ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
-            return Err(invalid("url_ttl_ms must be from 1 to 604800000 (7 days)", "Omit url_ttl_ms for 24 hours."));
+            return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for 24 hours."));
         }
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let mut headers: BTreeMap<String, String> =
@@ -217,11 +225,7 @@ impl FerryMcp {
         if a.size.is_none() {
             headers.insert("Upload-Length".into(), "<total bytes, on the first PATCH>".into());
         }
-        let curl = format!(
-            "curl -X PATCH -H 'Tus-Resumable: 1.0.0' -H 'Upload-Offset: 0' -H 'Content-Type: application/offset+octet-stream'{} --data-binary @FILE '{}'",
-            if a.size.is_none() { " -H 'Upload-Length: SIZE'" } else { "" },
-            signed.url
-        );
+        let (curl, curl_resume) = curl_lines(a.size.is_none());
         let (file, link) = handle(&rec);
         let out = BeginOut {
             status: OkStatus::Ok,
@@ -233,6 +237,7 @@ impl FerryMcp {
             expires_at: crate::upload::rfc3339(signed.expires_at_ms),
             max_inline_chunk: self.cfg.max_chunk,
             curl,
+            curl_resume,
         };
         Ok(result(&out, vec![link], false))
     }
@@ -301,7 +306,7 @@ impl FerryMcp {
         }
         let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
         let (file, link) = handle(&r);
-        Ok(result(&UrlOut { status: OkStatus::Ok, url: s.url, page_url: s.page_url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file }, vec![link], false))
+        Ok(result(&UrlOut { status: OkStatus::Ok, download_url: s.url, page_url: s.page_url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file }, vec![link], false))
     }
 
     /// Up to `max` bytes of a finished file from `offset`.
@@ -374,11 +379,11 @@ impl FerryMcp {
         let job_args = match job.kind {
             "archive" => {
                 let ArchiveArg { file_ids, format, name } = args(&job.name, &Some(a))?;
-                json!({ "files": file_ids, "format": format.unwrap_or_else(|| "tar".into()), "name": name })
+                json!({ "file_ids": file_ids, "format": format.unwrap_or_else(|| "tar".into()), "name": name })
             }
             "compress" => {
                 let CompressArg { file_id, format, level } = args(&job.name, &Some(a))?;
-                json!({ "file": file_id, "format": format.unwrap_or_else(|| "zstd".into()), "level": level })
+                json!({ "file_id": file_id, "format": format.unwrap_or_else(|| "zstd".into()), "level": level })
             }
             "fetch" => {
                 let FetchArg { url, name } = args(&job.name, &Some(a))?;
@@ -545,6 +550,26 @@ impl FerryMcp {
     }
 }
 
+/// The shell lines `file_upload_begin` returns: send the whole file, and resume after an
+/// interruption (HEAD for the server's offset, then PATCH the rest from there). They read the
+/// signed URL from `$UPLOAD_URL` and the file from `$FILE`, so the URL appears once in the
+/// result (`upload_url`). `-T "$FILE"` streams the file (`--data-binary @FILE` would read it
+/// into curl's memory); the signed URL's path ends with the id, not `/`, so curl appends no
+/// file name to it. `--fail-with-body` makes an HTTP error exit non-zero with the problem body
+/// shown (`-f` for the HEAD, which has no body); `stat -L` follows a symlinked FILE. With
+/// both lines the result is about 1.2 KiB, the one result above 1 KiB. With `deferred` (no size given at begin), the
+/// first PATCH declares `Upload-Length`.
+fn curl_lines(deferred: bool) -> (String, String) {
+    const H: &str = "-H 'Tus-Resumable: 1.0.0' -H 'Content-Type: application/offset+octet-stream'";
+    let len = if deferred { " -H \"Upload-Length: $(stat -L -c %s \"$FILE\")\"" } else { "" };
+    let send = format!("curl -sS --fail-with-body -X PATCH {H} -H 'Upload-Offset: 0'{len} -T \"$FILE\" \"$UPLOAD_URL\"");
+    let resume = format!(
+        "off=$(curl -sSfI -H 'Tus-Resumable: 1.0.0' \"$UPLOAD_URL\" | tr -d '\\r' | sed -n 's/^upload-offset: *//Ip') && [ -n \"$off\" ] && \
+tail -c +$((off + 1)) \"$FILE\" | curl -sS --fail-with-body -X PATCH {H} -H \"Upload-Offset: $off\"{len} -T - \"$UPLOAD_URL\""
+    );
+    (send, resume)
+}
+
 /// `limit` of the list tools: 1 to 100, default 20.
 fn list_limit(limit: Option<u32>) -> Result<u32, TusError> {
     match limit {
@@ -599,7 +624,8 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
     let on_task = tool.starts_with("task_");
     let hint = match e.code {
         ErrorCode::NotFound if on_task => "Check the task_id: task_list shows your tasks (finished tasks are kept for their ttl).",
-        ErrorCode::NotFound => "Check the file_id: file_list shows your files.",
+        ErrorCode::NotFound if tool.starts_with("file_") => "Check the file_id: file_list shows your files.",
+        ErrorCode::NotFound | ErrorCode::UploadIncomplete => return e, // a job's input files: the hint names them
         ErrorCode::UploadExpired => "The upload expired unfinished and its bytes are gone: begin again with file_upload_begin.",
         ErrorCode::Locked => "Another writer holds this file; wait a few seconds and call again.",
         ErrorCode::ChecksumMismatch => "The bytes did not match the declared sha256, so the upload was reset to offset 0: send the right file again from offset 0.",

@@ -133,8 +133,12 @@ pub struct BeginOut {
     pub expires_at: String,
     /// Largest decoded `file_upload_chunk` chunk, bytes.
     pub max_inline_chunk: u64,
-    /// A curl command line that sends a file.
+    /// A shell line that sends the whole file with curl, streaming it (`-T`): run it with
+    /// `UPLOAD_URL` set to `upload_url` and `FILE` to the file's path.
     pub curl: String,
+    /// A shell line that resumes an interrupted upload: HEAD for the server's offset, then
+    /// PATCH the rest of `FILE` from there (same variables as `curl`).
+    pub curl_resume: String,
 }
 
 /// `file_download_url`.
@@ -143,7 +147,7 @@ pub struct BeginOut {
 pub struct UrlOut {
     pub status: OkStatus,
     /// Signed URL: GET (with Range) without a token until `expires_at`.
-    pub url: String,
+    pub download_url: String,
     /// A download page for a person (name, size, sha256, a download button); absent when the
     /// server runs with `--no-web`.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -51,6 +51,27 @@ fn idempotency_key() -> Value {
     json!({ "type": "string", "minLength": 1, "maxLength": 255, "description": "Retry-safe key: the same key and arguments join the same task instead of starting another." })
 }
 
+/// The inputSchema of `export_<name>`: `params` is the command's `params_schema` when it
+/// declares one (required when that schema requires members; its `$defs`/`definitions` move
+/// to the root, where its `#/$defs/…` references then point), else any object.
+fn export_input(params_schema: Option<&Value>) -> Value {
+    const DESC: &str = "Parameters passed to the export program as FERRY_PARAMS (JSON).";
+    let Some(Value::Object(schema)) = params_schema else {
+        return object(json!({ "params": { "type": "object", "description": DESC }, "idempotency_key": idempotency_key() }), &[]);
+    };
+    let mut params = schema.clone();
+    params.remove("$schema");
+    params.remove("$id");
+    let defs: Vec<(String, Value)> = ["$defs", "definitions"].into_iter().filter_map(|k| params.remove(k).map(|v| (k.to_string(), v))).collect();
+    params.entry("description").or_insert_with(|| json!(DESC));
+    let requires = params.get("required").and_then(Value::as_array).is_some_and(|r| !r.is_empty());
+    let mut input = object(json!({ "params": Value::Object(params), "idempotency_key": idempotency_key() }), if requires { &["params"] } else { &[] });
+    for (k, v) in defs {
+        input[k] = v;
+    }
+    input
+}
+
 /// One job tool: which task kind it starts and how its MCP arguments map to the kind's.
 #[derive(Debug, Clone)]
 pub struct JobTool {
@@ -60,9 +81,9 @@ pub struct JobTool {
     pub command: Option<String>,
 }
 
-/// Every tool, in the order `tools/list` shows them. `commands`: (name, description) of
-/// each `[commands.NAME]`; `max_chunk`: largest decoded `file_upload_chunk` (bytes).
-pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<Tool>, Vec<JobTool>) {
+/// Every tool, in the order `tools/list` shows them. `commands`: name, description and
+/// `params_schema` of each `[commands.NAME]`; `max_chunk`: largest decoded `file_upload_chunk` (bytes).
+pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<Tool>, Vec<JobTool>) {
     let mut tools = vec![
         tool("file_upload_begin".into(), "Begin a file upload",
             "Create an upload and get a signed TUS URL that curl, tus-js-client or a person can send the bytes to without a token (PATCH with Upload-Offset), or send small chunks with file_upload_chunk. Returns the file handle; file_status shows progress and the sha256 when complete.".into(),
@@ -71,7 +92,8 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
                 "size": { "type": "integer", "minimum": 0, "description": "Total bytes; omit if unknown (then the first chunk sender declares it)." },
                 "media_type": { "type": "string", "description": "e.g. application/pdf (default application/octet-stream)." },
                 "sha256": { "type": "string", "pattern": "^[0-9a-fA-F]{64}$", "description": "Expected sha256 of the whole file (hex); a mismatch at completion resets the upload." },
-                "url_ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the signed upload URL (default 24 h)." }
+                "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the signed upload URL, ms (default 24 h)." },
+                "url_ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "deprecated": true, "description": "Deprecated name of ttl_ms." }
             }), &["name"]),
             output_schema::<BeginOut>(),
             WRITE),
@@ -92,7 +114,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
             READ),
         tool("file_download_url".into(), "Signed download URL",
             "A URL that downloads the finished file without a token (curl, a browser; supports Range) until it expires.".into(),
-            object(json!({ "file_id": file_id(), "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime (default 1 h)." } }), &["file_id"]),
+            object(json!({ "file_id": file_id(), "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the URL, ms (default 1 h)." } }), &["file_id"]),
             output_schema::<UrlOut>(),
             READ),
         tool("file_read_chunk".into(), "Read part of a file",
@@ -147,7 +169,7 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
         "Start a task that packs finished files into one tar or zip file. Returns a task to poll with task_get; its result is the archive's file handle.".into(),
         object(
             json!({
-                "file_ids": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 10000 },
+                "file_ids": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 10000, "description": "Ids of your finished files to pack, in order; unknown or unfinished ids are refused at the call." },
                 "format": { "type": "string", "enum": ["tar", "zip"], "description": "default tar" },
                 "name": { "type": "string", "description": "Archive file name." },
                 "idempotency_key": idempotency_key()
@@ -181,23 +203,13 @@ pub fn catalogue(commands: &[(String, Option<String>)], max_chunk: u64) -> (Vec<
         output_schema::<TaskOut>(),
         Hints { open_world: true, ..JOB },
     ));
-    for (name, description) in commands {
+    for crate::app::CommandTool { name, description, params_schema } in commands {
         let tool_name = format!("export_{name}");
         let desc = format!(
             "Start the `{name}` export{}. Returns a task to poll with task_get; its result is the exported file's handle.",
             description.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
         );
-        tools.push(tool(
-            tool_name.clone(),
-            &format!("Export {name}"),
-            desc,
-            object(
-                json!({ "params": { "type": "object", "description": "Parameters passed to the export program as FERRY_PARAMS (JSON)." }, "idempotency_key": idempotency_key() }),
-                &[],
-            ),
-            output_schema::<TaskOut>(),
-            JOB,
-        ));
+        tools.push(tool(tool_name.clone(), &format!("Export {name}"), desc, export_input(params_schema.as_ref()), output_schema::<TaskOut>(), JOB));
         jobs.push(JobTool { name: tool_name, kind: "command", command: Some(name.clone()) });
     }
     (tools, jobs)

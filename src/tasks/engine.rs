@@ -115,12 +115,14 @@ impl Engine {
     /// or completed task with the same key and arguments is returned instead (`created:
     /// false`); a failed one is retried as a new task naming it in `prior_failure`.
     /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument` (or the kind's
-    /// own refusal, [`Job::check`]); the key names a task with other arguments → 422 `conflict`
+    /// own refusal, [`Job::check`]); input files that are unknown → 404 `not_found`, or not
+    /// complete → 409 `upload_incomplete` ([`Job::check_inputs`]); the key names a task with other arguments → 422 `conflict`
     /// (draft-ietf-httpapi-idempotency-key-header).
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
         let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
         job.check(&raw)?;
+        job.check_inputs(principal, &raw, &self.uploads).await?;
         if let Some(k) = idempotency_key {
             // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
             ferry_tus::IdempotencyKey::new(k).map_err(|e| {

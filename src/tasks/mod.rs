@@ -95,6 +95,15 @@ pub trait Job: Send + Sync + 'static {
         self.validate(args).map_err(|m| ferry_tus::TusError::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again."))
     }
 
+    /// Check, before a task is created, what the arguments name for `principal` — the input
+    /// files of `archive` and `compress` exist, are the caller's and are complete — so a
+    /// start naming an unknown file is refused at the call (404 `not_found` listing the ids),
+    /// not reported later as a failed task. Runs after [`Job::check`]; default: nothing to
+    /// check.
+    async fn check_inputs(&self, _principal: &str, _args: &RawValue, _uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
+        Ok(())
+    }
+
     /// Run the job, or resume it from `checkpoint` (the last value given to
     /// [`JobContext::checkpoint`]). Returns the task's result.
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError>;

@@ -1,7 +1,7 @@
 //! `archive`: a tar or zip of finished uploads of the task's principal, streamed into a new file
 //! and resumable mid-member.
 //!
-//! Args: `{"files": ["<upload id>", …], "format": "tar"|"zip", "name": "optional output name"}`.
+//! Args: `{"file_ids": ["<upload id>", …], "format": "tar"|"zip", "name": "optional output name"}` (`files` is accepted as the deprecated name of `file_ids`).
 //! Result: `{"file": <FileHandle>, "members": N}`.
 //!
 //! The archive layout is a pure function of the members (names, sizes, mtimes), so every byte
@@ -45,7 +45,10 @@ enum Format {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Args {
-    files: Vec<String>,
+    /// Ids of the finished uploads to pack, in order. `files` is the deprecated name (stored
+    /// arguments of older tasks, older clients).
+    #[serde(alias = "files")]
+    file_ids: Vec<String>,
     format: Format,
     #[serde(default)]
     name: Option<String>,
@@ -53,11 +56,11 @@ struct Args {
 
 fn parse_args(args: &RawValue) -> Result<Args, String> {
     let a: Args = serde_json::from_str(args.get()).map_err(|e| format!("archive arguments: {e}"))?;
-    if a.files.is_empty() {
-        return Err("archive: \"files\" must list at least one upload id".into());
+    if a.file_ids.is_empty() {
+        return Err("archive: \"file_ids\" must list at least one upload id".into());
     }
-    if a.files.len() > MAX_MEMBERS {
-        return Err(format!("archive: at most {MAX_MEMBERS} files, got {}", a.files.len()));
+    if a.file_ids.len() > MAX_MEMBERS {
+        return Err(format!("archive: at most {MAX_MEMBERS} files, got {}", a.file_ids.len()));
     }
     if let Some(n) = &a.name {
         if n.is_empty() || n.len() > 255 {
@@ -103,6 +106,11 @@ impl Job for ArchiveJob {
         parse_args(args).map(|_| ())
     }
 
+    async fn check_inputs(&self, principal: &str, args: &RawValue, uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
+        let a = parse_args(args).map_err(|m| ferry_tus::TusError::bad_request(m, "Fix the arguments and start the task again."))?;
+        super::check_input_files("archive", principal, &a.file_ids, uploads).await
+    }
+
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError> {
         let args = parse_args(args).map_err(JobError::failed)?;
         let cp: Option<Checkpoint> = match super::resume("archive", checkpoint)? {
@@ -111,8 +119,8 @@ impl Job for ArchiveJob {
         };
 
         // Resolve every member first: a bad id fails the task before anything is written.
-        let mut recs = Vec::with_capacity(args.files.len());
-        for id in &args.files {
+        let mut recs = Vec::with_capacity(args.file_ids.len());
+        for id in &args.file_ids {
             recs.push(member_record(ctx, id).await?);
         }
         let names = member_names(recs.iter().map(|r| (r.id.as_str(), r.metadata.as_str())));
@@ -822,7 +830,9 @@ mod tests {
     #[test]
     fn validates_shape() {
         let ok = |s: &str| parse_args(&RawValue::from_string(s.to_string()).unwrap()).is_ok();
-        assert!(ok(r#"{"files":["a"],"format":"tar"}"#));
+        assert!(ok(r#"{"files":["a"],"format":"tar"}"#), "the deprecated name");
+        assert!(ok(r#"{"file_ids":["a"],"format":"tar"}"#));
+        assert!(!ok(r#"{"file_ids":["a"],"files":["b"],"format":"tar"}"#), "one name at a time");
         assert!(ok(r#"{"files":["a","b"],"format":"zip","name":"out.zip"}"#));
         assert!(!ok(r#"{"files":[],"format":"tar"}"#));
         assert!(!ok(r#"{"files":["a"],"format":"rar"}"#));

@@ -4,7 +4,8 @@
 //! # Arguments
 //!
 //! `{"command": "NAME", "params": {...}}` — `NAME` must be declared in ferry.toml; `params` is an
-//! optional JSON object. A request never supplies a command line: ferry runs `program` with the
+//! optional JSON object. When the command declares `params_schema`, params (absent: `{}`) must
+//! validate against it ([`Job::validate`], so a start is refused before a task exists). A request never supplies a command line: ferry runs `program` with the
 //! fixed `args`, in `cwd`, with stdin closed, and this environment (on top of the server's,
 //! minus any inherited `FERRY_INPUT_*`):
 //!
@@ -108,11 +109,42 @@ const MAX_RUNS: usize = 32;
 /// Runs the programs of `[commands.NAME]`.
 pub struct CommandJob {
     commands: BTreeMap<String, CommandSpec>,
+    /// The compiled `params_schema` of each command that declares one (or why it is unusable:
+    /// `ferry serve` refuses such a config at start-up; an embedder's gets the reason on
+    /// every start).
+    validators: BTreeMap<String, Result<jsonschema::Validator, String>>,
 }
+
+/// Most schema violations a refusal lists.
+const MAX_SCHEMA_ERRORS: usize = 10;
 
 impl CommandJob {
     pub fn new(commands: BTreeMap<String, CommandSpec>) -> Self {
-        CommandJob { commands }
+        let validators = commands.iter().filter_map(|(n, c)| c.params_schema.as_ref().map(|s| (n.clone(), crate::config::params_validator(s)))).collect();
+        CommandJob { commands, validators }
+    }
+
+    /// `params` (absent: `{}`) against the command's `params_schema`, if it has one: every
+    /// violation (up to [`MAX_SCHEMA_ERRORS`]) with its JSON Pointer inside params.
+    fn check_params(&self, name: &str, params: Option<&Value>) -> Result<(), String> {
+        let Some(v) = self.validators.get(name) else { return Ok(()) };
+        let v = v.as_ref().map_err(|e| format!("command '{name}' has an unusable params_schema: {e}"))?;
+        let empty = Value::Object(Default::default());
+        let params = params.unwrap_or(&empty);
+        let errors: Vec<String> = v
+            .iter_errors(params)
+            .take(MAX_SCHEMA_ERRORS + 1)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                format!("params{}: {e}", if at.is_empty() { String::new() } else { at })
+            })
+            .collect();
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let more = if errors.len() > MAX_SCHEMA_ERRORS { "; …" } else { "" };
+        let shown: Vec<&str> = errors.iter().take(MAX_SCHEMA_ERRORS).map(String::as_str).collect();
+        Err(format!("params do not match the params_schema of command '{name}': {}{more}", shown.join("; ")))
     }
 
     fn spec(&self, args: &CommandArgs) -> Result<&CommandSpec, String> {
@@ -161,7 +193,8 @@ impl Job for CommandJob {
 
     fn validate(&self, args: &RawValue) -> Result<(), String> {
         let args = parse_args(args)?;
-        self.spec(&args).map(|_| ())
+        self.spec(&args)?;
+        self.check_params(&args.command, args.params.as_ref())
     }
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
@@ -597,7 +630,7 @@ pub(crate) mod tests {
 
     #[test]
     fn validate_names_declared_commands() {
-        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, description: None };
+        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, description: None, params_schema: None };
         let job = CommandJob::new(BTreeMap::from([("export".to_string(), spec.clone()), ("dump".to_string(), spec)]));
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         assert!(job.validate(&raw(r#"{"command":"export","params":{"a":1}}"#)).is_ok());
@@ -606,6 +639,20 @@ pub(crate) mod tests {
         assert!(job.validate(&raw(r#"{"command":"export","params":[1]}"#)).is_err());
         assert!(job.validate(&raw(r#"{"command":"export","cmdline":"rm -rf /"}"#)).is_err());
         assert!(CommandJob::new(BTreeMap::new()).validate(&raw(r#"{"command":"x"}"#)).unwrap_err().contains("no commands"));
+    }
+
+    #[test]
+    fn params_are_checked_against_the_declared_schema() {
+        let schema = serde_json::json!({ "type": "object", "required": ["month"], "additionalProperties": false,
+            "properties": { "month": { "type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$" } } });
+        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, description: None, params_schema: Some(schema) };
+        let job = CommandJob::new(BTreeMap::from([("orders".to_string(), spec)]));
+        let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
+        assert!(job.validate(&raw(r#"{"command":"orders","params":{"month":"2026-11"}}"#)).is_ok());
+        let e = job.validate(&raw(r#"{"command":"orders","params":{"month":"soon","x":1}}"#)).unwrap_err();
+        assert!(e.contains("params/month") && e.contains("orders") && e.contains("'x'"), "{e}");
+        let e = job.validate(&raw(r#"{"command":"orders"}"#)).unwrap_err();
+        assert!(e.contains("month"), "absent params are checked as {{}}: {e}");
     }
 
     /// An engine on a temporary directory with `job` registered.
@@ -649,7 +696,7 @@ pub(crate) mod tests {
         let path = dir.join("prog.sh");
         std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        CommandSpec { program: path, args: vec![], output_name: None, media_type: Some("text/plain".into()), cwd: None, description: None }
+        CommandSpec { program: path, args: vec![], output_name: None, media_type: Some("text/plain".into()), cwd: None, description: None, params_schema: None }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! `compress`: zstd or gzip of one finished upload of the task's principal, streamed into a new
 //! file and resumable.
 //!
-//! Args: `{"file": "<upload id>", "format": "zstd"|"gzip", "level": optional int}`.
+//! Args: `{"file_id": "<upload id>", "format": "zstd"|"gzip", "level": optional int}` (`file` is
+//! accepted as the deprecated name of `file_id`).
 //! Result: `{"file": <FileHandle>, "input_bytes": N}`.
 //!
 //! Compressor state cannot be saved, so the input is compressed as independent frames (zstd
@@ -71,7 +72,10 @@ impl Format {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Args {
-    file: String,
+    /// Id of the finished upload to compress. `file` is the deprecated name (stored
+    /// arguments of older tasks, older clients).
+    #[serde(alias = "file")]
+    file_id: String,
     format: Format,
     #[serde(default)]
     level: Option<i32>,
@@ -79,8 +83,8 @@ struct Args {
 
 fn parse_args(args: &RawValue) -> Result<Args, String> {
     let a: Args = serde_json::from_str(args.get()).map_err(|e| format!("compress arguments: {e}"))?;
-    if a.file.is_empty() {
-        return Err("compress: \"file\" must be an upload id".into());
+    if a.file_id.is_empty() {
+        return Err("compress: \"file_id\" must be an upload id".into());
     }
     if let Some(l) = a.level {
         let r = a.format.levels();
@@ -179,13 +183,18 @@ impl Job for CompressJob {
         parse_args(args).map(|_| ())
     }
 
+    async fn check_inputs(&self, principal: &str, args: &RawValue, uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
+        let a = parse_args(args).map_err(|m| ferry_tus::TusError::bad_request(m, "Fix the arguments and start the task again."))?;
+        super::check_input_files("compress", principal, std::slice::from_ref(&a.file_id), uploads).await
+    }
+
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError> {
         let args = parse_args(args).map_err(JobError::failed)?;
         let cp: Option<Checkpoint> = match super::resume("compress", checkpoint)? {
             super::Resume::Done(result) => return Ok(result),
             super::Resume::From(cp) => cp,
         };
-        let id = &args.file;
+        let id = &args.file_id;
         let rec = match ctx.uploads().get(ctx.principal(), id).await {
             Ok(r) => r,
             Err(e) if e.code == ferry_tus::ErrorCode::NotFound => return Err(JobError::failed(format!("compress: no upload {id:?}"))),

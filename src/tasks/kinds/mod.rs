@@ -28,6 +28,63 @@ pub fn builtin(cfg: &Config) -> Vec<Arc<dyn Job>> {
     ]
 }
 
+/// How many ids an input-file refusal lists before "and N more".
+const MAX_IDS_NAMED: usize = 20;
+
+fn name_ids(ids: &[&str]) -> String {
+    let shown: Vec<&str> = ids.iter().take(MAX_IDS_NAMED).copied().collect();
+    let more = ids.len().saturating_sub(MAX_IDS_NAMED);
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// The input files `ids` of a `kind` task must be finished uploads of `principal`
+/// ([`Job::check_inputs`]): ids that are not (unknown, another principal's, expired or
+/// deleted) → 404 `not_found` naming them; else ids still uploading → 409
+/// `upload_incomplete` naming them (with `partial.cursor` = the offset when there is one).
+pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String], uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
+    use ferry_tus::{ErrorCode, TusError};
+    let mut unknown: Vec<&str> = Vec::new();
+    let mut incomplete: Vec<(&str, u64)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
+        match uploads.get(principal, id).await {
+            Ok(r) if r.is_finished() && r.length.is_some() => {}
+            Ok(r) => incomplete.push((id, r.offset)),
+            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::UploadExpired) => unknown.push(id),
+            Err(e) => return Err(e),
+        }
+    }
+    if !unknown.is_empty() {
+        let list = name_ids(&unknown);
+        let (what, them) = if unknown.len() == 1 { ("id", "it") } else { ("ids", "them") };
+        return Err(TusError::new(
+            404,
+            ErrorCode::NotFound,
+            format!("{kind}: unknown file {what}: {list}"),
+            format!("No file of yours has the {what} {list} (never created, deleted, or expired): check {them} with file_list (MCP) or GET /api/v1/files, and start the task again with ids of finished files."),
+        ));
+    }
+    if !incomplete.is_empty() {
+        let ids: Vec<&str> = incomplete.iter().map(|(id, _)| *id).collect();
+        let list = name_ids(&ids);
+        let mut e = TusError::new(
+            409,
+            ErrorCode::UploadIncomplete,
+            format!("{kind}: file{} {list} not complete", if ids.len() == 1 { " is" } else { "s are" }),
+            format!("Finish uploading {list} (file_status or GET /api/v1/files/ID shows the offset), then start the task again."),
+        );
+        if let [(_, offset)] = incomplete[..] {
+            e = e.with_cursor(offset);
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// Where a resumable built-in job starts, from the checkpoint it was given.
 pub(crate) enum Resume<T> {
     /// The job already finished (it crashed between finishing its file and recording the

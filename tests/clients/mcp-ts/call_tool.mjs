@@ -55,16 +55,25 @@ async function main() {
   }
   check(bad.isError === true && bad.structuredContent.error.code === 'not_found', 'task_get unknown id', bad);
 
-  // A task that fails: its task_get result (task fields + envelope) must fit the schema too.
-  const started = await client.callTool({ name: 'archive_files', arguments: { file_ids: ['aaaaaaaaaaaaaaaaaaaaaaaaaa'] } });
-  check(started.isError !== true && typeof started.structuredContent.task_id === 'string', 'archive_files started', started);
-  let task;
-  for (let i = 0; i < 300; i++) {
-    task = await client.callTool({ name: 'task_get', arguments: { task_id: started.structuredContent.task_id, wait_ms: 2000 } });
-    if (!['working', 'input_required'].includes(task.structuredContent.status)) break;
+  // A job naming an unknown file is refused at the call, with the envelope.
+  const refused = await client.callTool({ name: 'archive_files', arguments: { file_ids: ['aaaaaaaaaaaaaaaaaaaaaaaaaa'] } });
+  check(refused.isError === true && refused.structuredContent.error.code === 'not_found' && refused.structuredContent.error.recoveryHint.includes('aaaaaaaaaaaaaaaaaaaaaaaaaa'), 'archive_files of an unknown id', refused);
+  out.refused = refused.structuredContent;
+
+  // A task that fails, where the server declares [commands.fail] (a program that exits 1; the
+  // Rust side says whether it must): its task_get result (task fields + envelope) must fit the
+  // schema too.
+  if (names.includes('export_fail')) {
+    const started = await client.callTool({ name: 'export_fail', arguments: {} });
+    check(started.isError !== true && typeof started.structuredContent.task_id === 'string', 'export_fail started', started);
+    let task;
+    for (let i = 0; i < 300; i++) {
+      task = await client.callTool({ name: 'task_get', arguments: { task_id: started.structuredContent.task_id, wait_ms: 2000 } });
+      if (!['working', 'input_required'].includes(task.structuredContent.status)) break;
+    }
+    check(task.isError === true && task.structuredContent.status === 'failed' && task.structuredContent.error.code === 'task_failed', 'failed task envelope', task);
+    out.task = task.structuredContent;
   }
-  check(task.isError === true && task.structuredContent.status === 'failed' && task.structuredContent.error.code === 'task_failed', 'failed task envelope', task);
-  out.task = task.structuredContent;
 
   // A succeeding tool: its structuredContent is validated against the outputSchema too.
   const ok = await client.callTool({ name: 'file_upload_begin', arguments: { name: 'ts.txt', size: 3 } });

@@ -356,7 +356,8 @@ async def begin(c: Client, name: str, data: bytes | None = None, size: int | Non
     check(f.get("complete") is False and f.get("offset") == 0 and f.get("name") == name, "fresh handle", s)
     check(s.get("method") == "PATCH" and s["headers"].get("Tus-Resumable") == "1.0.0", "upload instructions", s)
     check("scope=upload" in s["upload_url"] and file_id_of_url(s["upload_url"]) == f["id"], "signed upload_url names the file", s)
-    check(s["upload_url"] in s.get("curl", ""), "curl recipe uses the upload_url", s)
+    check('-T "$FILE" "$UPLOAD_URL"' in s.get("curl", "") and '"$UPLOAD_URL"' in s.get("curl_resume", ""), "curl lines send FILE to $UPLOAD_URL", s)
+    check(json.dumps(s).count(s["upload_url"]) == 1, "the signed upload URL appears once in the result", s)
     check_link(r, f["id"], a.get("size"), media_type or "application/octet-stream", name, "file_upload_begin")
     return s
 
@@ -455,9 +456,9 @@ async def scenario_export() -> dict[str, Any]:
         # The same file again through file_download_url, and a range of it.
         r = await c.call_tool("file_download_url", {"file_id": h["id"], "ttl_ms": 60_000})
         u = ok(r, "file_download_url")
-        check(u["file"]["sha256"] == h["sha256"] and file_id_of_url(u["url"]) == h["id"], "file_download_url handle", u)
-        get_url(u["url"], want=tar_bytes, what="file_download_url")
-        st, hd, part = http_get(u["url"], "-r", "512-1023")
+        check(u["file"]["sha256"] == h["sha256"] and file_id_of_url(u["download_url"]) == h["id"], "file_download_url handle", u)
+        get_url(u["download_url"], want=tar_bytes, what="file_download_url")
+        st, hd, part = http_get(u["download_url"], "-r", "512-1023")
         check(st == 206 and part == tar_bytes[512:1024], "Range request on the signed URL", [st, hd])
 
         # The result is stable: task_get again answers the same handle.
@@ -498,7 +499,7 @@ async def scenario_receive() -> dict[str, Any]:
         check(last["file"]["complete"] is True and last["file"]["sha256"] == sha256_hex(small), "chunked upload complete", last)
         f = await status(c, f2)
         check(f["sha256"] == sha256_hex(small) and f["size"] == len(small), "file_status after chunks", f)
-        get_url(ok(await c.call_tool("file_download_url", {"file_id": f2}), "download url")["url"], want=small, sha=sha256_hex(small), what="chunked file")
+        get_url(ok(await c.call_tool("file_download_url", {"file_id": f2}), "download url")["download_url"], want=small, sha=sha256_hex(small), what="chunked file")
 
         # 3. Resources: a small text file is read inline; large or binary files point to a URL.
         f3 = await complete_file(c, "note.txt", text.encode(), media_type="text/plain")
@@ -597,9 +598,8 @@ async def scenario_errors() -> dict[str, Any]:
                         ("task_get", {"task_id": UNKNOWN_ID}), ("task_cancel", {"task_id": UNKNOWN_ID}),
                         ("task_respond", {"task_id": UNKNOWN_ID, "key": "k", "response": 1})):
             envelope(await tool(name, a), "not_found", f"{name} {a}")
-        # A job naming an unknown input file starts, then fails naming it.
-        tid = started(await tool("archive_files", {"file_ids": [UNKNOWN_ID]}), "archive", "archive of an unknown file")
-        envelope(await wait_task(c, tid), "task_failed", "archive of an unknown file", extra=(UNKNOWN_ID,))
+        # A job naming an unknown input file is refused at the call, naming it.
+        envelope(await tool("archive_files", {"file_ids": [UNKNOWN_ID]}), "not_found", "archive of an unknown file", extra=(UNKNOWN_ID,))
 
         # conflict: the same idempotency_key with other arguments.
         r1 = await tool("archive_files", {"file_ids": [fid], "idempotency_key": "same-key"})
@@ -808,7 +808,7 @@ async def scenario_principals() -> dict[str, Any]:
         fb = await complete_file(alice, "b.txt", b_data, media_type="text/plain")
         tid = started(await alice.call_tool("archive_files", {"file_ids": [fa]}), "archive", "alice's archive")
         done = ok(await wait_task(alice, tid), "alice's archive")
-        url_a = ok(await alice.call_tool("file_download_url", {"file_id": fa}), "download url")["url"]
+        url_a = ok(await alice.call_tool("file_download_url", {"file_id": fa}), "download url")["download_url"]
 
     async with connect(ARGS.token2) as bob:
         for name, a in (("file_status", {"file_id": fa}), ("file_download_url", {"file_id": fa}),
@@ -817,9 +817,8 @@ async def scenario_principals() -> dict[str, Any]:
                         ("task_get", {"task_id": tid}), ("task_cancel", {"task_id": tid}),
                         ("task_respond", {"task_id": tid, "key": "k", "response": 1})):
             envelope(await bob.call_tool(name, a), "not_found", f"bob: {name} of alice's")
-        # bob's archive of alice's file fails like one of an unknown file (nothing of hers leaks).
-        bt = started(await bob.call_tool("archive_files", {"file_ids": [fa]}), "archive", "bob archives alice's file")
-        e = envelope(await wait_task(bob, bt), "task_failed", "bob archives alice's file", extra=(fa,))
+        # bob's archive of alice's file is refused like one of an unknown file (nothing of hers leaks).
+        e = envelope(await bob.call_tool("archive_files", {"file_ids": [fa]}), "not_found", "bob archives alice's file", extra=(fa,))
         check("a.txt" not in e["message"], "the failure does not name alice's file", e)
         check(not ok(await bob.call_tool("file_list", {}), "bob file_list")["files"], "bob lists no files")
         check(all(t["task_id"] != tid for t in ok(await bob.call_tool("task_list", {}), "bob task_list")["tasks"]), "bob does not list alice's task")
