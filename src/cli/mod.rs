@@ -7,4 +7,5 @@ pub mod files;
 pub mod progress;
 pub mod store;
 pub mod task;
+pub mod token;
 pub mod upload;

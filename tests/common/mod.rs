@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod logged;
 pub mod moto;
 pub mod pg;
 pub mod proxy;
