@@ -504,12 +504,25 @@ impl TokenEntry {
         self.expires
             .as_deref()
             .map(|e| {
-                let t = humantime::parse_rfc3339_weak(e.trim()).map_err(|err| anyhow::anyhow!("[[tokens]] expires {e:?} for {:?}: {err} (write e.g. 2026-11-30T21:00:00Z)", self.principal))?;
+                let t = humantime::parse_rfc3339_weak(e.trim())
+                    .map_err(|err| anyhow::anyhow!("[[tokens]] expires {e:?} for {:?}: {err} (write e.g. 2026-11-30T21:00:00Z)", self.principal))?;
                 let ms = t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
                 Ok(ms)
             })
             .transpose()
     }
+}
+
+/// sha256 of a bearer token, lowercase hex: what ferry.toml stores.
+pub fn token_hash(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// Generate a new bearer token: 32 random bytes, base32, prefixed `fy_`.
+pub fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("fy_{}", data_encoding::BASE32_NOPAD.encode(&bytes).to_ascii_lowercase())
 }
 
 /// What a bearer token may do (`scope` of a `[[tokens]]` entry).

@@ -23,8 +23,11 @@ fn openssl(dir: &Path, args: &[&str]) -> String {
 /// A test CA (`ca.pem`, `ca.key`) in `dir`.
 fn make_ca(dir: &Path) {
     openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry test CA"]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
-        .unwrap();
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
 }
 
 /// A server certificate for 127.0.0.1 signed by the CA: `NAME.pem`, `NAME.key`. Returns its
@@ -86,22 +89,7 @@ async fn https_with_curl_and_tus_js_client_and_certificate_reload_on_sighup() {
     let headers = curl(dir, &["-D", "-", "-o", "/dev/null", "-X", "POST", &s.url("/files/"), "-H", "Tus-Resumable: 1.0.0", "-H", &format!("Upload-Length: {}", data.len())]);
     let loc = headers.lines().find_map(|l| l.strip_prefix("location: ").or_else(|| l.strip_prefix("Location: "))).unwrap().trim().to_string();
     let url = s.url(&loc);
-    curl(
-        dir,
-        &[
-            "-X",
-            "PATCH",
-            &url,
-            "-H",
-            "Tus-Resumable: 1.0.0",
-            "-H",
-            "Content-Type: application/offset+octet-stream",
-            "-H",
-            "Upload-Offset: 0",
-            "-T",
-            "big.bin",
-        ],
-    );
+    curl(dir, &["-X", "PATCH", &url, "-H", "Tus-Resumable: 1.0.0", "-H", "Content-Type: application/offset+octet-stream", "-H", "Upload-Offset: 0", "-T", "big.bin"]);
     curl(dir, &["-o", "copy.bin", &url]);
     assert_eq!(sha256_hex(&std::fs::read(dir.join("copy.bin")).unwrap()), sha256_hex(&data));
 

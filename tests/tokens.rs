@@ -48,9 +48,9 @@ async fn status(a: &Api, method: &str, path: &str, headers: &[(&str, &str)]) -> 
 fn token_commands_refuse_a_config_they_cannot_parse_and_leave_it_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
     for (i, broken) in [
-        "listen = \n",                                                    // not TOML
-        "lisen = \"127.0.0.1:8080\"\n",                                   // an unknown key
-        "[[tokens]]\nprincipal = \"a\"\nsha256 = \"short\"\n",            // a bad token entry
+        "listen = \n",                                                              // not TOML
+        "lisen = \"127.0.0.1:8080\"\n",                                             // an unknown key
+        "[[tokens]]\nprincipal = \"a\"\nsha256 = \"short\"\n",                      // a bad token entry
         "[[tokens]]\nprincipal = \"a\"\nsha256 = \"%s\"\nexpires = \"tomorrow\"\n", // a bad expiry
     ]
     .iter()

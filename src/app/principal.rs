@@ -9,8 +9,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use sha2::Digest;
-
 use crate::config::{TokenEntry, TokenScope};
 
 /// The principal a request acts as (HTTP: put in the request's extensions by the auth middleware).
@@ -44,16 +42,10 @@ pub struct Tokens {
     set: Arc<RwLock<Arc<HashMap<String, Grant>>>>,
 }
 
-/// sha256 of a token, lowercase hex: what ferry.toml stores.
-pub fn token_hash(token: &str) -> String {
-    hex::encode(sha2::Sha256::digest(token.as_bytes()))
-}
+pub use crate::config::{new_token, token_hash};
 
 fn grants(entries: &[TokenEntry]) -> anyhow::Result<HashMap<String, Grant>> {
-    entries
-        .iter()
-        .map(|e| Ok((e.sha256.to_ascii_lowercase(), Grant { principal: e.principal.clone(), scope: e.scope.unwrap_or_default(), expires_ms: e.expires_ms()? })))
-        .collect()
+    entries.iter().map(|e| Ok((e.sha256.to_ascii_lowercase(), Grant { principal: e.principal.clone(), scope: e.scope.unwrap_or_default(), expires_ms: e.expires_ms()? }))).collect()
 }
 
 impl Tokens {
@@ -99,12 +91,6 @@ impl Tokens {
     pub fn principal(&self, token: &str) -> Option<String> {
         self.grant(token, crate::upload::now_ms()).ok().map(|g| g.principal)
     }
-}
-
-/// Generate a new token: 32 random bytes, base32, prefixed `fy_`.
-pub fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    format!("fy_{}", data_encoding::BASE32_NOPAD.encode(&bytes).to_ascii_lowercase())
 }
 
 #[cfg(test)]

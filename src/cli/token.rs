@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use crate::app::principal::{new_token, token_hash};
-use crate::config::{TokenEntry, TokenScope};
+use crate::config::{new_token, token_hash, TokenEntry, TokenScope};
 
 /// Exit code for a configuration that cannot be used, or bad arguments.
 const EXIT_USAGE: u8 = 2;
@@ -124,7 +123,7 @@ fn checked_tokens(path: &Path) -> Result<Vec<TokenEntry>, (u8, anyhow::Error)> {
     if !path.exists() {
         return Ok(Vec::new());
     }
-    crate::config::file_tokens(path).map_err(|e| usage(e.context(format!("refusing to edit {}: fix it first", path.display()))))
+    crate::config::file_tokens(path).map_err(|e| usage(e.context(format!("{} is not a configuration ferry serve accepts; fix it first (nothing was changed)", path.display()))))
 }
 
 fn create(a: &CreateArgs) -> CmdResult {
@@ -168,7 +167,7 @@ fn list(a: &ListArgs) -> CmdResult {
         return Err(usage(anyhow::anyhow!("{} does not exist (ferry token create NAME --config PATH makes it)", path.display())));
     }
     let tokens = checked_tokens(path)?;
-    let now = crate::upload::now_ms();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     let rows: Vec<serde_json::Value> = tokens
         .iter()
         .map(|t| {
@@ -213,7 +212,9 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
         (Some(id), None) => {
             let want = if id.starts_with("fy_") { token_hash(id) } else { id.trim().to_ascii_lowercase() };
             if want.len() < MIN_ID_LEN || !want.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(usage(anyhow::anyhow!("{id:?} is not a token id: give at least {MIN_ID_LEN} hex digits as `ferry token list` shows them, the token itself, or --principal NAME")));
+                return Err(usage(anyhow::anyhow!(
+                    "{id:?} is not a token id: give at least {MIN_ID_LEN} hex digits as `ferry token list` shows them, the token itself, or --principal NAME"
+                )));
             }
             Box::new(move |sha: &str, _: &str| sha.to_ascii_lowercase().starts_with(&want))
         }
