@@ -208,7 +208,7 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
     }
     checked_tokens(path)?;
     // What to match: a sha256 prefix (an id, or the hash of a whole token), or a principal.
-    let matcher: Box<dyn Fn(&str, &str) -> bool> = match (&a.id, &a.principal) {
+    let which = match (&a.id, &a.principal) {
         (Some(id), None) => {
             let want = if id.starts_with("fy_") { token_hash(id) } else { id.trim().to_ascii_lowercase() };
             if want.len() < MIN_ID_LEN || !want.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -216,12 +216,9 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
                     "{id:?} is not a token id: give at least {MIN_ID_LEN} hex digits as `ferry token list` shows them, the token itself, or --principal NAME"
                 )));
             }
-            Box::new(move |sha: &str, _: &str| sha.to_ascii_lowercase().starts_with(&want))
+            Which::HashPrefix(want)
         }
-        (None, Some(p)) => {
-            let p = p.clone();
-            Box::new(move |_: &str, principal: &str| principal == p)
-        }
+        (None, Some(p)) => Which::Principal(p.clone()),
         _ => return Err(usage(anyhow::anyhow!("give a token id or --principal NAME, not both"))),
     };
     let text = std::fs::read_to_string(path).map_err(|e| usage(anyhow::anyhow!("reading {}: {e}", path.display())))?;
@@ -232,7 +229,7 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
         tables.retain(|t| {
             let sha = t.get("sha256").and_then(|v| v.as_str()).unwrap_or("");
             let principal = t.get("principal").and_then(|v| v.as_str()).unwrap_or("");
-            let hit = matcher(sha, principal);
+            let hit = which.matches(sha, principal);
             if hit {
                 removed.push((sha.chars().take(ID_LEN).collect::<String>(), principal.to_string()));
             }
@@ -258,6 +255,23 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
     }
     eprintln!("running servers stop accepting it on SIGHUP (`kill -HUP PID`)");
     Ok(())
+}
+
+/// Which tokens `revoke` removes.
+enum Which {
+    /// Those whose sha256 starts with these (lowercase) hex digits.
+    HashPrefix(String),
+    /// Every token of this principal.
+    Principal(String),
+}
+
+impl Which {
+    fn matches(&self, sha256: &str, principal: &str) -> bool {
+        match self {
+            Which::HashPrefix(want) => sha256.to_ascii_lowercase().starts_with(want.as_str()),
+            Which::Principal(p) => principal == p,
+        }
+    }
 }
 
 /// Replace `path` with `bytes`: a temporary file beside it (same permissions), synced, renamed
