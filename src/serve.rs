@@ -134,7 +134,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, tls = tls.is_some(), "ferry serving");
     log_principals(&tokens, "configured");
     let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
-    let reloader = tokio::spawn(reload_on_sighup(cfg.clone(), tokens.clone(), tls.clone()));
+    // Registered before `listening on` is printed: from then on a SIGHUP reloads (its default
+    // action, ending the process, no longer applies).
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    #[cfg(not(unix))]
+    let hangups: std::io::Result<()> = Ok(());
+    let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
     if cfg.stdio {
         // stdout carries MCP messages only.
         eprintln!("listening on {scheme}://{addr}");
@@ -199,10 +205,10 @@ fn log_principals(tokens: &Tokens, what: &str) {
 /// and connections in flight are untouched. Whatever cannot be loaded — a file that does not
 /// parse, a token set that would leave a non-loopback server open, a certificate that is
 /// missing or does not match its key — is logged with the reason and the old one stays.
-async fn reload_on_sighup(cfg: Config, tokens: Tokens, tls: Option<Arc<crate::tls::TlsCertificate>>) {
-    #[cfg(unix)]
+#[cfg(unix)]
+async fn reload_on_sighup(hangups: std::io::Result<tokio::signal::unix::Signal>, cfg: Config, tokens: Tokens, tls: Option<Arc<crate::tls::TlsCertificate>>) {
     {
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        let mut hup = match hangups {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot listen for SIGHUP: tokens and the TLS certificate are read only at start-up");
@@ -242,11 +248,10 @@ async fn reload_on_sighup(cfg: Config, tokens: Tokens, tls: Option<Arc<crate::tl
             }
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = (cfg, tokens, tls);
-    }
 }
+
+#[cfg(not(unix))]
+async fn reload_on_sighup(_: std::io::Result<()>, _: Config, _: Tokens, _: Option<Arc<crate::tls::TlsCertificate>>) {}
 
 /// The blob store `--blobs` names. An S3 bucket is checked at once (a probe object is put and
 /// deleted), so a server that cannot reach or write it fails at start-up with one line that
