@@ -148,6 +148,13 @@ pub struct ServeArgs {
     /// [default: its lease owner id, kept in DATA/owner-id].
     #[arg(long, env = "FERRY_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (server certificate first); needs
+    /// --tls-key. Re-read on SIGHUP: new connections get the new certificate, open ones keep theirs.
+    #[arg(long, env = "FERRY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1). Re-read on SIGHUP.
+    #[arg(long, env = "FERRY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Where upload bytes live (`--blobs`).
@@ -244,6 +251,8 @@ struct FileConfig {
     replica_name: Option<String>,
     min_free_space: Option<toml::Value>,
     max_connections: Option<u32>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     #[serde(default)]
     tokens: Vec<TokenEntry>,
     #[serde(default)]
@@ -474,12 +483,68 @@ fn normalize_origin(o: &str) -> anyhow::Result<String> {
 }
 
 /// `[[tokens]]` in ferry.toml: a bearer token's sha256 (hex) and the principal it names.
-/// Written by `ferry token create NAME`; the token itself is never stored.
+/// Written by `ferry token create NAME [--scope upload] [--ttl 1h]`; the token itself is never
+/// stored.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenEntry {
     pub principal: String,
     pub sha256: String,
+    /// What the token may do (default `full`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<TokenScope>,
+    /// RFC 3339 time after which the token is refused (401), e.g. `2026-11-30T21:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+}
+
+impl TokenEntry {
+    /// `expires` as unix ms. Errors: not an RFC 3339 time.
+    pub fn expires_ms(&self) -> anyhow::Result<Option<i64>> {
+        self.expires
+            .as_deref()
+            .map(|e| {
+                let t = humantime::parse_rfc3339_weak(e.trim())
+                    .map_err(|err| anyhow::anyhow!("[[tokens]] expires {e:?} for {:?}: {err} (write e.g. 2026-11-30T21:00:00Z)", self.principal))?;
+                let ms = t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+                Ok(ms)
+            })
+            .transpose()
+    }
+}
+
+/// sha256 of a bearer token, lowercase hex: what ferry.toml stores.
+pub fn token_hash(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// Generate a new bearer token: 32 random bytes, base32, prefixed `fy_`.
+pub fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("fy_{}", data_encoding::BASE32_NOPAD.encode(&bytes).to_ascii_lowercase())
+}
+
+/// What a bearer token may do (`scope` of a `[[tokens]]` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenScope {
+    /// Everything its principal may do.
+    #[default]
+    Full,
+    /// Only create uploads (`POST /files/`); each creation answers a signed upload URL in
+    /// `Location`, good for that one upload's HEAD and PATCH. Cannot list, read, download or
+    /// delete anything, nor use the API or MCP: what a web page may hold.
+    Upload,
+}
+
+impl TokenScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenScope::Full => "full",
+            TokenScope::Upload => "upload",
+        }
+    }
 }
 
 /// `[commands.NAME]` in ferry.toml: a program the `command` task kind may run. Requests name
@@ -605,6 +670,11 @@ pub struct Config {
     pub pre_create_hook: Option<HookConfig>,
     /// `[hooks.pre_finish]`: asked before an upload is called finished.
     pub pre_finish_hook: Option<HookConfig>,
+    /// Serve HTTPS: (certificate chain, private key), PEM files re-read on SIGHUP.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// The flags and environment this configuration was resolved from: a SIGHUP resolves them
+    /// again over the re-read file (tokens, certificate).
+    pub args: ServeArgs,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -715,6 +785,13 @@ impl Config {
             event_retention: dur(file.events.retention, "events.retention")?.unwrap_or(Duration::from_secs(24 * 3600)),
             pre_create_hook: file.hooks.pre_create.map(|h| h.resolve("pre_create")).transpose()?,
             pre_finish_hook: file.hooks.pre_finish.map(|h| h.resolve("pre_finish")).transpose()?,
+            tls: match (args.tls_cert.clone().or(file.tls_cert), args.tls_key.clone().or(file.tls_key)) {
+                (Some(cert), Some(key)) => Some((cert, key)),
+                (None, None) => None,
+                (Some(_), None) => anyhow::bail!("tls_cert is set but tls_key is not: give both (--tls-cert and --tls-key, or both keys in ferry.toml)"),
+                (None, Some(_)) => anyhow::bail!("tls_key is set but tls_cert is not: give both (--tls-cert and --tls-key, or both keys in ferry.toml)"),
+            },
+            args: args.clone(),
         })
     }
 }
@@ -726,6 +803,18 @@ fn parse_public_url(u: &str) -> anyhow::Result<String> {
         anyhow::bail!("public_url {u:?} must be an absolute http:// or https:// URL without a query");
     }
     Ok(u.trim().trim_end_matches('/').to_string())
+}
+
+/// Whether `p` is a configuration `ferry serve` would accept: TOML, known keys, valid
+/// values. `ferry token create` and `revoke` check this before they write. Errors say what
+/// and where.
+pub fn check_file(p: &Path) -> anyhow::Result<()> {
+    read_file(p).map(|_| ())
+}
+
+/// The `[[tokens]]` of the configuration file `p` (its other keys are checked too).
+pub fn file_tokens(p: &Path) -> anyhow::Result<Vec<TokenEntry>> {
+    read_file(p).map(|f| f.tokens)
 }
 
 fn read_file(p: &Path) -> anyhow::Result<FileConfig> {
@@ -753,6 +842,7 @@ impl FileConfig {
             if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 anyhow::bail!("[[tokens]] sha256 for {:?} must be 64 hex digits (write it with `ferry token create NAME`)", t.principal);
             }
+            t.expires_ms()?;
         }
         for (name, spec) in &self.commands {
             if !is_valid_name(name) || name.contains('.') {

@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod serve;
 pub mod signing;
 pub mod tasks;
+pub mod tls;
 pub mod upload;

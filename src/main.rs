@@ -17,9 +17,9 @@ enum Command {
     /// Serve TUS uploads on /files/, downloads, the task API on /api/v1, /healthz, /readyz
     /// and /metrics.
     Serve(Box<ServeArgs>),
-    /// Manage bearer tokens.
+    /// Manage bearer tokens: create, list, revoke (the `[[tokens]]` of ferry.toml).
     #[command(subcommand)]
-    Token(TokenCommand),
+    Token(ferry::cli::token::TokenCommand),
     /// Start, inspect, list and cancel tasks on a running server (a client of /api/v1/tasks).
     Task(ferry::cli::task::TaskArgs),
     /// Upload files (TUS), resuming a remembered upload of the same file; prints
@@ -35,32 +35,6 @@ enum Command {
     Rm(ferry::cli::files::RmArgs),
     /// Print a signed, expiring URL for one file (download or upload).
     Share(ferry::cli::files::ShareArgs),
-}
-
-#[derive(Subcommand)]
-enum TokenCommand {
-    /// Create a token for principal NAME: prints the token once and appends only its sha256
-    /// to the configuration file. Restart `ferry serve` to use it.
-    Create {
-        /// Principal name: 1-64 of A-Z a-z 0-9 _ . -
-        name: String,
-        /// Configuration file to append to.
-        #[arg(long, env = "FERRY_CONFIG", default_value = "ferry.toml")]
-        config: std::path::PathBuf,
-    },
-}
-
-fn token_create(name: &str, config: &std::path::Path) -> anyhow::Result<String> {
-    use std::io::Write;
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)) {
-        anyhow::bail!("principal name must be 1-64 characters of A-Z a-z 0-9 _ . -");
-    }
-    let token = ferry::app::principal::new_token();
-    let entry = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", ferry::app::principal::token_hash(&token));
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(config).map_err(|e| anyhow::anyhow!("opening {}: {e}", config.display()))?;
-    f.write_all(entry.as_bytes())?;
-    f.sync_all()?;
-    Ok(token)
 }
 
 fn init_logs(format: LogFormat) {
@@ -82,17 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => ferry::cli::files::status(args),
         Command::Rm(args) => ferry::cli::files::rm(args),
         Command::Share(args) => ferry::cli::files::share(args),
-        Command::Token(TokenCommand::Create { name, config }) => match token_create(&name, &config) {
-            Ok(token) => {
-                eprintln!("token for principal {name:?} added to {} (only its sha256 is stored; this is the only time it is shown):", config.display());
-                println!("{token}");
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("ferry: {e:#}");
-                std::process::ExitCode::from(2)
-            }
-        },
+        Command::Token(cmd) => ferry::cli::token::run(cmd),
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {
                 Ok(c) => c,

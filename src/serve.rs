@@ -29,6 +29,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             cfg.listen
         );
     }
+    // A certificate that cannot serve stops start-up before anything else is opened.
+    let tls = match &cfg.tls {
+        Some((cert, key)) => Some(crate::tls::TlsCertificate::load(cert, key)?),
+        None => None,
+    };
+    let tokens = Tokens::new(&cfg.tokens)?;
     let _data_lock = lock_data_dir(&cfg.data)?;
     // Holding DATA/lock proves this data dir's previous process is dead: whatever its owner id
     // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
@@ -103,13 +109,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if cfg.public_url.is_none() && addr.ip().is_unspecified() {
         tracing::warn!(%addr, "listening on a wildcard address without --public-url: signed URLs and MCP results will name {addr}, which clients cannot reach; set --public-url");
     }
-    let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")), signer).with_pages(!cfg.no_web);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("{scheme}://{addr}")), signer).with_pages(!cfg.no_web);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let state = AppState {
         engine: engine.clone(),
         tasks: tasks.clone(),
         events,
-        tokens: Tokens::new(&cfg.tokens),
+        tokens: tokens.clone(),
         metrics,
         http: HttpConfig {
             behind_proxy: cfg.behind_proxy,
@@ -132,12 +139,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // The MCP service is built here, once, and nested at `/mcp`: http and mcp never import
     // each other (DESIGN §1).
     let router = app(state.clone(), crate::mcp::streamable_http_service(&state));
-    tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, "ferry serving");
+    tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, tls = tls.is_some(), "ferry serving");
+    log_principals(&tokens, "configured");
+    let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
+    // Registered before `listening on` is printed: from then on a SIGHUP reloads (its default
+    // action, ending the process, no longer applies).
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    #[cfg(not(unix))]
+    let hangups: std::io::Result<()> = Ok(());
+    let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
     if cfg.stdio {
         // stdout carries MCP messages only.
-        eprintln!("listening on http://{addr}");
+        eprintln!("listening on {scheme}://{addr}");
     } else {
-        println!("listening on http://{addr}");
+        println!("listening on {scheme}://{addr}");
     }
     let stdio_done = tokio_util::sync::CancellationToken::new();
     if cfg.stdio {
@@ -168,7 +184,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         shutdown.cancel();
         shutdown_engine.begin_shutdown();
     };
-    serve_http(listener, router, signal, max_connections).await;
+    serve_http(listener, router, signal, max_connections, acceptor).await;
+    reloader.abort();
     tasks.shutdown();
     sweeper.abort();
     background_stop.cancel();
@@ -181,6 +198,69 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The start-up (and reload) line saying who may use this server.
+fn log_principals(tokens: &Tokens, what: &str) {
+    let (principals, count) = tokens.counts();
+    if count == 0 {
+        tracing::info!(principals = 0, tokens = 0, "no bearer tokens {what}: every request acts as the principal `local`");
+    } else {
+        tracing::info!(principals, tokens = count, "{principals} principal(s) {what} with {count} bearer token(s)");
+    }
+}
+
+/// On SIGHUP: resolve the configuration again (the file re-read under the same flags and
+/// environment), swap in its `[[tokens]]`, and re-read the TLS certificate and key. Requests
+/// and connections in flight are untouched. Whatever cannot be loaded — a file that does not
+/// parse, a token set that would leave a non-loopback server open, a certificate that is
+/// missing or does not match its key — is logged with the reason and the old one stays.
+#[cfg(unix)]
+async fn reload_on_sighup(hangups: std::io::Result<tokio::signal::unix::Signal>, cfg: Config, tokens: Tokens, tls: Option<Arc<crate::tls::TlsCertificate>>) {
+    {
+        let mut hup = match hangups {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: tokens and the TLS certificate are read only at start-up");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading tokens and the TLS certificate");
+            match Config::resolve(&cfg.args) {
+                Err(e) => tracing::error!(error = %format!("{e:#}"), "reload refused: the configuration does not load; the tokens and certificate in use stay"),
+                Ok(new) => {
+                    if !cfg.listen.ip().is_loopback() && new.tokens.is_empty() && !cfg.insecure_no_auth {
+                        tracing::error!(listen = %cfg.listen, "reload refused: the new configuration has no bearer tokens, which would open this non-loopback server to anyone; the tokens in use stay");
+                    } else {
+                        match tokens.replace(&new.tokens) {
+                            Ok(()) => log_principals(&tokens, "loaded"),
+                            Err(e) => tracing::error!(error = %format!("{e:#}"), "reload refused for tokens; the tokens in use stay"),
+                        }
+                    }
+                    match (&tls, &new.tls) {
+                        (Some(t), Some((cert, key))) if (cert.as_path(), key.as_path()) != t.paths() => tracing::warn!(
+                            cert = %cert.display(), key = %key.display(),
+                            "the certificate paths changed; a reload re-reads the files ferry started with (restart to use other paths)"
+                        ),
+                        (None, Some(_)) => tracing::warn!("TLS was configured after start-up; restart ferry to serve HTTPS"),
+                        (Some(_), None) => tracing::warn!("TLS was removed from the configuration; still serving HTTPS until a restart"),
+                        _ => {}
+                    }
+                    if let Some(t) = &tls {
+                        let (cert, key) = t.paths();
+                        match t.reload() {
+                            Ok(()) => tracing::info!(cert = %cert.display(), key = %key.display(), "TLS certificate reloaded"),
+                            Err(e) => tracing::error!(error = %format!("{e:#}"), "TLS certificate not reloaded; the one in use stays"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on_sighup(_: std::io::Result<()>, _: Config, _: Tokens, _: Option<Arc<crate::tls::TlsCertificate>>) {}
 
 /// The blob store `--blobs` names. An S3 bucket is checked at once (a probe object is put and
 /// deleted), so a server that cannot reach or write it fails at start-up with one line that
@@ -287,7 +367,16 @@ fn connection_cap(configured: Option<u32>) -> usize {
 /// closes (newcomers wait in the kernel's queue) while the accepted ones keep being served.
 /// When `accept` fails (`EMFILE`, `ENFILE`, `ENOBUFS`…), accepting backs off (10 ms doubling
 /// to 1 s) instead of spinning.
-async fn serve_http(listener: tokio::net::TcpListener, router: axum::Router, signal: impl std::future::Future<Output = ()>, max_connections: usize) {
+///
+/// With `tls`, each accepted connection first completes a TLS handshake (within
+/// [`HEADER_READ_TIMEOUT`], on its own task, so a slow handshake never holds up accepting).
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    signal: impl std::future::Future<Output = ()>,
+    max_connections: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -333,13 +422,37 @@ async fn serve_http(listener: tokio::net::TcpListener, router: axum::Router, sig
             at_cap_logged = false;
         }
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+        match &tls {
+            None => {
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    drop(slot);
+                });
             }
-            drop(slot);
-        });
+            Some(acceptor) => {
+                let (acceptor, watcher, http) = (acceptor.clone(), graceful.watcher(), http.clone());
+                tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!("TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    if let Err(e) = watcher.watch(http.serve_connection(TokioIo::new(stream), service)).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    drop(slot);
+                });
+            }
+        }
     }
     if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
         tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting");

@@ -13,6 +13,18 @@ pub mod views;
 
 pub use principal::{Principal, Tokens, LOCAL_PRINCIPAL};
 
+/// Marks a request authenticated by an upload-scoped token (`scope = "upload"`): it may only
+/// create uploads, and the creation's `Location` is a signed upload URL for that one upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadOnly {
+    /// When the token stops working (unix ms), if it expires.
+    pub token_expires_ms: Option<i64>,
+}
+
+/// How long the signed upload URL answered to an upload-scoped token's creation works: a day
+/// (ms) — an upload started by a page can be resumed after the page's token expired.
+pub const UPLOAD_ONLY_URL_TTL_MS: u64 = 24 * 3600 * 1000;
+
 /// Settings of the HTTP edge (also what `/mcp`'s Streamable HTTP transport needs).
 #[derive(Debug, Clone, Default)]
 pub struct HttpConfig {

@@ -1,12 +1,15 @@
 //! Principals (DESIGN §6): bearer tokens from ferry.toml map to principal names. With no
 //! tokens configured every request acts as the principal `local`. Only a token's sha256 is
 //! ever stored.
+//!
+//! A token may be narrowed: `scope = "upload"` (it may only create uploads) and `expires` (an
+//! RFC 3339 time after which it is refused). The set is swapped whole on SIGHUP
+//! ([`Tokens::replace`]): every clone of [`Tokens`] sees the new set from its next lookup.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
 
-use sha2::Digest;
-
-use crate::config::TokenEntry;
+use crate::config::{TokenEntry, TokenScope};
 
 /// The principal a request acts as (HTTP: put in the request's extensions by the auth middleware).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,34 +18,103 @@ pub struct Principal(pub String);
 /// The principal of every request when no tokens are configured.
 pub const LOCAL_PRINCIPAL: &str = "local";
 
-/// Token hashes → principal names.
-#[derive(Debug, Clone, Default)]
-pub struct Tokens {
-    by_hash: HashMap<String, String>,
+/// What one token grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub principal: String,
+    pub scope: TokenScope,
+    /// Unix ms after which the token is refused; `None`: never.
+    pub expires_ms: Option<i64>,
 }
 
-/// sha256 of a token, lowercase hex: what ferry.toml stores.
-pub fn token_hash(token: &str) -> String {
-    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+/// Why a bearer token is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenRefusal {
+    /// No configured token has this sha256 (never was, or revoked).
+    Unknown,
+    /// The token's `expires` (unix ms) has passed.
+    Expired(i64),
+}
+
+/// Token hashes → grants; cheap to clone, shared with every clone, replaced whole on reload.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    set: Arc<RwLock<Arc<HashMap<String, Grant>>>>,
+}
+
+pub use crate::config::{new_token, token_hash};
+
+fn grants(entries: &[TokenEntry]) -> anyhow::Result<HashMap<String, Grant>> {
+    entries.iter().map(|e| Ok((e.sha256.to_ascii_lowercase(), Grant { principal: e.principal.clone(), scope: e.scope.unwrap_or_default(), expires_ms: e.expires_ms()? }))).collect()
 }
 
 impl Tokens {
-    pub fn new(entries: &[TokenEntry]) -> Tokens {
-        Tokens { by_hash: entries.iter().map(|e| (e.sha256.to_ascii_lowercase(), e.principal.clone())).collect() }
+    /// Errors: an `expires` that is not an RFC 3339 time (the config check refuses it first).
+    pub fn new(entries: &[TokenEntry]) -> anyhow::Result<Tokens> {
+        Ok(Tokens { set: Arc::new(RwLock::new(Arc::new(grants(entries)?))) })
     }
 
+    fn current(&self) -> Arc<HashMap<String, Grant>> {
+        self.set.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Swap in a new set (SIGHUP): the next lookup on any clone uses it. Errors as [`Tokens::new`];
+    /// the old set then stays.
+    pub fn replace(&self, entries: &[TokenEntry]) -> anyhow::Result<()> {
+        let new = Arc::new(grants(entries)?);
+        *self.set.write().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(())
+    }
+
+    /// No tokens configured: every request is `local`.
     pub fn is_empty(&self) -> bool {
-        self.by_hash.is_empty()
+        self.current().is_empty()
     }
 
-    /// The principal a bearer token names.
-    pub fn principal(&self, token: &str) -> Option<&str> {
-        self.by_hash.get(&token_hash(token)).map(String::as_str)
+    /// (distinct principals, tokens) configured.
+    pub fn counts(&self) -> (usize, usize) {
+        let set = self.current();
+        (set.values().map(|g| g.principal.as_str()).collect::<BTreeSet<_>>().len(), set.len())
+    }
+
+    /// What a bearer token grants at `now_ms` (unix ms).
+    pub fn grant(&self, token: &str, now_ms: i64) -> Result<Grant, TokenRefusal> {
+        let set = self.current();
+        let g = set.get(&token_hash(token)).ok_or(TokenRefusal::Unknown)?;
+        match g.expires_ms {
+            Some(exp) if exp <= now_ms => Err(TokenRefusal::Expired(exp)),
+            _ => Ok(g.clone()),
+        }
+    }
+
+    /// The principal a full or upload token names, if it is valid now.
+    pub fn principal(&self, token: &str) -> Option<String> {
+        self.grant(token, crate::upload::now_ms()).ok().map(|g| g.principal)
     }
 }
 
-/// Generate a new token: 32 random bytes, base32, prefixed `fy_`.
-pub fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    format!("fy_{}", data_encoding::BASE32_NOPAD.encode(&bytes).to_ascii_lowercase())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(p: &str, token: &str, scope: Option<TokenScope>, expires: Option<&str>) -> TokenEntry {
+        TokenEntry { principal: p.into(), sha256: token_hash(token), scope, expires: expires.map(str::to_owned) }
+    }
+
+    #[test]
+    fn grants_expiry_and_replacement_seen_by_every_clone() {
+        let t = Tokens::new(&[entry("alice", "a", None, None), entry("web", "w", Some(TokenScope::Upload), Some("2026-01-01T00:00:00Z"))]).unwrap();
+        let other = t.clone();
+        assert_eq!(t.counts(), (2, 2));
+        assert_eq!(t.grant("a", 0).unwrap().scope, TokenScope::Full);
+        let exp = 1_767_225_600_000;
+        assert_eq!(t.grant("w", exp - 1).unwrap(), Grant { principal: "web".into(), scope: TokenScope::Upload, expires_ms: Some(exp) });
+        assert_eq!(t.grant("w", exp), Err(TokenRefusal::Expired(exp)));
+        assert_eq!(t.grant("nope", 0), Err(TokenRefusal::Unknown));
+        t.replace(&[entry("bob", "b", None, None)]).unwrap();
+        assert_eq!(other.grant("a", 0), Err(TokenRefusal::Unknown), "a clone sees the revocation");
+        assert_eq!(other.grant("b", 0).unwrap().principal, "bob");
+        assert!(t.replace(&[entry("x", "x", None, Some("soon"))]).is_err());
+        assert_eq!(other.grant("b", 0).unwrap().principal, "bob", "a refused replacement keeps the old set");
+    }
 }

@@ -8,4 +8,5 @@ pub mod progress;
 pub mod store;
 pub mod stream;
 pub mod task;
+pub mod token;
 pub mod upload;

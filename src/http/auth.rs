@@ -8,7 +8,9 @@ use axum::response::{IntoResponse, Response};
 use ferry_tus::{ErrorCode, TusError};
 
 use super::Problem;
-use crate::app::{AppState, Principal, LOCAL_PRINCIPAL};
+use crate::app::principal::TokenRefusal;
+use crate::app::{AppState, Principal, UploadOnly, LOCAL_PRINCIPAL};
+use crate::config::TokenScope;
 use crate::signing::SignedQuery;
 
 fn unauthorized(detail: &str) -> Response {
@@ -54,9 +56,17 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim());
         match bearer {
-            Some(t) => match s.tokens.principal(t) {
-                Some(p) => Some(p.to_string()),
-                None => return unauthorized("the bearer token is not valid"),
+            Some(t) => match s.tokens.grant(t, crate::upload::now_ms()) {
+                Ok(g) if g.scope == TokenScope::Upload => {
+                    if !open && !creates_upload(req.method(), path) {
+                        return forbidden_scope(req.method(), path);
+                    }
+                    req.extensions_mut().insert(UploadOnly { token_expires_ms: g.expires_ms });
+                    Some(g.principal)
+                }
+                Ok(g) => Some(g.principal),
+                Err(TokenRefusal::Unknown) => return unauthorized("the bearer token is not valid"),
+                Err(TokenRefusal::Expired(ms)) => return unauthorized(&format!("the bearer token expired at {}", crate::upload::rfc3339(ms))),
             },
             None if open => None,
             None => return unauthorized("this server requires a bearer token"),
@@ -66,6 +76,21 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
         req.extensions_mut().insert(Principal(p));
     }
     next.run(req).await
+}
+
+/// `POST /files/`: the one request an upload-scoped token may make.
+fn creates_upload(method: &Method, path: &str) -> bool {
+    method == Method::POST && matches!(path, "/files" | "/files/")
+}
+
+fn forbidden_scope(method: &Method, path: &str) -> Response {
+    Problem(TusError::new(
+        403,
+        ErrorCode::Unauthorized,
+        format!("this token has scope upload: it may only create uploads (POST /files/), not {method} {path}"),
+        "Continue an upload with the signed URL its creation answered in Location; list, read or delete files with a full token.",
+    ))
+    .into_response()
 }
 
 fn forbidden(detail: String) -> Response {

@@ -89,7 +89,7 @@ pub(super) fn options_headers(s: &AppState, hm: &mut HeaderMap) {
 /// `POST /files/` with `Upload-Complete` (§Upload Creation): creates the upload, appends the
 /// content if any, and answers 201 with `Location` and the upload's state (plus the file's
 /// JSON view when the request completed it).
-pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderMap, body: Body) -> Response {
+pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderMap, body: Body, upload_only: Option<crate::app::UploadOnly>) -> Response {
     let dh = DraftCreationHeaders {
         upload_complete: header(&h, "upload-complete"),
         upload_length: header(&h, "upload-length"),
@@ -112,7 +112,7 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
         Ok(c) => c,
         Err(e) => return draft_problem(&s, Some(v), e),
     };
-    let loc = location(&s, &h, &created.upload.id);
+    let loc = location(&s, &h, &created.upload.id, upload_only);
     let rec = match (planned.body, created.existing) {
         (Some(plan), false) => match s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), body).await {
             Ok(rec) => rec,

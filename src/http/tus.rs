@@ -100,7 +100,22 @@ pub async fn options(State(s): State<AppState>, h: HeaderMap) -> Result<Response
 
 /// The URL of an upload as the client should see it: relative by default; absolute from
 /// `Forwarded` / `X-Forwarded-Host`/`-Proto` only when configured behind a proxy.
-pub(super) fn location(s: &AppState, h: &HeaderMap, id: &str) -> String {
+///
+/// For a request made with an upload-scoped token (`upload_only`), the URL carries a signed
+/// `upload` query ([`crate::signing`]): that token cannot HEAD or PATCH by itself, the URL can,
+/// for this one upload and [`crate::app::UPLOAD_ONLY_URL_TTL_MS`].
+pub(super) fn location(s: &AppState, h: &HeaderMap, id: &str, upload_only: Option<crate::app::UploadOnly>) -> String {
+    let url = location_unsigned(s, h, id);
+    match upload_only {
+        None => url,
+        Some(_) => {
+            let expires = (crate::upload::now_ms() + crate::app::UPLOAD_ONLY_URL_TTL_MS as i64 + 999).div_euclid(1000);
+            format!("{url}?{}", s.links.signer().sign(crate::signing::Scope::Upload, id, expires))
+        }
+    }
+}
+
+fn location_unsigned(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let path = format!("{FILES_PATH}{id}");
     if !s.http.behind_proxy {
         // With `--public-url` the operator told us the absolute address; else stay relative.
@@ -139,8 +154,15 @@ pub(super) fn has_body(h: &HeaderMap) -> bool {
 }
 
 /// `POST /files/`: creation, creation-with-upload, creation-defer-length, concatenation.
-pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
-    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body));
+pub async fn create(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    upload_only: Option<Extension<crate::app::UploadOnly>>,
+    h: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let upload_only = upload_only.map(|Extension(u)| u);
+    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body, upload_only));
     version(Verb::Post, &h)?;
     let ch = CreationHeaders {
         upload_length: header(&h, "upload-length"),
@@ -158,7 +180,7 @@ pub async fn create(State(s): State<AppState>, Extension(Principal(p)): Extensio
     let key = idempotency_key(&h)?;
     let created = s.engine.create_keyed(&p, &plan, header(&h, "upload-metadata").unwrap_or(""), key.as_ref()).await?;
     let rec = created.upload;
-    let loc = location(&s, &h, &rec.id);
+    let loc = location(&s, &h, &rec.id, upload_only);
     let rec = if matches!(rec.concat, Concat::Final { .. }) && s.engine.final_ready(&rec.id).await? {
         // Small concatenations finish while the client waits; big ones continue in the
         // background (HEAD shows no Upload-Offset until then).

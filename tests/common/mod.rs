@@ -4,6 +4,7 @@
 
 pub mod balancer;
 pub mod cli;
+pub mod logged;
 pub mod moto;
 pub mod pg;
 pub mod proxy;
