@@ -57,6 +57,10 @@ fn token_create(name: &str, config: &std::path::Path) -> anyhow::Result<String> 
     }
     let token = ferry::app::principal::new_token();
     let entry = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", ferry::app::principal::token_hash(&token));
+    // "created if missing" (README): its directory too, e.g. /etc/ferry on a fresh machine.
+    if let Some(dir) = config.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("creating the directory {}: {e}", dir.display()))?;
+    }
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(config).map_err(|e| anyhow::anyhow!("opening {}: {e}", config.display()))?;
     f.write_all(entry.as_bytes())?;
     f.sync_all()?;
