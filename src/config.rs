@@ -383,7 +383,7 @@ impl WebhookFileConfig {
         if name.is_empty() || name.len() > 512 {
             anyhow::bail!("[[webhooks]] name must be 1-512 characters");
         }
-        standardwebhooks::Webhook::new(&self.secret).map_err(|_| anyhow::anyhow!("[[webhooks]] {name}: secret must be `whsec_` followed by base64 (Standard Webhooks)"))?;
+        check_webhook_secret(&self.secret).map_err(|why| anyhow::anyhow!("[[webhooks]] {name}: secret {why}"))?;
         for t in &self.events {
             let known = match t.strip_suffix('*') {
                 Some(prefix) => EVENT_TYPES.iter().any(|k| k.starts_with(prefix)),
@@ -796,6 +796,54 @@ impl Config {
     }
 }
 
+/// A duration as a person reads it in a message: `1 day`, `2 days 3 h`, `30 s`, `1 min 30 s`,
+/// `250 ms` (humantime's units with a space before each, `m` spelt `min`, `days` plural).
+pub fn human_duration(d: Duration) -> String {
+    let text = humantime::format_duration(d).to_string();
+    let words: Vec<String> = text
+        .split(' ')
+        .map(|part| {
+            let digits = part.bytes().take_while(u8::is_ascii_digit).count();
+            let (n, unit) = part.split_at(digits);
+            let unit = match unit {
+                "days" | "day" if n == "1" => "day",
+                "days" | "day" => "days",
+                "m" => "min",
+                "months" | "month" | "years" | "year" | "y" | "M" => unit,
+                other => other,
+            };
+            format!("{n} {unit}")
+        })
+        .collect();
+    words.join(" ")
+}
+
+/// Fewest key bytes a webhook secret may have: Standard Webhooks asks for keys of 24 to 64
+/// bytes (a shorter key is guessable; `whsec_` alone is an empty key).
+pub const MIN_WEBHOOK_KEY_BYTES: usize = 24;
+
+/// A Standard Webhooks secret, `whsec_` + base64 of a key of at least
+/// [`MIN_WEBHOOK_KEY_BYTES`] bytes. Errors: what is wrong with it, never the secret itself.
+fn check_webhook_secret(secret: &str) -> Result<(), String> {
+    use base64::Engine as _;
+    let Some(b64) = secret.strip_prefix("whsec_") else {
+        return Err("must be `whsec_` followed by base64 (Standard Webhooks)".into());
+    };
+    let key = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| "must be `whsec_` followed by base64 (Standard Webhooks)".to_string())?;
+    if key.len() < MIN_WEBHOOK_KEY_BYTES {
+        return Err(format!("has a {}-byte key; Standard Webhooks keys are {MIN_WEBHOOK_KEY_BYTES} to 64 random bytes (e.g. `whsec_$(openssl rand -base64 32)`)", key.len()));
+    }
+    if key.iter().all(|b| *b == key[0]) {
+        return Err("is one byte repeated; use random bytes (e.g. `whsec_$(openssl rand -base64 32)`)".into());
+    }
+    standardwebhooks::Webhook::new(secret).map_err(|_| "must be `whsec_` followed by base64 (Standard Webhooks)".to_string())?;
+    Ok(())
+}
+
+/// The sha256 of the empty token: a `[[tokens]]` entry with it would let `Authorization: Bearer `
+/// (nothing after it) in.
+const EMPTY_TOKEN_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
 /// `public_url`: an absolute http(s) URL; stored without a trailing `/`.
 fn parse_public_url(u: &str) -> anyhow::Result<String> {
     let uri: http::Uri = u.trim().parse().with_context(|| format!("public_url {u:?} is not a URL"))?;
@@ -843,6 +891,18 @@ impl FileConfig {
                 anyhow::bail!("[[tokens]] sha256 for {:?} must be 64 hex digits (write it with `ferry token create NAME`)", t.principal);
             }
             t.expires_ms()?;
+            if t.sha256.eq_ignore_ascii_case(EMPTY_TOKEN_SHA256) {
+                anyhow::bail!("[[tokens]] sha256 for {:?} is the hash of an empty token; write a real one with `ferry token create NAME`", t.principal);
+            }
+        }
+        if let Some(secret) = &self.url_secret {
+            let hex_text = secret.trim();
+            if hex_text.len() != 64 || !hex_text.bytes().all(|b| b.is_ascii_hexdigit()) {
+                anyhow::bail!("url_secret must be 64 hex digits (32 random bytes, e.g. `openssl rand -hex 32`); it has {} characters", secret.len());
+            }
+            if hex::decode(hex_text).is_ok_and(|k| k.iter().all(|b| *b == k[0])) {
+                anyhow::bail!("url_secret is one byte repeated; use 32 random bytes (e.g. `openssl rand -hex 32`)");
+            }
         }
         for (name, spec) in &self.commands {
             if !is_valid_name(name) || name.contains('.') {
@@ -879,6 +939,14 @@ mod tests {
     }
 
     #[test]
+    fn durations_read_as_words() {
+        assert_eq!(human_duration(Duration::from_secs(86_400)), "1 day");
+        assert_eq!(human_duration(Duration::from_secs(2 * 86_400 + 3 * 3600)), "2 days 3 h");
+        assert_eq!(human_duration(Duration::from_secs(90)), "1 min 30 s");
+        assert_eq!(human_duration(Duration::from_millis(250)), "250 ms");
+    }
+
+    #[test]
     fn file_values_that_could_never_work_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ferry.toml");
@@ -887,6 +955,13 @@ mod tests {
             "[[tokens]]\nprincipal = \"a b/../x\"\nsha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"\n",
             "[commands.\"bad name\"]\nprogram = \"/bin/true\"\n",
             "[tasks]\nworkers = 100000\n",
+            "[[tokens]]\nprincipal = \"a\"\nsha256 = \"E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855\"\n",
+            "url_secret = \"\"\n",
+            "url_secret = \"0000000000000000000000000000000000000000000000000000000000000000\"\n",
+            "[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_\"\n",
+            "[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_c2hvcnQ=\"\n",
+            "[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"\n",
+            "[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
         ];
         for text in bad {
             std::fs::write(&path, text).unwrap();

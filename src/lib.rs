@@ -14,6 +14,7 @@ pub mod exhaustion;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod names;
 pub mod serve;
 pub mod signing;
 pub mod tasks;

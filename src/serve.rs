@@ -122,6 +122,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             behind_proxy: cfg.behind_proxy,
             absolute_locations: cfg.public_url.is_some(),
             allowed_hosts: allowed_hosts(&cfg, addr),
+            own_origins: cfg.public_url.as_deref().and_then(crate::app::origin_of).into_iter().collect(),
             shutdown: shutdown.clone(),
             cors: cfg.cors.clone(),
             web: !cfg.no_web,

@@ -179,7 +179,12 @@ async fn graceful_shutdown_keeps_a_streaming_patch() {
     wait_bytes_received(&s, 1 << 20).await;
     assert!(s.terminate().success(), "clean exit");
     drop(tx);
-    let _ = pending.await;
+    // The stopped PATCH is told what was kept (the offset), and when to come back.
+    let r = pending.await.unwrap().expect("the PATCH is answered before the server exits");
+    assert!(r.headers().contains_key("retry-after"), "{:?}", r.headers());
+    assert_eq!(header_u64(&r, "upload-offset"), Some(1 << 20));
+    let p = problem(r, 503, "locked").await;
+    assert!(p["detail"].as_str().unwrap().contains("offset 1048576"), "{p}");
     let data = s.data.clone();
     let s2 = Server::start_in(&data, &[]);
     let t2 = Tus::new(&s2);
@@ -226,4 +231,67 @@ async fn token_create_then_bearer_auth() {
     assert_eq!(r.status(), 201);
     assert_eq!(t.request("OPTIONS", "/files/", &[], None).await.status(), 200, "discovery needs no token");
     assert_eq!(t.c.get(s.url("/healthz")).send().await.unwrap().status(), 200);
+}
+
+/// Secrets that protect nothing stop start-up with one line naming what is wrong (never the
+/// secret): an empty or short webhook key (`whsec_` alone), one byte repeated, a `url_secret`
+/// that is empty or all zeros, a token entry whose hash is the empty token's.
+#[test]
+fn empty_or_weak_secrets_stop_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_\"\n", "0-byte key"),
+        ("[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_c2hvcnQ=\"\n", "5-byte key"),
+        ("[[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"\n", "one byte repeated"),
+        ("url_secret = \"\"\n", "64 hex digits"),
+        ("url_secret = \"0000000000000000000000000000000000000000000000000000000000000000\"\n", "one byte repeated"),
+        ("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"\n", "empty token"),
+    ];
+    for (i, (text, why)) in cases.iter().enumerate() {
+        let cfg = dir.path().join(format!("f{i}.toml"));
+        std::fs::write(&cfg, text).unwrap();
+        let out = std::process::Command::new(ferry_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(dir.path().join(format!("d{i}")))
+            .arg("--config")
+            .arg(&cfg)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "accepted: {text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{text}: {err}");
+    }
+}
+
+/// `ferry token create NAME --config /etc/ferry/ferry.toml` on a machine without /etc/ferry:
+/// the file is "created if missing", its directories too.
+#[test]
+fn token_create_makes_the_config_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("etc/ferry/ferry.toml");
+    let out = std::process::Command::new(ferry_bin()).args(["token", "create", "alice", "--config"]).arg(&cfg).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read_to_string(&cfg).unwrap().contains("principal = \"alice\""));
+}
+
+/// hyper has no reason phrase for 460 and wrote `HTTP/1.1 460 <none>`; ferry sets TUS's
+/// `Checksum Mismatch` (as tusd does) through hyper's `ReasonPhrase` extension.
+#[tokio::test]
+async fn checksum_mismatch_has_a_reason_phrase() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(3).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let mut conn = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let req = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nUpload-Checksum: sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        s.addr()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.unwrap();
+    let status_line = String::from_utf8_lossy(&answer).lines().next().unwrap_or("").to_string();
+    assert_eq!(status_line, "HTTP/1.1 460 Checksum Mismatch");
 }

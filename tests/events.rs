@@ -355,5 +355,6 @@ async fn sse_resumes_with_last_event_id_and_shows_only_the_callers_events() {
     let r = bob.send("GET", "/api/v1/events", &[("last-event-id", &last_seen)], None).await;
     problem(r, 404, "not_found").await;
     let r = alice.send("GET", "/api/v1/events", &[("last-event-id", "evt_00000000000000000000000000000000")], None).await;
-    problem(r, 404, "not_found").await;
+    let p = problem(r, 404, "not_found").await;
+    assert!(p["detail"].as_str().unwrap().contains("events are kept 1 day"), "the retention in words: {p}");
 }

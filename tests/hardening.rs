@@ -79,3 +79,53 @@ async fn a_plain_head_does_not_interrupt_an_upload() {
     assert_eq!(patch.await.unwrap(), 204, "the PATCH was not stopped by the reader");
     assert_eq!(t.offset(&url).await, 2 << 20);
 }
+
+/// Behind nginx with `proxy_set_header Host $host` the port is gone from `Host`, but the
+/// dashboard's page was loaded from `--public-url` (port included) and sends that as `Origin`:
+/// ferry takes its own public origin as same-origin — the dashboard's Share works — and still
+/// refuses every other origin, the public host on another port or scheme included (an Origin
+/// naming exactly the `Host` sent stays same-origin, as before). The TUS
+/// endpoints with an `[cors] allow_origins` list take it too.
+#[tokio::test]
+async fn the_public_url_origin_is_ferrys_own_when_a_proxy_drops_the_port() {
+    let s = Server::start(&["--public-url", "http://files.example.com:8443/", "--cors-allow-origins", "https://app.example"]);
+    let c = client();
+    let t = Tus::new(&s);
+    let r = t.post(&[("Upload-Length", "3")]).await;
+    assert_eq!(r.status(), 201);
+    let id = r.headers()["location"].to_str().unwrap().rsplit('/').next().unwrap().to_string();
+    let share = |origin: &'static str| {
+        c.post(s.url(&format!("/api/v1/files/{id}/share")))
+            .header("host", "files.example.com")
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .body(r#"{"scope":"upload","ttl_ms":60000}"#)
+            .send()
+    };
+    let ok = share("http://files.example.com:8443").await.unwrap();
+    assert!(ok.status().is_success(), "the public URL's origin: {}", ok.status());
+    for foreign in ["http://evil.example", "https://files.example.com:8443", "http://files.example.com:8444"] {
+        problem(share(foreign).await.unwrap(), 403, "unauthorized").await;
+    }
+    // TUS with an allow list: the public origin is ferry's own, a stranger is refused.
+    let r = c
+        .post(s.url("/files/"))
+        .header("host", "files.example.com")
+        .header("origin", "http://files.example.com:8443")
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = c
+        .post(s.url("/files/"))
+        .header("host", "files.example.com")
+        .header("origin", "http://evil.example")
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "1")
+        .send()
+        .await
+        .unwrap();
+    problem(r, 403, "unauthorized").await;
+}

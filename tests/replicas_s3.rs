@@ -575,4 +575,43 @@ async fn the_readme_nginx_configuration_balances_three_replicas() {
     cmd.current_dir(&mcp).arg(mcp.join("call_tool.mjs")).arg(format!("{public}/mcp"));
     let v = run_json_client(cmd, 120).await;
     assert_eq!(v["ok"]["size"], 3, "the TypeScript MCP SDK through nginx: {v}");
+
+    // The longest name ferry accepts, in a script whose UTF-8 is 3 bytes a character, sent as
+    // Uppy does (twice): HEAD (which answers the metadata back), GET and `?download=1` through
+    // nginx, several times each — every replica answers them (no 502 "upstream sent too big
+    // header"), and none is taken out of rotation by them (no "no live upstreams").
+    let tus = Tus { c: client(), base: public.clone() };
+    let name = format!("{}.pdf", "報告書".repeat(83) + "xx");
+    assert_eq!(name.chars().count(), 255);
+    let b64 = |s: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, s);
+    let md = format!("filename {},name {},filetype {}", b64(&name), b64(&name), b64("application/pdf"));
+    let r = tus.post(&[("Upload-Length", "5"), ("Upload-Metadata", &md)]).await;
+    assert_eq!(r.status(), 201, "a long name through nginx: {:?}", r.text().await);
+    let long = tus.abs(header(&r, "location").unwrap());
+    assert_eq!(tus.patch(&long, 0, b"%PDF-".to_vec(), &[]).await.status(), 204);
+    for _ in 0..6 {
+        let r = tus.head(&long).await;
+        assert_eq!(r.status(), 200, "HEAD through nginx");
+        assert!(header(&r, "upload-metadata").is_some_and(|m| m.contains(&b64(&name))));
+        for get in [long.clone(), format!("{long}?download=1")] {
+            let r = client().get(&get).send().await.unwrap();
+            assert_eq!(r.status(), 200, "GET {get} through nginx");
+            assert_eq!(r.bytes().await.unwrap().as_ref(), b"%PDF-");
+        }
+    }
+    assert_eq!(client().get(format!("{public}/healthz")).send().await.unwrap().status(), 200);
+
+    // The dashboard's Share through nginx on a port other than 80: the page's Origin (the
+    // public URL, port included) is ferry's own; another origin is refused.
+    let id = long.rsplit('/').next().unwrap();
+    let share = |origin: String| {
+        client()
+            .post(format!("{public}/api/v1/files/{id}/share"))
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .body(r#"{"scope":"download","ttl_ms":60000}"#)
+            .send()
+    };
+    assert!(share(public.clone()).await.unwrap().status().is_success(), "Share from the dashboard through nginx");
+    assert_eq!(share("http://evil.example".into()).await.unwrap().status(), 403);
 }

@@ -263,3 +263,46 @@ async fn an_upload_that_expires_while_s3_is_away_leaves_nothing_in_the_bucket() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// S3 that hangs (moto stopped with `SIGSTOP`: connections are accepted, nothing answers), the
+/// tester's case: `/readyz` answers "not ready" within its probe bound (3 s) instead of after
+/// object_store's 30 s request timeout, so a prober with a few seconds' timeout sees an answer;
+/// a PATCH gets `503 unavailable` with `Retry-After` and the durable offset within the README's
+/// bound (10 s, plus 1 s per MiB sent) instead of ~37 s; and however many probes were cut short,
+/// at most one probe object (the fixed `.ferry-probe` key) is in the bucket afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_s3_is_not_ready_within_seconds_and_a_patch_gets_503_within_the_documented_bound() {
+    let moto = Moto::start("ferry", 5 * MIB as u64).await;
+    s3_env(&moto, &moto.endpoint.clone());
+    // `--min-free-space 0`: this test is about S3, not the local disk of a shared machine.
+    let s = Server::start(&["--blobs", "s3://ferry/up", "--min-free-space", "0"]);
+    let tus = Tus::new(&s);
+    let data = pseudo_random(300_000, 11);
+    let url = tus.create(data.len() as u64).await;
+    assert_eq!(tus.patch(&url, 0, data[..1000].to_vec(), &[]).await.status(), 204);
+    wait_ready(&s, 200).await;
+
+    moto.freeze();
+    // Generous client bounds, far below what a hung S3 cost before (30 s per probe, ~37 s per
+    // PATCH): a timeout here fails the test.
+    let probe_client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(12)).build().unwrap();
+    for _ in 0..3 {
+        let r = probe_client.get(s.url("/readyz")).send().await.expect("/readyz answers while S3 hangs");
+        assert_eq!(r.status(), 503);
+        let body = json(r).await;
+        let blobs = blobs_check(&body);
+        assert_eq!(blobs["ok"], false, "{body}");
+        assert!(blobs["reason"].as_str().unwrap().contains("did not answer within 3 s"), "{body}");
+    }
+    let patch_client = Tus { c: reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(25)).build().unwrap(), base: s.base.clone() };
+    let r = patch_client.patch(&url, 1000, data[1000..2000].to_vec(), &[]).await;
+    assert_unavailable(r, Some(1000)).await;
+
+    moto.thaw();
+    wait_ready(&s, 200).await;
+    assert_eq!(tus.offset(&url).await, 1000, "nothing unacknowledged kept");
+    assert_eq!(tus.patch(&url, 1000, data[1000..].to_vec(), &[]).await.status(), 204);
+    assert_stored_sha256(&s, &url, &sha256_hex(&data)).await;
+    let probes: Vec<String> = moto.keys("ferry").await.into_iter().filter(|k| k.contains(".ferry-probe")).collect();
+    assert!(probes.len() <= 1 && probes.iter().all(|k| k == "up/.ferry-probe"), "probe objects left behind: {probes:?}");
+}

@@ -169,7 +169,8 @@ async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
 async fn download_page_tampered_and_expired_links_and_names_with_markup() {
     require_browser();
     let s = Server::start(&[]);
-    let evil = "<img src=x onerror=alert(1)>.txt";
+    // Markup, and a right-to-left override that would make "…gpj.exe" read "…exe.jpg".
+    let evil = "<img src=x onerror=alert(1)>\u{202e}gpj.exe";
     let data = pseudo_random(3 * 1024 * 1024 + 17, 7);
     let id = Api::new(&s).upload(&data, evil).await;
     let shared = share(&s, &id, "download", 3_600_000).await;
@@ -207,10 +208,11 @@ async fn download_page_tampered_and_expired_links_and_names_with_markup() {
     eprintln!("pages: {out}");
     assert_eq!(out["dialogs"], serde_json::json!([]), "no script ran from a name");
     assert!(!out["errors"].as_array().unwrap().iter().any(|e| e.as_str().unwrap().contains("pageerror")), "{out}");
-    // The name shows verbatim, as text; no element was made from it.
-    assert_eq!(out["download"]["name"], evil);
+    // The name shows as text — no element was made from it — with its control and bidi
+    // characters (the override, the newline) shown as U+FFFD.
+    assert_eq!(out["download"]["name"], evil.replace('\u{202e}', "\u{fffd}"));
     assert_eq!(out["download"]["images"], 0);
-    assert_eq!(out["upload"]["name"], odd);
+    assert_eq!(out["upload"]["name"], odd.replace('\n', "\u{fffd}"));
     assert_eq!(out["upload"]["images"], 0);
     assert_eq!(out["download"]["sha256"], sha256_hex(&data).as_str());
     assert_eq!(out["download"]["type"], "application/octet-stream");

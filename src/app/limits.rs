@@ -4,8 +4,9 @@ use ferry_tus::CreationLimits;
 
 use crate::upload::UploadEngine;
 
-/// Largest `Upload-Metadata` accepted (TUS header or MCP `file_upload_begin`), in bytes.
-pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+/// Largest `Upload-Metadata` accepted (TUS header or MCP `file_upload_begin`), in bytes; the
+/// engine checks it (and the file name's length) again after a pre-create hook.
+pub use crate::upload::MAX_METADATA_BYTES;
 
 /// Limits of a creation request (POST /files/, RUFH, MCP `file_upload_begin`): the engine's
 /// max upload size (bytes) and [`MAX_METADATA_BYTES`].

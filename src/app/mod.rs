@@ -35,6 +35,11 @@ pub struct HttpConfig {
     /// `Host` names this server answers to (DNS-rebinding guard for `/mcp`, and for every
     /// route when there are no tokens); empty = any.
     pub allowed_hosts: Vec<String>,
+    /// Web origins that are this server's own besides the request's `Host`: `--public-url`'s
+    /// (`scheme://host[:port]`, lowercase, default port omitted as browsers send `Origin`). A
+    /// proxy may rewrite `Host` (nginx `$host` drops the port); pages served through it still
+    /// carry this origin.
+    pub own_origins: Vec<String>,
     /// Cancelled at shutdown: ends `/mcp` streams.
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Which web origins may use TUS on `/files/`, and extra CORS headers.
@@ -75,4 +80,35 @@ pub struct AppState {
     pub links: crate::signing::Links,
     /// The MCP facade's settings (`/mcp` and `--stdio`).
     pub mcp: Arc<McpConfig>,
+}
+
+/// The web origin (RFC 6454 serialisation: `scheme://host[:port]`, lowercase, the scheme's
+/// default port omitted) of an absolute http(s) URL; `None` for anything else.
+pub fn origin_of(url: &str) -> Option<String> {
+    let uri: http::Uri = url.trim().parse().ok()?;
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let host = uri.host()?.to_ascii_lowercase();
+    Some(match uri.port_u16().filter(|p| *p != default_port) {
+        Some(p) => format!("{scheme}://{host}:{p}"),
+        None => format!("{scheme}://{host}"),
+    })
+}
+
+#[cfg(test)]
+mod origin_tests {
+    #[test]
+    fn origins_are_normalised_as_browsers_send_them() {
+        use super::origin_of;
+        assert_eq!(origin_of("https://Files.Example.com/").as_deref(), Some("https://files.example.com"));
+        assert_eq!(origin_of("https://files.example.com:443/x").as_deref(), Some("https://files.example.com"));
+        assert_eq!(origin_of("http://127.0.0.1:8443").as_deref(), Some("http://127.0.0.1:8443"));
+        assert_eq!(origin_of("http://[::1]:80").as_deref(), Some("http://[::1]"));
+        assert_eq!(origin_of("null"), None);
+        assert_eq!(origin_of("ftp://x"), None);
+    }
 }

@@ -21,6 +21,11 @@ pub struct FileView {
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// `name` as it may be shown to people: control characters (terminal escapes, BEL, line
+    /// breaks) and bidirectional overrides replaced by U+FFFD (`crate::names::display_name`;
+    /// the download's `Content-Disposition` offers this name too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
     /// The `Content-Type` `GET /files/{id}` serves.
     pub media_type: String,
     /// Total bytes, when known.
@@ -51,6 +56,7 @@ pub fn file_view(r: &UploadRecord) -> FileView {
     let d = describe_raw(&r.metadata);
     FileView {
         id: r.id.clone(),
+        display_name: d.name.as_deref().map(crate::names::display_name),
         name: d.name,
         media_type: d.media_type.to_string(),
         size: r.length,

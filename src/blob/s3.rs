@@ -58,6 +58,44 @@ pub fn retry_config() -> RetryConfig {
     }
 }
 
+/// Longest ferry waits for an S3 request that carries no data (HEAD, DELETE, a marker object,
+/// CreateMultipartUpload, the readiness probe), object_store's retries included. A request
+/// with data gets one more second per MiB ([`deadline_for`]). object_store's own limits still
+/// apply inside: 5 s to connect, 30 s for one attempt, no new attempt after 10 s
+/// ([`retry_config`]). A frozen S3 (it accepts connections and never answers) thus costs a
+/// client at most this long, then `503 unavailable`, instead of the 30 s of one silent attempt.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
+/// [`REQUEST_DEADLINE`] plus one second per MiB of `bytes` sent or read.
+pub fn deadline_for(bytes: u64) -> Duration {
+    REQUEST_DEADLINE + Duration::from_secs(bytes.div_ceil(1024 * 1024))
+}
+
+/// S3 did not answer within the deadline: as retryable as a refused connection.
+#[derive(Debug)]
+struct NoAnswer(Duration);
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "S3 did not answer within {}", crate::config::human_duration(self.0))
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
+/// `fut` (an S3 request) bounded by `deadline`; running out is an `Unavailable` error
+/// ([`classify`]). The request is dropped: an object it was writing may still appear later,
+/// which the catalog's state (the truth) never names.
+async fn bounded<T>(deadline: Duration, fut: impl std::future::Future<Output = object_store::Result<T>>) -> object_store::Result<T> {
+    match tokio::time::timeout(deadline, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(object_store::Error::Generic { store: "S3", source: Box::new(NoAnswer(deadline)) }),
+    }
+}
+
+/// The readiness probe's object, under the prefix: written and deleted by [`BlobStore::ping`].
+pub const PROBE_KEY: &str = ".ferry-probe";
+
 /// S3's smallest part but the last: 5 MiB.
 pub const MIN_PART: u64 = 5 * 1024 * 1024;
 /// S3's largest part number.
@@ -120,7 +158,7 @@ fn classify(e: &object_store::Error) -> Failure {
     }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.is::<object_store::client::HttpError>() {
+        if err.is::<object_store::client::HttpError>() || err.is::<NoAnswer>() {
             return Failure::Unavailable;
         }
         cur = err.source();
@@ -321,7 +359,7 @@ impl Inner {
     }
 
     async fn exists(&self, p: &Path) -> BlobResult<Option<u64>> {
-        match self.s3.head(p).await {
+        match bounded(REQUEST_DEADLINE, self.s3.head(p)).await {
             Ok(m) => Ok(Some(m.size)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(io(e)),
@@ -329,7 +367,7 @@ impl Inner {
     }
 
     async fn delete_quiet(&self, p: &Path) -> BlobResult<()> {
-        match self.s3.delete(p).await {
+        match bounded(REQUEST_DEADLINE, self.s3.delete(p)).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(io(e)),
@@ -413,7 +451,8 @@ impl Inner {
 
     async fn read_segments(&self, id: &str, segs: &[(u64, u64, u64)], buf: &mut BytesMut) -> BlobResult<()> {
         for &s in segs {
-            let b = self.s3.get(&self.segment(id, s)).await.map_err(|e| corrupt(e, "a tail segment"))?.bytes().await.map_err(io)?;
+            let got = bounded(REQUEST_DEADLINE, self.s3.get(&self.segment(id, s))).await.map_err(|e| corrupt(e, "a tail segment"))?;
+            let b = bounded(deadline_for(s.2 - s.1), got.bytes()).await.map_err(io)?;
             if b.len() as u64 != s.2 - s.1 {
                 return Err(BlobError::Io(std::io::Error::other(format!("tail segment {}-{} has {} bytes", s.1, s.2, b.len()))));
             }
@@ -486,7 +525,8 @@ impl Inner {
                     buf.extend_from_slice(&got.bytes().await.map_err(io)?);
                 }
                 let mpid = MultipartId::from(mp.to_string());
-                self.s3.put_part(path, &mpid, idx, PutPayload::from(buf.freeze())).await.map_err(io)
+                let deadline = deadline_for(buf.len() as u64);
+                bounded(deadline, self.s3.put_part(path, &mpid, idx, PutPayload::from(buf.freeze()))).await.map_err(io)
             }
         }
     }
@@ -495,10 +535,10 @@ impl Inner {
     async fn compose(&self, id: &str, sources: &[(String, u64)], plan: &[Piece]) -> BlobResult<()> {
         // Start from nothing: an earlier attempt's multipart uploads, object and tail go.
         self.remove_all(id).await?;
-        self.s3.put(&self.created(id), PutPayload::new()).await.map_err(io)?;
+        bounded(REQUEST_DEADLINE, self.s3.put(&self.created(id), PutPayload::new())).await.map_err(io)?;
         let path = self.object(id);
-        let mp = self.s3.create_multipart(&path).await.map_err(io)?;
-        self.s3.put(&self.mpu_marker(id, &mp), PutPayload::new()).await.map_err(io)?;
+        let mp = bounded(REQUEST_DEADLINE, self.s3.create_multipart(&path)).await.map_err(io)?;
+        bounded(REQUEST_DEADLINE, self.s3.put(&self.mpu_marker(id, &mp), PutPayload::new())).await.map_err(io)?;
         let mpid = MultipartId::from(mp.clone());
         // Up to 4 parts at once (UploadPartCopy of a large range takes S3 a while).
         let mut pending = Vec::with_capacity(plan.len());
@@ -659,7 +699,7 @@ impl S3BlobStore {
         if len < offset {
             return Err(BlobError::OutOfRange { start: offset, end: offset, len });
         }
-        s.s3.put(&s.created(id), PutPayload::new()).await.map_err(io)?;
+        bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io)?;
         let fresh = S3State { base: s.base, ..Default::default() };
         let mut w = S3Writer { store: s.clone(), id: id.to_string(), parts_end: 0, known: Vec::new(), history: vec![Vec::new()], st: fresh, buf: BytesMut::new() };
         if offset > 0 {
@@ -678,13 +718,14 @@ impl S3BlobStore {
         let mut tail = BytesMut::new();
         s.read_segments(id, &st.segments(), &mut tail).await?;
         match &st.multipart {
-            None => s.s3.put(&s.object(id), PutPayload::from(tail.freeze())).await.map(drop).map_err(io),
+            None => bounded(deadline_for(tail.len() as u64), s.s3.put(&s.object(id), PutPayload::from(tail.freeze()))).await.map(drop).map_err(io),
             Some(mp) => {
                 let mpid = MultipartId::from(mp.clone());
                 let mut parts: Vec<PartId> = st.parts.iter().map(|(_, c)| PartId { content_id: c.clone() }).collect();
                 if !tail.is_empty() {
                     // The tail becomes the last part (S3 allows the last one to be short).
-                    parts.push(s.s3.put_part(&s.object(id), &mpid, st.parts.len(), PutPayload::from(tail.freeze())).await.map_err(io)?);
+                    let deadline = deadline_for(tail.len() as u64);
+                    parts.push(bounded(deadline, s.s3.put_part(&s.object(id), &mpid, st.parts.len(), PutPayload::from(tail.freeze()))).await.map_err(io)?);
                 }
                 s.s3.complete_multipart(&s.object(id), &mpid, parts).await.map_err(io)?;
                 s.delete_quiet(&s.mpu_marker(id, mp)).await
@@ -708,7 +749,7 @@ impl BlobStore for S3BlobStore {
         let s = &self.inner;
         // An existing blob is reset: its multipart uploads, tail and object go.
         s.remove_all(id).await?;
-        s.s3.put(&s.created(id), PutPayload::new()).await.map_err(io)?;
+        bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io)?;
         Ok(())
     }
 
@@ -771,9 +812,11 @@ impl BlobStore for S3BlobStore {
 
     async fn ping(&self) -> BlobResult<()> {
         let s = &self.inner;
-        let probe = s.key(&format!(".ferry-probe-{}", hex::encode(rand::random::<[u8; 8]>())));
-        s.s3.put(&probe, PutPayload::from_static(b"ferry")).await.map_err(io)?;
-        s.s3.delete(&probe).await.map_err(io)
+        // One fixed key for every replica and every probe: a probe cut short (S3 froze, the
+        // readiness check gave up) leaves at most this one small object, never one per probe.
+        let probe = s.key(PROBE_KEY);
+        bounded(REQUEST_DEADLINE, s.s3.put(&probe, PutPayload::from_static(b"ferry"))).await.map_err(io)?;
+        s.delete_quiet(&probe).await
     }
 
     async fn len(&self, id: &str) -> BlobResult<Option<u64>> {
@@ -845,14 +888,14 @@ impl S3Writer {
             let mp = match &self.st.multipart {
                 Some(m) => m.clone(),
                 None => {
-                    let m = s.s3.create_multipart(&path).await.map_err(io)?;
-                    s.s3.put(&s.mpu_marker(&self.id, &m), PutPayload::new()).await.map_err(io)?;
+                    let m = bounded(REQUEST_DEADLINE, s.s3.create_multipart(&path)).await.map_err(io)?;
+                    bounded(REQUEST_DEADLINE, s.s3.put(&s.mpu_marker(&self.id, &m), PutPayload::new())).await.map_err(io)?;
                     self.st.multipart = Some(m.clone());
                     m
                 }
             };
             let data = self.buf.split_to(size as usize).freeze();
-            let pid = s.s3.put_part(&path, &MultipartId::from(mp), idx as usize, PutPayload::from(data)).await.map_err(io)?;
+            let pid = bounded(deadline_for(size), s.s3.put_part(&path, &MultipartId::from(mp), idx as usize, PutPayload::from(data))).await.map_err(io)?;
             self.st.parts.push((size, pid.content_id));
             self.parts_end += size;
             self.st.tail.clear();
@@ -876,7 +919,7 @@ impl BlobWriter for S3Writer {
         if pos > synced {
             let seg = (idx, synced, pos);
             let data = Bytes::copy_from_slice(&self.buf[(synced - self.parts_end) as usize..]);
-            s.s3.put(&s.segment(&self.id, seg), PutPayload::from(data)).await.map_err(io)?;
+            bounded(deadline_for(data.len() as u64), s.s3.put(&s.segment(&self.id, seg), PutPayload::from(data))).await.map_err(io)?;
             self.st.tail.push(pos);
             self.known.push(seg);
         }

@@ -143,6 +143,10 @@ fn create(a: &CreateArgs) -> CmdResult {
     if let Some(e) = &expires {
         text.push_str(&format!("expires = \"{e}\"\n"));
     }
+    // "created if missing" (README): its directory too, e.g. /etc/ferry on a fresh machine.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| usage(anyhow::anyhow!("creating the directory {}: {e}", dir.display())))?;
+    }
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| usage(anyhow::anyhow!("opening {}: {e}", path.display())))?;
     f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| (1, anyhow::anyhow!("writing {}: {e}", path.display())))?;
     let what = match (&entry.scope, &expires) {

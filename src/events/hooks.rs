@@ -94,7 +94,7 @@ impl HttpHooks {
             Ok((status, body))
         };
         let (status, body) = match tokio::time::timeout(hook.timeout, exchange).await {
-            Err(_) => return Answer::Failed(format!("no answer within {}", humantime::format_duration(hook.timeout))),
+            Err(_) => return Answer::Failed(format!("no answer within {}", crate::config::human_duration(hook.timeout))),
             Ok(Err(e)) => return Answer::Failed(e),
             Ok(Ok(a)) => a,
         };

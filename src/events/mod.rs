@@ -183,7 +183,7 @@ impl Events {
             Cursor::Now => self.catalog.last_event_seq().await?,
             Cursor::After(id) => match self.catalog.event_by_id(&id).await? {
                 Some(e) if e.principal == principal => e.seq,
-                _ => return Err(FollowError::UnknownEvent(id, humantime::format_duration(self.retention).to_string())),
+                _ => return Err(FollowError::UnknownEvent(id, crate::config::human_duration(self.retention))),
             },
         };
         let catalog = self.catalog.clone();

@@ -272,7 +272,7 @@ impl WebhookWorker {
             Ok::<_, reqwest::Error>(status)
         };
         let (status, error) = match tokio::time::timeout(hook.cfg.timeout, exchange).await {
-            Err(_) => (None, format!("no complete answer within {}", humantime::format_duration(hook.cfg.timeout))),
+            Err(_) => (None, format!("no complete answer within {}", crate::config::human_duration(hook.cfg.timeout))),
             Ok(Err(e)) => (None, one_line(&e)),
             Ok(Ok(s)) if s.is_success() => return AttemptOutcome::Delivered { status: s.as_u16() },
             Ok(Ok(s)) if s.is_redirection() => (Some(s.as_u16()), format!("HTTP {s}: redirects are not followed; configure the final URL")),

@@ -41,7 +41,9 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
         }
     }
     let path = req.uri().path();
-    let open = matches!(path, "/healthz" | "/readyz" | "/metrics" | "/api/v1/openapi.json") || req.method() == Method::OPTIONS;
+    // `/favicon.ico`: browsers ask for it on every page; ferry has none, and a 401 there would
+    // only fill logs (and a browser's console) — it gets the plain 404 without a token.
+    let open = matches!(path, "/healthz" | "/readyz" | "/metrics" | "/api/v1/openapi.json" | "/favicon.ico") || req.method() == Method::OPTIONS;
     let principal = if s.tokens.is_empty() {
         Some(LOCAL_PRINCIPAL.to_string())
     } else {

@@ -98,13 +98,25 @@ fn is_active(m: &mime::Mime) -> bool {
 const ATTR_CHAR: &AsciiSet =
     &NON_ALPHANUMERIC.remove(b'!').remove(b'#').remove(b'$').remove(b'&').remove(b'+').remove(b'-').remove(b'.').remove(b'^').remove(b'_').remove(b'`').remove(b'|').remove(b'~');
 
-/// RFC 6266 `Content-Disposition` with an ASCII fallback and a UTF-8 `filename*`.
+/// Most bytes of the name [`content_disposition`] offers (before percent-encoding, which at
+/// most triples it): the header stays under about 900 bytes whatever the stored name.
+pub const DISPOSITION_NAME_BYTES: usize = 200;
+
+/// RFC 6266 `Content-Disposition`, following its Appendix D: the name shown to people
+/// ([`crate::names::display_name`]: control and bidi characters replaced by U+FFFD), cut to
+/// [`DISPOSITION_NAME_BYTES`] with its extension kept ([`crate::names::shorten`]); a
+/// `filename` that is that name when plain ASCII says it faithfully, else an ASCII fallback
+/// (other characters, `"`, `\\` and `%` and `;` as `_`) followed by `filename*` (RFC 8187, UTF-8).
 fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
     let Some(name) = filename.map(|n| n.rsplit(['/', '\\']).next().unwrap_or(n)).filter(|n| !n.is_empty() && *n != "." && *n != "..") else {
         return disposition.to_string();
     };
-    let fallback: String = name.chars().map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { '_' }).collect();
-    format!("{disposition}; filename=\"{fallback}\"; filename*=UTF-8''{}", utf8_percent_encode(name, ATTR_CHAR))
+    let name = crate::names::shorten(&crate::names::display_name(name), DISPOSITION_NAME_BYTES);
+    let fallback: String = name.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, '"' | '\\' | '%' | ';') || c == ' ' { c } else { '_' }).collect();
+    if fallback == name {
+        return format!("{disposition}; filename=\"{fallback}\"");
+    }
+    format!("{disposition}; filename=\"{fallback}\"; filename*=UTF-8''{}", utf8_percent_encode(&name, ATTR_CHAR))
 }
 
 /// Content-Type, Content-Disposition and the validators of a finished upload. `attachment`
@@ -231,6 +243,17 @@ mod tests {
         assert_eq!(content_disposition("inline", Some("..")), "inline");
         assert_eq!(content_disposition("attachment", Some("../evil\"name.html")), "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html");
         assert_eq!(content_disposition("inline", Some("résumé.pdf")), "inline; filename=\"r_sum_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9.pdf");
+        assert_eq!(content_disposition("inline", Some("plain name.txt")), "inline; filename=\"plain name.txt\"");
+        assert_eq!(content_disposition("attachment", Some("100%.txt")), "attachment; filename=\"100_.txt\"; filename*=UTF-8''100%25.txt");
+        // Terminal escapes and bidi overrides are replaced by U+FFFD, never passed on.
+        let cd = content_disposition("attachment", Some("invoice\u{202E}gnp.exe\u{7}\u{1b}"));
+        assert_eq!(cd, "attachment; filename=\"invoice_gnp.exe__\"; filename*=UTF-8''invoice%EF%BF%BDgnp.exe%EF%BF%BD%EF%BF%BD");
+        // Long names of any script stay within a bound, extension kept.
+        for name in ["a".repeat(255) + ".bin", "é".repeat(250) + ".bin", "😀".repeat(250) + ".bin", "\u{1}".repeat(250)] {
+            let cd = content_disposition("attachment", Some(&name));
+            assert!(cd.len() <= 3 * DISPOSITION_NAME_BYTES + DISPOSITION_NAME_BYTES + 64, "{} bytes: {cd}", cd.len());
+            assert!(HeaderValue::from_str(&cd).is_ok());
+        }
     }
 
     #[test]

@@ -109,16 +109,19 @@ fn cors(cfg: &crate::config::CorsConfig) -> CorsLayer {
 
 /// Whether a request to `/files/` carrying `Origin: origin` may proceed: any origin with the
 /// default `*`; otherwise a listed one or this server's own (`Host`).
-fn tus_origin_allowed(cfg: &crate::config::CorsConfig, origin: &str, host: &str) -> bool {
+fn tus_origin_allowed(cfg: &crate::config::CorsConfig, own: &[String], origin: &str, host: &str) -> bool {
     match &cfg.allow_origins {
         None => true,
-        Some(list) => same_origin(origin, host) || list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+        Some(list) => same_origin(own, origin, host) || list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
     }
 }
 
-/// The `Origin` names the host this request was sent to.
-fn same_origin(origin: &str, host: &str) -> bool {
+/// The `Origin` is this server's own: it names the host this request was sent to, or it is
+/// one of `own` (`--public-url`'s origin — behind a proxy that rewrites `Host`, e.g. nginx's
+/// `$host`, which drops the port, the pages still come from the public URL).
+fn same_origin(own: &[String], origin: &str, host: &str) -> bool {
     origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false)
+        || crate::app::origin_of(origin).is_some_and(|o| own.iter().any(|x| *x == o))
 }
 
 /// The whole router, without binding a port. `mcp` is the MCP service nested at `/mcp`
@@ -161,6 +164,7 @@ where
     // discovery and must reach the handler.
     let with_cors = routes.clone().layer(cors(&state.http.cors));
     let cors_cfg = state.http.cors.clone();
+    let own_origins = state.http.own_origins.clone();
     let edge = tower::service_fn(move |req: Request| {
         let tus = req.uri().path().starts_with("/files");
         let preflight = req.method() != Method::OPTIONS || req.headers().contains_key("access-control-request-method");
@@ -169,7 +173,7 @@ where
             // preflight included, so neither a browser nor a script gets anything from it.
             let origin = req.headers().get("origin").and_then(|v| v.to_str().ok());
             let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
-            if let Some(origin) = origin.filter(|o| !tus_origin_allowed(&cors_cfg, o, host)) {
+            if let Some(origin) = origin.filter(|o| !tus_origin_allowed(&cors_cfg, &own_origins, o, host)) {
                 let refused = Problem(TusError::new(
                     403,
                     ErrorCode::Unauthorized,
@@ -217,7 +221,7 @@ async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Re
     let path = req.uri().path();
     if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") {
         if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) {
-            if !same_origin(origin, host) {
+            if !same_origin(&s.http.own_origins, origin, host) {
                 return Problem(TusError::new(
                     403,
                     ErrorCode::Unauthorized,
@@ -252,9 +256,22 @@ async fn method_override(mut req: Request) -> Request {
 }
 
 async fn count_status(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let res = next.run(req).await;
+    let mut res = next.run(req).await;
     state.metrics.requests.get_or_create(&crate::metrics::StatusLabel { status: res.status().as_u16() }).inc();
+    if let Some(reason) = reason_phrase(res.status().as_u16()) {
+        res.extensions_mut().insert(hyper::ext::ReasonPhrase::from_static(reason));
+    }
     res
+}
+
+/// The HTTP/1 reason phrase of a status hyper knows no phrase for (it would write `460 <none>`):
+/// TUS's `460 Checksum Mismatch`, as tusd writes it. hyper writes a `ReasonPhrase` found in the
+/// response's extensions in place of the canonical one.
+fn reason_phrase(status: u16) -> Option<&'static [u8]> {
+    match status {
+        460 => Some(b"Checksum Mismatch"),
+        _ => None,
+    }
 }
 
 /// Headers every TUS response carries.
@@ -329,8 +346,14 @@ pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::Upload
     if let (Some(c), 409 | 423 | 460 | 503 | 507) = (e.cursor, e.status) {
         h.insert("upload-offset", HeaderValue::from(c));
     }
-    // DESIGN §9: space and transient catalog trouble come back by themselves.
-    if let Some(secs) = e.code.retry_after_secs() {
+    // DESIGN §9: space and transient catalog trouble come back by themselves. Every 423 and
+    // 503 says when to come back, whatever its code (a shutdown is `locked` with 503).
+    let fallback = match e.status {
+        423 => Some(1),
+        503 => Some(2),
+        _ => None,
+    };
+    if let Some(secs) = e.code.retry_after_secs().or(fallback) {
         h.insert("retry-after", HeaderValue::from(secs));
     }
     res

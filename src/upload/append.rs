@@ -594,15 +594,25 @@ impl UploadEngine {
                         Err(e) => e,
                         Ok(()) => TusError::insufficient_storage("the server's disk reached its free-space reserve", Some(kept)),
                     },
-                    End::Shutdown => {
-                        TusError::new(503, ferry_tus::ErrorCode::Locked, "the server is shutting down; what arrived was kept", format!("Resume from offset {kept} in a moment."))
-                            .with_cursor(kept)
-                    }
-                    End::Idle => {
-                        TusError::new(408, ferry_tus::ErrorCode::Locked, "the body stalled; what arrived was kept", format!("Resume from offset {kept}.")).with_cursor(kept)
-                    }
+                    End::Shutdown => TusError::new(
+                        503,
+                        ferry_tus::ErrorCode::Locked,
+                        format!("the server is shutting down; the upload keeps its first {kept} bytes (offset {kept})"),
+                        format!("Resume from offset {kept} in a moment."),
+                    )
+                    .with_cursor(kept),
+                    End::Idle => TusError::new(
+                        408,
+                        ferry_tus::ErrorCode::Locked,
+                        format!("the body stalled; the upload keeps its first {kept} bytes (offset {kept})"),
+                        format!("Resume from offset {kept}."),
+                    )
+                    .with_cursor(kept),
                     End::Disconnected => TusError::bad_request(
-                        format!("the request body ended early or was malformed; {} kept", if verifying { "nothing was" } else { "what arrived was" }),
+                        format!(
+                            "the request body ended early or was malformed; {}the upload keeps its first {kept} bytes (offset {kept})",
+                            if verifying { "nothing of it was kept (its checksum could not be verified); " } else { "" }
+                        ),
                         format!("Send HEAD, then resume from offset {kept}."),
                     )
                     .with_cursor(kept),

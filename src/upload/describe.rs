@@ -26,6 +26,42 @@ pub struct Description {
     pub media_type: mime::Mime,
 }
 
+/// Largest `Upload-Metadata` accepted at creation (TUS header, IETF draft, MCP
+/// `file_upload_begin`, and what a pre-create hook substitutes), in bytes of the header's text
+/// (keys and base64 values). Every `HEAD` answers it back in `Upload-Metadata`; 4 KiB keeps a
+/// HEAD's response headers under about 5 KiB, what a reverse proxy buffers (nginx's
+/// `proxy_buffer_size` is one page, 4 KiB, by default: the README's configuration raises it to
+/// 16k) — tus-js-client and Uppy send the name twice and a few short keys, about 1.2 KiB for a
+/// 255-character name.
+pub const MAX_METADATA_BYTES: usize = 4 * 1024;
+
+/// Refuse metadata ferry could not answer back safely: longer than [`MAX_METADATA_BYTES`], or a
+/// file name (any of [`NAME_KEYS`]) of more than [`crate::names::MAX_NAME_CHARS`] characters.
+/// Unparsable metadata is left to the parser's own error. Errors: 400 `invalid_argument`
+/// naming the limit.
+pub fn check_metadata(raw: &str) -> Result<(), ferry_tus::TusError> {
+    use crate::names::MAX_NAME_CHARS;
+    if raw.len() > MAX_METADATA_BYTES {
+        return Err(ferry_tus::TusError::bad_request(
+            format!("Upload-Metadata is {} bytes; at most {MAX_METADATA_BYTES} are accepted (it is repeated in every HEAD response)", raw.len()),
+            format!("Send fewer or shorter metadata values (at most {MAX_METADATA_BYTES} bytes in all; a file name of at most {MAX_NAME_CHARS} characters)."),
+        ));
+    }
+    let Ok(md) = raw.parse::<UploadMetadata>() else { return Ok(()) };
+    for key in NAME_KEYS {
+        if let Some(n) = md.get(key).flatten() {
+            let chars = String::from_utf8_lossy(n).chars().count();
+            if chars > MAX_NAME_CHARS {
+                return Err(ferry_tus::TusError::bad_request(
+                    format!("the file name (metadata {key:?}) is {chars} characters; at most {MAX_NAME_CHARS} are accepted"),
+                    format!("Shorten the file name to at most {MAX_NAME_CHARS} characters."),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Describe a file from its parsed metadata.
 pub fn describe(md: &UploadMetadata) -> Description {
     let name = NAME_KEYS.iter().find_map(|k| md.get_str(k)).map(str::to_owned);
@@ -49,6 +85,18 @@ mod tests {
             m.insert(*k, Some(v.as_bytes().to_vec())).unwrap();
         }
         m.to_string()
+    }
+
+    #[test]
+    fn metadata_is_bounded_in_bytes_and_name_characters() {
+        assert!(check_metadata(&md(&[("filename", &"a".repeat(255))])).is_ok());
+        assert!(check_metadata(&md(&[("filename", &"é".repeat(255)), ("name", &"é".repeat(255))])).is_ok());
+        let e = check_metadata(&md(&[("filename", &"a".repeat(256))])).unwrap_err();
+        assert!(e.detail.contains("at most 255"), "{}", e.detail);
+        let e = check_metadata(&md(&[("name", &"履".repeat(256))])).unwrap_err();
+        assert!(e.detail.contains("\"name\""), "{}", e.detail);
+        let e = check_metadata(&md(&[("note", &"x".repeat(4000))])).unwrap_err();
+        assert!(e.detail.contains("at most 4096"), "{}", e.detail);
     }
 
     #[test]

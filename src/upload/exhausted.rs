@@ -123,6 +123,9 @@ pub struct Readiness {
     pub reserve_bytes: Option<u64>,
 }
 
+/// Longest `/readyz` waits for one store's probe: 3 s (a fsync on a busy disk can take a second or two).
+pub const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl UploadEngine {
     /// 507 when writing `bytes` more (0: anything at all) would eat into the free-space
     /// reserve; `cursor` is the durable offset of the upload concerned, if any.
@@ -158,16 +161,27 @@ impl UploadEngine {
 
     /// Every store's state (`/readyz`): the catalog answers and has not failed a write in
     /// the last few seconds; the blob store can write and sync ([`crate::blob::BlobStore::ping`]); free space is
-    /// above the reserve. Each comes back by itself when the resource does.
+    /// above the reserve. Each comes back by itself when the resource does. The catalog and
+    /// blob probes run at once, each bounded by [`READY_PROBE_TIMEOUT`]: a store that hangs
+    /// (a frozen S3 or database) answers not ready within that, not after the store's own
+    /// request timeouts, so a prober's timeout (Kubernetes' default is 1 s, typical ones a few
+    /// seconds) sees an answer.
     pub async fn readiness(&self) -> Readiness {
         let mut checks = Vec::new();
-        let catalog = match self.catalog.ping().await {
-            Err(e) => Some(format!("the catalog does not answer: {e}")),
-            Ok(()) => recent_catalog_trouble(),
+        let late = || format!("did not answer within {}", crate::config::human_duration(READY_PROBE_TIMEOUT));
+        let (catalog, blobs) = tokio::join!(tokio::time::timeout(READY_PROBE_TIMEOUT, self.catalog.ping()), tokio::time::timeout(READY_PROBE_TIMEOUT, self.blobs.ping()));
+        let catalog = match catalog {
+            Err(_) => Some(format!("the catalog {}", late())),
+            Ok(Err(e)) => Some(format!("the catalog does not answer: {e}")),
+            Ok(Ok(())) => recent_catalog_trouble(),
         };
         checks.push(Check { store: "catalog", ok: catalog.is_none(), reason: catalog });
-        let blobs = self.blobs.ping().await.err();
-        checks.push(Check { store: "blobs", ok: blobs.is_none(), reason: blobs.map(|e| format!("the blob store cannot write: {e}")) });
+        let blobs = match blobs {
+            Err(_) => Some(format!("the blob store {}", late())),
+            Ok(Err(e)) => Some(format!("the blob store cannot write: {e}")),
+            Ok(Ok(())) => None,
+        };
+        checks.push(Check { store: "blobs", ok: blobs.is_none(), reason: blobs });
         let space = self.cfg.reserve.measure();
         if let Some(s) = space {
             let low = s.available <= s.reserve;

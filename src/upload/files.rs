@@ -64,6 +64,10 @@ fn metadata(name: &str, media_type: &str) -> Result<String, TusError> {
 impl UploadEngine {
     /// Create an empty file owned by `principal` and open it for writing.
     pub async fn create_file(self: &Arc<Self>, principal: &str, name: &str, media_type: &str) -> Result<FileWriter, TusError> {
+        // A task's file is named by ferry from its arguments (a URL's last segment, an archive
+        // name): shortened to what an upload may be named (bytes ≤ characters) rather than
+        // failing the task.
+        let name = &crate::names::shorten(name, crate::names::MAX_NAME_CHARS);
         let now = now_ms();
         let rec = UploadRecord {
             id: super::new_id(),

@@ -26,7 +26,7 @@ pub mod locks;
 mod maintenance;
 
 pub use append::AppendOutcome;
-pub use describe::{describe, describe_raw, Description};
+pub use describe::{check_metadata, describe, describe_raw, Description, MAX_METADATA_BYTES};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{Lease, LocalLocker, LockError, Locker, Want};
@@ -285,6 +285,8 @@ impl UploadEngine {
                 }
             }
         };
+        // After the hook: what it substitutes is answered back by HEAD just the same.
+        check_metadata(metadata_raw)?;
         let key = match (key, &plan.concat) {
             (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
             (None, Some(UploadConcat::Final(_))) => Some(CreationKey { key: format!("final:{fingerprint}"), fingerprint }),

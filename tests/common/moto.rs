@@ -71,6 +71,17 @@ impl Moto {
         }
     }
 
+    /// Stop the server process (`SIGSTOP`) as a hung S3 behaves: the kernel still accepts
+    /// connections, nothing answers. [`Moto::thaw`] continues it.
+    pub fn freeze(&self) {
+        assert!(Command::new("kill").args(["-STOP", &self.child.id().to_string()]).status().unwrap().success());
+    }
+
+    /// `SIGCONT` after [`Moto::freeze`].
+    pub fn thaw(&self) {
+        assert!(Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status().unwrap().success());
+    }
+
     /// ListMultipartUploads: the `<UploadId>`s of the bucket's unfinished multipart uploads.
     pub async fn multipart_uploads(&self, bucket: &str) -> Vec<String> {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();

@@ -108,6 +108,8 @@ impl ErrorCode {
         match self {
             ErrorCode::InsufficientStorage => Some(30),
             ErrorCode::Unavailable => Some(2),
+            // Another request holds the upload; it is asked to stop and does within seconds.
+            ErrorCode::Locked => Some(1),
             _ => None,
         }
     }

@@ -95,7 +95,7 @@ async function hashFile(file, onProgress) {
 function downloadPage(l, info) {
   const f = info.file
   show('download')
-  setText('dl-name', f.name || f.id)
+  setText('dl-name', shown(f))
   setText('dl-size', formatBytes(f.size))
   setText('dl-type', f.media_type)
   setText('dl-sha', f.sha256 || 'not complete yet')
@@ -110,14 +110,14 @@ function downloadPage(l, info) {
   const params = new URLSearchParams(l.query)
   params.set('download', '1')
   button.href = `/files/${encodeURIComponent(l.id)}?${params}`
-  if (f.name) button.download = f.name
+  if (f.name) button.download = shown(f)
   setState('ready')
 }
 
 function uploadPage(l, info) {
   const f = info.file
   show('upload')
-  setText('up-name', f.name || 'any name')
+  setText('up-name', f.name ? shown(f) : 'any name')
   setText('up-size', f.size == null ? 'any size' : formatBytes(f.size))
   setText('up-received', f.size ? `${formatBytes(f.offset)} (${((f.offset * 100) / f.size).toFixed(1)} %)` : formatBytes(f.offset))
   setText('up-expires', formatTime(info.expires_at_ms))
@@ -195,7 +195,7 @@ function start(l, info, file) {
     async (result) => {
       if (!result || result.failed.length || !result.successful.length) {
         const err = result && result.failed[0] && result.failed[0].error
-        return failed(err)
+        return failed(err, info)
       }
       $('pause').hidden = true
       setText('status', 'All bytes sent. Comparing checksums…')
@@ -210,11 +210,35 @@ function start(l, info, file) {
       setText('status', '')
       setState(same ? 'done' : 'mismatch')
     },
-    (err) => failed(err),
+    (err) => failed(err, info),
   )
 }
 
-function failed(err) {
+/** A file's name as people may see it: the server's `display_name` (control and bidi
+ * characters replaced by U+FFFD), else its id. */
+function shown(f) {
+  return f.display_name || f.name || f.id
+}
+
+/** The HTTP status behind a tus-js-client error, if it had an answer. */
+function statusOf(err) {
+  const res = err && err.originalResponse
+  return res && typeof res.getStatus === 'function' ? res.getStatus() : 0
+}
+
+function failed(err, info) {
+  const expired = info && info.expires_at_ms != null && Date.now() >= info.expires_at_ms
+  if (expired || statusOf(err) === 410) {
+    setText(
+      'status',
+      expired
+        ? `This link expired at ${formatTime(info.expires_at_ms)}, so the upload stopped. Ask the person who sent it for a new link: choosing the same file there continues where this one stopped.`
+        : `The server no longer accepts this link (${(err && err.message) || err}). Ask the person who sent it for a new link: choosing the same file there continues where this one stopped.`,
+    )
+    $('status').className = 'bad'
+    setState('expired')
+    return
+  }
   setText('status', `The upload stopped: ${(err && err.message) || err}. Reload the page and choose the same file to continue.`)
   $('status').className = 'bad'
   setState('failed')
@@ -283,13 +307,13 @@ function fileRows(files, refresh) {
     const actions = el('span')
     const share = (scope) => async () => {
       const out = await api('POST', `/api/v1/files/${encodeURIComponent(f.id)}/share`, { scope, ttl_ms: Number($('ttl').value) })
-      setText('share-out', `${scope} page for ${f.name || f.id}: ${out.page_url || out.url}`)
+      setText('share-out', `${scope} page for ${shown(f)}: ${out.page_url || out.url}`)
     }
     if (f.complete) actions.append(button('Share', share('download')))
     else actions.append(button('Request upload', share('upload')))
     actions.append(
       button('Delete', async () => {
-        if (!confirm(`Delete ${f.name || f.id}?`)) return
+        if (!confirm(`Delete ${shown(f)}?`)) return
         const token = sessionStorage.getItem(TOKEN_KEY)
         const headers = { 'tus-resumable': '1.0.0' }
         if (token) headers.authorization = `Bearer ${token}`
@@ -297,7 +321,7 @@ function fileRows(files, refresh) {
         refresh()
       }),
     )
-    return row([f.name || f.id, formatBytes(f.size), state, f.sha256 || '', new Date(f.created_at).toLocaleString(), actions])
+    return row([shown(f), formatBytes(f.size), state, f.sha256 || '', new Date(f.created_at).toLocaleString(), actions])
   })
 }
 
@@ -322,6 +346,20 @@ function taskRows(tasks, refresh) {
   })
 }
 
+/** Lists show the newest LIST_STEP items, LIST_STEP more per "Show more", up to the API's cap. */
+const LIST_STEP = 100
+const LIST_MAX = 999
+
+/** The "older ones exist" hint under a list: a button while the API can give more. */
+function more(id, hasMore, count, what, onMore) {
+  const p = $(id)
+  p.hidden = !hasMore
+  if (!hasMore) return
+  const text = count >= LIST_MAX ? `The newest ${count} ${what} are shown; older ones exist (the API lists at most 1000 at once).` : `The newest ${count} ${what} are shown; older ones exist. `
+  p.replaceChildren(el('span', text))
+  if (count < LIST_MAX) p.append(button('Show more', onMore))
+}
+
 async function dashboard() {
   const login = $('login')
   let tried = false
@@ -340,20 +378,33 @@ async function dashboard() {
   let timer = null
   let delay = 1000
   let last = ''
+  let shownFiles = LIST_STEP
+  let shownTasks = LIST_STEP
   const poll = async (wait) => {
     clearTimeout(timer)
     timer = setTimeout(refresh, wait)
   }
   const refresh = async () => {
     try {
-      const [files, tasks] = await Promise.all([api('GET', '/api/v1/files'), api('GET', '/api/v1/tasks')])
+      // One more than shown, to know whether older ones exist.
+      const [files, tasks] = await Promise.all([api('GET', `/api/v1/files?limit=${shownFiles + 1}`), api('GET', `/api/v1/tasks?limit=${shownTasks + 1}`)])
       const snapshot = JSON.stringify([files, tasks])
       // Polling backs off while nothing changes (1 s → 30 s), and speeds up again on a change.
       delay = snapshot === last ? Math.min(delay * 2, 30000) : 1000
       if (snapshot !== last) {
         last = snapshot
-        $('files').replaceChildren(...fileRows(files.files, () => poll(0)))
-        $('tasks').replaceChildren(...taskRows(tasks.tasks, () => poll(0)))
+        $('files').replaceChildren(...fileRows(files.files.slice(0, shownFiles), () => poll(0)))
+        $('tasks').replaceChildren(...taskRows(tasks.tasks.slice(0, shownTasks), () => poll(0)))
+        more('files-more', files.files.length > shownFiles, shownFiles, 'files', () => {
+          shownFiles = Math.min(shownFiles + LIST_STEP, LIST_MAX)
+          last = ''
+          poll(0)
+        })
+        more('tasks-more', tasks.tasks.length > shownTasks, shownTasks, 'tasks', () => {
+          shownTasks = Math.min(shownTasks + LIST_STEP, LIST_MAX)
+          last = ''
+          poll(0)
+        })
       }
       $('dash').hidden = false
       $('logout').hidden = !sessionStorage.getItem(TOKEN_KEY)

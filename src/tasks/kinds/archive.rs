@@ -269,7 +269,7 @@ fn member_names<'a>(members: impl IntoIterator<Item = (&'a str, &'a str)>) -> Ve
 /// components, control characters replaced by `_`, at most `MAX_NAME` bytes. `None` if nothing
 /// is left.
 fn sanitize_name(raw: &str) -> Option<String> {
-    let cleaned: String = raw.chars().map(|c| if c.is_control() { '_' } else { c }).collect();
+    let cleaned: String = raw.chars().map(|c| if crate::names::is_hidden_control(c) { '_' } else { c }).collect();
     let parts: Vec<&str> = cleaned.split(['/', '\\']).filter(|p| !p.is_empty() && *p != "." && *p != "..").collect();
     let mut name = parts.join("/");
     if name.len() > MAX_NAME {

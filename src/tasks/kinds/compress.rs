@@ -168,7 +168,7 @@ fn output_name(id: &str, metadata: &str, format: Format) -> String {
         .name
         .as_deref()
         .and_then(|f| f.rsplit(['/', '\\']).find(|p| !p.is_empty() && *p != "." && *p != ".."))
-        .map(|f| f.chars().map(|c| if c.is_control() { '_' } else { c }).collect::<String>())
+        .map(|f| f.chars().map(|c| if crate::names::is_hidden_control(c) { '_' } else { c }).collect::<String>())
         .unwrap_or_else(|| id.to_string());
     format!("{base}.{}", format.extension())
 }

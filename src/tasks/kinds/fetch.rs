@@ -118,8 +118,8 @@ fn parse_args(allow: &[String], args: &RawValue) -> Result<(Url, Option<String>)
     let a: FetchArgs = serde_json::from_str(args.get()).map_err(|e| format!("fetch arguments: {e} (expected {{\"url\": \"http://...\", \"name\": ...}})"))?;
     let url = check_url(allow, &a.url).map_err(|r| r.to_string())?;
     if let Some(n) = &a.name {
-        if n.is_empty() || n.len() > 255 || n.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
-            return Err("name must be 1 to 255 bytes without '/', '\\' or control characters".into());
+        if n.is_empty() || n.len() > 255 || n.chars().any(|c| crate::names::is_hidden_control(c) || c == '/' || c == '\\') {
+            return Err("name must be 1 to 255 bytes without '/', '\\' or control or bidi-override characters".into());
         }
     }
     Ok((url, a.name))
@@ -232,7 +232,7 @@ fn file_name(url: &Url, name: Option<&str>) -> String {
     }
     let seg = url.path_segments().and_then(|mut s| s.next_back()).unwrap_or("");
     let seg = percent_encoding::percent_decode_str(seg).decode_utf8_lossy();
-    let clean: String = seg.chars().map(|c| if c.is_control() || c == '/' || c == '\\' { '_' } else { c }).collect();
+    let clean: String = seg.chars().map(|c| if crate::names::is_hidden_control(c) || c == '/' || c == '\\' { '_' } else { c }).collect();
     if clean.is_empty() || clean == "." || clean == ".." || clean.len() > 255 {
         "download".into()
     } else {
