@@ -2,6 +2,7 @@
 //! (`/api/v1/files`, see `/api/v1/openapi.json`) and of TUS termination (TUS 1.0
 //! §Termination).
 
+use crate::names::display_name;
 use std::time::Duration;
 
 use clap::Args;
@@ -108,7 +109,7 @@ pub fn ls(args: LsArgs) -> std::process::ExitCode {
         print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  NAME", "ID", "SIZE", "STATE", "CREATED (UTC)"))?;
         for f in list.files {
             let size = f.size.map_or_else(|| "?".to_string(), human_size);
-            print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  {}", f.id, size, f.state_short(), utc_minutes(f.created_at), f.name.as_deref().unwrap_or("")))?;
+            print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  {}", f.id, size, f.state_short(), utc_minutes(f.created_at), display_name(f.name.as_deref().unwrap_or(""))))?;
         }
         let limit = args.limit.unwrap_or(LS_DEFAULT_LIMIT);
         if shown as u64 >= u64::from(limit) && limit < 1000 {
@@ -178,11 +179,13 @@ fn status_lines(f: &FileInfo, client: &Client) -> Vec<String> {
     let mut out = Vec::new();
     let mut line = |k: &str, v: String| out.push(format!("{k:<11} {v}"));
     line("id", f.id.clone());
+    // Names and metadata come from whoever uploaded: never pass their control characters
+    // (terminal escapes, bidi overrides) to this terminal.
     if let Some(n) = &f.name {
-        line("name", n.clone());
+        line("name", display_name(n));
     }
     if let Some(t) = &f.media_type {
-        line("media type", t.clone());
+        line("media type", display_name(t));
     }
     line("size", f.size.map_or_else(|| "not known yet (deferred length)".to_string(), |s| format!("{} ({s} bytes)", human_size(s))));
     let state = match (f.complete, f.size) {
@@ -206,8 +209,8 @@ fn status_lines(f: &FileInfo, client: &Client) -> Vec<String> {
     let mut first = true;
     for (k, v) in &f.metadata {
         let v = match v {
-            serde_json::Value::String(s) => format!("{k}={s}"),
-            _ => k.clone(),
+            serde_json::Value::String(s) => display_name(&format!("{k}={s}")),
+            _ => display_name(k),
         };
         line(if first { "metadata" } else { "" }, v);
         first = false;
