@@ -962,6 +962,46 @@ mod tests {
     }
 
     #[test]
+    fn limits_default_and_per_principal_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(
+            &path,
+            "[limits]\nmax_bytes = \"1GiB\"\nmax_uploads_in_progress = 5\nretain_finished = \"30d\"\n\n[limits.principals.alice]\nmax_bytes = \"unlimited\"\nretain_finished = \"never\"\n\n[limits.principals.bob]\nmax_uploads_in_progress = 0\n",
+        )
+        .unwrap();
+        let l = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap().limits;
+        let day = Duration::from_secs(86_400);
+        assert_eq!(l.of("carol"), crate::upload::Limits { max_bytes: Some(1 << 30), max_uploads_in_progress: Some(5), retain_finished: Some(30 * day) });
+        assert_eq!(l.of("alice"), crate::upload::Limits { max_bytes: None, max_uploads_in_progress: Some(5), retain_finished: None }, "keys left out are the default's");
+        assert_eq!(l.of("bob").max_uploads_in_progress, Some(0));
+        assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().limits, crate::upload::PrincipalLimits::default(), "no limits by default");
+        for bad in [
+            "[limits]\nmax_bytes = \"lots\"\n",
+            "[limits]\nmax_uploads_in_progress = -1\n",
+            "[limits]\nretain_finished = \"0s\"\n",
+            "[limits]\nmax_files = 3\n",
+            "[limits.principals.\"a b\"]\nmax_bytes = 1\n",
+            "[limits.principals.x]\nmax = 1\n",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err(), "accepted: {bad}");
+        }
+    }
+
+    #[test]
+    fn listen_takes_ip_addresses_and_host_names() {
+        assert_eq!(parse_listen("127.0.0.1:8080").unwrap(), vec!["127.0.0.1:8080".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(parse_listen("[::1]:0").unwrap(), vec!["[::1]:0".parse::<SocketAddr>().unwrap()]);
+        let local = parse_listen("localhost:8080").unwrap();
+        assert!(local.iter().all(|a| a.ip().is_loopback() && a.port() == 8080), "{local:?}");
+        assert!(local[0].is_ipv4() || local.iter().all(|a| a.is_ipv6()), "IPv4 first: {local:?}");
+        for bad in ["localhost", ":8080", "localhost:http", "localhost:70000", "no-such-host.invalid:1"] {
+            assert!(parse_listen(bad).is_err(), "accepted {bad}");
+        }
+    }
+
+    #[test]
     fn catalog_from_flag_file_and_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ferry.toml");

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 
 pub mod conformance;
 pub mod conformance_events;
+pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
 pub mod events;

@@ -360,7 +360,7 @@ pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::Upload
     if let Some(c) = e.cursor {
         body["partial"] = serde_json::json!({ "cursor": c });
     }
-    if let Some(q) = e.quota {
+    if let Some(q) = &e.quota {
         body["quota"] = serde_json::json!({ "name": q.name, "limit": q.limit, "used": q.used, "requested": q.requested });
     }
     for (name, value) in draft_type.map(|d| d.members()).unwrap_or_default() {

@@ -614,7 +614,7 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
             "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check file_status and resume from error.partial.cursor; tell the user if it persists."
         }
         ErrorCode::Unavailable => "The server was briefly out of resources and changed nothing: wait a few seconds and call again.",
-        ErrorCode::QuotaExceeded if e.quota.is_some_and(|q| q.name == "uploads_in_progress") => {
+        ErrorCode::QuotaExceeded if e.quota.as_ref().is_some_and(|q| q.name == "uploads_in_progress") => {
             "Too many unfinished uploads (error.quota has the limit and the count): finish or file_delete one of them (file_list shows them), then call again."
         }
         ErrorCode::QuotaExceeded => {

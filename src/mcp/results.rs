@@ -110,7 +110,7 @@ impl ErrorObject {
             retryable: e.code.retryable(),
             recovery_hint: e.recovery_hint.clone(),
             partial: e.cursor.map(|cursor| Partial { cursor }),
-            quota: e.quota.map(|q| QuotaOut { name: q.name.to_string(), limit: q.limit, used: q.used, requested: q.requested }),
+            quota: e.quota.as_deref().map(|q| QuotaOut { name: q.name.to_string(), limit: q.limit, used: q.used, requested: q.requested }),
         }
     }
 }

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use ferry_tus::{CreationPlan, ErrorCode, IdempotencyKey, PatchPlan, TusError, UploadConcat};
 use tokio_util::sync::CancellationToken;
 
@@ -439,6 +438,7 @@ impl UploadEngine {
     pub fn refresh_metrics(&self) {
         for (dir, path) in &self.cfg.disk_dirs {
             if let Ok(st) = nix::sys::statvfs::statvfs(path) {
+                #[allow(clippy::unnecessary_cast)] // fsblkcnt_t and c_ulong are u64 here, not on every platform
                 let free = (st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64);
                 self.metrics.disk_free.get_or_create(&crate::metrics::DirLabel { dir }).set(i64::try_from(free).unwrap_or(i64::MAX));
             }

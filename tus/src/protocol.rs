@@ -146,7 +146,7 @@ pub struct TusError {
     pub draft: Option<crate::draft::DraftProblem>,
     /// For `quota_exceeded`: which quota, its limit and the current use (rendered as the
     /// problem body's `quota` member and in MCP error envelopes).
-    pub quota: Option<QuotaDetail>,
+    pub quota: Option<Box<QuotaDetail>>,
 }
 
 /// Which per-principal quota refused a request, with numbers a client can act on.
@@ -265,7 +265,7 @@ impl TusError {
             (507, detail, hint)
         };
         let mut e = TusError::new(status, ErrorCode::QuotaExceeded, detail, hint);
-        e.quota = Some(q);
+        e.quota = Some(Box::new(q));
         e.cursor = cursor;
         e
     }
