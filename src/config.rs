@@ -41,10 +41,11 @@ pub struct ServeArgs {
     /// Configuration file (TOML). Default: ./ferry.toml when it exists.
     #[arg(long, env = "FERRY_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080]. Port 0 picks a free port; the
-    /// chosen address is printed as `listening on http://ADDR`.
+    /// Address to listen on: `IP:PORT` or `HOST:PORT` (e.g. `localhost:8080`; every address
+    /// the name resolves to is served) [default: 127.0.0.1:8080]. Port 0 picks a free port;
+    /// the chosen address is printed as `listening on http://ADDR`.
     #[arg(long, env = "FERRY_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<String>,
     /// Data directory: the catalog (ferry.db) and blobs/ [default: ./ferry-data].
     #[arg(long, env = "FERRY_DATA")]
     pub data: Option<PathBuf>,
@@ -229,7 +230,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     data: Option<PathBuf>,
     catalog: Option<String>,
     blobs: Option<String>,
@@ -269,6 +270,104 @@ struct FileConfig {
     events: EventsFileConfig,
     #[serde(default)]
     hooks: HooksFileConfig,
+    #[serde(default)]
+    limits: LimitsFileConfig,
+}
+
+/// `[limits]` in ferry.toml: defaults for every principal, and `[limits.principals.NAME]`
+/// tables that override some of them for one principal.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFileConfig {
+    max_bytes: Option<toml::Value>,
+    max_uploads_in_progress: Option<toml::Value>,
+    retain_finished: Option<String>,
+    #[serde(default)]
+    principals: BTreeMap<String, LimitsEntry>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsEntry {
+    max_bytes: Option<toml::Value>,
+    max_uploads_in_progress: Option<toml::Value>,
+    retain_finished: Option<String>,
+}
+
+/// `max_bytes`: a size (`0` allowed: nothing may be stored) or `"unlimited"`.
+fn limit_bytes(v: toml::Value, key: &str) -> anyhow::Result<Option<u64>> {
+    match v {
+        toml::Value::String(s) if s.trim() == "unlimited" => Ok(None),
+        toml::Value::Integer(0) => Ok(Some(0)),
+        other => size_value(other, key).map(Some),
+    }
+}
+
+/// `max_uploads_in_progress`: a count (`0` allowed) or `"unlimited"`.
+fn limit_count(v: toml::Value, key: &str) -> anyhow::Result<Option<u64>> {
+    match v {
+        toml::Value::String(s) if s.trim() == "unlimited" => Ok(None),
+        toml::Value::Integer(i) if i >= 0 => Ok(Some(i as u64)),
+        other => anyhow::bail!("{key}: expected a number of uploads or \"unlimited\", got {other}"),
+    }
+}
+
+/// `retain_finished`: a duration (at least 1 s) or `"never"`.
+fn limit_retention(v: &str, key: &str) -> anyhow::Result<Option<Duration>> {
+    parse_expiry(v).map(|e| e.0).map_err(|e| anyhow::anyhow!("{key}: {e}"))
+}
+
+impl LimitsFileConfig {
+    /// Resolve: the default table, then each principal's over it.
+    fn resolve(self) -> anyhow::Result<crate::upload::PrincipalLimits> {
+        fn apply(base: crate::upload::Limits, e: LimitsEntry, at: &str) -> anyhow::Result<crate::upload::Limits> {
+            let mut l = base;
+            if let Some(v) = e.max_bytes {
+                l.max_bytes = limit_bytes(v, &format!("{at} max_bytes"))?;
+            }
+            if let Some(v) = e.max_uploads_in_progress {
+                l.max_uploads_in_progress = limit_count(v, &format!("{at} max_uploads_in_progress"))?;
+            }
+            if let Some(v) = e.retain_finished {
+                l.retain_finished = limit_retention(&v, &format!("{at} retain_finished"))?;
+            }
+            Ok(l)
+        }
+        let top = LimitsEntry { max_bytes: self.max_bytes, max_uploads_in_progress: self.max_uploads_in_progress, retain_finished: self.retain_finished };
+        let default = apply(crate::upload::Limits::default(), top, "[limits]")?;
+        let mut principals = BTreeMap::new();
+        for (name, e) in self.principals {
+            if !is_valid_name(&name) {
+                anyhow::bail!("[limits.principals.{name:?}]: a principal name is 1-64 characters of A-Z a-z 0-9 _ . -");
+            }
+            let l = apply(default, e, &format!("[limits.principals.{name}]"))?;
+            principals.insert(name, l);
+        }
+        Ok(crate::upload::PrincipalLimits { default, principals })
+    }
+}
+
+/// `--listen`: `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT`. A host name is resolved (as
+/// `getaddrinfo` does: `/etc/hosts`, then DNS) to every address it names, IPv4 first.
+pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, String> {
+    let s = s.trim();
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| format!("listen address {s:?} needs a port: HOST:PORT, e.g. localhost:8080 or 127.0.0.1:8080"))?;
+    let port: u16 = port.parse().map_err(|_| format!("listen address {s:?}: {port:?} is not a port (0-65535)"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("listen address {s:?} needs a host: HOST:PORT, e.g. localhost:8080 or 0.0.0.0:8080"));
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| format!("listen address {s:?}: cannot resolve {host:?}: {e}"))?.collect();
+    addrs.sort_by_key(|a| a.is_ipv6());
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(format!("listen address {s:?}: {host:?} resolves to no address"));
+    }
+    Ok(addrs)
 }
 
 /// `[hooks]` in ferry.toml: `[hooks.pre_create]` and `[hooks.pre_finish]`.
@@ -612,7 +711,13 @@ struct TasksFileConfig {
 /// The resolved configuration of `ferry serve`.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The address to listen on (the first `--listen` resolves to; IPv4 first).
     pub listen: SocketAddr,
+    /// Further addresses a `--listen` host name resolves to (e.g. `::1` for `localhost`),
+    /// served on the same port as `listen`.
+    pub listen_more: Vec<SocketAddr>,
+    /// The host name `--listen` gave, when it was not an IP address.
+    pub listen_name: Option<String>,
     pub data: PathBuf,
     /// The catalog (default: SQLite in `DATA/ferry.db`).
     pub catalog: CatalogUrl,
@@ -675,6 +780,8 @@ pub struct Config {
     /// The flags and environment this configuration was resolved from: a SIGHUP resolves them
     /// again over the re-read file (tokens, certificate).
     pub args: ServeArgs,
+    /// `[limits]`: per-principal quotas and retention of finished files.
+    pub limits: crate::upload::PrincipalLimits,
 }
 
 fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
@@ -710,8 +817,15 @@ impl Config {
         };
         // A shared catalog means several processes: leases must live in it too.
         let leases = args.leases.or(file.leases).unwrap_or(if matches!(catalog, CatalogUrl::Postgres(_)) { LeaseMode::Catalog } else { LeaseMode::Local });
+        let listen_text = args.listen.clone().or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".to_string());
+        let mut listen_addrs = parse_listen(&listen_text).map_err(|e| anyhow::anyhow!("listen: {e}"))?;
+        let listen = listen_addrs.remove(0);
+        let listen_name = listen_text.trim().parse::<SocketAddr>().is_err().then(|| listen_text.trim().rsplit_once(':').map_or("", |(h, _)| h).to_string());
         Ok(Config {
-            listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid")),
+            listen,
+            listen_more: listen_addrs,
+            listen_name,
+            limits: file.limits.resolve()?,
             blobs: match args.blobs.as_deref().or(file.blobs.as_deref()) {
                 Some(v) => BlobLocation::parse(v),
                 None => BlobLocation::Dir(data.join("blobs")),
@@ -1000,7 +1114,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ferry.toml");
         std::fs::write(&path, "max_size = \"2GiB\"\nlisten = \"127.0.0.1:9000\"\ndurability = \"relaxed\"\n").unwrap();
-        let args = ServeArgs { config: Some(path), listen: Some("127.0.0.1:9999".parse().unwrap()), ..Default::default() };
+        let args = ServeArgs { config: Some(path), listen: Some("127.0.0.1:9999".into()), ..Default::default() };
         let c = Config::resolve(&args).unwrap();
         assert_eq!(c.listen.port(), 9999);
         assert_eq!(c.max_size, 2 << 30);
@@ -1027,6 +1141,46 @@ mod tests {
         for bad in ["min_free_space = \"lots\"\n", "min_free_space = \"150%\"\n", "max_connections = 0\n"] {
             std::fs::write(&path, bad).unwrap();
             assert!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err(), "accepted: {bad}");
+        }
+    }
+
+    #[test]
+    fn limits_default_and_per_principal_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(
+            &path,
+            "[limits]\nmax_bytes = \"1GiB\"\nmax_uploads_in_progress = 5\nretain_finished = \"30d\"\n\n[limits.principals.alice]\nmax_bytes = \"unlimited\"\nretain_finished = \"never\"\n\n[limits.principals.bob]\nmax_uploads_in_progress = 0\n",
+        )
+        .unwrap();
+        let l = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap().limits;
+        let day = Duration::from_secs(86_400);
+        assert_eq!(l.of("carol"), crate::upload::Limits { max_bytes: Some(1 << 30), max_uploads_in_progress: Some(5), retain_finished: Some(30 * day) });
+        assert_eq!(l.of("alice"), crate::upload::Limits { max_bytes: None, max_uploads_in_progress: Some(5), retain_finished: None }, "keys left out are the default's");
+        assert_eq!(l.of("bob").max_uploads_in_progress, Some(0));
+        assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().limits, crate::upload::PrincipalLimits::default(), "no limits by default");
+        for bad in [
+            "[limits]\nmax_bytes = \"lots\"\n",
+            "[limits]\nmax_uploads_in_progress = -1\n",
+            "[limits]\nretain_finished = \"0s\"\n",
+            "[limits]\nmax_files = 3\n",
+            "[limits.principals.\"a b\"]\nmax_bytes = 1\n",
+            "[limits.principals.x]\nmax = 1\n",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err(), "accepted: {bad}");
+        }
+    }
+
+    #[test]
+    fn listen_takes_ip_addresses_and_host_names() {
+        assert_eq!(parse_listen("127.0.0.1:8080").unwrap(), vec!["127.0.0.1:8080".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(parse_listen("[::1]:0").unwrap(), vec!["[::1]:0".parse::<SocketAddr>().unwrap()]);
+        let local = parse_listen("localhost:8080").unwrap();
+        assert!(local.iter().all(|a| a.ip().is_loopback() && a.port() == 8080), "{local:?}");
+        assert!(local[0].is_ipv4() || local.iter().all(|a| a.is_ipv6()), "IPv4 first: {local:?}");
+        for bad in ["localhost", ":8080", "localhost:http", "localhost:70000", "no-such-host.invalid:1"] {
+            assert!(parse_listen(bad).is_err(), "accepted {bad}");
         }
     }
 

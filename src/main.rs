@@ -37,9 +37,13 @@ enum Command {
     Share(ferry::cli::files::ShareArgs),
 }
 
+/// Logs on stderr: `RUST_LOG` filters; colours only on a terminal (a pipe, a file or journald
+/// gets plain lines) and never with `NO_COLOR` set (https://no-color.org).
 fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
@@ -19,6 +20,42 @@ pub struct OutcomeLabel {
     /// `delivered`, `retry` or `failed` (given up).
     pub outcome: &'static str,
 }
+
+/// Label set of `ferry_http_request_duration_seconds`: bounded — `route` is the matched route
+/// template (`/files/{id}`, `/api/v1/tasks/{id}`…, `unmatched` for anything else), `method` one
+/// of the methods ferry serves (else `OTHER`), `status` the response's code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: &'static str,
+    pub route: String,
+    pub status: u16,
+}
+
+/// Label set of `ferry_tasks`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// A registered task kind.
+    pub kind: String,
+    /// `working`, `input_required`, `completed`, `failed`, `cancelled`.
+    pub status: &'static str,
+}
+
+/// Label set of `ferry_disk_free_bytes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirLabel {
+    /// `data` (`--data`) or `blobs` (`--blobs`, when it is a directory).
+    pub dir: &'static str,
+}
+
+/// The route a request matched, as a response extension: set inside the router (where the
+/// match is known), read by the outer middleware that times the whole request.
+#[derive(Clone, Debug)]
+pub struct MatchedRoute(pub String);
+
+/// Buckets of `ferry_http_request_duration_seconds`: 1 ms to 10 min (a PATCH may stream long).
+const REQUEST_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0];
+/// Buckets of `ferry_checkpoint_duration_seconds`: 0.5 ms to 10 s (fsync + catalog commit).
+const CHECKPOINT_BUCKETS: [f64; 13] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
 /// Every metric ferry exports.
 pub struct Metrics {
@@ -39,6 +76,20 @@ pub struct Metrics {
     pub webhook_deliveries_pending: Gauge,
     /// Webhook deliveries given up and still kept.
     pub webhook_deliveries_failed: Gauge,
+    /// File bytes sent in download bodies.
+    pub bytes_sent: Counter,
+    /// Request durations by method, route template and status.
+    pub request_duration: Family<RouteLabels, Histogram>,
+    /// Tasks by kind and status (the catalog's, refreshed on every scrape).
+    pub tasks: Family<TaskLabels, Gauge>,
+    /// Tasks waiting for a worker.
+    pub task_queue_depth: Gauge,
+    /// Checkpoint durations: fsync (or part upload) + catalog commit.
+    pub checkpoint_duration: Histogram,
+    /// Free bytes on the filesystem of the data and blob directories (refreshed on every scrape).
+    pub disk_free: Family<DirLabel, Gauge>,
+    /// Finished files removed by retention (`retain_finished`).
+    pub uploads_retention_removed: Counter,
 }
 
 impl Default for Metrics {
@@ -55,6 +106,13 @@ impl Default for Metrics {
             webhook_deliveries: Family::default(),
             webhook_deliveries_pending: Gauge::default(),
             webhook_deliveries_failed: Gauge::default(),
+            bytes_sent: Counter::default(),
+            request_duration: Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)),
+            tasks: Family::default(),
+            task_queue_depth: Gauge::default(),
+            checkpoint_duration: Histogram::new(CHECKPOINT_BUCKETS),
+            disk_free: Family::default(),
+            uploads_retention_removed: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP responses by status code", m.requests.clone());
@@ -67,6 +125,23 @@ impl Default for Metrics {
         registry.register("webhook_attempts", "Webhook delivery attempts by outcome (delivered, retry, failed = given up)", m.webhook_deliveries.clone());
         registry.register("webhook_deliveries_pending", "Webhook deliveries not yet acknowledged by their receiver (the backlog)", m.webhook_deliveries_pending.clone());
         registry.register("webhook_deliveries_failed", "Webhook deliveries given up after their retry window", m.webhook_deliveries_failed.clone());
+        registry.register("bytes_sent", "File bytes sent in download bodies (GET /files/{id}, signed download links)", m.bytes_sent.clone());
+        registry.register_with_unit(
+            "http_request_duration",
+            "HTTP request durations, from the request's arrival to the end of the response headers, by method, matched route template and status",
+            prometheus_client::registry::Unit::Seconds,
+            m.request_duration.clone(),
+        );
+        registry.register("tasks", "Tasks in the catalog by kind and status (every replica sees the same numbers)", m.tasks.clone());
+        registry.register("task_queue_depth", "Tasks waiting for a worker: working, and no worker holds them", m.task_queue_depth.clone());
+        registry.register_with_unit(
+            "checkpoint_duration",
+            "Upload checkpoint durations: making bytes durable (fsync, part upload) and committing offset and sha256 midstate",
+            prometheus_client::registry::Unit::Seconds,
+            m.checkpoint_duration.clone(),
+        );
+        registry.register_with_unit("disk_free", "Free space on the filesystem of the data (and blob) directory", prometheus_client::registry::Unit::Bytes, m.disk_free.clone());
+        registry.register("uploads_retention_removed", "Finished files removed by retention (retain_finished)", m.uploads_retention_removed.clone());
         Metrics { registry, ..m }
     }
 }

@@ -22,7 +22,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
-    if !cfg.listen.ip().is_loopback() && cfg.tokens.is_empty() && !cfg.insecure_no_auth {
+    let public = std::iter::once(&cfg.listen).chain(&cfg.listen_more).any(|a| !a.ip().is_loopback());
+    if public && cfg.tokens.is_empty() && !cfg.insecure_no_auth {
         anyhow::bail!(
             "refusing to listen on {} without bearer tokens: create one with `ferry token create NAME`, \
              or pass --insecure-no-auth to let anyone who can connect read and write everything",
@@ -74,6 +75,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 },
                 cfg.min_free_space,
             ),
+            limits: cfg.limits.clone(),
+            disk_dirs: match &cfg.blobs {
+                BlobLocation::Dir(dir) => vec![("data", cfg.data.clone()), ("blobs", dir.clone())],
+                BlobLocation::S3(_) => vec![("data", cfg.data.clone())],
+            },
             ..EngineConfig::default()
         },
         metrics.clone(),
@@ -106,6 +112,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
+    let mut listeners = vec![listener];
+    // The other addresses a `--listen` host name names (`localhost`: ::1 too), on the same port.
+    for more in &cfg.listen_more {
+        let more = std::net::SocketAddr::new(more.ip(), addr.port());
+        match tokio::net::TcpListener::bind(more).await {
+            Ok(l) => listeners.push(l),
+            Err(e) => tracing::warn!(addr = %more, error = %e, "not listening on this address of the --listen host name"),
+        }
+    }
     if cfg.public_url.is_none() && addr.ip().is_unspecified() {
         tracing::warn!(%addr, "listening on a wildcard address without --public-url: signed URLs and MCP results will name {addr}, which clients cannot reach; set --public-url");
     }
@@ -185,7 +200,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         shutdown.cancel();
         shutdown_engine.begin_shutdown();
     };
-    serve_http(listener, router, signal, max_connections, acceptor).await;
+    serve_http(listeners, router, signal, max_connections, acceptor).await;
     reloader.abort();
     tasks.shutdown();
     sweeper.abort();
@@ -318,6 +333,8 @@ fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
         return Vec::new();
     }
     let mut hosts: Vec<String> = if addr.ip().is_loopback() { vec!["localhost".into(), "127.0.0.1".into(), "::1".into()] } else { vec![addr.ip().to_string()] };
+    hosts.extend(cfg.listen_more.iter().map(|a| a.ip().to_string()));
+    hosts.extend(cfg.listen_name.clone());
     if let Some(host) = cfg.public_url.as_deref().and_then(|u| u.parse::<http::Uri>().ok()).and_then(|u| u.host().map(str::to_owned)) {
         hosts.push(host.trim_start_matches('[').trim_end_matches(']').to_string());
     }
@@ -372,7 +389,7 @@ fn connection_cap(configured: Option<u32>) -> usize {
 /// With `tls`, each accepted connection first completes a TLS handshake (within
 /// [`HEADER_READ_TIMEOUT`], on its own task, so a slow handshake never holds up accepting).
 async fn serve_http(
-    listener: tokio::net::TcpListener,
+    listeners: Vec<tokio::net::TcpListener>,
     router: axum::Router,
     signal: impl std::future::Future<Output = ()>,
     max_connections: usize,
@@ -401,7 +418,7 @@ async fn serve_http(
             }
         };
         let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = accept_any(&listeners) => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning;
@@ -458,6 +475,11 @@ async fn serve_http(
     if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
         tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting");
     }
+}
+
+/// The next connection on any of `listeners`.
+async fn accept_any(listeners: &[tokio::net::TcpListener]) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    futures::future::select_all(listeners.iter().map(|l| Box::pin(l.accept()))).await.0
 }
 
 async fn shutdown_signal() {

@@ -40,7 +40,8 @@ pub struct FileView {
     pub sha256: Option<String>,
     /// Unix ms.
     pub created_at: i64,
-    /// Unix ms after which an unfinished upload is swept.
+    /// Unix ms after which an unfinished upload is swept, or a finished file is removed by its
+    /// owner's retention (`retain_finished`); absent when neither applies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
     /// Relative URL for GET (download) and TUS requests.
@@ -64,7 +65,7 @@ pub fn file_view(r: &UploadRecord) -> FileView {
         complete: r.is_finished(),
         sha256: r.sha256.map(hex::encode),
         created_at: r.created_at_ms,
-        expires_at: if r.is_finished() { None } else { r.expires_at_ms },
+        expires_at: r.expires_at_ms,
         url: format!("{FILES_PATH}{}", r.id),
         metadata: metadata_map(&r.metadata),
     }

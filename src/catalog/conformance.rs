@@ -68,6 +68,8 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_release_requests(cat, prefix).await;
     check_shared_secret(cat, prefix).await;
     check_mcp_sessions(cat, prefix).await;
+    super::conformance_quota::check_usage_and_quota(cat, prefix).await;
+    super::conformance_quota::check_retention(cat, prefix).await;
     super::conformance_tasks::run_all(cat, prefix).await;
     super::conformance_events::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
@@ -81,6 +83,7 @@ pub async fn run_concurrent(a: &dyn Catalog, b: &dyn Catalog, prefix: &str) {
     super::conformance_events::check_racing_delivery_claims(a, b, prefix).await;
     check_racing_expiry(a, b, prefix).await;
     check_release_request_crosses_handles(a, b, prefix).await;
+    super::conformance_quota::check_racing_quota(a, b, prefix).await;
 }
 
 pub async fn check_create_get_roundtrip(cat: &dyn Catalog, p: &str) {

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 
 pub mod conformance;
 pub mod conformance_events;
+pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
 pub mod events;
@@ -129,6 +130,54 @@ pub enum KeyedCreate {
     Existing { upload: Box<UploadRecord>, fingerprint: String },
 }
 
+/// Per-principal limits the catalog enforces, in the same transaction, when it inserts an
+/// upload ([`Catalog::create_upload_within`]); `None` = no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// Most bytes stored: the sum over the principal's live uploads of their length, or of
+    /// their offset while the length is unknown.
+    pub max_bytes: Option<u64>,
+    /// Most unfinished uploads (not expired) at once.
+    pub max_uploads_in_progress: Option<u64>,
+}
+
+/// What a principal uses now, as [`Catalog::usage`] counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes stored or reserved: for every live upload (not a tombstone, not past its expiry
+    /// while unfinished) its length when known, else its durable offset.
+    pub bytes: u64,
+    /// Unfinished live uploads (partial and final uploads of a concatenation included).
+    pub uploads_in_progress: u64,
+}
+
+impl Usage {
+    /// The first limit of `quota` that `self` (a use that includes a new upload reserving
+    /// `added_bytes` and counting as one more upload in progress when `added_upload`) breaks.
+    pub fn exceeds(&self, quota: &Quota, added_bytes: u64, added_upload: bool) -> Option<ferry_tus::QuotaDetail> {
+        if let Some(limit) = quota.max_uploads_in_progress {
+            if added_upload && self.uploads_in_progress > limit {
+                return Some(ferry_tus::QuotaDetail { name: "uploads_in_progress", limit, used: self.uploads_in_progress - 1, requested: 1 });
+            }
+        }
+        if let Some(limit) = quota.max_bytes {
+            if self.bytes > limit {
+                return Some(ferry_tus::QuotaDetail { name: "bytes", limit, used: self.bytes.saturating_sub(added_bytes), requested: added_bytes });
+            }
+        }
+        None
+    }
+}
+
+/// Whose finished uploads [`Catalog::list_finished_before`] lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrincipalScope {
+    /// One principal's.
+    Only(String),
+    /// Every principal's but these (the default retention, minus principals with their own).
+    AllExcept(Vec<String>),
+}
+
 /// Catalog failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -150,6 +199,10 @@ pub enum CatalogError {
     /// descriptors, an I/O error). The write was rolled back; retry later.
     #[error("catalog unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A per-principal quota has no room for the upload ([`Catalog::create_upload_within`]);
+    /// nothing was inserted.
+    #[error("quota {} exceeded: {} of {} used", .0.name, .0.used, .0.limit)]
+    QuotaExceeded(ferry_tus::QuotaDetail),
     /// The backing database failed.
     #[error("catalog backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -208,6 +261,30 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
     /// the upload or [`Catalog::mark_expired`] frees it. Keys of different principals never
     /// collide. Fails with `AlreadyExists` only if `rec.id` is taken.
     async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate>;
+
+    /// [`Catalog::create_upload_keyed`] (or [`Catalog::create_upload`] when `key` is `None`)
+    /// under `quota`, atomically across processes: the new row is inserted and the principal's
+    /// [`Catalog::usage`] (at `rec.created_at_ms`, the new row included) checked in one
+    /// transaction that concurrent creations of the same principal cannot interleave with
+    /// (SQLite: one writer at a time; PostgreSQL: a per-principal advisory lock held to
+    /// commit). Over a limit → `QuotaExceeded` with the limit and the use without the new row,
+    /// and nothing is inserted. A retried request whose key already holds a live upload gets
+    /// `Existing`, whatever the quota says (it creates nothing).
+    async fn create_upload_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<KeyedCreate>;
+
+    /// What `principal` uses at `now_ms` (see [`Usage`]): one aggregate over its rows.
+    async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage>;
+
+    /// Ids of finished, live uploads of `scope` that finished at or before `finished_before_ms`,
+    /// oldest first, at most `limit` (retention of finished files).
+    async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
+
+    /// Retention's compare-and-set: tombstone finished upload `id` at `now_ms` only if it is
+    /// still live and finished at or before `finished_before_ms` (its bytes are then removed by
+    /// the caller; the id answers 410, then 404 once the tombstone is forgotten). Emits
+    /// `upload.expired` like any tombstone. Returns whether this call tombstoned it; of many
+    /// sweepers racing, one wins. Unknown id → `Ok(false)`.
+    async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool>;
 
     /// The upload's current row, tombstones included; `Ok(None)` if unknown.
     /// Reads what the last committed checkpoint wrote (read-your-writes).

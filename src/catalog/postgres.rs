@@ -16,7 +16,10 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, ReleaseRequest, ReleaseRequests, UploadRecord};
+use super::{
+    Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest, ReleaseRequests,
+    UploadRecord, Usage,
+};
 
 /// The `NOTIFY` channel of release requests (release-on-request across replicas).
 const RELEASE_CHANNEL: &str = "ferry_release";
@@ -181,38 +184,73 @@ fn scrub(text: &str, url: &str) -> String {
     }
 }
 
+/// INSERT `rec` (holding `key` when given) through `exec`.
+async fn insert_on<'e>(exec: impl sqlx::PgExecutor<'e>, rec: &UploadRecord, key: Option<&CreationKey>) -> CatalogResult<()> {
+    let (kind, parts, header) = match &rec.concat {
+        Concat::None => ("none", None, None),
+        Concat::Partial => ("partial", None, None),
+        Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
+    };
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)"
+    )))
+    .bind(&rec.id)
+    .bind(&rec.principal)
+    .bind(rec.length.map(to_i64).transpose()?)
+    .bind(to_i64(rec.offset)?)
+    .bind(&rec.metadata)
+    .bind(&rec.hash_state)
+    .bind(rec.sha256.map(|d| d.to_vec()))
+    .bind(rec.expected_sha256.map(|d| d.to_vec()))
+    .bind(kind)
+    .bind(parts)
+    .bind(header)
+    .bind(rec.created_at_ms)
+    .bind(rec.updated_at_ms)
+    .bind(rec.expires_at_ms)
+    .bind(rec.finished_at_ms)
+    .bind(rec.expired)
+    .bind(&rec.blob_state)
+    .bind(key.map(|k| k.key.as_str()))
+    .bind(key.map(|k| k.fingerprint.as_str()))
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
+/// [`Catalog::usage`] through `exec`.
+async fn usage_on<'e>(exec: impl sqlx::PgExecutor<'e>, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
+    let row = sqlx::query(
+        "SELECT COALESCE(SUM(COALESCE(length, \"offset\")), 0)::BIGINT AS bytes, \
+         COUNT(*) FILTER (WHERE finished_at_ms IS NULL) AS open \
+         FROM uploads WHERE principal = $1 AND NOT expired \
+         AND (finished_at_ms IS NOT NULL OR expires_at_ms IS NULL OR expires_at_ms > $2)",
+    )
+    .bind(principal)
+    .bind(now_ms)
+    .fetch_one(exec)
+    .await?;
+    Ok(Usage { bytes: row.try_get::<i64, _>("bytes")?.max(0) as u64, uploads_in_progress: row.try_get::<i64, _>("open")?.max(0) as u64 })
+}
+
 impl PostgresCatalog {
     /// INSERT `rec`, holding `key` when given.
     async fn insert(&self, rec: &UploadRecord, key: Option<&CreationKey>) -> CatalogResult<()> {
-        let (kind, parts, header) = match &rec.concat {
-            Concat::None => ("none", None, None),
-            Concat::Partial => ("partial", None, None),
-            Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
-        };
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)"
-        )))
-        .bind(&rec.id)
-        .bind(&rec.principal)
-        .bind(rec.length.map(to_i64).transpose()?)
-        .bind(to_i64(rec.offset)?)
-        .bind(&rec.metadata)
-        .bind(&rec.hash_state)
-        .bind(rec.sha256.map(|d| d.to_vec()))
-        .bind(rec.expected_sha256.map(|d| d.to_vec()))
-        .bind(kind)
-        .bind(parts)
-        .bind(header)
-        .bind(rec.created_at_ms)
-        .bind(rec.updated_at_ms)
-        .bind(rec.expires_at_ms)
-        .bind(rec.finished_at_ms)
-        .bind(rec.expired)
-        .bind(&rec.blob_state)
-        .bind(key.map(|k| k.key.as_str()))
-        .bind(key.map(|k| k.fingerprint.as_str()))
-        .execute(&self.pool)
-        .await?;
+        insert_on(&self.pool, rec, key).await
+    }
+
+    /// INSERT `rec` and check `quota` in one transaction, holding a transaction-scoped advisory
+    /// lock on the principal (`ferry.quota:<principal>`) from before the count to commit, so
+    /// concurrent creations of one principal on any replica are checked one after the other.
+    async fn insert_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&rec.principal).execute(&mut *tx).await?;
+        insert_on(&mut *tx, rec, key).await?;
+        let used = usage_on(&mut *tx, &rec.principal, rec.created_at_ms).await?;
+        if let Some(q) = used.exceeds(quota, rec.length.unwrap_or(rec.offset), !rec.is_finished()) {
+            return Err(CatalogError::QuotaExceeded(q));
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -252,6 +290,67 @@ impl Catalog for PostgresCatalog {
             }
         }
         Err(CatalogError::Backend("creation key contended too long".into()))
+    }
+
+    async fn create_upload_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<KeyedCreate> {
+        let Some(key) = key else {
+            return self.insert_within(rec, None, quota).await.map(|()| KeyedCreate::Created);
+        };
+        for _ in 0..3 {
+            match self.insert_within(rec, Some(key), quota).await {
+                Ok(()) => return Ok(KeyedCreate::Created),
+                Err(CatalogError::AlreadyExists) => {
+                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
+                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
+                    }
+                    if self.get_upload(&rec.id).await?.is_some() {
+                        return Err(CatalogError::AlreadyExists);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CatalogError::Backend("creation key contended too long".into()))
+    }
+
+    async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
+        usage_on(&self.pool, principal, now_ms).await
+    }
+
+    async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
+        let base = "SELECT id FROM uploads WHERE finished_at_ms IS NOT NULL AND NOT expired AND finished_at_ms <= $1";
+        let rows = match scope {
+            PrincipalScope::Only(p) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{base} AND principal = $2 ORDER BY finished_at_ms LIMIT $3")))
+                    .bind(finished_before_ms)
+                    .bind(p)
+                    .bind(limit as i64)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            PrincipalScope::AllExcept(ps) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{base} AND NOT (principal = ANY($2)) ORDER BY finished_at_ms LIMIT $3")))
+                    .bind(finished_before_ms)
+                    .bind(ps)
+                    .bind(limit as i64)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
+    }
+
+    async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
+        let done = sqlx::query(
+            "UPDATE uploads SET updated_at_ms = $1, expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
+             WHERE id = $2 AND finished_at_ms IS NOT NULL AND finished_at_ms <= $3 AND NOT expired",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .bind(finished_before_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {

@@ -334,4 +334,24 @@ impl TaskCatalog for PostgresCatalog {
         let out = sweep_in(&mut tx, now_ms).await;
         settle(tx, out).await
     }
+
+    async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
+        let rows = sqlx::query(
+            "SELECT kind, status, COUNT(*) AS n, \
+             COUNT(*) FILTER (WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= ferry_now_ms())) AS waiting \
+             FROM tasks GROUP BY kind, status",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(super::tasks::TaskCount {
+                    kind: r.try_get("kind")?,
+                    status: r.try_get("status")?,
+                    count: r.try_get::<i64, _>("n")?.max(0) as u64,
+                    waiting: r.try_get::<i64, _>("waiting")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
 }

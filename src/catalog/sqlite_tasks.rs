@@ -301,4 +301,24 @@ impl TaskCatalog for SqliteCatalog {
         tx.commit().await?;
         Ok(done.rows_affected())
     }
+
+    async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT kind, status, COUNT(*) AS n, \
+             SUM(CASE WHEN status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {DB_NOW}) THEN 1 ELSE 0 END) AS waiting \
+             FROM tasks GROUP BY kind, status"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(super::tasks::TaskCount {
+                    kind: r.try_get("kind")?,
+                    status: r.try_get("status")?,
+                    count: r.try_get::<i64, _>("n")?.max(0) as u64,
+                    waiting: r.try_get::<i64, _>("waiting")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
 }

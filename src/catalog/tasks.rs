@@ -242,6 +242,22 @@ pub trait TaskCatalog: Send + Sync {
     /// condition is re-checked at delete time, so it is safe on every replica at once and never
     /// touches a task that is not terminal. Returns how many were deleted.
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64>;
+
+    /// How many tasks there are of each (kind, status) (for `/metrics`), and of those
+    /// `working` how many no worker holds now (no lease, or an expired one on the database
+    /// clock): the queue. One aggregate; kinds and statuses with no task are absent.
+    async fn task_counts(&self) -> CatalogResult<Vec<TaskCount>>;
+}
+
+/// One row of [`TaskCatalog::task_counts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskCount {
+    pub kind: String,
+    /// `working`, `input_required`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+    pub count: u64,
+    /// Of `count`, the tasks waiting for a worker (only `working` ones can be).
+    pub waiting: u64,
 }
 
 #[cfg(test)]

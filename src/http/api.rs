@@ -54,7 +54,7 @@ pub fn routes() -> Router<AppState> {
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
     paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, share_file, openapi_json, super::events::events, super::events::deliveries),
-    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, super::events::DeliveryList)),
+    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
     modifiers(&DocExtras),
     security(("bearer" = [])),
     tags(
@@ -184,6 +184,23 @@ pub(super) struct ProblemDoc {
     recovery_hint: String,
     /// Present when part of the work is durable, e.g. an upload's offset to resume from.
     partial: Option<PartialDoc>,
+    /// Present with `quota_exceeded`: which per-principal quota, its limit and the current use.
+    quota: Option<QuotaDoc>,
+}
+
+/// A per-principal quota that refused the request.
+#[derive(ToSchema)]
+#[schema(as = Quota)]
+#[allow(dead_code)]
+struct QuotaDoc {
+    /// `bytes` (bytes stored) or `uploads_in_progress` (unfinished uploads).
+    name: String,
+    /// The configured limit (bytes, or a count).
+    limit: u64,
+    /// The principal's current use without this request (bytes, or a count).
+    used: u64,
+    /// What the request needed on top (bytes, or 1 upload).
+    requested: u64,
 }
 
 /// Durable progress of a refused request.

@@ -199,6 +199,11 @@ pub async fn get(
         }
     };
     let stream = s.engine.read(&rec, range.clone()).await?;
+    // `ferry_bytes_sent_total`: counted as the server hands each chunk to the connection.
+    let sent = s.metrics.bytes_sent.clone();
+    let stream = futures::TryStreamExt::inspect_ok(stream, move |chunk| {
+        sent.inc_by(chunk.len() as u64);
+    });
     headers.insert("content-length", HeaderValue::from(range.end - range.start));
     tus_headers(&mut headers);
     let mut res = (status, Body::from_stream(stream)).into_response();

@@ -28,6 +28,10 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
+    s.engine.refresh_metrics();
+    if let Err(e) = s.tasks.refresh_metrics().await {
+        tracing::warn!(error = %e, "metrics: could not count tasks");
+    }
     let mut res = s.metrics.encode().into_response();
     res.headers_mut().insert("content-type", HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"));
     res

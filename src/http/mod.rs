@@ -156,6 +156,7 @@ where
         })
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
+        .layer(middleware::from_fn(note_route))
         .layer(middleware::from_fn_with_state(state.clone(), guard_origin))
         .with_state(state.clone());
     // CORS is for the TUS endpoints only (browser uploaders such as Uppy on another origin);
@@ -255,13 +256,68 @@ async fn method_override(mut req: Request) -> Request {
     req
 }
 
-async fn count_status(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// Inside the router, where the match is known: put the matched route template on the
+/// response for [`count_status`] (`unmatched` when no route matched: the fallbacks).
+async fn note_route(req: Request, next: Next) -> Response {
+    let route = match req.extensions().get::<axum::extract::MatchedPath>() {
+        // A nested service (`/mcp`) reports its own tail parameter; the prefix is the route.
+        Some(m) => m.as_str().split("/{*").next().unwrap_or("/").to_string(),
+        None => "unmatched".to_string(),
+    };
     let mut res = next.run(req).await;
-    state.metrics.requests.get_or_create(&crate::metrics::StatusLabel { status: res.status().as_u16() }).inc();
-    if let Some(reason) = reason_phrase(res.status().as_u16()) {
+    res.extensions_mut().insert(crate::metrics::MatchedRoute(route));
+    res
+}
+
+/// The label for a request method: the methods ferry serves, else `OTHER` (bounded cardinality).
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::PUT => "PUT",
+        _ => "OTHER",
+    }
+}
+
+/// Outermost layer: responses by status, the duration of every request by method, route
+/// template and status, measured until its response body ends (a download's last byte, or the
+/// client going away), and the reason phrase of statuses hyper has none for.
+async fn count_status(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = method_label(req.method());
+    let mut res = next.run(req).await;
+    let status = res.status().as_u16();
+    state.metrics.requests.get_or_create(&crate::metrics::StatusLabel { status }).inc();
+    if let Some(reason) = reason_phrase(status) {
         res.extensions_mut().insert(hyper::ext::ReasonPhrase::from_static(reason));
     }
-    res
+    let route = res.extensions().get::<crate::metrics::MatchedRoute>().map_or_else(|| "unmatched".to_string(), |r| r.0.clone());
+    let timer = RequestTimer { metrics: state.metrics.clone(), labels: Some(crate::metrics::RouteLabels { method, route, status }), started };
+    let (parts, body) = res.into_parts();
+    let body = http_body_util::BodyExt::map_frame(body, move |frame| {
+        let _ = &timer;
+        frame
+    });
+    Response::from_parts(parts, axum::body::Body::new(body))
+}
+
+/// Records a request's duration when its response body is dropped (sent, or abandoned).
+struct RequestTimer {
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    labels: Option<crate::metrics::RouteLabels>,
+    started: std::time::Instant,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        if let Some(labels) = self.labels.take() {
+            self.metrics.request_duration.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// The HTTP/1 reason phrase of a status hyper knows no phrase for (it would write `460 <none>`):
@@ -320,6 +376,9 @@ pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::Upload
     });
     if let Some(c) = e.cursor {
         body["partial"] = serde_json::json!({ "cursor": c });
+    }
+    if let Some(q) = &e.quota {
+        body["quota"] = serde_json::json!({ "name": q.name, "limit": q.limit, "used": q.used, "requested": q.requested });
     }
     for (name, value) in draft_type.map(|d| d.members()).unwrap_or_default() {
         body[name] = serde_json::json!(value);

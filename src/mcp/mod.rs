@@ -486,6 +486,7 @@ impl FerryMcp {
                 let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
                 let hint = match code {
                     ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
+                    ErrorCode::QuotaExceeded => "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed (file_delete), then start the task again.",
                     ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
                         "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later (the same idempotency_key starts a new run)."
                     }
@@ -639,6 +640,12 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
             "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check file_status and resume from error.partial.cursor; tell the user if it persists."
         }
         ErrorCode::Unavailable => "The server was briefly out of resources and changed nothing: wait a few seconds and call again.",
+        ErrorCode::QuotaExceeded if e.quota.as_ref().is_some_and(|q| q.name == "uploads_in_progress") => {
+            "Too many unfinished uploads (error.quota has the limit and the count): finish or file_delete one of them (file_list shows them), then call again."
+        }
+        ErrorCode::QuotaExceeded => {
+            "The storage quota is full (error.quota has the limit and the bytes used): file_delete files that are no longer needed, or ask the user to raise the quota; nothing acknowledged was lost."
+        }
         _ => return e,
     };
     e.recovery_hint = hint.to_string();

@@ -83,6 +83,23 @@ pub struct ErrorObject {
     pub recovery_hint: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partial: Option<Partial>,
+    /// For `quota_exceeded`: which quota, its limit and the current use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaOut>,
+}
+
+/// A per-principal quota that refused a call (`error.quota`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaOut {
+    /// `bytes` (bytes stored) or `uploads_in_progress` (unfinished uploads).
+    pub name: String,
+    /// The configured limit (bytes, or a count).
+    pub limit: u64,
+    /// The current use without this call (bytes, or a count).
+    pub used: u64,
+    /// What the call needed on top (bytes, or 1 upload).
+    pub requested: u64,
 }
 
 impl ErrorObject {
@@ -93,6 +110,7 @@ impl ErrorObject {
             retryable: e.code.retryable(),
             recovery_hint: e.recovery_hint.clone(),
             partial: e.cursor.map(|cursor| Partial { cursor }),
+            quota: e.quota.as_deref().map(|q| QuotaOut { name: q.name.to_string(), limit: q.limit, used: q.used, requested: q.requested }),
         }
     }
 }

@@ -107,6 +107,28 @@ impl Engine {
         k
     }
 
+    /// Bring the task gauges of `/metrics` up to date from the catalog: `ferry_tasks{kind,status}`
+    /// for every registered kind and status (0 when none), and `ferry_task_queue_depth` (tasks of
+    /// kinds workers run that no worker holds). Kinds not registered here are left out, so the
+    /// label set stays bounded.
+    pub async fn refresh_metrics(&self) -> Result<(), CatalogError> {
+        let counts = self.catalog.task_counts().await?;
+        let metrics = &self.uploads.metrics;
+        let mut waiting = 0u64;
+        for kind in self.kinds() {
+            for status in [TaskStatus::Working, TaskStatus::InputRequired, TaskStatus::Completed, TaskStatus::Failed, TaskStatus::Cancelled] {
+                let name = status.as_str();
+                let n = counts.iter().filter(|c| c.kind == kind && c.status == name).map(|c| c.count).sum::<u64>();
+                metrics.tasks.get_or_create(&crate::metrics::TaskLabels { kind: kind.clone(), status: name }).set(n as i64);
+            }
+            if self.jobs.get(&kind).is_some_and(|j| j.runnable()) {
+                waiting += counts.iter().filter(|c| c.kind == kind).map(|c| c.waiting).sum::<u64>();
+            }
+        }
+        metrics.task_queue_depth.set(waiting as i64);
+        Ok(())
+    }
+
     pub fn uploads(&self) -> &Arc<UploadEngine> {
         &self.uploads
     }

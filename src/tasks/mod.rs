@@ -62,7 +62,7 @@ impl From<ferry_tus::TusError> for JobError {
             ferry_tus::ErrorCode::NotFound | ferry_tus::ErrorCode::InvalidArgument | ferry_tus::ErrorCode::UploadIncomplete | ferry_tus::ErrorCode::UploadExpired => {
                 JobError::failed(e.detail)
             }
-            ferry_tus::ErrorCode::InsufficientStorage | ferry_tus::ErrorCode::Unavailable => JobError::Exhausted(e),
+            ferry_tus::ErrorCode::InsufficientStorage | ferry_tus::ErrorCode::Unavailable | ferry_tus::ErrorCode::QuotaExceeded => JobError::Exhausted(e),
             ferry_tus::ErrorCode::Locked => JobError::Busy(e.detail),
             _ => JobError::Internal(e.to_string()),
         }

@@ -25,6 +25,8 @@ enum End {
     Shutdown,
     /// Free space fell to the reserve (DESIGN §9): keep what arrived, answer 507.
     Reserve,
+    /// The principal's bytes quota is reached: keep what fitted, answer 507 `quota_exceeded`.
+    Quota,
 }
 
 /// How often (in bytes received) a PATCH re-measures free space against the reserve.
@@ -59,6 +61,8 @@ pub(crate) struct Appender {
 /// Offset and midstate captured when a background fsync started; they describe exactly the
 /// bytes that fsync covers, so committing them after it resolves keeps DESIGN §2's invariant.
 struct PendingCheckpoint {
+    /// When the fsync started (`ferry_checkpoint_duration_seconds` runs from here to the commit).
+    started: Instant,
     offset: u64,
     hasher: RunningSha256,
     done: SyncFuture,
@@ -162,7 +166,6 @@ impl Appender {
             return Err(lease_lost());
         }
         self.hasher.update(&data);
-        self.engine.count_received(&data);
         if let Err(e) = self.writer.write(data).await {
             return Err(self.released(e.into()).await);
         }
@@ -224,7 +227,7 @@ impl Appender {
             Ok(d) => d,
             Err(e) => return Err(self.released(e.into()).await),
         };
-        self.pending = Some(PendingCheckpoint { offset: self.writer.position(), hasher: self.hasher.clone(), done });
+        self.pending = Some(PendingCheckpoint { started: Instant::now(), offset: self.writer.position(), hasher: self.hasher.clone(), done });
         Ok(())
     }
 
@@ -243,6 +246,9 @@ impl Appender {
                     Ok(blob) => self.commit_durable(p.offset, p.hasher, blob).await,
                     Err(e) => Err(e.into()),
                 };
+                if done.is_ok() {
+                    self.engine.metrics.checkpoint_duration.observe(p.started.elapsed().as_secs_f64());
+                }
                 match done {
                     Ok(()) => Ok(()),
                     Err(e) => Err(self.released(e).await),
@@ -256,6 +262,7 @@ impl Appender {
         if let Some(p) = self.pending.take() {
             let blob = p.done.await?;
             self.commit_durable(p.offset, p.hasher, blob).await?;
+            self.engine.metrics.checkpoint_duration.observe(p.started.elapsed().as_secs_f64());
         }
         Ok(())
     }
@@ -299,8 +306,15 @@ impl Appender {
     /// catalog transaction. At completion the whole-upload sha256 is checked against the
     /// declared one; a mismatch resets the upload to offset 0 and answers 460.
     pub(crate) async fn commit(&mut self) -> Result<(), TusError> {
+        let started = Instant::now();
+        let was_finished = self.finished;
         match self.commit_inner().await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if !was_finished {
+                    self.engine.metrics.checkpoint_duration.observe(started.elapsed().as_secs_f64());
+                }
+                Ok(())
+            }
             Err(e) => Err(self.released(e).await),
         }
     }
@@ -432,6 +446,16 @@ impl UploadEngine {
             super::exhausted::drain_body(&mut body).await;
             return Err(e);
         }
+        // A deferred length grows the principal's use as bytes arrive: this PATCH may add at
+        // most the quota's room (a length declared now is checked whole, before any byte).
+        let room = match self.patch_room(&rec, plan.set_length).await {
+            Ok(r) => r,
+            Err(e) => {
+                super::exhausted::drain_body(&mut body).await;
+                return Err(e);
+            }
+        };
+        let mut refused: u64 = 0;
         self.metrics.patches_in_flight.inc();
         let _in_flight = InFlight(self);
         let durable = rec.offset;
@@ -484,13 +508,33 @@ impl UploadEngine {
             if received > plan.max_bytes {
                 break End::TooLarge;
             }
+            if let Some(room) = room.filter(|r| received > *r) {
+                // Keep the part of this chunk that fits, refuse the rest.
+                let fit = room - (received - data.len() as u64);
+                refused = received - room;
+                if fit > 0 {
+                    let part = data.slice(..fit as usize);
+                    digests.update(&part);
+                    let n = part.len() as u64;
+                    if let Err(e) = app.write(part).await {
+                        super::exhausted::drain_body(&mut body).await;
+                        return Err(e);
+                    }
+                    self.metrics.bytes_received.inc_by(n);
+                }
+                break End::Quota;
+            }
             digests.update(&data);
             since_checkpoint += data.len() as u64;
             let crossed = (received - data.len() as u64) / SPACE_CHECK_EVERY != received / SPACE_CHECK_EVERY;
+            let n = data.len() as u64;
             if let Err(e) = app.write(data).await {
                 super::exhausted::drain_body(&mut body).await;
                 return Err(e);
             }
+            // `ferry_bytes_received_total`: bytes of request bodies, written (a task's own
+            // files and a concatenation's copies are not received).
+            self.metrics.bytes_received.inc_by(n);
             if crossed && self.check_space(0, None).is_err() {
                 break End::Reserve;
             }
@@ -577,7 +621,7 @@ impl UploadEngine {
                 )
                 .with_cursor(kept));
             }
-            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown | End::Reserve => {
+            End::Disconnected | End::Idle | End::TakenOver | End::Shutdown | End::Reserve | End::Quota => {
                 // Keep what arrived, unless it can no longer be verified.
                 if verifying {
                     app.discard().await?;
@@ -586,10 +630,11 @@ impl UploadEngine {
                 }
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
-                if matches!(end, End::Reserve) {
+                if matches!(end, End::Reserve | End::Quota) {
                     super::exhausted::drain_body(&mut body).await;
                 }
                 return Err(match end {
+                    End::Quota => self.quota_refusal(principal, kept, refused).await,
                     End::Reserve => match self.check_space(0, Some(kept)) {
                         Err(e) => e,
                         Ok(()) => TusError::insufficient_storage("the server's disk reached its free-space reserve", Some(kept)),

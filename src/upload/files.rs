@@ -46,6 +46,8 @@ pub struct FileHandle {
 /// Streams bytes into a new file.
 pub struct FileWriter {
     app: Appender,
+    /// Whose file it is (its bytes count against this principal's quota).
+    principal: String,
     name: String,
     media_type: String,
     /// The upload's writer slot, pinned until the file is finished or dropped: TUS requests
@@ -88,14 +90,18 @@ impl UploadEngine {
         };
         self.check_space(0, None)?;
         self.blobs.create(&rec.id).await?;
-        if let Err(e) = self.catalog.create_upload(&rec).await {
+        let inserted = match self.quota_of(principal) {
+            Some(quota) => self.catalog.create_upload_within(&rec, None, &quota).await.map(|_| ()),
+            None => self.catalog.create_upload(&rec).await,
+        };
+        if let Err(e) = inserted {
             let _ = self.blobs.delete(&rec.id).await;
             return Err(e.into());
         }
         let slot = self.pin(&rec.id).await?;
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None, &slot).await?;
-        Ok(FileWriter { app, name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
+        Ok(FileWriter { app, principal: principal.to_string(), name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
     }
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
@@ -134,7 +140,7 @@ impl UploadEngine {
         }
         let rec = self.get(principal, &cursor.id).await?;
         let app = Appender::open(self, rec, cursor.offset, None, None, &slot).await?;
-        Ok(FileWriter { app, name, media_type, _slot: slot })
+        Ok(FileWriter { app, principal: principal.to_string(), name, media_type, _slot: slot })
     }
 }
 
@@ -157,7 +163,8 @@ impl FileWriter {
     }
 
     /// Append bytes (not durable until [`FileWriter::sync`]). Errors: 507 when the disk is
-    /// full or free space reaches the server's reserve (bytes since the last sync are
+    /// full, free space reaches the server's reserve, or the principal's bytes quota is reached
+    /// (`quota_exceeded`; checked every 16 MiB) (bytes since the last sync are
     /// released; the error's cursor is the last synced offset).
     pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
         let before = self.app.position();
@@ -166,12 +173,21 @@ impl FileWriter {
         if before / SPACE_CHECK_EVERY != after / SPACE_CHECK_EVERY {
             let kept = self.app.committed_state().0;
             self.app.engine().check_space(0, Some(kept))?;
+            self.app.engine().check_file_quota(&self.principal, after, kept).await?;
         }
         Ok(())
     }
 
+    /// 507 `quota_exceeded` when the bytes written since the last commit do not fit the
+    /// principal's bytes quota (nothing is committed then; the task fails and its file goes).
+    async fn check_quota(&mut self) -> Result<(), TusError> {
+        let (engine, position, kept) = (self.app.engine().clone(), self.app.position(), self.app.committed_state().0);
+        engine.check_file_quota(&self.principal, position, kept).await
+    }
+
     /// Make everything written durable and commit it; returns the cursor to resume from.
     pub async fn sync(&mut self) -> Result<FileCursor, TusError> {
+        self.check_quota().await?;
         self.app.commit().await?;
         let (offset, state, blob) = self.app.committed_state();
         let b64 = &base64::engine::general_purpose::STANDARD;
@@ -181,6 +197,7 @@ impl FileWriter {
     /// Complete the file: its length becomes the bytes written; returns its handle.
     pub async fn finish(mut self) -> Result<FileHandle, TusError> {
         let size = self.app.position();
+        self.check_quota().await?;
         self.app.set_final_length(size);
         self.app.commit().await?;
         let sha = self.app.digest();

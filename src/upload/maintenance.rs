@@ -215,7 +215,8 @@ impl UploadEngine {
     }
 
     /// One sweep: expire unfinished uploads past their `Upload-Expires` (their bytes are
-    /// deleted and the id answers 410), and forget tombstones older than the expiry period
+    /// deleted and the id answers 410), remove finished files past their principal's
+    /// `retain_finished` the same way, and forget tombstones older than the expiry period
     /// (the id then answers 404). Returns how many uploads expired.
     ///
     /// Safe on every replica at once and never against a live writer: an upload whose lease
@@ -251,12 +252,22 @@ impl UploadEngine {
             self.part_gone(&id).await;
             n += 1;
         }
+        if self.cfg.limits.any_retention() {
+            n += self.sweep_retention().await?;
+        }
         let keep = self.cfg.expire_after.unwrap_or(Duration::ZERO).min(Duration::from_secs(24 * 3600));
         let before = now - keep.as_millis() as i64;
         for id in self.catalog.list_tombstones(before, 1000).await? {
             // Idempotent; the last chance to remove bytes an earlier abort could not (a blob
             // store that was away): a tombstone is only forgotten once they are gone.
-            if let Err(e) = self.blobs.abort(&id).await {
+            // A finished file removed by retention is a whole object: `delete` removes that, `abort`
+            // anything an unfinished one left (both are idempotent).
+            if let Err(e) = async {
+                self.blobs.abort(&id).await?;
+                self.blobs.delete(&id).await
+            }
+            .await
+            {
                 tracing::warn!(upload = id, error = %e, "keeping the tombstone until its bytes can be removed");
                 continue;
             }

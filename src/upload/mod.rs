@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use ferry_tus::{CreationPlan, ErrorCode, IdempotencyKey, PatchPlan, TusError, UploadConcat};
 use tokio_util::sync::CancellationToken;
 
@@ -24,12 +23,14 @@ pub mod hash;
 pub mod hooks;
 pub mod locks;
 mod maintenance;
+mod quota;
 
 pub use append::AppendOutcome;
 pub use describe::{check_metadata, describe, describe_raw, Description, MAX_METADATA_BYTES};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{Lease, LocalLocker, LockError, Locker, Want};
+pub use quota::{Limits, PrincipalLimits};
 
 /// What [`UploadEngine::create_keyed`] returns.
 #[derive(Debug, Clone)]
@@ -80,6 +81,11 @@ pub struct EngineConfig {
     /// Free space kept on the data directory's filesystem (DESIGN §9); off by default here,
     /// `ferry serve` sets `--min-free-space`.
     pub reserve: crate::exhaustion::SpaceReserve,
+    /// Per-principal quotas and retention of finished files (`[limits]`); none by default.
+    pub limits: PrincipalLimits,
+    /// Directories whose filesystem's free space `/metrics` reports (`ferry_disk_free_bytes{dir}`):
+    /// `data`, and `blobs` when the blobs are a directory.
+    pub disk_dirs: Vec<(&'static str, std::path::PathBuf)>,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +98,8 @@ impl Default for EngineConfig {
             idle_timeout: Duration::from_secs(60),
             sweep_interval: Duration::from_secs(60),
             reserve: crate::exhaustion::SpaceReserve::none(),
+            limits: PrincipalLimits::default(),
+            disk_dirs: Vec::new(),
         }
     }
 }
@@ -114,9 +122,10 @@ pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-/// Expired: swept already, or unfinished past its expiry (TUS 1.0 §Expiration).
+/// Expired: swept already, or past its expiry — unfinished past `Upload-Expires` (TUS 1.0
+/// §Expiration), or finished past its retention (as [`UploadEngine::get`] fills it in).
 fn is_expired(r: &UploadRecord, now: i64) -> bool {
-    r.expired || (!r.is_finished() && r.expires_at_ms.is_some_and(|e| e <= now))
+    r.expired || r.expires_at_ms.is_some_and(|e| e <= now)
 }
 
 /// Unix ms as RFC 3339 UTC with second precision (`2026-11-30T02:19:36Z`); negative → the epoch.
@@ -145,6 +154,7 @@ impl From<CatalogError> for TusError {
     fn from(e: CatalogError) -> Self {
         match e {
             CatalogError::NotFound => TusError::not_found(),
+            CatalogError::QuotaExceeded(q) => TusError::quota_exceeded(q, None),
             CatalogError::Fenced => TusError::new(409, ErrorCode::Conflict, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
             other => exhausted::catalog_error(other),
         }
@@ -198,6 +208,7 @@ impl UploadEngine {
             return Err(TusError::not_found());
         }
         let rec = self.catalog.get_upload(id).await?.filter(|r| r.principal == principal).ok_or_else(TusError::not_found)?;
+        let rec = self.with_retention(rec);
         if is_expired(&rec, now_ms()) {
             return Err(TusError::expired());
         }
@@ -347,9 +358,10 @@ impl UploadEngine {
         };
         self.check_space(rec.length.unwrap_or(0), None)?;
         self.blobs.create(&id).await?;
-        let created = match &key {
-            None => self.catalog.create_upload(&rec).await.map(|()| KeyedCreate::Created),
-            Some(k) => self.catalog.create_upload_keyed(&rec, k).await,
+        let created = match (&key, self.quota_of(principal)) {
+            (key, Some(quota)) => self.catalog.create_upload_within(&rec, key.as_ref(), &quota).await,
+            (None, None) => self.catalog.create_upload(&rec).await.map(|()| KeyedCreate::Created),
+            (Some(k), None) => self.catalog.create_upload_keyed(&rec, k).await,
         };
         let created = match created {
             Ok(c) => c,
@@ -427,14 +439,21 @@ impl UploadEngine {
     pub(crate) fn hash_state_of(rec: &UploadRecord) -> Result<RunningSha256, TusError> {
         RunningSha256::from_state(&rec.hash_state).map_err(|e| internal("hash state", e))
     }
-
-    /// Feed a chunk to the blob writer and count it.
-    pub(crate) fn count_received(&self, data: &Bytes) {
-        self.metrics.bytes_received.inc_by(data.len() as u64);
-    }
 }
 
 impl UploadEngine {
+    /// Bring the gauges `/metrics` reads at scrape time up to date: free space of the
+    /// configured directories (`statvfs`, a cheap system call).
+    pub fn refresh_metrics(&self) {
+        for (dir, path) in &self.cfg.disk_dirs {
+            if let Ok(st) = nix::sys::statvfs::statvfs(path) {
+                #[allow(clippy::unnecessary_cast)] // fsblkcnt_t and c_ulong are u64 here, not on every platform
+                let free = (st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64);
+                self.metrics.disk_free.get_or_create(&crate::metrics::DirLabel { dir }).set(i64::try_from(free).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
     /// Resolves once [`UploadEngine::begin_shutdown`] was called.
     pub async fn shutdown_requested(&self) {
         self.shutdown.cancelled().await
@@ -445,7 +464,7 @@ impl UploadEngine {
     /// A principal's uploads (finished or not, expired ones excluded), newest first.
     pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<UploadRecord>, TusError> {
         let now = now_ms();
-        let mut all = self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?;
+        let mut all: Vec<UploadRecord> = self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?.into_iter().map(|r| self.with_retention(r)).collect();
         // Expired but not swept yet: gone for clients already (as `get` answers 410).
         all.retain(|r| !is_expired(r, now));
         Ok(all)

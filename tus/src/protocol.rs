@@ -39,12 +39,16 @@ pub enum ErrorCode {
     /// A hook the operator configured (pre-create, pre-finish) refused the request; the
     /// status and message are the hook's (DESIGN §8).
     Rejected,
+    /// A per-principal quota (bytes stored, uploads in progress) has no room for this request:
+    /// 507 for bytes, 429 for uploads in progress; the problem body names the quota, its limit
+    /// and the current use ([`QuotaDetail`]).
+    QuotaExceeded,
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -61,6 +65,7 @@ impl ErrorCode {
         ErrorCode::InsufficientStorage,
         ErrorCode::Unavailable,
         ErrorCode::Rejected,
+        ErrorCode::QuotaExceeded,
         ErrorCode::Internal,
     ];
 
@@ -83,6 +88,7 @@ impl ErrorCode {
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Rejected => "rejected",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::Internal => "internal",
         }
     }
@@ -140,11 +146,27 @@ pub struct TusError {
     /// HTTP layer renders it for requests that speak the draft (TUS requests keep ferry's own
     /// `type`). See [`crate::draft`].
     pub draft: Option<crate::draft::DraftProblem>,
+    /// For `quota_exceeded`: which quota, its limit and the current use (rendered as the
+    /// problem body's `quota` member and in MCP error envelopes).
+    pub quota: Option<Box<QuotaDetail>>,
+}
+
+/// Which per-principal quota refused a request, with numbers a client can act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaDetail {
+    /// `"bytes"` (bytes stored) or `"uploads_in_progress"` (unfinished uploads).
+    pub name: &'static str,
+    /// The configured limit (bytes, or a count).
+    pub limit: u64,
+    /// The principal's current use, without this request (bytes, or a count).
+    pub used: u64,
+    /// What this request needed on top (bytes, or 1 upload).
+    pub requested: u64,
 }
 
 impl TusError {
     pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None }
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None, quota: None }
     }
 
     /// Attach the draft problem type this refusal is an instance of.
@@ -220,6 +242,34 @@ impl TusError {
             Some(c) => e.with_cursor(c),
             None => e,
         }
+    }
+
+    /// `quota_exceeded`: a per-principal quota has no room. Bytes stored → 507 Insufficient
+    /// Storage (DESIGN §9: a quota reached is a lack of space; RFC 4918 §11.5 and RFC 4331's
+    /// WebDAV quotas answer 507 too); uploads in progress → 429 Too Many Requests (a limit on
+    /// concurrent work, as AWS Lambda's concurrency limit; it frees when an upload finishes or
+    /// expires). `cursor` is the durable offset of the upload the request was writing, if any.
+    pub fn quota_exceeded(q: QuotaDetail, cursor: Option<u64>) -> Self {
+        let (status, detail, hint) = if q.name == "uploads_in_progress" {
+            (
+                429,
+                format!("quota reached: {} of {} uploads in progress; finish, delete or let expire one of them first", q.used, q.limit),
+                "Finish or delete one of your unfinished uploads (GET /api/v1/files lists them), then create this one again.".to_string(),
+            )
+        } else {
+            let detail = format!("quota reached: {} of {} bytes stored; this needs {} more", q.used, q.limit, q.requested);
+            let hint = match cursor {
+                Some(c) => format!(
+                    "Nothing acknowledged was lost: the upload is kept at offset {c}. Delete files you no longer need (or ask for a larger quota), then resume from offset {c}."
+                ),
+                None => "Delete files you no longer need (or ask the operator for a larger quota), then try again.".to_string(),
+            };
+            (507, detail, hint)
+        };
+        let mut e = TusError::new(status, ErrorCode::QuotaExceeded, detail, hint);
+        e.quota = Some(Box::new(q));
+        e.cursor = cursor;
+        e
     }
 
     /// 503 `unavailable` (DESIGN §9): a store failed briefly (a catalog write, too many open
