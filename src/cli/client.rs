@@ -166,6 +166,10 @@ pub struct ProblemBody {
     pub recovery_hint: Option<String>,
     #[serde(default)]
     pub code: Option<String>,
+    /// ferry's word on whether repeating the request can succeed (e.g. `false` for
+    /// `quota_exceeded`, a 507 that only a person can resolve).
+    #[serde(default)]
+    pub retryable: Option<bool>,
 }
 
 /// Why a command stopped: a message for stderr, an optional hint, and the exit code.
@@ -177,11 +181,14 @@ pub struct CliError {
     /// The problem's `code` when the error is an answer from the server (e.g.
     /// `checksum_mismatch`).
     pub server_code: Option<String>,
+    /// The problem's `retryable` when the server said: [`Retry::wait`] gives up at once on
+    /// `false`, whatever the status.
+    pub server_retryable: Option<bool>,
 }
 
 impl CliError {
     pub fn new(code: u8, message: impl Into<String>) -> CliError {
-        CliError { code, message: message.into(), hint: None, server_code: None }
+        CliError { code, message: message.into(), hint: None, server_code: None, server_retryable: None }
     }
 
     /// Stop quietly with exit code 0: stdout was closed by its reader (`ferry ls | head`).
@@ -223,6 +230,8 @@ impl CliError {
             404 | 410 => EXIT_NOT_FOUND,
             // The bytes do not match a declared sha256 (or a chunk's Upload-Checksum).
             460 => EXIT_VERIFY,
+            // A limit only a person can lift (e.g. 507 `quota_exceeded`) is no network trouble.
+            423 | 429 | 500..=599 if problem.retryable == Some(false) => EXIT_FAILURE,
             423 | 429 | 500..=599 => EXIT_NETWORK,
             400..=499 => EXIT_USAGE,
             _ => EXIT_FAILURE,
@@ -238,6 +247,7 @@ impl CliError {
         };
         let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
         e.server_code = problem.code.clone();
+        e.server_retryable = problem.retryable;
         e.hint = problem.recovery_hint.filter(|h| !h.is_empty()).or_else(|| match code {
             EXIT_AUTH => Some("Pass a token with --token or FERRY_TOKEN (see `ferry token create`).".into()),
             _ => None,
@@ -287,8 +297,9 @@ impl Retry {
     /// "gave up" message) once the budget is spent.
     pub async fn wait(&mut self, err: CliError) -> Result<(), CliError> {
         let spent = self.since.elapsed();
-        if self.budget.is_zero() {
-            // No retries asked for (e.g. a POST that must not run twice): the error as it is.
+        if self.budget.is_zero() || err.server_retryable == Some(false) {
+            // No retries asked for (e.g. a POST that must not run twice), or the server says
+            // repeating cannot help (`retryable: false`): the error as it is.
             return Err(err);
         }
         if spent >= self.budget {

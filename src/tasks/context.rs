@@ -164,12 +164,31 @@ impl JobContext {
     }
 
     /// Remove the unfinished files of this run (the task failed or was cancelled).
+    ///
+    /// The run's writer of a file may still hold the file's lease for a moment after it was
+    /// dropped (with catalog leases its release is a catalog write of its own), so a file found
+    /// locked or the store briefly away is tried again, for up to [`DISCARD_PATIENCE`]; one
+    /// still left then is logged and expires like any unfinished upload.
     pub(super) async fn discard_unfinished_files(&self) {
         let ids = std::mem::take(&mut *self.files.lock().unwrap());
         for id in ids {
-            if let Ok(rec) = self.uploads.get(&self.principal, &id).await {
-                if !rec.is_finished() {
-                    let _ = self.uploads.terminate(&self.principal, &id).await;
+            let deadline = tokio::time::Instant::now() + DISCARD_PATIENCE;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let Ok(rec) = self.uploads.get(&self.principal, &id).await else { break };
+                if rec.is_finished() {
+                    break;
+                }
+                match self.uploads.terminate(&self.principal, &id).await {
+                    Ok(()) => break,
+                    Err(e) if matches!(e.code, ferry_tus::ErrorCode::Locked | ferry_tus::ErrorCode::Unavailable) && tokio::time::Instant::now() + pause < deadline => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    Err(e) => {
+                        tracing::warn!(task = %self.task_id, upload = %id, error = %e.detail, "could not remove an unfinished output file; it expires like any unfinished upload");
+                        break;
+                    }
                 }
             }
         }
@@ -180,6 +199,9 @@ impl JobContext {
         &self.uploads
     }
 }
+
+/// How long [`JobContext::discard_unfinished_files`] keeps trying a locked file.
+const DISCARD_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Whether progress `p` has caught up with `floor`: by fraction when both have one, else by
 /// every counter they share; equal counts as caught up.
