@@ -317,7 +317,7 @@ echo "progress 1 all rows" >&2
         go.display()
     );
     let cfg = write_file(tmp.path(), "ferry.toml", &toml);
-    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let mut s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let (a, b) = (Api::with_token(&s, alice), Api::with_token(&s, bob));
     a.upload(b"alice's bytes", "alice <b>report</b>.txt").await;
     let bob_before = b.upload(b"bob's bytes", "bob-secret.txt").await;
@@ -396,10 +396,16 @@ echo "progress 1 all rows" >&2
     }
     // Another principal uploads while alice's page is open: nothing of it may reach her page.
     let bob_during = b.upload(b"bob's second file", "bob-during.txt").await;
-    writeln!(stdin, "bob uploaded").unwrap();
+    // The stream drops (kill -9), ferry comes back on the same address, a file arrives at once:
+    // the page reconnects with the last event id it saw and gets the events it missed.
+    s.restart_same_port();
+    let a = Api::with_token(&s, alice); // a new client: the old one's pooled connection died with ferry
+    let gap = a.upload(b"while the page was reconnecting", "after-restart.txt").await;
+    writeln!(stdin, "restarted").unwrap();
     drop(stdin);
 
     let end = next("end");
+    eprintln!("dashboard stream requests: {}", end["resumed"]);
     let page = end["page"].as_str().unwrap();
     for secret in ["bob-secret", "bob-during", bob_before.as_str(), bob_during.as_str()] {
         assert!(!page.contains(secret), "{secret} shows on alice's page: {page}");
@@ -407,6 +413,13 @@ echo "progress 1 all rows" >&2
     }
     assert!(!end["activity"].as_array().unwrap().iter().any(|e| e["subject"] == bob_during.as_str()), "{end}");
     assert_eq!(end["live"], "stream");
+    let requests = end["resumed"]["requests"].as_array().unwrap();
+    assert!(requests.iter().all(|r| r["authorization"] == true && !r["url"].as_str().unwrap().contains("fy_")), "the token goes in a header, never the URL: {requests:?}");
+    assert!(requests[0]["last_event_id"].is_null(), "{requests:?}");
+    let resumed = requests.iter().find(|r| !r["last_event_id"].is_null()).unwrap_or_else(|| panic!("no reconnection with Last-Event-ID: {requests:?}"));
+    assert_eq!(resumed["last_event_id"], resumed["last_shown"], "it resumes after the last event it showed: {requests:?}");
+    assert_eq!(end["resumed"]["gap_file"]["id"], gap.as_str(), "{end}");
+    assert_eq!(a.file(&gap).await["sha256"], end["resumed"]["gap_file"]["sha256"]);
     assert_eq!(end["polling"]["live"], "polling");
     assert_eq!(end["navigations"], 1, "no reload: {end}");
     // The one dialog is the page's own confirm() before the delete; no script ran from a name.
@@ -414,8 +427,9 @@ echo "progress 1 all rows" >&2
     assert_eq!(dialogs.len(), 1, "{end}");
     assert!(dialogs[0].as_str().unwrap().starts_with("confirm: Delete"), "{end}");
     // The only console errors are the 401s of the first look before the token is pasted (how
-    // the page learns that this server needs one): no page error, no CSP violation.
-    assert!(end["errors"].as_array().unwrap().iter().all(|e| e.as_str().unwrap().contains("status of 401")), "{end}");
+    // the page learns that this server needs one) and the refused connections while ferry was
+    // down: no page error, no CSP violation.
+    assert!(end["errors"].as_array().unwrap().iter().all(|e| e.as_str().unwrap().contains("status of 401") || e.as_str().unwrap().contains("net::ERR_")), "{end}");
     let r = a.get(&format!("/api/v1/files/{}", up["chosen"]["id"].as_str().unwrap())).await;
     assert_eq!(r.status(), 404, "deleted through the page");
     let status = node.child.wait().unwrap();

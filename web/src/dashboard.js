@@ -230,6 +230,7 @@ export async function dashboard() {
     if (data.sha256) parts.push(`sha256 ${data.sha256}`)
     const li = el('li', parts.join(' · '))
     li.dataset.type = e.event
+    li.dataset.eventId = e.id
     li.dataset.subject = subject
     if (data.sha256) li.dataset.sha256 = data.sha256
     $('activity').prepend(li)

@@ -46,6 +46,14 @@ async function main() {
   try {
     const { page, seen } = await watchedPage(browser, { width: 1280, height: 900 })
     pageErrors = seen.errors
+    // Every request for the event stream, with the Last-Event-ID it carried and the id of the
+    // last event the page had shown before it.
+    const eventRequests = []
+    page.on('request', async (r) => {
+      if (!r.url().endsWith('/api/v1/events')) return
+      const lastShown = await page.evaluate(() => (document.querySelector('#activity li') || { dataset: {} }).dataset.eventId || null).catch(() => null)
+      eventRequests.push({ last_event_id: (await r.allHeaders())['last-event-id'] || null, authorization: !!(await r.allHeaders()).authorization, last_shown: lastShown, url: r.url() })
+    })
     let navigations = 0
     page.on('framenavigated', (f) => {
       if (f === page.mainFrame()) navigations += 1
@@ -155,8 +163,18 @@ async function main() {
       upload_rows: await page.evaluate(() => Array.from(document.querySelectorAll('#uploads li')).map((li) => ({ name: li.dataset.name, state: li.dataset.state, bar: li.querySelector('progress').value, text: li.textContent }))),
       navigations,
     })
-    await lines.next() // another principal uploaded meanwhile
+    await lines.next() // another principal uploaded; ferry was killed (-9) and restarted; a file was added
     rl.close()
+    // The stream reconnects with Last-Event-ID and replays what happened while it was down.
+    await page.waitForFunction(
+      (n) => {
+        const tr = Array.from(document.querySelectorAll('#files tr')).find((r) => r.children[0].textContent === n)
+        return tr && document.body.dataset.live === 'stream' && document.querySelector(`#activity li[data-type="upload.finished"][data-subject="${tr.dataset.id}"]`)
+      },
+      'after-restart.txt',
+      { timeout: T },
+    )
+    const resumed = { requests: eventRequests, gap_file: await rowOf(page, 'after-restart.txt') }
 
     // Delete the chosen file through the page: confirm() is accepted this once.
     seen.accept = true
@@ -184,6 +202,7 @@ async function main() {
       page: await page.evaluate(() => document.body.textContent),
       activity: await page.evaluate(() => Array.from(document.querySelectorAll('#activity li')).map((li) => ({ type: li.dataset.type, subject: li.dataset.subject }))),
       live: await page.evaluate(() => document.body.dataset.live),
+      resumed,
       polling: { live: await polling.page.evaluate(() => document.body.dataset.live), page: await polling.page.evaluate(() => document.body.textContent) },
       navigations,
       dialogs: seen.dialogs.concat(polling.seen.dialogs, phone.seen.dialogs),
