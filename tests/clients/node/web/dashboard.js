@@ -46,13 +46,12 @@ async function main() {
   try {
     const { page, seen } = await watchedPage(browser, { width: 1280, height: 900 })
     pageErrors = seen.errors
-    // Every request for the event stream, with the Last-Event-ID it carried and the id of the
-    // last event the page had shown before it.
+    // Every request for the event stream, with the Last-Event-ID it carried.
     const eventRequests = []
     page.on('request', async (r) => {
       if (!r.url().endsWith('/api/v1/events')) return
-      const lastShown = await page.evaluate(() => (document.querySelector('#activity li') || { dataset: {} }).dataset.eventId || null).catch(() => null)
-      eventRequests.push({ last_event_id: (await r.allHeaders())['last-event-id'] || null, authorization: !!(await r.allHeaders()).authorization, last_shown: lastShown, url: r.url() })
+      const h = await r.allHeaders()
+      eventRequests.push({ last_event_id: h['last-event-id'] || null, authorization: !!h.authorization, url: r.url() })
     })
     let navigations = 0
     page.on('framenavigated', (f) => {
@@ -200,7 +199,7 @@ async function main() {
     done({
       event: 'end',
       page: await page.evaluate(() => document.body.textContent),
-      activity: await page.evaluate(() => Array.from(document.querySelectorAll('#activity li')).map((li) => ({ type: li.dataset.type, subject: li.dataset.subject }))),
+      activity: await page.evaluate(() => Array.from(document.querySelectorAll('#activity li')).map((li) => ({ type: li.dataset.type, subject: li.dataset.subject, id: li.dataset.eventId }))),
       live: await page.evaluate(() => document.body.dataset.live),
       resumed,
       polling: { live: await polling.page.evaluate(() => document.body.dataset.live), page: await polling.page.evaluate(() => document.body.textContent) },
