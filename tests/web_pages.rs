@@ -277,51 +277,173 @@ async fn no_web_turns_the_pages_off() {
     assert_eq!(client().get(s.url("/assets/app.js")).send().await.unwrap().status(), 404);
 }
 
-/// The dashboard at `/`: a token login (kept in the tab), the principal's own files only, a
-/// share link made from it, a task's progress bar at 100 % (polled, no reload), cancel of a
-/// running task from the page.
+/// The dashboard at `/` (issue 16 item 3), in Chromium against the real binary with two
+/// principals: a token login (kept in the tab's session storage, never in a URL, local storage
+/// or a cookie); a `command` task that asks for input is answered through the page's form (the
+/// program receives exactly the form's values), its bar shows 50 % and then 100 %; another task
+/// is cancelled from the page; a file dropped on the drop zone (named with markup) and one set
+/// on the file input upload through Uppy + tus and appear with their sha256 — equal to what
+/// ferry stored — by the live event stream, without a reload; a share link gets the chosen
+/// 15-minute expiry; delete (after the page's confirm) removes a file; another principal's
+/// files and events never appear, even while it uploads during the session; a second tab whose
+/// event stream is blocked falls back to polling and shows the same state.
 #[tokio::test]
-async fn dashboard_token_login_own_files_share_and_tasks() {
+async fn dashboard_live_input_form_progress_cancel_upload_and_isolation() {
     require_browser();
     let tmp = tempfile::tempdir().unwrap();
     let (alice, bob) = ("fy_alice_token_for_tests", "fy_bob_token_for_tests");
-    let toml =
-        format!("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n", sha256_hex(alice.as_bytes()), sha256_hex(bob.as_bytes()));
+    let go = tmp.path().join("go");
+    // Asks which colour (a schema with an enum and an integer), then reports 50 %, waits for the
+    // test's signal (bounded), writes the answer it got as the file, reports 100 %.
+    let ask = write_script(
+        tmp.path(),
+        "ask.sh",
+        r#"if [ -z "$FERRY_INPUT_COLOUR" ]; then
+  echo 'input colour {"message":"Which colour should the export use?","schema":{"type":"object","properties":{"colour":{"type":"string","title":"Colour","enum":["red","green"]},"rows":{"type":"integer","title":"Rows"}},"required":["colour"]}}' >&2
+  exit 0
+fi
+echo "progress 0.5 half way" >&2
+i=0
+while [ ! -e "$1" ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done
+printf '%s' "$FERRY_INPUT_COLOUR"
+echo "progress 1 all rows" >&2
+"#,
+    );
+    let toml = format!(
+        "[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n\
+         [commands.ask]\nprogram = \"{}\"\nargs = [\"{}\"]\noutput_name = \"colour.json\"\n\
+         [commands.slow]\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"echo 'progress 0.1 waiting' >&2; exec sleep 600\"]\n",
+        sha256_hex(alice.as_bytes()),
+        sha256_hex(bob.as_bytes()),
+        ask.display(),
+        go.display()
+    );
     let cfg = write_file(tmp.path(), "ferry.toml", &toml);
-    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let mut s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let (a, b) = (Api::with_token(&s, alice), Api::with_token(&s, bob));
     a.upload(b"alice's bytes", "alice <b>report</b>.txt").await;
-    b.upload(b"bob's bytes", "bob-secret.txt").await;
-    let done = a.start("external", r#"{"job":"export"}"#).await["id"].as_str().unwrap().to_string();
-    let running = a.start("external", r#"{"job":"other"}"#).await["id"].as_str().unwrap().to_string();
-    let r = a.post(&format!("/api/v1/tasks/{done}/progress"), r#"{"fraction":0.5,"message":"half"}"#).await;
-    assert_eq!(r.status(), 200);
+    let bob_before = b.upload(b"bob's bytes", "bob-secret.txt").await;
+    let asking = a.start("command", r#"{"command":"ask"}"#).await["id"].as_str().unwrap().to_string();
+    let slow = a.start("command", r#"{"command":"slow"}"#).await["id"].as_str().unwrap().to_string();
+    a.wait_status(&asking, "input_required", 60).await;
+    a.wait_for(&slow, 60, "progress 0.1", |v| v["progress"]["fraction"].as_f64() == Some(0.1)).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let spec = serde_json::json!({ "base": s.base, "token": alice, "artifacts": artifacts() });
-    let spec_path = dir.path().join("spec.json");
+    let size = 24 * 1024 * 1024 + 3;
+    let data = pseudo_random(size, 41);
+    let upload_file = tmp.path().join("chosen-export.bin");
+    std::fs::write(&upload_file, &data).unwrap();
+    let evil = "<img src=x onerror=alert(1)>.txt";
+    let spec = serde_json::json!({ "base": s.base, "token": alice, "artifacts": artifacts(), "upload_file": upload_file, "evil_name": evil });
+    let spec_path = tmp.path().join("spec.json");
     std::fs::write(&spec_path, spec.to_string()).unwrap();
     let mut cmd = node_script("web/dashboard.js", &[spec_path.to_str().unwrap()]);
     let mut node = NodeDriver::start(&mut cmd, "web/dashboard.js");
     let mut stdin = node.child.stdin.take().unwrap();
-    let next = |what: &str| node.next(what, 120);
+    let next = |what: &str| node.next(what, 360);
+
     let login = next("login");
     assert_eq!(login["event"], "login", "{login}");
-    assert!(login["stored_in_session"].as_bool().unwrap(), "{login}");
-    assert!(!login["url"].as_str().unwrap().contains(alice), "the token is never in a URL: {login}");
+    assert!(login["token_in_session"].as_bool().unwrap(), "{login}");
+    assert!(!login["token_elsewhere"].as_bool().unwrap(), "the token is only in session storage: {login}");
     let page = login["page"].as_str().unwrap();
     assert!(page.contains("alice <b>report</b>.txt"), "{page}");
     assert!(!page.contains("bob-secret"), "another principal's files never appear: {page}");
-    assert!(login["share"].as_str().unwrap().contains("/share/"), "{login}");
-    // The producer finishes its progress while the page is open: the bar follows by polling.
-    let r = a.post(&format!("/api/v1/tasks/{done}/progress"), r#"{"fraction":1.0,"message":"all rows"}"#).await;
-    assert_eq!(r.status(), 200);
-    writeln!(stdin, "progressed").unwrap();
+    assert_eq!(login["question"], "Which colour should the export use?");
+    assert_eq!(login["polling_live"], "polling", "a tab without the stream polls: {login}");
+    // The link carries the chosen lifetime (15 minutes; the default would be 1 day).
+    let share = login["share"].as_str().unwrap();
+    assert!(share.starts_with(&s.url("/share/")), "{share}");
+    let expires: i64 = share.split("expires=").nth(1).unwrap().split('&').next().unwrap().parse().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!(expires > now + 10 * 60 && expires <= now + 16 * 60, "expires {expires}, now {now}");
+
+    let answered = next("answered");
+    assert_eq!(answered["forms_left"], 0, "{answered}");
+    let t = a.task(&asking).await;
+    assert_eq!(t["status"], "working", "{t}");
+    assert_eq!(t["progress"]["fraction"], 0.5, "{t}");
+    std::fs::write(&go, b"").unwrap();
+    writeln!(stdin, "go").unwrap();
+    let tasks = next("tasks");
+    eprintln!("dashboard tasks: {tasks}");
+    let done = a.wait_status(&asking, "completed", 60).await;
+    let rows = tasks["rows"].as_array().unwrap();
+    let row_of = |id: &str| rows.iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("no row for {id}: {tasks}"));
+    assert_eq!(row_of(&asking)["bar"], 1.0, "{tasks}");
+    assert_eq!(row_of(&slow)["status"], "cancelled", "{tasks}");
+    a.wait_status(&slow, "cancelled", 30).await;
+    // The program got exactly what the form held: the enum's value and an integer.
+    let out_id = done["result"]["file"]["id"].as_str().unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&a.download(out_id).await).unwrap();
+    assert_eq!(answer, serde_json::json!({"colour": "green", "rows": 7}));
+
+    let up = next("uploads");
+    eprintln!("dashboard uploads: {up}");
+    assert_eq!(up["navigations"], 1, "no reload: {up}");
+    assert_eq!(up["images"], 0, "the name made no element: {up}");
+    assert_eq!(up["dropped"]["name"], evil, "{up}");
+    assert_eq!(up["dropped"]["sha256"], up["dropped"]["sha_local"], "{up}");
+    assert_eq!(up["chosen"]["sha256"], sha256_hex(&data).as_str(), "{up}");
+    for which in ["dropped", "chosen"] {
+        let f = a.file(up[which]["id"].as_str().unwrap()).await;
+        assert_eq!(f["sha256"], up[which]["sha256"], "{which}: what the page shows is what ferry stored: {f}");
+        assert_eq!(f["complete"], true);
+    }
+    assert_eq!(a.file(up["dropped"]["id"].as_str().unwrap()).await["name"], evil);
+    // Each upload's own line ends saying it is stored, with the sha256 ferry computed.
+    for line in up["upload_rows"].as_array().unwrap() {
+        let which = if line["name"] == evil { "dropped" } else { "chosen" };
+        assert_eq!(line["bar"], 1.0, "{line}");
+        assert!(line["text"].as_str().unwrap().ends_with(up[which]["sha256"].as_str().unwrap()), "{line}");
+    }
+    // Another principal uploads while alice's page is open: nothing of it may reach her page.
+    let bob_during = b.upload(b"bob's second file", "bob-during.txt").await;
+    // The stream drops (kill -9), ferry comes back on the same address, a file arrives at once:
+    // the page reconnects with the last event id it saw and gets the events it missed.
+    s.restart_same_port();
+    let a = Api::with_token(&s, alice); // a new client: the old one's pooled connection died with ferry
+    let gap = a.upload(b"while the page was reconnecting", "after-restart.txt").await;
+    writeln!(stdin, "restarted").unwrap();
     drop(stdin);
+
     let end = next("end");
-    eprintln!("dashboard: {end}");
-    assert_eq!(end["bars"].as_array().unwrap().iter().filter(|v| v.as_f64() == Some(1.0)).count(), 1, "{end}");
-    assert_eq!(end["dialogs"].as_array().unwrap().len(), 1, "only the page's own confirm(): {end}");
-    a.wait_status(&running, "cancelled", 30).await;
-    assert_eq!(a.task(&done).await["status"], "working");
+    eprintln!("dashboard stream requests: {}", end["resumed"]);
+    let page = end["page"].as_str().unwrap();
+    for secret in ["bob-secret", "bob-during", bob_before.as_str(), bob_during.as_str()] {
+        assert!(!page.contains(secret), "{secret} shows on alice's page: {page}");
+        assert!(!end["polling"]["page"].as_str().unwrap().contains(secret), "{secret} on the polling page");
+    }
+    assert!(!end["activity"].as_array().unwrap().iter().any(|e| e["subject"] == bob_during.as_str()), "{end}");
+    assert_eq!(end["live"], "stream");
+    let requests = end["resumed"]["requests"].as_array().unwrap();
+    assert!(requests.iter().all(|r| r["authorization"] == true && !r["url"].as_str().unwrap().contains("fy_")), "the token goes in a header, never the URL: {requests:?}");
+    assert!(requests[0]["last_event_id"].is_null(), "{requests:?}");
+    let resumed = requests.iter().find(|r| !r["last_event_id"].is_null()).unwrap_or_else(|| panic!("no reconnection with Last-Event-ID: {requests:?}"));
+    // It resumed right after the last event it had shown: newer than that one (the activity
+    // list is newest first) are only the events of the file added while it was away, and the
+    // page's own delete that came later.
+    let activity = end["activity"].as_array().unwrap();
+    let at = activity.iter().position(|e| e["id"] == resumed["last_event_id"]).unwrap_or_else(|| panic!("resumed from an event never shown: {end}"));
+    let later = &activity[..at];
+    assert!(later.iter().any(|e| e["subject"] == gap.as_str()), "{end}");
+    assert!(later.iter().all(|e| e["subject"] == gap.as_str() || (e["type"] == "upload.terminated" && e["subject"] == up["chosen"]["id"])), "{end}");
+    assert_eq!(end["resumed"]["gap_file"]["id"], gap.as_str(), "{end}");
+    assert_eq!(a.file(&gap).await["sha256"], end["resumed"]["gap_file"]["sha256"]);
+    assert_eq!(end["polling"]["live"], "polling");
+    assert_eq!(end["navigations"], 1, "no reload: {end}");
+    // The one dialog is the page's own confirm() before the delete; no script ran from a name.
+    let dialogs = end["dialogs"].as_array().unwrap();
+    assert_eq!(dialogs.len(), 1, "{end}");
+    assert!(dialogs[0].as_str().unwrap().starts_with("confirm: Delete"), "{end}");
+    // The only console errors are the 401s of the first look before the token is pasted (how
+    // the page learns that this server needs one) and the refused connections while ferry was
+    // down: no page error, no CSP violation.
+    assert!(end["errors"].as_array().unwrap().iter().all(|e| e.as_str().unwrap().contains("status of 401") || e.as_str().unwrap().contains("net::ERR_")), "{end}");
+    let r = a.get(&format!("/api/v1/files/{}", up["chosen"]["id"].as_str().unwrap())).await;
+    assert_eq!(r.status(), 404, "deleted through the page");
+    let status = node.child.wait().unwrap();
+    assert!(status.success(), "web/dashboard.js: {status:?}");
+    for shot in ["web-dashboard.png", "web-dashboard-uploads.png", "web-dashboard-390x844.png"] {
+        assert!(std::fs::read(artifacts().join(shot)).unwrap().starts_with(b"\x89PNG"), "{shot}");
+    }
 }

@@ -28,10 +28,11 @@ async function launch() {
 async function watchedPage(browser, viewport, context) {
   const ctx = context || (await browser.newContext({ viewport, acceptDownloads: true }))
   const page = await ctx.newPage()
-  const seen = { dialogs: [], errors: [] }
+  // `seen.accept = true` accepts dialogs (a confirm() the test means to answer yes) until reset.
+  const seen = { dialogs: [], errors: [], accept: false }
   page.on('dialog', async (d) => {
     seen.dialogs.push(`${d.type()}: ${d.message()}`)
-    await d.dismiss().catch(() => {})
+    await (seen.accept ? d.accept() : d.dismiss()).catch(() => {})
   })
   page.on('pageerror', (e) => seen.errors.push(`pageerror: ${e.message}`))
   page.on('console', (m) => {
