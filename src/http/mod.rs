@@ -330,7 +330,7 @@ pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::Upload
         h.insert("upload-offset", HeaderValue::from(c));
     }
     // DESIGN §9: space and transient catalog trouble come back by themselves.
-    if let Some(secs) = e.code.retry_after_secs() {
+    if let Some(secs) = e.retry_after.or(e.code.retry_after_secs()) {
         h.insert("retry-after", HeaderValue::from(secs));
     }
     res

@@ -138,11 +138,25 @@ pub struct TusError {
     /// HTTP layer renders it for requests that speak the draft (TUS requests keep ferry's own
     /// `type`). See [`crate::draft`].
     pub draft: Option<crate::draft::DraftProblem>,
+    /// Seconds the client should wait before asking again (`Retry-After`), when this refusal
+    /// names one itself; otherwise [`ErrorCode::retry_after_secs`] applies.
+    pub retry_after: Option<u32>,
 }
 
 impl TusError {
     pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None }
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None, retry_after: None }
+    }
+
+    /// Tell the client to wait `secs` seconds before asking again (`Retry-After`).
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Seconds the client should wait before retrying: this refusal's own, else its code's.
+    pub fn retry_after_secs(&self) -> Option<u32> {
+        self.retry_after.or(self.code.retry_after_secs())
     }
 
     /// Attach the draft problem type this refusal is an instance of.
