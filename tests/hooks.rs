@@ -232,3 +232,40 @@ async fn an_upload_whose_pre_finish_hook_is_down_is_finished_by_the_server_once_
     assert!(hook_calls(dir.path(), "/pre-finish-gated") > asked_before, "the hook was asked again");
     assert_stored_sha256(&server, &format!("/files/{id}"), &sha256_hex(&data)).await;
 }
+
+/// `ferry upload` against a pre-finish hook that is down when the last byte arrives: the CLI
+/// does not exit with "no sha256" — it waits (retryable) until the server has finished the
+/// upload, then prints the URL and the sha256, which match the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_waits_for_an_upload_the_server_is_still_finishing() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = dir.path().join("hook-down");
+    std::fs::write(&down, b"down").unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/pre-finish-gated")));
+    let data = pseudo_random(2_000_000, 23);
+    let file = dir.path().join("report.bin");
+    std::fs::write(&file, &data).unwrap();
+    let mut cmd = std::process::Command::new(ferry_bin());
+    cmd.args(["upload", file.to_str().unwrap(), "--retry-for", "2m", "-q"])
+        .env("FERRY_SERVER", &server.base)
+        .env("FERRY_CACHE_DIR", dir.path().join("cache"))
+        .env_remove("FERRY_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("run ferry upload");
+    // The hook was asked (and failed) at least twice: the CLI's last PATCH and a later retry.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while hook_calls(dir.path(), "/pre-finish-gated") < 2 {
+        assert!(Instant::now() < deadline, "the pre-finish hook was never asked twice");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::remove_file(&down).unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "ferry upload: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let (url, sha) = stdout.trim().split_once('\t').unwrap_or_else(|| panic!("URL<TAB>SHA256: {stdout}"));
+    assert_eq!(sha, sha256_hex(&data));
+    assert_stored_sha256(&server, url, &sha256_hex(&data)).await;
+}
