@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 
 /// ferry — resumable large-file transfer server (TUS 1.0) with streaming sha256.
 #[derive(Parser)]
-#[command(version, about, long_about = None, after_help = ferry::cli::client::TRANSFER_EXIT_CODES)]
+#[command(version, about, long_about = None, after_help = ferry::cli::client::exit_codes_help())]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,6 +1,6 @@
 //! `ferry task start|get|list|cancel` against the real server, with kind `external`: output
-//! JSON, idempotency keys, `--wait` exit codes, errors (detail + hint on stderr, exit codes)
-//! and bearer tokens.
+//! JSON, idempotency keys, `--wait` over the live events stream (and its polling fallback) with
+//! its exit codes, errors (detail + hint on stderr, exit codes) and bearer tokens.
 
 mod common;
 use common::*;
@@ -121,12 +121,13 @@ async fn errors_and_exit_codes() {
     let s = Server::start(&[]);
     let base = s.base.as_str();
 
-    // Unknown id → 404: exit 2, detail + hint.
+    // Unknown id → 404: exit 3 (not found, as for files), detail + hint.
     let o = run(base, &["get", "aaaaaaaaaaaaaaaaaaaaaaaaaa"]);
-    assert_eq!(code(&o), 2);
+    assert_eq!(code(&o), 3);
     let e = stderr(&o);
     assert!(e.contains("no task with this id") && e.contains("hint: "), "{e}");
-    assert_eq!(code(&run(base, &["cancel", "aaaaaaaaaaaaaaaaaaaaaaaaaa"])), 2);
+    assert_eq!(code(&run(base, &["cancel", "aaaaaaaaaaaaaaaaaaaaaaaaaa"])), 3);
+    assert_eq!(code(&run(base, &["get", "--wait", "aaaaaaaaaaaaaaaaaaaaaaaaaa"])), 3);
 
     // Unknown kind → 400: exit 2, the hint lists the kinds.
     let o = run(base, &["start", "no-such-kind"]);
@@ -142,14 +143,14 @@ async fn errors_and_exit_codes() {
     assert_eq!(code(&run(base, &["list", "--limit", "0"])), 2);
     assert_eq!(code(&run(base, &["start", "external", "--args-file", "/nonexistent/args.json"])), 2);
 
-    // No server there → exit 1 with a hint.
+    // No server there → exit 5 at once (as every client command), with a hint.
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
     let o = run(&dead, &["list"]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("cannot reach"), "{}", stderr(&o));
+    assert_eq!(code(&o), 5);
+    assert!(stderr(&o).contains("cannot connect to") && stderr(&o).contains("hint: "), "{}", stderr(&o));
     // --server beats FERRY_SERVER.
     let o = ferry_task(&dead, &["--server", base, "list"]).output().unwrap();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -157,7 +158,7 @@ async fn errors_and_exit_codes() {
     // The help documents the exit codes.
     let o = run(base, &["start", "--help"]);
     let help = String::from_utf8_lossy(&o.stdout);
-    assert!(help.contains("Exit codes:") && help.contains("3  with --wait: the task was cancelled"), "{help}");
+    assert!(help.contains("Exit codes") && help.contains("8  task start --wait, task get --wait: the task was cancelled"), "{help}");
 }
 
 /// Start `--wait` in the background, let `finish` end the task over REST, return the output.
@@ -204,21 +205,21 @@ async fn wait_exit_codes() {
     assert_eq!(v["status"], "completed");
     assert_eq!(v["result"]["rows"], 42);
 
-    // Failed → 1.
+    // Failed → 7.
     let o = wait_until(&s, "w-fail", async |id| post(format!("/api/v1/tasks/{id}/fail"), r#"{"message":"upstream said no"}"#).await).await;
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert_eq!(code(&o), 7, "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["status"], "failed");
     assert_eq!(v["error"]["message"], "upstream said no");
 
-    // Cancelled (with the CLI) → 3.
+    // Cancelled (with the CLI) → 8.
     let base = s.base.clone();
     let o = wait_until(&s, "w-cancel", async |id| {
         let c = run(&base, &["cancel", id]);
         assert_eq!(code(&c), 0);
     })
     .await;
-    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert_eq!(code(&o), 8, "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["status"], "cancelled");
 
@@ -236,7 +237,7 @@ async fn bearer_token() {
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
 
     let o = run(&s.base, &["list"]);
-    assert_eq!(code(&o), 2, "401 is a 4xx");
+    assert_eq!(code(&o), 6, "401: authentication, as for the file commands");
     assert!(stderr(&o).contains("bearer token") && stderr(&o).contains("hint: "), "{}", stderr(&o));
 
     let t = ok_json(&ferry_task(&s.base, &["start", "external"]).env("FERRY_TOKEN", token).output().unwrap());
@@ -244,5 +245,90 @@ async fn bearer_token() {
     let g = ok_json(&run(&s.base, &["--token", token, "get", id]));
     assert_eq!(g["id"], id);
     // A wrong token is refused.
-    assert_eq!(code(&run(&s.base, &["--token", "fy_wrong", "get", id])), 2);
+    assert_eq!(code(&run(&s.base, &["--token", "fy_wrong", "get", id])), 6);
+}
+
+/// Spawn `ferry task ARGS…` with stderr read line by line on a thread.
+fn spawn_task(server: &str, args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = ferry_task(server, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    (child, rx)
+}
+
+/// Read stderr lines until one contains `needle`; returns them all.
+fn stderr_until(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let l = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no stderr line with {needle:?}; so far: {seen:?}"));
+        let done = l.contains(needle);
+        seen.push(l);
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// Wait for the child (killed after 60 s) and return its output.
+async fn finish(child: std::process::Child) -> Output {
+    let pid = child.id();
+    match tokio::time::timeout(Duration::from_secs(60), tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())).await {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("`ferry task … --wait` did not exit after the task ended");
+        }
+    }
+}
+
+/// Issue 12 item 4: `task get --wait` follows `GET /api/v1/events`: once it says it is
+/// following the stream it reads the task only when an event names it, and it ends on the
+/// task's status event (named on stderr) with the task's final JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_wait_follows_live_events() {
+    let s = Server::start(&[]);
+    let api = Api::new(&s);
+    let id = api.start("external", "{}").await["id"].as_str().unwrap().to_string();
+    let other = api.start("external", "{}").await["id"].as_str().unwrap().to_string();
+    let (child, rx) = spawn_task(&s.base, &["get", "--wait", &id]);
+    tokio::task::block_in_place(|| stderr_until(&rx, "following live events"));
+    // Another task's status event does not end the wait.
+    let r = client().post(s.url(&format!("/api/v1/tasks/{other}/cancel"))).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = client().post(s.url(&format!("/api/v1/tasks/{id}/complete"))).body(r#"{"result":{"rows":3}}"#).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let o = finish(child).await;
+    let rest: Vec<String> = rx.try_iter().collect();
+    let v = ok_json(&o);
+    assert_eq!((v["id"].as_str(), v["status"].as_str(), v["result"]["rows"].as_u64()), (Some(id.as_str()), Some("completed"), Some(3)));
+    assert!(rest.iter().any(|l| l.contains(&format!("task {id} is completed (event evt_"))), "{rest:?}");
+    assert!(!rest.iter().any(|l| l.contains("polling")), "{rest:?}");
+
+    // A task that is already finished: printed at once, with its exit code (cancelled: 8).
+    let o = run(&s.base, &["get", "--wait", &other]);
+    assert_eq!(code(&o), 8, "{}", stderr(&o));
+}
+
+/// Where the events stream is unavailable (here a proxy answers 503 for it), `--wait` says so
+/// and polls the task instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_wait_polls_without_the_stream() {
+    let s = Server::start(&[]);
+    let proxy = proxy::HttpFaultProxy::start(&s.base).await;
+    proxy.set(Some(std::sync::Arc::new(|_: &http::Method, pq: &str| pq.starts_with("/api/v1/events"))));
+    let id = Api::new(&s).start("external", "{}").await["id"].as_str().unwrap().to_string();
+    let (child, rx) = spawn_task(&proxy.url, &["get", "--wait", &id]);
+    let seen = tokio::task::block_in_place(|| stderr_until(&rx, "polling task"));
+    assert!(seen.iter().any(|l| l.contains("no live events (GET /api/v1/events answered HTTP 503)")), "{seen:?}");
+    let r = client().post(s.url(&format!("/api/v1/tasks/{id}/fail"))).body(r#"{"message":"no"}"#).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let o = finish(child).await;
+    assert_eq!(code(&o), 7, "failed: {}", stderr(&o));
+    assert!(proxy.seen().iter().filter(|r| r.starts_with(&format!("GET /api/v1/tasks/{id}"))).count() >= 2, "{:?}", proxy.seen());
 }

@@ -8,175 +8,14 @@
 //! same command. Nothing depends on how fast this machine is.
 
 mod common;
+use common::cli::*;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `ferry ARGS…` against `server`, with its own URL store in `cache`, no token, no proxy.
-fn ferry(server: &str, cache: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(ferry_bin());
-    c.args(args).env("FERRY_SERVER", server).env("FERRY_CACHE_DIR", cache).env_remove("FERRY_TOKEN");
-    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
-        c.env_remove(v);
-    }
-    c.stdin(Stdio::null());
-    c
-}
-
-fn out(c: &mut Command) -> Output {
-    c.output().expect("run ferry")
-}
-
-/// Run to completion on a blocking thread, so the test's own proxy tasks keep running.
-async fn out_async(mut c: Command) -> Output {
-    tokio::task::spawn_blocking(move || c.output().expect("run ferry")).await.unwrap()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exit code")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The one JSON line of a successful `--json` run.
-fn ok_json(o: &Output) -> Value {
-    assert_eq!(code(o), 0, "stderr: {}", stderr(o));
-    let s = stdout(o);
-    assert_eq!(s.lines().count(), 1, "one line expected: {s}");
-    serde_json::from_str(&s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
-
-/// A pseudo-random file of `len` bytes in `dir`; returns its path and sha256.
-fn source(dir: &Path, name: &str, len: usize, seed: u64) -> (PathBuf, String) {
-    let data = pseudo_random(len, seed);
-    let p = dir.join(name);
-    std::fs::write(&p, &data).unwrap();
-    (p, sha256_hex(&data))
-}
-
-/// GET the file the CLI uploaded and check its bytes' sha256.
-async fn server_sha256(url: &str) -> String {
-    let r = client().get(url).send().await.unwrap();
-    assert_eq!(r.status(), 200, "GET {url}");
-    sha256_hex(&r.bytes().await.unwrap())
-}
-
-/// One value of the server's Prometheus text.
-async fn metric(s: &Server, name: &str) -> u64 {
-    let text = client().get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok())).unwrap_or(0.0) as u64
-}
-
-/// Poll `cond` every 20 ms; panic with `what` after 60 s.
-async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A loopback TCP proxy with a byte budget per direction.
-
-/// Bytes one direction may still forward; `u64::MAX` means no limit.
-struct Gate {
-    limit: AtomicU64,
-    used: AtomicU64,
-    notify: tokio::sync::Notify,
-}
-
-impl Gate {
-    fn new(limit: u64) -> Arc<Gate> {
-        Arc::new(Gate { limit: AtomicU64::new(limit), used: AtomicU64::new(0), notify: tokio::sync::Notify::new() })
-    }
-
-    fn open(&self) {
-        self.limit.store(u64::MAX, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-
-    /// Wait until at least one byte may pass; returns how many (at most `want`).
-    async fn take(&self, want: u64) -> u64 {
-        loop {
-            let notified = self.notify.notified();
-            let used = self.used.load(Ordering::SeqCst);
-            let limit = self.limit.load(Ordering::SeqCst);
-            if used < limit {
-                let n = want.min(limit - used);
-                self.used.fetch_add(n, Ordering::SeqCst);
-                return n;
-            }
-            notified.await;
-        }
-    }
-}
-
-struct Proxy {
-    base: String,
-    up: Arc<Gate>,
-    down: Arc<Gate>,
-}
-
-/// Forward `from` to `to`, each byte only once `gate` allows it.
-async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, gate: Arc<Gate>) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let mut at = 0;
-        while at < n {
-            let k = gate.take((n - at) as u64).await as usize;
-            if to.write_all(&buf[at..at + k]).await.is_err() {
-                return;
-            }
-            at += k;
-        }
-    }
-    let _ = to.shutdown().await;
-}
-
-impl Proxy {
-    /// A proxy to `target` (`host:port`) that forwards at most `up` bytes to the server and
-    /// `down` bytes back, then holds the rest until [`Gate::open`].
-    async fn start(target: String, up: u64, down: u64) -> Proxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (upg, downg) = (Gate::new(up), Gate::new(down));
-        let (u, d) = (upg.clone(), downg.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else { continue };
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, u.clone()));
-                tokio::spawn(pump(sr, cw, d.clone()));
-            }
-        });
-        Proxy { base, up: upg, down: downg }
-    }
-}
-
-/// SIGKILL a child and reap it.
-fn kill9(child: &mut std::process::Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -210,7 +49,7 @@ async fn upload_download_ls_status_rm() {
     assert_eq!(fresh["sent"], 5 * 1024 * 1024 + 7);
 
     // status: the server's JSON, with the metadata name.
-    let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", &id])));
+    let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", "--json", &id])));
     assert_eq!(st["sha256"], sha.as_str());
     assert_eq!(st["complete"], true);
     assert_eq!(st["name"], "hello world.bin");
@@ -229,9 +68,20 @@ async fn upload_download_ls_status_rm() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), format!("hello world.bin\t{sha}\n"));
     assert_eq!(sha256_hex(&std::fs::read(dl.join("hello world.bin")).unwrap()), sha);
-    // It exists now: refused (2) without --force.
+    // A re-run: the file is already there and matches: 0, nothing received.
+    let o = out(ferry(&s.base, &cache, &["download", &id, "--json"]).current_dir(&dl));
+    let again = ok_json(&o);
+    assert_eq!((again["received"].as_u64(), again["sha256"].as_str()), (Some(0), Some(sha.as_str())), "{}", stderr(&o));
+    assert!(stderr(&o).contains("already downloaded"), "{}", stderr(&o));
+    // Another file under that name: refused (2) without --force, and left as it is.
+    std::fs::write(dl.join("hello world.bin"), vec![7u8; 5 * 1024 * 1024 + 7]).unwrap();
     let o = out(ferry(&s.base, &cache, &["download", &id]).current_dir(&dl));
     assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("sha256 differs"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(dl.join("hello world.bin")).unwrap(), vec![7u8; 5 * 1024 * 1024 + 7]);
+    let o = out(ferry(&s.base, &cache, &["download", &id, "--force", "-q"]).current_dir(&dl));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(sha256_hex(&std::fs::read(dl.join("hello world.bin")).unwrap()), sha);
     let target = dl.join("by-url.bin");
     let d = ok_json(&out(&mut ferry(&s.base, &cache, &["download", "--json", url, "-o", target.to_str().unwrap()])));
     assert_eq!(d["sha256"], sha.as_str());
@@ -398,11 +248,11 @@ async fn exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let (src, _) = source(dir.path(), "f.bin", 1000, 7);
-    // Nobody listens on port 1: 5 after --retry-for.
-    let o = out(&mut ferry("http://127.0.0.1:1", &cache, &["upload", "--retry-for", "1s", src.to_str().unwrap()]));
+    // Nobody listens on port 1: 5 at once (tests/cli_contact.rs checks more).
+    let o = out(&mut ferry("http://127.0.0.1:1", &cache, &["upload", src.to_str().unwrap()]));
     assert_eq!(code(&o), 5, "{}", stderr(&o));
-    assert!(stderr(&o).contains("gave up after") && stderr(&o).contains("hint: "), "{}", stderr(&o));
-    let o = out(&mut ferry("http://127.0.0.1:1", &cache, &["download", "--retry-for", "500ms", "abc"]));
+    assert!(stderr(&o).contains("cannot connect to") && stderr(&o).contains("hint: "), "{}", stderr(&o));
+    let o = out(&mut ferry("http://127.0.0.1:1", &cache, &["download", "abc"]));
     assert_eq!(code(&o), 5, "{}", stderr(&o));
     // Usage: a bad --server, bad flags.
     assert_eq!(code(&out(&mut ferry("ftp://x", &cache, &["ls"]))), 2);
@@ -428,7 +278,7 @@ async fn exit_codes() {
 
     // The exit codes are documented in --help.
     let o = out(&mut ferry(&s.base, &cache, &["--help"]));
-    for needle in ["Exit codes", "4  verification failed", "5  network", "6  authentication"] {
+    for needle in ["Exit codes", "4  verification failed", "5  network", "6  authentication", "7  task start --wait, task get --wait: the task failed"] {
         assert!(stdout(&o).contains(needle), "--help lacks {needle:?}: {}", stdout(&o));
     }
 }
@@ -678,7 +528,7 @@ async fn wrong_declared_sha256_is_not_resumed_forever() {
     let b = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", "--meta", "filename=two.bin", src2.to_str().unwrap()])));
     assert_ne!(a["url"], b["url"]);
     assert_eq!(b["resumed_from"], 0);
-    let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", b["id"].as_str().unwrap()])));
+    let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", "--json", b["id"].as_str().unwrap()])));
     assert_eq!(st["name"], "two.bin");
     // No --meta: the remembered upload, whatever its metadata.
     let c = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", src2.to_str().unwrap()])));

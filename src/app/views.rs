@@ -44,6 +44,10 @@ pub struct FileView {
     pub expires_at: Option<i64>,
     /// Relative URL for GET (download) and TUS requests.
     pub url: String,
+    /// The upload's metadata (`Upload-Metadata`, decoded), by key: key →
+    /// value (`null` for a key sent without one; a value that is not UTF-8 is decoded lossily).
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Map<String, Value>,
 }
 
 /// The view of an upload record.
@@ -61,7 +65,15 @@ pub fn file_view(r: &UploadRecord) -> FileView {
         created_at: r.created_at_ms,
         expires_at: if r.is_finished() { None } else { r.expires_at_ms },
         url: format!("{FILES_PATH}{}", r.id),
+        metadata: metadata_map(&r.metadata),
     }
+}
+
+/// `Upload-Metadata` text as a JSON object (see [`FileView::metadata`]); unparsable text
+/// (never stored: creation checks it) gives an empty object.
+fn metadata_map(raw: &str) -> serde_json::Map<String, Value> {
+    let md: ferry_tus::UploadMetadata = raw.parse().unwrap_or_default();
+    md.into_pairs().into_iter().map(|(k, v)| (k, v.map_or(Value::Null, |b| Value::String(String::from_utf8_lossy(&b).into_owned())))).collect()
 }
 
 /// A compact file handle (MCP results): [`FileView`] without timestamps and URL.

@@ -1,41 +1,75 @@
 //! Shared plumbing of the client subcommands: where the server is ([`Connection`]), the HTTP
-//! client, RFC 9457 problem bodies, retry with exponential backoff, and the exit codes of the
-//! transfer commands (`upload`, `download`, `ls`, `status`, `rm`, `share`).
+//! client, the first contact with the server (fail fast when nothing or something else than ferry
+//! answers), RFC 9457 problem bodies, retry with exponential backoff, and the exit codes of
+//! every client command ([`EXIT_CODES`]).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Deserialize;
 
-/// Exit codes of `ferry upload|download|ls|status|rm|share`, shown in their `--help` and in
-/// `ferry --help`.
-pub const TRANSFER_EXIT_CODES: &str = "\
-Exit codes (upload, download, ls, status, rm, share):
-  0  success
-  1  other failure: an unexpected answer from the server, a local I/O error
-  2  usage or configuration error, or the server refused the request as invalid (other 4xx)
-  3  not found: the server has no such file (404) or it expired (410); a local FILE is missing
-  4  verification failed: the sha256 of the bytes differs from the server's or from a
-     declared --meta sha256 (460), or the file changed while it was being uploaded
-  5  network: the server could not be reached, or kept failing (5xx, 423 locked) until
-     --retry-for ran out
-  6  authentication: the token is missing, unknown or not allowed (401, 403)
-With several files (upload) or ids (rm), every one is tried and the exit code is the first
-failure's. A closed stdout (`ferry ls | head`) ends a command quietly with 0.
-`ferry task` has its own exit codes: see `ferry task --help`.";
+/// One exit code of every client command: its number, and what it means.
+pub struct ExitCodeDoc {
+    pub code: u8,
+    pub meaning: &'static str,
+}
 
 /// Exit code: an unexpected answer or a local I/O error.
 pub const EXIT_FAILURE: u8 = 1;
-/// Exit code: usage or configuration error, or a 4xx not listed elsewhere.
+/// Exit code: usage or configuration error (also: `--server` is not a ferry server), or a 4xx
+/// not listed elsewhere.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: 404 / 410, or a local input file that does not exist.
 pub const EXIT_NOT_FOUND: u8 = 3;
 /// Exit code: sha256 mismatch.
 pub const EXIT_VERIFY: u8 = 4;
-/// Exit code: unreachable, or 5xx / 423 until the retry budget ran out.
+/// Exit code: no connection to the server (at once), or 5xx / 423 / a dropped connection after
+/// the server first answered, until the retry budget ran out.
 pub const EXIT_NETWORK: u8 = 5;
 /// Exit code: 401 / 403.
 pub const EXIT_AUTH: u8 = 6;
+/// Exit code: `ferry task … --wait`: the task failed.
+pub const EXIT_TASK_FAILED: u8 = 7;
+/// Exit code: `ferry task … --wait`: the task was cancelled.
+pub const EXIT_TASK_CANCELLED: u8 = 8;
+
+/// The exit codes of every client command (`upload`, `download`, `ls`, `status`, `rm`,
+/// `share`, `task`): the one definition behind `--help` and the README's table
+/// (`tests/cli_transfer.rs` checks that the two agree).
+pub const EXIT_CODES: &[ExitCodeDoc] = &[
+    ExitCodeDoc { code: 0, meaning: "success (`task --wait`: the task completed; `download`: also when PATH already holds the verified file)" },
+    ExitCodeDoc { code: EXIT_FAILURE, meaning: "other failure: an unexpected answer from the server, a local I/O error" },
+    ExitCodeDoc {
+        code: EXIT_USAGE,
+        meaning: "usage or configuration error (also: --server answers, but is not a ferry server), or the server refused the request as invalid (other 4xx, e.g. 413 too large)",
+    },
+    ExitCodeDoc { code: EXIT_NOT_FOUND, meaning: "not found: no such file or task on the server (404) or it expired (410); a local FILE is missing" },
+    ExitCodeDoc {
+        code: EXIT_VERIFY,
+        meaning: "verification failed: the sha256 of the bytes differs from the server's or from a declared --meta sha256 (460), or the file changed while it was being uploaded",
+    },
+    ExitCodeDoc {
+        code: EXIT_NETWORK,
+        meaning: "network: no connection to the server (at once, no retries), or after it first answered, 5xx / 423 / dropped connections until --retry-for ran out without progress (re-run to resume)",
+    },
+    ExitCodeDoc { code: EXIT_AUTH, meaning: "authentication: the token is missing, unknown or not allowed (401, 403)" },
+    ExitCodeDoc { code: EXIT_TASK_FAILED, meaning: "`task start --wait`, `task get --wait`: the task failed" },
+    ExitCodeDoc { code: EXIT_TASK_CANCELLED, meaning: "`task start --wait`, `task get --wait`: the task was cancelled" },
+];
+
+/// The exit codes as `--help` shows them (after every client command's help and `ferry --help`).
+pub fn exit_codes_help() -> String {
+    let mut s = String::from("Exit codes (every client command: upload, download, ls, status, rm, share, task):\n");
+    for c in EXIT_CODES {
+        s.push_str(&format!("  {}  {}\n", c.code, c.meaning.replace('`', "")));
+    }
+    s.push_str(
+        "With several files (upload) or ids (rm), every one is tried and the exit code is the first\n\
+         failure's. A closed stdout (`ferry ls | head`) ends a command quietly with 0.",
+    );
+    s
+}
 
 /// Default `--server` when neither the flag nor `FERRY_SERVER` is set.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
@@ -181,7 +215,7 @@ impl CliError {
     }
 
     /// An error answer from the server: the exit code follows the status (see
-    /// [`TRANSFER_EXIT_CODES`]); the message is the problem's `detail` when there is one.
+    /// [`EXIT_CODES`]); the message is the problem's `detail` when there is one.
     pub fn from_status(what: &str, status: u16, body: &str) -> CliError {
         let problem: ProblemBody = serde_json::from_str(body).unwrap_or_default();
         let code = match status {
@@ -197,6 +231,9 @@ impl CliError {
             (Some(d), Some(c)) => format!("{d} ({c})"),
             (Some(d), None) => d.clone(),
             _ if body.trim().is_empty() => String::from("no details"),
+            // A page (a proxy's or another server's error page) is not a message: never
+            // print its markup.
+            _ if body.trim_start().starts_with('<') => format!("an HTML or XML page of {} bytes (not an answer from ferry: a proxy in between?)", body.len()),
             _ => body.trim().chars().take(300).collect(),
         };
         let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
@@ -250,6 +287,10 @@ impl Retry {
     /// "gave up" message) once the budget is spent.
     pub async fn wait(&mut self, err: CliError) -> Result<(), CliError> {
         let spent = self.since.elapsed();
+        if self.budget.is_zero() {
+            // No retries asked for (e.g. a POST that must not run twice): the error as it is.
+            return Err(err);
+        }
         if spent >= self.budget {
             let mut e = CliError::new(
                 EXIT_NETWORK,
@@ -267,19 +308,94 @@ impl Retry {
     }
 }
 
+/// What the server said at the first contact (TUS discovery, `OPTIONS /files/`).
+#[derive(Debug, Clone, Default)]
+pub struct ServerInfo {
+    /// `Tus-Max-Size`: the largest upload it accepts, in bytes (TUS 1.0 §Tus-Max-Size).
+    pub max_size: Option<u64>,
+}
+
 /// Transfer client: the HTTP client, the server's base URL and the token.
 #[derive(Clone)]
 pub struct Client {
     pub http: reqwest::Client,
     pub base: reqwest::Url,
     token: Option<String>,
+    /// Where the first contact goes: `{server}/files/`, or the `/files/` of a URL argument.
+    discovery: reqwest::Url,
+    /// The first contact's answer, once it was a ferry server's.
+    contact: Arc<tokio::sync::OnceCell<ServerInfo>>,
 }
 
 impl Client {
     /// A client for transfers: no overall timeout, but a read that sends nothing for
     /// `read_timeout` fails (and is retried).
     pub fn new(conn: &Connection, read_timeout: Duration) -> Result<Client, CliError> {
-        Ok(Client { http: http_client(None, Some(read_timeout))?, base: conn.base()?, token: conn.token() })
+        Client::with_http(conn, http_client(None, Some(read_timeout))?)
+    }
+
+    /// A client on `http` (e.g. one with an overall timeout, for API calls).
+    pub fn with_http(conn: &Connection, http: reqwest::Client) -> Result<Client, CliError> {
+        let base = conn.base()?;
+        let mut c = Client { http, base, token: conn.token(), discovery: reqwest::Url::parse("http://invalid/").expect("valid"), contact: Default::default() };
+        c.discovery = c.url("/files/");
+        Ok(c)
+    }
+
+    /// The same server, token and first contact as `other`, on another HTTP client (e.g. one
+    /// without an overall timeout, for a stream).
+    pub fn with_http_of(other: &Client, http: reqwest::Client) -> Client {
+        Client { http, ..other.clone() }
+    }
+
+    /// Make the first contact at the ferry that serves `url` (a `/files/{id}` URL, e.g. a
+    /// signed one from another server) instead of `--server`.
+    pub fn discover_at(&mut self, url: &reqwest::Url) {
+        let mut d = url.clone();
+        d.set_query(None);
+        d.set_fragment(None);
+        let path = d.path().to_string();
+        let prefix = match path.rfind("/files/") {
+            Some(i) => &path[..i],
+            None => path.trim_end_matches('/').rsplit_once('/').map_or("", |(p, _)| p),
+        };
+        d.set_path(&format!("{prefix}/files/"));
+        self.discovery = d;
+    }
+
+    /// The first contact with the server: TUS discovery (`OPTIONS /files/`, TUS 1.0 §OPTIONS),
+    /// made once per command before any other request. It fails at once, without retries:
+    /// when no connection can be made (exit code 5: nothing to resume yet, and minutes of
+    /// retries would only hide a wrong `--server` or a stopped server), and when what answers
+    /// is not ferry — no `Tus-Resumable` in the answer, e.g. a static file server's `501` HTML
+    /// page (exit code 2; a proxy's `502`/`503`/`504` without it: 5). Retries are for failures
+    /// after this.
+    pub async fn contact(&self) -> Result<ServerInfo, CliError> {
+        self.contact.get_or_try_init(|| self.discover()).await.cloned()
+    }
+
+    async fn discover(&self) -> Result<ServerInfo, CliError> {
+        let url = &self.discovery;
+        let origin = url.origin().ascii_serialization();
+        let what = describe(&reqwest::Method::OPTIONS, url);
+        let res = self.http.request(reqwest::Method::OPTIONS, url.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await.map_err(|e| {
+            CliError::new(EXIT_NETWORK, format!("cannot connect to {origin}: {}", error_chain(&e)))
+                .hint(format!("Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried."))
+        })?;
+        let status = res.status().as_u16();
+        let h = res.headers();
+        if h.contains_key("tus-resumable") {
+            return Ok(ServerInfo { max_size: typed_header::<ferry_tus::UploadLength>(h, "tus-max-size").map(|l| l.0) });
+        }
+        let kind = header_str(h, "content-type").map(|t| format!(", {}", t.split(';').next().unwrap_or(t).trim())).unwrap_or_default();
+        let server = header_str(h, "server").map(|s| format!(", Server: {s}")).unwrap_or_default();
+        let seen = format!("{what} answered HTTP {status}{kind}{server} without Tus-Resumable");
+        if matches!(status, 502..=504) {
+            return Err(CliError::new(EXIT_NETWORK, format!("{origin} is not answering as ferry: {seen}"))
+                .hint("A proxy answered for ferry: is `ferry serve` behind it running? Re-run once it is."));
+        }
+        Err(CliError::new(EXIT_USAGE, format!("{origin} is not a ferry server: {seen}"))
+            .hint("Set --server or FERRY_SERVER to the base URL of a running `ferry serve` (e.g. http://127.0.0.1:8080)."))
     }
 
     /// A request with the bearer token, which is sent only to the configured server's origin
@@ -318,6 +434,7 @@ impl Client {
     /// Send, retrying network errors and retryable statuses within `retry`; returns the
     /// first answer that is not retryable (which may be an error status).
     pub async fn send_retrying(&self, retry: &mut Retry, what: &str, build: impl Fn() -> reqwest::RequestBuilder) -> Result<reqwest::Response, CliError> {
+        self.contact().await?;
         loop {
             match build().send().await {
                 Ok(r) if retryable_status(r.status().as_u16()) => {
@@ -337,6 +454,19 @@ impl Client {
     /// A JSON API call (`/api/v1{path}` with the `query` pairs) with retries; a non-2xx answer
     /// becomes a [`CliError`] naming the request (`GET /api/v1/files?limit=5`).
     pub async fn api(&self, retry: &mut Retry, method: reqwest::Method, path: &str, query: &[(&str, String)], body: Option<String>) -> Result<String, CliError> {
+        self.api_with(retry, method, path, query, &[], body).await.map(|(_, text)| text)
+    }
+
+    /// [`Client::api`] with extra request headers; returns the (2xx) status and the body.
+    pub async fn api_with(
+        &self,
+        retry: &mut Retry,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        headers: &[(&str, String)],
+        body: Option<String>,
+    ) -> Result<(u16, String), CliError> {
         let mut url = self.url(&format!("/api/v1{path}"));
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
@@ -345,6 +475,9 @@ impl Client {
         let res = self
             .send_retrying(retry, &what, || {
                 let mut r = self.request(method.clone(), &url);
+                for (k, v) in headers {
+                    r = r.header(*k, v);
+                }
                 if let Some(b) = &body {
                     r = r.header("content-type", "application/json").body(b.clone());
                 }
@@ -356,7 +489,7 @@ impl Client {
         if !(200..300).contains(&status) {
             return Err(CliError::from_status(&what, status, &text));
         }
-        Ok(text)
+        Ok((status, text))
     }
 
     /// `DELETE` an upload (TUS 1.0 §Termination) with retries.
@@ -506,6 +639,9 @@ mod tests {
         assert_eq!(CliError::from_status("x", 401, "").code, EXIT_AUTH);
         assert_eq!(CliError::from_status("x", 413, "").code, EXIT_USAGE);
         assert_eq!(CliError::from_status("x", 503, "").code, EXIT_NETWORK);
+        let page = CliError::from_status("PATCH /files/x", 502, "<html><body><h1>502 Bad Gateway</h1></body></html>");
+        assert_eq!(page.code, EXIT_NETWORK);
+        assert!(!page.message.contains("<h1>") && page.message.contains("an HTML or XML page"), "{}", page.message);
         let e = CliError::from_status("GET /x", 404, r#"{"detail":"no such upload","code":"not_found","recovery_hint":"Check the id."}"#);
         assert_eq!(e.message, "GET /x: HTTP 404: no such upload (not_found)");
         assert_eq!(e.hint.as_deref(), Some("Check the id."));

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{
-    describe, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NETWORK,
-    EXIT_USAGE, EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, exit_codes_help, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE,
+    EXIT_NETWORK, EXIT_USAGE, EXIT_VERIFY,
 };
 use super::progress::Progress;
 
@@ -36,7 +36,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `ferry download`: fetch a finished file, resuming a partial one, and verify its sha256.
 #[derive(Debug, Args)]
-#[command(after_help = TRANSFER_EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct DownloadArgs {
     #[command(flatten)]
     pub conn: Connection,
@@ -98,8 +98,25 @@ struct Done {
     received: u64,
 }
 
+/// The sha256 of a local file, lowercase hex (a local check, not transfer: no progress).
+async fn sha256_of(path: &Path) -> Result<String, CliError> {
+    let io = |e: std::io::Error| CliError::new(EXIT_FAILURE, format!("cannot read {}: {e}", path.display()));
+    let mut f = tokio::fs::File::open(path).await.map_err(io)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).await.map_err(io)?;
+        if n == 0 {
+            return Ok(hex::encode(h.finalize()));
+        }
+        h.update(&buf[..n]);
+    }
+}
+
 /// Where the bytes go.
 enum Output {
+    /// Nothing to do: PATH is already the server's file.
+    Verified(PathBuf),
     Stdout,
     /// An existing device or FIFO, written into directly (no `.part`, no rename, no resume).
     Direct(PathBuf),
@@ -129,8 +146,10 @@ fn follow_symlinks(path: &Path) -> Result<PathBuf, CliError> {
     Err(CliError::usage(format!("{}: too many levels of symbolic links", path.display())))
 }
 
-/// Decide what to do with the output path (see the module docs).
-fn output_for(path: &Path, force: bool) -> Result<Output, CliError> {
+/// Decide what to do with the output path (see the module docs). An existing regular file
+/// that already is the server's file (same length, same sha256 as its `Repr-Digest`) needs
+/// nothing: [`Output::Verified`].
+async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, CliError> {
     use std::os::unix::fs::FileTypeExt as _;
     let resolved = follow_symlinks(path)?;
     let md = match std::fs::metadata(&resolved) {
@@ -141,6 +160,13 @@ fn output_for(path: &Path, force: bool) -> Result<Output, CliError> {
     let ft = md.file_type();
     if ft.is_file() {
         if !force {
+            if let Some(want) = probe.sha256.as_deref().filter(|_| md.len() == probe.total) {
+                if sha256_of(&resolved).await? == want {
+                    return Ok(Output::Verified(resolved));
+                }
+                return Err(CliError::new(EXIT_USAGE, format!("{} already exists, and is not the server's file (its sha256 differs)", path.display()))
+                    .hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
+            }
             return Err(CliError::new(EXIT_USAGE, format!("{} already exists", path.display())).hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
         }
         return Ok(Output::Part(resolved));
@@ -161,8 +187,10 @@ fn output_for(path: &Path, force: bool) -> Result<Output, CliError> {
 }
 
 async fn execute(args: DownloadArgs) -> Result<(), CliError> {
-    let client = Client::new(&args.conn, READ_TIMEOUT)?;
+    let mut client = Client::new(&args.conn, READ_TIMEOUT)?;
     let url = client.file_url(&args.target)?;
+    // A URL of another server (a signed link): the first contact goes to that one.
+    client.discover_at(&url);
     let mut retry = Retry::new(args.retry_for);
     let probe = probe(&client, &mut retry, &url).await?;
     let server_name = || PathBuf::from(probe.filename.clone().unwrap_or_else(|| id_of(&url)));
@@ -171,12 +199,12 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
         Some(p) => {
             // `-o DIR` (not a symlink to a device): the server's name inside it.
             let p = if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) { p.join(server_name()) } else { p.clone() };
-            let o = output_for(&p, args.force)?;
+            let o = output_for(&p, args.force, &probe).await?;
             (p, o)
         }
         None => {
             let p = server_name();
-            let o = output_for(&p, args.force)?;
+            let o = output_for(&p, args.force, &probe).await?;
             (p, o)
         }
     };
@@ -184,6 +212,21 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
         Output::Stdout => id_of(&url),
         _ => shown.display().to_string(),
     };
+    if let Output::Verified(path) = &output {
+        // A re-run after the download finished: PATH already is the server's file.
+        let done = Done {
+            path: shown.display().to_string(),
+            url: url.to_string(),
+            size: probe.total,
+            sha256: probe.sha256.clone().unwrap_or_default(),
+            resumed_from: probe.total,
+            received: 0,
+        };
+        if !args.quiet {
+            eprintln!("ferry: {}: already downloaded (same size and sha256 as the server's file); nothing to do", path.display());
+        }
+        return if args.json { print_line(&serde_json::to_string(&done).expect("serialises")) } else { print_line(&format!("{}\t{}", done.path, done.sha256)) };
+    }
     let progress = Progress::new(&label, probe.total, 0, args.quiet);
     let result = transfer(&client, &mut retry, &url, &probe, &output, &progress).await;
     progress.finish();
@@ -205,7 +248,7 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
     }
     match &output {
         Output::Stdout => return Ok(()),
-        Output::Direct(_) => {}
+        Output::Direct(_) | Output::Verified(_) => {}
         Output::Part(path) => {
             replace(&part_path(path), path)?;
             let _ = std::fs::remove_file(info_path(path));
@@ -319,10 +362,11 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
     };
     let write_error = |e: std::io::Error| match output {
         Output::Stdout => stdout_error(&e),
-        Output::Direct(p) | Output::Part(p) => CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display())),
+        Output::Direct(p) | Output::Part(p) | Output::Verified(p) => CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display())),
     };
     let mut out: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match output {
         Output::Stdout => Box::new(tokio::io::stdout()),
+        Output::Verified(_) => unreachable!("a verified PATH is not transferred"),
         Output::Direct(p) => {
             // Never created, truncated or renamed: it is a device or FIFO.
             let f = tokio::fs::OpenOptions::new().write(true).open(p).await.map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot open {}: {e}", p.display())))?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
-use super::client::{parse_duration, print_line, CliError, Client, Connection, Retry, EXIT_FAILURE, TRANSFER_EXIT_CODES};
+use super::client::{exit_codes_help, parse_duration, print_line, CliError, Client, Connection, Retry, EXIT_FAILURE};
 
 /// Requests of these commands fail after this long without an answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -18,7 +18,7 @@ const LS_DEFAULT_LIMIT: u32 = 100;
 /// `ferry ls`: your files on the server, newest first: the newest 100 unless `--limit` says
 /// otherwise (at most 1000).
 #[derive(Debug, Args)]
-#[command(after_help = TRANSFER_EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct LsArgs {
     #[command(flatten)]
     pub conn: Connection,
@@ -26,7 +26,8 @@ pub struct LsArgs {
     /// files are not shown when you have more.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: Option<u32>,
-    /// Print the server's JSON (`{"files": [...]}`) instead of a table.
+    /// Print the server's JSON (`{"files": [...]}`: sizes in bytes, times in Unix ms) instead of
+    /// a table for people (sizes in KiB/MiB/GiB, creation times in UTC).
     #[arg(long)]
     pub json: bool,
     /// Keep retrying network errors and 5xx for this long.
@@ -34,14 +35,18 @@ pub struct LsArgs {
     pub retry_for: Duration,
 }
 
-/// `ferry status ID`: one file's state as JSON (name, size, offset, complete, sha256, url).
+/// `ferry status ID`: one file's state: name, media type, size, progress, sha256, times, URL
+/// and metadata (`--json`: the server's JSON).
 #[derive(Debug, Args)]
-#[command(after_help = TRANSFER_EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct StatusArgs {
     #[command(flatten)]
     pub conn: Connection,
     /// File id.
     pub id: String,
+    /// Print the server's JSON (`GET /api/v1/files/{id}`) instead of lines for people.
+    #[arg(long)]
+    pub json: bool,
     /// Keep retrying network errors and 5xx for this long.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub retry_for: Duration,
@@ -50,7 +55,7 @@ pub struct StatusArgs {
 /// `ferry rm ID|URL...`: delete files or unfinished uploads (TUS termination). Every id is
 /// tried; each failure is reported on stderr and the exit code is the first failure's.
 #[derive(Debug, Args)]
-#[command(after_help = TRANSFER_EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct RmArgs {
     #[command(flatten)]
     pub conn: Connection,
@@ -65,7 +70,7 @@ pub struct RmArgs {
 /// `ferry share ID`: print a signed URL that lets anyone holding it act on one file (no
 /// token needed) until it expires.
 #[derive(Debug, Args)]
-#[command(after_help = TRANSFER_EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct ShareArgs {
     #[command(flatten)]
     pub conn: Connection,
@@ -96,29 +101,14 @@ pub fn ls(args: LsArgs) -> std::process::ExitCode {
         }
         #[derive(Deserialize)]
         struct List {
-            files: Vec<File>,
-        }
-        #[derive(Deserialize)]
-        struct File {
-            id: String,
-            #[serde(default)]
-            name: Option<String>,
-            #[serde(default)]
-            size: Option<u64>,
-            offset: u64,
-            complete: bool,
+            files: Vec<FileInfo>,
         }
         let list: List = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file list is not as expected: {e}")))?;
         let shown = list.files.len();
-        print_line(&format!("{:<26}  {:>15}  {:<16}  NAME", "ID", "SIZE", "STATE"))?;
+        print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  NAME", "ID", "SIZE", "STATE", "CREATED (UTC)"))?;
         for f in list.files {
-            let state = match (f.complete, f.size) {
-                (true, _) => "complete".to_string(),
-                (false, Some(s)) if s > 0 => format!("{:.1}% uploaded", f.offset as f64 * 100.0 / s as f64),
-                (false, _) => format!("{} bytes uploaded", f.offset),
-            };
-            let size = f.size.map_or_else(|| "?".to_string(), |s| s.to_string());
-            print_line(&format!("{:<26}  {:>15}  {:<16}  {}", f.id, size, state, f.name.unwrap_or_default()))?;
+            let size = f.size.map_or_else(|| "?".to_string(), human_size);
+            print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  {}", f.id, size, f.state_short(), utc_minutes(f.created_at), f.name.as_deref().unwrap_or("")))?;
         }
         let limit = args.limit.unwrap_or(LS_DEFAULT_LIMIT);
         if shown as u64 >= u64::from(limit) && limit < 1000 {
@@ -128,12 +118,116 @@ pub fn ls(args: LsArgs) -> std::process::ExitCode {
     })
 }
 
+/// What `ls` and `status` read of the server's file view (`GET /api/v1/files/{id}`).
+#[derive(Deserialize)]
+struct FileInfo {
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    media_type: Option<String>,
+    #[serde(default)]
+    size: Option<u64>,
+    offset: u64,
+    complete: bool,
+    #[serde(default)]
+    sha256: Option<String>,
+    /// Unix ms.
+    #[serde(default)]
+    created_at: Option<i64>,
+    /// Unix ms.
+    #[serde(default)]
+    expires_at: Option<i64>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+impl FileInfo {
+    /// `complete`, `42.0% uploaded`, or `5.0 MiB uploaded` (length not known yet).
+    fn state_short(&self) -> String {
+        match (self.complete, self.size) {
+            (true, _) => "complete".to_string(),
+            (false, Some(s)) if s > 0 => format!("{:.1}% uploaded", self.offset as f64 * 100.0 / s as f64),
+            (false, _) => format!("{} uploaded", human_size(self.offset)),
+        }
+    }
+}
+
+/// Bytes for people: `0 B`, `512 B`, `5.0 MiB` (IEC units).
+pub fn human_size(n: u64) -> String {
+    bytesize::ByteSize::b(n).display().iec().to_string()
+}
+
+/// Unix ms as `2026-11-30 19:40` (UTC); `-` when unknown.
+pub fn utc_minutes(ms: Option<i64>) -> String {
+    utc(ms).map(|t| t[..16].to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// Unix ms as `2026-11-30 19:40:12 UTC`.
+fn utc(ms: Option<i64>) -> Option<String> {
+    let ms = u64::try_from(ms?).ok()?;
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    Some(format!("{} UTC", s.trim_end_matches('Z').replacen('T', " ", 1)))
+}
+
+/// `ferry status` for people: one `key  value` line per field, then the metadata.
+fn status_lines(f: &FileInfo, client: &Client) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut line = |k: &str, v: String| out.push(format!("{k:<11} {v}"));
+    line("id", f.id.clone());
+    if let Some(n) = &f.name {
+        line("name", n.clone());
+    }
+    if let Some(t) = &f.media_type {
+        line("media type", t.clone());
+    }
+    line("size", f.size.map_or_else(|| "not known yet (deferred length)".to_string(), |s| format!("{} ({s} bytes)", human_size(s))));
+    let state = match (f.complete, f.size) {
+        (true, _) => "complete".to_string(),
+        (false, Some(s)) => format!("uploading: {} of {} ({} bytes)", human_size(f.offset), human_size(s), f.offset),
+        (false, None) => format!("uploading: {} so far ({} bytes)", human_size(f.offset), f.offset),
+    };
+    line("state", state);
+    if let Some(h) = &f.sha256 {
+        line("sha256", h.clone());
+    }
+    if let Some(t) = utc(f.created_at) {
+        line("created", t);
+    }
+    if let Some(t) = utc(f.expires_at) {
+        line("expires", format!("{t} (unless more bytes arrive)"));
+    }
+    if let Some(u) = f.url.as_deref().and_then(|u| client.resolve(u).ok()) {
+        line("url", u.to_string());
+    }
+    let mut first = true;
+    for (k, v) in &f.metadata {
+        let v = match v {
+            serde_json::Value::String(s) => format!("{k}={s}"),
+            _ => k.clone(),
+        };
+        line(if first { "metadata" } else { "" }, v);
+        first = false;
+    }
+    out
+}
+
 pub fn status(args: StatusArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
         let client = Client::new(&args.conn, READ_TIMEOUT)?;
         let path = format!("/files/{}", super::client::id_segment(&args.id)?);
         let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &path, &[], None).await?;
-        print_line(body.trim_end())
+        if args.json {
+            return print_line(body.trim_end());
+        }
+        let f: FileInfo = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file view is not as expected: {e}")))?;
+        for l in status_lines(&f, &client) {
+            print_line(&l)?;
+        }
+        Ok(())
     })
 }
 
@@ -209,4 +303,19 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         }
         print_line(client.resolve(&shared.url)?.as_str())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_times_for_people() {
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(5 * 1024 * 1024 + 7), "5.0 MiB");
+        assert_eq!(utc_minutes(Some(1_764_531_612_000)), "2025-11-30 19:40");
+        assert_eq!(utc(Some(1_764_531_612_345)).as_deref(), Some("2025-11-30 19:40:12 UTC"));
+        assert_eq!(utc_minutes(None), "-");
+        assert_eq!(utc_minutes(Some(-5)), "-");
+    }
 }

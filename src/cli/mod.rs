@@ -6,5 +6,6 @@ pub mod download;
 pub mod files;
 pub mod progress;
 pub mod store;
+pub mod stream;
 pub mod task;
 pub mod upload;

@@ -1,12 +1,18 @@
 //! Transfer progress on stderr: an indicatif bar (bytes, rate, ETA) when stderr is a
 //! terminal, otherwise plain lines — at most one per second, plus one at each milestone the
 //! server confirmed — so logs of scripted runs stay readable.
+//!
+//! The rate is the transfer's: bytes that went over the wire ([`Progress::inc`]) divided by the
+//! time since the first of them. Moving the position without a transfer ([`Progress::set`]:
+//! a resume starting at the server's offset, a local prefix re-hashed) changes neither, so a
+//! resumed upload does not show the bytes it skipped as speed. A transfer of unknown length
+//! (an upload from a pipe) shows bytes and rate without a percentage or ETA.
 
 use std::io::IsTerminal;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 /// Least time between two plain progress lines.
 const PLAIN_EVERY: Duration = Duration::from_secs(1);
@@ -15,9 +21,49 @@ const PLAIN_EVERY: Duration = Duration::from_secs(1);
 pub struct Progress {
     bar: Option<ProgressBar>,
     label: String,
-    total: u64,
+    /// `None`: not known (yet).
+    total: Option<u64>,
     quiet: bool,
+    rate: Arc<Mutex<Rate>>,
     state: Mutex<Plain>,
+}
+
+/// The transfer rate: bytes moved over the wire since the first of them.
+#[derive(Default)]
+struct Rate {
+    first: Option<Instant>,
+    moved: u64,
+}
+
+impl Rate {
+    fn add(&mut self, n: u64, now: Instant) {
+        self.first.get_or_insert(now);
+        self.moved += n;
+    }
+
+    /// Bytes per second, 0 before two readings make sense.
+    fn per_second(&self) -> f64 {
+        self.per_second_at(Instant::now())
+    }
+
+    fn per_second_at(&self, now: Instant) -> f64 {
+        match self.first {
+            Some(t) => {
+                let secs = now.duration_since(t).as_secs_f64();
+                if secs < 0.05 {
+                    0.0
+                } else {
+                    self.moved as f64 / secs
+                }
+            }
+            None => 0.0,
+        }
+    }
+}
+
+/// The time `left` bytes take at `rate` bytes per second, e.g. `3m 20s`.
+fn eta(left: u64, rate: f64) -> Option<String> {
+    (rate > 0.0 && left > 0).then(|| humantime::format_duration(Duration::from_secs((left as f64 / rate).ceil() as u64)).to_string())
 }
 
 struct Plain {
@@ -27,9 +73,6 @@ struct Plain {
     actual: u64,
     /// A resume went back: say so once, until `actual` catches up with `pos`.
     behind_noted: bool,
-    start: Instant,
-    /// Bytes that went over the wire (the rate), unlike `pos`, which a resume moves.
-    moved: u64,
     last_line: Option<Instant>,
     /// Position shown by the last line.
     last_pos: Option<u64>,
@@ -39,11 +82,33 @@ impl Progress {
     /// Progress for `label` (a file name), `total` bytes, starting at `pos`. `quiet` prints
     /// nothing.
     pub fn new(label: &str, total: u64, pos: u64, quiet: bool) -> Progress {
+        Progress::with_total(label, Some(total), pos, quiet)
+    }
+
+    /// Progress of a transfer whose length is not known yet (an upload from a pipe).
+    pub fn unknown(label: &str, quiet: bool) -> Progress {
+        Progress::with_total(label, None, 0, quiet)
+    }
+
+    fn with_total(label: &str, total: Option<u64>, pos: u64, quiet: bool) -> Progress {
+        let rate = Arc::new(Mutex::new(Rate::default()));
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
-            let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            let b = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+            let template = match total {
+                Some(_) => "{msg} [{bar:30.cyan/blue}] {binary_bytes}/{binary_total_bytes} {rate} ETA {eta_moved}",
+                None => "{msg} {spinner} {binary_bytes} {rate}",
+            };
+            let (r1, r2) = (rate.clone(), rate.clone());
             b.set_style(
-                ProgressStyle::with_template("{msg} [{bar:30.cyan/blue}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}")
+                ProgressStyle::with_template(template)
                     .expect("valid template")
+                    .with_key("rate", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = write!(w, "{}/s", bytesize::ByteSize::b(r1.lock().expect("rate lock").per_second() as u64).display().iec());
+                    })
+                    .with_key("eta_moved", move |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                        let left = s.len().unwrap_or(0).saturating_sub(s.pos());
+                        let _ = write!(w, "{}", eta(left, r2.lock().expect("rate lock").per_second()).unwrap_or_else(|| "-".into()));
+                    })
                     .progress_chars("=> "),
             );
             b.set_message(label.to_string());
@@ -51,21 +116,22 @@ impl Progress {
             b.reset_eta();
             b
         });
-        Progress {
-            bar,
-            label: label.to_string(),
-            total,
-            quiet,
-            state: Mutex::new(Plain { pos, actual: pos, behind_noted: false, start: Instant::now(), moved: 0, last_line: None, last_pos: None }),
-        }
+        Progress { bar, label: label.to_string(), total, quiet, rate, state: Mutex::new(Plain { pos, actual: pos, behind_noted: false, last_line: None, last_pos: None }) }
     }
 
     /// `n` more bytes went over the wire.
     pub fn inc(&self, n: u64) {
+        self.rate.lock().expect("rate lock").add(n, Instant::now());
         let mut s = self.state.lock().expect("progress lock");
-        s.actual = (s.actual + n).min(self.total);
-        s.moved += n;
+        s.actual = (s.actual + n).min(self.total.unwrap_or(u64::MAX));
         self.show(&mut s, false);
+    }
+
+    /// The length became known (the end of a pipe was read).
+    pub fn set_total(&self, total: u64) {
+        if let Some(b) = &self.bar {
+            b.set_length(total);
+        }
     }
 
     /// The position is `pos` (the server's offset after a resume, which may be below what was
@@ -75,7 +141,7 @@ impl Progress {
     /// none was printed yet.
     pub fn set(&self, pos: u64, milestone: bool) {
         let mut s = self.state.lock().expect("progress lock");
-        s.actual = pos.min(self.total);
+        s.actual = pos.min(self.total.unwrap_or(u64::MAX));
         if s.actual < s.pos && !s.behind_noted {
             s.behind_noted = true;
             let (kept, shown) = (s.actual, s.pos);
@@ -135,20 +201,21 @@ impl Progress {
         if !force && s.last_line.is_some_and(|t| now.duration_since(t) < PLAIN_EVERY) {
             return;
         }
-        if !force && s.last_line.is_none() && s.moved == 0 {
+        let rate = self.rate.lock().expect("rate lock").per_second_at(now);
+        if !force && s.last_line.is_none() && rate == 0.0 {
             return;
         }
         s.last_line = Some(now);
         s.last_pos = Some(s.pos);
-        let secs = now.duration_since(s.start).as_secs_f64().max(1e-3);
-        let rate = s.moved as f64 / secs;
-        let pct = if self.total == 0 { 100.0 } else { s.pos as f64 * 100.0 / self.total as f64 };
-        let eta = if rate > 0.0 && s.pos < self.total {
-            format!(", ETA {}", humantime::format_duration(Duration::from_secs(((self.total - s.pos) as f64 / rate).ceil() as u64)))
-        } else {
-            String::new()
-        };
-        eprintln!("ferry: {}: {}/{} bytes ({pct:.1}%), {}/s{eta}", self.label, s.pos, self.total, bytesize::ByteSize::b(rate as u64).display().iec(),);
+        let speed = bytesize::ByteSize::b(rate as u64).display().iec();
+        match self.total {
+            Some(total) => {
+                let pct = if total == 0 { 100.0 } else { s.pos as f64 * 100.0 / total as f64 };
+                let eta = eta(total.saturating_sub(s.pos), rate).map(|e| format!(", ETA {e}")).unwrap_or_default();
+                eprintln!("ferry: {}: {}/{total} bytes ({pct:.1}%), {speed}/s{eta}", self.label, s.pos);
+            }
+            None => eprintln!("ferry: {}: {} bytes, {speed}/s", self.label, s.pos),
+        }
     }
 }
 
@@ -170,5 +237,28 @@ mod tests {
         assert_eq!(p.shown(), 700);
         p.set(1000, true);
         assert_eq!(p.shown(), 1000);
+    }
+
+    /// Issue 13 item 11: a position reached without a transfer (a resume at the server's
+    /// offset, a re-hashed local prefix) is not speed; the rate counts moved bytes from the
+    /// first of them.
+    #[test]
+    fn rate_counts_only_moved_bytes() {
+        let t0 = Instant::now();
+        let mut r = Rate::default();
+        assert_eq!(r.per_second_at(t0 + Duration::from_secs(5)), 0.0, "nothing moved yet");
+        // 10 s spent re-hashing before the first byte moves are not part of the rate.
+        let first = t0 + Duration::from_secs(10);
+        r.add(1000, first);
+        r.add(1000, first + Duration::from_secs(1));
+        assert_eq!(r.per_second_at(first + Duration::from_secs(2)), 1000.0);
+        // A resume that jumps the position by a GiB moves no bytes.
+        let p = Progress::new("f", 1 << 30, 0, true);
+        p.set(1 << 29, true);
+        assert_eq!(p.rate.lock().unwrap().moved, 0);
+        p.inc(10);
+        assert_eq!(p.rate.lock().unwrap().moved, 10);
+        assert_eq!(eta(2000, 1000.0).as_deref(), Some("2s"));
+        assert_eq!(eta(0, 1000.0), None);
     }
 }

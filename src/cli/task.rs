@@ -1,7 +1,16 @@
 //! `ferry task start|get|list|cancel`: a small client of `/api/v1/tasks`.
 //!
 //! Prints the server's JSON exactly as received (one document per line) on stdout; errors go
-//! to stderr as the problem's `detail` and `recovery_hint`. Exit codes: see [`EXIT_CODES`].
+//! to stderr as the problem's `detail` and `recovery_hint`. Exit codes: the ones of every
+//! client command ([`super::client::EXIT_CODES`]).
+//!
+//! **Waiting** (`start --wait`, `get --wait`) follows the live events stream
+//! (`GET /api/v1/events`, Server-Sent Events): it subscribes first, then reads the task (so no
+//! change between the two is missed), then re-reads the task only when a
+//! `task.status_changed` event names it. A dropped stream is reopened with `Last-Event-ID`
+//! (nothing missed) within `--retry-for`; when the stream is unavailable (404 or 405: a server
+//! or proxy without it; a 5xx; an answer that is not `text/event-stream`) the task is polled
+//! instead, every `poll_after_ms` it suggests.
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
@@ -9,42 +18,33 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-/// Shown under every `ferry task` help page.
-pub const EXIT_CODES: &str = "\
-Exit codes:
-  0  success (with --wait: the task completed)
-  1  with --wait: the task failed; or the server could not be reached, or answered 5xx
-  2  usage error, or the server refused the request (4xx, e.g. unknown id, bad arguments)
-  3  with --wait: the task was cancelled";
-
-/// Exit code: the task failed, the server is unreachable, or a 5xx.
-const EXIT_FAILURE: u8 = 1;
-/// Exit code: usage error or a 4xx answer.
-const EXIT_USAGE: u8 = 2;
-/// Exit code: the awaited task was cancelled.
-const EXIT_CANCELLED: u8 = 3;
+pub use super::client::Connection;
+use super::client::{error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_TASK_CANCELLED, EXIT_TASK_FAILED};
 
 /// `ferry task …`: start, inspect, list and cancel tasks on a running ferry server.
 #[derive(Debug, Args)]
-#[command(after_help = EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct TaskArgs {
     #[command(flatten)]
     pub conn: Connection,
+    /// Keep retrying network errors and 5xx for this long without progress (after the server
+    /// first answered); `task start` retries only with --idempotency-key (a retried start
+    /// without one could start a second run).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration, global = true)]
+    pub retry_for: Duration,
     #[command(subcommand)]
     pub command: TaskCommand,
 }
-
-use super::client::error_chain;
-pub use super::client::Connection;
 
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
     /// Start a task of KIND and print it (JSON). With an idempotency key, a retry returns the
     /// task the key already names instead of starting a second run.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = exit_codes_help())]
     Start {
         /// Task kind, e.g. archive, compress, fetch, command, external.
         kind: String,
@@ -57,65 +57,40 @@ pub enum TaskCommand {
         /// Idempotency key (1-255 characters): makes the start safe to retry.
         #[arg(long, value_name = "K")]
         idempotency_key: Option<String>,
-        /// Poll until the task is completed, failed or cancelled, then print it; the exit code
-        /// tells which (0, 1, 3). Interrupting the wait does not cancel the task.
+        /// Wait until the task is completed, failed or cancelled (following the server's live
+        /// events), then print it; the exit code tells which (0, 7, 8). Interrupting the wait
+        /// does not cancel the task.
         #[arg(long)]
         wait: bool,
     },
     /// Print a task (JSON).
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = exit_codes_help())]
     Get {
         /// Task id.
         id: String,
+        /// Wait until the task is completed, failed or cancelled (following the server's live
+        /// events), then print it; the exit code tells which (0, 7, 8).
+        #[arg(long)]
+        wait: bool,
     },
     /// Print your tasks, newest first (JSON `{"tasks": [...]}`).
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = exit_codes_help())]
     List {
         /// At most this many (server default 100, at most 1000).
         #[arg(long, value_name = "N")]
         limit: Option<u32>,
     },
     /// Cancel a task and print it (JSON). Cancelling a finished task changes nothing.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = exit_codes_help())]
     Cancel {
         /// Task id.
         id: String,
     },
 }
 
-/// Why a command stopped: the message is already printed; this is the exit code.
-struct Exit(u8);
-
-fn usage(msg: impl std::fmt::Display) -> Exit {
-    eprintln!("ferry: {msg}");
-    Exit(EXIT_USAGE)
-}
-
 /// Run `ferry task …`; returns the process exit code.
 pub fn run(args: TaskArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ferry: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
-    };
-    match rt.block_on(execute(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Exit(code)) => ExitCode::from(code),
-    }
-}
-
-struct Client {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
-}
-
-/// A successful answer: the body as received.
-struct Answer {
-    status: u16,
-    body: String,
+    super::client::run_command(|| execute(args))
 }
 
 /// The parts of a task view the client looks at.
@@ -139,110 +114,25 @@ struct ProgressSummary {
     message: Option<String>,
 }
 
-/// The problem+json fields shown to the user.
-#[derive(Deserialize)]
-struct ProblemBody {
-    #[serde(default)]
-    detail: Option<String>,
-    #[serde(default)]
-    recovery_hint: Option<String>,
-    #[serde(default)]
-    code: Option<String>,
+fn usage(msg: impl std::fmt::Display) -> CliError {
+    CliError::usage(msg.to_string())
 }
 
-/// What a request failure means for the exit code and for retrying while waiting.
-enum Failure {
-    /// The server answered with an error status (message printed).
-    Status(u16),
-    /// The server could not be reached (message printed).
-    Unreachable,
+/// Print one JSON document (a closed stdout ends the command quietly with 0).
+fn print_json(body: &str) -> Result<(), CliError> {
+    print_line(body.trim_end())
 }
 
-impl Failure {
-    fn exit(&self) -> Exit {
-        match self {
-            Failure::Status(s) if (400..500).contains(s) => Exit(EXIT_USAGE),
-            _ => Exit(EXIT_FAILURE),
-        }
-    }
-}
-
-impl Client {
-    fn new(conn: &Connection) -> Result<Client, Exit> {
-        let base = conn.base().map_err(|e| usage(e.message))?.as_str().trim_end_matches('/').to_string();
-        let http = super::client::http_client(Some(Duration::from_secs(60)), None).map_err(|e| {
-            e.print();
-            Exit(EXIT_FAILURE)
-        })?;
-        Ok(Client { http, base, token: conn.token() })
-    }
-
-    /// Send a request to `/api/v1{path}`; a non-2xx answer is printed (detail, hint) and
-    /// returned as a [`Failure`].
-    async fn send(&self, method: reqwest::Method, path: &str, headers: &[(&str, &str)], body: Option<String>) -> Result<Answer, Failure> {
-        let url = format!("{}/api/v1{}", self.base, path);
-        let mut req = self.http.request(method, &url);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b);
-        }
-        let res = match req.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("ferry: cannot reach {}: {}", self.base, error_chain(&e));
-                eprintln!("hint: is `ferry serve` running there? Set --server or FERRY_SERVER.");
-                return Err(Failure::Unreachable);
-            }
-        };
-        let status = res.status().as_u16();
-        let body = match res.text().await {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("ferry: reading the answer from {}: {}", self.base, error_chain(&e));
-                return Err(Failure::Unreachable);
-            }
-        };
-        if (200..300).contains(&status) {
-            return Ok(Answer { status, body });
-        }
-        match serde_json::from_str::<ProblemBody>(&body) {
-            Ok(p) if p.detail.is_some() => {
-                let code = p.code.map(|c| format!(" ({c})")).unwrap_or_default();
-                eprintln!("ferry: {}{code} [HTTP {status}]", p.detail.unwrap_or_default());
-                if let Some(h) = p.recovery_hint.filter(|h| !h.is_empty()) {
-                    eprintln!("hint: {h}");
-                }
-            }
-            _ => eprintln!("ferry: HTTP {status} from {url}: {}", body.trim()),
-        }
-        Err(Failure::Status(status))
-    }
-}
-
-/// Print one JSON document. A closed stdout (`ferry task list | head`) ends the command
-/// quietly with exit code 0; another write error with exit code 1.
-fn print_json(body: &str) {
-    if let Err(e) = super::client::print_line(body.trim_end()) {
-        e.print();
-        std::process::exit(i32::from(e.code));
-    }
-}
-
-/// Path segment for a task id (ids are base32, but never let a typo reach another route).
-fn id_segment(id: &str) -> Result<String, Exit> {
+/// Path segment for a task id.
+fn task_path(id: &str) -> Result<String, CliError> {
     if id.is_empty() {
         return Err(usage("the task id is empty"));
     }
-    Ok(percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string())
+    Ok(format!("/tasks/{}", super::client::id_segment(id)?))
 }
 
 /// The `--args` / `--args-file` JSON text, checked to be one JSON value.
-fn read_args(args: Option<String>, file: Option<PathBuf>) -> Result<Option<String>, Exit> {
+fn read_args(args: Option<String>, file: Option<PathBuf>) -> Result<Option<String>, CliError> {
     let (text, source) = match (args, file) {
         (Some(a), _) => (a, "--args".to_string()),
         (None, Some(p)) if p.as_os_str() == "-" => {
@@ -260,8 +150,10 @@ fn read_args(args: Option<String>, file: Option<PathBuf>) -> Result<Option<Strin
     Ok(Some(raw.get().to_string()))
 }
 
-async fn execute(args: TaskArgs) -> Result<(), Exit> {
-    let client = Client::new(&args.conn)?;
+async fn execute(args: TaskArgs) -> Result<(), CliError> {
+    let client = Client::with_http(&args.conn, super::client::http_client(Some(Duration::from_secs(60)), None)?)?;
+    let retry_for = args.retry_for;
+    let retry = || Retry::new(retry_for);
     match args.command {
         TaskCommand::Start { kind, args, args_file, idempotency_key, wait } => {
             let args = read_args(args, args_file)?;
@@ -275,109 +167,207 @@ async fn execute(args: TaskArgs) -> Result<(), Exit> {
             let body = serde_json::to_string(&StartBody { kind: &kind, args: raw }).expect("serialises");
             // Sent in the header's RFC 9651 string form, so keys with spaces travel intact.
             let key = idempotency_key.as_deref().map(|k| ferry_tus::IdempotencyKey::new(k).map(|k| k.to_string())).transpose().map_err(usage)?;
-            let headers: Vec<(&str, &str)> = key.as_deref().map(|k| ("idempotency-key", k)).into_iter().collect();
-            let a = client.send(reqwest::Method::POST, "/tasks", &headers, Some(body)).await.map_err(|f| f.exit())?;
+            // Without a key a retried POST could start a second run: no retries then.
+            let mut r = if key.is_some() { retry() } else { Retry::new(Duration::ZERO) };
+            let headers: Vec<(&str, String)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+            let (status, text) = client.api_with(&mut r, reqwest::Method::POST, "/tasks", &[], &headers, Some(body)).await?;
             if !wait {
-                print_json(&a.body);
-                return Ok(());
+                return print_json(&text);
             }
-            let task: TaskSummary = parse_task(&a.body)?;
-            if a.status == 200 {
+            let task = parse_task(&text)?;
+            if status == 200 {
                 eprintln!("ferry: task {} (already started with this idempotency key) is {}", task.id, task.status);
             } else {
                 eprintln!("ferry: task {} started; waiting (interrupting does not cancel it)", task.id);
             }
-            wait_for(&client, task, a.body).await
+            wait_for(&client, retry_for, &task.id).await
         }
-        TaskCommand::Get { id } => {
-            let a = client.send(reqwest::Method::GET, &format!("/tasks/{}", id_segment(&id)?), &[], None).await.map_err(|f| f.exit())?;
-            print_json(&a.body);
-            Ok(())
+        TaskCommand::Get { id, wait } => {
+            let path = task_path(&id)?;
+            if wait {
+                return wait_for(&client, retry_for, &id).await;
+            }
+            print_json(&client.api(&mut retry(), reqwest::Method::GET, &path, &[], None).await?)
         }
         TaskCommand::List { limit } => {
-            let path = match limit {
+            let query: Vec<(&str, String)> = match limit {
                 Some(0) => return Err(usage("--limit must be at least 1")),
-                Some(n) => format!("/tasks?limit={n}"),
-                None => "/tasks".to_string(),
+                Some(n) => vec![("limit", n.to_string())],
+                None => vec![],
             };
-            let a = client.send(reqwest::Method::GET, &path, &[], None).await.map_err(|f| f.exit())?;
-            print_json(&a.body);
-            Ok(())
+            print_json(&client.api(&mut retry(), reqwest::Method::GET, "/tasks", &query, None).await?)
         }
         TaskCommand::Cancel { id } => {
-            let a = client.send(reqwest::Method::POST, &format!("/tasks/{}/cancel", id_segment(&id)?), &[], None).await.map_err(|f| f.exit())?;
-            print_json(&a.body);
-            Ok(())
+            let path = format!("{}/cancel", task_path(&id)?);
+            print_json(&client.api(&mut retry(), reqwest::Method::POST, &path, &[], None).await?)
         }
     }
 }
 
-fn parse_task(body: &str) -> Result<TaskSummary, Exit> {
-    serde_json::from_str(body).map_err(|e| {
-        eprintln!("ferry: the server's answer is not a task ({e}): {}", body.trim());
-        Exit(EXIT_FAILURE)
-    })
+fn parse_task(body: &str) -> Result<TaskSummary, CliError> {
+    serde_json::from_str(body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer is not a task ({e}): {}", body.trim())))
 }
 
-/// Consecutive failed polls (server down or 5xx) tolerated while waiting, e.g. across a
-/// server restart.
-const WAIT_RETRIES: u32 = 60;
+/// What [`wait_for`] shows on stderr while it waits.
+struct Shown {
+    on_terminal: bool,
+    last: Option<(String, ProgressSummary)>,
+    asked: Vec<String>,
+}
 
-/// Poll until `task` is terminal; print its final JSON; map its status to the exit code.
-async fn wait_for(client: &Client, mut task: TaskSummary, mut body: String) -> Result<(), Exit> {
-    let path = format!("/tasks/{}", id_segment(&task.id)?);
-    let show = std::io::stderr().is_terminal();
-    let mut last_shown: Option<(String, ProgressSummary)> = None;
-    let mut asked: Vec<String> = Vec::new();
-    let mut failures = 0;
-    loop {
-        match task.status.as_str() {
-            "completed" => {
-                print_json(&body);
-                return Ok(());
-            }
-            "failed" => {
-                print_json(&body);
-                return Err(Exit(EXIT_FAILURE));
-            }
-            "cancelled" => {
-                print_json(&body);
-                return Err(Exit(EXIT_CANCELLED));
-            }
-            _ => {}
-        }
+impl Shown {
+    /// Say what changed: a new status or progress (on a terminal), each new input request.
+    fn show(&mut self, task: &TaskSummary) {
         if task.status == "input_required" {
             for (key, request) in &task.input_requests {
-                if !asked.contains(key) {
+                if !self.asked.contains(key) {
                     eprintln!("ferry: task {} needs input {key:?}: {request}", task.id);
                     eprintln!("hint: answer with POST /api/v1/tasks/{}/input {{\"key\": {key:?}, \"response\": …}}", task.id);
-                    asked.push(key.clone());
+                    self.asked.push(key.clone());
                 }
             }
         }
         let now = (task.status.clone(), task.progress.clone().unwrap_or_default());
-        if show && last_shown.as_ref() != Some(&now) {
+        if self.on_terminal && self.last.as_ref() != Some(&now) {
             let pct = now.1.fraction.map(|f| format!(" {:.0}%", f * 100.0)).unwrap_or_default();
             let msg = now.1.message.as_deref().map(|m| format!(" {m}")).unwrap_or_default();
             eprintln!("ferry: {}{pct}{msg}", now.0);
-            last_shown = Some(now);
+            self.last = Some(now);
         }
-        let pause = task.poll_after_ms.unwrap_or(1000).clamp(100, 5000);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        match client.send(reqwest::Method::GET, &path, &[], None).await {
-            Ok(a) => {
-                failures = 0;
-                task = parse_task(&a.body)?;
-                body = a.body;
+    }
+}
+
+/// The exit of a wait once `task` (its JSON `body`) is terminal: print it, and 0 / 7 / 8.
+fn finished(task: &TaskSummary, body: &str) -> Option<Result<(), CliError>> {
+    let code = match task.status.as_str() {
+        "completed" => 0,
+        "failed" => EXIT_TASK_FAILED,
+        "cancelled" => EXIT_TASK_CANCELLED,
+        _ => return None,
+    };
+    Some(print_json(body).and_then(|()| if code == 0 { Ok(()) } else { Err(CliError::new(code, "")) }))
+}
+
+/// Why the events stream could not be followed.
+enum StreamError {
+    /// The server has no events stream: poll instead.
+    Unavailable(String),
+    /// A failure worth retrying (network, 5xx) or reporting.
+    Failed(CliError),
+}
+
+/// Open `GET /api/v1/events` (after `last_id`, when known).
+async fn open_events(client: &Client, last_id: Option<&str>) -> Result<reqwest::Response, StreamError> {
+    let url = client.url("/api/v1/events");
+    let what = super::client::describe(&reqwest::Method::GET, &url);
+    let mut req = client.request(reqwest::Method::GET, &url).header("accept", "text/event-stream");
+    if let Some(id) = last_id {
+        req = req.header("last-event-id", id);
+    }
+    let res = req.send().await.map_err(|e| StreamError::Failed(CliError::network(&what, &e)))?;
+    let status = res.status().as_u16();
+    let sse = res.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("text/event-stream"));
+    match status {
+        200 if sse => Ok(res),
+        // No stream here (an older server, a proxy that does not pass it), or the stream is
+        // failing (5xx) while the task may still be read: poll instead.
+        200 | 404 | 405 | 500..=599 => Err(StreamError::Unavailable(format!("{what} answered HTTP {status}{}", if status == 200 { " without text/event-stream" } else { "" }))),
+        _ => Err(StreamError::Failed(CliError::from_status(&what, status, &res.text().await.unwrap_or_default()))),
+    }
+}
+
+/// A read of the events stream that sends nothing (not even its 15 s keep-alive) this long
+/// means the connection is gone: reopen it.
+const STREAM_IDLE: Duration = Duration::from_secs(45);
+
+/// Wait until task `id` is terminal; print its final JSON; map its status to the exit code.
+async fn wait_for(client: &Client, retry_for: Duration, id: &str) -> Result<(), CliError> {
+    let path = task_path(id)?;
+    let mut shown = Shown { on_terminal: std::io::stderr().is_terminal(), last: None, asked: Vec::new() };
+    let mut retry = Retry::new(retry_for);
+    let mut last_id: Option<String> = None;
+    // The stream is opened through a client without an overall timeout.
+    let stream_client = Client::with_http_of(client, super::client::http_client(None, Some(STREAM_IDLE))?);
+    client.contact().await?;
+    loop {
+        let events = match open_events(&stream_client, last_id.as_deref()).await {
+            Ok(r) => r,
+            Err(StreamError::Unavailable(why)) => {
+                eprintln!("ferry: no live events ({why}); polling task {id} instead");
+                return poll(client, retry_for, &path, &mut shown).await;
             }
-            Err(Failure::Status(s)) if s < 500 => return Err(Failure::Status(s).exit()),
-            Err(f) => {
-                failures += 1;
-                if failures > WAIT_RETRIES {
-                    return Err(f.exit());
+            Err(StreamError::Failed(e)) if e.code == EXIT_NETWORK => {
+                retry.wait(e).await?;
+                continue;
+            }
+            Err(StreamError::Failed(e)) if last_id.is_some() && e.code == super::client::EXIT_NOT_FOUND => {
+                // The last event seen is no longer kept: subscribe afresh (the task is read
+                // right after, so nothing is missed).
+                last_id = None;
+                continue;
+            }
+            Err(StreamError::Failed(e)) => return Err(e),
+        };
+        // Subscribed: now read the task, so a change made before this point is seen here and
+        // every later one arrives as an event.
+        let body = client.api(&mut retry, reqwest::Method::GET, &path, &[], None).await?;
+        let task = parse_task(&body)?;
+        if let Some(done) = finished(&task, &body) {
+            return done;
+        }
+        shown.show(&task);
+        eprintln!("ferry: waiting for task {id} ({}): following live events (GET /api/v1/events)", task.status);
+        retry.success();
+        let mut stream = Box::pin(sse_stream::SseStream::from_bytes_stream(events.bytes_stream()));
+        let ended = loop {
+            match stream.next().await {
+                None => break CliError::new(EXIT_NETWORK, "the events stream ended"),
+                Some(Err(e)) => break CliError::new(EXIT_NETWORK, format!("the events stream failed: {}", error_chain(&e))),
+                Some(Ok(ev)) => {
+                    if let Some(i) = ev.id.filter(|i| !i.is_empty()) {
+                        last_id = Some(i);
+                    }
+                    if ev.event.as_deref() != Some("task.status_changed") {
+                        continue;
+                    }
+                    #[derive(Deserialize)]
+                    struct Event {
+                        data: EventData,
+                    }
+                    #[derive(Deserialize)]
+                    struct EventData {
+                        task: String,
+                        status: String,
+                    }
+                    let Some(e) = ev.data.as_deref().and_then(|d| serde_json::from_str::<Event>(d).ok()) else { continue };
+                    if e.data.task != id {
+                        continue;
+                    }
+                    let body = client.api(&mut retry, reqwest::Method::GET, &path, &[], None).await?;
+                    let task = parse_task(&body)?;
+                    if let Some(done) = finished(&task, &body) {
+                        eprintln!("ferry: task {id} is {} (event {})", e.data.status, last_id.as_deref().unwrap_or("?"));
+                        return done;
+                    }
+                    shown.show(&task);
                 }
-                eprintln!("ferry: still waiting for task {} (retry {failures}/{WAIT_RETRIES})", task.id);
             }
+        };
+        retry.wait(ended).await?;
+    }
+}
+
+/// Poll the task every `poll_after_ms` (100 ms to 5 s) until it is terminal.
+async fn poll(client: &Client, retry_for: Duration, path: &str, shown: &mut Shown) -> Result<(), CliError> {
+    let mut retry = Retry::new(retry_for);
+    loop {
+        let body = client.api(&mut retry, reqwest::Method::GET, path, &[], None).await?;
+        retry.success();
+        let task = parse_task(&body)?;
+        if let Some(done) = finished(&task, &body) {
+            return done;
         }
+        shown.show(&task);
+        tokio::time::sleep(Duration::from_millis(task.poll_after_ms.unwrap_or(1000).clamp(100, 5000))).await;
     }
 }

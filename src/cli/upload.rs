@@ -34,8 +34,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::client::{
-    describe, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND,
-    EXIT_VERIFY, TRANSFER_EXIT_CODES,
+    describe, exit_codes_help, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE,
+    EXIT_NOT_FOUND, EXIT_VERIFY,
 };
 use super::progress::Progress;
 use super::store::{fingerprint, Store};
@@ -43,11 +43,11 @@ use super::store::{fingerprint, Store};
 /// `Tus-Resumable` value of every request (TUS 1.0 §Tus-Resumable).
 pub const TUS_VERSION: &str = "1.0.0";
 /// PATCH body media type (TUS 1.0 §PATCH).
-const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
+pub(super) const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
 /// A snapshot of the sha256 state is kept every this many bytes, in bytes.
 const SNAPSHOT_EVERY: u64 = 16 << 20;
 /// Read size for request bodies and local hashing, in bytes.
-const READ_CHUNK: usize = 256 << 10;
+pub(super) const READ_CHUNK: usize = 256 << 10;
 /// A request whose answer sends nothing for this long fails (and is retried).
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most parts for `--parallel`.
@@ -55,13 +55,27 @@ const MAX_PARALLEL: usize = 64;
 
 /// `ferry upload`: send files to a ferry server (TUS 1.0), resumably, and verify them.
 #[derive(Debug, Args)]
-#[command(after_help = TRANSFER_EXIT_CODES)]
+#[command(after_help = exit_codes_help())]
 pub struct UploadArgs {
     #[command(flatten)]
     pub conn: Connection,
-    /// Files to upload, one after the other.
+    /// Files to upload, one after the other. `-` reads standard input, and a path that is a
+    /// pipe, FIFO or device (`/dev/stdin`) is read the same way: an upload of unknown length
+    /// (TUS creation-defer-length) sent in --chunk-size pieces (default 16 MiB, held in memory
+    /// so a failed request is sent again), whose length is declared with the last piece.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// Send FILE into this existing upload instead of creating one, continuing from the
+    /// server's offset: a signed upload URL (`ferry share ID --scope upload`, MCP
+    /// `file_upload_begin`'s `upload_url`, or its `/share/…` page link), or a `/files/ID` URL
+    /// of yours. With `-`, the bytes the server already has are read from stdin again, not
+    /// sent, and checked by the final sha256.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// The name stored with the upload (metadata `filename`). Default: FILE's name (none
+    /// for `-`). The media type (`filetype`) is guessed from this name unless --meta gives one.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// Bytes per PATCH request (e.g. 1048576, 8MiB). Default: the rest of the file in one
     /// request (the server checkpoints a long request on its own).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -103,19 +117,43 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
         return Err(CliError::usage("--chunk-size must be at least 1 byte"));
     }
     let metadata = metadata_pairs(&args.meta)?;
-    let client = Client::new(&args.conn, READ_TIMEOUT)?;
+    if args.files.iter().filter(|f| f.as_os_str() == "-").count() > 1 {
+        return Err(CliError::usage("`-` (standard input) can be given once"));
+    }
+    if let Some(n) = &args.name {
+        if n.is_empty() || metadata.iter().any(|(k, _)| k == "filename") {
+            return Err(CliError::usage("--name must be a non-empty name, and not given together with --meta filename=…"));
+        }
+    }
+    let mut client = Client::new(&args.conn, READ_TIMEOUT)?;
+    if let Some(u) = &args.url {
+        if args.files.len() != 1 || args.parallel != 1 || !metadata.is_empty() || args.name.is_some() || args.fresh {
+            return Err(CliError::usage("--url takes one FILE, and no --parallel, --meta, --name or --fresh (the upload already exists, with its metadata)"));
+        }
+        let url = upload_url(u)?;
+        client.discover_at(&url);
+        let path = &args.files[0];
+        let done = if is_stream(path)? {
+            super::stream::upload(&client, &args, None, path, Some(url)).await
+        } else {
+            let store = Store::open()?;
+            upload_one(&client, &store, None, &args, &[], path, Some(url)).await
+        };
+        let done = done.map_err(|e| CliError { message: format!("{}: {}", path.display(), e.message), ..e })?;
+        return print_done(&args, &done);
+    }
     let identity = token_identity(args.conn.token().as_deref());
     let store = Store::open()?;
     let mut first_err: Option<CliError> = None;
     for path in &args.files {
-        match upload_one(&client, &identity, &store, &args, &metadata, path).await {
-            Ok(done) => {
-                if args.json {
-                    print_line(&serde_json::to_string(&done).expect("serialises"))?;
-                } else {
-                    print_line(&format!("{}\t{}", done.url, done.sha256))?;
-                }
-            }
+        let result = match is_stream(path) {
+            Err(e) => Err(e),
+            Ok(true) if args.parallel > 1 => Err(CliError::usage("--parallel needs a regular file (a pipe can be read only once, in order)")),
+            Ok(true) => super::stream::upload(&client, &args, Some(metadata_header(display_name(&args, path).as_deref(), &metadata)), path, None).await,
+            Ok(false) => upload_one(&client, &store, Some(&identity), &args, &metadata, path, None).await,
+        };
+        match result {
+            Ok(done) => print_done(&args, &done)?,
             Err(e) => {
                 let e = CliError { message: format!("{}: {}", path.display(), e.message), ..e };
                 if args.files.len() > 1 {
@@ -130,6 +168,50 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Print one uploaded file: `URL<TAB>SHA256`, or the JSON object with `--json`.
+fn print_done(args: &UploadArgs, done: &Done) -> Result<(), CliError> {
+    if args.json {
+        print_line(&serde_json::to_string(done).expect("serialises"))
+    } else {
+        print_line(&format!("{}\t{}", done.url, done.sha256))
+    }
+}
+
+/// Is FILE read as a stream (`-`, a pipe, FIFO or device) rather than a regular file?
+fn is_stream(path: &Path) -> Result<bool, CliError> {
+    if path.as_os_str() == "-" {
+        return Ok(true);
+    }
+    let md = std::fs::metadata(path).map_err(|e| local_error(path, e))?;
+    if md.is_dir() {
+        return Err(CliError::usage(format!("{} is a directory", path.display())).hint("Upload its files, or an archive of it (e.g. `tar c DIR | ferry upload - --name DIR.tar`)."));
+    }
+    Ok(!md.is_file())
+}
+
+/// The `filename` to store: `--name`, else FILE's last component (none for `-`).
+pub(super) fn display_name(args: &UploadArgs, path: &Path) -> Option<String> {
+    args.name.clone().or_else(|| (path.as_os_str() != "-").then(|| path.file_name().map(|n| n.to_string_lossy().into_owned())).flatten())
+}
+
+/// The TUS URL of `--url`: a `/files/{id}` URL as given, or a link page
+/// (`/share/{id}?scope=upload&…`) turned into the upload URL it stands for (same signature).
+fn upload_url(given: &str) -> Result<reqwest::Url, CliError> {
+    let mut url = reqwest::Url::parse(given).map_err(|e| CliError::usage(format!("--url {given:?} is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(CliError::usage(format!("--url must be an http:// or https:// URL, got {given:?}")));
+    }
+    let path = url.path().to_string();
+    if let Some(i) = path.rfind("/share/") {
+        let id = path[i + "/share/".len()..].trim_end_matches('/').to_string();
+        url.set_path(&format!("{}/files/{id}", &path[..i]));
+    }
+    if !url.path().contains("/files/") {
+        return Err(CliError::usage(format!("--url {given:?} is not an upload URL (…/files/ID or …/share/ID)")));
+    }
+    Ok(url)
 }
 
 /// The `--meta` pairs, checked with ferry-tus's `Upload-Metadata` grammar (the server's):
@@ -147,12 +229,23 @@ fn metadata_pairs(meta: &[String]) -> Result<Vec<(String, String)>, CliError> {
         .collect()
 }
 
-/// The `Upload-Metadata` header: `filename` (the file's name) unless given, then the rest.
-fn metadata_header(path: &Path, pairs: &[(String, String)]) -> String {
+/// Metadata keys ferry reads a media type from (README: "A file's name and media type").
+const MEDIA_TYPE_KEYS: [&str; 5] = ["filetype", "contentType", "content-type", "type", "mimetype"];
+
+/// The `Upload-Metadata` header: `filename` (`name`, see [`display_name`]) unless `--meta` gives
+/// one, `filetype` guessed from the file name (mime_guess) unless `--meta` gives a media type or
+/// the guess is only `application/octet-stream`, then the `--meta` pairs.
+pub(super) fn metadata_header(name: Option<&str>, pairs: &[(String, String)]) -> String {
     let mut md = UploadMetadata::new();
-    if !pairs.iter().any(|(k, _)| k == "filename") {
-        if let Some(name) = path.file_name() {
-            let _ = md.insert("filename", Some(name.to_string_lossy().as_bytes().to_vec()));
+    let given_name = pairs.iter().find(|(k, _)| k == "filename").map(|(_, v)| v.as_str());
+    if given_name.is_none() {
+        if let Some(n) = name {
+            let _ = md.insert("filename", Some(n.as_bytes().to_vec()));
+        }
+    }
+    if !pairs.iter().any(|(k, _)| MEDIA_TYPE_KEYS.contains(&k.as_str())) {
+        if let Some(guess) = given_name.or(name).and_then(|n| mime_guess::from_path(n).first()).filter(|m| m.essence_str() != "application/octet-stream") {
+            let _ = md.insert("filetype", Some(guess.essence_str().as_bytes().to_vec()));
         }
     }
     for (k, v) in pairs {
@@ -164,24 +257,27 @@ fn metadata_header(path: &Path, pairs: &[(String, String)]) -> String {
 
 /// What `ferry upload` prints for one file.
 #[derive(serde::Serialize)]
-struct Done {
-    file: String,
-    id: String,
-    url: String,
-    size: u64,
-    sha256: String,
+pub(super) struct Done {
+    pub(super) file: String,
+    pub(super) id: String,
+    pub(super) url: String,
+    pub(super) size: u64,
+    pub(super) sha256: String,
     /// Bytes already on the server when this run started (over all parts).
-    resumed_from: u64,
+    pub(super) resumed_from: u64,
     /// Bytes this run put on the wire in PATCH bodies (including any that were re-sent).
-    sent: u64,
+    pub(super) sent: u64,
 }
 
 /// One local file being uploaded.
 struct Job<'a> {
     client: &'a Client,
     store: &'a Store,
-    /// The file's key in the URL store.
-    key: String,
+    /// The file's key in the URL store; `None` with `--url` (the URL is what is remembered).
+    key: Option<String>,
+    /// Send `Upload-Length` with every PATCH: the upload's length was deferred (an upload
+    /// created without a size, continued with `--url`).
+    declare_length: bool,
     /// The `Upload-Metadata` header (of the final upload, with `--parallel`).
     meta: String,
     /// The file as the user named it (for messages).
@@ -197,10 +293,10 @@ struct Job<'a> {
 }
 
 /// The TUS state of an upload from a HEAD.
-struct HeadInfo {
-    offset: Option<u64>,
-    length: Option<u64>,
-    sha256: Option<String>,
+pub(super) struct HeadInfo {
+    pub(super) offset: Option<u64>,
+    pub(super) length: Option<u64>,
+    pub(super) sha256: Option<String>,
 }
 
 /// What [`single`] / [`concatenated`] hand back for the final checks.
@@ -230,7 +326,17 @@ fn changed_error(display: &str) -> CliError {
 /// Partial uploads are deleted with this retry budget at most (a failure only warns).
 const CLEANUP_RETRY: Duration = Duration::from_secs(10);
 
-async fn upload_one(client: &Client, identity: &str, store: &Store, args: &UploadArgs, meta: &[(String, String)], path: &Path) -> Result<Done, CliError> {
+/// Upload one regular file: a new upload, a remembered one (`identity` names the principal
+/// in the URL store), or the existing upload `given` (`--url`).
+async fn upload_one(
+    client: &Client,
+    store: &Store,
+    identity: Option<&str>,
+    args: &UploadArgs,
+    meta: &[(String, String)],
+    path: &Path,
+    given: Option<reqwest::Url>,
+) -> Result<Done, CliError> {
     let canon = std::fs::canonicalize(path).map_err(|e| local_error(path, e))?;
     let md = std::fs::metadata(&canon).map_err(|e| local_error(path, e))?;
     if !md.is_file() {
@@ -238,12 +344,21 @@ async fn upload_one(client: &Client, identity: &str, store: &Store, args: &Uploa
     }
     let size = md.len();
     let mtime = mtime_ns(&md);
+    let server = client.contact().await?;
+    if let (Some(max), None) = (server.max_size, &given) {
+        if size > max {
+            return Err(too_large(size, max));
+        }
+    }
     let parallel = args.parallel.min(size.max(1) as usize);
-    let key = fingerprint(client.base.as_str(), identity, &canon, size, mtime, parallel);
     let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
     let progress = Arc::new(Progress::new(&label, size, 0, args.quiet));
-    let mut header = metadata_header(path, meta);
-    let mut stored = if args.fresh { None } else { store.get(&key)? };
+    let mut header = metadata_header(display_name(args, path).as_deref(), meta);
+    let key = identity.map(|id| fingerprint(client.base.as_str(), id, &canon, size, mtime, parallel));
+    let mut stored = match &key {
+        Some(k) if !args.fresh => store.get(k)?,
+        _ => None,
+    };
     // Metadata is fixed when an upload is created: other --meta means another upload, while
     // no --meta at all resumes whatever is remembered, with its metadata. The parts of a
     // --parallel upload carry none; only its final upload has to be made again.
@@ -251,25 +366,47 @@ async fn upload_one(client: &Client, identity: &str, store: &Store, args: &Uploa
         let old = e.final_url.clone().or_else(|| e.parts.first().cloned()).unwrap_or_default();
         stored = if e.meta == header {
             Some(e)
-        } else if meta.is_empty() {
+        } else if meta.is_empty() && args.name.is_none() {
             if !e.meta.is_empty() {
                 header = e.meta.clone();
             }
             Some(e)
         } else if parallel <= 1 {
-            progress.note(&format!("the remembered upload {old} has other metadata (--meta); starting a new upload"));
+            progress.note(&format!("the remembered upload {old} has other metadata (--meta, --name); starting a new upload"));
             None
         } else if e.final_url.is_some() {
-            progress.note(&format!("the remembered upload {old} has other metadata (--meta); joining the parts again"));
+            progress.note(&format!("the remembered upload {old} has other metadata (--meta, --name); joining the parts again"));
             Some(super::store::Entry { final_url: None, ..e })
         } else {
             Some(e)
         };
     }
+    // An existing upload (--url): its length must be this file's, or not declared yet.
+    let mut declare_length = false;
+    let given = match given {
+        None => None,
+        Some(url) => {
+            let info = head(client, &mut Retry::new(args.retry_for), &url).await?;
+            let offset = info.offset.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
+            match info.length {
+                Some(l) if l != size => {
+                    return Err(CliError::usage(format!("the upload at {url} expects {l} bytes, and this file has {size}"))
+                        .hint("Upload the file the link was made for (its size is on the link's page)."))
+                }
+                None => declare_length = true,
+                Some(_) => {}
+            }
+            if offset > size {
+                return Err(CliError::usage(format!("the upload at {url} already has {offset} bytes, more than this file's {size}")));
+            }
+            Some((url, offset))
+        }
+    };
     let job = Job {
         client,
         store,
         key,
+        declare_length,
         meta: header,
         display: path.display().to_string(),
         path: canon.clone(),
@@ -280,18 +417,22 @@ async fn upload_one(client: &Client, identity: &str, store: &Store, args: &Uploa
         sent: Arc::new(AtomicU64::new(0)),
         part_offsets: Mutex::new(Default::default()),
     };
-    let result = if parallel <= 1 { single(&job, stored.map(|e| e.parts).unwrap_or_default()).await } else { concatenated(&job, stored, parallel).await };
+    let result = match given {
+        Some(g) => single(&job, Vec::new(), Some(g)).await,
+        None if parallel <= 1 => single(&job, stored.map(|e| e.parts).unwrap_or_default(), None).await,
+        None => concatenated(&job, stored, parallel).await,
+    };
     job.progress.finish();
     let out = result?;
     // The bytes sent are the bytes hashed, so a file rewritten during the upload hashes the
     // same as what the server got: only its size and mtime tell.
     let now = std::fs::metadata(&canon).map_err(|e| local_error(path, e))?;
     if now.len() != size || mtime_ns(&now) != mtime {
-        store.remove(&job.key)?;
+        job.forget()?;
         return Err(changed_error(&job.display));
     }
     if out.local != out.server {
-        store.remove(&job.key)?;
+        job.forget()?;
         return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the local file is {}, the server stored {} at {}", out.local, out.server, out.url))
             .hint("The file may have changed while it was uploaded. Re-run with --fresh to upload it again from the start."));
     }
@@ -304,7 +445,7 @@ async fn upload_one(client: &Client, identity: &str, store: &Store, args: &Uploa
                 Err(e) => eprintln!("ferry: warning: {}: could not delete the partial upload {part} ({}); delete it with `ferry rm {part}`", job.display, e.message),
             }
         }
-        store.put(&job.key, &[], Some(out.url.as_str()), &job.meta)?;
+        job.remember(&[], Some(out.url.as_str()), &job.meta)?;
     }
     Ok(Done {
         file: path.display().to_string(),
@@ -317,7 +458,14 @@ async fn upload_one(client: &Client, identity: &str, store: &Store, args: &Uploa
     })
 }
 
-fn local_error(path: &Path, e: std::io::Error) -> CliError {
+/// Exit code 2: the upload is larger than the server's `Tus-Max-Size`; nothing was sent.
+pub(super) fn too_large(size: u64, max: u64) -> CliError {
+    let b = |n: u64| bytesize::ByteSize::b(n).display().iec().to_string();
+    CliError::usage(format!("{size} bytes ({}) is more than this server accepts: Tus-Max-Size is {max} bytes ({}); nothing was sent", b(size), b(max)))
+        .hint("--parallel does not help (the joined upload counts). Upload a smaller file, or ask the operator to raise --max-size.")
+}
+
+pub(super) fn local_error(path: &Path, e: std::io::Error) -> CliError {
     let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_FAILURE };
     CliError::new(code, format!("cannot read {}: {e}", path.display()))
 }
@@ -326,7 +474,7 @@ fn local_error(path: &Path, e: std::io::Error) -> CliError {
 /// match the declared `--meta sha256=…`): a re-run must not resume it (it would fail the same
 /// way), so forget it and delete it on the server. Returns the error to report (exit code 4).
 async fn rejected(job: &Job<'_>, url: &reqwest::Url, e: CliError) -> CliError {
-    let _ = job.store.remove(&job.key);
+    let _ = job.forget();
     let deleted = match job.client.terminate(&mut Retry::new(job.retry_for.min(CLEANUP_RETRY)), url).await {
         Ok(()) => "deleted it on the server".to_string(),
         Err(d) if d.code == EXIT_NOT_FOUND => "the server already discarded it".to_string(),
@@ -336,10 +484,12 @@ async fn rejected(job: &Job<'_>, url: &reqwest::Url, e: CliError) -> CliError {
         .hint("The file's sha256 differs from the declared one: check --meta sha256=… (or leave it out).")
 }
 
-/// Upload as one TUS upload.
-async fn single(job: &Job<'_>, stored: Vec<String>) -> Result<Outcome, CliError> {
-    let mut existing = None;
-    if let [url] = stored.as_slice() {
+/// Upload as one TUS upload: the remembered one (`stored`), the `given` one at its offset
+/// (`--url`), or a new one.
+async fn single(job: &Job<'_>, stored: Vec<String>, given: Option<(reqwest::Url, u64)>) -> Result<Outcome, CliError> {
+    let from_link = given.is_some();
+    let mut existing = given;
+    if let (true, [url]) = (existing.is_none(), stored.as_slice()) {
         let url = job.client.resolve(url)?;
         if let Some(offset) = usable(job, &url, job.size).await? {
             existing = Some((url, offset));
@@ -347,12 +497,13 @@ async fn single(job: &Job<'_>, stored: Vec<String>) -> Result<Outcome, CliError>
     }
     let (url, offset) = match existing {
         Some((url, offset)) => {
-            job.progress.note(&format!("resuming {url} at byte {offset} of {}", job.size));
+            let verb = if from_link && offset == 0 { "sending into" } else { "resuming" };
+            job.progress.note(&format!("{verb} {url} at byte {offset} of {}", job.size));
             (url, offset)
         }
         None => {
             let url = create(job, job.size, &job.meta, None).await?;
-            job.store.put(&job.key, &[url.to_string()], None, &job.meta)?;
+            job.remember(&[url.to_string()], None, &job.meta)?;
             (url, 0)
         }
     };
@@ -423,7 +574,7 @@ async fn create(job: &Job<'_>, len: u64, meta: &str, concat: Option<&str>) -> Re
 }
 
 /// `HEAD` an upload (TUS 1.0 §HEAD): offset, length and, once finished, the sha256.
-async fn head(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result<HeadInfo, CliError> {
+pub(super) async fn head(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result<HeadInfo, CliError> {
     let what = describe(&reqwest::Method::HEAD, url);
     let res = client.send_retrying(retry, &what, || client.request(reqwest::Method::HEAD, url).header("tus-resumable", TUS_VERSION)).await?;
     let status = res.status().as_u16();
@@ -570,10 +721,9 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
             .header("tus-resumable", TUS_VERSION)
             .header("content-type", OFFSET_OCTET_STREAM)
             .header("upload-offset", offset)
-            .header("content-length", end - offset)
-            .body(body)
-            .send()
-            .await;
+            .header("content-length", end - offset);
+        let res = if job.declare_length { res.header("upload-length", len) } else { res };
+        let res = res.body(body).send().await;
         let failure = match res {
             Ok(r) => {
                 let status = r.status().as_u16();
@@ -619,6 +769,22 @@ async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset
 }
 
 impl Job<'_> {
+    /// Remember the upload URL(s) of this file (not with `--url`).
+    fn remember(&self, parts: &[String], final_url: Option<&str>, meta: &str) -> Result<(), CliError> {
+        match &self.key {
+            Some(k) => self.store.put(k, parts, final_url, meta),
+            None => Ok(()),
+        }
+    }
+
+    /// Forget the remembered upload of this file.
+    fn forget(&self) -> Result<(), CliError> {
+        match &self.key {
+            Some(k) => self.store.remove(k),
+            None => Ok(()),
+        }
+    }
+
     /// The overall progress position once the part starting at file offset `base` has
     /// `offset` bytes on the server: the sum over all parts.
     fn progress_pos(&self, base: u64, offset: u64) -> u64 {
@@ -700,7 +866,7 @@ async fn concatenated(job: &Job<'_>, stored: Option<super::store::Entry>, n: usi
         for (a, b) in &ranges {
             parts.push((create(job, b - a, "", Some("partial")).await?, 0));
         }
-        job.store.put(&job.key, &part_urls(&parts), None, &job.meta)?;
+        job.remember(&part_urls(&parts), None, &job.meta)?;
     } else {
         job.progress.note(&format!("resuming {n} parts with {resumed_from} of {size} bytes on the server"));
     }
@@ -709,7 +875,7 @@ async fn concatenated(job: &Job<'_>, stored: Option<super::store::Entry>, n: usi
     let list: Vec<&str> = parts.iter().map(|(u, _)| u.path()).collect();
     let joined = match create(job, size, &job.meta, Some(&format!("final;{}", list.join(" ")))).await {
         Ok(final_url) => {
-            job.store.put(&job.key, &part_urls(&parts), Some(final_url.as_str()), &job.meta)?;
+            job.remember(&part_urls(&parts), Some(final_url.as_str()), &job.meta)?;
             wait_final(job, &final_url).await.map(|server| (final_url, server))
         }
         Err(e) => Err(e),
@@ -731,7 +897,7 @@ async fn concatenated(job: &Job<'_>, stored: Option<super::store::Entry>, n: usi
                 return Err(e);
             }
             // No metadata remembered: the next run joins them with its own --meta.
-            job.store.put(&job.key, &part_urls(&parts), None, "")?;
+            job.remember(&part_urls(&parts), None, "")?;
             return Err(CliError::new(EXIT_VERIFY, format!("the file's sha256 does not match the declared --meta sha256: the server discarded the joined upload ({})", e.message))
                 .hint("Check --meta sha256=… (or leave it out); a re-run joins the parts already on the server again."));
         }
@@ -802,7 +968,18 @@ mod tests {
     #[test]
     fn metadata() {
         let pairs = metadata_pairs(&["a=b".into(), "flag=".into()]).unwrap();
-        assert_eq!(metadata_header(Path::new("/x/r.bin"), &pairs), "filename ci5iaW4=,a Yg==,flag");
+        assert_eq!(metadata_header(Some("r.bin"), &pairs), "filename ci5iaW4=,a Yg==,flag", "octet-stream is not stored: it is the default");
+        // Issue 13 item 11: the media type is guessed from the name, unless given.
+        let md: UploadMetadata = metadata_header(Some("notes.txt"), &[]).parse().unwrap();
+        assert_eq!(md.get_str("filetype"), Some("text/plain"));
+        let md: UploadMetadata = metadata_header(None, &[("filename".into(), "db.json".into())]).parse().unwrap();
+        assert_eq!((md.get_str("filename"), md.get_str("filetype")), (Some("db.json"), Some("application/json")));
+        let md: UploadMetadata = metadata_header(Some("a.txt"), &[("contentType".into(), "text/csv".into())]).parse().unwrap();
+        assert_eq!((md.get_str("filetype"), md.get_str("contentType")), (None, Some("text/csv")));
+        assert_eq!(metadata_header(None, &[]), "");
+        assert_eq!(upload_url("http://h:1/share/abc?scope=upload&sig=x").unwrap().as_str(), "http://h:1/files/abc?scope=upload&sig=x");
+        assert_eq!(upload_url("http://h:1/p/files/abc").unwrap().as_str(), "http://h:1/p/files/abc");
+        assert!(upload_url("http://h:1/nothing").is_err());
         assert!(metadata_pairs(&["no".into()]).is_err());
         assert!(metadata_pairs(&["a b=c".into()]).is_err());
         assert!(metadata_pairs(&["a=1".into(), "a=2".into()]).is_err(), "a key twice is refused here as the server refuses it");

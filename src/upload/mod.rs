@@ -321,8 +321,15 @@ impl UploadEngine {
                     };
                     total = total.zip(rec.length).and_then(|(t, l)| t.checked_add(l));
                 }
-                if total.is_some_and(|t| t > self.cfg.max_size) {
-                    return Err(TusError::new(413, ErrorCode::SizeExceeded, "the concatenation exceeds the maximum upload size", "Concatenate fewer parts."));
+                if let Some(t) = total.filter(|t| *t > self.cfg.max_size) {
+                    // Fewer parts would not help: the joined upload is what is too large.
+                    let max = self.cfg.max_size;
+                    return Err(TusError::new(
+                        413,
+                        ErrorCode::SizeExceeded,
+                        format!("the concatenation would be {t} bytes, above the maximum upload size of {max} bytes (Tus-Max-Size)"),
+                        format!("A file of more than {max} bytes cannot be stored here; delete the partial uploads, and upload files of at most {max} bytes."),
+                    ));
                 }
                 (Concat::Final { parts, header: fin.to_string() }, total, None)
             }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod cli;
 pub mod moto;
 pub mod pg;
 pub mod proxy;
