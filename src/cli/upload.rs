@@ -521,7 +521,7 @@ async fn single(job: &Job<'_>, stored: Vec<String>, given: Option<(reqwest::Url,
         debug_assert_eq!(h.at, job.size);
         hex::encode(h.cur.clone().finalize())
     };
-    let server = finished_sha256(job, &url, job.size).await?;
+    let server = finished_sha256(job.client, job.retry_for, &url, job.size).await?;
     Ok(Outcome { url, resumed_from: offset, local, server, parts: Vec::new() })
 }
 
@@ -595,16 +595,15 @@ pub(super) async fn head(client: &Client, retry: &mut Retry, url: &reqwest::Url)
 /// `Upload-Offset` = `Upload-Length` without `Repr-Digest`) is retryable: it is asked about again
 /// with backoff — with an empty PATCH at the full offset, which asks a server to finish — until
 /// `--retry-for` passes without it finishing (exit 5: re-run to keep waiting).
-async fn finished_sha256(job: &Job<'_>, url: &reqwest::Url, len: u64) -> Result<String, CliError> {
-    let mut retry = Retry::new(job.retry_for);
+pub(super) async fn finished_sha256(client: &Client, retry_for: Duration, url: &reqwest::Url, len: u64) -> Result<String, CliError> {
+    let mut retry = Retry::new(retry_for);
     loop {
-        let info = head(job.client, &mut retry, url).await?;
+        let info = head(client, &mut retry, url).await?;
         if let Some(sha) = info.sha256 {
             return Ok(sha);
         }
         if info.offset == Some(len) {
-            let _ = job
-                .client
+            let _ = client
                 .request(reqwest::Method::PATCH, url)
                 .header("tus-resumable", TUS_VERSION)
                 .header("content-type", OFFSET_OCTET_STREAM)
@@ -927,7 +926,7 @@ async fn wait_final(job: &Job<'_>, url: &reqwest::Url) -> Result<String, CliErro
         if let (Some(o), Some(l)) = (info.offset, info.length) {
             if o == l {
                 // Every byte is there; the server may still be finishing it (a pre-finish hook).
-                return finished_sha256(job, url, l).await;
+                return finished_sha256(job.client, job.retry_for, url, l).await;
             }
         }
         if std::time::Instant::now() >= deadline {
