@@ -109,6 +109,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     let tasks = Arc::new(tasks);
     let workers = tasks.spawn();
+    let finisher = spawn_finisher(&engine, &tasks);
 
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
@@ -204,6 +205,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     reloader.abort();
     tasks.shutdown();
     sweeper.abort();
+    finisher.abort();
     background_stop.cancel();
     pruner.abort();
     head_watcher.abort();
@@ -494,4 +496,29 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// The background finisher ([`crate::upload::finishing`]): uploads whose bytes are all stored
+/// but that are not finished are finished once the hook or store lets them; a partial upload
+/// finished that way starts building every final upload now ready (as its last PATCH would).
+fn spawn_finisher(engine: &Arc<UploadEngine>, tasks: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    let (uploads, tasks) = (engine.clone(), tasks.clone());
+    engine.spawn_finisher(move |rec| {
+        if rec.concat != crate::catalog::Concat::Partial {
+            return;
+        }
+        let (uploads, tasks) = (uploads.clone(), tasks.clone());
+        tokio::spawn(async move {
+            let finals = match uploads.finals_ready(&rec.id).await {
+                Ok(f) => f,
+                Err(e) => return tracing::warn!(upload = rec.id, detail = e.detail, "looking up final uploads of a finished part"),
+            };
+            for f in finals {
+                let args = serde_json::json!({ "final": f }).to_string();
+                if let Err(e) = tasks.start(&rec.principal, "concat", &args, Some(&crate::tasks::kinds::concat::concat_key(&f)), None).await {
+                    tracing::warn!(upload = f, detail = e.detail, "starting the concatenation of a final upload");
+                }
+            }
+        });
+    })
 }

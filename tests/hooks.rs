@@ -18,7 +18,12 @@ struct HookServer {
 impl HookServer {
     fn start(dir: &Path) -> HookServer {
         let log = dir.join("hook.jsonl");
-        let mut child = python_script("upload_hook.py", &["--log", log.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start upload_hook.py");
+        let down = dir.join("hook-down");
+        let mut child = python_script("upload_hook.py", &["--log", log.to_str().unwrap(), "--down", down.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start upload_hook.py");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let line = lines.next().expect("hook exited before listening").unwrap();
         let port = line.strip_prefix("listening on ").expect("listening line").trim().parse().unwrap();
@@ -140,4 +145,127 @@ async fn pre_finish_hook_refusal_fails_the_upload_and_removes_it() {
     let clean = asked.iter().find(|a| a["request"]["upload"]["metadata"]["filename"] == "clean.txt").expect("the hook saw clean.txt");
     assert_eq!(clean["request"]["upload"]["sha256"], sha256_hex(&data));
     assert_eq!(clean["request"]["upload"]["size"], 70_000);
+}
+
+/// How many times the hook log shows a request to `path`.
+fn hook_calls(dir: &Path, path: &str) -> usize {
+    let log = std::fs::read_to_string(dir.join("hook.jsonl")).unwrap_or_default();
+    log.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["path"] == path).count()
+}
+
+/// The tester's case (issue: a failed pre-finish hook left the upload stuck while clients
+/// reported success): the hook answers 500 once, then 200. tus-js-client, with its usual retries,
+/// gets 503 for the PATCH, asks HEAD — which finishes the upload, asking the hook again — and
+/// reports success only once the server really has the finished file with its sha256.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tus_js_client_finishes_an_upload_whose_pre_finish_hook_failed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/pre-finish-once")));
+    let data = pseudo_random(3_000_000, 21);
+    let file = dir.path().join("scan-me.bin");
+    std::fs::write(&file, &data).unwrap();
+    let out = run_json_client(node_script("tus_options.js", &[&server.base, file.to_str().unwrap(), r#"{"retryDelays":[0,1000,3000]}"#]), 120).await;
+    let url = out["url"].as_str().unwrap().to_string();
+    let id = url.rsplit('/').next().unwrap().to_string();
+    // Finished on the server, not only "offset = length": complete, with its sha256.
+    let view = Api::new(&server).file(&id).await;
+    assert_eq!(view["complete"], true, "{view}");
+    assert_eq!(view["sha256"], sha256_hex(&data), "{view}");
+    assert_stored_sha256(&server, &url, &sha256_hex(&data)).await;
+    assert_eq!(hook_calls(dir.path(), "/pre-finish-once"), 2, "asked once, failed; asked again by the client's HEAD");
+}
+
+/// A hook that stays down: every byte is kept and no client is told the upload is done — HEAD
+/// answers 423 + Retry-After without `Upload-Offset` (tus-js-client and tuspy retry on that),
+/// a download 503 + Retry-After, the JSON view `finishing` — across a `kill -9` and restart.
+/// Once the hook is back the server finishes the upload by itself (nobody asks for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_pre_finish_hook_is_down_is_finished_by_the_server_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = dir.path().join("hook-down");
+    std::fs::write(&down, b"down").unwrap();
+    let hook = HookServer::start(dir.path());
+    let mut server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/pre-finish-gated")));
+    let data = pseudo_random(3_000_000, 22);
+    let tus = Tus::new(&server);
+    let url = tus.create(data.len() as u64).await;
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let p = problem(tus.patch(&url, 0, data.clone(), &[]).await, 503, "unavailable").await;
+    assert_eq!(p["partial"]["cursor"], 3_000_000, "{p}");
+
+    for round in ["before the restart", "after a kill -9 and restart"] {
+        let tus = Tus::new(&server);
+        let url = tus.abs(&format!("/files/{id}"));
+        let r = tus.head(&url).await;
+        assert_eq!(r.status(), 423, "HEAD {round}");
+        assert!(header(&r, "upload-offset").is_none(), "HEAD {round} must not show an offset clients take for done");
+        assert_eq!(header(&r, "retry-after"), Some("2"), "HEAD {round}");
+        let r = client().get(&url).send().await.unwrap();
+        assert_eq!(header(&r, "retry-after"), Some("2"), "GET {round}");
+        let p = problem(r, 503, "unavailable").await;
+        assert!(p["detail"].as_str().unwrap().contains("still finishing"), "{p}");
+        let view = Api::new(&server).file(&id).await;
+        assert_eq!((view["complete"].clone(), view["finishing"].clone(), view["offset"].clone()), (false.into(), true.into(), 3_000_000.into()), "{round}: {view}");
+        if round.starts_with("before") {
+            server.restart();
+        }
+    }
+
+    // The hook is back: the background finisher completes the upload. Watch the list (which
+    // never finishes anything itself), not HEAD or the file's view.
+    let asked_before = hook_calls(dir.path(), "/pre-finish-gated");
+    std::fs::remove_file(&down).unwrap();
+    let api = Api::new(&server);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let view = loop {
+        let files = json(api.get("/api/v1/files").await).await;
+        let f = files["files"].as_array().unwrap().iter().find(|f| f["id"] == id.as_str()).cloned().expect("the upload is listed");
+        if f["complete"] == true {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "the server never finished the upload by itself: {f}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["sha256"], sha256_hex(&data), "{view}");
+    assert!(view.get("finishing").is_none(), "{view}");
+    assert!(hook_calls(dir.path(), "/pre-finish-gated") > asked_before, "the hook was asked again");
+    assert_stored_sha256(&server, &format!("/files/{id}"), &sha256_hex(&data)).await;
+}
+
+/// `ferry upload` against a pre-finish hook that is down when the last byte arrives: the CLI
+/// does not exit with "no sha256" — it waits (retryable) until the server has finished the
+/// upload, then prints the URL and the sha256, which match the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_waits_for_an_upload_the_server_is_still_finishing() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = dir.path().join("hook-down");
+    std::fs::write(&down, b"down").unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/pre-finish-gated")));
+    let data = pseudo_random(2_000_000, 23);
+    let file = dir.path().join("report.bin");
+    std::fs::write(&file, &data).unwrap();
+    let mut cmd = std::process::Command::new(ferry_bin());
+    cmd.args(["upload", file.to_str().unwrap(), "--retry-for", "2m", "-q"])
+        .env("FERRY_SERVER", &server.base)
+        .env("FERRY_CACHE_DIR", dir.path().join("cache"))
+        .env_remove("FERRY_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("run ferry upload");
+    // The hook was asked (and failed) at least twice: the CLI's last PATCH and a later retry.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while hook_calls(dir.path(), "/pre-finish-gated") < 2 {
+        assert!(Instant::now() < deadline, "the pre-finish hook was never asked twice");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::remove_file(&down).unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "ferry upload: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let (url, sha) = stdout.trim().split_once('\t').unwrap_or_else(|| panic!("URL<TAB>SHA256: {stdout}"));
+    assert_eq!(sha, sha256_hex(&data));
+    assert_stored_sha256(&server, url, &sha256_hex(&data)).await;
 }

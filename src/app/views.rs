@@ -35,6 +35,10 @@ pub struct FileView {
     pub offset: u64,
     /// All bytes are in.
     pub complete: bool,
+    /// Every byte is stored but the server has not finished the upload yet (its pre-finish
+    /// hook or a store could not answer): it completes by itself; ask again later.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub finishing: bool,
     /// Lowercase hex, once complete.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
@@ -63,6 +67,7 @@ pub fn file_view(r: &UploadRecord) -> FileView {
         size: r.length,
         offset: r.offset,
         complete: r.is_finished(),
+        finishing: crate::upload::finishing::awaits_finish(r),
         sha256: r.sha256.map(hex::encode),
         created_at: r.created_at_ms,
         expires_at: r.expires_at_ms,

@@ -497,6 +497,27 @@ impl BlobWriter for FsWriter {
         Ok(())
     }
 
+    async fn salvage(&mut self) -> BlobResult<Option<BlobState>> {
+        self.gathered.clear();
+        self.gathered_len = 0;
+        // The batch that failed wrote what it could: the file's length says how much.
+        if let Err(e) = self.settle().await {
+            tracing::debug!(error = %e, "salvaging after a failed write batch");
+        }
+        let (file, durable) = (self.file.clone(), self.durable);
+        let len = blocking(move || -> std::io::Result<u64> {
+            let len = file.metadata()?.len();
+            (&*file).seek(SeekFrom::Start(len))?;
+            if durable {
+                file.sync_data()?;
+            }
+            Ok(len)
+        })
+        .await?;
+        self.flushed = len;
+        Ok(Some(BlobState::fs(len)))
+    }
+
     fn position(&self) -> u64 {
         self.flushed + self.gathered_len as u64
     }

@@ -192,6 +192,17 @@ pub trait BlobWriter: Send {
     /// appending from there. `len` must not exceed [`BlobWriter::position`].
     async fn rewind(&mut self, len: u64) -> BlobResult<()>;
 
+    /// After a failed write or sync (a full disk): make durable the bytes that did reach the
+    /// store before the failure, drop the rest, and continue appending after them. Returns the
+    /// state describing exactly [`BlobWriter::position`] bytes afterwards, or `None` (changing
+    /// nothing) when this store cannot tell which bytes it kept — the caller then falls back
+    /// to its last committed state. The default is `None`. fs: the file's length is what the
+    /// disk took; S3 (`None`): a part that failed was not stored, and the bytes of parts sent
+    /// since the last commit cannot be read back to hash them while the store is away.
+    async fn salvage(&mut self) -> BlobResult<Option<BlobState>> {
+        Ok(None)
+    }
+
     /// Bytes written so far, counted from the start of the blob.
     fn position(&self) -> u64;
 }

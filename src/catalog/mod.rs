@@ -384,6 +384,13 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
     /// Every unfinished upload that still has bytes (not tombstoned).
     async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>>;
 
+    /// Ids of unfinished uploads (not tombstones) that the server itself may have to finish,
+    /// oldest change first, at most `limit`: those whose bytes are all stored (length known,
+    /// `offset = length`) — they wait only for the finishing step (a pre-finish hook that could
+    /// not answer, a crash or a store failure between the last byte and the completion) — and
+    /// every unfinished final upload of a concatenation (built by the server once its parts are).
+    async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>>;
+
     /// Final uploads that list `part_id` among their parts and are not finished.
     async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>>;
 

@@ -573,6 +573,17 @@ impl Catalog for SqliteCatalog {
         rows.iter().map(row_to_record).collect()
     }
 
+    async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT id FROM uploads WHERE finished_at_ms IS NULL AND expired = 0 \
+             AND ((length IS NOT NULL AND \"offset\" = length) OR concat_kind = 'final') ORDER BY concat_kind = 'final', updated_at_ms LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| sqlx::Row::try_get::<String, _>(r, "id").map_err(Into::into)).collect()
+    }
+
     async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>> {
         let rows = sqlx::query(
             "SELECT id, concat_parts FROM uploads WHERE concat_kind = 'final' AND finished_at_ms IS NULL \

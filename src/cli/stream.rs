@@ -121,9 +121,9 @@ impl Sender<'_> {
             }
         }
         self.progress.set_total(offset);
-        let info = head(self.client, &mut Retry::new(self.retry_for), &url).await?;
         let local = hex::encode(std::mem::take(&mut self.hasher).finalize());
-        let server = info.sha256.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("the server did not report a sha256 (Repr-Digest) for the finished upload {url}")))?;
+        // Retryable while the server is still finishing it (a pre-finish hook that is down).
+        let server = super::upload::finished_sha256(self.client, self.retry_for, &url, offset).await?;
         if local != server {
             return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the input was {local}, the server stored {server} at {url}")).hint(if resumed_from > 0 {
                 "The producer did not write the same bytes as the first time; upload its output as a new upload (without --url)."

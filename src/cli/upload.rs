@@ -521,9 +521,7 @@ async fn single(job: &Job<'_>, stored: Vec<String>, given: Option<(reqwest::Url,
         debug_assert_eq!(h.at, job.size);
         hex::encode(h.cur.clone().finalize())
     };
-    let mut retry = Retry::new(job.retry_for);
-    let info = head(job.client, &mut retry, &url).await?;
-    let server = info.sha256.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("the server did not report a sha256 (Repr-Digest) for the finished upload {url}")))?;
+    let server = finished_sha256(job.client, job.retry_for, &url, job.size).await?;
     Ok(Outcome { url, resumed_from: offset, local, server, parts: Vec::new() })
 }
 
@@ -589,6 +587,38 @@ pub(super) async fn head(client: &Client, retry: &mut Retry, url: &reqwest::Url)
         length: typed_header::<UploadLength>(h, "upload-length").map(|l| l.0),
         sha256: repr_digest_sha256(h),
     })
+}
+
+/// The sha256 the server reports (`Repr-Digest`) for upload `url` of `len` bytes, all of them
+/// sent. An upload whose bytes are all stored but that the server has not finished yet (a
+/// pre-finish hook or a store that cannot answer: HEAD answers 423, or, from an older server,
+/// `Upload-Offset` = `Upload-Length` without `Repr-Digest`) is retryable: it is asked about again
+/// with backoff — with an empty PATCH at the full offset, which asks a server to finish — until
+/// `--retry-for` passes without it finishing (exit 5: re-run to keep waiting).
+pub(super) async fn finished_sha256(client: &Client, retry_for: Duration, url: &reqwest::Url, len: u64) -> Result<String, CliError> {
+    let mut retry = Retry::new(retry_for);
+    loop {
+        let info = head(client, &mut retry, url).await?;
+        if let Some(sha) = info.sha256 {
+            return Ok(sha);
+        }
+        if info.offset == Some(len) {
+            let _ = client
+                .request(reqwest::Method::PATCH, url)
+                .header("tus-resumable", TUS_VERSION)
+                .header("content-type", OFFSET_OCTET_STREAM)
+                .header("upload-offset", len)
+                .header("content-length", 0)
+                .send()
+                .await;
+        }
+        retry
+            .wait(
+                CliError::new(super::client::EXIT_NETWORK, format!("the server has every byte of {url} but has not finished the upload yet (no Repr-Digest)"))
+                    .hint("Re-run the same command to keep waiting: the server finishes it once its pre-finish hook or store answers again."),
+            )
+            .await?;
+    }
 }
 
 /// The sha256 of a prefix of the file, with snapshots to rewind to.
@@ -895,7 +925,8 @@ async fn wait_final(job: &Job<'_>, url: &reqwest::Url) -> Result<String, CliErro
         let info = head(job.client, &mut retry, url).await?;
         if let (Some(o), Some(l)) = (info.offset, info.length) {
             if o == l {
-                return info.sha256.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("the server did not report a sha256 (Repr-Digest) for {url}")));
+                // Every byte is there; the server may still be finishing it (a pre-finish hook).
+                return finished_sha256(job.client, job.retry_for, url, l).await;
             }
         }
         if std::time::Instant::now() >= deadline {

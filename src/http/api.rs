@@ -702,7 +702,14 @@ async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extensio
         (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn file_info(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
-    Ok(axum::Json(file_view(&s.engine.get(&p, &id).await?)).into_response())
+    // An upload whose bytes are all stored but that is not finished is finished first (only
+    // if no request holds it); while it cannot be, the view says `finishing`.
+    let rec = match s.engine.get_finished_or_finish(&p, &id).await {
+        Ok(rec) => rec,
+        Err(e) if e.code == ferry_tus::ErrorCode::Locked => s.engine.get(&p, &id).await?,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(axum::Json(file_view(&rec)).into_response())
 }
 
 /// Body of `POST /api/v1/files/{id}/share`.

@@ -154,7 +154,17 @@ pub async fn get(
 ) -> Result<Response, Problem> {
     let attachment = uri.query().is_some_and(|q| q.split('&').any(|pair| pair == "download=1"));
     ferry_tus::check_version(Verb::Get, super::tus::header(&h, "tus-resumable"))?;
-    let rec = s.engine.get(&p, &id).await?;
+    // An upload whose bytes are all stored but that is not finished is finished first; while
+    // it cannot be, 503 + Retry-After (what download clients retry on), not 409.
+    let rec = match s.engine.get_finished_or_finish(&p, &id).await {
+        Ok(rec) => rec,
+        Err(mut e) if e.code == ErrorCode::Locked => {
+            e.status = 503;
+            e.code = ErrorCode::Unavailable;
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
         let mut res = Problem(
             TusError::new(

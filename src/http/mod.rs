@@ -406,13 +406,14 @@ pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::Upload
         h.insert("upload-offset", HeaderValue::from(c));
     }
     // DESIGN §9: space and transient catalog trouble come back by themselves. Every 423 and
-    // 503 says when to come back, whatever its code (a shutdown is `locked` with 503).
+    // 503 says when to come back, whatever its code (a shutdown is `locked` with 503): the
+    // refusal's own wait, else its code's, else this fallback.
     let fallback = match e.status {
         423 => Some(1),
         503 => Some(2),
         _ => None,
     };
-    if let Some(secs) = e.code.retry_after_secs().or(fallback) {
+    if let Some(secs) = e.retry_after_secs().or(fallback) {
         h.insert("retry-after", HeaderValue::from(secs));
     }
     res

@@ -258,7 +258,15 @@ pub async fn head(
     // A plain HTTP HEAD (no Tus-Resumable: a download client) or one with a signed download
     // URL reads the record without asking an in-flight PATCH to stop.
     let reader = !h.contains_key("tus-resumable") || scope.is_some_and(|Extension(sc)| sc == crate::signing::Scope::Download);
-    let rec = if reader { s.engine.get(&p, &id).await? } else { s.engine.head(&p, &id).await? };
+    // Either way an upload whose bytes are all stored but that is not finished is finished
+    // first; while it cannot be, the answer is 423 + Retry-After, never offset = length.
+    let rec = if reader { s.engine.get_finished_or_finish(&p, &id).await? } else { s.engine.head(&p, &id).await? };
+    if rec.concat == Concat::Partial && rec.is_finished() {
+        // Finished just now, perhaps: build the finals it completes, as its last PATCH would.
+        for f in s.engine.finals_ready(&rec.id).await? {
+            start_concat(&s, &p, &f).await?;
+        }
+    }
     let mut res = StatusCode::OK.into_response();
     let hm = res.headers_mut();
     upload_headers(hm, &rec);

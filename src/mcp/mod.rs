@@ -133,7 +133,9 @@ impl FerryMcp {
             "file_upload_chunk" => self.upload_chunk(p, args(&req.name, a)?).await,
             "file_status" => {
                 let FileArg { file_id } = args(&req.name, a)?;
-                let r = self.state.engine.get(p, &file_id).await?;
+                // Finishes an upload whose bytes are all stored first; while it cannot, the
+                // answer is `locked` (retryable) with the reason.
+                let r = self.state.engine.get_finished_or_finish(p, &file_id).await?;
                 Ok(file_out(&r))
             }
             "file_download_url" => self.download_url(p, args(&req.name, a)?).await,
@@ -284,7 +286,7 @@ impl FerryMcp {
 
     /// The finished file `id`, or `upload_incomplete` with its offset as the cursor.
     async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, TusError> {
-        let r = self.state.engine.get(p, id).await?;
+        let r = self.state.engine.get_finished_or_finish(p, id).await?;
         if !r.is_finished() {
             let of = r.length.map(|l| format!(" of {l}")).unwrap_or_default();
             return Err(TusError::new(

@@ -29,8 +29,13 @@ enum End {
     Quota,
 }
 
-/// How often (in bytes received) a PATCH re-measures free space against the reserve.
+/// Most bytes a PATCH receives between two measurements of free space (fewer as the room
+/// left above the reserve shrinks: see `exhausted::SpaceWatch`).
 pub(crate) const SPACE_CHECK_EVERY: u64 = 16 << 20;
+
+/// Bytes given back when keeping what a full disk took (DESIGN §9): room for the catalog,
+/// on the same filesystem, to record the checkpoint that keeps the rest.
+pub(crate) const SALVAGE_SLACK: u64 = 1 << 20;
 
 /// Result of an append: the upload's record after the last checkpoint.
 pub type AppendOutcome = UploadRecord;
@@ -56,6 +61,9 @@ pub(crate) struct Appender {
     finished: bool,
     /// A checkpoint whose fsync runs while later bytes keep arriving: committed once `done`.
     pending: Option<PendingCheckpoint>,
+    /// Whether bytes that reached the disk before it filled may be kept (not when a chunk
+    /// checksum still has to verify them).
+    keep_partial: bool,
 }
 
 /// Offset and midstate captured when a background fsync started; they describe exactly the
@@ -127,6 +135,7 @@ impl Appender {
             set_length,
             finished: false,
             pending: None,
+            keep_partial: true,
             rec,
         })
     }
@@ -141,6 +150,11 @@ impl Appender {
 
     pub(crate) fn position(&self) -> u64 {
         self.writer.position()
+    }
+
+    /// Bytes written since the last commit (not yet durable, perhaps not yet on the disk).
+    pub(crate) fn unsynced(&self) -> u64 {
+        self.writer.position().saturating_sub(self.committed.0)
     }
 
     /// Offset, tagged midstate and blob state of the last commit.
@@ -196,6 +210,20 @@ impl Appender {
             return e;
         }
         self.pending = None;
+        if e.code == InsufficientStorage && self.keep_partial {
+            // The disk filled: keep what it took before that (fsync + checkpoint), rather than
+            // throwing away everything since the last checkpoint.
+            match self.salvage().await {
+                Ok(Some(kept)) => {
+                    tracing::info!(upload = self.rec.id, kept, "the disk filled; the bytes written before that were kept");
+                    let mut e = e;
+                    e.cursor = None;
+                    return e.with_cursor(kept);
+                }
+                Ok(None) => {}
+                Err(se) => tracing::warn!(upload = self.rec.id, error = %se.detail, "keeping the bytes written before the disk filled failed; releasing them"),
+            }
+        }
         let keep = self.committed.0;
         if let Err(re) = self.writer.rewind(keep).await {
             tracing::warn!(upload = self.rec.id, error = %re, "releasing uncommitted bytes through the writer failed; truncating the blob");
@@ -210,6 +238,32 @@ impl Appender {
         } else {
             e
         }
+    }
+
+    /// After the disk filled: make the bytes it took durable and commit them (less
+    /// [`SALVAGE_SLACK`], given back so the catalog on the same filesystem can record the
+    /// checkpoint). Their sha256 midstate is computed again from the committed one by reading
+    /// them back (the running hash covers bytes the disk refused). `None` when the store cannot
+    /// tell what it kept or nothing past the committed offset is worth keeping.
+    async fn salvage(&mut self) -> Result<Option<u64>, TusError> {
+        let committed = self.committed.0;
+        if self.writer.salvage().await?.is_none() {
+            return Ok(None);
+        }
+        let keep = self.writer.position().saturating_sub(SALVAGE_SLACK);
+        if keep <= committed || self.length.is_some_and(|l| keep >= l) {
+            return Ok(None);
+        }
+        self.writer.rewind(keep).await?;
+        let blob = self.writer.sync().await?;
+        let mut hasher = self.committed.1.clone();
+        let mut stream = self.engine.blobs.read(&self.rec.id, committed..keep).await?;
+        while let Some(chunk) = futures::TryStreamExt::try_next(&mut stream).await.map_err(|e| TusError::from(BlobError::from_stream(e)))? {
+            hasher.update(&chunk);
+        }
+        self.commit_durable(keep, hasher.clone(), blob).await?;
+        self.hasher = hasher;
+        Ok(Some(keep))
     }
 
     /// Start a checkpoint of everything written so far without waiting for its fsync: the
@@ -476,6 +530,8 @@ impl UploadEngine {
             (None, false) => ChunkDigests::default(),
         };
         let verifying = !digests.is_empty();
+        app.keep_partial = !verifying;
+        let mut space = super::exhausted::SpaceWatch::default();
         let mut received: u64 = 0;
         let mut since_checkpoint: u64 = 0;
         let mut trailer: Option<Result<UploadChecksum, TusError>> = None;
@@ -526,7 +582,6 @@ impl UploadEngine {
             }
             digests.update(&data);
             since_checkpoint += data.len() as u64;
-            let crossed = (received - data.len() as u64) / SPACE_CHECK_EVERY != received / SPACE_CHECK_EVERY;
             let n = data.len() as u64;
             if let Err(e) = app.write(data).await {
                 super::exhausted::drain_body(&mut body).await;
@@ -535,7 +590,7 @@ impl UploadEngine {
             // `ferry_bytes_received_total`: bytes of request bodies, written (a task's own
             // files and a concatenation's copies are not received).
             self.metrics.bytes_received.inc_by(n);
-            if crossed && self.check_space(0, None).is_err() {
+            if space.check(&self.cfg.reserve, received, app.unsynced()).is_err() {
                 break End::Reserve;
             }
             if !verifying {

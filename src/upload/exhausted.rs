@@ -10,6 +10,7 @@ use bytes::Bytes;
 use ferry_tus::TusError;
 use serde::Serialize;
 
+use super::append::SPACE_CHECK_EVERY;
 use super::{internal, UploadEngine};
 use crate::blob::BlobError;
 use crate::catalog::{CatalogError, UploadRecord};
@@ -125,6 +126,43 @@ pub struct Readiness {
 
 /// Longest `/readyz` waits for one store's probe: 3 s (a fsync on a busy disk can take a second or two).
 pub const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// Bytes a writer may have taken that free space does not show yet (the fs store gathers one
+/// batch and writes another in the background): a writer with that much unsynced stops this
+/// far above the reserve, so what it holds still fits.
+const UNFLUSHED_MAX: u64 = 2 * crate::blob::fs::WRITE_BATCH as u64;
+/// Fewest bytes between two measurements of free space while one writer streams.
+const SPACE_STEP_MIN: u64 = 64 << 10;
+
+/// Watches free space while one writer streams bytes in (DESIGN §9). It measures again once
+/// half of the room that was left above the reserve has been written (at most every
+/// [`SPACE_CHECK_EVERY`] bytes, at least every 64 KiB), so a long PATCH stops at the reserve
+/// even when the room left is far smaller than the usual interval.
+#[derive(Debug, Default)]
+pub(crate) struct SpaceWatch {
+    /// Bytes written at which to measure next.
+    next: u64,
+}
+
+impl SpaceWatch {
+    /// `Err(detail)` once writing on would eat into the reserve. `written`: bytes this writer
+    /// has taken so far; `unsynced`: how many of them are not yet durable (they may not show
+    /// in the free space yet).
+    pub(crate) fn check(&mut self, reserve: &crate::exhaustion::SpaceReserve, written: u64, unsynced: u64) -> Result<(), String> {
+        if written < self.next {
+            return Ok(());
+        }
+        let Some(s) = reserve.measure() else {
+            self.next = u64::MAX;
+            return Ok(());
+        };
+        let left = s.usable().saturating_sub(unsynced.min(UNFLUSHED_MAX));
+        if s.available <= s.reserve || left == 0 {
+            return Err(format!("the server's disk reached its free-space reserve: {} bytes free, {} bytes kept in reserve", s.available, s.reserve));
+        }
+        self.next = written + (left / 2).clamp(SPACE_STEP_MIN, SPACE_CHECK_EVERY);
+        Ok(())
+    }
+}
 
 impl UploadEngine {
     /// 507 when writing `bytes` more (0: anything at all) would eat into the free-space

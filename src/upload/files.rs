@@ -9,7 +9,8 @@ use bytes::Bytes;
 use ferry_tus::{TusError, UploadMetadata};
 use serde::{Deserialize, Serialize};
 
-use super::append::{Appender, SPACE_CHECK_EVERY};
+use super::append::Appender;
+use super::append::SPACE_CHECK_EVERY;
 use super::hash::RunningSha256;
 use super::locks::{Lease, Want};
 use super::{internal, now_ms, UploadEngine};
@@ -48,6 +49,8 @@ pub struct FileWriter {
     app: Appender,
     /// Whose file it is (its bytes count against this principal's quota).
     principal: String,
+    /// Free space against the reserve while the file grows.
+    space: super::exhausted::SpaceWatch,
     name: String,
     media_type: String,
     /// The upload's writer slot, pinned until the file is finished or dropped: TUS requests
@@ -101,7 +104,7 @@ impl UploadEngine {
         let slot = self.pin(&rec.id).await?;
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None, &slot).await?;
-        Ok(FileWriter { app, principal: principal.to_string(), name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
+        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
     }
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
@@ -140,7 +143,7 @@ impl UploadEngine {
         }
         let rec = self.get(principal, &cursor.id).await?;
         let app = Appender::open(self, rec, cursor.offset, None, None, &slot).await?;
-        Ok(FileWriter { app, principal: principal.to_string(), name, media_type, _slot: slot })
+        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), name, media_type, _slot: slot })
     }
 }
 
@@ -168,12 +171,14 @@ impl FileWriter {
     /// released; the error's cursor is the last synced offset).
     pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
         let before = self.app.position();
-        let after = before + data.len() as u64;
         self.app.write(data).await?;
-        if before / SPACE_CHECK_EVERY != after / SPACE_CHECK_EVERY {
+        let (written, unsynced) = (self.app.position(), self.app.unsynced());
+        if let Err(detail) = self.space.check(&self.app.engine().cfg.reserve, written, unsynced) {
+            return Err(TusError::insufficient_storage(detail, Some(self.app.committed_state().0)));
+        }
+        if before / SPACE_CHECK_EVERY != written / SPACE_CHECK_EVERY {
             let kept = self.app.committed_state().0;
-            self.app.engine().check_space(0, Some(kept))?;
-            self.app.engine().check_file_quota(&self.principal, after, kept).await?;
+            self.app.engine().check_file_quota(&self.principal, written, kept).await?;
         }
         Ok(())
     }

@@ -166,6 +166,19 @@ impl UploadEngine {
         if rec.expected_sha256.is_some_and(|e| e != digest) {
             return Err(ferry_tus::upload_digest_mismatch());
         }
+        if let Some(hooks) = self.hooks.get().filter(|h| h.has_pre_finish()) {
+            // Asked as for any other upload before it is called finished. If the hook cannot
+            // answer, the final stays unfinished and is composed again later (the background
+            // finisher, or the client's retry); if it refuses, the final and its bytes go.
+            let finishing = super::hooks::FinishingUpload { id: &rec.id, principal: &rec.principal, size: total, sha256: digest, metadata: &rec.metadata };
+            if let Err(e) = hooks.pre_finish(&finishing).await {
+                if e.code == ferry_tus::ErrorCode::Rejected {
+                    self.blobs.delete(&rec.id).await?;
+                    self.catalog.delete_upload(&rec.id).await?;
+                }
+                return Err(e);
+            }
+        }
         let fence = match lease.fence() {
             Some(f) => f,
             None => self.catalog.acquire_fence(&rec.id).await?,

@@ -19,6 +19,7 @@ mod append;
 pub mod describe;
 mod exhausted;
 mod files;
+pub mod finishing;
 pub mod hash;
 pub mod hooks;
 pub mod locks;
@@ -242,14 +243,21 @@ impl UploadEngine {
 
     /// HEAD: first asks an in-flight PATCH to checkpoint and stop, so the answer is the true
     /// durable offset. Errors: 404, 410, 423 when the writer does not let go in time.
-    pub async fn head(&self, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
+    ///
+    /// An upload whose bytes are all stored but that is not finished is finished here
+    /// ([`finishing`]); while that still fails the answer is [`finishing::finishing_error`]
+    /// (423, retry), never an offset equal to the length.
+    pub async fn head(self: &Arc<Self>, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
         let rec = self.get(principal, id).await?;
-        if rec.is_finished() || matches!(rec.concat, Concat::Final { .. }) {
+        if rec.is_finished() {
+            return Ok(rec);
+        }
+        if matches!(rec.concat, Concat::Final { .. }) && !finishing::awaits_finish(&rec) {
             // Nothing can be writing to it from outside (a final is built by the server).
             return Ok(rec);
         }
-        let _guard = self.take(id).await?;
-        self.get(principal, id).await
+        let guard = self.take(id).await?;
+        self.finish_held(principal, id, &guard).await
     }
 
     /// Create an upload (TUS 1.0 §Creation). A final upload of a concatenation is created

@@ -149,6 +149,9 @@ pub struct TusError {
     /// For `quota_exceeded`: which quota, its limit and the current use (rendered as the
     /// problem body's `quota` member and in MCP error envelopes).
     pub quota: Option<Box<QuotaDetail>>,
+    /// Seconds the client should wait before asking again (`Retry-After`), when this refusal
+    /// names one itself; otherwise [`ErrorCode::retry_after_secs`] applies.
+    pub retry_after: Option<u32>,
 }
 
 /// Which per-principal quota refused a request, with numbers a client can act on.
@@ -166,7 +169,18 @@ pub struct QuotaDetail {
 
 impl TusError {
     pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None, quota: None }
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None, quota: None, retry_after: None }
+    }
+
+    /// Tell the client to wait `secs` seconds before asking again (`Retry-After`).
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Seconds the client should wait before retrying: this refusal's own, else its code's.
+    pub fn retry_after_secs(&self) -> Option<u32> {
+        self.retry_after.or(self.code.retry_after_secs())
     }
 
     /// Attach the draft problem type this refusal is an instance of.

@@ -6,6 +6,8 @@ Prints `listening on PORT`. Routes:
   POST /pre-create   refuses filenames ending in .exe (403 + {"message"}); renames
                      `rename-me.txt` to `renamed.txt` and adds `checked: yes` (metadata change)
   POST /pre-finish   refuses uploads whose filename contains "virus" (422 + {"message"})
+  POST /pre-finish-once   answers 500 to its first request, then as /pre-finish
+  POST /pre-finish-gated  answers 500 while the file named by --down exists, else as /pre-finish
   POST /slow         sleeps 30 s before allowing (past any test timeout)
   POST /broken       answers 200 with a body that is not JSON
 Every request body is logged as one JSON line.
@@ -13,6 +15,7 @@ Every request body is logged as one JSON line.
 
 import argparse
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +24,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--log", required=True)
+    ap.add_argument("--down", help="a file whose existence makes /pre-finish-gated fail")
     args = ap.parse_args()
+    calls = {"once": 0}
     log = open(args.log, "a", buffering=1)
     lock = threading.Lock()
 
@@ -52,7 +57,15 @@ def main():
                     md = dict(md, filename="renamed.txt", checked="yes")
                     return self.answer(200, {"metadata": md})
                 return self.answer(200, {})
-            if self.path == "/pre-finish":
+            if self.path == "/pre-finish-once":
+                with lock:
+                    calls["once"] += 1
+                    first = calls["once"] == 1
+                if first:
+                    return self.answer(500, {"message": "scanner restarting"})
+            if self.path == "/pre-finish-gated" and args.down and os.path.exists(args.down):
+                return self.answer(500, {"message": "scanner down"})
+            if self.path.startswith("/pre-finish"):
                 if "virus" in name:
                     return self.answer(422, {"message": f"{name} failed the virus scan"})
                 return self.answer(204)
