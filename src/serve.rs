@@ -81,12 +81,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let sweeper = engine.spawn_sweeper();
     let signer = UrlSigner::load_shared(catalog.as_ref(), &cfg.data, cfg.url_secret.as_deref()).await.context("loading the URL-signing secret")?;
     let events = Arc::new(crate::events::Events::new(catalog.clone(), cfg.event_retention));
-    let webhooks = crate::events::WebhookWorker::new(catalog.clone(), &cfg.webhooks, owner.clone(), metrics.clone())?;
+    let webhooks = crate::events::WebhookWorker::new(catalog.clone(), &cfg.webhooks, owner.clone(), metrics.clone(), events.head())?;
     // Before the first request: a new webhook receives every event from this start on.
     webhooks.start_cursors().await.context("starting the webhook cursors")?;
     let background_stop = tokio_util::sync::CancellationToken::new();
     let webhook_worker = webhooks.spawn(background_stop.clone());
     let pruner = events.spawn_pruner(Duration::from_secs(600), background_stop.clone());
+    let head_watcher = events.spawn_head_watcher(background_stop.clone());
     let mut tasks = Engine::new(
         catalog,
         engine.clone(),
@@ -166,6 +167,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     sweeper.abort();
     background_stop.cancel();
     pruner.abort();
+    head_watcher.abort();
     // A delivery in flight is settled or, if cut off here, retried after its lease lapses.
     let _ = tokio::time::timeout(Duration::from_secs(5), webhook_worker).await;
     for w in workers {

@@ -110,7 +110,15 @@ pub struct Delivery {
     pub last_error: Option<String>,
 }
 
-/// How one attempt went (see [`EventCatalog::settle_delivery`]).
+/// One attempt to record ([`EventCatalog::settle_deliveries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    pub webhook: String,
+    pub event_seq: i64,
+    pub outcome: AttemptOutcome,
+}
+
+/// How one attempt went (see [`EventCatalog::settle_deliveries`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptOutcome {
     /// The receiver answered 2xx.
@@ -153,9 +161,17 @@ pub trait EventCatalog: Send + Sync {
     /// claimers (any replica) exactly one gets a given delivery. Oldest event first.
     async fn claim_deliveries(&self, owner: &str, now_ms: i64, lease_ms: i64, limit: u32) -> CatalogResult<Vec<Delivery>>;
 
-    /// Record one attempt of a claimed delivery and release its lease. Only while `owner` still
-    /// holds it; returns false (and changes nothing) otherwise, or when it is no longer pending.
-    async fn settle_delivery(&self, webhook: &str, event_seq: i64, owner: &str, outcome: &AttemptOutcome, now_ms: i64) -> CatalogResult<bool>;
+    /// Record attempts of claimed deliveries and release their leases, in one transaction (one
+    /// commit for a batch: the worker settles what finished together). Each only while `owner`
+    /// still holds it; its entry in the answer is false (and nothing changed for it) otherwise,
+    /// or when it is no longer pending. The answer has one entry per settlement, in order.
+    async fn settle_deliveries(&self, owner: &str, settlements: &[Settlement], now_ms: i64) -> CatalogResult<Vec<bool>>;
+
+    /// [`EventCatalog::settle_deliveries`] for one attempt.
+    async fn settle_delivery(&self, webhook: &str, event_seq: i64, owner: &str, outcome: &AttemptOutcome, now_ms: i64) -> CatalogResult<bool> {
+        let one = [Settlement { webhook: webhook.to_string(), event_seq, outcome: outcome.clone() }];
+        Ok(self.settle_deliveries(owner, &one, now_ms).await?.first().copied().unwrap_or(false))
+    }
 
     /// Deliveries in one of `states`, of events of `principal` when given, newest event first.
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>>;

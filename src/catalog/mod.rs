@@ -29,7 +29,7 @@ mod sqlite_events;
 mod sqlite_tasks;
 pub mod tasks;
 
-pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord};
+pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
 pub use postgres::PostgresCatalog;
 pub use sqlite::SqliteCatalog;
 pub use tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 
-use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord};
+use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
 use super::postgres_tasks::{settle, Tx};
 use super::{CatalogError, CatalogResult, PostgresCatalog};
 
@@ -151,28 +151,34 @@ impl EventCatalog for PostgresCatalog {
         settle(tx, out).await
     }
 
-    async fn settle_delivery(&self, webhook: &str, event_seq: i64, owner: &str, outcome: &AttemptOutcome, now_ms: i64) -> CatalogResult<bool> {
-        let (state, status, error, next) = match outcome {
-            AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
-            AttemptOutcome::Retry { status, error, next_attempt_ms } => ("pending", *status, Some(error.as_str()), Some(*next_attempt_ms)),
-            AttemptOutcome::GiveUp { status, error } => ("failed", *status, Some(error.as_str()), None),
-        };
-        let done = sqlx::query(
-            "UPDATE webhook_deliveries SET state = $1, attempts = attempts + 1, last_attempt_ms = $2, last_status = $3, last_error = $4, \
-             next_attempt_ms = COALESCE($5, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \
-             WHERE webhook = $6 AND event_seq = $7 AND lease_owner = $8 AND state = 'pending'",
-        )
-        .bind(state)
-        .bind(now_ms)
-        .bind(status.map(i64::from))
-        .bind(error)
-        .bind(next)
-        .bind(webhook)
-        .bind(event_seq)
-        .bind(owner)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+    async fn settle_deliveries(&self, owner: &str, settlements: &[Settlement], now_ms: i64) -> CatalogResult<Vec<bool>> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(settlements.len());
+        for s in settlements {
+            let (state, status, error, next) = match &s.outcome {
+                AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
+                AttemptOutcome::Retry { status, error, next_attempt_ms } => ("pending", *status, Some(error.as_str()), Some(*next_attempt_ms)),
+                AttemptOutcome::GiveUp { status, error } => ("failed", *status, Some(error.as_str()), None),
+            };
+            let done = sqlx::query(
+                "UPDATE webhook_deliveries SET state = $1, attempts = attempts + 1, last_attempt_ms = $2, last_status = $3, last_error = $4, \
+                 next_attempt_ms = COALESCE($5, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \
+                 WHERE webhook = $6 AND event_seq = $7 AND lease_owner = $8 AND state = 'pending'",
+            )
+            .bind(state)
+            .bind(now_ms)
+            .bind(status.map(i64::from))
+            .bind(error)
+            .bind(next)
+            .bind(&s.webhook)
+            .bind(s.event_seq)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+            out.push(done.rows_affected() == 1);
+        }
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {

@@ -28,8 +28,12 @@ pub mod webhooks;
 pub use hooks::HttpHooks;
 pub use webhooks::WebhookWorker;
 
-/// How often a follower (SSE) looks for new events, and the delivery worker for due work.
+/// The longest a follower (SSE) or the delivery worker waits before looking at the outbox
+/// again without being woken (the head watcher wakes them sooner; see [`Events::spawn_head_watcher`]).
 pub const POLL: Duration = Duration::from_millis(200);
+/// How often the head watcher reads the outbox's last event seq while anyone waits on it: one
+/// read per process per tick, however many followers there are.
+pub const TICK: Duration = Duration::from_millis(25);
 /// Events read per catalog query.
 const PAGE: u32 = 256;
 
@@ -37,6 +41,9 @@ const PAGE: u32 = 256;
 pub struct Events {
     catalog: Arc<dyn Catalog>,
     retention: Duration,
+    /// The outbox's last event seq as the head watcher last read it (any principal's, any
+    /// replica's): followers and the delivery worker wait on it instead of each polling.
+    head: Arc<tokio::sync::watch::Sender<i64>>,
 }
 
 /// One event as SSE and webhook receivers see it (Standard Webhooks payload shape:
@@ -124,7 +131,42 @@ pub enum FollowError {
 
 impl Events {
     pub fn new(catalog: Arc<dyn Catalog>, retention: Duration) -> Events {
-        Events { catalog, retention }
+        Events { catalog, retention, head: Arc::new(tokio::sync::watch::Sender::new(-1)) }
+    }
+
+    /// A receiver of the outbox head (the last event seq seen by the head watcher).
+    pub fn head(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.head.subscribe()
+    }
+
+    /// Read the outbox head every [`TICK`] while anyone holds a [`Events::head`] receiver, and
+    /// publish it when it moved, until `shutdown`. Events committed by other replicas are seen
+    /// the same way. A failed read is logged once per failure streak; waiters fall back to
+    /// [`POLL`].
+    pub fn spawn_head_watcher(&self, shutdown: tokio_util::sync::CancellationToken) -> tokio::task::JoinHandle<()> {
+        let (catalog, head) = (self.catalog.clone(), self.head.clone());
+        tokio::spawn(async move {
+            let mut failing = false;
+            loop {
+                if head.receiver_count() > 0 {
+                    match catalog.last_event_seq().await {
+                        Ok(seq) => {
+                            failing = false;
+                            head.send_if_modified(|h| std::mem::replace(h, seq) != seq);
+                        }
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!(error = %e, "reading the outbox head failed; followers poll until it works again");
+                        }
+                        Err(_) => {}
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(TICK) => {}
+                }
+            }
+        })
     }
 
     /// How long events are kept.
@@ -132,9 +174,10 @@ impl Events {
         self.retention
     }
 
-    /// `principal`'s events from `cursor` on, in commit order, forever (until dropped). Polls
-    /// the outbox every [`POLL`]; a catalog error ends the stream with that error (the client
-    /// reconnects with its last id). Errors at start: [`FollowError::UnknownEvent`].
+    /// `principal`'s events from `cursor` on, in commit order, forever (until dropped). Reads
+    /// the outbox when the head watcher says it moved, and at least every [`POLL`]; a catalog
+    /// error ends the stream with that error (the client reconnects with its last id). Errors
+    /// at start: [`FollowError::UnknownEvent`].
     pub async fn follow(&self, principal: &str, cursor: Cursor) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
         let after = match cursor {
             Cursor::Now => self.catalog.last_event_seq().await?,
@@ -145,7 +188,8 @@ impl Events {
         };
         let catalog = self.catalog.clone();
         let principal = principal.to_string();
-        Ok(futures::stream::unfold((after, std::collections::VecDeque::new(), false), move |(mut after, mut buf, done)| {
+        let head = self.head();
+        Ok(futures::stream::unfold((after, std::collections::VecDeque::new(), false, head), move |(mut after, mut buf, done, mut head)| {
             let catalog = catalog.clone();
             let principal = principal.clone();
             async move {
@@ -154,15 +198,22 @@ impl Events {
                 }
                 loop {
                     if let Some(e) = buf.pop_front() {
-                        return Some((Ok(EventView::of(&e)), (after, buf, false)));
+                        return Some((Ok(EventView::of(&e)), (after, buf, false, head)));
                     }
+                    head.borrow_and_update();
                     match catalog.list_events(Some(&principal), after, PAGE).await {
-                        Ok(page) if page.is_empty() => tokio::time::sleep(POLL).await,
+                        Ok(page) if page.is_empty() => {
+                            // Woken when any event commits (most are another principal's: then
+                            // the read above finds nothing and this waits again).
+                            if let Ok(Err(_)) = tokio::time::timeout(POLL, head.changed()).await {
+                                tokio::time::sleep(POLL).await; // the watcher is gone (shutting down)
+                            }
+                        }
                         Ok(page) => {
                             after = page.last().map_or(after, |e| e.seq);
                             buf.extend(page);
                         }
-                        Err(e) => return Some((Err(e), (after, buf, true))),
+                        Err(e) => return Some((Err(e), (after, buf, true, head))),
                     }
                 }
             }

@@ -5,7 +5,9 @@
 //! claims due deliveries under a lease on the database clock — one at a time per (webhook,
 //! upload/task), so a subject's events arrive in order; no two replicas hold one delivery —
 //! and (3) POSTs each, at most [`PARALLEL`] at once (a freed slot is refilled at once, so a
-//! hanging receiver never holds up the others), each bounded by the webhook's `timeout`:
+//! hanging receiver never holds up the others; while due deliveries wait, the worker claims
+//! again as soon as a slot frees, and an idle worker wakes when the outbox head moves), each
+//! bounded by the webhook's `timeout`:
 //! `webhook-id` is the event's one id (the same on every attempt), `webhook-timestamp` the
 //! attempt's Unix seconds, `webhook-signature` `v1,` + base64 HMAC-SHA256 of
 //! `id.timestamp.body` under the webhook's secret. A 2xx settles it; anything else (another
@@ -21,7 +23,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::EventView;
-use crate::catalog::{AttemptOutcome, Catalog, Delivery, EventFilter};
+use crate::catalog::{AttemptOutcome, Catalog, Delivery, EventFilter, Settlement};
 use crate::config::WebhookConfig;
 use crate::metrics::Metrics;
 use crate::upload::now_ms;
@@ -30,6 +32,15 @@ use crate::upload::now_ms;
 pub const PARALLEL: usize = 8;
 /// Deliveries claimed per round.
 const BATCH: u32 = 32;
+/// Attempts recorded per catalog transaction (what finished together is settled together).
+const SETTLE_BATCH: usize = 64;
+
+/// An attempt waiting to be recorded, with the slot it holds until then.
+struct Settle {
+    settlement: Settlement,
+    event_id: String,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
 /// Events turned into deliveries per catalog transaction.
 const ENQUEUE_BATCH: u32 = 256;
 /// First retry delay; doubles per attempt up to [`MAX_BACKOFF`].
@@ -51,6 +62,19 @@ pub struct WebhookWorker {
     metrics: Arc<Metrics>,
     /// The last event seq every cursor is known to have passed (skips idle enqueues).
     enqueued_to: std::sync::atomic::AtomicI64,
+    /// The outbox head ([`super::Events::head`]): wakes an idle worker when an event commits.
+    head: tokio::sync::watch::Receiver<i64>,
+}
+
+/// What the worker does after a round.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Look again at once (more to enqueue or claim, and a slot is free).
+    Now,
+    /// Every slot is busy and due deliveries wait: claim again when a slot frees.
+    WhenSlotFrees,
+    /// Nothing due: wait for a new event or [`super::POLL`] (retries come due with time).
+    Idle,
 }
 
 /// The delay before attempt `attempts + 1` (after `attempts` failed ones): 1 s, 2 s, 4 s… capped.
@@ -59,9 +83,10 @@ pub fn backoff(attempts: u32) -> Duration {
 }
 
 impl WebhookWorker {
-    /// A worker for `hooks`, claiming deliveries as `owner` (this process's lease owner id).
+    /// A worker for `hooks`, claiming deliveries as `owner` (this process's lease owner id),
+    /// woken by `head` ([`super::Events::head`]).
     /// Errors: a secret that is not Standard Webhooks base64 (the configuration checks it first).
-    pub fn new(catalog: Arc<dyn Catalog>, hooks: &[WebhookConfig], owner: String, metrics: Arc<Metrics>) -> anyhow::Result<WebhookWorker> {
+    pub fn new(catalog: Arc<dyn Catalog>, hooks: &[WebhookConfig], owner: String, metrics: Arc<Metrics>, head: tokio::sync::watch::Receiver<i64>) -> anyhow::Result<WebhookWorker> {
         let hooks = hooks
             .iter()
             .map(|cfg| {
@@ -70,7 +95,7 @@ impl WebhookWorker {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).connect_timeout(Duration::from_secs(5)).build()?;
-        Ok(WebhookWorker { catalog, hooks, owner, client, metrics, enqueued_to: std::sync::atomic::AtomicI64::new(-1) })
+        Ok(WebhookWorker { catalog, hooks, owner, client, metrics, enqueued_to: std::sync::atomic::AtomicI64::new(-1), head })
     }
 
     /// Start each webhook's cursor (a new webhook receives the events committed from now on).
@@ -86,36 +111,70 @@ impl WebhookWorker {
         if self.hooks.is_empty() {
             return tokio::spawn(async {});
         }
+        let mut head = self.head.clone();
         let me = Arc::new(self);
         // At most PARALLEL deliveries in flight; a slot is refilled as soon as one settles, so
         // a receiver that hangs holds one slot per attempt, never the other webhooks' deliveries.
         let slots = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+        let (settle_tx, settle_rx) = tokio::sync::mpsc::unbounded_channel();
+        let settler = tokio::spawn(me.clone().settle(settle_rx));
         tokio::spawn(async move {
             loop {
-                let busy = match me.round(&slots).await {
-                    Ok(busy) => busy,
+                head.borrow_and_update();
+                let next = match me.round(&slots, &settle_tx).await {
+                    Ok(next) => next,
                     Err(e) => {
                         tracing::warn!(error = %e, "webhook delivery round failed; trying again");
-                        false
+                        Next::Idle
                     }
                 };
                 if shutdown.is_cancelled() {
-                    return;
+                    break;
                 }
-                if !busy {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
+                match next {
+                    Next::Now => {}
+                    Next::WhenSlotFrees => tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        permit = slots.acquire() => drop(permit),
+                    },
+                    Next::Idle => tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = head.changed() => {}
                         _ = tokio::time::sleep(super::POLL) => {}
-                    }
+                    },
                 }
             }
+            // Attempts in flight still settle (the caller bounds how long it waits for this).
+            drop(settle_tx);
+            let _ = settler.await;
         })
     }
 
+    /// Record attempts as they finish, up to [`SETTLE_BATCH`] per transaction, until every
+    /// sender is gone. A slot is freed once its attempt is recorded (or failed to be: then the
+    /// delivery is retried when its lease lapses).
+    async fn settle(self: Arc<Self>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Settle>) {
+        let mut batch = Vec::with_capacity(SETTLE_BATCH);
+        while rx.recv_many(&mut batch, SETTLE_BATCH).await > 0 {
+            let settlements: Vec<Settlement> = batch.iter().map(|s| s.settlement.clone()).collect();
+            match self.catalog.settle_deliveries(&self.owner, &settlements, now_ms()).await {
+                Ok(done) => {
+                    for (s, ok) in batch.iter().zip(done) {
+                        if !ok {
+                            tracing::warn!(webhook = s.settlement.webhook, event = s.event_id, "lost the delivery's lease before settling it; another worker retries");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(deliveries = batch.len(), error = %e, "could not record delivery attempts; they are retried when their leases lapse"),
+            }
+            batch.clear();
+        }
+    }
+
     /// One round: enqueue, claim as many deliveries as there are free slots, start sending them.
-    /// Returns whether to look again at once. An idle round costs two reads (the last event
-    /// seq, the backlog), no write.
-    async fn round(self: &Arc<Self>, slots: &Arc<tokio::sync::Semaphore>) -> anyhow::Result<bool> {
+    /// Returns what to do next. An idle round costs two reads (the last event seq, the
+    /// backlog), no write.
+    async fn round(self: &Arc<Self>, slots: &Arc<tokio::sync::Semaphore>, settle: &tokio::sync::mpsc::UnboundedSender<Settle>) -> anyhow::Result<Next> {
         use std::sync::atomic::Ordering;
         let now = now_ms();
         let mut busy = false;
@@ -132,31 +191,44 @@ impl WebhookWorker {
         self.metrics.webhook_deliveries_pending.set(pending as i64);
         self.metrics.webhook_deliveries_failed.set(failed as i64);
         let free = slots.available_permits().min(BATCH as usize);
-        if pending == 0 || free == 0 {
-            return Ok(busy);
+        if pending == 0 {
+            return Ok(if busy { Next::Now } else { Next::Idle });
+        }
+        if free == 0 {
+            return Ok(Next::WhenSlotFrees);
         }
         let lease_ms = self.hooks.iter().map(|h| h.cfg.timeout).max().unwrap_or_default().as_millis() as i64 + 30_000;
         let claimed = self.catalog.claim_deliveries(&self.owner, now, lease_ms, free as u32).await?;
         let got = claimed.len();
         for d in claimed {
             let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
-            let me = self.clone();
+            let (me, settle) = (self.clone(), settle.clone());
             tokio::spawn(async move {
-                me.deliver(d).await;
-                drop(slot);
+                if let Some(settlement) = me.deliver(&d).await {
+                    // The settler only stops after every sender is gone, so this cannot fail.
+                    let _ = settle.send(Settle { settlement, event_id: d.event.id, _slot: slot });
+                }
             });
         }
-        Ok(busy || (got == free && slots.available_permits() > 0))
+        Ok(if busy || (got == free && slots.available_permits() > 0) {
+            Next::Now
+        } else if got > 0 && (got as u64) < pending {
+            // More may be due behind these (the backlog counts retries not yet due too; a
+            // round that claims nothing goes idle, so this cannot spin).
+            Next::WhenSlotFrees
+        } else {
+            Next::Idle
+        })
     }
 
-    /// Send one claimed delivery and record the attempt.
-    async fn deliver(&self, d: Delivery) {
+    /// Send one claimed delivery; the attempt to record (None: not attempted).
+    async fn deliver(&self, d: &Delivery) -> Option<Settlement> {
         let Some(hook) = self.hooks.iter().find(|h| h.cfg.name == d.webhook) else {
             // A webhook removed from the configuration: leave its deliveries pending (visible)
             // and let the lease lapse.
-            return;
+            return None;
         };
-        let outcome = self.attempt(hook, &d).await;
+        let outcome = self.attempt(hook, d).await;
         match &outcome {
             AttemptOutcome::Delivered { .. } => self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "delivered" }).inc(),
             AttemptOutcome::Retry { status, error, .. } => {
@@ -168,11 +240,7 @@ impl WebhookWorker {
                 self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "failed" }).inc()
             }
         };
-        match self.catalog.settle_delivery(&d.webhook, d.event.seq, &self.owner, &outcome, now_ms()).await {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(webhook = hook.cfg.name, event = d.event.id, "lost the delivery's lease before settling it; another worker retries"),
-            Err(e) => tracing::warn!(webhook = hook.cfg.name, event = d.event.id, error = %e, "could not record a delivery attempt; it is retried when its lease lapses"),
-        }
+        Some(Settlement { webhook: d.webhook.clone(), event_seq: d.event.seq, outcome })
     }
 
     /// POST one delivery and judge the answer.
