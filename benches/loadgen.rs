@@ -3,9 +3,10 @@
 //! keep-alive, bodies sent from memory (no client-side copies) and responses discarded.
 //!
 //!     cargo bench --bench loadgen --no-run        # builds target/release/deps/loadgen-*
-//!     loadgen chunks  FILE URL CHUNK_MIB          # S2: POST, then PATCHes of CHUNK_MIB in order
+//!     loadgen chunks  FILE URL CHUNK_MIB [tus|draft]  # S2: POST, then PATCHes of CHUNK_MIB in order
 //!     loadgen uploads FILE URL N MIB [tus|put]    # S3: N concurrent uploads of MIB each
 //!     loadgen ranges  FILE URL N MIB [SEED]       # S4: N random MIB-sized Range GETs of URL
+//!     loadgen slow    FILE URL N SECS [PID]       # S6: N uploads at once, each trickling in
 //!
 //! URL is `http://HOST:PORT/path` (the TUS creation URL for `chunks` and `uploads tus`, the
 //! prefix of PUT targets for `uploads put`, the file for `ranges`). FILE is read into memory
@@ -15,6 +16,17 @@
 //! `ranges`: each GET). `ranges` checks every 16th body against FILE. Exits non-zero on any
 //! unexpected answer. The TUS uploads it created are listed on stderr (`upload=PATH`), so the
 //! caller can delete them. `harness = false`; cargo's trailing `--bench` argument is ignored.
+//!
+//! `chunks … draft` speaks the IETF resumable-upload draft (interop version 8) instead of TUS:
+//! POST with `Upload-Complete: ?0` and `Upload-Length`, then appends
+//! (`application/partial-upload`), the last with `Upload-Complete: ?1` — the same requests and
+//! bytes as the TUS run, for draft-vs-TUS comparisons.
+//!
+//! `slow` (issue 14's "1 000 concurrent slow uploads"): N TUS uploads of SECS × 16 KiB each, all
+//! open at once on N connections; every PATCH declares its whole length, then each connection
+//! sends 16 KiB per second (one thread writes to every socket in turn), so the server holds N
+//! bodies in flight for SECS seconds. With PID (the server's), prints the server's `VmRSS` and
+//! `VmHWM` (MiB) read at the end of the trickle, before the last bytes go: `rss_mib` `hwm_mib`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -204,6 +216,41 @@ fn tus_patch(c: &mut Conn, path: &str, offset: usize, body: &[u8]) -> Res<()> {
     Ok(())
 }
 
+const DRAFT: (&str, &str) = ("Upload-Draft-Interop-Version", "8");
+
+/// POST an upload of `len` bytes over the IETF draft, no content yet; its URL path.
+fn draft_create(c: &mut Conn, create_path: &str, len: usize) -> Res<String> {
+    let h = [(DRAFT.0, DRAFT.1.into()), ("Upload-Complete", "?0".into()), ("Upload-Length", len.to_string())];
+    let res = c.request("POST", create_path, &h, &[], false, None)?;
+    if res.status != 201 {
+        return Err(format!("draft POST answered {}", res.status));
+    }
+    let loc = res.header("location").ok_or("draft POST gave no Location")?;
+    Ok(match loc.strip_prefix("http://") {
+        Some(rest) => rest[rest.find('/').unwrap_or(rest.len())..].to_string(),
+        None => loc.to_string(),
+    })
+}
+
+/// An IETF draft append at `offset`; `last` completes the upload.
+fn draft_append(c: &mut Conn, path: &str, offset: usize, body: &[u8], last: bool) -> Res<()> {
+    let h = [
+        (DRAFT.0, DRAFT.1.into()),
+        ("Content-Type", "application/partial-upload".into()),
+        ("Upload-Offset", offset.to_string()),
+        ("Upload-Complete", if last { "?1" } else { "?0" }.into()),
+    ];
+    let res = c.request("PATCH", path, &h, body, false, None)?;
+    if res.status != 204 && res.status != 200 {
+        return Err(format!("draft append at {offset} answered {}", res.status));
+    }
+    let got: Option<usize> = res.header("upload-offset").and_then(|v| v.parse().ok());
+    if got != Some(offset + body.len()) {
+        return Err(format!("draft append at {offset} of {} bytes answered Upload-Offset {got:?}", body.len()));
+    }
+    Ok(())
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -237,18 +284,28 @@ fn num(args: &[String], i: usize, what: &str) -> Res<usize> {
 }
 
 fn run(args: &[String]) -> Res<()> {
-    let mode = args.first().ok_or("usage: loadgen chunks|uploads|ranges FILE URL ...")?.as_str();
+    let mode = args.first().ok_or("usage: loadgen chunks|uploads|ranges|slow FILE URL ...")?.as_str();
     let file = std::fs::read(args.get(1).ok_or("missing FILE")?).map_err(|e| format!("reading FILE: {e}"))?;
     let url = parse_url(args.get(2).ok_or("missing URL")?)?;
     match mode {
         "chunks" => {
             let chunk = num(args, 3, "CHUNK_MIB")? << 20;
+            let draft = match args.get(4).map(String::as_str) {
+                None | Some("tus") => false,
+                Some("draft") => true,
+                Some(other) => return Err(format!("unknown protocol {other:?} (tus or draft)")),
+            };
             let mut c = Conn::new(&url.host);
             let t = Instant::now();
-            let path = tus_create(&mut c, &url.path, file.len())?;
+            let path = if draft { draft_create(&mut c, &url.path, file.len())? } else { tus_create(&mut c, &url.path, file.len())? };
             let mut n = 1;
+            let parts = file.len().div_ceil(chunk.max(1));
             for (i, part) in file.chunks(chunk.max(1)).enumerate() {
-                tus_patch(&mut c, &path, i * chunk, part)?;
+                if draft {
+                    draft_append(&mut c, &path, i * chunk, part, i + 1 == parts)?;
+                } else {
+                    tus_patch(&mut c, &path, i * chunk, part)?;
+                }
                 n += 1;
             }
             report(file.len() as u64, t.elapsed().as_secs_f64(), n, Vec::new());
@@ -317,6 +374,59 @@ fn run(args: &[String]) -> Res<()> {
                 }
             }
             report((n * size) as u64, t.elapsed().as_secs_f64(), n, lat);
+        }
+        "slow" => {
+            const SLICE: usize = 16 << 10;
+            let n = num(args, 3, "N")?;
+            let secs = num(args, 4, "SECS")?.max(1);
+            let pid = args.get(5).map(|p| p.parse::<u32>().map_err(|_| "PID is not a number".to_string())).transpose()?;
+            let len = SLICE * secs;
+            if len > file.len() {
+                return Err("FILE is smaller than SECS × 16 KiB".into());
+            }
+            let mut conns = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut c = Conn::new(&url.host);
+                let path = tus_create(&mut c, &url.path, len)?;
+                eprintln!("upload={path}");
+                let head = format!(
+                    "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {len}\r\n\r\n",
+                    url.host
+                );
+                c.stream()?.get_mut().write_all(head.as_bytes()).map_err(|e| format!("send PATCH {i}: {e}"))?;
+                conns.push(c);
+            }
+            let t = Instant::now();
+            let mut memory = None;
+            for round in 0..secs {
+                let tick = Instant::now();
+                let body = &file[round * SLICE..(round + 1) * SLICE];
+                if round + 1 == secs {
+                    // Every body is open and has received all but its last slice: the peak.
+                    memory = pid.map(|p| {
+                        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                        let kib = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()).unwrap_or(f64::NAN);
+                        (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+                    });
+                }
+                for (i, c) in conns.iter_mut().enumerate() {
+                    c.stream()?.get_mut().write_all(body).map_err(|e| format!("send slice {round} of upload {i}: {e}"))?;
+                }
+                if round + 1 < secs {
+                    std::thread::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed()));
+                }
+            }
+            for (i, c) in conns.iter_mut().enumerate() {
+                let res = c.read_response(false, false, None)?;
+                if res.status != 204 || res.header("upload-offset") != Some(len.to_string().as_str()) {
+                    return Err(format!("slow upload {i} answered {} at offset {:?}", res.status, res.header("upload-offset")));
+                }
+            }
+            let mut line = format!("mbps={:.1} secs={:.3} bytes={} requests={n}", (n * len) as f64 / t.elapsed().as_secs_f64() / 1e6, t.elapsed().as_secs_f64(), n * len);
+            if let Some((rss, hwm)) = memory {
+                line.push_str(&format!(" rss_mib={rss:.1} hwm_mib={hwm:.1}"));
+            }
+            println!("{line}");
         }
         other => return Err(format!("unknown mode {other:?}")),
     }

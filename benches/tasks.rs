@@ -20,7 +20,9 @@
 //! end-to-end figures, not server-only ones.
 //!
 //! Knobs: `FERRY_BENCH_TASKS` (N, default 2000), `FERRY_BENCH_SECS` (polling time per run,
-//! default 5).
+//! default 5), `FERRY_BENCH_ROUNDS` (latency rounds, default 1), `FERRY_BENCH_SKIP_THROUGHPUT=1`,
+//! `FERRY_BENCH_BASE=/path/to/ferry`: an earlier build measured in the same run, alternating
+//! with this one round by round (paired figures on a noisy machine; the p99 ratio is printed).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -111,8 +113,8 @@ async fn throughput(root: &Path, n: usize, workers: usize, starters: usize) -> T
 }
 
 /// `ferry serve` (release build) on a free port with a fresh data dir.
-fn start_server(data: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+fn start_server(binary: &Path, data: &Path) -> (Child, String) {
+    let mut child = Command::new(binary)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
         .env_remove("FERRY_LISTEN")
@@ -219,34 +221,66 @@ fn main() {
     let root = tempfile::Builder::new().prefix("ferry-tasks-bench-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench temp dir");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
 
-    println!("## Task engine throughput (no-op job, SQLite WAL synchronous=FULL, in process)\n");
-    println!("| workers | starters | tasks | start phase | starts/s | created+completed/s |");
-    println!("|--------:|---------:|------:|------------:|---------:|--------------------:|");
-    for (workers, starters) in [(1, 1), (4, 1), (4, 16), (16, 16)] {
-        let t = rt.block_on(throughput(root.path(), n, workers, starters));
-        println!("| {} | {} | {} | {:.2} s | {:.0} | {:.0} |", t.workers, t.starters, t.n, t.start_secs, t.n as f64 / t.start_secs, t.n as f64 / t.total_secs);
+    if std::env::var("FERRY_BENCH_SKIP_THROUGHPUT").is_err() {
+        println!("## Task engine throughput (no-op job, SQLite WAL synchronous=FULL, in process)\n");
+        println!("| workers | starters | tasks | start phase | starts/s | created+completed/s |");
+        println!("|--------:|---------:|------:|------------:|---------:|--------------------:|");
+        for (workers, starters) in [(1, 1), (4, 1), (4, 16), (16, 16)] {
+            let t = rt.block_on(throughput(root.path(), n, workers, starters));
+            println!("| {} | {} | {} | {:.2} s | {:.0} | {:.0} |", t.workers, t.starters, t.n, t.start_secs, t.n as f64 / t.start_secs, t.n as f64 / t.total_secs);
+        }
     }
 
-    println!("\n## GET /api/v1/tasks/{{id}} latency, 64 concurrent pollers ({secs} s after 1 s warm-up, release binary)\n");
-    println!("| load | requests | req/s | p50 | p90 | p99 | max | progress writes/s |");
-    println!("|------|---------:|------:|----:|----:|----:|----:|------------------:|");
-    for (label, writers) in [("idle", 0), ("+8 progress writers", 8)] {
-        let data = tempfile::Builder::new().prefix("lat-").tempdir_in(root.path()).unwrap();
-        let (mut child, base) = start_server(&data.path().join("data"));
-        let l = rt.block_on(poll_latency(&base, label, 64, writers, secs));
-        let _ = child.kill();
-        let _ = child.wait();
-        let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
-        println!(
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {:.0} |",
-            l.label,
-            l.samples.len(),
-            l.samples.len() as f64 / l.secs,
-            ms(pct(&l.samples, 0.50)),
-            ms(pct(&l.samples, 0.90)),
-            ms(pct(&l.samples, 0.99)),
-            ms(*l.samples.last().unwrap()),
-            l.writes as f64 / l.secs
-        );
+    let rounds = env_u64("FERRY_BENCH_ROUNDS", 1);
+    let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
+    let mut builds = vec![("this build", this)];
+    if let Some(b) = std::env::var_os("FERRY_BENCH_BASE") {
+        builds.push(("base", b.into()));
+    }
+    println!("\n## GET /api/v1/tasks/{{id}} latency, 64 concurrent pollers ({secs} s after 1 s warm-up, release binary, {rounds} round(s))\n");
+    println!("| build | load | round | requests | req/s | p50 | p90 | p99 | max | progress writes/s |");
+    println!("|-------|------|------:|---------:|------:|----:|----:|----:|----:|------------------:|");
+    let mut p99s: std::collections::HashMap<(usize, &str), Vec<f64>> = Default::default();
+    for round in 0..rounds {
+        for (label, writers) in [("idle", 0), ("+8 progress writers", 8)] {
+            // Alternate which build goes first, round by round.
+            let order: Vec<usize> = if round % 2 == 0 { (0..builds.len()).collect() } else { (0..builds.len()).rev().collect() };
+            for b in order {
+                let (name, binary) = &builds[b];
+                let data = tempfile::Builder::new().prefix("lat-").tempdir_in(root.path()).unwrap();
+                let (mut child, base) = start_server(binary, &data.path().join("data"));
+                let l = rt.block_on(poll_latency(&base, label, 64, writers, secs));
+                let _ = child.kill();
+                let _ = child.wait();
+                let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
+                p99s.entry((b, label)).or_default().push(pct(&l.samples, 0.99).as_secs_f64() * 1e3);
+                println!(
+                    "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {:.0} |",
+                    name,
+                    l.label,
+                    round + 1,
+                    l.samples.len(),
+                    l.samples.len() as f64 / l.secs,
+                    ms(pct(&l.samples, 0.50)),
+                    ms(pct(&l.samples, 0.90)),
+                    ms(pct(&l.samples, 0.99)),
+                    ms(*l.samples.last().unwrap()),
+                    l.writes as f64 / l.secs
+                );
+            }
+        }
+    }
+    if builds.len() > 1 {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!("\n| load | p99 this build (median of rounds) | p99 base | this ÷ base |");
+        println!("|------|---:|---:|---:|");
+        for label in ["idle", "+8 progress writers"] {
+            let a = median(p99s[&(0, label)].clone());
+            let b = median(p99s[&(1, label)].clone());
+            println!("| {label} | {a:.2} ms | {b:.2} ms | {:.2} |", a / b);
+        }
     }
 }

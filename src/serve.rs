@@ -41,7 +41,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
     let owner = load_owner_id(&cfg.data)?;
     let max_connections = connection_cap(cfg.max_connections);
-    let catalog = cfg.catalog.open().await?;
+    // With in-process leases this server is the catalog's only writer (one server per catalog).
+    let catalog = cfg.catalog.open_as(cfg.leases == LeaseMode::Local).await?;
     tracing::info!(catalog = %cfg.catalog.redacted(), leases = ?cfg.leases, "catalog open");
     let (uploads_back, tasks_back) = catalog.reclaim_owner(&owner).await.context("reclaiming the leases of this data dir's previous process")?;
     if uploads_back + tasks_back > 0 {
@@ -132,9 +133,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         engine: engine.clone(),
         tasks: tasks.clone(),
         events,
-        tokens: tokens.clone(),
+        tokens: Arc::new(tokens.clone()),
         metrics,
-        http: HttpConfig {
+        http: Arc::new(HttpConfig {
             behind_proxy: cfg.behind_proxy,
             absolute_locations: cfg.public_url.is_some(),
             allowed_hosts: allowed_hosts(&cfg, addr),
@@ -142,8 +143,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             shutdown: shutdown.clone(),
             cors: cfg.cors.clone(),
             web: !cfg.no_web,
-        },
-        links,
+        }),
+        links: Arc::new(links),
         mcp: Arc::new(McpConfig {
             max_chunk: cfg.mcp_max_chunk,
             commands: cfg

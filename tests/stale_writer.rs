@@ -108,3 +108,35 @@ fn a_paused_writer_never_adds_bytes_after_losing_its_lease() {
         assert!(stored.concat() == mine, "bytes [0, offset) are B's, byte for byte");
     });
 }
+
+/// In-process leases keep an upload's fence from one writer to the next, so each PATCH makes
+/// one catalog commit (its checkpoint) instead of two; but a kept fence that has since grown in
+/// the catalog (expiry, another writer) is never used to commit: that PATCH is refused (409)
+/// and adds nothing, and the next one takes a fresh fence.
+#[tokio::test]
+async fn a_kept_fence_saves_a_commit_per_patch_and_never_outlives_a_newer_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&dir.path().join("ferry.db")).await.unwrap());
+    let blobs = Arc::new(FsBlobStore::open(&dir.path().join("blobs"), true).unwrap());
+    let e = UploadEngine::new(catalog.clone(), blobs, EngineConfig::default(), Arc::new(Metrics::default()));
+    let plan = CreationPlan { length: Some(4 * MIB as u64), metadata: Default::default(), concat: None, expected_sha256: None, with_body: false, checksum: None };
+    let id = e.create("p", &plan, "").await.unwrap().id;
+    let chunk = |b: u8| http_body_util::Full::new(Bytes::from(vec![b; MIB]));
+    for i in 0..3u8 {
+        let rec = e.append("p".into(), id.clone(), at_durable_offset, chunk(i)).await.unwrap();
+        assert_eq!(rec.offset, (i as u64 + 1) * MIB as u64);
+    }
+    // Three PATCHes took one fence between them: the next one handed out is 2.
+    assert_eq!(catalog.acquire_fence(&id).await.unwrap(), 2, "the fence grew once for three PATCHes");
+    // That made the kept fence (1) stale: the next PATCH must not commit with it.
+    let err = e.append("p".into(), id.clone(), at_durable_offset, chunk(9)).await.expect_err("a stale fence never commits");
+    assert_eq!(err.status, 409, "{err:?}");
+    assert_eq!(e.get("p", &id).await.unwrap().offset, 3 * MIB as u64, "the refused PATCH added nothing");
+    // The stale fence was forgotten: the retry takes a fresh one and completes the upload.
+    let rec = e.append("p".into(), id.clone(), at_durable_offset, chunk(3)).await.unwrap();
+    assert_eq!(rec.offset, 4 * MIB as u64);
+    assert!(rec.is_finished());
+    let stored: Vec<Bytes> = FsBlobStore::open(&dir.path().join("blobs"), true).unwrap().read(&id, 0..4 * MIB as u64).await.unwrap().try_collect().await.unwrap();
+    let want: Vec<u8> = [0u8, 1, 2, 3].iter().flat_map(|b| vec![*b; MIB]).collect();
+    assert!(stored.concat() == want, "bytes [0, 4 MiB) are the four accepted chunks");
+}

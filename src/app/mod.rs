@@ -66,18 +66,20 @@ pub struct CommandTool {
     pub params_schema: Option<serde_json::Value>,
 }
 
-/// Shared state of every transport: cheap to clone (handles only).
+/// Shared state of every transport: cheap to clone (handles only — axum clones it several
+/// times per request, once per middleware layer and handler, so every field is an `Arc` or a
+/// `Copy` value, never a map or a list).
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<UploadEngine>,
     pub tasks: Arc<crate::tasks::Engine>,
     /// The outbox's readers: SSE, webhook deliveries (DESIGN §8).
     pub events: Arc<crate::events::Events>,
-    pub tokens: Tokens,
+    pub tokens: Arc<Tokens>,
     pub metrics: Arc<Metrics>,
-    pub http: HttpConfig,
+    pub http: Arc<HttpConfig>,
     /// Absolute and signed URLs of files (DESIGN §6).
-    pub links: crate::signing::Links,
+    pub links: Arc<crate::signing::Links>,
     /// The MCP facade's settings (`/mcp` and `--stdio`).
     pub mcp: Arc<McpConfig>,
 }

@@ -455,8 +455,18 @@ impl CatalogUrl {
     /// Open the catalog (creating the SQLite file, or migrating the PostgreSQL database).
     /// The error is one line naming [`CatalogUrl::redacted`] and the cause.
     pub async fn open(&self) -> anyhow::Result<std::sync::Arc<dyn Catalog>> {
+        self.open_as(false).await
+    }
+
+    /// [`CatalogUrl::open`] for a process that is the database's only writer (`ferry serve`
+    /// with in-process leases: one server per catalog): a SQLite catalog then serves task reads
+    /// and finished uploads from memory while the row is unchanged ([`SqliteCatalog::with_read_cache`]).
+    pub async fn open_as(&self, sole_writer: bool) -> anyhow::Result<std::sync::Arc<dyn Catalog>> {
         Ok(match self {
-            CatalogUrl::Sqlite(p) => std::sync::Arc::new(SqliteCatalog::open(p).await.map_err(|e| anyhow::anyhow!("cannot open the catalog {}: {e:#}", self.redacted()))?),
+            CatalogUrl::Sqlite(p) => {
+                let c = SqliteCatalog::open(p).await.map_err(|e| anyhow::anyhow!("cannot open the catalog {}: {e:#}", self.redacted()))?;
+                std::sync::Arc::new(if sole_writer { c.with_read_cache() } else { c })
+            }
             CatalogUrl::Postgres(u) => std::sync::Arc::new(PostgresCatalog::connect(u).await?),
         })
     }

@@ -23,6 +23,11 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<ReleaseRequest>) -> imp
 #[derive(Clone)]
 pub struct SqliteCatalog {
     pub(super) pool: SqlitePool,
+    /// Task rows as last read, for [`super::TaskCatalog::get_task`] (see
+    /// [`SqliteCatalog::with_read_cache`]); `None` = every read goes to the database.
+    pub(super) task_cache: Option<std::sync::Arc<super::sqlite_tasks::TaskReadCache>>,
+    /// Finished upload rows as last read, for [`Catalog::get_upload`] (downloads, HEAD).
+    pub(super) upload_cache: Option<std::sync::Arc<super::sqlite_tasks::RowCache<UploadRecord>>>,
 }
 
 impl From<sqlx::Error> for CatalogError {
@@ -123,7 +128,29 @@ impl SqliteCatalog {
         if in_memory {
             sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         }
-        Ok(SqliteCatalog { pool })
+        Ok(SqliteCatalog { pool, task_cache: None, upload_cache: None })
+    }
+
+    /// Serve [`super::TaskCatalog::get_task`] and, for finished uploads, [`Catalog::get_upload`]
+    /// from memory while the row has not changed since it was last read (task status polling —
+    /// `GET /api/v1/tasks/{id}`, MCP `task_get` — and downloads), so those reads neither queue
+    /// for a pool connection behind writers nor cost a query. Every write of this catalog to a
+    /// task or upload row invalidates what it touched once it has committed (see
+    /// [`super::sqlite_tasks::RowCache`]).
+    ///
+    /// Only for a process that is the database's **sole writer** (`ferry serve` with
+    /// `--leases local`: one server per catalog, DATA/lock held): a write by another process
+    /// would not be seen.
+    pub fn with_read_cache(mut self) -> Self {
+        self.task_cache = Some(std::sync::Arc::default());
+        self.upload_cache = Some(std::sync::Arc::default());
+        self
+    }
+
+    /// Held by every write to upload `id`'s row: when dropped — after the write committed or
+    /// failed — the read cache forgets it.
+    fn upload_changed(&self, id: &str) -> super::sqlite_tasks::Invalidate<UploadRecord> {
+        super::sqlite_tasks::Invalidate { cache: self.upload_cache.clone(), id: Some(id.to_owned()) }
     }
 
     /// `Ok` when one row changed; else `NotFound` (no such id) or `Fenced`.
@@ -335,8 +362,20 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
+        let generation = match self.upload_cache.as_ref().map(|c| c.get(id)) {
+            Some(Ok(rec)) => return Ok(Some(rec)),
+            Some(Err(generation)) => Some(generation),
+            None => None,
+        };
         let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id = ?"))).bind(id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(row_to_record).transpose()
+        let rec = row.as_ref().map(row_to_record).transpose()?;
+        // Only finished uploads: their rows change again only by deletion or a reopen.
+        if let (Some(c), Some(g), Some(r)) = (&self.upload_cache, generation, &rec) {
+            if r.is_finished() && !r.expired {
+                c.keep(g, id, r);
+            }
+        }
+        Ok(rec)
     }
 
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
@@ -348,6 +387,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query(
             "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = COALESCE(?, length), \
              sha256 = COALESCE(?, sha256), finished_at_ms = CASE WHEN ? IS NULL THEN finished_at_ms ELSE ? END, \
@@ -372,6 +412,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query(
             "UPDATE uploads SET updated_at_ms = CASE WHEN expired = 1 THEN updated_at_ms ELSE ? END, \
              expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND finished_at_ms IS NULL",
@@ -390,6 +431,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE uploads SET updated_at_ms = ?, expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
              WHERE id = ? AND finished_at_ms IS NULL AND expired = 0 AND expires_at_ms <= ? \
@@ -404,16 +446,19 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query("DELETE FROM uploads WHERE id = ?").bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query("DELETE FROM uploads WHERE id = ? AND expired = 1 AND updated_at_ms < ?").bind(id).bind(before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query(
             "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = NULL, sha256 = NULL, \
              finished_at_ms = NULL, expires_at_ms = ?, updated_at_ms = ? WHERE id = ? AND fence = ? AND expired = 0",
@@ -474,6 +519,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
+        let _changed = self.upload_changed(id);
         let done = sqlx::query(
             "UPDATE uploads SET expires_at_ms = CASE WHEN finished_at_ms IS NULL AND expires_at_ms IS NOT NULL \
              THEN MAX(expires_at_ms, ?) ELSE expires_at_ms END WHERE id = ? AND fence = ? AND expired = 0",
@@ -498,6 +544,7 @@ impl Catalog for SqliteCatalog {
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = ?").bind(owner).execute(&mut *tx).await?.rows_affected();
+        let _changed = self.tasks_changed(None);
         let tasks = sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ? AND status IN ('working', 'input_required')")
             .bind(owner)
             .execute(&mut *tx)

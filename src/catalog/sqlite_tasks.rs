@@ -90,11 +90,97 @@ impl SqliteCatalog {
     async fn immediate(&self) -> CatalogResult<Transaction<'static, Sqlite>> {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
+
+    /// Held by every task write: when dropped — after the write committed or failed — the
+    /// read cache forgets task `id` (`None`: every task).
+    pub(super) fn tasks_changed(&self, id: Option<&str>) -> Invalidate<TaskRecord> {
+        Invalidate { cache: self.task_cache.clone(), id: id.map(str::to_owned) }
+    }
+}
+
+/// Rows as last read, for a process that is the database's only writer (see
+/// [`SqliteCatalog::with_read_cache`]).
+///
+/// A reader may only keep what it read if no write finished while it read: it notes the write
+/// generation before the query and stores the row only if the generation is unchanged (checked
+/// and stored under the lock). A writer bumps the generation and drops the entry after its
+/// commit (under the lock), so a row read before a commit is either never stored or dropped by
+/// that writer — never served afterwards.
+pub struct RowCache<T> {
+    inner: std::sync::Mutex<CacheInner<T>>,
+}
+
+struct CacheInner<T> {
+    generation: u64,
+    rows: std::collections::HashMap<String, T>,
+}
+
+impl<T> Default for RowCache<T> {
+    fn default() -> Self {
+        RowCache { inner: std::sync::Mutex::new(CacheInner { generation: 0, rows: std::collections::HashMap::new() }) }
+    }
+}
+
+/// Rows kept at most; the cache starts over beyond it.
+const ROW_CACHE_MAX: usize = 4096;
+
+impl<T: Clone> RowCache<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner<T>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached row of `id`, or the generation to pass to [`RowCache::keep`].
+    pub(super) fn get(&self, id: &str) -> Result<T, u64> {
+        let g = self.lock();
+        g.rows.get(id).cloned().ok_or(g.generation)
+    }
+
+    /// Keep `row` as `id`'s, unless a write finished since `generation` was read.
+    pub(super) fn keep(&self, generation: u64, id: &str, row: &T) {
+        let mut g = self.lock();
+        if g.generation != generation {
+            return;
+        }
+        if g.rows.len() >= ROW_CACHE_MAX {
+            g.rows.clear();
+        }
+        g.rows.insert(id.to_owned(), row.clone());
+    }
+
+    fn changed(&self, id: Option<&str>) {
+        let mut g = self.lock();
+        g.generation += 1;
+        match id {
+            Some(id) => {
+                g.rows.remove(id);
+            }
+            None => g.rows.clear(),
+        }
+    }
+}
+
+/// Task rows as last read ([`SqliteCatalog::with_read_cache`]).
+pub type TaskReadCache = RowCache<TaskRecord>;
+
+/// Invalidates a read cache when dropped (see [`SqliteCatalog::tasks_changed`]).
+pub(super) struct Invalidate<T: Clone> {
+    pub(super) cache: Option<std::sync::Arc<RowCache<T>>>,
+    pub(super) id: Option<String>,
+}
+
+impl<T: Clone> Drop for Invalidate<T> {
+    fn drop(&mut self) {
+        if let Some(c) = &self.cache {
+            c.changed(self.id.as_deref());
+        }
+    }
 }
 
 #[async_trait]
 impl TaskCatalog for SqliteCatalog {
     async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
+        // A retry's new run replaces the key of an earlier task: forget every row.
+        let _changed = self.tasks_changed(None);
         let mut tx = self.immediate().await?;
         let Some(key) = &new.idempotency_key else {
             let task = insert_task(&mut tx, new, None).await?;
@@ -132,8 +218,17 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
+        let generation = match self.task_cache.as_ref().map(|c| c.get(id)) {
+            Some(Ok(task)) => return Ok(Some(task)),
+            Some(Err(generation)) => Some(generation),
+            None => None,
+        };
         let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))).bind(id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(row_to_task).transpose()
+        let task = row.as_ref().map(row_to_task).transpose()?;
+        if let (Some(c), Some(g), Some(t)) = (&self.task_cache, generation, &task) {
+            c.keep(g, &t.id, t);
+        }
+        Ok(task)
     }
 
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
@@ -150,6 +245,8 @@ impl TaskCatalog for SqliteCatalog {
             return Ok(None);
         }
         let kinds_json = serde_json::to_string(kinds).expect("strings serialise");
+        // Which row changes is known only inside the transaction.
+        let _changed = self.tasks_changed(None);
         let mut tx = self.immediate().await?;
         let id: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {DB_NOW}) \
@@ -171,6 +268,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
+        let _changed = self.tasks_changed(Some(id));
         let status: Option<String> =
             sqlx::query_scalar(sqlx::AssertSqlSafe(format!("UPDATE tasks SET lease_expires_ms = {DB_NOW} + ? WHERE id = ? AND fence = ? RETURNING status")))
                 .bind(lease_ms)
@@ -185,6 +283,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
+        let _changed = self.tasks_changed(Some(id));
         let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
         let done = sqlx::query(
             "UPDATE tasks SET progress = COALESCE(?, progress), checkpoint = COALESCE(?, checkpoint), updated_at_ms = ? \
@@ -208,6 +307,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
+        let _changed = self.tasks_changed(Some(id));
         let mut tx = self.immediate().await?;
         let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
         if task.fence != fence || task.status != TaskStatus::Working {
@@ -229,6 +329,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
+        let _changed = self.tasks_changed(Some(id));
         let mut tx = self.immediate().await?;
         let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
         let requests = json_map(&task.input_requests)?;
@@ -251,6 +352,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
+        let _changed = self.tasks_changed(Some(id));
         let (status, result, error) = match end {
             TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
             TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
@@ -272,23 +374,29 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
-        sqlx::query(
-            "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = ? \
-             WHERE id = ? AND status IN ('working', 'input_required')",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
+        {
+            // Forgotten once the update committed, before the read below (which must see it).
+            let _changed = self.tasks_changed(Some(id));
+            sqlx::query(
+                "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = ? \
+                 WHERE id = ? AND status IN ('working', 'input_required')",
+            )
+            .bind(now_ms)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        }
         self.get_task(id).await?.ok_or(CatalogError::NotFound)
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
+        let _changed = self.tasks_changed(Some(id));
         sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?").bind(id).bind(fence as i64).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
+        let _changed = self.tasks_changed(None);
         let mut tx = self.immediate().await?;
         sqlx::query(
             "DELETE FROM task_keys WHERE task_id IN (SELECT id FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') \

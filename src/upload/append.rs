@@ -9,7 +9,7 @@ use bytes::Bytes;
 use ferry_tus::{PatchPlan, TusError, UploadChecksum, UploadState};
 use http_body_util::BodyExt;
 
-use super::hash::{ChunkDigests, RunningSha256};
+use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
 use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
 use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture};
@@ -46,7 +46,8 @@ pub(crate) struct Appender {
     rec: UploadRecord,
     fence: u64,
     writer: Box<dyn BlobWriter>,
-    hasher: RunningSha256,
+    /// The upload's running sha256, hashed off the receive path (see [`PipelinedSha256`]).
+    hasher: PipelinedSha256,
     /// Offset, midstate and blob state of the last commit.
     committed: (u64, RunningSha256),
     /// The blob state committed with it.
@@ -102,12 +103,12 @@ impl Appender {
         lease: &Lease,
     ) -> Result<Appender, TusError> {
         let engine = engine.clone();
-        let fence = match lease.fence() {
-            Some(f) => f,
-            None => engine.catalog.acquire_fence(&rec.id).await?,
-        };
         let state = if offset == rec.offset { BlobState(rec.blob_state.clone()) } else { BlobState::default() };
-        let writer = match engine.blobs.open_writer(&rec.id, offset, &state).await {
+        // The fence (a catalog commit unless kept from an earlier writer) and the blob's opening
+        // are independent: do them at once.
+        let (fence, opened) = tokio::join!(engine.fence_for(&rec.id, lease), engine.blobs.open_writer(&rec.id, offset, &state));
+        let fence = fence?;
+        let writer = match opened {
             Ok(w) => w,
             Err(BlobError::OutOfRange { len, .. }) if offset == rec.offset => {
                 engine.roll_back_to(&rec, len, fence).await?;
@@ -130,7 +131,7 @@ impl Appender {
             committed_blob: state,
             validity: lease.validity(),
             touched: Instant::now(),
-            hasher,
+            hasher: PipelinedSha256::new(hasher),
             length,
             set_length,
             finished: false,
@@ -169,8 +170,8 @@ impl Appender {
     }
 
     /// sha256 of everything written so far.
-    pub(crate) fn digest(&self) -> [u8; 32] {
-        self.hasher.digest()
+    pub(crate) async fn digest(&mut self) -> [u8; 32] {
+        self.hasher.snapshot().await.digest()
     }
 
     pub(crate) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
@@ -179,7 +180,7 @@ impl Appender {
         if !self.validity.is_valid() {
             return Err(lease_lost());
         }
-        self.hasher.update(&data);
+        self.hasher.update(data.clone()).await;
         if let Err(e) = self.writer.write(data).await {
             return Err(self.released(e.into()).await);
         }
@@ -196,7 +197,7 @@ impl Appender {
         }
         self.touched = Instant::now();
         let until = now_ms().saturating_add(after.as_millis() as i64);
-        self.engine.catalog.touch_upload(&self.rec.id, self.fence, until).await?;
+        self.engine.catalog.touch_upload(&self.rec.id, self.fence, until).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
         Ok(())
     }
 
@@ -231,7 +232,7 @@ impl Appender {
                 tracing::error!(upload = self.rec.id, error = %te, "could not release uncommitted bytes; the next writer cuts them");
             }
         }
-        self.hasher = self.committed.1.clone();
+        self.hasher.reset(self.committed.1.clone());
         tracing::info!(upload = self.rec.id, kept = keep, code = %e.code, "write failed; bytes past the durable offset released");
         if e.cursor.is_none() {
             e.with_cursor(keep)
@@ -281,7 +282,8 @@ impl Appender {
             Ok(d) => d,
             Err(e) => return Err(self.released(e.into()).await),
         };
-        self.pending = Some(PendingCheckpoint { started: Instant::now(), offset: self.writer.position(), hasher: self.hasher.clone(), done });
+        let hasher = self.hasher.snapshot().await;
+        self.pending = Some(PendingCheckpoint { started: Instant::now(), offset: self.writer.position(), hasher, done });
         Ok(())
     }
 
@@ -337,7 +339,7 @@ impl Appender {
             expires_at_ms: self.engine.expiry_from(now),
             now_ms: now,
         };
-        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
+        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
         self.committed = (offset, hasher);
         self.committed_blob = blob;
         Ok(())
@@ -352,7 +354,7 @@ impl Appender {
         if let Err(e) = self.writer.rewind(self.committed.0).await {
             return Err(self.released(e.into()).await);
         }
-        self.hasher = self.committed.1.clone();
+        self.hasher.reset(self.committed.1.clone());
         Ok(())
     }
 
@@ -381,27 +383,30 @@ impl Appender {
         if let Some(p) = self.pending.take() {
             p.done.await?;
         }
-        let mut blob = self.writer.sync().await?;
+        // Hashing of the last bytes and the final fsync run at once.
+        let (synced, mut hasher) = tokio::join!(self.writer.sync(), self.hasher.snapshot());
+        let mut blob = synced?;
         let offset = self.writer.position();
         let now = now_ms();
         let mut finished_sha256 = None;
         if self.length == Some(offset) {
-            let digest = self.hasher.digest();
+            let digest = hasher.digest();
             if self.rec.expected_sha256.is_some_and(|e| e != digest) {
                 self.writer.rewind(0).await?;
                 blob = self.writer.sync().await?;
-                self.hasher = RunningSha256::new();
+                hasher = RunningSha256::new();
+                self.hasher.reset(hasher.clone());
                 let cp = Checkpoint {
                     offset: 0,
-                    hash_state: self.hasher.state(),
+                    hash_state: hasher.state(),
                     blob_state: blob.0.clone(),
                     length: self.set_length,
                     finished_sha256: None,
                     expires_at_ms: self.engine.expiry_from(now),
                     now_ms: now,
                 };
-                self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
-                self.committed = (0, self.hasher.clone());
+                self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+                self.committed = (0, hasher);
                 self.committed_blob = blob;
                 return Err(ferry_tus::upload_digest_mismatch());
             }
@@ -409,7 +414,7 @@ impl Appender {
         }
         let cp = Checkpoint {
             offset,
-            hash_state: self.hasher.state(),
+            hash_state: hasher.state(),
             blob_state: blob.0.clone(),
             length: self.set_length,
             finished_sha256,
@@ -421,8 +426,8 @@ impl Appender {
             let mut at_offset = cp.clone();
             at_offset.finished_sha256 = None;
             at_offset.expires_at_ms = self.engine.expiry_from(now);
-            self.engine.catalog.checkpoint(&self.rec.id, self.fence, &at_offset).await?;
-            self.committed = (offset, self.hasher.clone());
+            self.engine.catalog.checkpoint(&self.rec.id, self.fence, &at_offset).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+            self.committed = (offset, hasher.clone());
             self.committed_blob = blob.clone();
             let finishing = super::hooks::FinishingUpload { id: &self.rec.id, principal: &self.rec.principal, size: offset, sha256: digest, metadata: &self.rec.metadata };
             match hooks.pre_finish(&finishing).await {
@@ -439,11 +444,13 @@ impl Appender {
                 Err(unavailable) => return Err(unavailable.with_cursor(offset)),
             }
         }
-        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await?;
-        self.committed = (offset, self.hasher.clone());
+        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+        self.committed = (offset, hasher);
         self.committed_blob = blob.clone();
         if finished_sha256.is_some() {
             self.finished = true;
+            // A finished upload takes no more bytes: its kept fence is of no further use.
+            self.engine.fences.forget(&self.rec.id);
             self.engine.metrics.uploads_finished.inc();
             // Make the object whole only once the catalog calls it finished (S3: complete the
             // multipart upload from the committed part list). Every byte is durable already,

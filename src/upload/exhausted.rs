@@ -180,6 +180,7 @@ impl UploadEngine {
     /// deleted by the retry (removing bytes is idempotent), or, unfinished, by expiry; until
     /// then the next writer rolls it back to offset 0.
     pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
+        self.fences.forget(&rec.id);
         self.discard_bytes(rec).await?;
         if let Err(e) = self.catalog.delete_upload(&rec.id).await {
             tracing::warn!(upload = rec.id, error = %e, "the upload's bytes are gone but its row could not be deleted; a retry deletes it");

@@ -122,10 +122,7 @@ impl UploadEngine {
         // finished by a run that crashed before checkpointing its result becomes unfinished
         // again (the re-run writes the same bytes); the row and its fence are kept, so the
         // fence stays monotonic and no older writer's token can become current again.
-        let fence = match slot.fence() {
-            Some(f) => f,
-            None => self.catalog.acquire_fence(&rec.id).await?,
-        };
+        let fence = self.fence_for(&rec.id, &slot).await?;
         let now = now_ms();
         let cp = Checkpoint {
             offset: cursor.offset,
@@ -137,9 +134,9 @@ impl UploadEngine {
             now_ms: now,
         };
         if rec.is_finished() {
-            self.catalog.reopen_upload(&rec.id, fence, &cp).await?;
+            self.catalog.reopen_upload(&rec.id, fence, &cp).await.map_err(|e| self.fenced(&rec.id, e))?;
         } else {
-            self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+            self.catalog.checkpoint(&rec.id, fence, &cp).await.map_err(|e| self.fenced(&rec.id, e))?;
         }
         let rec = self.get(principal, &cursor.id).await?;
         let app = Appender::open(self, rec, cursor.offset, None, None, &slot).await?;
@@ -205,7 +202,7 @@ impl FileWriter {
         self.check_quota().await?;
         self.app.set_final_length(size);
         self.app.commit().await?;
-        let sha = self.app.digest();
+        let sha = self.app.digest().await;
         Ok(FileHandle { id: self.id().to_string(), name: self.name, media_type: self.media_type, size, sha256: hex::encode(sha) })
     }
 }

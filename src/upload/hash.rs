@@ -150,3 +150,73 @@ mod tests {
         assert_eq!(RunningSha256::from_state(&[]).unwrap().digest(), RunningSha256::new().digest());
     }
 }
+
+/// Bytes gathered before one batch is hashed on a blocking thread by [`PipelinedSha256`].
+pub const HASH_BATCH: usize = 2 << 20;
+
+/// A [`RunningSha256`] fed from the receive path without hashing on it: `update` only gathers
+/// the `Bytes` (no copy) and hands each [`HASH_BATCH`] to a blocking thread, at most one batch
+/// in flight, so receiving, hashing and writing (the blob writer's own pipeline) overlap
+/// instead of taking turns on the request's task. [`PipelinedSha256::snapshot`] waits for
+/// what was handed over and hashes the rest: the state of exactly the bytes fed so far.
+#[derive(Default)]
+pub struct PipelinedSha256 {
+    /// The state after every batch handed over so far, when no batch is in flight.
+    ready: Option<RunningSha256>,
+    in_flight: Option<tokio::task::JoinHandle<RunningSha256>>,
+    gathered: Vec<bytes::Bytes>,
+    gathered_len: usize,
+}
+
+impl PipelinedSha256 {
+    /// Continue from `state`.
+    pub fn new(state: RunningSha256) -> Self {
+        PipelinedSha256 { ready: Some(state), in_flight: None, gathered: Vec::new(), gathered_len: 0 }
+    }
+
+    /// Feed `data`; hashes a full batch in the background.
+    pub async fn update(&mut self, data: bytes::Bytes) {
+        self.gathered_len += data.len();
+        self.gathered.push(data);
+        if self.gathered_len >= HASH_BATCH {
+            let mut h = self.settle().await;
+            let batch = std::mem::take(&mut self.gathered);
+            self.gathered_len = 0;
+            self.in_flight = Some(tokio::task::spawn_blocking(move || {
+                for b in &batch {
+                    h.update(b);
+                }
+                h
+            }));
+        }
+    }
+
+    /// The state after the batches handed over (waits for the one in flight).
+    async fn settle(&mut self) -> RunningSha256 {
+        if let Some(j) = self.in_flight.take() {
+            // A hashing thread cannot fail but by a panic in sha2: re-raise it here.
+            return j.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        }
+        self.ready.take().unwrap_or_default()
+    }
+
+    /// The state of exactly the bytes fed so far (the rest of a batch is hashed here).
+    pub async fn snapshot(&mut self) -> RunningSha256 {
+        let mut h = self.settle().await;
+        for b in self.gathered.drain(..) {
+            h.update(&b);
+        }
+        self.gathered_len = 0;
+        self.ready = Some(h.clone());
+        h
+    }
+
+    /// Start over from `state`, dropping whatever was fed since (a batch still being hashed
+    /// finishes on its own and is ignored).
+    pub fn reset(&mut self, state: RunningSha256) {
+        self.in_flight = None;
+        self.gathered.clear();
+        self.gathered_len = 0;
+        self.ready = Some(state);
+    }
+}

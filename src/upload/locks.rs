@@ -151,6 +151,57 @@ impl Locker for LocalLocker {
     }
 }
 
+/// The fences this process took with [`Catalog::acquire_fence`] under in-process leases
+/// ([`LocalLocker`]), kept from one writer of an upload to the next, so an upload's PATCHes make
+/// one catalog commit each (the checkpoint) instead of two (fence + checkpoint).
+///
+/// Why reusing a fence is safe: with in-process leases one process serves the catalog (it holds
+/// `DATA/lock`), and inside it only the holder of the upload's slot ever writes the upload, so
+/// two writers never hold the same fence at once. Anything that fences writers out — expiry
+/// (`mark_expired`, `expire_if_due`), a later `acquire_fence` — grows the catalog's fence, and
+/// every checkpoint still checks it (`UPDATE … WHERE fence = ?`): a stale entry fails with
+/// [`CatalogError::Fenced`] and is forgotten, so the next writer takes a fresh fence. Catalog
+/// leases ([`CatalogLocker`]) never use this: their fence comes with each lease, because another
+/// process may take the upload over between two requests.
+#[derive(Default)]
+pub struct FenceCache {
+    fences: Mutex<HashMap<String, u64>>,
+}
+
+/// Entries kept at most; beyond it the cache starts over (a forgotten fence costs one
+/// `acquire_fence` commit, never correctness).
+const FENCE_CACHE_MAX: usize = 100_000;
+
+impl FenceCache {
+    /// The fence kept for upload `id`, if any.
+    pub fn get(&self, id: &str) -> Option<u64> {
+        self.fences.lock().unwrap_or_else(|p| p.into_inner()).get(id).copied()
+    }
+
+    /// Keep `fence` (just taken from the catalog) for upload `id`.
+    pub fn keep(&self, id: &str, fence: u64) {
+        let mut g = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() >= FENCE_CACHE_MAX {
+            g.clear();
+        }
+        g.insert(id.to_string(), fence);
+    }
+
+    /// Forget upload `id`'s fence (it was fenced out, finished, terminated or expired).
+    pub fn forget(&self, id: &str) {
+        self.fences.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    /// Number of fences kept (for tests).
+    pub fn len(&self) -> usize {
+        self.fences.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Settings of a [`CatalogLocker`].
 #[derive(Debug, Clone)]
 pub struct CatalogLeaseConfig {

@@ -63,6 +63,7 @@ impl UploadEngine {
         };
         for f in finals {
             tracing::info!(upload = f, part = part_id, "a part is gone; the final upload expires");
+            self.fences.forget(&f);
             match self.catalog.mark_expired(&f, now_ms()).await {
                 Ok(true) => {
                     let _ = self.blobs.abort(&f).await;
@@ -179,10 +180,7 @@ impl UploadEngine {
                 return Err(e);
             }
         }
-        let fence = match lease.fence() {
-            Some(f) => f,
-            None => self.catalog.acquire_fence(&rec.id).await?,
-        };
+        let fence = self.fence_for(&rec.id, lease).await?;
         let now = now_ms();
         let cp = Checkpoint {
             offset: total,
@@ -194,7 +192,8 @@ impl UploadEngine {
             expires_at_ms: None,
             now_ms: now,
         };
-        self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+        self.catalog.checkpoint(&rec.id, fence, &cp).await.map_err(|e| self.fenced(&rec.id, e))?;
+        self.fences.forget(&rec.id);
         self.metrics.uploads_finished.inc();
         Ok(true)
     }
@@ -256,6 +255,7 @@ impl UploadEngine {
             if !self.catalog.expire_if_due(&id, now_ms()).await? {
                 continue;
             }
+            self.fences.forget(&id);
             if let Err(e) = self.blobs.abort(&id).await {
                 // The tombstone remembers the id: its bytes are aborted again before it is
                 // forgotten (below), so a blob store that is away now leaks nothing.

@@ -116,6 +116,8 @@ pub struct UploadEngine {
     pub(crate) shutdown: CancellationToken,
     /// Pre-create / pre-finish hooks, when configured ([`UploadEngine::set_hooks`]).
     pub(crate) hooks: std::sync::OnceLock<Arc<dyn hooks::UploadHooks>>,
+    /// Fences kept between writers under in-process leases ([`locks::FenceCache`]).
+    pub(crate) fences: locks::FenceCache,
 }
 
 /// Current Unix time in ms.
@@ -177,7 +179,7 @@ impl UploadEngine {
     /// An engine whose upload leases come from `locker` (a [`locks::CatalogLocker`] when
     /// several processes share the catalog).
     pub fn with_locker(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>, locker: Arc<dyn Locker>) -> Arc<Self> {
-        Arc::new(UploadEngine { catalog, blobs, cfg, locker, metrics, shutdown: CancellationToken::new(), hooks: std::sync::OnceLock::new() })
+        Arc::new(UploadEngine { catalog, blobs, cfg, locker, metrics, shutdown: CancellationToken::new(), hooks: std::sync::OnceLock::new(), fences: locks::FenceCache::default() })
     }
 
     /// Install the pre-create / pre-finish hooks (once, before serving). Later calls are ignored.
@@ -197,6 +199,30 @@ impl UploadEngine {
     /// Whether every store can do its work (for `/readyz`); see [`UploadEngine::readiness`].
     pub async fn ready(&self) -> bool {
         self.readiness().await.ready
+    }
+
+    /// The fence a writer holding `lease` on upload `id` commits with: the lease's own (catalog
+    /// leases), else the one this process took before for `id` and kept ([`locks::FenceCache`]),
+    /// else a new one from [`Catalog::acquire_fence`], kept for the next writer.
+    pub(crate) async fn fence_for(&self, id: &str, lease: &Lease) -> Result<u64, CatalogError> {
+        if let Some(f) = lease.fence() {
+            return Ok(f);
+        }
+        if let Some(f) = self.fences.get(id) {
+            return Ok(f);
+        }
+        let f = self.catalog.acquire_fence(id).await?;
+        self.fences.keep(id, f);
+        Ok(f)
+    }
+
+    /// A catalog error of a fenced write: a kept fence that turned out stale is forgotten, so
+    /// the next writer takes a fresh one.
+    pub(crate) fn fenced(&self, id: &str, e: CatalogError) -> CatalogError {
+        if matches!(e, CatalogError::Fenced | CatalogError::NotFound) {
+            self.fences.forget(id);
+        }
+        e
     }
 
     fn expiry_from(&self, now: i64) -> Option<i64> {
@@ -419,6 +445,7 @@ impl UploadEngine {
         self.get(principal, id).await?;
         let _guard = self.take(id).await?;
         let rec = self.get(principal, id).await?;
+        self.fences.forget(id);
         self.delete_record_and_bytes(&rec).await?;
         self.metrics.uploads_terminated.inc();
         self.part_gone(id).await;
