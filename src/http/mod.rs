@@ -120,8 +120,7 @@ fn tus_origin_allowed(cfg: &crate::config::CorsConfig, own: &[String], origin: &
 /// one of `own` (`--public-url`'s origin — behind a proxy that rewrites `Host`, e.g. nginx's
 /// `$host`, which drops the port, the pages still come from the public URL).
 fn same_origin(own: &[String], origin: &str, host: &str) -> bool {
-    origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false)
-        || crate::app::origin_of(origin).is_some_and(|o| own.iter().any(|x| *x == o))
+    origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false) || crate::app::origin_of(origin).is_some_and(|o| own.contains(&o))
 }
 
 /// The whole router, without binding a port. `mcp` is the MCP service nested at `/mcp`

@@ -263,7 +263,7 @@ impl Appender {
             hasher.update(&chunk);
         }
         self.commit_durable(keep, hasher.clone(), blob).await?;
-        self.hasher = hasher;
+        self.hasher = super::hash::PipelinedSha256::new(hasher);
         Ok(Some(keep))
     }
 
