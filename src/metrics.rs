@@ -78,6 +78,8 @@ pub struct Metrics {
     pub webhook_deliveries_failed: Gauge,
     /// File bytes sent in download bodies.
     pub bytes_sent: Counter,
+    /// Bytes tasks wrote into their output files (archives, exports, fetches, copies).
+    pub task_bytes_written: Counter,
     /// Request durations by method, route template and status.
     pub request_duration: Family<RouteLabels, Histogram>,
     /// Tasks by kind and status (the catalog's, refreshed on every scrape).
@@ -107,6 +109,7 @@ impl Default for Metrics {
             webhook_deliveries_pending: Gauge::default(),
             webhook_deliveries_failed: Gauge::default(),
             bytes_sent: Counter::default(),
+            task_bytes_written: Counter::default(),
             request_duration: Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)),
             tasks: Family::default(),
             task_queue_depth: Gauge::default(),
@@ -126,6 +129,7 @@ impl Default for Metrics {
         registry.register("webhook_deliveries_pending", "Webhook deliveries not yet acknowledged by their receiver (the backlog)", m.webhook_deliveries_pending.clone());
         registry.register("webhook_deliveries_failed", "Webhook deliveries given up after their retry window", m.webhook_deliveries_failed.clone());
         registry.register("bytes_sent", "File bytes sent in download bodies (GET /files/{id}, signed download links)", m.bytes_sent.clone());
+        registry.register("task_bytes_written", "Bytes tasks wrote into their output files", m.task_bytes_written.clone());
         registry.register_with_unit(
             "http_request_duration",
             "HTTP request durations, from the request's arrival to the end of the response headers, by method, matched route template and status",

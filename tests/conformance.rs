@@ -194,8 +194,19 @@ async fn s3_blob_store_conformance() {
     let state = w.sync().await.unwrap();
     drop(w);
     let (a, b) = tokio::join!(store.finish("race", &state), other.finish("race", &state));
-    a.expect("first finisher");
-    b.expect("second finisher");
+    // moto (not S3) sometimes answers 500 to two uploads of one part number at once; ferry
+    // turns a store error into 503 and the reader asks again, so a finisher refused that way
+    // must succeed when it tries again. Any other error fails the test.
+    for (who, r, s) in [("first finisher", a, &store), ("second finisher", b, &other)] {
+        match r {
+            Ok(()) => {}
+            Err(ferry::blob::BlobError::Unavailable(e)) => {
+                eprintln!("{who}: {e}; trying again");
+                s.finish("race", &state).await.expect(who);
+            }
+            Err(e) => panic!("{who}: {e:?}"),
+        }
+    }
     store.finish("race", &state).await.expect("finish again");
     let got: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(store.read("race", 0..data.len() as u64).await.unwrap()).await.unwrap();
     assert_eq!(got.concat(), data);

@@ -89,16 +89,18 @@ async fn hostile_names_are_never_passed_on_raw() {
     assert_eq!(f["display_name"], "invoice\u{fffd}gnp.exe\u{fffd}\u{fffd}[2J", "{f}");
 }
 
-/// `/favicon.ico` (every browser asks for it on the pages) answers a plain 404 without a token
-/// on a server with tokens, not 401.
+/// `/favicon.ico` (every browser asks for it on the pages) answers 204 without a token on a
+/// server with tokens (not 401, nor a 404 in every page's console), and 404 with `--no-web`.
 #[tokio::test]
-async fn favicon_is_a_plain_404_without_a_token() {
+async fn favicon_is_a_plain_204_without_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("ferry.toml");
     let out = std::process::Command::new(ferry_bin()).args(["token", "create", "alice", "--config"]).arg(&cfg).output().unwrap();
     assert!(out.status.success());
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let r = client().get(s.url("/favicon.ico")).send().await.unwrap();
-    problem(r, 404, "not_found").await;
+    assert_eq!(r.status(), 204);
     problem(client().get(s.url("/api/v1/files")).send().await.unwrap(), 401, "unauthorized").await;
+    let api_only = Server::start(&["--config", cfg.to_str().unwrap(), "--no-web"]);
+    problem(client().get(api_only.url("/favicon.ico")).send().await.unwrap(), 404, "not_found").await;
 }

@@ -338,7 +338,7 @@ async fn kill9_of_the_archive_runner_another_replica_resumes_from_the_checkpoint
     let total = (a.len() + b.len()) as u64;
     let mut baseline = Vec::new();
     for s in &c.servers {
-        baseline.push(bytes_received(s).await);
+        baseline.push(task_bytes_written(s).await);
     }
     let args = format!(r#"{{"files":["{ia}","{ib}"],"format":"tar","name":"big.tar"}}"#);
     let t0 = Instant::now();
@@ -360,7 +360,7 @@ async fn kill9_of_the_archive_runner_another_replica_resumes_from_the_checkpoint
             if durable > 0 && progress > durable && progress < total - 32 * MIB as u64 {
                 let mut grew = Vec::new();
                 for (i, s) in c.servers.iter().enumerate() {
-                    if bytes_received(s).await > baseline[i] {
+                    if task_bytes_written(s).await > baseline[i] {
                         grew.push(i);
                     }
                 }
@@ -375,7 +375,7 @@ async fn kill9_of_the_archive_runner_another_replica_resumes_from_the_checkpoint
     eprintln!("killed replica {runner} at archive offset {durable} of {total} bytes, {:.1} s after the start", t0.elapsed().as_secs_f64());
     let mut after = Vec::new();
     for (i, s) in c.servers.iter().enumerate() {
-        after.push(if i == runner { 0 } else { bytes_received(s).await });
+        after.push(if i == runner { 0 } else { task_bytes_written(s).await });
     }
 
     // Another replica resumes it; progress never goes below the checkpoint.
@@ -400,13 +400,13 @@ async fn kill9_of_the_archive_runner_another_replica_resumes_from_the_checkpoint
     assert_eq!(f["id"], partial_id.as_str(), "the resumed run finished the same file (a run from zero creates a new one)");
     let mut resumer = Vec::new();
     for (i, s) in c.servers.iter().enumerate() {
-        if i != runner && bytes_received(s).await > after[i] {
+        if i != runner && task_bytes_written(s).await > after[i] {
             resumer.push(i);
         }
     }
     assert_eq!(resumer.len(), 1, "another replica finished it: {resumer:?}");
     // It wrote only what came after the checkpoint (a restart from zero would write it all).
-    let written = bytes_received(&c.servers[resumer[0]]).await - after[resumer[0]];
+    let written = task_bytes_written(&c.servers[resumer[0]]).await - after[resumer[0]];
     let archive_len = f["size"].as_u64().unwrap();
     assert!(written <= archive_len - durable, "the resumer wrote {written} bytes; the archive has {archive_len}, durable {durable}");
 

@@ -168,7 +168,9 @@ impl FileWriter {
     /// released; the error's cursor is the last synced offset).
     pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
         let before = self.app.position();
+        let n = data.len() as u64;
         self.app.write(data).await?;
+        self.app.engine().metrics.task_bytes_written.inc_by(n);
         let (written, unsynced) = (self.app.position(), self.app.unsynced());
         if let Err(detail) = self.space.check(&self.app.engine().cfg.reserve, written, unsynced) {
             return Err(TusError::insufficient_storage(detail, Some(self.app.committed_state().0)));

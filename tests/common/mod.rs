@@ -268,8 +268,17 @@ impl Drop for Server {
 
 /// The server's `ferry_bytes_received_total` (upload body bytes it has taken in and written).
 pub async fn bytes_received(server: &Server) -> u64 {
+    counter(server, "ferry_bytes_received_total").await
+}
+
+/// The server's `ferry_task_bytes_written_total`: bytes its task runs wrote to output files.
+pub async fn task_bytes_written(server: &Server) -> u64 {
+    counter(server, "ferry_task_bytes_written_total").await
+}
+
+async fn counter(server: &Server, name: &str) -> u64 {
     let text = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines().find_map(|l| l.strip_prefix("ferry_bytes_received_total ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Wait until the server has received at least `at_least` upload body bytes (its metrics never
