@@ -26,13 +26,15 @@
 //! Knobs: `FERRY_BENCH_EVENT_UPLOADS` (N, default 1000).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::routing::post;
+
+#[path = "support/mod.rs"]
+mod support;
 use futures::StreamExt;
 
 const BODY: usize = 4096;
@@ -100,14 +102,7 @@ fn start_server(dir: &Path, config: &str) -> (Child, String) {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn ferry");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("ferry exited before listening").unwrap();
-        if let Some(rest) = line.strip_prefix("listening on ") {
-            break rest.trim().trim_end_matches('/').to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let base = support::wait_listening(&mut child);
     (child, base)
 }
 

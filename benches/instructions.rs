@@ -133,14 +133,7 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn valgrind (is valgrind installed?)");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("ferry exited before listening").unwrap();
-            if let Some(rest) = line.strip_prefix("listening on ") {
-                break rest.trim().trim_start_matches("http://").trim_end_matches('/').to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines.by_ref() {});
+        let addr = support::wait_listening(&mut child).trim_start_matches("http://").to_string();
         Server { child, addr, out_dir, dumps: 0 }
     }
 

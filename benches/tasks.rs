@@ -24,7 +24,6 @@
 //! `FERRY_BENCH_BASE=/path/to/ferry`: an earlier build measured in the same run, alternating
 //! with this one round by round (paired figures on a noisy machine; the p99 ratio is printed).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -37,6 +36,9 @@ use ferry::metrics::Metrics;
 use ferry::tasks::{Engine, Job, JobContext, JobError, TaskConfig, TaskStatus};
 use ferry::upload::{EngineConfig, UploadEngine};
 use serde_json::value::RawValue;
+
+#[path = "support/mod.rs"]
+mod support;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().map(|v| v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))).unwrap_or(default)
@@ -126,14 +128,7 @@ fn start_server(binary: &Path, data: &Path) -> (Child, String) {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn ferry");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("ferry exited before listening").unwrap();
-        if let Some(rest) = line.strip_prefix("listening on ") {
-            break rest.trim().trim_end_matches('/').to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let base = support::wait_listening(&mut child);
     (child, base)
 }
 

@@ -33,7 +33,7 @@
 #[path = "support/mod.rs"]
 mod support;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -162,14 +162,7 @@ impl Server {
             }
         }
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("ferry exited before listening").expect("read ferry stdout");
-            if let Some(rest) = line.strip_prefix("listening on ") {
-                break rest.trim().trim_end_matches('/').to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines.by_ref() {});
+        let base = support::wait_listening(&mut child);
         Server { child, base }
     }
 }
