@@ -9,6 +9,7 @@ use common::cli::*;
 use common::*;
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -103,10 +104,24 @@ async fn pipe_continued_with_url_after_the_cli_is_killed() {
     let cache = dir.path().join("cache");
     let size = 24 << 20;
     let (src, _) = source(dir.path(), "dump.sql", size, 9);
-    // 6 MiB reach the server, then the proxy holds the rest.
+    let (url, _proxy) = pipe_killed_midway(&s, &cache, &src, &["--name", "dump.sql"]).await;
+
+    // Another producer's bytes: the prefix does not match, exit 4 (nothing is spliced).
+    let (other, _) = source(dir.path(), "other.sql", size, 10);
+    let o = out(ferry(&s.base, &cache, &["upload", "-", "--url", &url, "--json", "-q"]).stdin(std::fs::File::open(&other).unwrap()));
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(stderr(&o).contains("sha256 mismatch"), "{}", stderr(&o));
+}
+
+/// `ferry upload - --chunk-size 1MiB EXTRA` fed from `src` through a proxy that lets 6 MiB reach
+/// the server and then holds the rest; the CLI is killed (-9) once 2 MiB arrived. Returns the
+/// upload URL the CLI named, and the proxy (opened again).
+async fn pipe_killed_midway(s: &Server, cache: &Path, src: &Path, extra: &[&str]) -> (String, Proxy) {
     let proxy = Proxy::start(s.addr(), 6 << 20, u64::MAX).await;
-    let mut c = ferry(&proxy.base, &cache, &["upload", "-", "--chunk-size", "1MiB", "--name", "dump.sql"]);
-    c.stdin(std::fs::File::open(&src).unwrap());
+    let mut args = vec!["upload", "-", "--chunk-size", "1MiB"];
+    args.extend_from_slice(extra);
+    let mut c = ferry(&proxy.base, cache, &args);
+    c.stdin(std::fs::File::open(src).unwrap());
     let (mut first, lines) = spawn_with_stderr(c);
     let url = tokio::task::block_in_place(|| loop {
         let l = lines.recv_timeout(std::time::Duration::from_secs(60)).expect("the CLI names its upload");
@@ -114,15 +129,10 @@ async fn pipe_continued_with_url_after_the_cli_is_killed() {
             break rest.split_whitespace().next().unwrap().to_string();
         }
     });
-    wait_bytes_received(&s, 2 << 20).await;
+    wait_bytes_received(s, 2 << 20).await;
     kill9(&mut first);
     proxy.up.open();
-
-    // Another producer's bytes: the prefix does not match, exit 4 (nothing is spliced).
-    let (other, _) = source(dir.path(), "other.sql", size, 10);
-    let o = out(ferry(&s.base, &cache, &["upload", "-", "--url", &url, "--json", "-q"]).stdin(std::fs::File::open(&other).unwrap()));
-    assert_eq!(code(&o), 4, "{}", stderr(&o));
-    assert!(stderr(&o).contains("sha256 mismatch"), "{}", stderr(&o));
+    (url, proxy)
 }
 
 /// The same producer again: continued, only the rest sent, verified.
@@ -133,19 +143,7 @@ async fn pipe_resumes_with_the_same_producer() {
     let cache = dir.path().join("cache");
     let size = 24 << 20;
     let (src, sha) = source(dir.path(), "dump.sql", size, 11);
-    let proxy = Proxy::start(s.addr(), 6 << 20, u64::MAX).await;
-    let mut c = ferry(&proxy.base, &cache, &["upload", "-", "--chunk-size", "1MiB"]);
-    c.stdin(std::fs::File::open(&src).unwrap());
-    let (mut first, lines) = spawn_with_stderr(c);
-    let url = tokio::task::block_in_place(|| loop {
-        let l = lines.recv_timeout(std::time::Duration::from_secs(60)).expect("the CLI names its upload");
-        if let Some(rest) = l.split("uploading into ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    });
-    wait_bytes_received(&s, 2 << 20).await;
-    kill9(&mut first);
-    proxy.up.open();
+    let (url, _proxy) = pipe_killed_midway(&s, &cache, &src, &[]).await;
     let o = out(ferry(&s.base, &cache, &["upload", "-", "--url", &url, "--json"]).stdin(std::fs::File::open(&src).unwrap()));
     let v: Value = ok_json(&o);
     let resumed = v["resumed_from"].as_u64().unwrap();
