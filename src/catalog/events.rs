@@ -17,7 +17,7 @@
 use async_trait::async_trait;
 use serde::Serialize;
 
-use super::CatalogResult;
+use super::{CatalogError, CatalogResult};
 
 /// One outbox row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -127,6 +127,52 @@ pub enum AttemptOutcome {
     Retry { status: Option<u16>, error: String, next_attempt_ms: i64 },
     /// Failed and out of time: no more attempts.
     GiveUp { status: Option<u16>, error: String },
+}
+
+/// The columns [`row_to_event`] reads, from `events e` (both catalogs).
+pub(super) const EVENT_COLUMNS: &str = "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body";
+/// The columns [`row_to_delivery`] reads from `webhook_deliveries d` (with [`EVENT_COLUMNS`]).
+pub(super) const DELIVERY_COLUMNS: &str = "d.webhook, d.state, d.attempts, d.created_at_ms, d.next_attempt_ms, d.last_attempt_ms, d.last_status, d.last_error";
+
+/// An event from a row of [`EVENT_COLUMNS`] (SQLite or PostgreSQL).
+pub(super) fn row_to_event<R>(r: &R) -> CatalogResult<EventRecord>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    i64: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+    String: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(EventRecord {
+        seq: r.try_get("seq")?,
+        id: r.try_get("id")?,
+        event_type: r.try_get("type")?,
+        principal: r.try_get("principal")?,
+        subject: r.try_get("subject")?,
+        at_ms: r.try_get("at_ms")?,
+        body: r.try_get("body")?,
+    })
+}
+
+/// A delivery from a row of [`DELIVERY_COLUMNS`] and [`EVENT_COLUMNS`] (SQLite or PostgreSQL).
+pub(super) fn row_to_delivery<R>(r: &R) -> CatalogResult<Delivery>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    i64: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+    String: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = r.try_get("state")?;
+    Ok(Delivery {
+        webhook: r.try_get("webhook")?,
+        event: row_to_event(r)?,
+        state: DeliveryState::parse(&state).ok_or_else(|| CatalogError::Backend("stored delivery state is invalid".into()))?,
+        attempts: r.try_get::<i64, _>("attempts")? as u32,
+        created_at_ms: r.try_get("created_at_ms")?,
+        next_attempt_ms: r.try_get("next_attempt_ms")?,
+        last_attempt_ms: r.try_get("last_attempt_ms")?,
+        last_status: r.try_get::<Option<i64>, _>("last_status")?.map(|s| s as u16),
+        last_error: r.try_get("last_error")?,
+    })
 }
 
 /// The outbox and webhook deliveries.

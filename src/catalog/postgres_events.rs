@@ -4,42 +4,13 @@
 //! replicas send one delivery at once.
 
 use async_trait::async_trait;
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 
 use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
 use super::postgres_tasks::{settle, Tx};
-use super::{CatalogError, CatalogResult, PostgresCatalog};
+use super::{CatalogResult, PostgresCatalog};
 
-const EVENT_COLUMNS: &str = "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body";
-const DELIVERY_COLUMNS: &str = "d.webhook, d.state, d.attempts, d.created_at_ms, d.next_attempt_ms, d.last_attempt_ms, d.last_status, d.last_error";
-
-fn row_to_event(r: &PgRow) -> CatalogResult<EventRecord> {
-    Ok(EventRecord {
-        seq: r.try_get("seq")?,
-        id: r.try_get("id")?,
-        event_type: r.try_get("type")?,
-        principal: r.try_get("principal")?,
-        subject: r.try_get("subject")?,
-        at_ms: r.try_get("at_ms")?,
-        body: r.try_get("body")?,
-    })
-}
-
-fn row_to_delivery(r: &PgRow) -> CatalogResult<Delivery> {
-    let state: String = r.try_get("state")?;
-    Ok(Delivery {
-        webhook: r.try_get("webhook")?,
-        event: row_to_event(r)?,
-        state: DeliveryState::parse(&state).ok_or_else(|| CatalogError::Backend("stored delivery state is invalid".into()))?,
-        attempts: r.try_get::<i64, _>("attempts")? as u32,
-        created_at_ms: r.try_get("created_at_ms")?,
-        next_attempt_ms: r.try_get("next_attempt_ms")?,
-        last_attempt_ms: r.try_get("last_attempt_ms")?,
-        last_status: r.try_get::<Option<i64>, _>("last_status")?.map(|s| s as u16),
-        last_error: r.try_get("last_error")?,
-    })
-}
+use super::events::{row_to_delivery, row_to_event, DELIVERY_COLUMNS, EVENT_COLUMNS};
 
 async fn enqueue_in(tx: &mut Transaction<'static, Postgres>, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
     sqlx::query("INSERT INTO webhook_cursors (webhook, last_seq) SELECT $1, COALESCE(MAX(seq), 0) FROM events ON CONFLICT (webhook) DO NOTHING")

@@ -2,42 +2,12 @@
 //! webhook deliveries. Multi-statement changes run in `BEGIN IMMEDIATE` transactions.
 
 use async_trait::async_trait;
-use sqlx::sqlite::SqliteRow;
-use sqlx::Row;
 
 use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
 use super::sqlite::DB_NOW;
-use super::{CatalogError, CatalogResult, SqliteCatalog};
+use super::{CatalogResult, SqliteCatalog};
 
-const EVENT_COLUMNS: &str = "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body";
-const DELIVERY_COLUMNS: &str = "d.webhook, d.state, d.attempts, d.created_at_ms, d.next_attempt_ms, d.last_attempt_ms, d.last_status, d.last_error";
-
-fn row_to_event(r: &SqliteRow) -> CatalogResult<EventRecord> {
-    Ok(EventRecord {
-        seq: r.try_get("seq")?,
-        id: r.try_get("id")?,
-        event_type: r.try_get("type")?,
-        principal: r.try_get("principal")?,
-        subject: r.try_get("subject")?,
-        at_ms: r.try_get("at_ms")?,
-        body: r.try_get("body")?,
-    })
-}
-
-fn row_to_delivery(r: &SqliteRow) -> CatalogResult<Delivery> {
-    let state: String = r.try_get("state")?;
-    Ok(Delivery {
-        webhook: r.try_get("webhook")?,
-        event: row_to_event(r)?,
-        state: DeliveryState::parse(&state).ok_or_else(|| CatalogError::Backend("stored delivery state is invalid".into()))?,
-        attempts: r.try_get::<i64, _>("attempts")? as u32,
-        created_at_ms: r.try_get("created_at_ms")?,
-        next_attempt_ms: r.try_get("next_attempt_ms")?,
-        last_attempt_ms: r.try_get("last_attempt_ms")?,
-        last_status: r.try_get::<Option<i64>, _>("last_status")?.map(|s| s as u16),
-        last_error: r.try_get("last_error")?,
-    })
-}
+use super::events::{row_to_delivery, row_to_event, DELIVERY_COLUMNS, EVENT_COLUMNS};
 
 #[async_trait]
 impl EventCatalog for SqliteCatalog {
