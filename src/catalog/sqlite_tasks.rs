@@ -168,6 +168,17 @@ pub(super) struct Invalidate<T: Clone> {
     pub(super) id: Option<String>,
 }
 
+impl<T: Clone> Invalidate<T> {
+    /// Narrow to the row the write turned out to touch: `Some(id)` forgets only that row, `None`
+    /// (the write changed nothing) forgets nothing.
+    pub(super) fn narrow_to(&mut self, id: Option<&str>) {
+        match id {
+            Some(id) => self.id = Some(id.to_owned()),
+            None => self.cache = None,
+        }
+    }
+}
+
 impl<T: Clone> Drop for Invalidate<T> {
     fn drop(&mut self) {
         if let Some(c) = &self.cache {
@@ -245,8 +256,9 @@ impl TaskCatalog for SqliteCatalog {
             return Ok(None);
         }
         let kinds_json = serde_json::to_string(kinds).expect("strings serialise");
-        // Which row changes is known only inside the transaction.
-        let _changed = self.tasks_changed(None);
+        // Which row changes is known only inside the transaction: every row until then, so an
+        // error after the update (commit outcome unknown) still forgets them all.
+        let mut changed = self.tasks_changed(None);
         let mut tx = self.immediate().await?;
         let id: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {DB_NOW}) \
@@ -255,7 +267,11 @@ impl TaskCatalog for SqliteCatalog {
         .bind(&kinds_json)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(id) = id else { return Ok(None) };
+        let Some(id) = id else {
+            // Nothing claimed, nothing written: an idle worker's polls keep the cache.
+            changed.narrow_to(None);
+            return Ok(None);
+        };
         sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?")))
             .bind(owner)
             .bind(lease_ms)
@@ -264,6 +280,7 @@ impl TaskCatalog for SqliteCatalog {
             .await?;
         let task = task_in(&mut tx, &id).await?;
         tx.commit().await?;
+        changed.narrow_to(Some(&id));
         Ok(task)
     }
 
