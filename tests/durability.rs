@@ -82,6 +82,39 @@ async fn a_stalled_body_is_checkpointed_after_the_idle_timeout() {
     assert_eq!(t.offset(&url).await, 100_000);
 }
 
+/// A body that goes quiet does not keep its bytes in memory waiting for a full write batch
+/// (2 MiB): they reach the blob store within about a second while the PATCH is still open (so
+/// 1 000 slow uploads hold a second of their bytes, not a batch each), and the PATCH then
+/// finishes as usual. fs store only: the S3 store copies a part's bytes by design.
+#[tokio::test]
+async fn a_quiet_body_hands_its_bytes_to_the_store_before_a_batch_fills() {
+    if blobs_are_s3() {
+        return;
+    }
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(1 << 20, 13);
+    let url = t.create(data.len() as u64).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let id = path.rsplit('/').next().unwrap().to_string();
+    let mut sock = partial_patch(&s.addr(), &path, 0, &data[..300_000], data.len());
+    let mut stored = None;
+    for _ in 0..200 {
+        stored = s.blob_len(&id).await;
+        if stored == Some(300_000) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(stored, Some(300_000), "the quiet body's bytes were handed to the store");
+    sock.write_all(&data[300_000..]).unwrap();
+    let mut answer = [0u8; 12];
+    std::io::Read::read_exact(&mut sock, &mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 204", "{}", String::from_utf8_lossy(&answer));
+    drop(sock);
+    assert_eq!(t.download(&url).await, data);
+}
+
 #[tokio::test]
 async fn racing_patches_never_interleave() {
     let s = Server::start(&[]);

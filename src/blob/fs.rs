@@ -453,6 +453,10 @@ impl BlobWriter for FsWriter {
         self.start_sync().await?.await
     }
 
+    async fn flush(&mut self) -> BlobResult<()> {
+        self.flush_gathered().await
+    }
+
     async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
         self.flush_gathered().await?;
         self.settle().await?;

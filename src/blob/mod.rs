@@ -180,6 +180,15 @@ pub trait BlobWriter: Send {
     /// state that describes exactly them ([`BlobWriter::position`] bytes).
     async fn sync(&mut self) -> BlobResult<BlobState>;
 
+    /// Hand what [`BlobWriter::write`] gathered for a batched write to the store now, without
+    /// waiting for it and without making it durable. The appender calls it when a body goes
+    /// quiet, so a slow upload does not keep its received bytes (and the receive buffers they
+    /// point into) in memory until a batch fills. Default: nothing (a store that copies what
+    /// it keeps holds no receive buffers).
+    async fn flush(&mut self) -> BlobResult<()> {
+        Ok(())
+    }
+
     /// Start making every byte written so far durable and return without waiting for it:
     /// the future resolves once they are, with their blob state. Writes may continue
     /// meanwhile (they are not covered). The default waits for [`BlobWriter::sync`] first.

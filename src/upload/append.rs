@@ -13,6 +13,11 @@ use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
 use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
 use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture};
+
+/// How long received bytes may wait for a full write/hash batch before they are handed on
+/// anyway ([`Appender::flush`]): bounds the memory of slow uploads to about this much of
+/// their rate (1 000 uploads at 16 KiB/s hold ≈ 16 MiB, not up to a batch each).
+const FLUSH_QUIET: Duration = Duration::from_secs(1);
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 /// How a PATCH body ended.
@@ -185,6 +190,16 @@ impl Appender {
             return Err(self.released(e.into()).await);
         }
         self.keep_alive().await
+    }
+
+    /// Start writing and hashing the bytes gathered for the next batch now (a quiet body): they
+    /// stop holding memory, and the receive buffers they point into, within [`FLUSH_QUIET`].
+    pub(crate) async fn flush(&mut self) -> Result<(), TusError> {
+        self.hasher.flush().await;
+        if let Err(e) = self.writer.flush().await {
+            return Err(self.released(e.into()).await);
+        }
+        Ok(())
     }
 
     /// An upload receiving bytes is alive: push its expiry forward now and then, so neither
@@ -542,13 +557,27 @@ impl UploadEngine {
         let mut received: u64 = 0;
         let mut since_checkpoint: u64 = 0;
         let mut trailer: Option<Result<UploadChecksum, TusError>> = None;
+        // The idle timeout counts from the last frame; bytes gathered for a batch are handed
+        // on once the oldest of them waited FLUSH_QUIET.
+        let mut last_frame = tokio::time::Instant::now();
+        let mut gathered_since: Option<tokio::time::Instant> = None;
         let end = loop {
+            let quiet = gathered_since.map(|t| t + FLUSH_QUIET);
             let frame = tokio::select! {
                 biased;
                 _ = guard.stop().cancelled() => break End::TakenOver,
                 _ = self.shutdown.cancelled() => break End::Shutdown,
-                f = tokio::time::timeout(self.cfg.idle_timeout, body.frame()) => f,
+                _ = tokio::time::sleep_until(quiet.unwrap_or(last_frame)), if quiet.is_some() => {
+                    gathered_since = None;
+                    if let Err(e) = app.flush().await {
+                        super::exhausted::drain_body(&mut body).await;
+                        return Err(e);
+                    }
+                    continue;
+                }
+                f = tokio::time::timeout_at(last_frame + self.cfg.idle_timeout, body.frame()) => f,
             };
+            last_frame = tokio::time::Instant::now();
             let frame = match frame {
                 Err(_) => break End::Idle,
                 Ok(None) => break End::Eof,
@@ -594,6 +623,7 @@ impl UploadEngine {
                 super::exhausted::drain_body(&mut body).await;
                 return Err(e);
             }
+            gathered_since.get_or_insert(last_frame);
             // `ferry_bytes_received_total`: bytes of request bodies, written (a task's own
             // files and a concatenation's copies are not received).
             self.metrics.bytes_received.inc_by(n);

@@ -179,16 +179,25 @@ impl PipelinedSha256 {
         self.gathered_len += data.len();
         self.gathered.push(data);
         if self.gathered_len >= HASH_BATCH {
-            let mut h = self.settle().await;
-            let batch = std::mem::take(&mut self.gathered);
-            self.gathered_len = 0;
-            self.in_flight = Some(tokio::task::spawn_blocking(move || {
-                for b in &batch {
-                    h.update(b);
-                }
-                h
-            }));
+            self.flush().await;
         }
+    }
+
+    /// Hand what was gathered to the hashing thread now, full batch or not (a quiet body's
+    /// bytes are not kept waiting for more).
+    pub async fn flush(&mut self) {
+        if self.gathered.is_empty() {
+            return;
+        }
+        let mut h = self.settle().await;
+        let batch = std::mem::take(&mut self.gathered);
+        self.gathered_len = 0;
+        self.in_flight = Some(tokio::task::spawn_blocking(move || {
+            for b in &batch {
+                h.update(b);
+            }
+            h
+        }));
     }
 
     /// The state after the batches handed over (waits for the one in flight).
