@@ -69,6 +69,7 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::from(2);
                 }
             };
+            ferry::serve::tune_allocator();
             init_logs(cfg.log_format);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             match rt.block_on(ferry::serve::run(cfg)) {

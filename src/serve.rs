@@ -20,6 +20,26 @@ use crate::upload::{EngineConfig, UploadEngine};
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
+/// Make glibc's allocator keep freed memory for reuse rather than hand it back to the kernel
+/// after each request body: `mallopt(M_MMAP_THRESHOLD, 4 MiB)` and `mallopt(M_TRIM_THRESHOLD,
+/// 32 MiB)` (glibc malloc(3), "M_TRIM_THRESHOLD"). Call before any thread starts.
+///
+/// With glibc's defaults an upload's receive buffers (hyper reads up to ≈ 400 KiB at a time)
+/// were mostly fresh pages: 8 MiB PATCHes took a page fault on over half of their bytes
+/// (≈ 200 000 faults per 1.5 GiB), ≈ 15 % of the server's CPU. The cost: each heap keeps up to
+/// 32 MiB of freed memory instead of returning it. Skipped when `GLIBC_TUNABLES` sets malloc
+/// tunables (the operator chose), and on other C libraries.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
+        // SAFETY: mallopt only sets allocator parameters; it is called before other threads run.
+        unsafe {
+            nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 4 << 20);
+            nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 32 << 20);
+        }
+    }
+}
+
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
     let public = std::iter::once(&cfg.listen).chain(&cfg.listen_more).any(|a| !a.ip().is_loopback());
