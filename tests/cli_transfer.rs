@@ -110,7 +110,10 @@ async fn upload_parallel_concatenation_and_empty_file() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let (src, sha) = source(dir.path(), "p.bin", 9 * 1024 * 1024 + 3, 2);
-    let v = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "--parallel", "4", "--chunk-size", "1MiB", src.to_str().unwrap()])));
+    let o = out(&mut ferry(&s.base, &cache, &["upload", "--json", "--parallel", "4", "--chunk-size", "1MiB", src.to_str().unwrap()]));
+    // Parts confirmed while others are still sending are not bytes the server lost.
+    assert!(!stderr(&o).contains("sending again"), "{}", stderr(&o));
+    let v = ok_json(&o);
     assert_eq!(v["sha256"], sha.as_str());
     assert_eq!(v["sent"], 9 * 1024 * 1024 + 3);
     let url = v["url"].as_str().unwrap();
@@ -335,6 +338,15 @@ async fn download_writes_through_devices_fifos_and_symlinks() {
     let data = pseudo_random(700_000, 20);
     let sha = sha256_hex(&data);
     let id = Api::new(&s).upload(&data, "dev.bin").await;
+
+    // -o into a directory that does not exist: said at once (exit 2), nothing written.
+    for (o_arg, says) in [("missing/", "is not an existing directory"), ("missing/x.bin", "the directory")] {
+        let target = format!("{}/{o_arg}", dir.path().display());
+        let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", &target]));
+        assert_eq!(code(&o), 2, "{}", stderr(&o));
+        assert!(stderr(&o).contains(says) && !stderr(&o).contains(".part"), "{}", stderr(&o));
+        assert!(!dir.path().join("missing").exists());
+    }
 
     // -o /dev/null: a verify-only download, without --force; /dev/null stays a device.
     let o = out(&mut ferry(&s.base, &cache, &["download", &id, "-o", "/dev/null", "-q"]));

@@ -154,7 +154,18 @@ async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, C
     let resolved = follow_symlinks(path)?;
     let md = match std::fs::metadata(&resolved) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Output::Part(resolved)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Said before any byte moves, not as a failure to create `PATH.part` later.
+            if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+                return Err(CliError::new(EXIT_USAGE, format!("{} is not an existing directory", path.display())).hint("Create the directory first, or give -o a file name."));
+            }
+            let dir = resolved.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+                return Err(CliError::new(EXIT_USAGE, format!("{}: the directory {} does not exist", path.display(), dir.display()))
+                    .hint("Create the directory first, or give -o a path in an existing one."));
+            }
+            return Ok(Output::Part(resolved));
+        }
         Err(e) => return Err(CliError::new(EXIT_FAILURE, format!("cannot inspect {}: {e}", path.display()))),
     };
     let ft = md.file_type();

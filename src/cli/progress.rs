@@ -138,10 +138,23 @@ impl Progress {
     /// sent: bytes the server did not keep are sent again). The display never goes backwards:
     /// it holds the most reached so far, with a note, until the transfer passes it again.
     /// With `milestone` (the server confirmed this offset), a plain line is printed now if
-    /// none was printed yet.
+    /// none was printed yet, and the position only moves forward: a confirmed offset below
+    /// what was sent means other bytes are still on their way (the other parts of a
+    /// `--parallel` upload), not that the server lost any.
     pub fn set(&self, pos: u64, milestone: bool) {
+        self.update(pos, milestone, milestone);
+    }
+
+    /// The server has at least `pos` bytes (a part of a `--parallel` upload starting or
+    /// resuming): the position only moves forward, and no line is forced.
+    pub fn reached(&self, pos: u64) {
+        self.update(pos, true, false);
+    }
+
+    fn update(&self, pos: u64, forward_only: bool, line_now: bool) {
         let mut s = self.state.lock().expect("progress lock");
-        s.actual = pos.min(self.total.unwrap_or(u64::MAX));
+        let pos = pos.min(self.total.unwrap_or(u64::MAX));
+        s.actual = if forward_only { s.actual.max(pos) } else { pos };
         if s.actual < s.pos && !s.behind_noted {
             s.behind_noted = true;
             let (kept, shown) = (s.actual, s.pos);
@@ -149,7 +162,7 @@ impl Progress {
             self.note(&format!("the server kept {kept} bytes; sending again from there (progress stays at {shown} until it is passed)"));
             s = self.state.lock().expect("progress lock");
         }
-        let first = milestone && s.last_line.is_none();
+        let first = line_now && s.last_line.is_none();
         self.show(&mut s, first);
     }
 

@@ -699,7 +699,7 @@ async fn hash_to(path: &Path, display: &str, hashing: &Mutex<Hashing>, target: u
 async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset: u64, hashing: Option<&Arc<Mutex<Hashing>>>) -> Result<(), CliError> {
     let mut retry = Retry::new(job.retry_for);
     let mut conflicts = 0;
-    job.progress.set(job.progress_pos(base, offset), false);
+    job.progress.reached(job.progress_pos(base, offset));
     loop {
         if let Some(h) = hashing {
             hash_to(&job.path, &job.display, h, base + offset).await?;
