@@ -19,7 +19,6 @@ use crate::upload::{EngineConfig, UploadEngine};
 /// How long graceful shutdown waits for in-flight requests after asking PATCHes to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
 /// Make glibc's allocator keep freed memory for reuse rather than hand it back to the kernel
 /// after each request body: `mallopt(M_MMAP_THRESHOLD, 4 MiB)` and `mallopt(M_TRIM_THRESHOLD,
 /// 32 MiB)` (glibc malloc(3), "M_TRIM_THRESHOLD"). Call before any thread starts.
@@ -40,6 +39,7 @@ pub fn tune_allocator() {
     }
 }
 
+/// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
     let public = std::iter::once(&cfg.listen).chain(&cfg.listen_more).any(|a| !a.ip().is_loopback());

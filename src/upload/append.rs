@@ -13,12 +13,12 @@ use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
 use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
 use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture};
+use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 /// How long received bytes may wait for a full write/hash batch before they are handed on
 /// anyway ([`Appender::flush`]): bounds the memory of slow uploads to about this much of
 /// their rate (1 000 uploads at 16 KiB/s hold ≈ 16 MiB, not up to a batch each).
 const FLUSH_QUIET: Duration = Duration::from_secs(1);
-use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 /// How a PATCH body ended.
 enum End {
