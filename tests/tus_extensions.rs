@@ -24,6 +24,54 @@ fn checksum(alg: &str, data: &[u8]) -> String {
     format!("{alg} {}", b64(&d))
 }
 
+/// A checksummed chunk whose body pauses long enough for its first bytes to be handed to the
+/// store (the quiet-body flush, after 1 s) and then fails its checksum: what was handed over is
+/// cut again, the offset stays, and the right chunk then goes in whole.
+#[tokio::test]
+async fn a_chunk_that_pauses_then_fails_its_checksum_leaves_nothing_behind() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(600_000, 3);
+    let url = t.create(data.len() as u64).await;
+    let path = url.trim_start_matches(&s.base).to_string();
+    let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
+    let head = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\n\
+         Upload-Offset: 0\r\nUpload-Checksum: {}\r\nContent-Length: {}\r\n\r\n",
+        s.addr(),
+        checksum("sha256", b"something else"),
+        data.len()
+    );
+    sock.write_all(head.as_bytes()).unwrap();
+    sock.write_all(&data[..250_000]).unwrap();
+    let id = url.rsplit('/').next().unwrap().to_string();
+    if blobs_are_s3() {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    } else {
+        let mut stored = None;
+        for _ in 0..200 {
+            stored = s.blob_len(&id).await;
+            if stored == Some(250_000) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(stored, Some(250_000), "the paused chunk's first bytes were handed to the store");
+    }
+    sock.write_all(&data[250_000..]).unwrap();
+    let mut answer = [0u8; 12];
+    sock.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 460", "{}", String::from_utf8_lossy(&answer));
+    drop(sock);
+    assert_eq!(t.offset(&url).await, 0, "the failed chunk added nothing");
+    if !blobs_are_s3() {
+        assert_eq!(s.blob_len(&id).await, Some(0), "the flushed bytes were cut again");
+    }
+    let r = t.patch(&url, 0, data.clone(), &[("Upload-Checksum", &checksum("sha256", &data))]).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(t.download(&url).await, data);
+}
+
 #[tokio::test]
 async fn chunk_checksums_verify_and_mismatches_discard_the_chunk() {
     let s = Server::start(&[]);
