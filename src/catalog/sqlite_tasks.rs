@@ -435,15 +435,6 @@ impl TaskCatalog for SqliteCatalog {
         )))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(super::tasks::TaskCount {
-                    kind: r.try_get("kind")?,
-                    status: r.try_get("status")?,
-                    count: r.try_get::<i64, _>("n")?.max(0) as u64,
-                    waiting: r.try_get::<i64, _>("waiting")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(super::tasks::row_to_task_count).collect()
     }
 }

@@ -260,6 +260,17 @@ pub struct TaskCount {
     pub waiting: u64,
 }
 
+/// A [`TaskCount`] from a row with columns `kind`, `status`, `n` and `waiting` (either catalog).
+pub(super) fn row_to_task_count<R>(r: &R) -> CatalogResult<TaskCount>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    i64: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+    String: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(TaskCount { kind: r.try_get("kind")?, status: r.try_get("status")?, count: r.try_get::<i64, _>("n")?.max(0) as u64, waiting: r.try_get::<i64, _>("waiting")?.max(0) as u64 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::same_args;
