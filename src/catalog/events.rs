@@ -129,6 +129,18 @@ pub enum AttemptOutcome {
     GiveUp { status: Option<u16>, error: String },
 }
 
+impl AttemptOutcome {
+    /// What settling a delivery with this outcome writes (both catalogs): its new `state`,
+    /// `last_status`, `last_error`, and `next_attempt_ms` (`None`: unchanged).
+    pub(super) fn columns(&self) -> (&'static str, Option<u16>, Option<&str>, Option<i64>) {
+        match self {
+            AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
+            AttemptOutcome::Retry { status, error, next_attempt_ms } => ("pending", *status, Some(error.as_str()), Some(*next_attempt_ms)),
+            AttemptOutcome::GiveUp { status, error } => ("failed", *status, Some(error.as_str()), None),
+        }
+    }
+}
+
 /// The columns [`row_to_event`] reads, from `events e` (both catalogs).
 pub(super) const EVENT_COLUMNS: &str = "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body";
 /// The columns [`row_to_delivery`] reads from `webhook_deliveries d` (with [`EVENT_COLUMNS`]).

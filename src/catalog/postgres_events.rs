@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use sqlx::{Postgres, Transaction};
 
-use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
+use super::events::{Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
 use super::postgres_tasks::{settle, Tx};
 use super::{CatalogResult, PostgresCatalog};
 
@@ -126,11 +126,7 @@ impl EventCatalog for PostgresCatalog {
         let mut tx = self.pool.begin().await?;
         let mut out = Vec::with_capacity(settlements.len());
         for s in settlements {
-            let (state, status, error, next) = match &s.outcome {
-                AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
-                AttemptOutcome::Retry { status, error, next_attempt_ms } => ("pending", *status, Some(error.as_str()), Some(*next_attempt_ms)),
-                AttemptOutcome::GiveUp { status, error } => ("failed", *status, Some(error.as_str()), None),
-            };
+            let (state, status, error, next) = s.outcome.columns();
             let done = sqlx::query(
                 "UPDATE webhook_deliveries SET state = $1, attempts = attempts + 1, last_attempt_ms = $2, last_status = $3, last_error = $4, \
                  next_attempt_ms = COALESCE($5, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
+use super::events::{Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
 use super::sqlite::DB_NOW;
 use super::{CatalogResult, SqliteCatalog};
 
@@ -119,11 +119,7 @@ impl EventCatalog for SqliteCatalog {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut out = Vec::with_capacity(settlements.len());
         for s in settlements {
-            let (state, status, error, next) = match &s.outcome {
-                AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
-                AttemptOutcome::Retry { status, error, next_attempt_ms } => ("pending", *status, Some(error.as_str()), Some(*next_attempt_ms)),
-                AttemptOutcome::GiveUp { status, error } => ("failed", *status, Some(error.as_str()), None),
-            };
+            let (state, status, error, next) = s.outcome.columns();
             let done = sqlx::query(
                 "UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1, last_attempt_ms = ?, last_status = ?, last_error = ?, \
                  next_attempt_ms = COALESCE(?, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \
