@@ -63,6 +63,14 @@ pub struct ServeArgs {
     /// Largest upload accepted, e.g. 1TiB, 500MB, 1048576 [default: 1TiB].
     #[arg(long, env = "FERRY_MAX_SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
+    /// S3 blobs: the smallest part size (`[s3] part_size`), 5MiB to 5GiB; each upload's parts
+    /// are this size, or larger so 10 000 parts hold the upload [default: 16MiB].
+    #[arg(long, env = "FERRY_S3_PART_SIZE", value_parser = parse_size)]
+    pub s3_part_size: Option<u64>,
+    /// S3 blobs: most bytes of open parts buffered in memory at once, across all uploads
+    /// (`[s3] max_buffer`); writers wait beyond it [default: 512MiB].
+    #[arg(long, env = "FERRY_S3_MAX_BUFFER", value_parser = parse_size)]
+    pub s3_max_buffer: Option<u64>,
     /// Unfinished uploads expire after this long without progress, e.g. 7d, 12h, 30s;
     /// `never` disables expiry [default: 7d].
     #[arg(long, env = "FERRY_EXPIRE_AFTER", value_parser = parse_expiry)]
@@ -272,6 +280,23 @@ struct FileConfig {
     hooks: HooksFileConfig,
     #[serde(default)]
     limits: LimitsFileConfig,
+    #[serde(default)]
+    s3: S3FileConfig,
+}
+
+/// `[s3] part_size` / `--s3-part-size`, checked against S3's limits: 5 MiB..=5 GiB.
+fn s3_part_size(v: u64) -> anyhow::Result<u64> {
+    use crate::blob::s3::{MAX_PART, MIN_PART};
+    anyhow::ensure!((MIN_PART..=MAX_PART).contains(&v), "[s3] part_size: {v} bytes is outside what S3 accepts for a part (5MiB to 5GiB)");
+    Ok(v)
+}
+
+/// `[s3]` in ferry.toml: the S3 blob store's part model and memory bound.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct S3FileConfig {
+    part_size: Option<toml::Value>,
+    max_buffer: Option<toml::Value>,
 }
 
 /// `[limits]` in ferry.toml: defaults for every principal, and `[limits.principals.NAME]`
@@ -723,6 +748,8 @@ pub struct Config {
     pub catalog: CatalogUrl,
     /// Where upload bytes live (default: the directory `DATA/blobs`).
     pub blobs: BlobLocation,
+    /// `[s3] part_size` and `max_buffer` (bytes).
+    pub s3: crate::blob::s3::S3Settings,
     pub max_size: u64,
     pub expire_after: Option<Duration>,
     pub durability: Durability,
@@ -832,6 +859,16 @@ impl Config {
             },
             catalog,
             data,
+            s3: crate::blob::s3::S3Settings {
+                part_size: s3_part_size(match args.s3_part_size {
+                    Some(v) => v,
+                    None => file.s3.part_size.clone().map(|v| size_value(v, "[s3] part_size")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_PART_FLOOR),
+                })?,
+                max_buffer: match args.s3_max_buffer {
+                    Some(v) => v,
+                    None => file.s3.max_buffer.clone().map(|v| size_value(v, "[s3] max_buffer")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_MAX_BUFFER),
+                },
+            },
             max_size: match args.max_size {
                 Some(v) => v,
                 None => file.max_size.map(|v| size_value(v, "max_size")).transpose()?.unwrap_or(1 << 40),

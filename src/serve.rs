@@ -308,7 +308,7 @@ async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     match &cfg.blobs {
         BlobLocation::Dir(dir) => Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?)),
         BlobLocation::S3(url) => {
-            let store = S3BlobStore::from_url(url, crate::blob::s3::MIN_PART)?;
+            let store = S3BlobStore::from_url(url, cfg.s3.part_size)?.with_max_buffer(cfg.s3.max_buffer);
             store.ping().await.map_err(|e| anyhow::anyhow!("cannot write to the blob store {url}: {e}"))?;
             Ok(Arc::new(store))
         }

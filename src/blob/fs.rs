@@ -34,7 +34,7 @@ use bytes::Bytes;
 use futures::{FutureExt, Stream};
 use tokio::task::JoinHandle;
 
-use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture};
+use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture, WriteLease};
 
 /// Bytes gathered before one `writev` is issued.
 pub const WRITE_BATCH: usize = 2 << 20;
@@ -79,7 +79,12 @@ async fn blocking<T: Send + 'static, E: Into<BlobError> + Send + 'static>(f: imp
 
 fn joined<T, E: Into<BlobError>>(r: Result<Result<T, E>, tokio::task::JoinError>) -> BlobResult<T> {
     match r {
-        Ok(r) => r.map_err(Into::into),
+        // A BlobError carried inside an io::Error (the lease check on the writing thread)
+        // comes back as itself.
+        Ok(r) => r.map_err(|e| match e.into() {
+            BlobError::Io(io) => BlobError::from_stream(io),
+            other => other,
+        }),
         Err(join) => Err(BlobError::Io(std::io::Error::other(join))),
     }
 }
@@ -212,7 +217,7 @@ impl BlobStore for FsBlobStore {
         .await
     }
 
-    async fn open_writer(&self, id: &str, offset: u64, state: &BlobState) -> BlobResult<Box<dyn BlobWriter>> {
+    async fn open_writer_under(&self, id: &str, offset: u64, state: &BlobState, lease: &WriteLease) -> BlobResult<Box<dyn BlobWriter>> {
         // The fs state only repeats the durable length; it must not claim more than `offset`.
         match state.fs_len() {
             Some(len) if len == offset || state.0.is_empty() => {}
@@ -238,7 +243,17 @@ impl BlobStore for FsBlobStore {
             Ok(f)
         })
         .await?;
-        Ok(Box::new(FsWriter { file: Arc::new(file), path, stray: self.stray.clone(), gathered: Vec::new(), gathered_len: 0, in_flight: None, flushed: offset, durable }))
+        Ok(Box::new(FsWriter {
+            file: Arc::new(file),
+            path,
+            stray: self.stray.clone(),
+            gathered: Vec::new(),
+            gathered_len: 0,
+            in_flight: None,
+            flushed: offset,
+            durable,
+            lease: lease.clone(),
+        }))
     }
 
     async fn len(&self, id: &str) -> BlobResult<Option<u64>> {
@@ -396,6 +411,11 @@ struct FsWriter {
     /// Bytes handed to the file so far (written or in flight; excluding `gathered`).
     flushed: u64,
     durable: bool,
+    /// Checked on the writing thread right before each `writev` and `fdatasync`: a writer
+    /// whose lease ran out (paused, cut off) writes nothing more. On a directory several
+    /// replicas share, the one window left is a pause between that check and the system call
+    /// itself (microseconds); README "Several replicas" says to prefer S3 there.
+    lease: WriteLease,
 }
 
 impl FsWriter {
@@ -415,8 +435,12 @@ impl FsWriter {
         }
         let bufs = std::mem::take(&mut self.gathered);
         let n = std::mem::take(&mut self.gathered_len) as u64;
-        let (file, start, durable) = (self.file.clone(), self.flushed, self.durable);
+        self.lease.check()?;
+        let (file, start, durable, lease) = (self.file.clone(), self.flushed, self.durable, self.lease.clone());
         self.in_flight = Some(tokio::task::spawn_blocking(move || {
+            if !lease.holds() {
+                return Err(std::io::Error::other(BlobError::LeaseLost));
+            }
             write_all_vectored(&file, &bufs)?;
             if durable {
                 start_writeback(&file, start, n);
@@ -464,8 +488,13 @@ impl BlobWriter for FsWriter {
         if !self.durable {
             return Ok(Box::pin(std::future::ready(Ok(state))));
         }
-        let file = self.file.clone();
-        let h = tokio::task::spawn_blocking(move || file.sync_data());
+        let (file, lease) = (self.file.clone(), self.lease.clone());
+        let h = tokio::task::spawn_blocking(move || {
+            if !lease.holds() {
+                return Err(std::io::Error::other(BlobError::LeaseLost));
+            }
+            file.sync_data()
+        });
         Ok(Box::pin(h.map(move |r| joined(r).map(|()| state))) as Pin<Box<dyn Future<Output = BlobResult<BlobState>> + Send>>)
     }
 

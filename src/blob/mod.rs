@@ -6,6 +6,8 @@
 
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -85,6 +87,100 @@ pub enum BlobError {
     /// committed was changed; the same call can succeed later.
     #[error("blob store unavailable: {0}")]
     Unavailable(String),
+    /// The store no longer has the bytes of this unfinished blob past byte `kept` (S3: its
+    /// multipart upload was aborted behind ferry's back — a bucket lifecycle rule
+    /// `AbortIncompleteMultipartUpload` — or the store refused for good to assemble it). The
+    /// caller rolls the upload back to `kept` bytes ([`BlobStore::create`] for 0) and tells
+    /// the client to resume from there.
+    #[error("the blob store lost this upload's bytes past byte {kept}: {why}")]
+    Lost { kept: u64, why: String },
+    /// The writer's lease is no longer valid ([`WriteLease`]): it changed nothing in the store
+    /// after that, and a request that returned after it is not part of any state.
+    #[error("the writer's lease ran out; nothing more was written")]
+    LeaseLost,
+    /// The writer was asked to let go ([`WriteLease::cut`]) while it waited on the store, and
+    /// the store did not answer within [`CUT_GRACE`]: the request was dropped. The writer is
+    /// unusable afterwards; the committed state is untouched.
+    #[error("the writer was asked to let go while the blob store did not answer")]
+    Cut,
+}
+
+/// How long a writer asked to let go ([`WriteLease::cut`]) still waits for a store request
+/// in flight (and for the checkpoint of what it received) before it drops it: well under an
+/// upload lease (10 s), so another process takes over within about one lease even when the
+/// store hangs (DESIGN §2).
+pub const CUT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What a writer is told of the lease it writes under and of the upload it writes (DESIGN §2
+/// "a lost lease is its own outcome").
+#[derive(Clone)]
+pub struct WriteLease {
+    /// The most bytes the blob will hold: its `Upload-Length`, or the largest upload the
+    /// server accepts while the length is deferred; 0 when unknown. S3 sizes parts from it.
+    pub size_hint: u64,
+    /// The lease's fencing token (0 when none): S3 names the tail objects this writer writes
+    /// with it, so two writers of one upload never write the same key.
+    pub fence: u64,
+    /// Until when the lease is valid by the holder's own clock (`None`: for ever). A writer
+    /// checks it before every change it makes to the store and after every request that
+    /// returns: past it, [`BlobError::LeaseLost`] and nothing more is changed.
+    pub valid_until: Arc<dyn Fn() -> Option<Instant> + Send + Sync>,
+    /// Fires when the writer should let go (another request or process asked for the upload,
+    /// or the server shuts down): a store request in flight gets [`CUT_GRACE`] more, then
+    /// [`BlobError::Cut`].
+    pub cut: tokio_util::sync::CancellationToken,
+}
+
+impl Default for WriteLease {
+    fn default() -> Self {
+        WriteLease { size_hint: 0, fence: 0, valid_until: Arc::new(|| None), cut: tokio_util::sync::CancellationToken::new() }
+    }
+}
+
+impl std::fmt::Debug for WriteLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteLease").field("size_hint", &self.size_hint).field("fence", &self.fence).finish_non_exhaustive()
+    }
+}
+
+impl WriteLease {
+    /// Whether the lease is still valid now.
+    pub fn holds(&self) -> bool {
+        (self.valid_until)().is_none_or(|t| Instant::now() < t)
+    }
+
+    /// `Ok` while the lease holds, else [`BlobError::LeaseLost`].
+    pub fn check(&self) -> BlobResult<()> {
+        if self.holds() {
+            Ok(())
+        } else {
+            Err(BlobError::LeaseLost)
+        }
+    }
+
+    /// Run store request `fut` under this lease: [`BlobError::Cut`] once [`WriteLease::cut`]
+    /// fired and [`CUT_GRACE`] passed, [`BlobError::LeaseLost`] when the lease's validity
+    /// runs out first or by the time the request returns (its result is then not used).
+    pub async fn run<T>(&self, fut: impl std::future::Future<Output = BlobResult<T>>) -> BlobResult<T> {
+        self.check()?;
+        let cut = async {
+            self.cut.cancelled().await;
+            tokio::time::sleep(CUT_GRACE).await;
+        };
+        let lost = async {
+            match (self.valid_until)() {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let r = tokio::select! {
+            r = fut => r,
+            _ = cut => return Err(BlobError::Cut),
+            _ = lost => return Err(BlobError::LeaseLost),
+        };
+        self.check()?;
+        r
+    }
 }
 
 impl BlobError {
@@ -123,12 +219,17 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn create(&self, id: &str) -> BlobResult<()>;
 
     /// Open a writer that appends at byte `offset`, resuming from `state` — the blob state
-    /// committed with that offset (empty for offset 0 or a legacy row). Anything stored past
-    /// `offset` is discarded (or, for object stores, ignored) first: this is the repair a
-    /// lease taker runs. `NotFound` if the blob does not exist; `OutOfRange` if fewer than
-    /// `offset` bytes survived (relaxed durability after a power loss; `len` says how many);
-    /// `BadState` for a state this store did not write.
-    async fn open_writer(&self, id: &str, offset: u64, state: &BlobState) -> BlobResult<Box<dyn BlobWriter>>;
+    /// committed with that offset (empty for offset 0 or a legacy row) — under `lease`.
+    /// Anything stored past `offset` is discarded (or, for object stores, ignored) first: this
+    /// is the repair a lease taker runs. `NotFound` if the blob does not exist; `OutOfRange` if
+    /// fewer than `offset` bytes survived (relaxed durability after a power loss; `len` says
+    /// how many); `BadState` for a state this store did not write.
+    async fn open_writer_under(&self, id: &str, offset: u64, state: &BlobState, lease: &WriteLease) -> BlobResult<Box<dyn BlobWriter>>;
+
+    /// [`BlobStore::open_writer_under`] a lease that never ends and no size hint (tests, tools).
+    async fn open_writer(&self, id: &str, offset: u64, state: &BlobState) -> BlobResult<Box<dyn BlobWriter>> {
+        self.open_writer_under(id, offset, state, &WriteLease::default()).await
+    }
 
     /// Make the blob whole once the upload is complete: `state` is the one committed with
     /// the final offset (S3: complete the multipart upload from its part list; fs: nothing to
@@ -210,6 +311,17 @@ pub trait BlobWriter: Send {
     /// since the last commit cannot be read back to hash them while the store is away.
     async fn salvage(&mut self) -> BlobResult<Option<BlobState>> {
         Ok(None)
+    }
+
+    /// Make the blob whole from every byte written, which [`BlobWriter::sync`] made durable
+    /// first (S3: upload the last part and complete the multipart upload; fs: nothing to do),
+    /// and remove what only an unfinished blob needs. Afterwards [`BlobStore::read`] serves
+    /// every byte. Runs *before* the catalog calls the upload finished (DESIGN §2 "complete,
+    /// then commit"); idempotent, so a crash between the two is repaired by running it again.
+    /// Errors: [`BlobError::Lost`] when the store refuses for good or lost the bytes;
+    /// [`BlobError::Unavailable`] when it is away (nothing changed that matters).
+    async fn complete(&mut self) -> BlobResult<()> {
+        Ok(())
     }
 
     /// Bytes written so far, counted from the start of the blob.

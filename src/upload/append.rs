@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
 use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
-use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture};
+use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture, WriteLease};
 use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 /// How long received bytes may wait for a full write/hash batch before they are handed on
@@ -70,6 +70,12 @@ pub(crate) struct Appender {
     /// Whether bytes that reached the disk before it filled may be kept (not when a chunk
     /// checksum still has to verify them).
     keep_partial: bool,
+    /// The writer was cut or its lease lost (DESIGN §2 "a lost lease is its own outcome"): it
+    /// is not touched again — no flush, sync, rewind or truncate.
+    broken: bool,
+    /// The blob store lost the bytes past this offset ([`BlobError::Lost`]): the upload is
+    /// rolled back to it before the error is answered.
+    lost: Option<u64>,
 }
 
 /// Offset and midstate captured when a background fsync started; they describe exactly the
@@ -83,7 +89,7 @@ struct PendingCheckpoint {
 }
 
 /// The lease ran out by our own clock (paused, cut off): no more bytes may be added.
-fn lease_lost() -> TusError {
+pub(crate) fn lease_lost() -> TusError {
     TusError::new(409, ferry_tus::ErrorCode::Conflict, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
 }
 
@@ -109,9 +115,17 @@ impl Appender {
     ) -> Result<Appender, TusError> {
         let engine = engine.clone();
         let state = if offset == rec.offset { BlobState(rec.blob_state.clone()) } else { BlobState::default() };
+        let validity = lease.validity();
+        let under = WriteLease {
+            // S3 sizes the upload's parts from it (fixed at the first writer).
+            size_hint: length.or(rec.length).unwrap_or(engine.cfg.max_size),
+            fence: lease.fence().unwrap_or(0),
+            valid_until: Arc::new(move || validity.deadline()),
+            cut: lease.stop().clone(),
+        };
         // The fence (a catalog commit unless kept from an earlier writer) and the blob's opening
         // are independent: do them at once.
-        let (fence, opened) = tokio::join!(engine.fence_for(&rec.id, lease), engine.blobs.open_writer(&rec.id, offset, &state));
+        let (fence, opened) = tokio::join!(engine.fence_for(&rec.id, lease), engine.blobs.open_writer_under(&rec.id, offset, &state, &under));
         let fence = fence?;
         let writer = match opened {
             Ok(w) => w,
@@ -142,6 +156,8 @@ impl Appender {
             finished: false,
             pending: None,
             keep_partial: true,
+            broken: false,
+            lost: None,
             rec,
         })
     }
@@ -187,7 +203,8 @@ impl Appender {
         }
         self.hasher.update(data.clone()).await;
         if let Err(e) = self.writer.write(data).await {
-            return Err(self.released(e.into()).await);
+            let e = self.blob_failed(e);
+            return Err(self.released(e).await);
         }
         self.keep_alive().await
     }
@@ -197,7 +214,8 @@ impl Appender {
     pub(crate) async fn flush(&mut self) -> Result<(), TusError> {
         self.hasher.flush().await;
         if let Err(e) = self.writer.flush().await {
-            return Err(self.released(e.into()).await);
+            let e = self.blob_failed(e);
+            return Err(self.released(e).await);
         }
         Ok(())
     }
@@ -222,6 +240,23 @@ impl Appender {
     /// longer this writer's to cut.
     async fn released(&mut self, e: TusError) -> TusError {
         use ferry_tus::ErrorCode::{InsufficientStorage, Internal, Unavailable};
+        if self.broken {
+            // Cut or fenced: the blob is no longer this writer's to touch; the next holder
+            // repairs it from the committed state.
+            self.pending = None;
+            return if e.cursor.is_none() { e.with_cursor(self.committed.0) } else { e };
+        }
+        if let Some(kept) = self.lost.take() {
+            self.pending = None;
+            self.broken = true;
+            return match self.engine.roll_back_to(&self.rec, kept, self.fence).await {
+                Ok(()) => e,
+                Err(re) => {
+                    tracing::warn!(upload = self.rec.id, error = %re.detail, "rolling back an upload whose bytes the store lost failed; the next writer tries again");
+                    re
+                }
+            };
+        }
         if !matches!(e.code, InsufficientStorage | Unavailable | Internal) {
             return e;
         }
@@ -254,6 +289,22 @@ impl Appender {
         } else {
             e
         }
+    }
+
+    /// A blob store failure as the client sees it, noting what it means for this writer: cut
+    /// or fenced ([`Appender::broken`]), or bytes the store lost ([`Appender::lost`]).
+    fn blob_failed(&mut self, e: BlobError) -> TusError {
+        match &e {
+            BlobError::Lost { kept, .. } => self.lost = Some(*kept),
+            BlobError::LeaseLost | BlobError::Cut => self.broken = true,
+            _ => {}
+        }
+        e.into()
+    }
+
+    /// Whether the lease is still ours; after it is lost, nothing of the blob is touched.
+    pub(crate) fn holds(&self) -> bool {
+        !self.broken && self.validity.is_valid()
     }
 
     /// After the disk filled: make the bytes it took durable and commit them (less
@@ -295,7 +346,10 @@ impl Appender {
         }
         let done = match self.writer.start_sync().await {
             Ok(d) => d,
-            Err(e) => return Err(self.released(e.into()).await),
+            Err(e) => {
+                let e = self.blob_failed(e);
+                return Err(self.released(e).await);
+            }
         };
         let hasher = self.hasher.snapshot().await;
         self.pending = Some(PendingCheckpoint { started: Instant::now(), offset: self.writer.position(), hasher, done });
@@ -315,7 +369,7 @@ impl Appender {
                 let p = self.pending.take().expect("pending checkpoint");
                 let done = match r {
                     Ok(blob) => self.commit_durable(p.offset, p.hasher, blob).await,
-                    Err(e) => Err(e.into()),
+                    Err(e) => Err(self.blob_failed(e)),
                 };
                 if done.is_ok() {
                     self.engine.metrics.checkpoint_duration.observe(p.started.elapsed().as_secs_f64());
@@ -331,7 +385,10 @@ impl Appender {
     /// Wait for the outstanding background checkpoint, if any, and commit it.
     async fn settle_pending(&mut self) -> Result<(), TusError> {
         if let Some(p) = self.pending.take() {
-            let blob = p.done.await?;
+            let blob = match p.done.await {
+                Ok(b) => b,
+                Err(e) => return Err(self.blob_failed(e)),
+            };
             self.commit_durable(p.offset, p.hasher, blob).await?;
             self.engine.metrics.checkpoint_duration.observe(p.started.elapsed().as_secs_f64());
         }
@@ -363,11 +420,15 @@ impl Appender {
     /// Throw away everything since the last commit (a background checkpoint that was
     /// already under way is completed first, as if it had been synchronous).
     pub(crate) async fn discard(&mut self) -> Result<(), TusError> {
+        if self.broken {
+            return Err(lease_lost().with_cursor(self.committed.0));
+        }
         if let Err(e) = self.settle_pending().await {
             return Err(self.released(e).await);
         }
         if let Err(e) = self.writer.rewind(self.committed.0).await {
-            return Err(self.released(e.into()).await);
+            let e = self.blob_failed(e);
+            return Err(self.released(e).await);
         }
         self.hasher.reset(self.committed.1.clone());
         Ok(())
@@ -394,21 +455,28 @@ impl Appender {
         if self.finished {
             return Ok(());
         }
+        if self.broken {
+            return Err(lease_lost().with_cursor(self.committed.0));
+        }
         // The sync below covers whatever an outstanding background checkpoint covered.
         if let Some(p) = self.pending.take() {
-            p.done.await?;
+            if let Err(e) = p.done.await {
+                return Err(self.blob_failed(e));
+            }
         }
         // Hashing of the last bytes and the final fsync run at once.
         let (synced, mut hasher) = tokio::join!(self.writer.sync(), self.hasher.snapshot());
-        let mut blob = synced?;
+        let mut blob = synced.map_err(|e| self.blob_failed(e))?;
         let offset = self.writer.position();
         let now = now_ms();
         let mut finished_sha256 = None;
         if self.length == Some(offset) {
             let digest = hasher.digest();
             if self.rec.expected_sha256.is_some_and(|e| e != digest) {
-                self.writer.rewind(0).await?;
-                blob = self.writer.sync().await?;
+                if let Err(e) = self.writer.rewind(0).await {
+                    return Err(self.blob_failed(e));
+                }
+                blob = self.writer.sync().await.map_err(|e| self.blob_failed(e))?;
                 hasher = RunningSha256::new();
                 self.hasher.reset(hasher.clone());
                 let cp = Checkpoint {
@@ -436,47 +504,50 @@ impl Appender {
             expires_at_ms: if finished_sha256.is_some() { None } else { self.engine.expiry_from(now) },
             now_ms: now,
         };
-        if let (Some(digest), Some(hooks)) = (finished_sha256, self.engine.hooks.get().filter(|h| h.has_pre_finish())) {
-            // The bytes are durable first, so a crash while the hook thinks resumes here.
-            let mut at_offset = cp.clone();
-            at_offset.finished_sha256 = None;
-            at_offset.expires_at_ms = self.engine.expiry_from(now);
-            self.engine.catalog.checkpoint(&self.rec.id, self.fence, &at_offset).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
-            self.committed = (offset, hasher.clone());
-            self.committed_blob = blob.clone();
-            let finishing = super::hooks::FinishingUpload { id: &self.rec.id, principal: &self.rec.principal, size: offset, sha256: digest, metadata: &self.rec.metadata };
-            match hooks.pre_finish(&finishing).await {
-                Ok(()) => {}
-                Err(refused) if refused.code == ferry_tus::ErrorCode::Rejected => {
-                    // Refused (e.g. a virus scan): the upload is failed; its record and bytes go.
-                    tracing::info!(upload = self.rec.id, status = refused.status, "pre-finish hook refused the upload; removing it");
-                    self.finished = true;
-                    self.engine.delete_record_and_bytes(&self.rec).await?;
-                    return Err(refused);
+        if let Some(digest) = finished_sha256 {
+            // Complete, then commit (DESIGN §2): first every byte is durable and committed at
+            // the full offset — unfinished, so a crash from here on leaves an upload the
+            // finisher completes ([`super::finishing`]) rather than one that starts over.
+            if self.committed.0 != offset || self.committed_blob != blob {
+                let mut at_offset = cp.clone();
+                at_offset.finished_sha256 = None;
+                at_offset.expires_at_ms = self.engine.expiry_from(now);
+                self.engine.catalog.checkpoint(&self.rec.id, self.fence, &at_offset).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+                self.committed = (offset, hasher.clone());
+                self.committed_blob = blob.clone();
+            }
+            if let Some(hooks) = self.engine.hooks.get().filter(|h| h.has_pre_finish()) {
+                let finishing = super::hooks::FinishingUpload { id: &self.rec.id, principal: &self.rec.principal, size: offset, sha256: digest, metadata: &self.rec.metadata };
+                match hooks.pre_finish(&finishing).await {
+                    Ok(()) => {}
+                    Err(refused) if refused.code == ferry_tus::ErrorCode::Rejected => {
+                        // Refused (e.g. a virus scan): the upload is failed; its record and bytes go.
+                        tracing::info!(upload = self.rec.id, status = refused.status, "pre-finish hook refused the upload; removing it");
+                        self.finished = true;
+                        self.engine.delete_record_and_bytes(&self.rec).await?;
+                        return Err(refused);
+                    }
+                    // The hook could not answer (policy: reject): every byte is kept; the server
+                    // finishes it once the hook answers ([`super::finishing`]).
+                    Err(unavailable) => return Err(unavailable.with_cursor(offset)),
                 }
-                // The hook could not answer (policy: reject): every byte is kept; the client
-                // retries the final request (an empty PATCH at the full offset asks again).
-                Err(unavailable) => return Err(unavailable.with_cursor(offset)),
+            }
+            // Then the object is made whole (S3: the multipart upload completed, its markers
+            // and tail removed). A store that is away leaves the upload waiting for the
+            // finisher; one that refuses for good (or lost the bytes) rolls it back — never a
+            // "finished" for bytes nobody could read.
+            if let Err(e) = self.writer.complete().await {
+                return Err(self.blob_failed(e));
             }
         }
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
         self.committed = (offset, hasher);
-        self.committed_blob = blob.clone();
+        self.committed_blob = blob;
         if finished_sha256.is_some() {
             self.finished = true;
             // A finished upload takes no more bytes: its kept fence is of no further use.
             self.engine.fences.forget(&self.rec.id);
             self.engine.metrics.uploads_finished.inc();
-            // Make the object whole only once the catalog calls it finished (S3: complete the
-            // multipart upload from the committed part list). Every byte is durable already,
-            // so this is a pure function of the committed state that any process can run
-            // again: if it fails here (the store is away, or this process dies), the first
-            // read of the upload finishes it ([`UploadEngine::read`]). The other order would
-            // leave a completed object behind an unfinished row after a crash, and resuming
-            // that upload would copy every byte again.
-            if let Err(e) = self.engine.blobs.finish(&self.rec.id, &blob).await {
-                tracing::warn!(upload = self.rec.id, error = %e, "the upload is complete; making its object whole failed and is left to its first read");
-            }
         }
         Ok(())
     }
@@ -714,6 +785,12 @@ impl UploadEngine {
                 .with_cursor(kept));
             }
             End::Disconnected | End::Idle | End::TakenOver | End::Shutdown | End::Reserve | End::Quota => {
+                if !app.holds() {
+                    // The lease was lost (its renewal was refused, or it ran out while this
+                    // process was paused): nothing of what arrived is written or committed.
+                    tracing::info!(upload = id, "the upload's lease was lost mid-body; nothing more was written");
+                    return Err(lease_lost().with_cursor(app.committed.0));
+                }
                 // Keep what arrived, unless it can no longer be verified.
                 if verifying {
                     app.discard().await?;

@@ -40,6 +40,18 @@ pub(super) fn blob_error(e: BlobError) -> TusError {
             tracing::warn!(error = %why, "blob store unavailable");
             return TusError::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing acknowledged was lost");
         }
+        BlobError::Lost { kept, why } => {
+            tracing::warn!(kept, error = %why, "blob store lost an unfinished upload's bytes; rolled back");
+            return TusError::new(
+                409,
+                ferry_tus::ErrorCode::OffsetMismatch,
+                format!("the server's blob store no longer has this upload's bytes past offset {kept}: {why}"),
+                format!("Resume from offset {kept}."),
+            )
+            .with_cursor(*kept);
+        }
+        BlobError::LeaseLost => return super::append::lease_lost(),
+        BlobError::Cut => return TusError::locked(None),
         _ => None,
     };
     match kind {

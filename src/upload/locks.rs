@@ -86,6 +86,12 @@ impl Validity {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() - Duration::from_millis(1));
     }
 
+    /// Until when the lease may be trusted, by this process's clock (`None`: in-process
+    /// leases, for ever).
+    pub fn deadline(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// True while the lease may still be trusted (always, for in-process leases).
     pub fn is_valid(&self) -> bool {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|t| Instant::now() < t)

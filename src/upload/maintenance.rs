@@ -199,7 +199,8 @@ impl UploadEngine {
     }
 
     /// Roll upload `rec` back to the `len` bytes its blob still has (relaxed durability after
-    /// a power loss), re-hashing them once, under the caller's `fence`.
+    /// a power loss; an S3 multipart upload a lifecycle rule aborted), re-hashing them once,
+    /// under the caller's `fence`.
     pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64) -> Result<(), TusError> {
         tracing::warn!(upload = rec.id, len, offset = rec.offset, "blob shorter than its checkpoint (relaxed durability?); rolling back");
         let mut hasher = RunningSha256::new();
@@ -208,7 +209,9 @@ impl UploadEngine {
             while let Some(chunk) = stream.try_next().await.map_err(|e| super::internal("re-hashing", e))? {
                 hasher.update(&chunk);
             }
-        } else if self.blobs.len(&rec.id).await?.is_none() {
+        } else {
+            // Nothing survives: start the blob again (S3: a lost multipart upload's markers and
+            // tail go with it).
             self.blobs.create(&rec.id).await?;
         }
         let now = now_ms();

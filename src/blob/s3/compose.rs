@@ -1,0 +1,241 @@
+//! Concatenation inside S3 ([`BlobStore::compose`](super::super::BlobStore::compose)): a final
+//! upload's parts are UploadPartCopy requests of its sources' byte ranges, so its bytes never
+//! pass through ferry, except where a part spans two sources (such a part is read and uploaded,
+//! at most one part per boundary). Every part but the last has the one size
+//! [`fixed_part_size`] picks for the total, as for any other upload (R2's rule).
+
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::{StreamExt, TryStreamExt};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::state::{fixed_part_size, MAX_PARTS};
+use super::{bounded, classify_message, deadline_for, io, retry_config, Failure, Inner, REQUEST_DEADLINE};
+use crate::blob::{BlobError, BlobResult};
+
+impl Inner {
+    /// UploadPartCopy (S3 API reference): part `idx` (0-based) of multipart upload `mp` on
+    /// `to` becomes bytes `range` of object `from`, copied inside S3. object_store 0.14 sends
+    /// UploadPartCopy only within its own whole-object `copy` and does not expose it; it does
+    /// expose SigV4 presigning with signed query parameters and headers
+    /// ([`Signer::signed_url_opts`]), so this request goes to a URL object_store signs
+    /// (`partNumber`, `uploadId`, `x-amz-copy-source`, `x-amz-copy-source-range` all under
+    /// the signature) — no signing code of ferry's own. Errors are classified as object_store's
+    /// are ([`classify_message`]); S3 may answer 200 with an `<Error>` body, which is one too.
+    async fn copy_part(&self, to: &Path, mp: &str, idx: usize, from: &Path, range: Range<u64>) -> BlobResult<PartId> {
+        use object_store::signer::{SignedUrlOptions, Signer};
+        const KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
+        let source = format!("{}/{}", self.bucket, percent_encoding::utf8_percent_encode(from.as_ref(), KEY));
+        let source_range = format!("bytes={}-{}", range.start, range.end - 1);
+        let header = |v: &str| http::HeaderValue::from_str(v).map_err(|e| BlobError::Io(std::io::Error::other(e)));
+        let (src_h, range_h) = (header(&source)?, header(&source_range)?);
+        let opts = SignedUrlOptions::new()
+            .with_query([("partNumber", (idx + 1).to_string()), ("uploadId", mp.to_string())])
+            .with_signed_header(http::HeaderName::from_static("x-amz-copy-source"), src_h.clone())
+            .with_signed_header(http::HeaderName::from_static("x-amz-copy-source-range"), range_h.clone());
+        let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
+        let unavailable = |what: String| BlobError::Unavailable(format!("UploadPartCopy of {from} {source_range} into part {}: {what}", idx + 1));
+        let mut attempt = 0;
+        let body = loop {
+            let sent = self.http.put(url.clone()).header("x-amz-copy-source", src_h.clone()).header("x-amz-copy-source-range", range_h.clone()).send().await;
+            let failure = match sent {
+                Ok(r) if r.status().is_success() => match r.text().await {
+                    Ok(body) if !body.contains("<Error>") => break body,
+                    Ok(body) => (classify_message(&format!("Server returned error response: {body}")), body),
+                    Err(e) => (Failure::Unavailable, e.to_string()),
+                },
+                Ok(r) => {
+                    let status = r.status();
+                    let body = r.text().await.unwrap_or_default();
+                    (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}"))
+                }
+                Err(e) => (Failure::Unavailable, e.to_string()),
+            };
+            // The same bounded retries object_store gives its own requests ([`retry_config`]).
+            attempt += 1;
+            match failure {
+                (Failure::Unavailable, _) if attempt <= retry_config().max_retries => tokio::time::sleep(Duration::from_millis(100 << attempt.min(3))).await,
+                (Failure::Unavailable, what) => return Err(unavailable(what)),
+                (Failure::NotFound, _) => return Err(BlobError::NotFound),
+                (Failure::Other, what) => return Err(BlobError::Io(std::io::Error::other(format!("UploadPartCopy of {from} {source_range}: {what}")))),
+            }
+        };
+        let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| unavailable(format!("no ETag in the answer: {body}")))?;
+        Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
+    }
+
+    /// Part `idx` of a composition on `path` (multipart upload `mp`): copied or streamed.
+    async fn compose_part(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> BlobResult<PartId> {
+        match piece {
+            Piece::Copy { src, range } => self.copy_part(path, mp, idx, &self.object(&sources[*src].0), range.clone()).await,
+            Piece::Stream(ranges) => {
+                let mut buf = BytesMut::new();
+                for (src, range) in ranges {
+                    let opts = GetOptions { range: Some(GetRange::Bounded(range.clone())), ..Default::default() };
+                    let got = self.s3.get_opts(&self.object(&sources[*src].0), opts).await.map_err(io)?;
+                    buf.extend_from_slice(&got.bytes().await.map_err(io)?);
+                }
+                let mpid = MultipartId::from(mp.to_string());
+                let deadline = deadline_for(buf.len() as u64);
+                bounded(deadline, self.s3.put_part(path, &mpid, idx, PutPayload::from(buf.freeze()))).await.map_err(io)
+            }
+        }
+    }
+
+    /// Build `id` from finished objects (see [`BlobStore::compose`]) along `plan`.
+    pub(super) async fn compose(&self, id: &str, sources: &[(String, u64)], plan: &[Piece]) -> BlobResult<()> {
+        // Start from nothing: an earlier attempt's multipart uploads, object and tail go.
+        self.remove_all(id).await?;
+        bounded(REQUEST_DEADLINE, self.s3.put(&self.created(id), PutPayload::new())).await.map_err(io)?;
+        let path = self.object(id);
+        let mp = bounded(REQUEST_DEADLINE, self.s3.create_multipart(&path)).await.map_err(io)?;
+        bounded(REQUEST_DEADLINE, self.s3.put(&self.mpu_marker(id, &mp), PutPayload::new())).await.map_err(io)?;
+        let mpid = MultipartId::from(mp.clone());
+        // Up to 4 parts at once (UploadPartCopy of a large range takes S3 a while).
+        let mut pending = Vec::with_capacity(plan.len());
+        for (idx, piece) in plan.iter().enumerate() {
+            pending.push(self.compose_part(&path, &mp, idx, piece, sources));
+        }
+        let parts = futures::stream::iter(pending).buffered(4).try_collect::<Vec<PartId>>().await;
+        let done = match parts {
+            Ok(parts) => self.s3.complete_multipart(&path, &mpid, parts).await.map_err(io),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            // Best effort: if S3 is away, the marker lets a later abort or delete find it.
+            if self.s3.abort_multipart(&path, &mpid).await.is_ok() {
+                let _ = self.delete_quiet(&self.mpu_marker(id, &mp)).await;
+            }
+            return Err(e);
+        }
+        self.delete_quiet(&self.mpu_marker(id, &mp)).await?;
+        self.delete_quiet(&self.created(id)).await
+    }
+}
+
+/// One part of a composed blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// Bytes `range` of source `src`, copied inside S3 (UploadPartCopy).
+    Copy { src: usize, range: Range<u64> },
+    /// These source ranges, read and uploaded as one part (a part that spans sources).
+    Stream(Vec<(usize, Range<u64>)>),
+}
+
+/// How to compose sources of lengths `lens` (bytes) into parts of `part` bytes each but the
+/// last: a part inside one source is copied inside S3; a part that spans sources is streamed.
+/// `None` when nothing would be copied (streaming through a writer is as good), or the parts
+/// would exceed [`MAX_PARTS`].
+pub(crate) fn compose_plan(lens: &[u64], part: u64) -> Option<Vec<Piece>> {
+    let total: u64 = lens.iter().sum();
+    if total == 0 || part == 0 || total.div_ceil(part) > MAX_PARTS {
+        return None;
+    }
+    let mut plan = Vec::with_capacity(total.div_ceil(part) as usize);
+    // Sources as (index, start in the whole, length), empty ones left out.
+    let mut at = 0;
+    let sources: Vec<(usize, u64, u64)> = lens
+        .iter()
+        .enumerate()
+        .filter(|(_, &l)| l > 0)
+        .map(|(i, &l)| {
+            let s = (i, at, l);
+            at += l;
+            s
+        })
+        .collect();
+    let mut first = 0;
+    let mut start = 0;
+    while start < total {
+        let end = (start + part).min(total);
+        while sources[first].1 + sources[first].2 <= start {
+            first += 1;
+        }
+        let mut ranges = Vec::new();
+        for &(i, s, l) in &sources[first..] {
+            if s >= end {
+                break;
+            }
+            ranges.push((i, start.max(s) - s..end.min(s + l) - s));
+        }
+        plan.push(match <[_; 1]>::try_from(ranges) {
+            Ok([(src, range)]) => Piece::Copy { src, range },
+            Err(ranges) => Piece::Stream(ranges),
+        });
+        start = end;
+    }
+    plan.iter().any(|p| matches!(p, Piece::Copy { .. })).then_some(plan)
+}
+
+/// The plan [`Inner::compose`] follows for sources of `lens` bytes under part floor `floor`.
+pub(crate) fn plan_for(lens: &[u64], floor: u64) -> Option<Vec<Piece>> {
+    compose_plan(lens, fixed_part_size(lens.iter().sum(), floor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::state::MIN_PART;
+    use super::*;
+
+    /// Each part: its byte count, and whether it is copied.
+    fn sizes(plan: &[Piece]) -> Vec<(u64, bool)> {
+        plan.iter()
+            .map(|p| match p {
+                Piece::Copy { range, .. } => (range.end - range.start, true),
+                Piece::Stream(rs) => (rs.iter().map(|(_, r)| r.end - r.start).sum(), false),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn compose_plans_copy_inside_sources_and_stream_across_them() {
+        let c = |src, range| Piece::Copy { src, range };
+        assert_eq!(compose_plan(&[6], 5), Some(vec![c(0, 0..5), c(0, 5..6)]));
+        assert_eq!(compose_plan(&[3], 5), Some(vec![c(0, 0..3)]), "a single source is the last part: copied whatever its size");
+        assert_eq!(compose_plan(&[10, 10], 5), Some(vec![c(0, 0..5), c(0, 5..10), c(1, 0..5), c(1, 5..10)]));
+        assert_eq!(compose_plan(&[1, 12], 5), Some(vec![Piece::Stream(vec![(0, 0..1), (1, 0..4)]), c(1, 4..9), c(1, 9..12)]));
+        assert_eq!(compose_plan(&[1, 1], 5), None, "nothing to copy: stream");
+        assert_eq!(compose_plan(&[0, 0], 5), None);
+        assert_eq!(compose_plan(&[], 5), None);
+        assert_eq!(compose_plan(&vec![MIN_PART; 10_001], MIN_PART), None, "more than 10 000 parts: stream");
+        assert!(plan_for(&[3 << 40, 2 << 40], MIN_PART).is_some(), "5 TiB: parts sized to fit");
+
+        // Any lengths: the parts cover every source in order, every part but the last has
+        // exactly the part size, and a streamed part always spans sources.
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        for _ in 0..2_000 {
+            let mut next = |m: u64| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (seed >> 33) % m
+            };
+            let n = 1 + next(7) as usize;
+            let lens: Vec<u64> = (0..n).map(|_| [0, 1, 4, 5, 6, 9, 10, 11, 23][next(9) as usize]).collect();
+            let Some(plan) = compose_plan(&lens, 5) else { continue };
+            let mut at = vec![0u64; n];
+            let mut order = Vec::new();
+            for p in &plan {
+                let ranges = match p {
+                    Piece::Copy { src, range } => vec![(*src, range.clone())],
+                    Piece::Stream(rs) => {
+                        assert!(rs.len() > 1, "{lens:?} {plan:?}");
+                        rs.clone()
+                    }
+                };
+                for (src, r) in ranges {
+                    assert_eq!(r.start, at[src], "{lens:?} {plan:?}");
+                    assert!(r.end > r.start);
+                    at[src] = r.end;
+                    order.push(src);
+                }
+            }
+            assert_eq!(at, lens, "every byte once: {plan:?}");
+            assert!(order.windows(2).all(|w| w[0] <= w[1]), "in order: {plan:?}");
+            let sz = sizes(&plan);
+            assert!(sz[..sz.len() - 1].iter().all(|&(b, _)| b == 5), "{lens:?} {plan:?}");
+        }
+    }
+}

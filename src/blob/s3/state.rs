@@ -1,0 +1,357 @@
+//! The S3 part model and the blob state that records it (DESIGN §2 "S3 mapping").
+//!
+//! An upload's bytes are cut into parts by a [`Schedule`] that is a pure function of the offset
+//! and is recorded in the state, so every holder of the upload cuts it the same way:
+//!
+//! - [`Schedule::Fixed`] (state version 3, every upload created since round 3): one part size,
+//!   fixed when the first writer opens the blob, from the upload's length (or the largest size
+//!   a deferred-length upload may reach) so that [`MAX_PARTS`] parts hold it, never below the
+//!   store's floor. Every part but the last has that size: what every S3-compatible store
+//!   accepts (Cloudflare R2 refuses CompleteMultipartUpload otherwise).
+//! - [`Schedule::Doubling`] (version 2): 5 MiB parts doubling every 1 000; read so that uploads
+//!   begun before round 3 still resume and finish.
+//!
+//! The state (version 3) holds the schedule, the multipart id, each uploaded part's
+//! `PartId.content_id` (verbatim) and the tail segments — bytes of the open part made durable
+//! at checkpoints, each an object named by its range and by the fence of the writer that wrote
+//! it, so two writers of one upload (a paused one that lost its lease and the one that took
+//! over) never write the same key.
+
+use super::super::{BlobError, BlobResult, BlobState};
+
+/// S3's smallest part but the last: 5 MiB.
+pub const MIN_PART: u64 = 5 * MIB;
+/// S3's largest part: 5 GiB.
+pub const MAX_PART: u64 = 5 << 30;
+/// S3's largest part number.
+pub const MAX_PARTS: u64 = 10_000;
+/// The default floor of [`fixed_part_size`]: 16 MiB (one request per 16 MiB on S3; measured in
+/// benches/RESULTS.md against 5 MiB and 64 MiB).
+pub const DEFAULT_PART_FLOOR: u64 = 16 * MIB;
+pub(crate) const MIB: u64 = 1024 * 1024;
+/// Parts of one size before a [`Schedule::Doubling`] size doubles.
+const PARTS_PER_STEP: u64 = 1_000;
+
+/// The part size of an upload that holds at most `hint` bytes (0: unknown): the smallest whole
+/// number of MiB such that [`MAX_PARTS`] parts hold `hint`, never below `floor` (the server's
+/// `[s3] part_size`, which the configuration keeps within [`MIN_PART`]..=[`MAX_PART`]; tests
+/// against a store that allows smaller parts use less) and never above [`MAX_PART`]. E.g.
+/// floor 16 MiB: 16 MiB up to 156 GiB; 1 TiB → 105 MiB; 5 TiB → 525 MiB.
+pub fn fixed_part_size(hint: u64, floor: u64) -> u64 {
+    let need = hint.div_ceil(MAX_PARTS).div_ceil(MIB).saturating_mul(MIB);
+    need.max(floor).clamp(1, MAX_PART)
+}
+
+/// Size in bytes of part `idx` (0-based) of a version-2 schedule with base `base`:
+/// `base * 2^(idx / 1000)`.
+pub fn part_size(base: u64, idx: u64) -> u64 {
+    base << (idx / PARTS_PER_STEP).min(20)
+}
+
+/// Where part `idx` of a version-2 schedule starts, in bytes.
+pub fn part_start(base: u64, idx: u64) -> u64 {
+    let step = idx / PARTS_PER_STEP;
+    PARTS_PER_STEP * base * ((1u64 << step) - 1) + (idx % PARTS_PER_STEP) * part_size(base, idx)
+}
+
+/// How an upload is cut into parts (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Schedule {
+    /// Version 2: `base * 2^(idx / 1000)`.
+    Doubling(u64),
+    /// Version 3: every part this many bytes but the last.
+    Fixed(u64),
+}
+
+impl Schedule {
+    /// Size in bytes of part `idx`.
+    pub(crate) fn size(self, idx: u64) -> u64 {
+        match self {
+            Schedule::Doubling(base) => part_size(base, idx),
+            Schedule::Fixed(size) => size,
+        }
+    }
+
+    /// Where part `idx` starts, in bytes.
+    pub(crate) fn start(self, idx: u64) -> u64 {
+        match self {
+            Schedule::Doubling(base) => part_start(base, idx),
+            Schedule::Fixed(size) => size.saturating_mul(idx),
+        }
+    }
+
+    /// The part byte `offset` falls in.
+    pub(crate) fn part_of(self, offset: u64) -> u64 {
+        match self {
+            Schedule::Fixed(size) => offset / size,
+            Schedule::Doubling(_) => {
+                let mut idx = 0;
+                while self.start(idx + 1) <= offset {
+                    idx += 1;
+                }
+                idx
+            }
+        }
+    }
+}
+
+/// One tail segment: bytes `start..end` of part `part`, written by the writer with fence
+/// `fence` (`None`: a version-2 segment, named without a fence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Segment {
+    pub part: u64,
+    pub start: u64,
+    pub end: u64,
+    pub fence: Option<u64>,
+}
+
+impl Segment {
+    pub(crate) fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// The object name under `<id>.tail/`.
+    pub(crate) fn name(&self) -> String {
+        match self.fence {
+            Some(f) => format!("{}-{}-{}.{f}", self.part, self.start, self.end),
+            None => format!("{}-{}-{}", self.part, self.start, self.end),
+        }
+    }
+}
+
+/// The S3 store's blob state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct S3State {
+    pub schedule: Schedule,
+    pub multipart: Option<String>,
+    /// Content ids of the uploaded parts, in order (part `i` has `schedule.size(i)` bytes).
+    pub parts: Vec<String>,
+    /// Tail segments, in order: `(fence, end)`; the first starts where the parts end.
+    pub tail: Vec<(Option<u64>, u64)>,
+}
+
+/// The version-3 byte that stands for "no fence" (a version-2 segment).
+const NO_FENCE: u64 = u64::MAX;
+
+impl S3State {
+    pub(crate) fn new(schedule: Schedule) -> S3State {
+        S3State { schedule, multipart: None, parts: Vec::new(), tail: Vec::new() }
+    }
+
+    pub(crate) fn parts_end(&self) -> u64 {
+        self.schedule.start(self.parts.len() as u64)
+    }
+
+    pub(crate) fn offset(&self) -> u64 {
+        self.tail.last().map_or_else(|| self.parts_end(), |t| t.1)
+    }
+
+    /// Size of the part being filled.
+    pub(crate) fn open_part_size(&self) -> u64 {
+        self.schedule.size(self.parts.len() as u64)
+    }
+
+    pub(crate) fn segments(&self) -> Vec<Segment> {
+        let mut start = self.parts_end();
+        let part = self.parts.len() as u64;
+        self.tail
+            .iter()
+            .map(|&(fence, end)| {
+                let s = Segment { part, start, end, fence };
+                start = end;
+                s
+            })
+            .collect()
+    }
+
+    pub(crate) fn encode(&self) -> BlobState {
+        let mut v = vec![3u8];
+        let (tag, size) = match self.schedule {
+            Schedule::Doubling(b) => (0u8, b),
+            Schedule::Fixed(s) => (1u8, s),
+        };
+        v.push(tag);
+        v.extend_from_slice(&size.to_le_bytes());
+        put_str(&mut v, self.multipart.as_deref().unwrap_or(""));
+        v.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
+        for cid in &self.parts {
+            put_str(&mut v, cid);
+        }
+        v.extend_from_slice(&(self.tail.len() as u32).to_le_bytes());
+        for (fence, end) in &self.tail {
+            v.extend_from_slice(&fence.unwrap_or(NO_FENCE).to_le_bytes());
+            v.extend_from_slice(&end.to_le_bytes());
+        }
+        BlobState(v)
+    }
+
+    /// Decode and check a state: `None` for the empty state, `BadState` for anything this
+    /// store did not write or that breaks its schedule. Reads versions 2 and 3.
+    pub(crate) fn decode(state: &BlobState) -> BlobResult<Option<S3State>> {
+        let b = state.as_bytes();
+        if b.is_empty() {
+            return Ok(None);
+        }
+        let mut r = Reader(b);
+        let s = match r.take(1)?[0] {
+            2 => {
+                let base = r.u64()?;
+                let mp = r.string()?;
+                let n = r.u32()? as u64;
+                let mut parts = Vec::with_capacity(n.min(MAX_PARTS) as usize);
+                for i in 0..n {
+                    let size = r.u64()?;
+                    if i >= MAX_PARTS || size != part_size(base, i) {
+                        return Err(BlobError::BadState);
+                    }
+                    parts.push(r.string()?);
+                }
+                let nt = r.u32()?;
+                let mut tail = Vec::new();
+                for _ in 0..nt {
+                    tail.push((None, r.u64()?));
+                }
+                if base == 0 {
+                    return Err(BlobError::BadState);
+                }
+                S3State { schedule: Schedule::Doubling(base), multipart: (!mp.is_empty()).then_some(mp), parts, tail }
+            }
+            3 => {
+                let tag = r.take(1)?[0];
+                let size = r.u64()?;
+                let schedule = match tag {
+                    0 if size > 0 => Schedule::Doubling(size),
+                    1 if (1..=MAX_PART).contains(&size) => Schedule::Fixed(size),
+                    _ => return Err(BlobError::BadState),
+                };
+                let mp = r.string()?;
+                let n = r.u32()? as u64;
+                if n > MAX_PARTS {
+                    return Err(BlobError::BadState);
+                }
+                let mut parts = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    parts.push(r.string()?);
+                }
+                let nt = r.u32()?;
+                let mut tail = Vec::new();
+                for _ in 0..nt {
+                    let fence = r.u64()?;
+                    tail.push(((fence != NO_FENCE).then_some(fence), r.u64()?));
+                }
+                S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail }
+            }
+            _ => return Err(BlobError::BadState),
+        };
+        if !r.0.is_empty() || (s.multipart.is_none() && !s.parts.is_empty()) {
+            return Err(BlobError::BadState);
+        }
+        let (parts_end, size) = (s.parts_end(), s.open_part_size());
+        let mut prev = parts_end;
+        for &(_, end) in &s.tail {
+            if end <= prev || end - parts_end >= size {
+                return Err(BlobError::BadState);
+            }
+            prev = end;
+        }
+        Ok(Some(s))
+    }
+}
+
+fn put_str(v: &mut Vec<u8>, s: &str) {
+    v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    v.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> BlobResult<&[u8]> {
+        if self.0.len() < n {
+            return Err(BlobError::BadState);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u32(&mut self) -> BlobResult<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> BlobResult<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn string(&mut self) -> BlobResult<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| BlobError::BadState)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_parts_hold_any_upload_in_ten_thousand_parts() {
+        let floor = DEFAULT_PART_FLOOR;
+        assert_eq!(fixed_part_size(0, floor), floor, "unknown size: the floor");
+        assert_eq!(fixed_part_size(10 << 30, floor), floor);
+        assert_eq!(fixed_part_size(1 << 40, floor), 105 * MIB, "1 TiB");
+        assert_eq!(fixed_part_size(5 << 40, floor), 525 * MIB, "5 TiB, S3's largest object");
+        assert_eq!(fixed_part_size(u64::MAX, floor), MAX_PART);
+        assert_eq!(fixed_part_size(1, MIB), MIB, "a test store's smaller floor");
+        for hint in [1u64, MIB, 156 << 30, 157 << 30, 1 << 40, 3 << 40, 5 << 40] {
+            let size = fixed_part_size(hint, floor);
+            assert!(size * MAX_PARTS >= hint, "{hint}");
+            assert_eq!(size % MIB, 0);
+        }
+    }
+
+    #[test]
+    fn doubling_schedule_of_version_two_is_kept() {
+        let tib = 1u64 << 40;
+        let s = Schedule::Doubling(MIN_PART);
+        assert_eq!(s.part_of(tib - 1) + 1, 7_647, "1 TiB needed 7 647 parts");
+        let mut sum = 0;
+        for idx in 0..MAX_PARTS {
+            assert_eq!(s.start(idx), sum);
+            sum += s.size(idx);
+        }
+        assert_eq!(Schedule::Fixed(MIN_PART).part_of(MIN_PART), 1);
+        assert_eq!(s.part_of(s.start(1500)), 1500);
+    }
+
+    #[test]
+    fn state_round_trips_and_rejects_foreign_states() {
+        let sched = Schedule::Fixed(16 * MIB);
+        let st = S3State { schedule: sched, multipart: Some("abc/def+==".into()), parts: vec!["\"etag1\"".into()], tail: vec![(Some(7), 16 * MIB + 3), (None, 16 * MIB + 10)] };
+        assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st.clone()));
+        assert_eq!(st.offset(), 16 * MIB + 10);
+        assert_eq!(st.segments()[0].name(), format!("1-{}-{}.7", 16 * MIB, 16 * MIB + 3));
+        assert_eq!(S3State::decode(&BlobState::default()).unwrap(), None);
+        assert!(matches!(S3State::decode(&BlobState::fs(5)), Err(BlobError::BadState)));
+        let mut bad = st.encode().0;
+        bad.push(0);
+        assert!(matches!(S3State::decode(&BlobState(bad)), Err(BlobError::BadState)));
+        let tail_fills_part = S3State { tail: vec![(Some(1), 32 * MIB)], ..st.clone() };
+        assert!(matches!(S3State::decode(&tail_fills_part.encode()), Err(BlobError::BadState)));
+        let too_large = S3State { schedule: Schedule::Fixed(MAX_PART + 1), ..st };
+        assert!(matches!(S3State::decode(&too_large.encode()), Err(BlobError::BadState)));
+    }
+
+    #[test]
+    fn version_two_states_still_decode() {
+        // base 5 MiB, multipart "m", one part of 5 MiB "e", tail ends [5 MiB + 3].
+        let mut v = vec![2u8];
+        v.extend_from_slice(&MIN_PART.to_le_bytes());
+        put_str(&mut v, "m");
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&MIN_PART.to_le_bytes());
+        put_str(&mut v, "e");
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&(MIN_PART + 3).to_le_bytes());
+        let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
+        assert_eq!(st, S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec!["e".into()], tail: vec![(None, MIN_PART + 3)] });
+        assert_eq!(st.segments()[0].name(), format!("1-{MIN_PART}-{}", MIN_PART + 3), "version-2 keys have no fence");
+        // Re-encoded as version 3 and back, unchanged.
+        assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st));
+    }
+}

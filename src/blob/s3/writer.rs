@@ -1,0 +1,419 @@
+//! The S3 writer: one upload's open part, under its lease (DESIGN §2 "S3 mapping").
+//!
+//! - **The open part stays in memory while this process holds the lease.** Bytes gather in the
+//!   part being filled; a full part is uploaded (UploadPart) at once. At a checkpoint
+//!   ([`BlobWriter::sync`]) only the bytes new since the last one are written, as one tail
+//!   segment object, so the next holder can resume. When the writer ends (the PATCH is over),
+//!   its open part is **parked** in the store ([`Parked`]) with the state it last synced; the
+//!   next PATCH of the same upload in this process, at that committed state, takes it back and
+//!   reads nothing from S3. Only a new holder (another process, or after eviction) reads the
+//!   tail segments back.
+//! - **Memory is bounded store-wide** by `[s3] max_buffer` ([`Budget`]): a writer reserves its
+//!   whole part before it gathers the first byte of it, waiting (never growing) while the
+//!   budget is spent, after evicting parked parts (their bytes are durable in tail segments).
+//!   Reserving whole parts means a writer that holds a reservation can always fill its part, so
+//!   writers cannot deadlock waiting on each other.
+//! - **The lease guards every change** ([`WriteLease`]): every request that changes the store
+//!   is made only while the lease holds, is cut short when the writer is asked to let go, and
+//!   a part whose upload returns after the lease ran out is not recorded. A writer cut or
+//!   fenced is broken: it changes nothing more and is never parked.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::{MultipartId, ObjectStoreExt, PutPayload};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+use super::state::{S3State, Segment, MAX_PARTS, MIB};
+use super::{bounded, deadline_for, io, is_not_found, Inner, REQUEST_DEADLINE};
+use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
+
+/// How long a parked open part waits for the next PATCH of its upload before it is dropped
+/// (its bytes are durable in tail segments; a later writer reads them back).
+const PARK_FOR: Duration = Duration::from_secs(60);
+
+/// Store-wide bound on the bytes of open parts, in MiB permits.
+pub(super) struct Budget {
+    sem: Arc<Semaphore>,
+    mib: u32,
+}
+
+impl Budget {
+    /// A budget of `bytes` (at least one MiB).
+    pub(super) fn new(bytes: u64) -> Budget {
+        let mib = u32::try_from(bytes.div_ceil(MIB).max(1)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
+        Budget { sem: Arc::new(Semaphore::new(mib as usize)), mib }
+    }
+
+    /// Bytes reserved now by open parts (active and parked).
+    pub(super) fn in_use(&self) -> u64 {
+        u64::from(self.mib - self.sem.available_permits() as u32) * MIB
+    }
+}
+
+/// What a writer keeps of its upload between two PATCHes.
+pub(super) struct OpenPart {
+    /// Parts uploaded and tail as of the last write / sync.
+    pub st: S3State,
+    /// Bytes from the end of the uploaded parts on (less than one part).
+    pub buf: BytesMut,
+    /// Tail segments known to exist (opened with or written by this writer), for rewinds.
+    pub known: Vec<Segment>,
+    /// The segments of the last three synced states (the opened one first): older ones are
+    /// deleted, as the engine commits a state before it syncs twice more.
+    pub history: Vec<Vec<Segment>>,
+    /// This part's reservation in the [`Budget`].
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Open parts of writers that ended, by upload id, with the state each last synced.
+#[derive(Default)]
+pub(super) struct Parked(Mutex<HashMap<String, (BlobState, Instant, OpenPart)>>);
+
+impl Parked {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (BlobState, Instant, OpenPart)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The parked part of `id` if it was parked at exactly `state` (nobody committed anything
+    /// since); any other parked part of `id` is dropped.
+    pub(super) fn take(&self, id: &str, state: &BlobState) -> Option<OpenPart> {
+        let mut m = self.lock();
+        m.retain(|_, (_, at, _)| at.elapsed() < PARK_FOR);
+        let (st, _, part) = m.remove(id)?;
+        (st == *state).then_some(part)
+    }
+
+    fn put(&self, id: String, state: BlobState, part: OpenPart) {
+        self.lock().insert(id, (state, Instant::now(), part));
+    }
+
+    /// Drop the part parked longest ago; `false` when none is.
+    fn evict_one(&self) -> bool {
+        let mut m = self.lock();
+        let Some(oldest) = m.iter().min_by_key(|(_, (_, at, _))| *at).map(|(k, _)| k.clone()) else { return false };
+        m.remove(&oldest);
+        true
+    }
+
+    /// Forget the parked part of `id` (its blob was reset, aborted or deleted).
+    pub(super) fn forget(&self, id: &str) {
+        self.lock().remove(id);
+    }
+}
+
+/// The error an UploadPart or CompleteMultipartUpload on this writer's own multipart upload
+/// fails with: `NoSuchUpload` means the multipart upload is gone, and with it every part.
+fn part_error(e: object_store::Error) -> BlobError {
+    if is_not_found(&e) {
+        BlobError::Lost {
+            kept: 0,
+            why: "its S3 multipart upload is gone (NoSuchUpload): a bucket lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it".into(),
+        }
+    } else {
+        io(e)
+    }
+}
+
+pub(super) struct S3Writer {
+    pub store: Arc<Inner>,
+    pub id: String,
+    pub part: OpenPart,
+    pub lease: WriteLease,
+    /// A request was cut or the lease was lost: nothing more is done, nothing parked.
+    pub broken: bool,
+    /// `Some(len)`: opened on the completed object of `len` bytes (a finish to repeat after a
+    /// crash between completing and committing); only [`BlobWriter::complete`]'s clean-up is
+    /// left to do.
+    pub completed_len: Option<u64>,
+    /// The multipart upload was completed by this writer.
+    pub completed: bool,
+}
+
+impl S3Writer {
+    pub(super) fn new(store: Arc<Inner>, id: &str, st: S3State, buf: BytesMut, known: Vec<Segment>, lease: &WriteLease) -> S3Writer {
+        let history = vec![known.clone()];
+        S3Writer { store, id: id.to_string(), part: OpenPart { st, buf, known, history, permit: None }, lease: lease.clone(), broken: false, completed_len: None, completed: false }
+    }
+
+    fn parts_end(&self) -> u64 {
+        self.part.st.parts_end()
+    }
+
+    fn usable(&self) -> BlobResult<()> {
+        if self.broken {
+            return Err(BlobError::Cut);
+        }
+        if self.completed || self.completed_len.is_some() {
+            return Err(BlobError::Io(std::io::Error::other("the blob is complete; it takes no more bytes")));
+        }
+        self.lease.check()
+    }
+
+    /// `r`, marking the writer broken when it was cut or its lease lost.
+    fn guard<T>(&mut self, r: BlobResult<T>) -> BlobResult<T> {
+        if matches!(r, Err(BlobError::Cut | BlobError::LeaseLost)) {
+            self.broken = true;
+        }
+        r
+    }
+
+    /// Reserve the open part's bytes in the store's budget (once per part): evict parked parts
+    /// first, then wait.
+    async fn reserve(&mut self) -> BlobResult<()> {
+        if self.part.permit.is_some() {
+            return Ok(());
+        }
+        let budget = &self.store.budget;
+        let want = (self.part.st.open_part_size().div_ceil(MIB) as u32).clamp(1, budget.mib);
+        loop {
+            match budget.sem.clone().try_acquire_many_owned(want) {
+                Ok(p) => {
+                    self.part.permit = Some(p);
+                    return Ok(());
+                }
+                Err(TryAcquireError::NoPermits) if self.store.parked.evict_one() => continue,
+                Err(_) => break,
+            }
+        }
+        let sem = budget.sem.clone();
+        let waited = self.lease.run(async move { sem.acquire_many_owned(want).await.map_err(|e| BlobError::Io(std::io::Error::other(e))) }).await;
+        let permit = self.guard(waited)?;
+        self.part.permit = Some(permit);
+        Ok(())
+    }
+
+    async fn ensure_multipart(&mut self) -> BlobResult<String> {
+        if let Some(m) = &self.part.st.multipart {
+            return Ok(m.clone());
+        }
+        let s = self.store.clone();
+        let path = s.object(&self.id);
+        let created = self
+            .lease
+            .run(async {
+                let m = bounded(REQUEST_DEADLINE, s.s3.create_multipart(&path)).await.map_err(io)?;
+                bounded(REQUEST_DEADLINE, s.s3.put(&s.mpu_marker(&self.id, &m), PutPayload::new())).await.map_err(io)?;
+                Ok(m)
+            })
+            .await;
+        let m = self.guard(created)?;
+        self.part.st.multipart = Some(m.clone());
+        Ok(m)
+    }
+
+    async fn upload_full_parts(&mut self) -> BlobResult<()> {
+        while self.part.buf.len() as u64 >= self.part.st.open_part_size() {
+            let idx = self.part.st.parts.len();
+            if idx as u64 >= MAX_PARTS {
+                return Err(BlobError::Io(std::io::Error::other("upload exceeds 10 000 S3 parts")));
+            }
+            let size = self.part.st.open_part_size();
+            let mp = self.ensure_multipart().await?;
+            let data = self.part.buf.split_to(size as usize).freeze();
+            let s = self.store.clone();
+            let path = s.object(&self.id);
+            let payload = PutPayload::from(data.clone());
+            let sent = self.lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &MultipartId::from(mp), idx, payload)).await.map_err(part_error) }).await;
+            match self.guard(sent) {
+                Ok(pid) => {
+                    self.part.st.parts.push(pid.content_id);
+                    self.part.st.tail.clear();
+                    // The next part reserves its own bytes.
+                    self.part.permit = None;
+                }
+                Err(e) => {
+                    // Not sent: the bytes go back in front of the rest.
+                    let mut back = BytesMut::with_capacity(data.len() + self.part.buf.len());
+                    back.extend_from_slice(&data);
+                    back.extend_from_slice(&self.part.buf);
+                    self.part.buf = back;
+                    return Err(e);
+                }
+            }
+        }
+        if !self.part.buf.is_empty() {
+            self.reserve().await?;
+        }
+        Ok(())
+    }
+
+    /// Make the blob whole (see [`BlobWriter::complete`]).
+    async fn assemble(&mut self) -> BlobResult<()> {
+        let s = self.store.clone();
+        let pos = self.position();
+        let path = s.object(&self.id);
+        let Some(mp) = self.part.st.multipart.clone() else {
+            let data = self.part.buf.clone().freeze();
+            let put = self.lease.run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&path, PutPayload::from(data.clone()))).await.map(drop).map_err(io) }).await;
+            return self.guard(put);
+        };
+        let mpid = MultipartId::from(mp);
+        let mut parts: Vec<PartId> = self.part.st.parts.iter().map(|c| PartId { content_id: c.clone() }).collect();
+        let mut done = Ok(());
+        if !self.part.buf.is_empty() {
+            // The open part becomes the last one (S3 allows the last part to be short).
+            let data = self.part.buf.clone().freeze();
+            let idx = parts.len();
+            let sent = self
+                .lease
+                .run(async { bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, idx, PutPayload::from(data.clone()))).await.map_err(part_error) })
+                .await;
+            match self.guard(sent) {
+                Ok(pid) => parts.push(pid),
+                Err(e) => done = Err(e),
+            }
+        }
+        if done.is_ok() {
+            let deadline = REQUEST_DEADLINE + Duration::from_millis(parts.len() as u64 * 5);
+            let completed = self.lease.run(async { bounded(deadline, s.s3.complete_multipart(&path, &mpid, parts)).await.map(drop).map_err(refused) }).await;
+            done = self.guard(completed);
+        }
+        // Completed already: by this upload's earlier finish that stopped before its commit, or
+        // by another process finishing the same committed state.
+        if matches!(done, Err(BlobError::Lost { .. })) && s.exists(&path).await? == Some(pos) {
+            return Ok(());
+        }
+        done
+    }
+}
+
+/// A CompleteMultipartUpload that failed: `NoSuchUpload` or a refusal that repeating cannot
+/// change (`InvalidPart`, `EntityTooSmall`, …) lose the upload's bytes as far as S3 goes.
+fn refused(e: object_store::Error) -> BlobError {
+    match io(e) {
+        BlobError::NotFound => part_error(object_store::Error::NotFound { path: String::new(), source: "NoSuchUpload".into() }),
+        BlobError::Io(e) => BlobError::Lost { kept: 0, why: format!("S3 refused to complete its multipart upload: {e}") },
+        other => other,
+    }
+}
+
+impl Drop for S3Writer {
+    fn drop(&mut self) {
+        // Park the open part for this upload's next writer in this process, if every byte it
+        // holds is in the last synced state (which the engine commits or supersedes).
+        if self.broken || self.completed || self.completed_len.is_some() || self.position() != self.part.st.offset() {
+            return;
+        }
+        let part = OpenPart {
+            st: self.part.st.clone(),
+            buf: std::mem::take(&mut self.part.buf),
+            known: std::mem::take(&mut self.part.known),
+            history: std::mem::take(&mut self.part.history),
+            permit: self.part.permit.take(),
+        };
+        self.store.parked.put(std::mem::take(&mut self.id), part.st.encode(), part);
+    }
+}
+
+#[async_trait]
+impl BlobWriter for S3Writer {
+    async fn write(&mut self, data: Bytes) -> BlobResult<()> {
+        self.usable()?;
+        self.reserve().await?;
+        self.part.buf.extend_from_slice(&data);
+        self.upload_full_parts().await
+    }
+
+    async fn sync(&mut self) -> BlobResult<BlobState> {
+        if self.completed_len.is_some() || self.completed {
+            return Ok(self.part.st.encode());
+        }
+        if self.broken {
+            return Err(BlobError::Cut);
+        }
+        self.lease.check()?;
+        let s = self.store.clone();
+        let synced = self.part.st.offset();
+        let pos = self.position();
+        if pos > synced {
+            let seg = Segment { part: self.part.st.parts.len() as u64, start: synced, end: pos, fence: Some(self.lease.fence) };
+            let data = Bytes::copy_from_slice(&self.part.buf[(synced - self.parts_end()) as usize..]);
+            let key = s.segment(&self.id, &seg);
+            let put = self.lease.run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&key, PutPayload::from(data))).await.map(drop).map_err(io) }).await;
+            self.guard(put)?;
+            self.part.st.tail.push((seg.fence, pos));
+            self.part.known.push(seg);
+        }
+        self.part.history.push(self.part.st.segments());
+        if self.part.history.len() > 3 {
+            let old = self.part.history.remove(0);
+            for seg in old {
+                if !self.part.history.iter().any(|h| h.contains(&seg)) {
+                    let key = s.segment(&self.id, &seg);
+                    let deleted = self.lease.run(s.delete_quiet(&key)).await;
+                    self.guard(deleted)?;
+                    self.part.known.retain(|k| *k != seg);
+                }
+            }
+        }
+        Ok(self.part.st.encode())
+    }
+
+    async fn rewind(&mut self, len: u64) -> BlobResult<()> {
+        if let Some(done) = self.completed_len {
+            if len == done {
+                return Ok(());
+            }
+            return Err(BlobError::Io(std::io::Error::other("a completed blob cannot be rewound; create it again")));
+        }
+        if self.broken {
+            return Err(BlobError::Cut);
+        }
+        if len > self.position() {
+            return Err(BlobError::OutOfRange { start: len, end: len, len: self.position() });
+        }
+        // Segments reaching past `len` hold bytes that are no longer the blob's.
+        self.part.known.retain(|k| k.end <= len);
+        let parts_end = self.parts_end();
+        if len >= parts_end {
+            self.part.buf.truncate((len - parts_end) as usize);
+            self.part.st.tail.retain(|&(_, e)| e <= len);
+            return Ok(());
+        }
+        // Back into a part already sent: rebuild its bytes before `len` from tail segments of
+        // that part (the committed state's are kept), and send it again later.
+        let schedule = self.part.st.schedule;
+        let idx = schedule.part_of(len);
+        let start = schedule.start(idx);
+        let mut chain = Vec::new();
+        let mut cur = start;
+        while cur < len {
+            let Some(&next) = self.part.known.iter().filter(|k| k.part == idx && k.start == cur).max_by_key(|k| k.end) else {
+                return Err(BlobError::Io(std::io::Error::other(format!("cannot rewind to {len}: those bytes were sent as part {idx} and no tail holds them"))));
+            };
+            chain.push(next);
+            cur = next.end;
+        }
+        let mut buf = BytesMut::new();
+        self.store.read_segments(&self.id, &chain, &mut buf).await?;
+        self.part.st.parts.truncate(idx as usize);
+        self.part.st.tail = chain.iter().map(|c| (c.fence, c.end)).collect();
+        self.part.buf = buf;
+        Ok(())
+    }
+
+    async fn complete(&mut self) -> BlobResult<()> {
+        if !(self.completed || self.completed_len.is_some()) {
+            if self.broken {
+                return Err(BlobError::Cut);
+            }
+            self.assemble().await?;
+            self.completed = true;
+            self.part.permit = None;
+        }
+        // What only an unfinished blob needs goes before the catalog calls it finished, so a
+        // finished upload never keeps leftovers (a crash here: the next finish repeats this).
+        let s = self.store.clone();
+        let cleaned = self.lease.run(s.finished_cleanup(&self.id)).await;
+        self.guard(cleaned)
+    }
+
+    fn position(&self) -> u64 {
+        self.completed_len.unwrap_or_else(|| self.parts_end() + self.part.buf.len() as u64)
+    }
+}
