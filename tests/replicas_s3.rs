@@ -57,6 +57,8 @@ impl Cluster {
         let moto = Moto::start(BUCKET, 5 * MIB as u64).await;
         // The replicas inherit the AWS_* variables (nextest runs one test per process).
         moto.set_env();
+        // S3's smallest parts, so a few MiB make a multipart upload.
+        std::env::set_var("FERRY_S3_PART_SIZE", "5MiB");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let public = public.map(str::to_string).unwrap_or_else(|| format!("http://{}", listener.local_addr().unwrap()));
         let blobs = format!("s3://{BUCKET}/{PREFIX}");

@@ -18,12 +18,17 @@ const MIB: usize = 1 << 20;
 /// Point this process's (and so ferry's) `AWS_*` at `moto`, through `endpoint`.
 fn s3_env(moto: &Moto, endpoint: &str) {
     moto.set_env();
+    // S3's smallest parts, so a few MiB make a multipart upload.
+    std::env::set_var("FERRY_S3_PART_SIZE", "5MiB");
     std::env::set_var("AWS_ENDPOINT_URL", endpoint);
 }
 
 /// A 503 `unavailable` that says to retry, when, and from which offset.
 async fn assert_unavailable(r: reqwest::Response, offset: Option<u64>) {
-    assert!(r.headers().contains_key("retry-after"), "Retry-After: {:?}", r.headers());
+    if !r.headers().contains_key("retry-after") {
+        let status = r.status();
+        panic!("no Retry-After on a {status}: {}", r.text().await.unwrap_or_default());
+    }
     let at = header_u64(&r, "upload-offset");
     let p = problem(r, 503, "unavailable").await;
     assert_eq!(p["retryable"], true, "{p}");
@@ -180,12 +185,16 @@ async fn s3_answering_503_slowdown_gives_503_and_a_completion_it_interrupts_is_f
     wait_ready(&s, 200).await;
     assert_eq!(tus.offset(&url).await, first as u64);
 
-    // Only CompleteMultipartUpload refused: the last PATCH is acknowledged (every byte is
-    // durable and the catalog says complete), the object is made whole later.
+    // Only CompleteMultipartUpload refused: complete, then commit — the last PATCH is not
+    // acknowledged as done while the object cannot be read (503; every byte is durable, so
+    // Upload-Offset is the end), and HEAD says "still finishing, ask again" (423 +
+    // Retry-After), never Upload-Offset = Upload-Length.
     proxy.set(Some(complete_multipart_upload()));
-    assert_eq!(tus.patch(&url, first as u64, data[first..].to_vec(), &[]).await.status(), 204);
-    assert_eq!(tus.offset(&url).await, data.len() as u64);
+    assert_unavailable(tus.patch(&url, first as u64, data[first..].to_vec(), &[]).await, Some(data.len() as u64)).await;
     assert_eq!(moto.multipart_uploads("ferry").await.len(), 1, "not completed yet");
+    let head = tus.request("HEAD", &url, &[("Tus-Resumable", "1.0.0")], None).await;
+    assert_eq!(head.status(), 423, "{:?}", head.headers());
+    assert!(head.headers().contains_key("retry-after"));
     // Another process (a restart here; any replica) completes it on the first read.
     s.restart();
     assert_unavailable(client().get(s.url(&format!("/files/{}", id_of(&url)))).send().await.unwrap(), None).await;

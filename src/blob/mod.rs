@@ -167,10 +167,15 @@ impl WriteLease {
             self.cut.cancelled().await;
             tokio::time::sleep(CUT_GRACE).await;
         };
+        // The deadline moves while the lease is renewed: sleep to the one in force, then
+        // look again.
         let lost = async {
-            match (self.valid_until)() {
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-                None => std::future::pending().await,
+            loop {
+                match (self.valid_until)() {
+                    Some(t) if Instant::now() < t => tokio::time::sleep_until(t.into()).await,
+                    Some(_) => return,
+                    None => std::future::pending::<()>().await,
+                }
             }
         };
         let r = tokio::select! {
