@@ -198,8 +198,8 @@ impl S3Proxy {
         self.state.hole.send_replace(on);
     }
 
-    /// Open the black hole as soon as a CompleteMultipartUpload succeeds (everything after
-    /// it, e.g. a finisher's clean-up, vanishes).
+    /// Open the black hole as soon as the next CompleteMultipartUpload succeeds (everything
+    /// after it, e.g. a finisher's clean-up, vanishes); once.
     pub fn black_hole_after_complete(&self) {
         self.state.flags.lock().unwrap().black_hole_after_complete = true;
     }
@@ -457,7 +457,7 @@ async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, B
                 if let Some(u) = &upload_id {
                     st.uploads.lock().unwrap().remove(u);
                 }
-                if st.flags.lock().unwrap().black_hole_after_complete {
+                if std::mem::take(&mut st.flags.lock().unwrap().black_hole_after_complete) {
                     st.hole.send_replace(true);
                 }
             }
