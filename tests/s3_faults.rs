@@ -553,3 +553,53 @@ async fn fault8_reads_fetch_no_per_part_data() {
     eprintln!("finished: blob_state {f_few} bytes with 2 parts, {f_many} with 7");
     assert_eq!(f_few, f_many, "a finished upload's hot row keeps per-part data");
 }
+
+/// The proxy itself: a request reaches the upstream as ferry sent it — `Host` (which SigV4
+/// signs) and the signed headers unchanged, the body byte for byte — so signatures stay valid
+/// in front of a store that checks them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fault_proxy_forwards_requests_as_they_came() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = upstream.local_addr().unwrap();
+    let got = tokio::spawn(async move {
+        let (mut c, _) = upstream.accept().await.unwrap();
+        let mut buf = Vec::new();
+        loop {
+            let mut chunk = [0u8; 65536];
+            let n = c.read(&mut chunk).await.unwrap();
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length: ")).map(|v| v.trim().parse().unwrap()).unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+                    return buf;
+                }
+            }
+            assert!(n > 0, "the proxy closed the connection early");
+        }
+    });
+    let proxy = S3Proxy::start(&format!("http://{addr}")).await;
+    let body = pseudo_random(300_000, 0xA1);
+    let r = client()
+        .put(format!("{}/ferry/up/x?partNumber=1&uploadId=abc", proxy.url))
+        .header("host", "bucket.s3.example.com")
+        .header("x-amz-content-sha256", sha256_hex(&body))
+        .header("authorization", "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256, Signature=00")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let raw = got.await.unwrap();
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..end]).to_string();
+    assert!(head.starts_with("PUT /ferry/up/x?partNumber=1&uploadId=abc HTTP/1.1\r\n"), "{head}");
+    let has = |h: &str| head.lines().any(|l| l.eq_ignore_ascii_case(h));
+    assert!(has("host: bucket.s3.example.com"), "Host kept: {head}");
+    assert!(has(&format!("x-amz-content-sha256: {}", sha256_hex(&body))), "{head}");
+    assert!(has("authorization: AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256, Signature=00"), "{head}");
+    assert!(raw[end + 4..] == body[..], "the body byte for byte");
+    assert_eq!(proxy.count(Kind::UploadPart, "ferry/up/x"), 1);
+}

@@ -235,12 +235,13 @@ async fn history_under_kill_freeze_and_partitions_keeps_every_acknowledged_byte(
         let url = h.lock().unwrap().url.clone().unwrap();
         let path = &url[url.find("/files/").unwrap()..];
         for (i, s) in servers.iter().enumerate() {
+            let until = Instant::now() + Duration::from_secs(60);
             let body = loop {
                 let r = client().get(s.url(path)).send().await.unwrap();
                 if r.status() == 200 {
                     break r.bytes().await.unwrap();
                 }
-                assert!(matches!(r.status().as_u16(), 423 | 503), "client {c}'s file from replica {i}: {}", r.status());
+                assert!(matches!(r.status().as_u16(), 423 | 503) && Instant::now() < until, "client {c}'s file from replica {i}: {}", r.status());
                 tokio::time::sleep(Duration::from_millis(200)).await;
             };
             assert_eq!(body.len(), data.len(), "client {c}'s file from replica {i}: length");

@@ -213,8 +213,9 @@ impl S3Proxy {
     }
 
     /// A lifecycle rule fires: every multipart upload whose key contains `key_part` is aborted
-    /// upstream (unsigned AbortMultipartUpload; moto accepts it) and from now on every request
-    /// naming it gets `404 NoSuchUpload`. Returns the upload ids.
+    /// upstream (an unsigned AbortMultipartUpload: moto accepts it, a store that checks
+    /// signatures refuses it and keeps the upload until its own clean-up) and from now on every
+    /// request naming it gets `404 NoSuchUpload`. Returns the upload ids.
     pub async fn lifecycle_abort(&self, key_part: &str) -> Vec<String> {
         let ids: Vec<(String, String)> = self.state.uploads.lock().unwrap().iter().filter(|(_, k)| k.contains(key_part)).map(|(u, k)| (u.clone(), k.clone())).collect();
         for (upload, key) in &ids {
