@@ -5,7 +5,8 @@
 //! service). Every offset any 2xx acknowledged (a PATCH's 204, a HEAD's 200) is recorded.
 //! At the end: every file's bytes are exactly what its client sent (so every acknowledged
 //! offset was a prefix of the final file), no offset a client was told ever went backwards,
-//! and no multipart upload is left in the bucket.
+//! no multipart upload is left in the bucket, and S3 refused no completion (the replicas reach
+//! moto through the strict-S3 proxy of tests/common/s3proxy.rs, R2's rule on).
 //!
 //! Bounded in time (the clients have a deadline, each fault a fixed length) and without
 //! wall-clock asserts: the clients retry whatever is refused, as TUS clients do.
@@ -22,6 +23,7 @@ use common::balancer::RoundRobin;
 use common::moto::Moto;
 use common::pg::TestDb;
 use common::proxy::TcpProxy;
+use common::s3proxy::S3Proxy;
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -127,7 +129,11 @@ async fn history_under_kill_freeze_and_partitions_keeps_every_acknowledged_byte(
         let u = url::Url::parse(&db.url).unwrap();
         format!("{}:{}", u.host_str().unwrap(), u.port().unwrap_or(5432)).parse().unwrap()
     };
-    let moto_addr = moto.endpoint.trim_start_matches("http://").parse().unwrap();
+    // Every replica reaches S3 through its own TCP proxy (to cut), all of them through one
+    // strict-S3 proxy (R2's equal-parts rule and S3's 5 MiB floor on every completion).
+    let strict = S3Proxy::start(&moto.endpoint).await;
+    strict.set_strict(true);
+    let moto_addr = strict.url.trim_start_matches("http://").parse().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let public = format!("http://{}", listener.local_addr().unwrap());
     let lease = format!("{}s", LEASE.as_secs());
@@ -248,6 +254,7 @@ async fn history_under_kill_freeze_and_partitions_keeps_every_acknowledged_byte(
             assert!(sha256_hex(&body) == sha256_hex(data), "client {c}'s file from replica {i} differs from the bytes its client sent");
         }
     }
+    assert_eq!(strict.refused(), Vec::<(String, String)>::new(), "S3 refused completions (R2's rule)");
     // Nothing unfinished stays in the bucket.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
