@@ -8,6 +8,7 @@ pub mod logged;
 pub mod moto;
 pub mod pg;
 pub mod proxy;
+pub mod s3proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
