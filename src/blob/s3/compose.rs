@@ -68,6 +68,52 @@ impl Inner {
         Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
     }
 
+    /// CompleteMultipartUpload (S3 API reference) of multipart upload `mp` on `to` from
+    /// `parts` (`(part number, content id)`, ascending). object_store 0.14 numbers the parts it
+    /// completes 1, 2, 3… by position, and ferry's parts have numbers of their own (two per
+    /// part, by fence parity: [`super::state::part_number`]), so this request goes to a URL
+    /// object_store signs (`uploadId` under the signature; the body is sent as an unsigned
+    /// payload, as presigned requests are). Errors: `NoSuchUpload` and refusals that repeating
+    /// cannot change (`InvalidPart`, `EntityTooSmall`, …) are [`BlobError::Lost`]; a store that
+    /// is away is `Unavailable` after the same bounded retries as object_store's.
+    pub(super) async fn complete_numbered(&self, to: &Path, mp: &str, parts: &[(u32, String)]) -> BlobResult<()> {
+        use object_store::signer::{SignedUrlOptions, Signer};
+        let esc = |v: &str| v.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+        let mut xml = String::from("<CompleteMultipartUpload>");
+        for (number, cid) in parts {
+            // object_store keeps a part's ETag as its content id (with no checksums configured).
+            xml.push_str(&format!("<Part><PartNumber>{number}</PartNumber><ETag>{}</ETag></Part>", esc(cid)));
+        }
+        xml.push_str("</CompleteMultipartUpload>");
+        let opts = SignedUrlOptions::new().with_query([("uploadId", mp.to_string())]);
+        let url = self.s3.signed_url_opts(http::Method::POST, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
+        let lost = |what: String| BlobError::Lost { kept: 0, why: format!("S3 refused to complete its multipart upload: {what}") };
+        let deadline = REQUEST_DEADLINE + Duration::from_millis(parts.len() as u64 * 5);
+        let mut attempt = 0;
+        loop {
+            let sent = tokio::time::timeout(deadline, async {
+                let r = self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone()).send().await?;
+                let status = r.status();
+                Ok::<_, reqwest::Error>((status, r.text().await?))
+            })
+            .await;
+            let failure = match sent {
+                Ok(Ok((status, body))) if status.is_success() && !body.contains("<Error>") => return Ok(()),
+                Ok(Ok((status, body))) if status.is_success() => (classify_message(&format!("Server returned error response: {body}")), body),
+                Ok(Ok((status, body))) => (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}")),
+                Ok(Err(e)) => (Failure::Unavailable, e.to_string()),
+                Err(_) => (Failure::Unavailable, format!("no answer within {} s", deadline.as_secs())),
+            };
+            attempt += 1;
+            match failure {
+                (Failure::Unavailable, _) if attempt <= retry_config().max_retries => tokio::time::sleep(Duration::from_millis(100 << attempt.min(3))).await,
+                (Failure::Unavailable, what) => return Err(BlobError::Unavailable(format!("CompleteMultipartUpload of {to}: {what}"))),
+                (Failure::NotFound, what) => return Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it): {what}"))),
+                (Failure::Other, what) => return Err(lost(what)),
+            }
+        }
+    }
+
     /// Part `idx` of a composition on `path` (multipart upload `mp`): copied or streamed.
     async fn compose_part(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> BlobResult<PartId> {
         match piece {

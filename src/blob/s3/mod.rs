@@ -45,7 +45,7 @@ use bytes::BytesMut;
 use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::client::{HttpConnector, ReqwestConnector};
-use object_store::multipart::{MultipartStore, PartId};
+use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::{BackoffConfig, GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 use object_store::{ClientConfigKey, ClientOptions};
@@ -493,13 +493,20 @@ impl S3BlobStore {
             None => bounded(deadline_for(tail.len() as u64), s.s3.put(&s.object(id), PutPayload::from(tail.freeze()))).await.map(drop).map_err(io),
             Some(mp) => {
                 let mpid = MultipartId::from(mp.clone());
-                let mut parts: Vec<PartId> = st.parts.iter().map(|c| PartId { content_id: c.clone() }).collect();
+                let mut parts = st.parts.clone();
                 if !tail.is_empty() {
-                    // The tail becomes the last part (S3 allows the last one to be short).
+                    // The tail becomes the last part (S3 allows the last one to be short); the
+                    // number of a part no writer used for it (fence parity 0 after one of 1).
+                    let number = state::part_number(st.schedule, st.parts.len() as u64, st.parts.last().map_or(0, |p| u64::from(p.0) + 1));
                     let deadline = deadline_for(tail.len() as u64);
-                    parts.push(bounded(deadline, s.s3.put_part(&s.object(id), &mpid, st.parts.len(), PutPayload::from(tail.freeze()))).await.map_err(io)?);
+                    let pid = bounded(deadline, s.s3.put_part(&s.object(id), &mpid, number as usize - 1, PutPayload::from(tail.freeze()))).await.map_err(io)?;
+                    parts.push((number, pid.content_id));
                 }
-                s.s3.complete_multipart(&s.object(id), &mpid, parts).await.map(drop).map_err(io)
+                match s.complete_numbered(&s.object(id), mp, &parts).await {
+                    // Gone: the caller checks whether it was completed already.
+                    Err(BlobError::Lost { .. }) => Err(BlobError::NotFound),
+                    r => r,
+                }
             }
         }
     }

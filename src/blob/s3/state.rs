@@ -5,9 +5,12 @@
 //!
 //! - [`Schedule::Fixed`] (state version 3, every upload created since round 3): one part size,
 //!   fixed when the first writer opens the blob, from the upload's length (or the largest size
-//!   a deferred-length upload may reach) so that [`MAX_PARTS`] parts hold it, never below the
+//!   a deferred-length upload may reach) so that [`PART_SLOTS`] parts hold it, never below the
 //!   store's floor. Every part but the last has that size: what every S3-compatible store
-//!   accepts (Cloudflare R2 refuses CompleteMultipartUpload otherwise).
+//!   accepts (Cloudflare R2 refuses CompleteMultipartUpload otherwise). Part `i` has two part
+//!   numbers, `2i + 1` and `2i + 2`, and a writer uses the one its fence's parity picks
+//!   ([`part_number`]): a writer that lost its lease and the one that took over never upload
+//!   the same part number, so a stale part that lands late cannot replace the taker's.
 //! - [`Schedule::Doubling`] (version 2): 5 MiB parts doubling every 1 000; read so that uploads
 //!   begun before round 3 still resume and finish.
 //!
@@ -25,6 +28,8 @@ pub const MIN_PART: u64 = 5 * MIB;
 pub const MAX_PART: u64 = 5 << 30;
 /// S3's largest part number.
 pub const MAX_PARTS: u64 = 10_000;
+/// Parts of one version-3 upload: two part numbers each ([`part_number`]).
+pub const PART_SLOTS: u64 = MAX_PARTS / 2;
 /// The default floor of [`fixed_part_size`]: 16 MiB (one request per 16 MiB on S3; measured in
 /// benches/RESULTS.md against 5 MiB and 64 MiB).
 pub const DEFAULT_PART_FLOOR: u64 = 16 * MIB;
@@ -33,12 +38,12 @@ pub(crate) const MIB: u64 = 1024 * 1024;
 const PARTS_PER_STEP: u64 = 1_000;
 
 /// The part size of an upload that holds at most `hint` bytes (0: unknown): the smallest whole
-/// number of MiB such that [`MAX_PARTS`] parts hold `hint`, never below `floor` (the server's
+/// number of MiB such that [`PART_SLOTS`] parts hold `hint`, never below `floor` (the server's
 /// `[s3] part_size`, which the configuration keeps within [`MIN_PART`]..=[`MAX_PART`]; tests
 /// against a store that allows smaller parts use less) and never above [`MAX_PART`]. E.g.
-/// floor 16 MiB: 16 MiB up to 156 GiB; 1 TiB → 105 MiB; 5 TiB → 525 MiB.
+/// floor 16 MiB: 16 MiB up to 78 GiB; 1 TiB → 210 MiB; 5 TiB → 1 049 MiB.
 pub fn fixed_part_size(hint: u64, floor: u64) -> u64 {
-    let need = hint.div_ceil(MAX_PARTS).div_ceil(MIB).saturating_mul(MIB);
+    let need = hint.div_ceil(PART_SLOTS).div_ceil(MIB).saturating_mul(MIB);
     need.max(floor).clamp(1, MAX_PART)
 }
 
@@ -52,6 +57,16 @@ pub fn part_size(base: u64, idx: u64) -> u64 {
 pub fn part_start(base: u64, idx: u64) -> u64 {
     let step = idx / PARTS_PER_STEP;
     PARTS_PER_STEP * base * ((1u64 << step) - 1) + (idx % PARTS_PER_STEP) * part_size(base, idx)
+}
+
+/// The S3 part number (1-based) of part `idx` (0-based) uploaded under `schedule` by the writer
+/// holding `fence`: `2 idx + 1 + (fence mod 2)` for version 3; `idx + 1` for version 2 (whose
+/// states predate fences in part numbers).
+pub(crate) fn part_number(schedule: Schedule, idx: u64, fence: u64) -> u32 {
+    match schedule {
+        Schedule::Fixed(_) => (2 * idx + 1 + (fence & 1)) as u32,
+        Schedule::Doubling(_) => (idx + 1) as u32,
+    }
 }
 
 /// How an upload is cut into parts (see the module docs).
@@ -124,8 +139,9 @@ impl Segment {
 pub(crate) struct S3State {
     pub schedule: Schedule,
     pub multipart: Option<String>,
-    /// Content ids of the uploaded parts, in order (part `i` has `schedule.size(i)` bytes).
-    pub parts: Vec<String>,
+    /// The uploaded parts in order, as `(part number, content id)` (part `i` has
+    /// `schedule.size(i)` bytes).
+    pub parts: Vec<(u32, String)>,
     /// Tail segments, in order: `(fence, end)`; the first starts where the parts end.
     pub tail: Vec<(Option<u64>, u64)>,
 }
@@ -174,7 +190,8 @@ impl S3State {
         v.extend_from_slice(&size.to_le_bytes());
         put_str(&mut v, self.multipart.as_deref().unwrap_or(""));
         v.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
-        for cid in &self.parts {
+        for (number, cid) in &self.parts {
+            v.extend_from_slice(&number.to_le_bytes());
             put_str(&mut v, cid);
         }
         v.extend_from_slice(&(self.tail.len() as u32).to_le_bytes());
@@ -204,7 +221,7 @@ impl S3State {
                     if i >= MAX_PARTS || size != part_size(base, i) {
                         return Err(BlobError::BadState);
                     }
-                    parts.push(r.string()?);
+                    parts.push(((i + 1) as u32, r.string()?));
                 }
                 let nt = r.u32()?;
                 let mut tail = Vec::new();
@@ -229,9 +246,14 @@ impl S3State {
                 if n > MAX_PARTS {
                     return Err(BlobError::BadState);
                 }
-                let mut parts = Vec::with_capacity(n as usize);
+                let mut parts: Vec<(u32, String)> = Vec::with_capacity(n as usize);
                 for _ in 0..n {
-                    parts.push(r.string()?);
+                    let number = r.u32()?;
+                    // Part numbers ascend, within S3's 1..=10 000.
+                    if number == 0 || u64::from(number) > MAX_PARTS || parts.last().is_some_and(|p| p.0 >= number) {
+                        return Err(BlobError::BadState);
+                    }
+                    parts.push((number, r.string()?));
                 }
                 let nt = r.u32()?;
                 let mut tail = Vec::new();
@@ -294,15 +316,27 @@ mod tests {
         let floor = DEFAULT_PART_FLOOR;
         assert_eq!(fixed_part_size(0, floor), floor, "unknown size: the floor");
         assert_eq!(fixed_part_size(10 << 30, floor), floor);
-        assert_eq!(fixed_part_size(1 << 40, floor), 105 * MIB, "1 TiB");
-        assert_eq!(fixed_part_size(5 << 40, floor), 525 * MIB, "5 TiB, S3's largest object");
+        assert_eq!(fixed_part_size(1 << 40, floor), 210 * MIB, "1 TiB");
+        assert_eq!(fixed_part_size(5 << 40, floor), 1049 * MIB, "5 TiB, S3's largest object");
         assert_eq!(fixed_part_size(u64::MAX, floor), MAX_PART);
         assert_eq!(fixed_part_size(1, MIB), MIB, "a test store's smaller floor");
-        for hint in [1u64, MIB, 156 << 30, 157 << 30, 1 << 40, 3 << 40, 5 << 40] {
+        for hint in [1u64, MIB, 78 << 30, 79 << 30, 1 << 40, 3 << 40, 5 << 40] {
             let size = fixed_part_size(hint, floor);
-            assert!(size * MAX_PARTS >= hint, "{hint}");
+            assert!(size * PART_SLOTS >= hint, "{hint}");
             assert_eq!(size % MIB, 0);
         }
+    }
+
+    #[test]
+    fn a_part_has_two_numbers_and_writers_of_adjacent_fences_never_share_one() {
+        let s = Schedule::Fixed(16 * MIB);
+        assert_eq!((part_number(s, 0, 4), part_number(s, 0, 5)), (1, 2));
+        assert_eq!(part_number(s, PART_SLOTS - 1, 7), MAX_PARTS as u32, "the last part's second number is S3's last");
+        for idx in 0..100 {
+            assert_ne!(part_number(s, idx, 10), part_number(s, idx, 11));
+            assert!(part_number(s, idx, 11) < part_number(s, idx + 1, 10), "ascending with the part whatever the fences");
+        }
+        assert_eq!(part_number(Schedule::Doubling(MIN_PART), 3, 9), 4, "version 2: idx + 1");
     }
 
     #[test]
@@ -322,7 +356,8 @@ mod tests {
     #[test]
     fn state_round_trips_and_rejects_foreign_states() {
         let sched = Schedule::Fixed(16 * MIB);
-        let st = S3State { schedule: sched, multipart: Some("abc/def+==".into()), parts: vec!["\"etag1\"".into()], tail: vec![(Some(7), 16 * MIB + 3), (None, 16 * MIB + 10)] };
+        let st =
+            S3State { schedule: sched, multipart: Some("abc/def+==".into()), parts: vec![(2, "\"etag1\"".into())], tail: vec![(Some(7), 16 * MIB + 3), (None, 16 * MIB + 10)] };
         assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st.clone()));
         assert_eq!(st.offset(), 16 * MIB + 10);
         assert_eq!(st.segments()[0].name(), format!("1-{}-{}.7", 16 * MIB, 16 * MIB + 3));
@@ -349,7 +384,7 @@ mod tests {
         v.extend_from_slice(&1u32.to_le_bytes());
         v.extend_from_slice(&(MIN_PART + 3).to_le_bytes());
         let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
-        assert_eq!(st, S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec!["e".into()], tail: vec![(None, MIN_PART + 3)] });
+        assert_eq!(st, S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec![(1, "e".into())], tail: vec![(None, MIN_PART + 3)] });
         assert_eq!(st.segments()[0].name(), format!("1-{MIN_PART}-{}", MIN_PART + 3), "version-2 keys have no fence");
         // Re-encoded as version 3 and back, unchanged.
         assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st));

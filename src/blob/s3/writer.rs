@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use object_store::multipart::{MultipartStore, PartId};
+use object_store::multipart::MultipartStore;
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::state::{S3State, Segment, MAX_PARTS, MIB};
+use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB};
 use super::{bounded, deadline_for, io, is_not_found, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 
@@ -209,8 +209,9 @@ impl S3Writer {
     async fn upload_full_parts(&mut self) -> BlobResult<()> {
         while self.part.buf.len() as u64 >= self.part.st.open_part_size() {
             let idx = self.part.st.parts.len();
-            if idx as u64 >= MAX_PARTS {
-                return Err(BlobError::Io(std::io::Error::other("upload exceeds 10 000 S3 parts")));
+            let number = part_number(self.part.st.schedule, idx as u64, self.lease.fence);
+            if u64::from(number) > MAX_PARTS {
+                return Err(BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")));
             }
             let size = self.part.st.open_part_size();
             let mp = self.ensure_multipart().await?;
@@ -218,10 +219,11 @@ impl S3Writer {
             let s = self.store.clone();
             let path = s.object(&self.id);
             let payload = PutPayload::from(data.clone());
-            let sent = self.lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &MultipartId::from(mp), idx, payload)).await.map_err(part_error) }).await;
+            let sent =
+                self.lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &MultipartId::from(mp), number as usize - 1, payload)).await.map_err(part_error) }).await;
             match self.guard(sent) {
                 Ok(pid) => {
-                    self.part.st.parts.push(pid.content_id);
+                    self.part.st.parts.push((number, pid.content_id));
                     self.part.st.tail.clear();
                     // The next part reserves its own bytes.
                     self.part.permit = None;
@@ -247,30 +249,35 @@ impl S3Writer {
         let s = self.store.clone();
         let pos = self.position();
         let path = s.object(&self.id);
+        // Completed already (an earlier finish of this state that stopped before its commit, or
+        // another process finishing it at the same moment): S3 answers a request on a completed
+        // multipart upload with NoSuchUpload (moto with 500), so look first. One HEAD per upload.
+        if s.exists(&path).await? == Some(pos) {
+            return Ok(());
+        }
         let Some(mp) = self.part.st.multipart.clone() else {
             let data = self.part.buf.clone().freeze();
             let put = self.lease.run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&path, PutPayload::from(data.clone()))).await.map(drop).map_err(io) }).await;
             return self.guard(put);
         };
-        let mpid = MultipartId::from(mp);
-        let mut parts: Vec<PartId> = self.part.st.parts.iter().map(|c| PartId { content_id: c.clone() }).collect();
+        let mpid = MultipartId::from(mp.clone());
+        let mut parts = self.part.st.parts.clone();
         let mut done = Ok(());
         if !self.part.buf.is_empty() {
             // The open part becomes the last one (S3 allows the last part to be short).
             let data = self.part.buf.clone().freeze();
-            let idx = parts.len();
+            let number = part_number(self.part.st.schedule, parts.len() as u64, self.lease.fence);
             let sent = self
                 .lease
-                .run(async { bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, idx, PutPayload::from(data.clone()))).await.map_err(part_error) })
+                .run(async { bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone()))).await.map_err(part_error) })
                 .await;
             match self.guard(sent) {
-                Ok(pid) => parts.push(pid),
+                Ok(pid) => parts.push((number, pid.content_id)),
                 Err(e) => done = Err(e),
             }
         }
         if done.is_ok() {
-            let deadline = REQUEST_DEADLINE + Duration::from_millis(parts.len() as u64 * 5);
-            let completed = self.lease.run(async { bounded(deadline, s.s3.complete_multipart(&path, &mpid, parts)).await.map(drop).map_err(refused) }).await;
+            let completed = self.lease.run(s.complete_numbered(&path, &mp, &parts)).await;
             done = self.guard(completed);
         }
         // Completed already: by this upload's earlier finish that stopped before its commit, or
@@ -279,16 +286,6 @@ impl S3Writer {
             return Ok(());
         }
         done
-    }
-}
-
-/// A CompleteMultipartUpload that failed: `NoSuchUpload` or a refusal that repeating cannot
-/// change (`InvalidPart`, `EntityTooSmall`, …) lose the upload's bytes as far as S3 goes.
-fn refused(e: object_store::Error) -> BlobError {
-    match io(e) {
-        BlobError::NotFound => part_error(object_store::Error::NotFound { path: String::new(), source: "NoSuchUpload".into() }),
-        BlobError::Io(e) => BlobError::Lost { kept: 0, why: format!("S3 refused to complete its multipart upload: {e}") },
-        other => other,
     }
 }
 
