@@ -476,6 +476,10 @@ async fn serve_http(
             Some(acceptor) => {
                 let (acceptor, watcher, http) = (acceptor.clone(), graceful.watcher(), http.clone());
                 tokio::spawn(async move {
+                    let mut stream = stream;
+                    if crate::tls::refused_plain_http(&mut stream, HEADER_READ_TIMEOUT).await {
+                        return;
+                    }
                     let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {

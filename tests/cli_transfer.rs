@@ -621,3 +621,46 @@ async fn messages_name_real_routes_and_server_is_optional() {
     let o = out(ferry("http://127.0.0.1:1", &cache, &["ls", "--server", &s.base]).arg("--retry-for").arg("1s"));
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+/// Issue 23 kind 17: Ctrl-C (SIGINT) during `ferry upload` or `ferry download` says it was
+/// interrupted and how to continue, and exits 130; the same command then resumes.
+#[tokio::test]
+async fn ctrl_c_says_how_to_resume() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let size = 32 * 1024 * 1024 + 3;
+    let (src, sha) = source(dir.path(), "interrupted.bin", size, 30);
+    let interrupt = |child: std::process::Child| async move {
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+    };
+
+    let proxy = Proxy::start(s.addr(), 4 << 20, u64::MAX).await;
+    let args = ["upload", "--json", src.to_str().unwrap()];
+    let first = ferry(&proxy.base, &cache, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_until("1 MiB at the server", || async { metric(&s, "ferry_bytes_received_total").await >= 1 << 20 }).await;
+    let o = interrupt(first).await;
+    assert_eq!(code(&o), 130, "{}", stderr(&o));
+    assert!(stderr(&o).contains("ferry: interrupted (Ctrl-C)") && stderr(&o).contains("run the same command again"), "{}", stderr(&o));
+    proxy.up.open();
+    let v = ok_json(&out_async(ferry(&proxy.base, &cache, &args)).await);
+    assert_eq!(v["sha256"], sha.as_str());
+    assert!(v["resumed_from"].as_u64().unwrap() > 0, "{v}");
+
+    let down = Proxy::start(s.addr(), u64::MAX, 4 << 20).await;
+    let target = dir.path().join("copy.bin");
+    let part = dir.path().join("copy.bin.part");
+    let id = v["id"].as_str().unwrap();
+    let args = ["download", "--json", id, "-o", target.to_str().unwrap()];
+    let first = ferry(&down.base, &cache, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_until("1 MiB in the .part file", || async { std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0) >= 1 << 20 }).await;
+    let o = interrupt(first).await;
+    assert_eq!(code(&o), 130, "{}", stderr(&o));
+    assert!(stderr(&o).contains("ferry: interrupted (Ctrl-C)") && stderr(&o).contains("run the same command again"), "{}", stderr(&o));
+    down.down.open();
+    let o = out_async(ferry(&down.base, &cache, &args)).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(sha256_hex(&std::fs::read(&target).unwrap()), sha);
+}

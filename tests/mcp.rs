@@ -529,3 +529,45 @@ async fn a_draft_upload_is_visible_to_file_status() {
     assert_eq!(status["file"]["sha256"], sha256_hex(&data), "{status}");
     assert_eq!(status["file"]["size"], 200_000, "{status}");
 }
+
+/// Issue 23 kind 17: a client closing its legacy session (`DELETE /mcp`) gets `204`, which the
+/// Python SDK accepts (it logged "Session termination failed: 202" on every close).
+#[tokio::test]
+async fn closing_a_session_answers_204() {
+    let server = Server::start(&[]);
+    let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "ferry-tests", "version": "0" } } });
+    let r = common::client()
+        .post(server.url("/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let session = common::header(&r, "mcp-session-id").expect("a legacy session").to_string();
+    let _ = r.bytes().await;
+    let closed = common::client().delete(server.url("/mcp")).header("mcp-session-id", &session).header("mcp-protocol-version", "2025-06-18").send().await.unwrap();
+    assert_eq!(closed.status(), 204, "{:?}", closed.text().await);
+}
+
+/// Issue 23 kind 17: `ferry serve --stdio` writes no INFO lines (an MCP host shows each stderr
+/// line of its server as a log entry, often as an error); warnings still show, and `RUST_LOG`
+/// still chooses.
+#[tokio::test]
+async fn serve_stdio_is_quiet_on_stderr() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(common::ferry_bin())
+        .args(["serve", "--stdio", "--listen", "127.0.0.1:0", "--data"])
+        .arg(tmp.path().join("data"))
+        .env_remove("RUST_LOG")
+        .env_remove("FERRY_LISTEN")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("listening on http://127.0.0.1:"), "{err}");
+    assert!(!err.contains(" INFO "), "no INFO lines under --stdio: {err}");
+}

@@ -447,3 +447,32 @@ echo "progress 1 all rows" >&2
         assert!(std::fs::read(artifacts().join(shot)).unwrap().starts_with(b"\x89PNG"), "{shot}");
     }
 }
+
+/// Issue 23 kind 17: a link that cannot work gets its page (which says why) under the status
+/// its info request gets: 403 altered, 410 expired, 404 deleted; a good link 200.
+#[tokio::test]
+async fn pages_of_links_that_cannot_work_answer_their_error_status() {
+    let s = Server::start(&[]);
+    let id = Api::new(&s).upload(b"some bytes", "a.txt").await;
+    let other = Api::new(&s).upload(b"other bytes", "b.txt").await;
+    let good = share(&s, &id, "download", 3_600_000).await["page_url"].as_str().unwrap().to_string();
+    let status = |u: String| async move { client().get(u).send().await.unwrap().status().as_u16() };
+    assert_eq!(status(good.clone()).await, 200);
+    assert_eq!(status(good.replacen(&id, &other, 1)).await, 403, "altered");
+    assert_eq!(status(good.split("&sig=").next().unwrap().to_string()).await, 403, "cut short");
+    let expired = share(&s, &id, "download", 1).await["page_url"].as_str().unwrap().to_string();
+    let mut st = 0;
+    for _ in 0..100 {
+        st = status(expired.clone()).await;
+        if st == 410 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(st, 410, "expired");
+    let gone = share(&s, &other, "download", 3_600_000).await["page_url"].as_str().unwrap().to_string();
+    assert_eq!(Tus::new(&s).request("DELETE", &s.url(&format!("/files/{other}")), &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
+    let r = client().get(&gone).send().await.unwrap();
+    assert_eq!(r.status(), 404, "deleted");
+    assert!(r.text().await.unwrap().contains("/assets/app.js"), "still the page, which explains");
+}
