@@ -35,6 +35,9 @@ enum Command {
     Rm(ferry::cli::files::RmArgs),
     /// Print a signed, expiring URL for one file (download or upload).
     Share(ferry::cli::files::ShareArgs),
+    /// Print a link that asks someone for a file of any size (a page to drop it in); it
+    /// arrives in your files under NAME.
+    Request(ferry::cli::request::RequestArgs),
 }
 
 /// Logs on stderr: `RUST_LOG` filters; colours only on a terminal (a pipe, a file or journald
@@ -64,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => ferry::cli::files::status(args),
         Command::Rm(args) => ferry::cli::files::rm(args),
         Command::Share(args) => ferry::cli::files::share(args),
+        Command::Request(args) => ferry::cli::request::run(args),
         Command::Token(cmd) => ferry::cli::token::run(cmd),
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {

@@ -664,3 +664,54 @@ async fn ctrl_c_says_how_to_resume() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(sha256_hex(&std::fs::read(&target).unwrap()), sha);
 }
+
+/// Issue 23 kinds 12 and 17 in the CLI's words: `ferry request` (JSON with the id, a too long
+/// `--ttl` refused before anything is made), `share` of an unfinished upload says so, hints
+/// name CLI commands rather than HTTP requests, and `token create` ends its line saying where
+/// the token is.
+#[tokio::test]
+async fn cli_messages_speak_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let token = "fy_cli_words_token";
+    let cfg = dir.path().join("ferry.toml");
+    std::fs::write(&cfg, format!("[[tokens]]\nprincipal = \"cli\"\nsha256 = \"{}\"\n", sha256_hex(token.as_bytes()))).unwrap();
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let with_token = |args: &[&str]| {
+        let mut c = ferry(&s.base, &cache, args);
+        c.env("FERRY_TOKEN", token);
+        c
+    };
+
+    let v = ok_json(&out(&mut with_token(&["request", "report.pdf", "--json"])));
+    let id = v["id"].as_str().unwrap();
+    assert!(v["page_url"].as_str().unwrap().contains(&format!("/share/{id}?scope=upload")), "{v}");
+    assert_eq!(v["scope"], "upload", "{v}");
+    let f = Api::with_token(&s, token).file(id).await;
+    assert!(f["size"].is_null() && f["name"] == "report.pdf", "{f}");
+    let before = Api::with_token(&s, token).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
+    let o = out(&mut with_token(&["request", "x.bin", "--ttl", "8d"]));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let after = Api::with_token(&s, token).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
+    assert_eq!(before, after, "a refused request made nothing");
+
+    // A download link of an unfinished upload: the CLI says so.
+    let o = out(&mut with_token(&["share", id]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("not complete yet") && stderr(&o).contains("--scope upload"), "{}", stderr(&o));
+
+    // Hints in the CLI's words.
+    let o = out(&mut ferry(&s.base, &cache, &["ls"]));
+    assert_eq!(code(&o), 6);
+    assert!(stderr(&o).contains("hint: Pass a token with --token or FERRY_TOKEN") && !stderr(&o).contains("Authorization"), "{}", stderr(&o));
+    let o = out(&mut with_token(&["rm", "nosuchfileid"]));
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("`ferry ls`") && !stderr(&o).contains("POST to the upload collection"), "{}", stderr(&o));
+    let o = out(&mut with_token(&["task", "start", "compress", "--args", r#"{"file_id":"nosuchfileid","format":"zstd"}"#]));
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("`ferry ls`") && !stderr(&o).contains("GET /api/v1/files"), "{}", stderr(&o));
+
+    let o = Command::new(ferry_bin()).args(["token", "create", "bob", "--config"]).arg(dir.path().join("t.toml")).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.trim_end().ends_with(':') && err.contains("kill -HUP") && err.contains("stdout"), "{err}");
+}

@@ -64,7 +64,7 @@ pub const EXIT_CODES: &[ExitCodeDoc] = &[
 
 /// The exit codes as `--help` shows them (after every client command's help and `ferry --help`).
 pub fn exit_codes_help() -> String {
-    let mut s = String::from("Exit codes (every client command: upload, download, ls, status, rm, share, task):\n");
+    let mut s = String::from("Exit codes (every client command: upload, download, ls, status, rm, share, request, task):\n");
     for c in EXIT_CODES {
         s.push_str(&format!("  {}  {}\n", c.code, c.meaning.replace('`', "")));
     }
