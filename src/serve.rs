@@ -120,6 +120,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let webhook_worker = webhooks.spawn(background_stop.clone());
     let pruner = events.spawn_pruner(Duration::from_secs(600), background_stop.clone());
     let head_watcher = events.spawn_head_watcher(background_stop.clone());
+    let closing = catalog.clone();
     let mut tasks = Engine::new(
         catalog,
         engine.clone(),
@@ -235,6 +236,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
+    // Last: nothing uses the catalog any more (SQLite folds its WAL back into the file).
+    let _ = tokio::time::timeout(Duration::from_secs(5), closing.close()).await;
     Ok(())
 }
 
