@@ -19,7 +19,8 @@ use crate::catalog::CatalogUrl;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
-    /// fsync blob bytes before every checkpoint commits (the DESIGN §2 invariant).
+    /// fsync blob bytes before every checkpoint commits, so bytes ferry acknowledged survive
+    /// a power loss.
     Full,
     /// Skip fsync. Faster, but after a power loss or kernel crash (not a process crash)
     /// up to the last few seconds of acknowledged bytes can be lost; those uploads are

@@ -35,13 +35,20 @@ enum Command {
     Rm(ferry::cli::files::RmArgs),
     /// Print a signed, expiring URL for one file (download or upload).
     Share(ferry::cli::files::ShareArgs),
+    /// Print a link that asks someone for a file of any size (a page to drop it in); it
+    /// arrives in your files under NAME.
+    Request(ferry::cli::request::RequestArgs),
 }
 
 /// Logs on stderr: `RUST_LOG` filters; colours only on a terminal (a pipe, a file or journald
-/// gets plain lines) and never with `NO_COLOR` set (https://no-color.org).
-fn init_logs(format: LogFormat) {
+/// gets plain lines) and never with `NO_COLOR` set (https://no-color.org). Without `RUST_LOG`:
+/// `info`, except PostgreSQL's notices (`relation … already exists, skipping` at every start)
+/// and, under `--stdio`, everything below `warn` — an MCP host shows each stderr line of its
+/// server as a log entry, often as an error.
+fn init_logs(format: LogFormat, stdio: bool) {
     use std::io::IsTerminal;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let default = if stdio { "warn" } else { "info,rmcp=warn,sqlx::postgres::notice=warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match format {
@@ -60,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => ferry::cli::files::status(args),
         Command::Rm(args) => ferry::cli::files::rm(args),
         Command::Share(args) => ferry::cli::files::share(args),
+        Command::Request(args) => ferry::cli::request::run(args),
         Command::Token(cmd) => ferry::cli::token::run(cmd),
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {
@@ -70,7 +78,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
             ferry::serve::tune_allocator();
-            init_logs(cfg.log_format);
+            init_logs(cfg.log_format, cfg.stdio);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             match rt.block_on(ferry::serve::run(cfg)) {
                 Ok(()) => std::process::ExitCode::SUCCESS,

@@ -120,6 +120,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let webhook_worker = webhooks.spawn(background_stop.clone());
     let pruner = events.spawn_pruner(Duration::from_secs(600), background_stop.clone());
     let head_watcher = events.spawn_head_watcher(background_stop.clone());
+    let closing = catalog.clone();
     let mut tasks = Engine::new(
         catalog,
         engine.clone(),
@@ -235,6 +236,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
+    // Last: nothing uses the catalog any more (SQLite folds its WAL back into the file).
+    let _ = tokio::time::timeout(Duration::from_secs(5), closing.close()).await;
     Ok(())
 }
 
@@ -476,6 +479,10 @@ async fn serve_http(
             Some(acceptor) => {
                 let (acceptor, watcher, http) = (acceptor.clone(), graceful.watcher(), http.clone());
                 tokio::spawn(async move {
+                    let mut stream = stream;
+                    if crate::tls::refused_plain_http(&mut stream, HEADER_READ_TIMEOUT).await {
+                        return;
+                    }
                     let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {

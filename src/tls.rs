@@ -15,6 +15,26 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+/// A client that speaks plain HTTP to the TLS port (`http://` where `https://` was meant) gets
+/// a plain-text `400` that says so, instead of TLS bytes (which curl reports as "Received
+/// HTTP/0.9 when not allowed"). True when the connection is done: answered so, closed, or
+/// silent for `wait` (as a handshake that never starts is); false when its first byte is not
+/// an HTTP method's (a TLS handshake starts with 0x16) and the handshake should go ahead.
+pub async fn refused_plain_http(stream: &mut tokio::net::TcpStream, wait: std::time::Duration) -> bool {
+    use tokio::io::AsyncWriteExt as _;
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(wait, stream.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0].is_ascii_uppercase() => {}
+        Ok(Ok(1)) => return false,
+        _ => return true,
+    }
+    let body = "This port speaks HTTPS: use https:// in the URL (curl: --cacert FILE for a private certificate).\n";
+    let answer = format!("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
+    true
+}
+
 /// The crypto provider: aws-lc-rs, as reqwest's rustls uses (one TLS stack in the build).
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())

@@ -621,3 +621,97 @@ async fn messages_name_real_routes_and_server_is_optional() {
     let o = out(ferry("http://127.0.0.1:1", &cache, &["ls", "--server", &s.base]).arg("--retry-for").arg("1s"));
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+/// Issue 23 kind 17: Ctrl-C (SIGINT) during `ferry upload` or `ferry download` says it was
+/// interrupted and how to continue, and exits 130; the same command then resumes.
+#[tokio::test]
+async fn ctrl_c_says_how_to_resume() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let size = 32 * 1024 * 1024 + 3;
+    let (src, sha) = source(dir.path(), "interrupted.bin", size, 30);
+    let interrupt = |child: std::process::Child| async move {
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+    };
+
+    let proxy = Proxy::start(s.addr(), 4 << 20, u64::MAX).await;
+    let args = ["upload", "--json", src.to_str().unwrap()];
+    let first = ferry(&proxy.base, &cache, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_until("1 MiB at the server", || async { metric(&s, "ferry_bytes_received_total").await >= 1 << 20 }).await;
+    let o = interrupt(first).await;
+    assert_eq!(code(&o), 130, "{}", stderr(&o));
+    assert!(stderr(&o).contains("ferry: interrupted (Ctrl-C)") && stderr(&o).contains("run the same command again"), "{}", stderr(&o));
+    proxy.up.open();
+    let v = ok_json(&out_async(ferry(&proxy.base, &cache, &args)).await);
+    assert_eq!(v["sha256"], sha.as_str());
+    assert!(v["resumed_from"].as_u64().unwrap() > 0, "{v}");
+
+    let down = Proxy::start(s.addr(), u64::MAX, 4 << 20).await;
+    let target = dir.path().join("copy.bin");
+    let part = dir.path().join("copy.bin.part");
+    let id = v["id"].as_str().unwrap();
+    let args = ["download", "--json", id, "-o", target.to_str().unwrap()];
+    let first = ferry(&down.base, &cache, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_until("1 MiB in the .part file", || async { std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0) >= 1 << 20 }).await;
+    let o = interrupt(first).await;
+    assert_eq!(code(&o), 130, "{}", stderr(&o));
+    assert!(stderr(&o).contains("ferry: interrupted (Ctrl-C)") && stderr(&o).contains("run the same command again"), "{}", stderr(&o));
+    down.down.open();
+    let o = out_async(ferry(&down.base, &cache, &args)).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(sha256_hex(&std::fs::read(&target).unwrap()), sha);
+}
+
+/// Issue 23 kinds 12 and 17 in the CLI's words: `ferry request` (JSON with the id, a too long
+/// `--ttl` refused before anything is made), `share` of an unfinished upload says so, hints
+/// name CLI commands rather than HTTP requests, and `token create` ends its line saying where
+/// the token is.
+#[tokio::test]
+async fn cli_messages_speak_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let token = "fy_cli_words_token";
+    let cfg = dir.path().join("ferry.toml");
+    std::fs::write(&cfg, format!("[[tokens]]\nprincipal = \"cli\"\nsha256 = \"{}\"\n", sha256_hex(token.as_bytes()))).unwrap();
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let with_token = |args: &[&str]| {
+        let mut c = ferry(&s.base, &cache, args);
+        c.env("FERRY_TOKEN", token);
+        c
+    };
+
+    let v = ok_json(&out(&mut with_token(&["request", "report.pdf", "--json"])));
+    let id = v["id"].as_str().unwrap();
+    assert!(v["page_url"].as_str().unwrap().contains(&format!("/share/{id}?scope=upload")), "{v}");
+    assert_eq!(v["scope"], "upload", "{v}");
+    let f = Api::with_token(&s, token).file(id).await;
+    assert!(f["size"].is_null() && f["name"] == "report.pdf", "{f}");
+    let before = Api::with_token(&s, token).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
+    let o = out(&mut with_token(&["request", "x.bin", "--ttl", "8d"]));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let after = Api::with_token(&s, token).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
+    assert_eq!(before, after, "a refused request made nothing");
+
+    // A download link of an unfinished upload: the CLI says so.
+    let o = out(&mut with_token(&["share", id]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("not complete yet") && stderr(&o).contains("--scope upload"), "{}", stderr(&o));
+
+    // Hints in the CLI's words.
+    let o = out(&mut ferry(&s.base, &cache, &["ls"]));
+    assert_eq!(code(&o), 6);
+    assert!(stderr(&o).contains("hint: Pass a token with --token or FERRY_TOKEN") && !stderr(&o).contains("Authorization"), "{}", stderr(&o));
+    let o = out(&mut with_token(&["rm", "nosuchfileid"]));
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("`ferry ls`") && !stderr(&o).contains("POST to the upload collection"), "{}", stderr(&o));
+    let o = out(&mut with_token(&["task", "start", "compress", "--args", r#"{"file_id":"nosuchfileid","format":"zstd"}"#]));
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("`ferry ls`") && !stderr(&o).contains("GET /api/v1/files"), "{}", stderr(&o));
+
+    let o = Command::new(ferry_bin()).args(["token", "create", "bob", "--config"]).arg(dir.path().join("t.toml")).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.trim_end().ends_with(':') && err.contains("kill -HUP") && err.contains("stdout"), "{err}");
+}

@@ -295,3 +295,27 @@ async fn checksum_mismatch_has_a_reason_phrase() {
     let status_line = String::from_utf8_lossy(&answer).lines().next().unwrap_or("").to_string();
     assert_eq!(status_line, "HTTP/1.1 460 Checksum Mismatch");
 }
+
+/// Issue 23 kind 17: a clean stop (SIGTERM) closes the SQLite catalog, so no `ferry.db-wal` or
+/// `ferry.db-shm` is left beside it; what was stored is there after a restart.
+#[tokio::test]
+async fn a_clean_stop_leaves_no_wal_files() {
+    if catalog_is_postgres() {
+        return; // Nothing beside a PostgreSQL catalog; the SQLite run covers this.
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut s = Server::start_in(&data, &[]);
+    let data_bytes = pseudo_random(20_000_000, 3);
+    let id = Api::new(&s).upload(&data_bytes, "kept.bin").await;
+    assert_eq!(Api::new(&s).download(&id).await, data_bytes);
+    // A few seconds of a server at rest (its sweeper, finisher and pool at work), as after any use.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(data.join("ferry.db-wal").exists(), "SQLite runs in WAL mode while serving");
+    assert!(s.terminate().success());
+    for f in ["ferry.db-wal", "ferry.db-shm"] {
+        assert!(!data.join(f).exists(), "{f} left after a clean stop");
+    }
+    let s = Server::start_in(&data, &[]);
+    assert_eq!(Api::new(&s).download(&id).await, data_bytes);
+}

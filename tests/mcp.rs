@@ -529,3 +529,94 @@ async fn a_draft_upload_is_visible_to_file_status() {
     assert_eq!(status["file"]["sha256"], sha256_hex(&data), "{status}");
     assert_eq!(status["file"]["size"], 200_000, "{status}");
 }
+
+/// Issue 23 kind 12: `file_request` asks a person for a file of any size in one call: its
+/// `page_url` opens a page that says "any size" (deferred length behind it), and a file of a
+/// size nobody declared before goes in through the same request (its signed `upload_url`,
+/// as the page sends it: `Upload-Length` on the first PATCH) and arrives under the name.
+/// Bad arguments make nothing.
+#[tokio::test]
+async fn file_request_makes_a_page_link_for_a_file_of_any_size() {
+    let server = Server::start(&[]);
+    let c = http_client(&server, None, false).await;
+    let tools = c.list_all_tools().await.unwrap();
+    let t = tools.iter().find(|t| t.name == "file_request").expect("a file_request tool");
+    assert_eq!(t.annotations.as_ref().unwrap().read_only_hint, Some(false));
+    let r = ok(&c, "file_request", json!({ "name": "signed-contract.pdf", "ttl_ms": 3_600_000 })).await;
+    let id = r["file"]["id"].as_str().unwrap().to_string();
+    assert!(r["file"]["size"].is_null(), "{r}");
+    let page = r["page_url"].as_str().expect("a page_url");
+    assert!(page.starts_with(&server.url(&format!("/share/{id}?scope=upload&expires="))), "{page}");
+    let (path, query) = page.split_once('?').unwrap();
+    let info: Value = common::client().get(format!("{path}/info?{query}")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(info["scope"], "upload", "{info}");
+    assert!(info["file"]["size"].is_null(), "the page asks for any size: {info}");
+    assert_eq!(info["file"]["name"], "signed-contract.pdf");
+    // The person's file, 123457 bytes, sent as the page sends it.
+    let data = common::pseudo_random(123_457, 9);
+    let url = r["upload_url"].as_str().unwrap();
+    let res = common::client()
+        .patch(url)
+        .header("tus-resumable", "1.0.0")
+        .header("content-type", "application/offset+octet-stream")
+        .header("upload-offset", "0")
+        .header("upload-length", data.len().to_string())
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    let status = ok(&c, "file_status", json!({ "file_id": id })).await;
+    assert_eq!((status["file"]["size"].as_u64(), status["file"]["sha256"].as_str()), (Some(123_457), Some(sha256_hex(&data).as_str())), "{status}");
+    // A refused call leaves no upload behind.
+    let before = Api::new(&server).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
+    for bad in [json!({ "name": "" }), json!({ "name": "x", "ttl_ms": 0 }), json!({ "name": "x", "size": 5 })] {
+        let (v, err, _) = call(&c, "file_request", bad.clone()).await;
+        assert!(err && v["error"]["code"] == "invalid_argument", "{bad}: {v}");
+    }
+    let after = Api::new(&server).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
+    assert_eq!(before, after, "refused requests made no upload");
+    c.cancel().await.unwrap();
+}
+
+/// Issue 23 kind 17: a client closing its legacy session (`DELETE /mcp`) gets `204`, which the
+/// Python SDK accepts (it logged "Session termination failed: 202" on every close).
+#[tokio::test]
+async fn closing_a_session_answers_204() {
+    let server = Server::start(&[]);
+    let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "ferry-tests", "version": "0" } } });
+    let r = common::client()
+        .post(server.url("/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let session = common::header(&r, "mcp-session-id").expect("a legacy session").to_string();
+    let _ = r.bytes().await;
+    let closed = common::client().delete(server.url("/mcp")).header("mcp-session-id", &session).header("mcp-protocol-version", "2025-06-18").send().await.unwrap();
+    assert_eq!(closed.status(), 204, "{:?}", closed.text().await);
+}
+
+/// Issue 23 kind 17: `ferry serve --stdio` writes no INFO lines (an MCP host shows each stderr
+/// line of its server as a log entry, often as an error); warnings still show, and `RUST_LOG`
+/// still chooses.
+#[tokio::test]
+async fn serve_stdio_is_quiet_on_stderr() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(common::ferry_bin())
+        .args(["serve", "--stdio", "--listen", "127.0.0.1:0", "--data"])
+        .arg(tmp.path().join("data"))
+        .env_remove("RUST_LOG")
+        .env_remove("FERRY_LISTEN")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("listening on http://127.0.0.1:"), "{err}");
+    assert!(!err.contains(" INFO "), "no INFO lines under --stdio: {err}");
+}

@@ -225,3 +225,21 @@ fn missing_or_mismatched_certificate_stops_start_up_with_one_line() {
     let s = LoggedServer::start(&data, &["--config", cfg.to_str().unwrap()]);
     assert!(s.base.starts_with("https://"), "{}", s.base);
 }
+
+/// Issue 23 kind 17: plain `http://` to the TLS port gets a plain `400` saying to use
+/// `https://` (curl showed only "Received HTTP/0.9 when not allowed"); https keeps working.
+#[test]
+fn plain_http_to_the_tls_port_says_use_https() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    make_ca(dir);
+    make_server_cert(dir, "server");
+    let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+    let s = Server::start(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    let plain = s.base.replacen("https://", "http://", 1);
+    let out = Command::new("curl").args(["-sS", "-w", "\n%{http_code}", &format!("{plain}/healthz")]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("use https://") && text.trim_end().ends_with("400"), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    let ok = curl(dir, &["-o", "/dev/null", "-w", "%{http_code}", &format!("{}/healthz", s.base)]);
+    assert_eq!(ok.trim(), "200");
+}

@@ -215,7 +215,7 @@ async fn download_page_tampered_and_expired_links_and_names_with_markup() {
     assert_eq!(out["upload"]["name"], odd.replace('\n', "\u{fffd}"));
     assert_eq!(out["upload"]["images"], 0);
     assert_eq!(out["download"]["sha256"], sha256_hex(&data).as_str());
-    assert_eq!(out["download"]["type"], "application/octet-stream");
+    assert_eq!(out["download"]["type"], "binary file (application/octet-stream)");
     assert!(out["download"]["size"].as_str().unwrap().contains("3,145,745 bytes"), "{out}");
     // The button downloaded the bytes.
     assert_eq!(out["downloaded"]["sha256"], sha256_hex(&data).as_str(), "{out}");
@@ -446,4 +446,137 @@ echo "progress 1 all rows" >&2
     for shot in ["web-dashboard.png", "web-dashboard-uploads.png", "web-dashboard-390x844.png"] {
         assert!(std::fs::read(artifacts().join(shot)).unwrap().starts_with(b"\x89PNG"), "{shot}");
     }
+}
+
+/// Issue 23 kind 12: asking for a file of any size takes one step. `ferry request NAME` prints
+/// a page link (a deferred-length upload behind it); in Chromium the page says "any size",
+/// takes a file of any size, and while it sends shows one number for what arrived ("Received
+/// so far" and the line under the bar agree with the bar, also after Pause) with a speed and
+/// the time left; the server stores the file under NAME with its sha256. The dashboard's
+/// "Request a file" makes the same kind of link, and a file sent through it appears in the
+/// dashboard's list.
+#[tokio::test]
+async fn a_request_for_a_file_of_any_size_from_the_cli_and_the_dashboard() {
+    require_browser();
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let made = common::cli::out(&mut common::cli::ferry(&s.base, &cache, &["request", "holiday photos.zip", "--ttl", "2h"]));
+    assert_eq!(common::cli::code(&made), 0, "{}", common::cli::stderr(&made));
+    let page_url = common::cli::stdout(&made).trim().to_string();
+    assert!(page_url.starts_with(&s.url("/share/")) && page_url.contains("scope=upload"), "{page_url}");
+    let told = common::cli::stderr(&made);
+    assert!(told.contains("any size") && told.contains("holiday photos.zip"), "{told}");
+    let id = page_url.split("/share/").nth(1).unwrap().split('?').next().unwrap().to_string();
+    let before = Api::new(&s).file(&id).await;
+    assert!(before["size"].is_null(), "deferred length: {before}");
+    let expires: i64 = page_url.split("expires=").nth(1).unwrap().split('&').next().unwrap().parse().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!(expires > now + 7100 && expires <= now + 7201, "--ttl 2h: expires {expires}, now {now}");
+
+    let size = 24 * 1024 * 1024 + 12_345;
+    let data = pseudo_random(size, 23);
+    let file = dir.path().join("DSC_0001.zip");
+    std::fs::write(&file, &data).unwrap();
+    let small = pseudo_random(3 * 1024 * 1024 + 5, 24);
+    let small_file = dir.path().join("scan.pdf");
+    std::fs::write(&small_file, &small).unwrap();
+    let spec = serde_json::json!({
+        "page_url": page_url, "file": file, "base": s.base, "dash_file": small_file,
+        "dash_name": "contract scan.pdf", "artifacts": artifacts(),
+    });
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let out = run_json_client(node_script("web/request_any.js", &[spec_path.to_str().unwrap()]), 400).await;
+    eprintln!("request pages: {out}");
+    assert_eq!(out["asked"]["size"], "any size", "{out}");
+    assert_eq!(out["asked"]["name"], "holiday photos.zip", "{out}");
+    // While sending: "Received so far" is the bar's number, with speed and time left.
+    let bytes = |n: u64| format!("({} bytes)", fmt_thousands(n));
+    let sending = &out["sending"];
+    let at = sending["uploaded"].as_u64().unwrap();
+    assert!(at > 0 && at < size as u64, "{sending}");
+    assert!(sending["received"].as_str().unwrap().contains(&bytes(at)), "{sending}");
+    let pct = format!("{:.1} %", at as f64 * 100.0 / size as f64);
+    assert!(sending["received"].as_str().unwrap().ends_with(&format!("({pct})")), "{sending}");
+    assert!(sending["pct"].as_str().unwrap().starts_with(&pct), "{sending}");
+    let rate = sending["rate"].as_str().unwrap();
+    assert!(rate.contains("/s · about ") && rate.ends_with(" left"), "speed and time left while sending: {rate}");
+    // Paused: still the bytes that arrived, not 0.
+    let paused = &out["paused"];
+    let at = paused["uploaded"].as_u64().unwrap();
+    assert!(at > 0, "{paused}");
+    assert!(paused["received"].as_str().unwrap().contains(&bytes(at)), "{paused}");
+    assert!(!paused["received"].as_str().unwrap().starts_with("0 bytes"), "{paused}");
+    assert_eq!(paused["rate"], "paused", "{paused}");
+    let finished = &out["finished"];
+    let want = sha256_hex(&data);
+    assert_eq!(finished["sha_local"], want.as_str(), "{finished}");
+    assert_eq!(finished["sha_server"], want.as_str(), "{finished}");
+    assert!(finished["received"].as_str().unwrap().contains(&format!("{} (100.0 %)", bytes(size as u64))), "{finished}");
+    assert_eq!(out["revisit"]["local_shown"], false, "a revisit shows no empty 'sha256 of your file': {out}");
+    assert_eq!(out["revisit"]["sha_server"], want.as_str());
+    let stored = Api::new(&s).file(&id).await;
+    assert_eq!((stored["size"].as_u64(), stored["name"].as_str(), stored["sha256"].as_str()), (Some(size as u64), Some("holiday photos.zip"), Some(want.as_str())), "{stored}");
+    assert_stored_sha256(&s, &format!("/files/{id}"), &want).await;
+
+    // The dashboard's "Request a file".
+    let made = &out["made"];
+    assert!(made["link"].as_str().unwrap().starts_with(&s.url("/share/")), "{made}");
+    assert!(made["what"].as_str().unwrap().contains("any size"), "{made}");
+    assert_eq!(made["copy"], true, "{made}");
+    assert_eq!(made["size"], "any size", "{made}");
+    assert_eq!(made["name"], "contract scan.pdf", "{made}");
+    assert_eq!(made["sha_server"], sha256_hex(&small).as_str(), "{made}");
+    let dash_id = made["id"].as_str().unwrap();
+    let f = Api::new(&s).file(dash_id).await;
+    assert_eq!((f["size"].as_u64(), f["name"].as_str(), f["sha256"].as_str()), (Some(small.len() as u64), Some("contract scan.pdf"), Some(sha256_hex(&small).as_str())), "{f}");
+    assert!(made["row"].as_str().unwrap().contains("contract scan.pdf"), "{made}");
+    assert_eq!(out["dialogs"], serde_json::json!([]));
+    assert!(out["errors"].as_array().unwrap().is_empty(), "{out}");
+    for shot in ["web-request-any-paused.png", "web-dashboard-request.png", "web-request-any-390x844.png"] {
+        assert!(std::fs::read(artifacts().join(shot)).unwrap().starts_with(b"\x89PNG"), "{shot}");
+    }
+}
+
+/// `1,234,567` (the page's `toLocaleString('en-US')`).
+fn fmt_thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Issue 23 kind 17: a link that cannot work gets its page (which says why) under the status
+/// its info request gets: 403 altered, 410 expired, 404 deleted; a good link 200.
+#[tokio::test]
+async fn pages_of_links_that_cannot_work_answer_their_error_status() {
+    let s = Server::start(&[]);
+    let id = Api::new(&s).upload(b"some bytes", "a.txt").await;
+    let other = Api::new(&s).upload(b"other bytes", "b.txt").await;
+    let good = share(&s, &id, "download", 3_600_000).await["page_url"].as_str().unwrap().to_string();
+    let status = |u: String| async move { client().get(u).send().await.unwrap().status().as_u16() };
+    assert_eq!(status(good.clone()).await, 200);
+    assert_eq!(status(good.replacen(&id, &other, 1)).await, 403, "altered");
+    assert_eq!(status(good.split("&sig=").next().unwrap().to_string()).await, 403, "cut short");
+    let expired = share(&s, &id, "download", 1).await["page_url"].as_str().unwrap().to_string();
+    let mut st = 0;
+    for _ in 0..100 {
+        st = status(expired.clone()).await;
+        if st == 410 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(st, 410, "expired");
+    let gone = share(&s, &other, "download", 3_600_000).await["page_url"].as_str().unwrap().to_string();
+    assert_eq!(Tus::new(&s).request("DELETE", &s.url(&format!("/files/{other}")), &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
+    let r = client().get(&gone).send().await.unwrap();
+    assert_eq!(r.status(), 404, "deleted");
+    assert!(r.text().await.unwrap().contains("/assets/app.js"), "still the page, which explains");
 }

@@ -358,6 +358,11 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
     /// sent again under its one id). Fences are not reset. Returns (uploads, tasks) reclaimed.
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)>;
 
+    /// Close the connections at the end of a clean shutdown, waiting for ones in use to come
+    /// back. SQLite then checkpoints its write-ahead log into the database file and removes
+    /// `ferry.db-wal` / `-shm`. Calls after it fail. Default: nothing to do.
+    async fn close(&self) {}
+
     /// Ask whoever holds upload `id`'s lease, in any process, to checkpoint and let go
     /// (release-on-request across replicas). Delivered to every [`Catalog::release_requests`]
     /// stream open now, at least once, within about a second (SQLite polls; PostgreSQL uses

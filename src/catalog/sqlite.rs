@@ -541,6 +541,10 @@ impl Catalog for SqliteCatalog {
         Ok(())
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = ?").bind(owner).execute(&mut *tx).await?.rows_affected();

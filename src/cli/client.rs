@@ -34,6 +34,9 @@ pub const EXIT_TASK_FAILED: u8 = 7;
 /// Exit code: `ferry task … --wait`: the task was cancelled.
 pub const EXIT_TASK_CANCELLED: u8 = 8;
 
+/// Interrupted by Ctrl-C (SIGINT): 128 + 2, as shells report it.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
 /// The exit codes of every client command (`upload`, `download`, `ls`, `status`, `rm`,
 /// `share`, `task`): the one definition behind `--help` and the README's table
 /// (`tests/cli_transfer.rs` checks that the two agree).
@@ -56,11 +59,12 @@ pub const EXIT_CODES: &[ExitCodeDoc] = &[
     ExitCodeDoc { code: EXIT_AUTH, meaning: "authentication: the token is missing, unknown or not allowed (401, 403)" },
     ExitCodeDoc { code: EXIT_TASK_FAILED, meaning: "`task start --wait`, `task get --wait`: the task failed" },
     ExitCodeDoc { code: EXIT_TASK_CANCELLED, meaning: "`task start --wait`, `task get --wait`: the task was cancelled" },
+    ExitCodeDoc { code: EXIT_INTERRUPTED, meaning: "`upload`, `download`: interrupted (Ctrl-C); the same command resumes" },
 ];
 
 /// The exit codes as `--help` shows them (after every client command's help and `ferry --help`).
 pub fn exit_codes_help() -> String {
-    let mut s = String::from("Exit codes (every client command: upload, download, ls, status, rm, share, task):\n");
+    let mut s = String::from("Exit codes (every client command: upload, download, ls, status, rm, share, request, task):\n");
     for c in EXIT_CODES {
         s.push_str(&format!("  {}  {}\n", c.code, c.meaning.replace('`', "")));
     }
@@ -248,10 +252,12 @@ impl CliError {
         let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
         e.server_code = problem.code.clone();
         e.server_retryable = problem.retryable;
-        e.hint = problem.recovery_hint.filter(|h| !h.is_empty()).or_else(|| match code {
-            EXIT_AUTH => Some("Pass a token with --token or FERRY_TOKEN (see `ferry token create`).".into()),
-            _ => None,
-        });
+        let cli_auth = "Pass a token with --token or FERRY_TOKEN (see `ferry token create`).";
+        e.hint = match status {
+            // The server's hint for 401 speaks HTTP (`Authorization: Bearer`).
+            401 => Some(cli_auth.into()),
+            _ => problem.recovery_hint.filter(|h| !h.is_empty()).map(|h| cli_words(&h)).or_else(|| (code == EXIT_AUTH).then(|| cli_auth.into())),
+        };
         e
     }
 
@@ -262,6 +268,17 @@ impl CliError {
 }
 
 /// Is this answer worth retrying (RFC 9110 §15.6 server errors, TUS `423 locked`, 429)?
+/// A server hint in the words of the CLI: the HTTP and MCP steps it names, as commands.
+pub fn cli_words(hint: &str) -> String {
+    const SAME: [(&str, &str); 4] = [
+        ("file_list (MCP) or GET /api/v1/files", "`ferry ls`"),
+        ("; to upload anew, POST to the upload collection", "; `ferry ls` lists yours, and `ferry upload FILE` starts a new upload"),
+        ("file_status or GET /api/v1/files/ID", "`ferry status ID`"),
+        ("Send `Authorization: Bearer <token>`", "Pass a token with --token or FERRY_TOKEN"),
+    ];
+    SAME.iter().fold(hint.to_string(), |h, (http, cli)| h.replace(http, cli))
+}
+
 pub fn retryable_status(status: u16) -> bool {
     matches!(status, 423 | 429 | 500..=599)
 }
@@ -577,6 +594,23 @@ pub fn run_command<F: std::future::Future<Output = Result<(), CliError>>>(f: imp
             std::process::ExitCode::from(e.code)
         }
     }
+}
+
+/// [`run_command`] for a transfer: Ctrl-C stops it with a line that says what to do next
+/// (`resume`) and exit code 130, instead of ending the process without a word. The server
+/// keeps what it acknowledged, and the local state (URL store, `.part` sidecar) is written as
+/// the transfer goes, so nothing else needs saving here.
+pub fn run_interruptible<F: std::future::Future<Output = Result<(), CliError>>>(resume: &'static str, f: impl FnOnce() -> F) -> std::process::ExitCode {
+    run_command(|| async move {
+        tokio::select! {
+            r = f() => r,
+            _ = tokio::signal::ctrl_c() => {
+                // After a progress bar or a plain progress line, start on a line of its own.
+                eprintln!();
+                Err(CliError::new(EXIT_INTERRUPTED, "interrupted (Ctrl-C)").hint(resume))
+            }
+        }
+    })
 }
 
 /// Print `line` and a newline on stdout. A closed stdout (`EPIPE`, e.g. `ferry ls | head`)

@@ -68,7 +68,7 @@ pub struct DownloadArgs {
 
 /// Run `ferry download`; returns the process exit code.
 pub fn run(args: DownloadArgs) -> std::process::ExitCode {
-    super::client::run_command(|| execute(args))
+    super::client::run_interruptible("The part already saved stays: run the same command again to continue from there.", || execute(args))
 }
 
 /// What the server says about the file before the transfer.

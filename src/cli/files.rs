@@ -304,6 +304,17 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         if let Some(page) = &shared.page_url {
             eprintln!("ferry: page for a browser: {}", client.resolve(page)?);
         }
+        if args.scope == "download" {
+            // A download link of an upload still in progress works only once it is complete.
+            let info = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &format!("/files/{}", super::client::id_segment(&args.id)?), &[], None).await;
+            if let Some(f) = info.ok().and_then(|b| serde_json::from_str::<FileInfo>(&b).ok()).filter(|f| !f.complete) {
+                eprintln!(
+                    "ferry: note: {} is not complete yet ({}); this download link works once it is. To let someone send the rest, use --scope upload.",
+                    f.id,
+                    f.state_short()
+                );
+            }
+        }
         print_line(client.resolve(&shared.url)?.as_str())
     })
 }

@@ -5,6 +5,7 @@ pub mod client;
 pub mod download;
 pub mod files;
 pub mod progress;
+pub mod request;
 pub mod store;
 pub mod stream;
 pub mod task;

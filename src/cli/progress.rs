@@ -43,22 +43,23 @@ impl Rate {
 
     /// Bytes per second, 0 before two readings make sense.
     fn per_second(&self) -> f64 {
-        self.per_second_at(Instant::now())
+        self.measured_at(Instant::now()).unwrap_or(0.0)
     }
 
-    fn per_second_at(&self, now: Instant) -> f64 {
-        match self.first {
-            Some(t) => {
-                let secs = now.duration_since(t).as_secs_f64();
-                if secs < 0.05 {
-                    0.0
-                } else {
-                    self.moved as f64 / secs
-                }
-            }
-            None => 0.0,
-        }
+    /// Bytes per second, or `None` while it cannot be measured: nothing moved yet, or too
+    /// short a time (a small file moved in one go is not "0 B/s").
+    fn measured_at(&self, now: Instant) -> Option<f64> {
+        let secs = now.duration_since(self.first?).as_secs_f64();
+        (secs >= 0.05 && self.moved > 0).then(|| self.moved as f64 / secs)
     }
+}
+
+/// `, 12.0 MiB/s` and `, ETA 3m 20s` for a plain progress line: nothing when the rate is not
+/// known.
+fn speed_and_eta(rate: Option<f64>, left: Option<u64>) -> String {
+    let Some(rate) = rate else { return String::new() };
+    let eta = left.and_then(|l| eta(l, rate)).map(|e| format!(", ETA {e}")).unwrap_or_default();
+    format!(", {}/s{eta}", bytesize::ByteSize::b(rate as u64).display().iec())
 }
 
 /// The time `left` bytes take at `rate` bytes per second, e.g. `3m 20s`.
@@ -214,20 +215,18 @@ impl Progress {
         if !force && s.last_line.is_some_and(|t| now.duration_since(t) < PLAIN_EVERY) {
             return;
         }
-        let rate = self.rate.lock().expect("rate lock").per_second_at(now);
-        if !force && s.last_line.is_none() && rate == 0.0 {
+        let rate = self.rate.lock().expect("rate lock").measured_at(now);
+        if !force && s.last_line.is_none() && rate.is_none() {
             return;
         }
         s.last_line = Some(now);
         s.last_pos = Some(s.pos);
-        let speed = bytesize::ByteSize::b(rate as u64).display().iec();
         match self.total {
             Some(total) => {
                 let pct = if total == 0 { 100.0 } else { s.pos as f64 * 100.0 / total as f64 };
-                let eta = eta(total.saturating_sub(s.pos), rate).map(|e| format!(", ETA {e}")).unwrap_or_default();
-                eprintln!("ferry: {}: {}/{total} bytes ({pct:.1}%), {speed}/s{eta}", self.label, s.pos);
+                eprintln!("ferry: {}: {}/{total} bytes ({pct:.1}%){}", self.label, s.pos, speed_and_eta(rate, Some(total.saturating_sub(s.pos))));
             }
-            None => eprintln!("ferry: {}: {} bytes, {speed}/s", self.label, s.pos),
+            None => eprintln!("ferry: {}: {} bytes{}", self.label, s.pos, speed_and_eta(rate, None)),
         }
     }
 }
@@ -259,12 +258,12 @@ mod tests {
     fn rate_counts_only_moved_bytes() {
         let t0 = Instant::now();
         let mut r = Rate::default();
-        assert_eq!(r.per_second_at(t0 + Duration::from_secs(5)), 0.0, "nothing moved yet");
+        assert_eq!(r.measured_at(t0 + Duration::from_secs(5)), None, "nothing moved yet");
         // 10 s spent re-hashing before the first byte moves are not part of the rate.
         let first = t0 + Duration::from_secs(10);
         r.add(1000, first);
         r.add(1000, first + Duration::from_secs(1));
-        assert_eq!(r.per_second_at(first + Duration::from_secs(2)), 1000.0);
+        assert_eq!(r.measured_at(first + Duration::from_secs(2)), Some(1000.0));
         // A resume that jumps the position by a GiB moves no bytes.
         let p = Progress::new("f", 1 << 30, 0, true);
         p.set(1 << 29, true);
@@ -273,5 +272,17 @@ mod tests {
         assert_eq!(p.rate.lock().unwrap().moved, 10);
         assert_eq!(eta(2000, 1000.0).as_deref(), Some("2s"));
         assert_eq!(eta(0, 1000.0), None);
+    }
+
+    /// Issue 23 kind 17: a small file moved in one go shows no rate rather than "0 B/s".
+    #[test]
+    fn a_rate_too_quick_to_measure_is_not_zero() {
+        let t0 = Instant::now();
+        let mut r = Rate::default();
+        r.add(5 << 20, t0);
+        assert_eq!(r.measured_at(t0 + Duration::from_millis(3)), None);
+        assert_eq!(speed_and_eta(None, Some(0)), "");
+        assert_eq!(speed_and_eta(Some(2.0 * 1024.0 * 1024.0), Some(4 << 20)), ", 2.0 MiB/s, ETA 2s");
+        assert!(!speed_and_eta(r.measured_at(t0 + Duration::from_millis(3)), Some(0)).contains("0 B/s"));
     }
 }

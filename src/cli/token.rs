@@ -157,7 +157,7 @@ fn create(a: &CreateArgs) -> CmdResult {
     };
     eprintln!(
         "token {} for principal {name:?}{what} added to {} (only its sha256 is stored; this is the only time it is shown). \
-         Running servers pick it up on SIGHUP:",
+         Running servers pick it up on SIGHUP (`kill -HUP PID`). The token follows on stdout.",
         &entry.sha256[..ID_LEN],
         path.display()
     );

@@ -106,7 +106,10 @@ pub struct UploadArgs {
 /// Run `ferry upload`; returns the process exit code (the first failure's, after trying
 /// every file).
 pub fn run(args: UploadArgs) -> std::process::ExitCode {
-    super::client::run_command(|| execute(args))
+    super::client::run_interruptible(
+        "The server keeps what it received: run the same command again to continue from there (for standard input, the `--url` command printed above).",
+        || execute(args),
+    )
 }
 
 async fn execute(args: UploadArgs) -> Result<(), CliError> {

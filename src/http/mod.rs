@@ -123,6 +123,21 @@ fn same_origin(own: &[String], origin: &str, host: &str) -> bool {
     origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false) || crate::app::origin_of(origin).is_some_and(|o| own.contains(&o))
 }
 
+/// `DELETE /mcp` (a client closing its session) answers `204 No Content` where rmcp answers
+/// `202 Accepted`: the session is gone when the answer comes, and clients accept 200 or 204
+/// only (the Python SDK logs "Session termination failed: 202" on every close).
+async fn mcp_session_closed(req: Request, next: Next) -> Response {
+    let closing = req.method() == Method::DELETE && req.uri().path() == "/mcp";
+    let mut res = next.run(req).await;
+    if closing && res.status() == StatusCode::ACCEPTED {
+        *res.status_mut() = StatusCode::NO_CONTENT;
+        *res.body_mut() = axum::body::Body::empty();
+        res.headers_mut().remove(axum::http::header::CONTENT_TYPE);
+        res.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+    }
+    res
+}
+
 /// The whole router, without binding a port. `mcp` is the MCP service nested at `/mcp`
 /// (built by `serve.rs` from the same state; this layer does not know MCP).
 pub fn app<M>(state: AppState, mcp: M) -> Router
@@ -156,6 +171,7 @@ where
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
         .layer(middleware::from_fn(note_route))
+        .layer(middleware::from_fn(mcp_session_closed))
         .layer(middleware::from_fn_with_state(state.clone(), guard_origin))
         .with_state(state.clone());
     // CORS is for the TUS endpoints only (browser uploaders such as Uppy on another origin);

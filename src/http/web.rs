@@ -133,9 +133,22 @@ fn serve(asset: &Asset, h: &HeaderMap, cache: &'static str) -> Response {
 }
 
 /// `GET /share/{id}`: the page. The same bytes for every link (the script reads the link from
-/// its own URL), never cached: the URL carries a signature.
-async fn page(h: HeaderMap) -> Response {
-    serve(&PAGE, &h, "no-store")
+/// its own URL), never cached: the URL carries a signature. A link that cannot work gets the
+/// page (which explains why) under the status its info request gets — 403 altered, 410
+/// expired, 404 no such file — so a crawler, a link checker or `curl -f` sees it too.
+async fn page(State(s): State<AppState>, Path(id): Path<String>, uri: Uri, h: HeaderMap) -> Response {
+    let mut res = serve(&PAGE, &h, "no-store");
+    let q = SignedQuery::from_query(uri.query()).unwrap_or_default();
+    let now = crate::upload::now_ms().div_euclid(1000);
+    let status = match s.links.signer().verify_link(&q, &id, now) {
+        Err(e) => Some(link_refused(e).0.status),
+        // A catalog that cannot answer leaves the page to say so (its info request retries).
+        Ok(_) => matches!(s.engine.owner(&id).await, Ok(None)).then_some(404),
+    };
+    if let Some(code) = status.and_then(|c| StatusCode::from_u16(c).ok()) {
+        *res.status_mut() = code;
+    }
+    res
 }
 
 /// Why a link's page cannot be used: 403 for an altered or incomplete link, 410 for an expired

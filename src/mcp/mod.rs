@@ -25,6 +25,7 @@
 
 mod args;
 pub mod envelope;
+mod request;
 pub mod results;
 pub mod sessions;
 mod tools;
@@ -131,6 +132,7 @@ impl FerryMcp {
         match req.name.as_ref() {
             "file_upload_begin" => self.upload_begin(p, args(&req.name, a)?).await,
             "file_upload_chunk" => self.upload_chunk(p, args(&req.name, a)?).await,
+            request::NAME => self.file_request(p, a).await,
             "file_status" => {
                 let FileArg { file_id } = args(&req.name, a)?;
                 // Finishes an upload whose bytes are all stored first; while it cannot, the
@@ -183,26 +185,28 @@ impl FerryMcp {
         }
     }
 
-    async fn upload_begin(&self, p: &str, a: BeginArg) -> Outcome {
-        if a.name.is_empty() || a.name.len() > 255 || a.name.chars().any(char::is_control) {
+    /// A new upload of `size` bytes (`None`: deferred length, declared by the first chunk
+    /// sender) named `name`: the one creation of `file_upload_begin` and `file_request`.
+    async fn create_named(&self, p: &str, name: &str, size: Option<u64>, media_type: Option<&str>, sha256: Option<&str>) -> Result<UploadRecord, TusError> {
+        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Err(invalid("name must be 1 to 255 bytes without control characters", "Pass a plain file name such as report.pdf."));
         }
-        if let Some(h) = &a.sha256 {
+        if let Some(h) = &sha256 {
             // The same check as metadata `sha256` on POST /files/ (not hex vs. the wrong length).
             ferry_tus::parse_declared_sha256(h)?;
         }
         let mut md = UploadMetadata::new();
         let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");
-        md.insert("filename", Some(a.name.clone().into_bytes())).map_err(bad)?;
-        md.insert("filetype", Some(a.media_type.clone().unwrap_or_else(|| "application/octet-stream".into()).into_bytes())).map_err(bad)?;
-        if let Some(h) = &a.sha256 {
+        md.insert("filename", Some(name.to_string().into_bytes())).map_err(bad)?;
+        md.insert("filetype", Some(media_type.map(str::to_string).unwrap_or_else(|| "application/octet-stream".into()).into_bytes())).map_err(bad)?;
+        if let Some(h) = &sha256 {
             md.insert("sha256", Some(h.to_ascii_lowercase().into_bytes())).map_err(bad)?;
         }
         let md_raw = md.to_string();
-        let length = a.size.map(|s| s.to_string());
+        let length = size.map(|s| s.to_string());
         let ch = CreationHeaders {
             upload_length: length.as_deref(),
-            upload_defer_length: a.size.is_none().then_some("1"),
+            upload_defer_length: size.is_none().then_some("1"),
             upload_metadata: Some(&md_raw),
             upload_concat: None,
             upload_checksum: None,
@@ -213,11 +217,15 @@ impl FerryMcp {
         };
         let limits = crate::app::limits::creation_limits(&self.state.engine);
         let plan = ferry_tus::plan_creation(&ch, &limits)?;
-        let rec = self.state.engine.create(p, &plan, &md_raw).await?;
+        self.state.engine.create(p, &plan, &md_raw).await
+    }
+
+    async fn upload_begin(&self, p: &str, a: BeginArg) -> Outcome {
         let ttl = a.ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for 24 hours."));
         }
+        let rec = self.create_named(p, &a.name, a.size, a.media_type.as_deref(), a.sha256.as_deref()).await?;
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let mut headers: BTreeMap<String, String> =
             [("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "<current offset, 0 at first>")]

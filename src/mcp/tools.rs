@@ -158,6 +158,7 @@ pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<T
             output_schema::<TaskListOut>(),
             READ),
     ];
+    tools.insert(1, super::request::tool());
     let mut jobs = vec![
         JobTool { name: "archive_files".into(), kind: "archive", command: None },
         JobTool { name: "compress_file".into(), kind: "compress", command: None },

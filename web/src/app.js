@@ -68,12 +68,40 @@ async function hashFile(file, onProgress) {
   return bytesToHex(h.digest())
 }
 
+/** Media types people know by another name, and the words for them. */
+const KINDS = {
+  'application/zip': 'ZIP archive',
+  'application/x-tar': 'tar archive',
+  'application/gzip': 'gzip-compressed file',
+  'application/zstd': 'zstd-compressed file',
+  'application/x-7z-compressed': '7-Zip archive',
+  'application/pdf': 'PDF document',
+  'application/json': 'JSON file',
+  'application/octet-stream': 'binary file',
+  'application/x-iso9660-image': 'disk image (ISO)',
+  'application/msword': 'Word document',
+  'application/vnd.openxmlformats-officedocument.wordprocessingml.document': 'Word document',
+  'application/vnd.openxmlformats-officedocument.spreadsheetml.sheet': 'Excel spreadsheet',
+  'text/plain': 'text file',
+  'text/csv': 'CSV table',
+}
+
+/** `ZIP archive (application/zip)`; `image/png` → `PNG image (image/png)`; else the type. */
+function kindOf(type) {
+  if (!type) return 'not known'
+  const bare = type.split(';')[0].trim().toLowerCase()
+  let kind = KINDS[bare]
+  const [top, sub] = bare.split('/')
+  if (!kind && ['image', 'video', 'audio'].includes(top) && /^[a-z0-9.+-]+$/.test(sub || '')) kind = `${sub.replace(/^x-/, '').toUpperCase()} ${top}`
+  return kind ? `${kind} (${type})` : type
+}
+
 function downloadPage(l, info) {
   const f = info.file
   show('download')
   setText('dl-name', shown(f))
   setText('dl-size', formatBytes(f.size))
-  setText('dl-type', f.media_type)
+  setText('dl-type', kindOf(f.media_type))
   setText('dl-sha', f.sha256 || 'not complete yet')
   setText('dl-expires', formatTime(info.expires_at_ms))
   const button = $('dl-button')
@@ -95,13 +123,15 @@ function uploadPage(l, info) {
   show('upload')
   setText('up-name', f.name ? shown(f) : 'any name')
   setText('up-size', f.size == null ? 'any size' : formatBytes(f.size))
-  setText('up-received', f.size ? `${formatBytes(f.offset)} (${((f.offset * 100) / f.size).toFixed(1)} %)` : formatBytes(f.offset))
+  received(f.offset, f.size)
   setText('up-expires', formatTime(info.expires_at_ms))
   if (f.complete) {
     $('drop').hidden = true
     $('result').hidden = false
     setText('verdict', 'This upload is complete.')
-    setText('sha-local', '—')
+    // This browser did not send it (or does not remember doing so): only the server's hash.
+    $('sha-local-label').hidden = true
+    $('sha-local').hidden = true
     setText('sha-server', f.sha256 || '')
     setState('complete')
     return
@@ -131,12 +161,14 @@ function start(l, info, file) {
   const f = info.file
   if (started) return
   if (f.size != null && file.size !== f.size) {
-    setText('status', `“${file.name}” has ${formatBytes(file.size)}; this request asks for exactly ${formatBytes(f.size)}. Choose the right file.`)
-    $('status').className = 'bad'
+    // Said next to the drop zone, and the input forgets the wrong file.
+    setText('pick-problem', `“${file.name}” has ${formatBytes(file.size)}; this request asks for exactly ${formatBytes(f.size)}. Choose the right file.`)
+    $('pick-problem').hidden = false
+    $('pick').value = ''
     return
   }
   started = true
-  $('status').className = ''
+  $('pick-problem').hidden = true
   $('drop').hidden = true
   $('progress').hidden = false
   setText('status', `Sending “${file.name}”…`)
@@ -153,15 +185,18 @@ function start(l, info, file) {
   })
   const fileId = uppy.addFile({ name: file.name, type: file.type || 'application/octet-stream', data: file, source: 'page' })
   let paused = false
+  const speed = rateMeter()
   uppy.on('upload-progress', (_file, p) => {
     if (!p.bytesTotal) return
     $('bar').value = p.bytesUploaded / p.bytesTotal
-    setText('pct', `${((p.bytesUploaded * 100) / p.bytesTotal).toFixed(1)} %`)
-    setText('bytes', `${formatBytes(p.bytesUploaded)} of ${formatBytes(p.bytesTotal)}`)
+    received(p.bytesUploaded, p.bytesTotal)
+    if (!paused) setText('rate', speed.sample(p.bytesUploaded, p.bytesTotal))
     document.body.dataset.uploaded = String(p.bytesUploaded)
   })
   $('pause').addEventListener('click', () => {
     paused = uppy.pauseResume(fileId)
+    speed.reset()
+    setText('rate', paused ? 'paused' : 'starting…')
     setText('pause', paused ? 'Resume' : 'Pause')
     setText('status', paused ? 'Paused. You can close this page: choose the same file again later to continue.' : `Sending “${file.name}”…`)
     setState(paused ? 'paused' : 'uploading')
@@ -176,7 +211,8 @@ function start(l, info, file) {
       $('pause').hidden = true
       setText('status', 'All bytes sent. Comparing checksums…')
       const [local, server] = await Promise.all([hashing, serverSha(l)])
-      setText('up-received', `${formatBytes(file.size)} (100 %)`)
+      received(file.size, file.size)
+      setText('rate', speed.summary())
       $('result').hidden = false
       setText('sha-local', local)
       setText('sha-server', server || 'not reported')
@@ -188,6 +224,62 @@ function start(l, info, file) {
     },
     (err) => failed(err, info),
   )
+}
+
+/** "Received so far" and the percentage under the bar: one number, from one place. */
+function received(bytes, total) {
+  const pct = total ? `${((bytes * 100) / total).toFixed(1)} %` : ''
+  setText('up-received', total ? `${formatBytes(bytes)} of ${formatBytes(total)} (${pct})` : formatBytes(bytes))
+  setText('pct', total ? `${pct} · ${shortBytes(bytes)} of ${shortBytes(total)}` : shortBytes(bytes))
+}
+
+/** Bytes in a few characters: `512 B`, `96.0 MiB`. */
+function shortBytes(n) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB']
+  let v = n
+  let i = 0
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024
+    i += 1
+  }
+  return i === 0 ? `${n} B` : `${v.toFixed(1)} ${units[i]}`
+}
+
+/** `45 s`, `3 min 20 s`, `2 h 05 min`. */
+function duration(secs) {
+  const s = Math.max(1, Math.round(secs))
+  if (s < 60) return `${s} s`
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, '0')} s`
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`
+}
+
+/** Speed over the last few seconds of sending and the time left at that speed. */
+function rateMeter() {
+  const WINDOW_MS = 5000
+  let samples = []
+  let first = null
+  return {
+    reset() {
+      samples = []
+    },
+    sample(bytes, total) {
+      const now = performance.now()
+      if (!first) first = { t: now, bytes }
+      samples.push({ t: now, bytes })
+      while (samples.length > 2 && now - samples[0].t > WINDOW_MS) samples.shift()
+      const a = samples[0]
+      const secs = (now - a.t) / 1000
+      if (secs < 0.2 || bytes <= a.bytes) return 'measuring speed…'
+      const rate = (bytes - a.bytes) / secs
+      return `${shortBytes(rate)}/s · about ${duration((total - bytes) / rate)} left`
+    },
+    /** The average speed of the whole send, for the end. */
+    summary() {
+      const last = samples[samples.length - 1]
+      if (!first || !last || last.t - first.t < 1) return 'sent'
+      return `sent at ${shortBytes((last.bytes - first.bytes) / ((last.t - first.t) / 1000))}/s on average`
+    },
+  }
 }
 
 /** A file's name as people may see it: the server's `display_name` (control and bidi

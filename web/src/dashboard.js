@@ -72,6 +72,29 @@ function row(cells) {
   return tr
 }
 
+/** UTF-8, base64 (a TUS metadata value). */
+function base64Utf8(text) {
+  let bin = ''
+  for (const b of new TextEncoder().encode(text)) bin += String.fromCharCode(b)
+  return btoa(bin)
+}
+
+/** The `filename` of a TUS `Upload-Metadata` string (events carry it raw), or ''. */
+function metadataName(raw) {
+  if (typeof raw !== 'string') return ''
+  for (const pair of raw.split(',')) {
+    const [k, v] = pair.trim().split(' ')
+    if (k !== 'filename' || !v) continue
+    try {
+      const bin = atob(v)
+      return new TextDecoder('utf-8', { fatal: false }).decode(Uint8Array.from(bin, (c) => c.charCodeAt(0))).replace(/[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g, '\ufffd')
+    } catch (_) {
+      return ''
+    }
+  }
+  return ''
+}
+
 function bar(fraction) {
   const p = el('progress')
   p.max = 1
@@ -226,7 +249,10 @@ export async function dashboard() {
     const subject = data.upload || data.task || ''
     const f = files.find((x) => x.id === subject)
     const t = tasks.find((x) => x.id === subject)
-    const what = f ? f.display_name || f.name || f.id : t ? `${t.kind} task` : data.kind ? `${data.kind} task` : subject
+    // A file not listed yet (its upload.created comes before the list is re-read) is named by
+    // the event's own metadata.
+    const named = f ? f.display_name || f.name : metadataName(data.metadata)
+    const what = named || (t ? `${t.kind} task` : data.kind ? `${data.kind} task` : subject)
     const parts = [new Date().toLocaleTimeString(), e.event, what]
     if (data.status) parts.push(data.previous_status ? `${data.previous_status} → ${data.status}` : data.status)
     if (data.size != null && e.event === 'upload.finished') parts.push(formatBytes(data.size))
@@ -243,18 +269,52 @@ export async function dashboard() {
 
   // ---- rendering ----
 
+  const showLink = (what, out) => {
+    setText('share-what', `${what}, until ${new Date(out.expires_at_ms).toLocaleString()}:`)
+    $('share-url').value = out.page_url || out.url
+    $('share-out').hidden = false
+    setText('share-copy', 'Copy')
+    $('share-url').select()
+  }
+
   const share = (f, scope) => async () => {
     try {
       const out = await api('POST', `/api/v1/files/${encodeURIComponent(f.id)}/share`, { scope, ttl_ms: Number($('ttl').value) })
       const what = scope === 'download' ? 'Download page' : 'Upload page'
-      setText('share-what', `${what} for “${f.display_name || f.name || f.id}”, until ${new Date(out.expires_at_ms).toLocaleString()}:`)
-      $('share-url').value = out.page_url || out.url
-      $('share-out').hidden = false
-      $('share-url').select()
+      showLink(`${what} for “${f.display_name || f.name || f.id}”`, out)
     } catch (e) {
       if (e instanceof Unauthorized) return showLogin()
       setText('status', `Could not make a link: ${e.message}`)
     }
+  }
+
+  // Your own file, downloaded through a short-lived signed link (a plain link cannot carry the token).
+  const download = (f) => async () => {
+    try {
+      const out = await api('POST', `/api/v1/files/${encodeURIComponent(f.id)}/share`, { scope: 'download', ttl_ms: 15 * 60 * 1000 })
+      const u = new URL(out.url, location.href)
+      u.searchParams.set('download', '1')
+      location.assign(u.href)
+    } catch (e) {
+      if (e instanceof Unauthorized) return showLogin()
+      setText('status', `Could not download: ${e.message}`)
+    }
+  }
+
+  // "Request a file": an upload of any size (deferred length, TUS creation-defer-length) named
+  // NAME, and its upload page for the person asked.
+  const request = async (name) => {
+    const res = await fetch('/files/', {
+      method: 'POST',
+      headers: { 'tus-resumable': '1.0.0', 'upload-defer-length': '1', 'upload-metadata': `filename ${base64Utf8(name)}`, ...authHeaders() },
+    })
+    if (res.status === 401) return showLogin()
+    if (res.status !== 201) throw new Error(`${res.status} ${await problemText(res)}`.trim())
+    const id = decodeURIComponent(new URL(res.headers.get('location'), location.href).pathname.split('/').filter(Boolean).pop())
+    const out = await api('POST', `/api/v1/files/${encodeURIComponent(id)}/share`, { scope: 'upload', ttl_ms: Number($('ttl').value) })
+    showLink(`Request page for “${name}” (any size): send it to the person`, out)
+    document.body.dataset.requested = id
+    refreshSoon()
   }
 
   const remove = (f) => async () => {
@@ -272,11 +332,12 @@ export async function dashboard() {
       else if (f.size) state.append(bar(f.offset / f.size), el('span', ` ${pct(f.offset / f.size)} · ${formatBytes(f.offset)}`))
       else state.textContent = `${formatBytes(f.offset)} so far`
       const actions = el('span', null, 'actions')
-      if (f.complete) actions.append(button('Share', share(f, 'download')))
+      if (f.complete) actions.append(button('Download', download(f)), button('Share', share(f, 'download')))
       else actions.append(button('Request upload', share(f, 'upload')))
       actions.append(button('Delete', remove(f), 'danger'))
       const tr = row([f.display_name || f.name || f.id, formatBytes(f.size), state, el('span', f.sha256 || '', 'hash'), new Date(f.created_at).toLocaleString(), actions])
       tr.dataset.id = f.id
+      tr.children[0].className = 'name'
       tr.children[2].className = 'state'
       return tr
     })
@@ -290,6 +351,9 @@ export async function dashboard() {
       let status = t.status
       if (t.status_message) status += `: ${t.status_message}`
       if (t.status === 'failed' && t.error) status += `: ${t.error.message || JSON.stringify(t.error)}`
+      // The file a finished task made, by name (built-in kinds: `file`; external: `files`).
+      const made = t.status === 'completed' && t.result ? [t.result.file, ...(Array.isArray(t.result.files) ? t.result.files : [])].filter((x) => x && x.id) : []
+      if (made.length) status += ` → ${made.map((x) => { const f = files.find((y) => y.id === x.id); return (f && (f.display_name || f.name)) || x.name || x.id }).join(', ')}`
       const actions = el('span', null, 'actions')
       if (t.status === 'working' || t.status === 'input_required') {
         actions.append(
@@ -561,5 +625,26 @@ export async function dashboard() {
     location.reload()
   })
   $('share-url').addEventListener('focus', () => $('share-url').select())
+  $('share-copy').addEventListener('click', async () => {
+    $('share-url').select()
+    try {
+      await navigator.clipboard.writeText($('share-url').value)
+    } catch (_) {
+      document.execCommand('copy')
+    }
+    setText('share-copy', 'Copied')
+  })
+  $('request').addEventListener('submit', async (e) => {
+    e.preventDefault()
+    const name = $('request-name').value.trim()
+    if (!name) return
+    try {
+      await request(name)
+      $('request-name').value = ''
+    } catch (err) {
+      if (err instanceof Unauthorized) return showLogin()
+      setText('status', `Could not make a request: ${err.message}`)
+    }
+  })
   refresh()
 }

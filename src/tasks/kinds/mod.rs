@@ -74,7 +74,7 @@ pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String
         let mut e = TusError::new(
             409,
             ErrorCode::UploadIncomplete,
-            format!("{kind}: file{} {list} not complete", if ids.len() == 1 { " is" } else { "s are" }),
+            if ids.len() == 1 { format!("{kind}: file {list} is not complete") } else { format!("{kind}: files {list} are not complete") },
             format!("Finish uploading {list} (file_status or GET /api/v1/files/ID shows the offset), then start the task again."),
         );
         if let [(_, offset)] = incomplete[..] {
