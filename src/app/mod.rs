@@ -7,6 +7,8 @@ use std::sync::Arc;
 use crate::metrics::Metrics;
 use crate::upload::UploadEngine;
 
+#[cfg(test)]
+pub mod arb;
 pub mod limits;
 pub mod principal;
 pub mod views;

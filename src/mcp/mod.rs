@@ -442,76 +442,24 @@ impl FerryMcp {
         }
     }
 
-    /// The facade's view of a task: status, progress, questions, result or failure envelope.
-    /// Files the task produced (built-in kinds' `file`, an `external` task's `files`) come
-    /// back alike: handles from the live records, each with a signed download URL.
+    /// The facade's view of a task ([`task_out`]), with handles of the files it produced
+    /// (built-in kinds' `file`, an `external` task's `files`) read from the live records, each
+    /// with a signed download URL.
     async fn task_result(&self, p: &str, t: &TaskRecord) -> Outcome {
-        let mut v = TaskOut::new(t.status.into(), &t.id, &t.kind);
-        if t.progress != Default::default() {
-            v.progress = Some((&t.progress).into());
-        }
-        v.prior_failure = t.prior_failure.clone();
+        let mut produced = Vec::new();
         let mut extra = Vec::new();
-        match t.status {
-            FerryStatus::Working => {
-                v.poll_with = Some("task_get".into());
-                v.poll_after_ms = Some(POLL_AFTER_MS);
-            }
-            FerryStatus::InputRequired => {
-                v.input_requests = Some(outstanding(t));
-                v.poll_with = Some("task_get".into());
-                v.poll_after_ms = Some(POLL_AFTER_MS);
-            }
-            FerryStatus::Completed => {
-                let out = crate::app::views::task_output(t.result.as_deref());
-                let mut produced = Vec::new();
-                for id in &out.files {
-                    if let Ok(r) = self.state.engine.get(p, id).await {
-                        let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
-                        let (file, link) = handle(&r);
-                        produced.push(ProducedFile { file, download_url: s.url });
-                        extra.push(link);
-                    }
+        if t.status == FerryStatus::Completed {
+            for id in &crate::app::views::task_output(t.result.as_deref()).files {
+                if let Ok(r) = self.state.engine.get(p, id).await {
+                    let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
+                    let (file, link) = handle(&r);
+                    produced.push(ProducedFile { file, download_url: s.url });
+                    extra.push(link);
                 }
-                if let Some(first) = produced.first() {
-                    v.file = Some(first.file.clone());
-                    v.download_url = Some(first.download_url.clone());
-                }
-                if produced.len() > 1 {
-                    v.files = Some(produced);
-                }
-                v.result = out.rest;
-            }
-            FerryStatus::Failed => {
-                let e: Value = t.error.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
-                let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
-                let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
-                let hint = match code {
-                    ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
-                    ErrorCode::QuotaExceeded => "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed (file_delete), then start the task again.",
-                    ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
-                        "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later (the same idempotency_key starts a new run)."
-                    }
-                    _ => "Read error.message, fix the arguments or inputs it names, and start the task again (a retry with the same idempotency_key starts a new run).",
-                };
-                let mut err = TusError::new(500, code, message, hint);
-                err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
-                v.error = Some(ErrorObject::of(&err));
-                return Ok(result(&v, extra, true));
-            }
-            FerryStatus::Cancelled => {
-                let mut err = TusError::new(
-                    409,
-                    ErrorCode::Cancelled,
-                    format!("task {} was cancelled", t.id),
-                    "Start the task again if its result is still needed (the same idempotency_key starts a new run).",
-                );
-                err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
-                v.error = Some(ErrorObject::of(&err));
-                return Ok(result(&v, extra, true));
             }
         }
-        Ok(result(&v, extra, false))
+        let (v, is_error) = task_out(t, produced);
+        Ok(result(&v, extra, is_error))
     }
 
     /// The SEP-2663 view of a task, for `tasks/get`.
@@ -551,6 +499,69 @@ impl FerryMcp {
     fn is_job_tool(&self, name: &str) -> Option<&JobTool> {
         self.jobs.iter().find(|j| j.name == name)
     }
+}
+
+/// The facade's view of a task — status, progress, questions, result or failure envelope —
+/// and whether it is an error result (`failed`, `cancelled`). `produced`: handles of the files
+/// the task produced that still exist. Pure, so every state a record can hold is checked
+/// against the tools' `outputSchema` (tests below).
+fn task_out(t: &TaskRecord, produced: Vec<ProducedFile>) -> (TaskOut, bool) {
+    let mut v = TaskOut::new(t.status.into(), &t.id, &t.kind);
+    if t.progress != Default::default() {
+        v.progress = Some((&t.progress).into());
+    }
+    v.prior_failure = t.prior_failure.clone();
+    match t.status {
+        FerryStatus::Working => {
+            v.poll_with = Some("task_get".into());
+            v.poll_after_ms = Some(POLL_AFTER_MS);
+        }
+        FerryStatus::InputRequired => {
+            v.input_requests = Some(outstanding(t));
+            v.poll_with = Some("task_get".into());
+            v.poll_after_ms = Some(POLL_AFTER_MS);
+        }
+        FerryStatus::Completed => {
+            let out = crate::app::views::task_output(t.result.as_deref());
+            if let Some(first) = produced.first() {
+                v.file = Some(first.file.clone());
+                v.download_url = Some(first.download_url.clone());
+            }
+            if produced.len() > 1 {
+                v.files = Some(produced);
+            }
+            v.result = out.rest;
+        }
+        FerryStatus::Failed => {
+            let e: Value = t.error.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
+            let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
+            let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
+            let hint = match code {
+                ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
+                ErrorCode::QuotaExceeded => "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed (file_delete), then start the task again.",
+                ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
+                    "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later (the same idempotency_key starts a new run)."
+                }
+                _ => "Read error.message, fix the arguments or inputs it names, and start the task again (a retry with the same idempotency_key starts a new run).",
+            };
+            let mut err = TusError::new(500, code, message, hint);
+            err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
+            v.error = Some(ErrorObject::of(&err));
+            return (v, true);
+        }
+        FerryStatus::Cancelled => {
+            let mut err = TusError::new(
+                409,
+                ErrorCode::Cancelled,
+                format!("task {} was cancelled", t.id),
+                "Start the task again if its result is still needed (the same idempotency_key starts a new run).",
+            );
+            err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
+            v.error = Some(ErrorObject::of(&err));
+            return (v, true);
+        }
+    }
+    (v, false)
 }
 
 /// The shell lines `file_upload_begin` returns: send the whole file, and resume after an
@@ -782,6 +793,88 @@ impl ServerHandler for FerryMcp {
                     format!("file {id} is {why}; download it from the URL in data.download_url (or call file_download_url)"),
                     Some(json!({ "download_url": s.url, "size": size, "sha256": v.sha256, "mimeType": v.media_type })),
                 ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    //! Every result a tool can give validates against the `outputSchema` that tool declares
+    //! (issue 23, kind 1): task views are built by [`task_out`] — the function the tools use —
+    //! from generated task records in every state, file handles from generated upload records,
+    //! failures from every error code with and without `partial` and `quota`.
+    use super::*;
+    use crate::app::arb;
+    use proptest::prelude::*;
+
+    /// The declared `outputSchema` of every tool, compiled once.
+    static SCHEMAS: std::sync::LazyLock<BTreeMap<String, jsonschema::Validator>> = std::sync::LazyLock::new(|| {
+        let (tools, _) = tools::catalogue(&[], 1 << 20);
+        tools
+            .iter()
+            .map(|t| {
+                let schema = Value::Object(t.output_schema.as_ref().expect("every tool declares an outputSchema").as_ref().clone());
+                (t.name.to_string(), jsonschema::validator_for(&schema).expect("a valid JSON Schema"))
+            })
+            .collect()
+    });
+
+    fn check(tool: &str, r: &CallToolResult) -> Result<(), TestCaseError> {
+        let v = r.structured_content.as_ref().expect("structured");
+        let errors: Vec<String> = SCHEMAS[tool].iter_errors(v).map(|e| format!("{}: {e}", e.instance_path())).collect();
+        prop_assert!(errors.is_empty(), "{tool} result breaks its outputSchema: {errors:?}\n{v}");
+        Ok(())
+    }
+
+    const TASK_TOOLS: [&str; 5] = ["task_get", "task_cancel", "archive_files", "compress_file", "fetch_url"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_task_view_fits_its_schema(t in arb::task_record(), files in proptest::collection::vec(arb::upload_record(), 0..3)) {
+            let produced: Vec<ProducedFile> = files.iter().map(|r| ProducedFile { file: handle(r).0, download_url: format!("http://h/files/{}?sig=x", r.id) }).collect();
+            let (v, is_error) = task_out(&t, produced);
+            prop_assert_eq!(is_error, matches!(t.status, FerryStatus::Failed | FerryStatus::Cancelled));
+            let r = result(&v, vec![], is_error);
+            for tool in TASK_TOOLS {
+                check(tool, &r)?;
+            }
+            // task_cancel's answer for the task it just cancelled; task_respond; task_list.
+            check("task_cancel", &result(&TaskOut::new(TaskState::Cancelled, &t.id, &t.kind), vec![], false))?;
+            check("task_respond", &result(&RespondOut { status: t.status.into(), task_id: t.id.clone(), accepted: t.runs % 2 == 0 }, vec![], false))?;
+            let brief = TaskBrief { task_id: t.id.clone(), kind: t.kind.clone(), status: t.status.into() };
+            check("task_list", &result(&TaskListOut { status: OkStatus::Ok, tasks: vec![brief] }, vec![], false))?;
+        }
+
+        #[test]
+        fn every_file_result_fits_its_schema(r in arb::upload_record(), page in proptest::option::of("[a-z]{1,5}")) {
+            check("file_status", &file_out(&r))?;
+            check("file_upload_chunk", &file_out(&r))?;
+            check("file_list", &result(&ListOut { status: OkStatus::Ok, files: vec![handle(&r).0] }, vec![], false))?;
+            let url = UrlOut { status: OkStatus::Ok, download_url: "u".into(), page_url: page.clone(), expires_at: "t".into(), file: handle(&r).0 };
+            check("file_download_url", &result(&url, vec![], false))?;
+            let (curl, curl_resume) = curl_lines(r.length.is_none());
+            let begin = BeginOut {
+                status: OkStatus::Ok, file: handle(&r).0, upload_url: "u".into(), page_url: page, method: "PATCH".into(),
+                headers: BTreeMap::new(), expires_at: "t".into(), max_inline_chunk: 1, curl, curl_resume,
+            };
+            check("file_upload_begin", &result(&begin, vec![], false))?;
+        }
+
+        #[test]
+        fn every_failure_fits_every_schema(
+            code in proptest::sample::select(ErrorCode::ALL.to_vec()),
+            cursor in proptest::option::of(any::<u64>()),
+            quota in proptest::option::of((any::<u64>(), any::<u64>(), any::<u64>())),
+        ) {
+            let mut e = TusError::new(400, code, "detail", "hint");
+            e.cursor = cursor;
+            e.quota = quota.map(|(limit, used, requested)| Box::new(ferry_tus::QuotaDetail { name: "bytes", limit, used, requested }));
+            let (tools, _) = tools::catalogue(&[], 1 << 20);
+            for t in &tools {
+                check(&t.name, &failure(&for_model(e.clone(), &t.name)))?;
             }
         }
     }
