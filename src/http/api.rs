@@ -355,7 +355,7 @@ pub struct TaskView<'a> {
     /// Why it failed (failed only).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<TaskErrorDoc>)]
-    pub error: Option<&'a RawValue>,
+    pub error: Option<crate::app::views::TaskError>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<&'a str>,
     /// Id of the failed task this run retries (same idempotency key).
@@ -391,7 +391,7 @@ pub fn task_view(t: &TaskRecord) -> TaskView<'_> {
         progress: &t.progress,
         input_requests: requests,
         result: raw_ref(&t.result),
-        error: raw_ref(&t.error),
+        error: crate::app::views::task_error(t.error.as_deref()),
         idempotency_key: t.idempotency_key.as_deref(),
         prior_failure: t.prior_failure.as_deref(),
         created_at: t.created_at_ms,
@@ -780,4 +780,53 @@ async fn share_file(
         view["page_url"] = page.into();
     }
     Ok(axum::Json(view).into_response())
+}
+
+#[cfg(test)]
+mod schema_tests {
+    //! Every body the API answers with validates against the OpenAPI document it serves (issue
+    //! 23, kind 1): task views from generated task records in every state, file views from
+    //! generated upload records — the same `task_view` / `file_view` the handlers serialise.
+    use super::*;
+    use crate::app::arb;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    /// A validator for `#/components/schemas/{name}` of the served document.
+    fn component(name: &str) -> jsonschema::Validator {
+        let doc = document(true, &["archive".to_string(), "external".to_string()]);
+        let schema = json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
+        jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    static TASK: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("Task"));
+    static TASK_LIST: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("TaskList"));
+    static ANSWER: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("InputAnswer"));
+    static FILE: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("File"));
+    static FILE_LIST: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("FileList"));
+
+    fn check(what: &str, v: &jsonschema::Validator, body: &Value) -> Result<(), TestCaseError> {
+        let errors: Vec<String> = v.iter_errors(body).map(|e| format!("{}: {e}", e.instance_path())).collect();
+        prop_assert!(errors.is_empty(), "{what} breaks the OpenAPI document: {errors:?}\n{body}");
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_task_body_fits_the_document(t in arb::task_record()) {
+            let view = serde_json::to_value(task_view(&t)).unwrap();
+            check("Task", &TASK, &view)?;
+            check("TaskList", &TASK_LIST, &json!({ "tasks": [view.clone()] }))?;
+            check("InputAnswer", &ANSWER, &json!({ "accepted": t.runs % 2 == 0, "task": view }))?;
+        }
+
+        #[test]
+        fn every_file_body_fits_the_document(r in arb::upload_record()) {
+            let view = serde_json::to_value(file_view(&r)).unwrap();
+            check("File", &FILE, &view)?;
+            check("FileList", &FILE_LIST, &json!({ "files": [view] }))?;
+        }
+    }
 }

@@ -533,9 +533,9 @@ fn task_out(t: &TaskRecord, produced: Vec<ProducedFile>) -> (TaskOut, bool) {
             v.result = out.rest;
         }
         FerryStatus::Failed => {
-            let e: Value = t.error.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
-            let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
-            let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
+            let e = crate::app::views::task_error(t.error.as_deref());
+            let message = e.as_ref().map_or_else(|| "the task failed".to_string(), |e| e.message.clone());
+            let code = e.and_then(|e| ErrorCode::ALL.into_iter().find(|k| k.as_str() == e.code)).unwrap_or(ErrorCode::TaskFailed);
             let hint = match code {
                 ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
                 ErrorCode::QuotaExceeded => "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed (file_delete), then start the task again.",
