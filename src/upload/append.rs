@@ -84,7 +84,8 @@ struct PendingCheckpoint {
 
 /// The lease ran out by our own clock (paused, cut off): no more bytes may be added.
 fn lease_lost() -> TusError {
-    TusError::new(409, ferry_tus::ErrorCode::Conflict, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
+    // `locked` (retryable): HEAD, then resuming, is a retry that succeeds (issue 23, kind 15).
+    TusError::new(409, ferry_tus::ErrorCode::Locked, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
 }
 
 struct InFlight<'a>(&'a UploadEngine);
@@ -745,7 +746,10 @@ impl UploadEngine {
                         format!("Resume from offset {kept}."),
                     )
                     .with_cursor(kept),
-                    End::Disconnected => TusError::bad_request(
+                    // `locked` (retryable) as for a stalled body: resuming is the repair.
+                    End::Disconnected => TusError::new(
+                        400,
+                        ferry_tus::ErrorCode::Locked,
                         format!(
                             "the request body ended early or was malformed; {}the upload keeps its first {kept} bytes (offset {kept})",
                             if verifying { "nothing of it was kept (its checksum could not be verified); " } else { "" }

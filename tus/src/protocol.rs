@@ -576,7 +576,7 @@ pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> R
         return Err(unsupported_media());
     }
     let offset = match h.upload_offset {
-        None => return Err(TusError::bad_request("missing Upload-Offset", "Send HEAD to learn the offset, then PATCH with Upload-Offset.").with_cursor(state.offset)),
+        None => return Err(TusError::bad_request("missing Upload-Offset", "Add the Upload-Offset header (HEAD shows the offset) and send the PATCH again.").with_cursor(state.offset)),
         Some(raw) => raw.parse::<UploadOffset>().map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?.0,
     };
     let declared: Option<UploadLength> = parse_opt(h.upload_length)?;
