@@ -12,8 +12,7 @@ use ferry_tus::ErrorCode;
 pub(crate) fn says_retry(hint: &str) -> bool {
     const RETRY: [&str; 10] = ["retry", "try again", "send head", "resume", "re-send", "resend", "wait", "ask again", "call again", "repeat"];
     const REPAIR: [&str; 25] = [
-        "add",
-        "delete", "finish", "fix", "use", "change", "ask", "upload", "begin", "create", "split", "check", "read", "start", "send", "pass", "omit", "encode", "call", "list",
+        "add", "delete", "finish", "fix", "use", "change", "ask", "upload", "begin", "create", "split", "check", "read", "start", "send", "pass", "omit", "encode", "call", "list",
         "tell", "request", "look", "make", "remove",
     ];
     for c in hint.split(['.', ';', ':', ',', '(']).map(|c| c.trim().to_ascii_lowercase()) {

@@ -22,13 +22,18 @@ pub fn json_value() -> impl Strategy<Value = Value> {
         (0.0f64..1e9).prop_map(|f| json!(f)),
         "[a-z ]{0,8}".prop_map(Value::from),
     ];
-    leaf.prop_recursive(3, 16, 4, |inner| prop_oneof![vec(inner.clone(), 0..3).prop_map(Value::Array), btree_map("[a-z]{1,6}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect())),])
+    leaf.prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![vec(inner.clone(), 0..3).prop_map(Value::Array), btree_map("[a-z]{1,6}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect())),]
+    })
 }
 
 /// Progress as jobs and `external` producers record it: every member optional.
 pub fn progress() -> impl Strategy<Value = Progress> {
-    (option::of(0.0f64..=1.0), option::of("[a-z. 0-9]{0,12}"), btree_map("[a-z_]{1,8}", any::<u64>(), 0..3))
-        .prop_map(|(fraction, message, counters)| Progress { fraction, message, counters })
+    (option::of(0.0f64..=1.0), option::of("[a-z. 0-9]{0,12}"), btree_map("[a-z_]{1,8}", any::<u64>(), 0..3)).prop_map(|(fraction, message, counters)| Progress {
+        fraction,
+        message,
+        counters,
+    })
 }
 
 fn status() -> impl Strategy<Value = TaskStatus> {
@@ -93,29 +98,36 @@ pub fn task_record() -> impl Strategy<Value = TaskRecord> {
         (result(), error(), option::of("[a-z0-9]{26}"), option::of("[a-z0-9-]{1,12}")),
         (0i64..i64::MAX / 4, 0i64..1_000_000_000, 0u64..5),
     )
-        .prop_map(|((id, kind, status), (status_message, progress, checkpoint, (input_requests, input_responses)), (result, error, prior_failure, idempotency_key), (created, ttl, runs))| TaskRecord {
-            id,
-            principal: "local".into(),
-            kind: kind.into(),
-            args: "{}".into(),
-            idempotency_key,
-            status,
-            status_message,
-            progress,
-            checkpoint,
-            input_requests,
-            input_responses,
-            result,
-            error,
-            prior_failure,
-            created_at_ms: created,
-            updated_at_ms: created,
-            ttl_ms: ttl,
-            lease_owner: None,
-            lease_expires_ms: None,
-            fence: runs,
-            runs,
-        })
+        .prop_map(
+            |(
+                (id, kind, status),
+                (status_message, progress, checkpoint, (input_requests, input_responses)),
+                (result, error, prior_failure, idempotency_key),
+                (created, ttl, runs),
+            )| TaskRecord {
+                id,
+                principal: "local".into(),
+                kind: kind.into(),
+                args: "{}".into(),
+                idempotency_key,
+                status,
+                status_message,
+                progress,
+                checkpoint,
+                input_requests,
+                input_responses,
+                result,
+                error,
+                prior_failure,
+                created_at_ms: created,
+                updated_at_ms: created,
+                ttl_ms: ttl,
+                lease_owner: None,
+                lease_expires_ms: None,
+                fence: runs,
+                runs,
+            },
+        )
 }
 
 /// Upload-Metadata text: a file name and media type or not, keys without values, and a value
@@ -123,22 +135,24 @@ pub fn task_record() -> impl Strategy<Value = TaskRecord> {
 fn metadata() -> impl Strategy<Value = String> {
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    (option::of("[a-zA-Z0-9 ._-]{1,12}"), option::of(prop_oneof![Just("text/plain"), Just("application/pdf")]), any::<bool>(), any::<bool>()).prop_map(move |(name, media, bare, binary)| {
-        let mut pairs = Vec::new();
-        if let Some(n) = name {
-            pairs.push(format!("filename {}", b64(n.as_bytes())));
-        }
-        if let Some(m) = media {
-            pairs.push(format!("filetype {}", b64(m.as_bytes())));
-        }
-        if bare {
-            pairs.push("flag".into());
-        }
-        if binary {
-            pairs.push(format!("raw {}", b64(&[0xff, 0xfe, 0, b'a'])));
-        }
-        pairs.join(",")
-    })
+    (option::of("[a-zA-Z0-9 ._-]{1,12}"), option::of(prop_oneof![Just("text/plain"), Just("application/pdf")]), any::<bool>(), any::<bool>()).prop_map(
+        move |(name, media, bare, binary)| {
+            let mut pairs = Vec::new();
+            if let Some(n) = name {
+                pairs.push(format!("filename {}", b64(n.as_bytes())));
+            }
+            if let Some(m) = media {
+                pairs.push(format!("filetype {}", b64(m.as_bytes())));
+            }
+            if bare {
+                pairs.push("flag".into());
+            }
+            if binary {
+                pairs.push(format!("raw {}", b64(&[0xff, 0xfe, 0, b'a'])));
+            }
+            pairs.join(",")
+        },
+    )
 }
 
 /// Any upload record: unfinished (length known or deferred), finishing, finished, expired.

@@ -11,6 +11,7 @@ use crate::upload::UploadEngine;
 pub mod arb;
 pub mod limits;
 pub mod principal;
+pub mod schema_check;
 pub mod views;
 
 pub use principal::{Principal, Tokens, LOCAL_PRINCIPAL};

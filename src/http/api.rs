@@ -105,7 +105,7 @@ const PROBLEM_JSON: &str = "application/problem+json";
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta", operation_id = "openapi",
     responses((status = 200, description = "This OpenAPI 3.1 document.", content_type = "application/json", body = Object)))]
 async fn openapi_json(State(s): State<AppState>) -> Response {
-    let kinds: Vec<String> = s.tasks.kinds().into_iter().filter(|k| k != "concat").collect();
+    let kinds: Vec<(String, Option<serde_json::Value>)> = s.tasks.kind_schemas().into_iter().filter(|(k, _)| k != "concat").collect();
     let doc = document(!s.tokens.is_empty(), &kinds);
     ([("content-type", "application/json")], serde_json::to_string_pretty(&doc).expect("the OpenAPI document serialises")).into_response()
 }
@@ -116,7 +116,7 @@ async fn openapi_json(State(s): State<AppState>) -> Response {
 /// `Idempotency-Key` of 1 to [`ferry_tus::IdempotencyKey::MAX_LEN`] characters, the task kinds
 /// this server has, and `Authorization` only when the server has tokens (without tokens every
 /// request acts as `local` and no operation answers 401).
-pub fn document(with_tokens: bool, kinds: &[String]) -> serde_json::Value {
+pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]) -> serde_json::Value {
     use serde_json::{json, Value};
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
     let limit = json!({ "type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT });
@@ -142,8 +142,19 @@ pub fn document(with_tokens: bool, kinds: &[String]) -> serde_json::Value {
         share["properties"]["ttl_ms"]["minimum"] = json!(1);
         share["properties"]["ttl_ms"]["maximum"] = json!(crate::signing::MAX_URL_TTL_MS);
     }
-    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask/properties/kind") {
-        start["enum"] = json!(kinds);
+    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask") {
+        // Each kind's `args` as that kind's schema, the one the start checks them with
+        // (`Job::args_schema`); a kind without one takes any JSON (issue 23, kind 2).
+        let names: Vec<&String> = kinds.iter().map(|(k, _)| k).collect();
+        start["properties"]["kind"]["enum"] = json!(names);
+        let variants: Vec<Value> = kinds
+            .iter()
+            .map(|(k, schema)| match schema {
+                Some(s) => json!({ "title": k, "properties": { "kind": { "const": k }, "args": s }, "required": ["kind", "args"] }),
+                None => json!({ "title": k, "properties": { "kind": { "const": k } }, "required": ["kind"] }),
+            })
+            .collect();
+        start["oneOf"] = Value::Array(variants);
     }
     if !with_tokens {
         if let Some(o) = doc.as_object_mut() {
@@ -794,7 +805,7 @@ mod schema_tests {
 
     /// A validator for `#/components/schemas/{name}` of the served document.
     fn component(name: &str) -> jsonschema::Validator {
-        let doc = document(true, &["archive".to_string(), "external".to_string()]);
+        let doc = document(true, &[("archive".to_string(), None), ("external".to_string(), None)]);
         let schema = json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
         jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: {e}"))
     }

@@ -87,6 +87,9 @@ pub struct FerryMcp {
     cfg: Arc<McpConfig>,
     tools: Arc<Vec<Tool>>,
     jobs: Arc<Vec<JobTool>>,
+    /// Each tool's compiled `inputSchema`: arguments are checked against it before the tool
+    /// runs (issue 23, kind 3).
+    inputs: Arc<BTreeMap<String, jsonschema::Validator>>,
 }
 
 /// A tool's outcome before it becomes a `CallToolResult`.
@@ -118,7 +121,19 @@ fn file_out(r: &UploadRecord) -> CallToolResult {
 impl FerryMcp {
     pub fn new(state: AppState, cfg: McpConfig) -> FerryMcp {
         let (tools, jobs) = tools::catalogue(&cfg.commands, cfg.max_chunk);
-        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs) }
+        let inputs = tools
+            .iter()
+            .filter_map(|t| match jsonschema::validator_for(&Value::Object(t.input_schema.as_ref().clone())) {
+                Ok(v) => Some((t.name.to_string(), v)),
+                Err(e) => {
+                    // A command's params_schema that is not a schema: the command job refuses
+                    // every start of it with the reason.
+                    tracing::warn!(tool = %t.name, error = %e, "inputSchema is not a valid JSON Schema; arguments are not checked against it");
+                    None
+                }
+            })
+            .collect();
+        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs), inputs: Arc::new(inputs) }
     }
 
     /// The caller: the principal the HTTP auth middleware resolved, else `local` (stdio).
@@ -211,13 +226,14 @@ impl FerryMcp {
             content_length: None,
             has_body: false,
         };
-        let limits = crate::app::limits::creation_limits(&self.state.engine);
-        let plan = ferry_tus::plan_creation(&ch, &limits)?;
-        let rec = self.state.engine.create(p, &plan, &md_raw).await?;
+        // Every argument is checked before anything is created.
         let ttl = a.ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for 24 hours."));
         }
+        let limits = crate::app::limits::creation_limits(&self.state.engine);
+        let plan = ferry_tus::plan_creation(&ch, &limits)?;
+        let rec = self.state.engine.create(p, &plan, &md_raw).await?;
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let mut headers: BTreeMap<String, String> =
             [("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "<current offset, 0 at first>")]
@@ -496,6 +512,18 @@ impl FerryMcp {
         Ok(DetailedTask::new(task, payload))
     }
 
+    /// The call's arguments against the tool's `inputSchema`, before anything runs: a
+    /// refusal names each place that does not fit by its JSON pointer (`arguments/ttl_ms`).
+    fn check_arguments(&self, req: &CallToolRequestParams) -> Result<(), TusError> {
+        let Some(v) = self.inputs.get(req.name.as_ref()) else { return Ok(()) };
+        let args = Value::Object(req.arguments.clone().unwrap_or_default());
+        crate::app::schema_check::check(v, &args, "arguments").map_err(|m| {
+            let at = crate::app::schema_check::first_pointer(v, &args).unwrap_or_default();
+            let what = if at.is_empty() { "the arguments".to_string() } else { format!("arguments{at}") };
+            invalid(format!("{}: {m}", req.name), format!("Fix {what} as the inputSchema of {} says, then call {}.", req.name, call(&req.name)))
+        })
+    }
+
     fn is_job_tool(&self, name: &str) -> Option<&JobTool> {
         self.jobs.iter().find(|j| j.name == name)
     }
@@ -718,6 +746,10 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
             call("file_upload_begin")
         ),
         ErrorCode::Unauthorized => format!("This is not allowed for your token (error.message says why): ask the operator for access, then call {again}."),
+        ErrorCode::HookInvalid => format!(
+            "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; {} shows what was kept.",
+            call("file_status")
+        ),
         ErrorCode::Rejected => format!("The server's policy refused this (error.message says why): change what it names and call {again}, or ask the operator."),
         ErrorCode::TaskFailed | ErrorCode::Cancelled => format!("Start the task again with {again}."),
         ErrorCode::Internal => {
@@ -774,6 +806,9 @@ impl ServerHandler for FerryMcp {
     async fn call_tool(&self, req: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
         if !self.tools.iter().any(|t| t.name == req.name) {
             return Err(McpError::invalid_params(format!("unknown tool {:?}", req.name), None));
+        }
+        if let Err(e) = self.check_arguments(&req) {
+            return Ok(CallToolResponse::Complete(failure(&e)));
         }
         let p = Self::principal(&ctx);
         let native = ctx.client_capabilities().is_some_and(|c| c.supports_tasks());
