@@ -273,3 +273,22 @@ async fn the_cli_waits_for_an_upload_the_server_is_still_finishing() {
     assert_eq!(sha, sha256_hex(&data));
     assert_stored_sha256(&server, url, &sha256_hex(&data)).await;
 }
+
+/// A pre-finish hook whose answer is not JSON is broken, not away: the final PATCH gets 502
+/// `hook_invalid` (not retryable) with the reason, every byte is kept (the cursor is the full
+/// offset), and HEAD says the server is still finishing it (issue 23, kind 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_finish_hook_answering_invalidly_is_not_retryable_and_keeps_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/broken")));
+    let tus = Tus::new(&server);
+    let url = tus.create(5).await;
+    let p = problem(tus.patch(&url, 0, b"hello".to_vec(), &[]).await, 502, "hook_invalid").await;
+    assert_eq!(p["retryable"], false, "{p}");
+    assert_eq!(p["partial"]["cursor"], 5, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("pre-finish") && p["detail"].as_str().unwrap().contains("not a JSON object"), "{p}");
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let view = Api::new(&server).file(&id).await;
+    assert_eq!((view["offset"].clone(), view["complete"].clone()), (5.into(), false.into()), "the bytes are kept: {view}");
+}

@@ -291,7 +291,7 @@ async fn each_kinds_args_schema_is_the_check() {
         &format!(r#"{{"file_ids":["{id}"],"format":"rar"}}"#),
         &format!(r#"{{"file_ids":["{id}"],"files":["{id}"],"format":"tar"}}"#),
         &format!(r#"{{"file_ids":["{id}"],"format":"tar","name":""}}"#),
-        &format!(r#"{{"file_ids":[1],"format":"tar"}}"#),
+        r#"{"file_ids":[1],"format":"tar"}"#,
         // compress
         &format!(r#"{{"file_id":"{id}","format":"zstd"}}"#),
         &format!(r#"{{"file_id":"{id}","format":"gzip","level":9}}"#),

@@ -746,15 +746,14 @@ impl UploadEngine {
                         format!("Resume from offset {kept}."),
                     )
                     .with_cursor(kept),
-                    // `locked` (retryable) as for a stalled body: resuming is the repair.
-                    End::Disconnected => TusError::new(
-                        400,
-                        ferry_tus::ErrorCode::Locked,
+                    End::Disconnected => TusError::bad_request(
                         format!(
                             "the request body ended early or was malformed; {}the upload keeps its first {kept} bytes (offset {kept})",
                             if verifying { "nothing of it was kept (its checksum could not be verified); " } else { "" }
                         ),
-                        format!("Send HEAD, then resume from offset {kept}."),
+                        // Not retryable: a malformed body fails the same way again; the repair is a
+                        // well-framed body.
+                        format!("Check the body's framing (Content-Length, chunked encoding) and send the rest from offset {kept} (HEAD shows it)."),
                     )
                     .with_cursor(kept),
                     _ => TusError::locked(Some(kept)),
