@@ -338,3 +338,26 @@ async fn each_kinds_args_schema_is_the_check() {
     }
     assert!(wrong.is_empty(), "{} disagreements:\n{}", wrong.len(), wrong.join("\n"));
 }
+
+/// Request bodies are checked against the document's schema before they are read: a value it
+/// forbids is a 400 naming the place by its JSON pointer, and nothing is stored (issue 23,
+/// kind 3).
+#[tokio::test]
+async fn request_bodies_outside_the_document_are_refused_naming_the_place() {
+    let s = Server::start(&[]);
+    let api = Api::new(&s);
+    let r = api.post("/api/v1/tasks", r#"{"kind":"external","args":{},"ttl_ms":0}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("body/ttl_ms"), "{p}");
+    assert_eq!(json(api.get("/api/v1/tasks").await).await["tasks"], serde_json::json!([]), "no task was started");
+
+    let t = json(api.post("/api/v1/tasks", r#"{"kind":"external","args":{}}"#).await).await;
+    let tid = t["id"].as_str().unwrap();
+    let r = api.post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"fraction":1.5,"message":"x"}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("body/fraction"), "{p}");
+    let r = api.post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"counters":{"pages":-1}}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("body/counters/pages"), "{p}");
+    assert!(api.task(tid).await.get("progress").is_none_or(|p| p == &serde_json::json!({})), "nothing was stored");
+}

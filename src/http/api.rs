@@ -318,6 +318,50 @@ fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|e| Problem(TusError::bad_request(format!("invalid JSON body: {e}"), hint)))
 }
 
+/// The request bodies the document describes, compiled from the document itself, by
+/// component name. `StartTask` without its per-kind variants and kind list: the kind's own
+/// check holds a start to those (`Job::args_schema`, in [`crate::tasks::Engine::start`]).
+static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str, jsonschema::Validator>> = std::sync::LazyLock::new(|| {
+    let mut doc = document(true, &[]);
+    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask").and_then(serde_json::Value::as_object_mut) {
+        start.remove("oneOf");
+        if let Some(kind) = start.get_mut("properties").and_then(|p| p.get_mut("kind")).and_then(serde_json::Value::as_object_mut) {
+            kind.remove("enum");
+        }
+    }
+    ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody"]
+        .into_iter()
+        .filter_map(|name| {
+            let schema = serde_json::json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
+            match jsonschema::validator_for(&schema) {
+                Ok(v) => Some((name, v)),
+                Err(e) => {
+                    tracing::error!(schema = name, error = %e, "a request body schema of the OpenAPI document does not compile");
+                    None
+                }
+            }
+        })
+        .collect()
+});
+
+/// A request body checked against its schema in the OpenAPI document (`schema`: the
+/// component's name) before it is read: a refusal names each place that does not fit by its
+/// JSON pointer (`body/ttl_ms: 0 is less than the minimum of 1`; issue 23, kind 3).
+fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str) -> Result<T, Problem> {
+    let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
+    if !body.trim_ascii_start().starts_with(b"{") {
+        return Err(Problem(TusError::bad_request("the request body must be a JSON object", hint)));
+    }
+    // A body serde_json cannot hold as a value (a number past f64, kept exact in `args`) is
+    // read as it is: the members the schemas constrain are never such numbers.
+    if let (Some(v), Ok(value)) = (BODY_SCHEMAS.get(schema), serde_json::from_slice::<serde_json::Value>(body)) {
+        crate::app::schema_check::check(v, &value, "body").map_err(|m| {
+            Problem(TusError::bad_request(format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"), format!("Fix the places named in detail ({hint})")))
+        })?;
+    }
+    json_body(body)
+}
+
 /// An optional whole number (`ttl_ms`), also written with a zero fraction (`3600000.0`), as
 /// JSON Schema's `integer` allows.
 fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -460,7 +504,7 @@ struct StartBody<'a> {
     ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: StartBody = json_body(&body)?;
+    let b: StartBody = checked_body(&body, "StartTask")?;
     let key = super::tus::idempotency_key(&h)?;
     if b.kind == "concat" {
         // Started by the server when a concatenation's parts are complete (TUS concatenation).
@@ -561,7 +605,7 @@ async fn respond(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: InputBody = json_body(&body)?;
+    let b: InputBody = checked_body(&body, "InputResponse")?;
     let (accepted, t) = s.tasks.respond(&p, &id, &b.key, b.response.get()).await?;
     Ok(axum::Json(serde_json::json!({ "accepted": accepted, "task": task_view(&t) })).into_response())
 }
@@ -595,7 +639,7 @@ async fn report_progress(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let progress: Progress = json_body(&body)?;
+    let progress: Progress = checked_body(&body, "Progress")?;
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
         return Err(Problem(TusError::bad_request("fraction must be between 0 and 1", "Send a fraction in [0, 1].")));
     }
@@ -637,7 +681,7 @@ async fn complete(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: CompleteBody = json_body(&body)?;
+    let b: CompleteBody = checked_body(&body, "CompleteTask")?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
     let text = if b.file_ids.is_empty() {
         result.to_string()
@@ -685,7 +729,7 @@ struct FailBody {
     ))]
 async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: FailBody = json_body(&body)?;
+    let b: FailBody = checked_body(&body, "FailTask")?;
     Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?))
 }
 
@@ -773,7 +817,7 @@ async fn share_file(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { json_body(&body)? };
+    let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { checked_body(&body, "ShareBody")? };
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);
     if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
         return Err(Problem(TusError::bad_request(
