@@ -20,3 +20,6 @@ pub mod signing;
 pub mod tasks;
 pub mod tls;
 pub mod upload;
+
+#[cfg(test)]
+mod error_catalogue_tests;

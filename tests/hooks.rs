@@ -93,7 +93,8 @@ async fn pre_create_hook_refuses_exe_for_tus_js_client_and_can_change_metadata()
 
 /// A hook that sleeps past its timeout: the creation is refused (503 `unavailable`, the
 /// default policy) long before the hook would answer; with `on_failure = "allow"` it goes on.
-/// A hook answering something that is not JSON is a failure too.
+/// A hook answering something that is not JSON is broken: 502 `hook_invalid`, not retryable,
+/// with the reason (asking again gets the same answer; issue 23, kind 16).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_or_broken_pre_create_hook_follows_the_failure_policy() {
     let dir = tempfile::tempdir().unwrap();
@@ -113,7 +114,10 @@ async fn a_slow_or_broken_pre_create_hook_follows_the_failure_policy() {
     drop(server);
 
     let server = start(dir.path(), &format!("[hooks.pre_create]\nurl = \"{}\"\n", hook.url("/broken")));
-    problem(Tus::new(&server).post(&[("Upload-Length", "5")]).await, 503, "unavailable").await;
+    let p = problem(Tus::new(&server).post(&[("Upload-Length", "5")]).await, 502, "hook_invalid").await;
+    assert_eq!(p["retryable"], false, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("not a JSON object"), "the reason: {p}");
+    assert_eq!(json(Api::new(&server).get("/api/v1/files").await).await["files"].as_array().unwrap().len(), 0, "nothing was created");
 }
 
 /// A pre-finish hook (a virus scan) that refuses: the final PATCH gets the hook's status and
@@ -268,4 +272,23 @@ async fn the_cli_waits_for_an_upload_the_server_is_still_finishing() {
     let (url, sha) = stdout.trim().split_once('\t').unwrap_or_else(|| panic!("URL<TAB>SHA256: {stdout}"));
     assert_eq!(sha, sha256_hex(&data));
     assert_stored_sha256(&server, url, &sha256_hex(&data)).await;
+}
+
+/// A pre-finish hook whose answer is not JSON is broken, not away: the final PATCH gets 502
+/// `hook_invalid` (not retryable) with the reason, every byte is kept (the cursor is the full
+/// offset), and HEAD says the server is still finishing it (issue 23, kind 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_finish_hook_answering_invalidly_is_not_retryable_and_keeps_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookServer::start(dir.path());
+    let server = start(dir.path(), &format!("[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/broken")));
+    let tus = Tus::new(&server);
+    let url = tus.create(5).await;
+    let p = problem(tus.patch(&url, 0, b"hello".to_vec(), &[]).await, 502, "hook_invalid").await;
+    assert_eq!(p["retryable"], false, "{p}");
+    assert_eq!(p["partial"]["cursor"], 5, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("pre-finish") && p["detail"].as_str().unwrap().contains("not a JSON object"), "{p}");
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let view = Api::new(&server).file(&id).await;
+    assert_eq!((view["offset"].clone(), view["complete"].clone()), (5.into(), false.into()), "the bytes are kept: {view}");
 }

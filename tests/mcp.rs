@@ -497,13 +497,14 @@ async fn rest_and_mcp_fetch_the_same_urls() {
     c.cancel().await.unwrap();
 }
 
-/// `file_upload_begin`'s `sha256` is checked by the same parser as metadata `sha256` on
-/// POST /files/: hex of the wrong length and non-hex are both `invalid_argument`, each said as such.
+/// `file_upload_begin`'s `sha256` is checked against its inputSchema (64 hex digits) before
+/// anything runs: hex of the wrong length and non-hex are both `invalid_argument` naming
+/// `arguments/sha256` (issue 23, kind 3).
 #[tokio::test]
 async fn a_declared_sha256_is_checked_as_tus_checks_it() {
     let server = Server::start(&[]);
     let c = http_client(&server, None, false).await;
-    for (sha, detail) in [("ab".repeat(31), "62 hex digits"), ("zz".repeat(32), "not hexadecimal")] {
+    for (sha, detail) in [("ab".repeat(31), "arguments/sha256"), ("zz".repeat(32), "arguments/sha256")] {
         let (v, err, _) = call(&c, "file_upload_begin", json!({ "name": "a.txt", "size": 1, "sha256": sha })).await;
         assert!(err, "{v}");
         assert_eq!(v["error"]["code"], "invalid_argument", "{v}");

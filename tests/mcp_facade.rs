@@ -270,7 +270,8 @@ program = "{}"
     let m = e["message"].as_str().unwrap();
     assert!(m.contains("params/month") && m.contains("params/limit") && m.contains("'x'"), "{e}");
     let e = failed(&c, "export_orders", json!({}), "invalid_argument").await;
-    assert!(e["message"].as_str().unwrap().contains("month"), "absent params are {{}} and miss `month`: {e}");
+    // The inputSchema requires `params` when its schema requires members.
+    assert!(e["message"].as_str().unwrap().contains("\"params\" is a required property"), "absent params: {e}");
     assert!(ok(&c, "task_list", json!({})).await["tasks"].as_array().unwrap().is_empty(), "no task was created");
     // REST is held to the same schema.
     let api = Api::new(&s);
@@ -394,4 +395,37 @@ async fn expiry_times_in_errors_are_rfc3339() {
     assert_eq!(r.status(), 410);
     let v: Value = r.json().await.unwrap();
     assert!(v["detail"].as_str().unwrap().contains(&expires_at), "{v}");
+}
+
+/// Arguments are checked against the tool's inputSchema before the tool runs (issue 23, kind
+/// 3): a value the schema forbids is an `invalid_argument` naming the argument's JSON pointer,
+/// and nothing is stored (`file_upload_begin` with `ttl_ms: 0` used to leave an upload behind).
+/// A host outside fetch_url's allow list names the call to make instead (kind 13).
+#[tokio::test]
+async fn arguments_outside_the_input_schema_are_refused_before_anything_is_stored() {
+    let s = Server::start(&[]);
+    let c = connect(&s, false).await;
+    for (tool, args, at) in [
+        ("file_upload_begin", json!({ "name": "a.bin", "size": 5, "ttl_ms": 0 }), "/ttl_ms"),
+        ("file_upload_begin", json!({ "name": "a.bin", "size": 5, "sha256": "zz" }), "/sha256"),
+        ("file_upload_begin", json!({ "name": "", "size": 5 }), "/name"),
+        ("file_upload_begin", json!({ "name": "a.bin", "size": -1 }), "/size"),
+        ("archive_files", json!({ "file_ids": [], "idempotency_key": "k" }), "/file_ids"),
+        ("compress_file", json!({ "file_id": "a", "format": "xz" }), "/format"),
+        ("task_get", json!({ "task_id": "a", "wait_ms": 60000 }), "/wait_ms"),
+        ("fetch_url", json!({ "url": "http://127.0.0.1:9/", "idempotency_key": "" }), "/idempotency_key"),
+    ] {
+        let e = failed(&c, tool, args.clone(), "invalid_argument").await;
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains(&format!("arguments{at}")), "{tool} {args}: names the place: {e}");
+        assert_eq!(e["retryable"], false, "{e}");
+        assert!(e["recoveryHint"].as_str().unwrap().contains(tool), "{e}");
+    }
+    assert_eq!(ok(&c, "file_list", json!({})).await["files"], json!([]), "nothing was stored");
+    assert_eq!(ok(&c, "task_list", json!({})).await["tasks"], json!([]), "no task was started");
+
+    // Outside the allow list (none configured): the hint names file_upload_begin and its arguments.
+    let e = failed(&c, "fetch_url", json!({ "url": "http://example.com/f.bin" }), "unauthorized").await;
+    let hint = e["recoveryHint"].as_str().unwrap();
+    assert!(hint.contains("file_upload_begin") && hint.contains("name") && hint.contains("size"), "{e}");
 }

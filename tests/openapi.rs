@@ -258,3 +258,106 @@ async fn schemathesis_finds_no_drift_with_tokens() {
     let (s, token, _dir) = server_with_token();
     schemathesis(&s, Some(&token)).await;
 }
+
+/// The document's schema of a start (`StartTask`, per kind's `args`) is what the server checks
+/// (issue 23, kind 2): for every kind and a grid of argument shapes — null, missing, wrong
+/// types, empty lists, out-of-range levels, unknown members, valid ones — a body the
+/// document rejects is a 400, and a body it accepts is never a 400 (a valid start may still
+/// be a 404 for unknown files or a 403 for a host outside the allow list, as documented).
+#[tokio::test]
+async fn each_kinds_args_schema_is_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "ferry.toml",
+        "[fetch]\nallow_hosts = [\"127.0.0.1\"]\n\n[commands.orders]\nprogram = \"/bin/true\"\nparams_schema = { type = \"object\", required = [\"month\"], properties = { month = { type = \"string\", pattern = \"^[0-9]{4}-[0-9]{2}$\" } } }\n",
+    );
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let doc = fetch(&s).await;
+    let schema = serde_json::json!({ "$ref": "#/components/schemas/StartTask", "components": doc["components"] });
+    let start = jsonschema::validator_for(&schema).expect("StartTask is a JSON Schema");
+    let id = "a".repeat(26);
+    let args: Vec<Option<Value>> = [
+        "null",
+        "{}",
+        "[]",
+        "1",
+        "\"x\"",
+        // archive
+        &format!(r#"{{"file_ids":["{id}"],"format":"tar"}}"#),
+        &format!(r#"{{"files":["{id}"],"format":"zip","name":"a.zip"}}"#),
+        r#"{"file_ids":[],"format":"tar"}"#,
+        &format!(r#"{{"file_ids":["{id}"]}}"#),
+        &format!(r#"{{"file_ids":["{id}"],"format":"rar"}}"#),
+        &format!(r#"{{"file_ids":["{id}"],"files":["{id}"],"format":"tar"}}"#),
+        &format!(r#"{{"file_ids":["{id}"],"format":"tar","name":""}}"#),
+        r#"{"file_ids":[1],"format":"tar"}"#,
+        // compress
+        &format!(r#"{{"file_id":"{id}","format":"zstd"}}"#),
+        &format!(r#"{{"file_id":"{id}","format":"gzip","level":9}}"#),
+        &format!(r#"{{"file_id":"{id}","format":"gzip","level":10}}"#),
+        &format!(r#"{{"file_id":"{id}","format":"zstd","level":23}}"#),
+        r#"{"file_id":"","format":"zstd"}"#,
+        &format!(r#"{{"file_id":"{id}","format":"xz"}}"#),
+        &format!(r#"{{"file":"{id}","format":"zstd","x":1}}"#),
+        // fetch
+        r#"{"url":"http://127.0.0.1:9/x"}"#,
+        r#"{"url":"http://example.com/x","name":"a"}"#,
+        r#"{"url":"ftp://127.0.0.1/x"}"#,
+        r#"{"url":"/relative"}"#,
+        r#"{"url":1}"#,
+        r#"{"name":"a"}"#,
+        r#"{"url":"http://127.0.0.1:9/x","extra":true}"#,
+        // command
+        r#"{"command":"orders","params":{"month":"2026-11"}}"#,
+        r#"{"command":"orders","params":{"month":"soon"}}"#,
+        r#"{"command":"orders"}"#,
+        r#"{"command":"nope"}"#,
+        r#"{"command":"orders","params":[1]}"#,
+        r#"{"command":"orders","cmdline":"rm"}"#,
+    ]
+    .iter()
+    .map(|a| Some(serde_json::from_str(a).unwrap()))
+    .chain([None])
+    .collect();
+    let api = Api::new(&s);
+    let mut wrong = Vec::new();
+    for kind in ["archive", "compress", "fetch", "command", "external"] {
+        for a in &args {
+            let mut body = serde_json::json!({ "kind": kind, "ttl_ms": 1 });
+            if let Some(a) = a {
+                body["args"] = a.clone();
+            }
+            let valid = start.is_valid(&body);
+            let r = api.post("/api/v1/tasks", &body.to_string()).await;
+            let status = r.status().as_u16();
+            if (status == 400) == valid {
+                wrong.push(format!("{body}: the document says {}, the server answered {status} {}", if valid { "valid" } else { "invalid" }, r.text().await.unwrap()));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{} disagreements:\n{}", wrong.len(), wrong.join("\n"));
+}
+
+/// Request bodies are checked against the document's schema before they are read: a value it
+/// forbids is a 400 naming the place by its JSON pointer, and nothing is stored (issue 23,
+/// kind 3).
+#[tokio::test]
+async fn request_bodies_outside_the_document_are_refused_naming_the_place() {
+    let s = Server::start(&[]);
+    let api = Api::new(&s);
+    let r = api.post("/api/v1/tasks", r#"{"kind":"external","args":{},"ttl_ms":0}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("body/ttl_ms"), "{p}");
+    assert_eq!(json(api.get("/api/v1/tasks").await).await["tasks"], serde_json::json!([]), "no task was started");
+
+    let t = json(api.post("/api/v1/tasks", r#"{"kind":"external","args":{}}"#).await).await;
+    let tid = t["id"].as_str().unwrap();
+    let r = api.post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"fraction":1.5,"message":"x"}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("body/fraction"), "{p}");
+    let r = api.post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"counters":{"pages":-1}}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("body/counters/pages"), "{p}");
+    assert!(api.task(tid).await.get("progress").is_none_or(|p| p == &serde_json::json!({})), "nothing was stored");
+}

@@ -378,6 +378,15 @@ async fn input_required_survives_a_restart_and_completes_when_answered() {
     assert_eq!(a["accepted"], false, "{a}");
     assert_eq!(a["task"]["status"], "input_required");
 
+    // An answer outside the request's schema (a string): 400 naming the place, nothing stored
+    // (issue 23, kind 3).
+    let r = api.post(&format!("/api/v1/tasks/{tid}/input"), r#"{"key":"dest.name","response":42}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("response") && p["detail"].as_str().unwrap().contains("dest.name"), "{p}");
+    let v = api.task(&tid).await;
+    assert_eq!(v["status"], "input_required", "{v}");
+    assert!(v["input_requests"]["dest.name"].is_object(), "still outstanding: {v}");
+
     let r = api.post(&format!("/api/v1/tasks/{tid}/input"), r#"{"key":"dest.name","response":"orders"}"#).await;
     assert_eq!(r.status(), 200);
     let a = json(r).await;

@@ -7,8 +7,11 @@ use std::sync::Arc;
 use crate::metrics::Metrics;
 use crate::upload::UploadEngine;
 
+#[cfg(test)]
+pub mod arb;
 pub mod limits;
 pub mod principal;
+pub mod schema_check;
 pub mod views;
 
 pub use principal::{Principal, Tokens, LOCAL_PRINCIPAL};

@@ -158,6 +158,23 @@ pub fn task_output(result: Option<&str>) -> TaskOutput {
     TaskOutput { files, rest }
 }
 
+/// Why a task failed, as every transport shows it: a catalogue code (`task_failed` when the
+/// stored one is not in the catalogue, e.g. written by another version) and a message. The
+/// stored text is the engine's `{"code", "message"}`; `None` when there is none.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The [`TaskError`] of a task's stored error text.
+pub fn task_error(stored: Option<&str>) -> Option<TaskError> {
+    let e: Value = serde_json::from_str(stored?).unwrap_or_default();
+    let code = e.get("code").and_then(Value::as_str).and_then(|c| ferry_tus::ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ferry_tus::ErrorCode::TaskFailed);
+    let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
+    Some(TaskError { code: code.as_str(), message })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,10 +11,13 @@
 //! - `4xx`: refused. The client gets that status and the hook's message (`{"message": "…"}`,
 //!   or the body's text) as a problem body with code `rejected`. A refused pre-finish marks the
 //!   upload failed: its record and bytes are removed.
-//! - anything else (`5xx`, a redirect, a 2xx that is not a JSON object, a timeout, no
-//!   connection): the hook failed, and `on_failure` decides: `reject` (default) answers 503
-//!   `unavailable` (retryable; a pre-finish keeps every byte so the final request can be
-//!   retried), `allow` goes on as if the hook had allowed it.
+//! - `5xx`, a timeout, no connection: the hook could not answer, and `on_failure` decides:
+//!   `reject` (default) answers 503 `unavailable` (retryable; a pre-finish keeps every byte so
+//!   the final request can be retried), `allow` goes on as if the hook had allowed it.
+//! - an answer that is not the documented one (a redirect, a 2xx that is not a JSON object,
+//!   metadata that is not text or does not encode, an answer past 64 KiB): the hook is broken,
+//!   and asking again gets the same answer, so `reject` answers 502 `hook_invalid` (not
+//!   retryable) with the reason; `allow` goes on.
 
 use std::time::Duration;
 
@@ -38,7 +41,12 @@ pub struct HttpHooks {
 /// How one call went.
 enum Answer {
     Allowed(serde_json::Map<String, serde_json::Value>),
-    Refused { status: u16, message: String },
+    /// Not the documented answer: asking again gets the same (issue 23, kind 16).
+    Invalid(String),
+    Refused {
+        status: u16,
+        message: String,
+    },
     Failed(String),
 }
 
@@ -87,16 +95,17 @@ impl HttpHooks {
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| e.to_string())?;
                 if body.len() + chunk.len() > MAX_ANSWER {
-                    return Err(format!("answer larger than {MAX_ANSWER} bytes"));
+                    return Ok(Err(format!("the answer is larger than {MAX_ANSWER} bytes")));
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok((status, body))
+            Ok(Ok((status, body)))
         };
         let (status, body) = match tokio::time::timeout(hook.timeout, exchange).await {
             Err(_) => return Answer::Failed(format!("no answer within {}", crate::config::human_duration(hook.timeout))),
             Ok(Err(e)) => return Answer::Failed(e),
-            Ok(Ok(a)) => a,
+            Ok(Ok(Err(invalid))) => return Answer::Invalid(invalid),
+            Ok(Ok(Ok(a))) => a,
         };
         if status.is_client_error() {
             let text = String::from_utf8_lossy(&body);
@@ -107,15 +116,18 @@ impl HttpHooks {
             let message = if message.is_empty() { format!("refused by the hook (HTTP {status})") } else { message };
             return Answer::Refused { status: status.as_u16(), message };
         }
-        if !status.is_success() {
+        if status.is_server_error() {
             return Answer::Failed(format!("HTTP {status}"));
+        }
+        if !status.is_success() {
+            return Answer::Invalid(format!("HTTP {status}, not 2xx or 4xx"));
         }
         if body.iter().all(|b| b.is_ascii_whitespace()) {
             return Answer::Allowed(Default::default());
         }
         match serde_json::from_slice::<serde_json::Value>(&body) {
             Ok(serde_json::Value::Object(map)) => Answer::Allowed(map),
-            _ => Answer::Failed("the answer is not a JSON object".into()),
+            _ => Answer::Invalid("the answer is not a JSON object".into()),
         }
     }
 
@@ -125,6 +137,20 @@ impl HttpHooks {
         match hook.on_failure {
             HookFailure::Allow => Ok(()),
             HookFailure::Reject => Err(TusError::new(503, ErrorCode::Unavailable, format!("the {which} hook did not answer ({why})"), "Try again in a moment.")),
+        }
+    }
+
+    /// The policy's answer for a hook that answered something other than the documented JSON.
+    fn invalid(which: &str, hook: &HookConfig, why: &str) -> Result<(), TusError> {
+        tracing::warn!(hook = which, url = %hook.url, reason = why, policy = ?hook.on_failure, "upload hook answered invalidly");
+        match hook.on_failure {
+            HookFailure::Allow => Ok(()),
+            HookFailure::Reject => Err(TusError::new(
+                502,
+                ErrorCode::HookInvalid,
+                format!("the {which} hook's answer is not valid: {why}"),
+                "The operator's hook is broken; asking again gets the same answer: tell the operator (the reason is in detail). Bytes already sent are kept.",
+            )),
         }
     }
 }
@@ -142,11 +168,12 @@ impl UploadHooks for HttpHooks {
         match self.call(hook, body).await {
             Answer::Refused { status, message } => Err(refused(status, message)),
             Answer::Failed(why) => Self::failed("pre-create", hook, &why).map(|()| None),
+            Answer::Invalid(why) => Self::invalid("pre-create", hook, &why).map(|()| None),
             Answer::Allowed(map) => match map.get("metadata") {
                 None => Ok(None),
                 Some(v) => match metadata_raw(v) {
                     Ok(raw) => Ok(Some(raw)),
-                    Err(why) => Self::failed("pre-create", hook, &why).map(|()| None),
+                    Err(why) => Self::invalid("pre-create", hook, &why).map(|()| None),
                 },
             },
         }
@@ -159,6 +186,7 @@ impl UploadHooks for HttpHooks {
         match self.call(hook, body).await {
             Answer::Refused { status, message } => Err(refused(status, message)),
             Answer::Failed(why) => Self::failed("pre-finish", hook, &why),
+            Answer::Invalid(why) => Self::invalid("pre-finish", hook, &why),
             Answer::Allowed(_) => Ok(()),
         }
     }

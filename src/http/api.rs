@@ -105,7 +105,7 @@ const PROBLEM_JSON: &str = "application/problem+json";
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta", operation_id = "openapi",
     responses((status = 200, description = "This OpenAPI 3.1 document.", content_type = "application/json", body = Object)))]
 async fn openapi_json(State(s): State<AppState>) -> Response {
-    let kinds: Vec<String> = s.tasks.kinds().into_iter().filter(|k| k != "concat").collect();
+    let kinds: Vec<(String, Option<serde_json::Value>)> = s.tasks.kind_schemas().into_iter().filter(|(k, _)| k != "concat").collect();
     let doc = document(!s.tokens.is_empty(), &kinds);
     ([("content-type", "application/json")], serde_json::to_string_pretty(&doc).expect("the OpenAPI document serialises")).into_response()
 }
@@ -116,7 +116,7 @@ async fn openapi_json(State(s): State<AppState>) -> Response {
 /// `Idempotency-Key` of 1 to [`ferry_tus::IdempotencyKey::MAX_LEN`] characters, the task kinds
 /// this server has, and `Authorization` only when the server has tokens (without tokens every
 /// request acts as `local` and no operation answers 401).
-pub fn document(with_tokens: bool, kinds: &[String]) -> serde_json::Value {
+pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]) -> serde_json::Value {
     use serde_json::{json, Value};
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
     let limit = json!({ "type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT });
@@ -142,8 +142,19 @@ pub fn document(with_tokens: bool, kinds: &[String]) -> serde_json::Value {
         share["properties"]["ttl_ms"]["minimum"] = json!(1);
         share["properties"]["ttl_ms"]["maximum"] = json!(crate::signing::MAX_URL_TTL_MS);
     }
-    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask/properties/kind") {
-        start["enum"] = json!(kinds);
+    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask") {
+        // Each kind's `args` as that kind's schema, the one the start checks them with
+        // (`Job::args_schema`); a kind without one takes any JSON (issue 23, kind 2).
+        let names: Vec<&String> = kinds.iter().map(|(k, _)| k).collect();
+        start["properties"]["kind"]["enum"] = json!(names);
+        let variants: Vec<Value> = kinds
+            .iter()
+            .map(|(k, schema)| match schema {
+                Some(s) => json!({ "title": k, "properties": { "kind": { "const": k }, "args": s }, "required": ["kind", "args"] }),
+                None => json!({ "title": k, "properties": { "kind": { "const": k } }, "required": ["kind"] }),
+            })
+            .collect();
+        start["oneOf"] = Value::Array(variants);
     }
     if !with_tokens {
         if let Some(o) = doc.as_object_mut() {
@@ -307,6 +318,50 @@ fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|e| Problem(TusError::bad_request(format!("invalid JSON body: {e}"), hint)))
 }
 
+/// The request bodies the document describes, compiled from the document itself, by
+/// component name. `StartTask` without its per-kind variants and kind list: the kind's own
+/// check holds a start to those (`Job::args_schema`, in [`crate::tasks::Engine::start`]).
+static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str, jsonschema::Validator>> = std::sync::LazyLock::new(|| {
+    let mut doc = document(true, &[]);
+    if let Some(start) = doc.pointer_mut("/components/schemas/StartTask").and_then(serde_json::Value::as_object_mut) {
+        start.remove("oneOf");
+        if let Some(kind) = start.get_mut("properties").and_then(|p| p.get_mut("kind")).and_then(serde_json::Value::as_object_mut) {
+            kind.remove("enum");
+        }
+    }
+    ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody"]
+        .into_iter()
+        .filter_map(|name| {
+            let schema = serde_json::json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
+            match jsonschema::validator_for(&schema) {
+                Ok(v) => Some((name, v)),
+                Err(e) => {
+                    tracing::error!(schema = name, error = %e, "a request body schema of the OpenAPI document does not compile");
+                    None
+                }
+            }
+        })
+        .collect()
+});
+
+/// A request body checked against its schema in the OpenAPI document (`schema`: the
+/// component's name) before it is read: a refusal names each place that does not fit by its
+/// JSON pointer (`body/ttl_ms: 0 is less than the minimum of 1`; issue 23, kind 3).
+fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str) -> Result<T, Problem> {
+    let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
+    if !body.trim_ascii_start().starts_with(b"{") {
+        return Err(Problem(TusError::bad_request("the request body must be a JSON object", hint)));
+    }
+    // A body serde_json cannot hold as a value (a number past f64, kept exact in `args`) is
+    // read as it is: the members the schemas constrain are never such numbers.
+    if let (Some(v), Ok(value)) = (BODY_SCHEMAS.get(schema), serde_json::from_slice::<serde_json::Value>(body)) {
+        crate::app::schema_check::check(v, &value, "body").map_err(|m| {
+            Problem(TusError::bad_request(format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"), format!("Fix the places named in detail ({hint})")))
+        })?;
+    }
+    json_body(body)
+}
+
 /// An optional whole number (`ttl_ms`), also written with a zero fraction (`3600000.0`), as
 /// JSON Schema's `integer` allows.
 fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -355,7 +410,7 @@ pub struct TaskView<'a> {
     /// Why it failed (failed only).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<TaskErrorDoc>)]
-    pub error: Option<&'a RawValue>,
+    pub error: Option<crate::app::views::TaskError>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<&'a str>,
     /// Id of the failed task this run retries (same idempotency key).
@@ -391,7 +446,7 @@ pub fn task_view(t: &TaskRecord) -> TaskView<'_> {
         progress: &t.progress,
         input_requests: requests,
         result: raw_ref(&t.result),
-        error: raw_ref(&t.error),
+        error: crate::app::views::task_error(t.error.as_deref()),
         idempotency_key: t.idempotency_key.as_deref(),
         prior_failure: t.prior_failure.as_deref(),
         created_at: t.created_at_ms,
@@ -449,7 +504,7 @@ struct StartBody<'a> {
     ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: StartBody = json_body(&body)?;
+    let b: StartBody = checked_body(&body, "StartTask")?;
     let key = super::tus::idempotency_key(&h)?;
     if b.kind == "concat" {
         // Started by the server when a concatenation's parts are complete (TUS concatenation).
@@ -550,7 +605,7 @@ async fn respond(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: InputBody = json_body(&body)?;
+    let b: InputBody = checked_body(&body, "InputResponse")?;
     let (accepted, t) = s.tasks.respond(&p, &id, &b.key, b.response.get()).await?;
     Ok(axum::Json(serde_json::json!({ "accepted": accepted, "task": task_view(&t) })).into_response())
 }
@@ -584,7 +639,7 @@ async fn report_progress(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let progress: Progress = json_body(&body)?;
+    let progress: Progress = checked_body(&body, "Progress")?;
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
         return Err(Problem(TusError::bad_request("fraction must be between 0 and 1", "Send a fraction in [0, 1].")));
     }
@@ -626,7 +681,7 @@ async fn complete(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: CompleteBody = json_body(&body)?;
+    let b: CompleteBody = checked_body(&body, "CompleteTask")?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
     let text = if b.file_ids.is_empty() {
         result.to_string()
@@ -674,7 +729,7 @@ struct FailBody {
     ))]
 async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let b: FailBody = json_body(&body)?;
+    let b: FailBody = checked_body(&body, "FailTask")?;
     Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?))
 }
 
@@ -762,7 +817,7 @@ async fn share_file(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { json_body(&body)? };
+    let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { checked_body(&body, "ShareBody")? };
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);
     if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
         return Err(Problem(TusError::bad_request(
@@ -780,4 +835,53 @@ async fn share_file(
         view["page_url"] = page.into();
     }
     Ok(axum::Json(view).into_response())
+}
+
+#[cfg(test)]
+mod schema_tests {
+    //! Every body the API answers with validates against the OpenAPI document it serves (issue
+    //! 23, kind 1): task views from generated task records in every state, file views from
+    //! generated upload records — the same `task_view` / `file_view` the handlers serialise.
+    use super::*;
+    use crate::app::arb;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    /// A validator for `#/components/schemas/{name}` of the served document.
+    fn component(name: &str) -> jsonschema::Validator {
+        let doc = document(true, &[("archive".to_string(), None), ("external".to_string(), None)]);
+        let schema = json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
+        jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    static TASK: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("Task"));
+    static TASK_LIST: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("TaskList"));
+    static ANSWER: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("InputAnswer"));
+    static FILE: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("File"));
+    static FILE_LIST: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| component("FileList"));
+
+    fn check(what: &str, v: &jsonschema::Validator, body: &Value) -> Result<(), TestCaseError> {
+        let errors: Vec<String> = v.iter_errors(body).map(|e| format!("{}: {e}", e.instance_path())).collect();
+        prop_assert!(errors.is_empty(), "{what} breaks the OpenAPI document: {errors:?}\n{body}");
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_task_body_fits_the_document(t in arb::task_record()) {
+            let view = serde_json::to_value(task_view(&t)).unwrap();
+            check("Task", &TASK, &view)?;
+            check("TaskList", &TASK_LIST, &json!({ "tasks": [view.clone()] }))?;
+            check("InputAnswer", &ANSWER, &json!({ "accepted": t.runs % 2 == 0, "task": view }))?;
+        }
+
+        #[test]
+        fn every_file_body_fits_the_document(r in arb::upload_record()) {
+            let view = serde_json::to_value(file_view(&r)).unwrap();
+            check("File", &FILE, &view)?;
+            check("FileList", &FILE_LIST, &json!({ "files": [view] }))?;
+        }
+    }
 }

@@ -88,6 +88,9 @@ pub struct FerryMcp {
     cfg: Arc<McpConfig>,
     tools: Arc<Vec<Tool>>,
     jobs: Arc<Vec<JobTool>>,
+    /// Each tool's compiled `inputSchema`: arguments are checked against it before the tool
+    /// runs (issue 23, kind 3).
+    inputs: Arc<BTreeMap<String, jsonschema::Validator>>,
 }
 
 /// A tool's outcome before it becomes a `CallToolResult`.
@@ -119,7 +122,19 @@ fn file_out(r: &UploadRecord) -> CallToolResult {
 impl FerryMcp {
     pub fn new(state: AppState, cfg: McpConfig) -> FerryMcp {
         let (tools, jobs) = tools::catalogue(&cfg.commands, cfg.max_chunk);
-        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs) }
+        let inputs = tools
+            .iter()
+            .filter_map(|t| match jsonschema::validator_for(&Value::Object(t.input_schema.as_ref().clone())) {
+                Ok(v) => Some((t.name.to_string(), v)),
+                Err(e) => {
+                    // A command's params_schema that is not a schema: the command job refuses
+                    // every start of it with the reason.
+                    tracing::warn!(tool = %t.name, error = %e, "inputSchema is not a valid JSON Schema; arguments are not checked against it");
+                    None
+                }
+            })
+            .collect();
+        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs), inputs: Arc::new(inputs) }
     }
 
     /// The caller: the principal the HTTP auth middleware resolved, else `local` (stdio).
@@ -450,76 +465,24 @@ impl FerryMcp {
         }
     }
 
-    /// The facade's view of a task: status, progress, questions, result or failure envelope.
-    /// Files the task produced (built-in kinds' `file`, an `external` task's `files`) come
-    /// back alike: handles from the live records, each with a signed download URL.
+    /// The facade's view of a task ([`task_out`]), with handles of the files it produced
+    /// (built-in kinds' `file`, an `external` task's `files`) read from the live records, each
+    /// with a signed download URL.
     async fn task_result(&self, p: &str, t: &TaskRecord) -> Outcome {
-        let mut v = TaskOut::new(t.status.into(), &t.id, &t.kind);
-        if t.progress != Default::default() {
-            v.progress = Some((&t.progress).into());
-        }
-        v.prior_failure = t.prior_failure.clone();
+        let mut produced = Vec::new();
         let mut extra = Vec::new();
-        match t.status {
-            FerryStatus::Working => {
-                v.poll_with = Some("task_get".into());
-                v.poll_after_ms = Some(POLL_AFTER_MS);
-            }
-            FerryStatus::InputRequired => {
-                v.input_requests = Some(outstanding(t));
-                v.poll_with = Some("task_get".into());
-                v.poll_after_ms = Some(POLL_AFTER_MS);
-            }
-            FerryStatus::Completed => {
-                let out = crate::app::views::task_output(t.result.as_deref());
-                let mut produced = Vec::new();
-                for id in &out.files {
-                    if let Ok(r) = self.state.engine.get(p, id).await {
-                        let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
-                        let (file, link) = handle(&r);
-                        produced.push(ProducedFile { file, download_url: s.url });
-                        extra.push(link);
-                    }
+        if t.status == FerryStatus::Completed {
+            for id in &crate::app::views::task_output(t.result.as_deref()).files {
+                if let Ok(r) = self.state.engine.get(p, id).await {
+                    let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
+                    let (file, link) = handle(&r);
+                    produced.push(ProducedFile { file, download_url: s.url });
+                    extra.push(link);
                 }
-                if let Some(first) = produced.first() {
-                    v.file = Some(first.file.clone());
-                    v.download_url = Some(first.download_url.clone());
-                }
-                if produced.len() > 1 {
-                    v.files = Some(produced);
-                }
-                v.result = out.rest;
-            }
-            FerryStatus::Failed => {
-                let e: Value = t.error.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
-                let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
-                let code = e.get("code").and_then(Value::as_str).and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ErrorCode::TaskFailed);
-                let hint = match code {
-                    ErrorCode::Internal => "Start the task again (use a new idempotency_key); the failure was on the server's side.",
-                    ErrorCode::QuotaExceeded => "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed (file_delete), then start the task again.",
-                    ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
-                        "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later (the same idempotency_key starts a new run)."
-                    }
-                    _ => "Read error.message, fix the arguments or inputs it names, and start the task again (a retry with the same idempotency_key starts a new run).",
-                };
-                let mut err = TusError::new(500, code, message, hint);
-                err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
-                v.error = Some(ErrorObject::of(&err));
-                return Ok(result(&v, extra, true));
-            }
-            FerryStatus::Cancelled => {
-                let mut err = TusError::new(
-                    409,
-                    ErrorCode::Cancelled,
-                    format!("task {} was cancelled", t.id),
-                    "Start the task again if its result is still needed (the same idempotency_key starts a new run).",
-                );
-                err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
-                v.error = Some(ErrorObject::of(&err));
-                return Ok(result(&v, extra, true));
             }
         }
-        Ok(result(&v, extra, false))
+        let (v, is_error) = task_out(t, produced);
+        Ok(result(&v, extra, is_error))
     }
 
     /// The SEP-2663 view of a task, for `tasks/get`.
@@ -556,9 +519,103 @@ impl FerryMcp {
         Ok(DetailedTask::new(task, payload))
     }
 
+    /// The call's arguments against the tool's `inputSchema`, before anything runs: a
+    /// refusal names each place that does not fit by its JSON pointer (`arguments/ttl_ms`).
+    fn check_arguments(&self, req: &CallToolRequestParams) -> Result<(), TusError> {
+        let Some(v) = self.inputs.get(req.name.as_ref()) else { return Ok(()) };
+        let args = Value::Object(req.arguments.clone().unwrap_or_default());
+        crate::app::schema_check::check(v, &args, "arguments").map_err(|m| {
+            let at = crate::app::schema_check::first_pointer(v, &args).unwrap_or_default();
+            let what = if at.is_empty() { "the arguments".to_string() } else { format!("arguments{at}") };
+            invalid(format!("{}: {m}", req.name), format!("Fix {what} as the inputSchema of {} says, then call {}.", req.name, call(&req.name)))
+        })
+    }
+
     fn is_job_tool(&self, name: &str) -> Option<&JobTool> {
         self.jobs.iter().find(|j| j.name == name)
     }
+}
+
+/// How a hint names the call that starts task `t` again: its job tool and arguments, or, for
+/// kinds no tool starts (`external`, an embedder's), the REST call.
+fn restart(t: &TaskRecord) -> String {
+    match t.kind.as_str() {
+        "archive" => call("archive_files"),
+        "compress" => call("compress_file"),
+        "fetch" => call("fetch_url"),
+        "command" => match serde_json::from_str::<Value>(&t.args).ok().and_then(|a| a.get("command").and_then(Value::as_str).map(str::to_owned)) {
+            Some(c) => call(&format!("export_{c}")),
+            None => call("export_NAME"),
+        },
+        k => format!("POST /api/v1/tasks with kind {k:?} and its args, as it was started"),
+    }
+}
+
+/// The facade's view of a task — status, progress, questions, result or failure envelope —
+/// and whether it is an error result (`failed`, `cancelled`). `produced`: handles of the files
+/// the task produced that still exist. Pure, so every state a record can hold is checked
+/// against the tools' `outputSchema` (tests below).
+fn task_out(t: &TaskRecord, produced: Vec<ProducedFile>) -> (TaskOut, bool) {
+    let mut v = TaskOut::new(t.status.into(), &t.id, &t.kind);
+    if t.progress != Default::default() {
+        v.progress = Some((&t.progress).into());
+    }
+    v.prior_failure = t.prior_failure.clone();
+    match t.status {
+        FerryStatus::Working => {
+            v.poll_with = Some("task_get".into());
+            v.poll_after_ms = Some(POLL_AFTER_MS);
+        }
+        FerryStatus::InputRequired => {
+            v.input_requests = Some(outstanding(t));
+            v.poll_with = Some("task_get".into());
+            v.poll_after_ms = Some(POLL_AFTER_MS);
+        }
+        FerryStatus::Completed => {
+            let out = crate::app::views::task_output(t.result.as_deref());
+            if let Some(first) = produced.first() {
+                v.file = Some(first.file.clone());
+                v.download_url = Some(first.download_url.clone());
+            }
+            if produced.len() > 1 {
+                v.files = Some(produced);
+            }
+            v.result = out.rest;
+        }
+        FerryStatus::Failed => {
+            let e = crate::app::views::task_error(t.error.as_deref());
+            let message = e.as_ref().map_or_else(|| "the task failed".to_string(), |e| e.message.clone());
+            let code = e.and_then(|e| ErrorCode::ALL.into_iter().find(|k| k.as_str() == e.code)).unwrap_or(ErrorCode::TaskFailed);
+            let again = restart(t);
+            let hint = match code {
+                ErrorCode::Internal => format!("Start the task again ({again}, a new idempotency_key); the failure was on the server's side."),
+                ErrorCode::QuotaExceeded => format!(
+                    "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed ({}), then start the task again ({again}).",
+                    call("file_delete")
+                ),
+                ErrorCode::InsufficientStorage | ErrorCode::Unavailable => format!(
+                    "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later ({again}; the same idempotency_key starts a new run)."
+                ),
+                _ => format!("Read error.message, fix the arguments or inputs it names, and start the task again ({again}; the same idempotency_key starts a new run)."),
+            };
+            let mut err = TusError::new(500, code, message, hint);
+            err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
+            v.error = Some(ErrorObject::of(&err));
+            return (v, true);
+        }
+        FerryStatus::Cancelled => {
+            let mut err = TusError::new(
+                409,
+                ErrorCode::Cancelled,
+                format!("task {} was cancelled", t.id),
+                format!("Start the task again if its result is still needed ({}; the same idempotency_key starts a new run).", restart(t)),
+            );
+            err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
+            v.error = Some(ErrorObject::of(&err));
+            return (v, true);
+        }
+    }
+    (v, false)
 }
 
 /// The shell lines `file_upload_begin` returns: send the whole file, and resume after an
@@ -630,35 +687,98 @@ fn response_of(request: &Value, elicit: &Value) -> Option<Value> {
     })
 }
 
-/// Recovery hints that name MCP tools instead of HTTP requests and headers.
+/// How a hint names a call: the tool and the arguments to pass (issue 23, kind 13).
+fn call(tool: &str) -> String {
+    let args = match tool {
+        "file_upload_begin" => "name and size",
+        "file_upload_chunk" => "file_id, offset and data",
+        "file_status" | "file_download_url" | "file_delete" => "file_id",
+        "file_read_chunk" => "file_id, offset and length",
+        "file_list" | "task_list" => "limit (optional)",
+        "task_get" | "task_cancel" => "task_id",
+        "task_respond" => "task_id, key and response",
+        "archive_files" => "file_ids",
+        "compress_file" => "file_id",
+        "fetch_url" => "url",
+        t if t.starts_with("export_") => "params",
+        _ => return format!("{tool} with the arguments its inputSchema lists"),
+    };
+    format!("{tool} with {args}")
+}
+
+/// Whether a hint already names a call of this facade (a tool and its arguments), as the
+/// hints job kinds give for their input files do.
+fn names_a_call(hint: &str) -> bool {
+    ["file_list", "file_status", "file_upload_begin", "file_upload_chunk", "file_download_url", "file_read_chunk", "task_get", "task_list", "task_respond"]
+        .iter()
+        .any(|t| hint.contains(t))
+}
+
+/// Recovery hints that name MCP tools and their arguments instead of HTTP requests and
+/// headers: every hint a model gets names the next call (issue 23, kind 13).
 fn for_model(mut e: TusError, tool: &str) -> TusError {
     let on_task = tool.starts_with("task_");
+    let on_file = tool.starts_with("file_");
+    let again = call(tool);
     let hint = match e.code {
-        ErrorCode::NotFound if on_task => "Check the task_id: task_list shows your tasks (finished tasks are kept for their ttl).",
-        ErrorCode::NotFound if tool.starts_with("file_") => "Check the file_id: file_list shows your files.",
-        ErrorCode::NotFound | ErrorCode::UploadIncomplete => return e, // a job's input files: the hint names them
-        ErrorCode::UploadExpired => "The upload expired unfinished and its bytes are gone: begin again with file_upload_begin.",
-        ErrorCode::Locked => "Another writer holds this file; wait a few seconds and call again.",
-        ErrorCode::ChecksumMismatch => "The bytes did not match the declared sha256, so the upload was reset to offset 0: send the right file again from offset 0.",
-        ErrorCode::SizeExceeded => "Send no more than the declared size (or begin a new upload with the right size, within the server's limit).",
-        ErrorCode::OffsetMismatch => "Re-send the chunk starting at error.partial.cursor (file_status shows the offset).",
-        ErrorCode::Conflict if tool.starts_with("file_") => "The file cannot take this change; check it with file_status.",
-        ErrorCode::Conflict if on_task => "The task already ended and cannot change; start a new one if needed.",
-        ErrorCode::Conflict => "This idempotency_key already names a task with other arguments: use a new key, or resend the original arguments.",
-        ErrorCode::Internal => "Retry once; if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).",
-        ErrorCode::InsufficientStorage => {
-            "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check file_status and resume from error.partial.cursor; tell the user if it persists."
+        ErrorCode::NotFound if on_task => format!("Check the task_id: {} shows your tasks (finished tasks are kept for their ttl).", call("task_list")),
+        ErrorCode::NotFound if on_file => format!("Check the file_id: {} shows your files.", call("file_list")),
+        // A job's input files: the hint names them and the calls that check them.
+        ErrorCode::NotFound | ErrorCode::UploadIncomplete | ErrorCode::ChunkTooLarge if names_a_call(&e.recovery_hint) => return e,
+        ErrorCode::NotFound => format!("Check the ids: {} shows your files and {} your tasks; then call {again}.", call("file_list"), call("task_list")),
+        ErrorCode::UploadIncomplete => format!("Finish the upload first ({} from error.partial.cursor), then call {again}.", call("file_upload_chunk")),
+        ErrorCode::ChunkTooLarge => format!("Send less per call: {again}, in smaller pieces."),
+        ErrorCode::UploadExpired => format!("The upload expired unfinished and its bytes are gone: begin again with {}.", call("file_upload_begin")),
+        ErrorCode::Locked => format!("Another writer holds this file; wait a few seconds, then call {again} (the same arguments); {} shows the offset.", call("file_status")),
+        ErrorCode::ChecksumMismatch => format!(
+            "The bytes did not match the declared sha256, so the upload was reset to offset 0: send the right file again from offset 0 ({} with offset 0).",
+            call("file_upload_chunk")
+        ),
+        ErrorCode::SizeExceeded if tool == "task_respond" => {
+            format!("Call {again} with a shorter response, or upload the data as a file ({}) and answer with its file_id.", call("file_upload_begin"))
         }
-        ErrorCode::Unavailable => "The server was briefly out of resources and changed nothing: wait a few seconds and call again.",
-        ErrorCode::QuotaExceeded if e.quota.as_ref().is_some_and(|q| q.name == "uploads_in_progress") => {
-            "Too many unfinished uploads (error.quota has the limit and the count): finish or file_delete one of them (file_list shows them), then call again."
+        ErrorCode::SizeExceeded => {
+            format!("Send no more than the declared size, or begin a new upload with the right size ({}), within the server's limit.", call("file_upload_begin"))
         }
-        ErrorCode::QuotaExceeded => {
-            "The storage quota is full (error.quota has the limit and the bytes used): file_delete files that are no longer needed, or ask the user to raise the quota; nothing acknowledged was lost."
+        ErrorCode::OffsetMismatch => {
+            format!("Re-send the chunk starting at error.partial.cursor: {} with offset = error.partial.cursor ({} shows the offset).", call("file_upload_chunk"), call("file_status"))
         }
-        _ => return e,
+        ErrorCode::Conflict if on_file => format!("The file cannot take this change; check it with {}.", call("file_status")),
+        ErrorCode::Conflict if on_task => format!("The task already ended and cannot change: {} shows how it ended; start a new task if needed.", call("task_get")),
+        ErrorCode::Conflict => format!("This idempotency_key already names a task with other arguments: call {again} and a new idempotency_key (or the original arguments with this key)."),
+        ErrorCode::InvalidArgument if names_a_call(&e.recovery_hint) || e.recovery_hint.contains(tool) => return e,
+        ErrorCode::InvalidArgument => format!("Fix the argument error.message names, then call {again}."),
+        ErrorCode::Unauthorized if tool == "fetch_url" => format!(
+            "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml and call {again} again, or upload the file yourself: {} gives an upload_url to send its bytes to.",
+            call("file_upload_begin")
+        ),
+        ErrorCode::Unauthorized => format!("This is not allowed for your token (error.message says why): ask the operator for access, then call {again}."),
+        ErrorCode::HookInvalid => format!(
+            "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; {} shows what was kept.",
+            call("file_status")
+        ),
+        ErrorCode::Rejected => format!("The server's policy refused this (error.message says why): change what it names and call {again}, or ask the operator."),
+        ErrorCode::TaskFailed | ErrorCode::Cancelled => format!("Start the task again with {again}."),
+        ErrorCode::Internal => {
+            format!("Retry once ({again}, the same arguments); if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).")
+        }
+        ErrorCode::InsufficientStorage => format!(
+            "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check {} and resume from error.partial.cursor; tell the user if it persists.",
+            call("file_status")
+        ),
+        ErrorCode::Unavailable => format!("The server was briefly out of resources and changed nothing: wait a few seconds, then call {again} (the same arguments)."),
+        ErrorCode::QuotaExceeded if e.quota.as_ref().is_some_and(|q| q.name == "uploads_in_progress") => format!(
+            "Too many unfinished uploads (error.quota has the limit and the count): finish one or delete it ({}; {} shows them), then call {again}.",
+            call("file_delete"),
+            call("file_list")
+        ),
+        ErrorCode::QuotaExceeded => format!(
+            "The storage quota is full (error.quota has the limit and the bytes used): delete files that are no longer needed ({}), or ask the user to raise the quota; nothing acknowledged was lost.",
+            call("file_delete")
+        ),
+        _ => format!("Read error.message, then call {again}."),
     };
-    e.recovery_hint = hint.to_string();
+    e.recovery_hint = hint;
     e
 }
 
@@ -693,6 +813,9 @@ impl ServerHandler for FerryMcp {
     async fn call_tool(&self, req: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
         if !self.tools.iter().any(|t| t.name == req.name) {
             return Err(McpError::invalid_params(format!("unknown tool {:?}", req.name), None));
+        }
+        if let Err(e) = self.check_arguments(&req) {
+            return Ok(CallToolResponse::Complete(failure(&e)));
         }
         let p = Self::principal(&ctx);
         let native = ctx.client_capabilities().is_some_and(|c| c.supports_tasks());
@@ -790,6 +913,144 @@ impl ServerHandler for FerryMcp {
                     format!("file {id} is {why}; download it from the URL in data.download_url (or call file_download_url)"),
                     Some(json!({ "download_url": s.url, "size": size, "sha256": v.sha256, "mimeType": v.media_type })),
                 ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    //! Every result a tool can give validates against the `outputSchema` that tool declares
+    //! (issue 23, kind 1): task views are built by [`task_out`] — the function the tools use —
+    //! from generated task records in every state, file handles from generated upload records,
+    //! failures from every error code with and without `partial` and `quota`.
+    use super::*;
+    use crate::app::arb;
+    use proptest::prelude::*;
+
+    /// The declared `outputSchema` of every tool, compiled once.
+    static SCHEMAS: std::sync::LazyLock<BTreeMap<String, jsonschema::Validator>> = std::sync::LazyLock::new(|| {
+        let (tools, _) = tools::catalogue(&[], 1 << 20);
+        tools
+            .iter()
+            .map(|t| {
+                let schema = Value::Object(t.output_schema.as_ref().expect("every tool declares an outputSchema").as_ref().clone());
+                (t.name.to_string(), jsonschema::validator_for(&schema).expect("a valid JSON Schema"))
+            })
+            .collect()
+    });
+
+    fn check(tool: &str, r: &CallToolResult) -> Result<(), TestCaseError> {
+        let v = r.structured_content.as_ref().expect("structured");
+        let errors: Vec<String> = SCHEMAS[tool].iter_errors(v).map(|e| format!("{}: {e}", e.instance_path())).collect();
+        prop_assert!(errors.is_empty(), "{tool} result breaks its outputSchema: {errors:?}\n{v}");
+        Ok(())
+    }
+
+    /// Whether `hint` names a call: a tool of `tools` with one of its arguments (any argument
+    /// for tools that take only optional ones).
+    fn names_call(hint: &str, tools: &[Tool]) -> bool {
+        tools.iter().any(|t| {
+            let props: Vec<&String> = t.input_schema.get("properties").and_then(Value::as_object).map(|p| p.keys().collect()).unwrap_or_default();
+            let required = t.input_schema.get("required").and_then(Value::as_array).is_some_and(|r| !r.is_empty());
+            hint.contains(t.name.as_ref()) && (!required || props.iter().any(|p| hint.contains(p.as_str())))
+        })
+    }
+
+    /// Hints the engine gives, as REST and TUS speak them: `for_model` must turn each into the
+    /// next call of this facade.
+    const ENGINE_HINTS: [&str; 6] = [
+        "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file instead.",
+        "Send HEAD to learn the offset, then resume from it.",
+        "Fix the arguments and start the task again.",
+        "List your tasks with GET /api/v1/tasks.",
+        "Send a shorter answer, or upload the data as a file and answer with its id.",
+        "Retry after a moment; send HEAD first to learn the offset.",
+    ];
+
+    /// Every hint a model can get names the next call — the tool and the arguments to pass —
+    /// and says retry only for a retryable code (issue 23, kinds 13 and 15).
+    #[test]
+    fn every_hint_names_the_next_call() {
+        let orders = crate::app::CommandTool { name: "orders".into(), description: None, params_schema: None };
+        let (tools, _) = tools::catalogue(&[orders], 1 << 20);
+        let mut wrong = Vec::new();
+        for t in &tools {
+            for code in ErrorCode::ALL {
+                for engine in ENGINE_HINTS {
+                    for quota in [None, Some("bytes"), Some("uploads_in_progress")] {
+                        let mut e = TusError::new(400, code, "detail", engine);
+                        e.quota = quota.map(|name| Box::new(ferry_tus::QuotaDetail { name, limit: 1, used: 1, requested: 1 }));
+                        let hint = for_model(e, &t.name).recovery_hint;
+                        if !names_call(&hint, &tools) {
+                            wrong.push(format!("{} {}: {hint:?} names no call", t.name, code.as_str()));
+                        }
+                        if crate::error_catalogue_tests::says_retry(&hint) && !code.retryable() {
+                            wrong.push(format!("{} {}: {hint:?} says retry, but the code is not retryable", t.name, code.as_str()));
+                        }
+                    }
+                }
+            }
+        }
+        wrong.dedup();
+        assert!(wrong.is_empty(), "{} hints:\n{}", wrong.len(), wrong.join("\n"));
+    }
+
+    const TASK_TOOLS: [&str; 5] = ["task_get", "task_cancel", "archive_files", "compress_file", "fetch_url"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_task_view_fits_its_schema(t in arb::task_record(), files in proptest::collection::vec(arb::upload_record(), 0..3)) {
+            let produced: Vec<ProducedFile> = files.iter().map(|r| ProducedFile { file: handle(r).0, download_url: format!("http://h/files/{}?sig=x", r.id) }).collect();
+            let (v, is_error) = task_out(&t, produced);
+            prop_assert_eq!(is_error, matches!(t.status, FerryStatus::Failed | FerryStatus::Cancelled));
+            if let (Some(e), false) = (&v.error, t.kind == "external") {
+                let orders = crate::app::CommandTool { name: "orders".into(), description: None, params_schema: None };
+                let (tools, _) = tools::catalogue(&[orders], 1 << 20);
+                let t2 = TaskRecord { args: r#"{"command":"orders"}"#.into(), ..t.clone() };
+                let hint = if t.kind == "command" { task_out(&t2, vec![]).0.error.unwrap().recovery_hint } else { e.recovery_hint.clone() };
+                prop_assert!(names_call(&hint, &tools), "{hint:?} names no call");
+            }
+            let r = result(&v, vec![], is_error);
+            for tool in TASK_TOOLS {
+                check(tool, &r)?;
+            }
+            // task_cancel's answer for the task it just cancelled; task_respond; task_list.
+            check("task_cancel", &result(&TaskOut::new(TaskState::Cancelled, &t.id, &t.kind), vec![], false))?;
+            check("task_respond", &result(&RespondOut { status: t.status.into(), task_id: t.id.clone(), accepted: t.runs % 2 == 0 }, vec![], false))?;
+            let brief = TaskBrief { task_id: t.id.clone(), kind: t.kind.clone(), status: t.status.into() };
+            check("task_list", &result(&TaskListOut { status: OkStatus::Ok, tasks: vec![brief] }, vec![], false))?;
+        }
+
+        #[test]
+        fn every_file_result_fits_its_schema(r in arb::upload_record(), page in proptest::option::of("[a-z]{1,5}")) {
+            check("file_status", &file_out(&r))?;
+            check("file_upload_chunk", &file_out(&r))?;
+            check("file_list", &result(&ListOut { status: OkStatus::Ok, files: vec![handle(&r).0] }, vec![], false))?;
+            let url = UrlOut { status: OkStatus::Ok, download_url: "u".into(), page_url: page.clone(), expires_at: "t".into(), file: handle(&r).0 };
+            check("file_download_url", &result(&url, vec![], false))?;
+            let (curl, curl_resume) = curl_lines(r.length.is_none());
+            let begin = BeginOut {
+                status: OkStatus::Ok, file: handle(&r).0, upload_url: "u".into(), page_url: page, method: "PATCH".into(),
+                headers: BTreeMap::new(), expires_at: "t".into(), max_inline_chunk: 1, curl, curl_resume,
+            };
+            check("file_upload_begin", &result(&begin, vec![], false))?;
+        }
+
+        #[test]
+        fn every_failure_fits_every_schema(
+            code in proptest::sample::select(ErrorCode::ALL.to_vec()),
+            cursor in proptest::option::of(any::<u64>()),
+            quota in proptest::option::of((any::<u64>(), any::<u64>(), any::<u64>())),
+        ) {
+            let mut e = TusError::new(400, code, "detail", "hint");
+            e.cursor = cursor;
+            e.quota = quota.map(|(limit, used, requested)| Box::new(ferry_tus::QuotaDetail { name: "bytes", limit, used, requested }));
+            let (tools, _) = tools::catalogue(&[], 1 << 20);
+            for t in &tools {
+                check(&t.name, &failure(&for_model(e.clone(), &t.name)))?;
             }
         }
     }

@@ -344,7 +344,9 @@ enum Reply<T> {
 /// `"type": "object"` as MCP requires, and without `$schema` and the integer `format`s
 /// (`uint64`…) that some validators refuse as unknown.
 pub fn output_schema<T: JsonSchema>() -> Map<String, Value> {
-    let settings = schemars::generate::SchemaSettings::draft2020_12().with(|s| {
+    // The serialize contract: a member serde skips when empty (`skip_serializing_if`) is
+    // optional in the schema, as it is in the results (issue 23: `progress.counters`).
+    let settings = schemars::generate::SchemaSettings::draft2020_12().for_serialize().with(|s| {
         s.inline_subschemas = true;
         s.meta_schema = None;
     });

@@ -82,6 +82,15 @@ pub trait Job: Send + Sync + 'static {
         true
     }
 
+    /// The JSON Schema of this kind's arguments, or `None` for any JSON. It is both what the
+    /// OpenAPI document publishes as `args` of `POST /api/v1/tasks` for this kind and the first
+    /// check of every start ([`crate::tasks::Engine::start`], REST and MCP alike), so the two
+    /// cannot disagree (issue 23, kind 2); [`Job::validate`] then checks only what the
+    /// schema already demands, in the kind's own words.
+    fn args_schema(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// Check arguments before a task is created; the message becomes an `invalid_argument`.
     fn validate(&self, _args: &RawValue) -> Result<(), String> {
         Ok(())

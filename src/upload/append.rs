@@ -90,7 +90,8 @@ struct PendingCheckpoint {
 
 /// The lease ran out by our own clock (paused, cut off): no more bytes may be added.
 pub(crate) fn lease_lost() -> TusError {
-    TusError::new(409, ferry_tus::ErrorCode::Conflict, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
+    // `locked` (retryable): HEAD, then resuming, is a retry that succeeds (issue 23, kind 15).
+    TusError::new(409, ferry_tus::ErrorCode::Locked, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
 }
 
 struct InFlight<'a>(&'a UploadEngine);
@@ -827,7 +828,9 @@ impl UploadEngine {
                             "the request body ended early or was malformed; {}the upload keeps its first {kept} bytes (offset {kept})",
                             if verifying { "nothing of it was kept (its checksum could not be verified); " } else { "" }
                         ),
-                        format!("Send HEAD, then resume from offset {kept}."),
+                        // Not retryable: a malformed body fails the same way again; the repair is a
+                        // well-framed body.
+                        format!("Check the body's framing (Content-Length, chunked encoding) and send the rest from offset {kept} (HEAD shows it)."),
                     )
                     .with_cursor(kept),
                     _ => TusError::locked(Some(kept)),

@@ -158,7 +158,8 @@ impl From<CatalogError> for TusError {
         match e {
             CatalogError::NotFound => TusError::not_found(),
             CatalogError::QuotaExceeded(q) => TusError::quota_exceeded(q, None),
-            CatalogError::Fenced => TusError::new(409, ErrorCode::Conflict, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
+            // `locked` (retryable), as the hint's HEAD-then-resume is a retry.
+            CatalogError::Fenced => TusError::new(409, ErrorCode::Locked, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
             other => exhausted::catalog_error(other),
         }
     }

@@ -315,7 +315,9 @@ pub fn plan_draft_append(version: InteropVersion, state: &UploadState, h: &Draft
         ));
     }
     let offset = match h.upload_offset {
-        None => return Err(TusError::bad_request("missing Upload-Offset", "Send HEAD to learn the offset, then append with Upload-Offset.").with_cursor(state.offset)),
+        None => {
+            return Err(TusError::bad_request("missing Upload-Offset", "Add the Upload-Offset header (HEAD shows the offset) and send the append again.").with_cursor(state.offset))
+        }
         Some(raw) => raw.parse::<RufhOffset>().map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?.0,
     };
     // tus-js-client (interop 5 and 6) sends an empty last append without `Upload-Complete`

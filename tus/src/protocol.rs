@@ -43,12 +43,17 @@ pub enum ErrorCode {
     /// 507 for bytes, 429 for uploads in progress; the problem body names the quota, its limit
     /// and the current use ([`QuotaDetail`]).
     QuotaExceeded,
+    /// A hook the operator configured answered something other than the documented JSON (a
+    /// 2xx that is not a JSON object, metadata that does not encode, a redirect, an answer too
+    /// large): 502, not retryable — the same request gets the same answer until the operator
+    /// fixes the hook (DESIGN §8). Nothing was created; a finishing upload keeps every byte.
+    HookInvalid,
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -66,6 +71,7 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::Rejected,
         ErrorCode::QuotaExceeded,
+        ErrorCode::HookInvalid,
         ErrorCode::Internal,
     ];
 
@@ -89,6 +95,7 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Rejected => "rejected",
             ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::HookInvalid => "hook_invalid",
             ErrorCode::Internal => "internal",
         }
     }
@@ -576,7 +583,9 @@ pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> R
         return Err(unsupported_media());
     }
     let offset = match h.upload_offset {
-        None => return Err(TusError::bad_request("missing Upload-Offset", "Send HEAD to learn the offset, then PATCH with Upload-Offset.").with_cursor(state.offset)),
+        None => {
+            return Err(TusError::bad_request("missing Upload-Offset", "Add the Upload-Offset header (HEAD shows the offset) and send the PATCH again.").with_cursor(state.offset))
+        }
         Some(raw) => raw.parse::<UploadOffset>().map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?.0,
     };
     let declared: Option<UploadLength> = parse_opt(h.upload_length)?;

@@ -102,6 +102,22 @@ impl Job for ArchiveJob {
         "archive"
     }
 
+    fn args_schema(&self) -> Option<serde_json::Value> {
+        let ids = serde_json::json!({ "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_MEMBERS, "description": "Ids of the finished uploads to pack, in order." });
+        Some(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "file_ids": ids,
+                "files": { "deprecated": true, "description": "Deprecated name of file_ids.", "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_MEMBERS },
+                "format": { "type": "string", "enum": ["tar", "zip"] },
+                "name": { "type": ["string", "null"], "minLength": 1, "maxLength": 255, "description": "Archive file name (1 to 255 bytes)." }
+            },
+            "required": ["format"],
+            "oneOf": [{ "required": ["file_ids"] }, { "required": ["files"] }],
+            "additionalProperties": false
+        }))
+    }
+
     fn validate(&self, args: &RawValue) -> Result<(), String> {
         parse_args(args).map(|_| ())
     }

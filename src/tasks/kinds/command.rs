@@ -191,6 +191,42 @@ impl Job for CommandJob {
         "command"
     }
 
+    /// `{"command": one of the declared names, "params": an object}`; with a `params_schema`
+    /// of its own (one without `$ref`, which would point outside) per command.
+    fn args_schema(&self) -> Option<Value> {
+        let names: Vec<&String> = self.commands.keys().collect();
+        let per: Vec<Value> = self
+            .commands
+            .iter()
+            .filter_map(|(n, c)| c.params_schema.as_ref().filter(|s| !s.to_string().contains("\"$ref\"")).map(|s| (n, s)))
+            .map(|(n, s)| {
+                let mut s = s.clone();
+                if let Some(m) = s.as_object_mut() {
+                    m.remove("$schema");
+                    m.remove("$id");
+                }
+                // Absent params are checked as `{}`: required when the schema requires members.
+                let requires = s.get("required").and_then(Value::as_array).is_some_and(|r| !r.is_empty());
+                let then =
+                    if requires { serde_json::json!({ "properties": { "params": s }, "required": ["params"] }) } else { serde_json::json!({ "properties": { "params": s } }) };
+                serde_json::json!({ "if": { "properties": { "command": { "const": n } } }, "then": then })
+            })
+            .collect();
+        let mut schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "command": { "type": "string", "enum": names, "description": "A command declared in ferry.toml ([commands.NAME])." },
+                "params": { "type": ["object", "null"], "description": "Passed to the program as FERRY_PARAMS (absent: {})." }
+            },
+            "required": ["command"],
+            "additionalProperties": false
+        });
+        if !per.is_empty() {
+            schema["allOf"] = Value::Array(per);
+        }
+        Some(schema)
+    }
+
     fn validate(&self, args: &RawValue) -> Result<(), String> {
         let args = parse_args(args)?;
         self.spec(&args)?;

@@ -179,6 +179,26 @@ impl Job for CompressJob {
         "compress"
     }
 
+    fn args_schema(&self) -> Option<serde_json::Value> {
+        let levels = |r: std::ops::RangeInclusive<i32>| serde_json::json!({ "properties": { "level": { "type": ["integer", "null"], "minimum": r.start(), "maximum": r.end() } } });
+        Some(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "file_id": { "type": "string", "minLength": 1, "description": "Id of the finished upload to compress." },
+                "file": { "type": "string", "minLength": 1, "deprecated": true, "description": "Deprecated name of file_id." },
+                "format": { "type": "string", "enum": ["zstd", "gzip"] },
+                "level": { "type": ["integer", "null"], "description": format!("zstd {}..={}, gzip {}..={}", ZSTD_LEVELS.start(), ZSTD_LEVELS.end(), GZIP_LEVELS.start(), GZIP_LEVELS.end()) }
+            },
+            "required": ["format"],
+            "oneOf": [{ "required": ["file_id"] }, { "required": ["file"] }],
+            "allOf": [
+                { "if": { "properties": { "format": { "const": "zstd" } } }, "then": levels(ZSTD_LEVELS) },
+                { "if": { "properties": { "format": { "const": "gzip" } } }, "then": levels(GZIP_LEVELS) }
+            ],
+            "additionalProperties": false
+        }))
+    }
+
     fn validate(&self, args: &RawValue) -> Result<(), String> {
         parse_args(args).map(|_| ())
     }

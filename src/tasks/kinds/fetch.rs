@@ -373,6 +373,18 @@ impl Job for FetchJob {
         parse_args(&self.allow, args).map(|_| ())
     }
 
+    fn args_schema(&self) -> Option<Value> {
+        Some(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "url": { "type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#\\s]+", "description": "An absolute http:// or https:// URL of an allow-listed host ([fetch] allow_hosts; others are 403)." },
+                "name": { "type": ["string", "null"], "description": "File name (default: from the URL or Content-Disposition)." }
+            },
+            "required": ["url"],
+            "additionalProperties": false
+        }))
+    }
+
     /// A URL outside the allow list is 403 `unauthorized` (the same on REST and MCP); other
     /// argument problems are 400 `invalid_argument`.
     fn check(&self, args: &RawValue) -> Result<(), ferry_tus::TusError> {

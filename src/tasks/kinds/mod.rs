@@ -104,3 +104,38 @@ pub(crate) fn resume<T: DeserializeOwned>(kind: &str, checkpoint: Option<serde_j
         },
     }
 }
+
+#[cfg(test)]
+mod args_schema_tests {
+    use super::*;
+
+    /// Every built-in kind's args schema is a JSON Schema (a start never runs without it), and
+    /// the arguments each kind's tests take as valid fit it.
+    #[test]
+    fn every_kinds_args_schema_compiles_and_admits_valid_args() {
+        let spec = crate::config::CommandSpec {
+            program: "/bin/true".into(),
+            args: vec![],
+            output_name: None,
+            media_type: None,
+            cwd: None,
+            description: None,
+            params_schema: Some(serde_json::json!({ "type": "object", "required": ["month"], "properties": { "month": { "type": "string" } } })),
+        };
+        let jobs: Vec<(Arc<dyn Job>, serde_json::Value)> = vec![
+            (Arc::new(archive::ArchiveJob), serde_json::json!({ "file_ids": ["a"], "format": "tar" })),
+            (Arc::new(compress::CompressJob), serde_json::json!({ "file": "a", "format": "gzip", "level": 9 })),
+            (Arc::new(fetch::FetchJob::new(Default::default())), serde_json::json!({ "url": "http://example.com/a", "name": null })),
+            (
+                Arc::new(command::CommandJob::new(std::collections::BTreeMap::from([("orders".to_string(), spec)]))),
+                serde_json::json!({ "command": "orders", "params": { "month": "x" } }),
+            ),
+        ];
+        for (job, valid) in jobs {
+            let schema = job.args_schema().unwrap_or_else(|| panic!("{} has an args schema", job.kind()));
+            let v = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{}: {e}", job.kind()));
+            assert!(v.is_valid(&valid), "{}: {valid}", job.kind());
+            assert!(!v.is_valid(&serde_json::Value::Null), "{}: null args", job.kind());
+        }
+    }
+}

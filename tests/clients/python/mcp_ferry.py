@@ -574,8 +574,10 @@ async def scenario_errors() -> dict[str, Any]:
         envelope(r, "size_exceeded", "size above --max-size")
         last = ok(await tool("file_upload_chunk", {"file_id": fid, "offset": 2000, "data": b64(data[2000:])}), "last chunk")
         check(last["file"]["complete"] and last["file"]["sha256"] == sha256_hex(data), "complete after the repairs", last)
-        # file_read_chunk reads at most 64 KiB per call: a larger length is chunk_too_large.
-        envelope(await tool("file_read_chunk", {"file_id": fid, "length": 1 << 20}), "chunk_too_large", "file_read_chunk of 1 MiB")
+        # file_read_chunk reads at most 64 KiB per call, as its inputSchema says: a larger length
+        # is refused by the schema check, naming the argument.
+        e = envelope(await tool("file_read_chunk", {"file_id": fid, "length": 1 << 20}), "invalid_argument", "file_read_chunk of 1 MiB")
+        check("arguments/length" in e["message"], "the refusal names arguments/length", e)
         rr = ok(await tool("file_read_chunk", {"file_id": fid, "offset": 2400, "length": 1000, "encoding": "base64"}), "read the tail")
         check(base64.b64decode(rr["data"]) == data[2400:] and rr.get("eof") is True, "file_read_chunk tail", rr)
 
