@@ -8,5 +8,6 @@ pub mod progress;
 pub mod store;
 pub mod stream;
 pub mod task;
+pub mod tls;
 pub mod token;
 pub mod upload;
