@@ -302,6 +302,20 @@ fn tls_hint(cause: &str) -> String {
     )
 }
 
+/// The file URL (`…/files/ID`, query kept) of a ferry page or API link (`…/share/ID`,
+/// `…/api/v1/files/ID`), if `url` is one.
+fn file_url_of(url: &reqwest::Url) -> Option<reqwest::Url> {
+    let path = url.path();
+    let (prefix, id) = [crate::signing::PAGE_PATH, "/api/v1/files/"].iter().find_map(|marker| {
+        let at = path.rfind(marker)?;
+        let id = &path[at + marker.len()..];
+        (!id.is_empty() && !id.contains('/')).then(|| (&path[..at], id))
+    })?;
+    let mut out = url.clone();
+    out.set_path(&format!("{prefix}/files/{id}"));
+    Some(out)
+}
+
 /// Is this answer worth retrying (RFC 9110 §15.6 server errors, TUS `423 locked`, 429)?
 pub fn retryable_status(status: u16) -> bool {
     matches!(status, 423 | 429 | 500..=599)
@@ -481,12 +495,29 @@ impl Client {
         self.base.join(location).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server sent a bad URL {location:?}: {e}")))
     }
 
-    /// The TUS/download URL for an upload id, or the URL itself when one is given.
-    pub fn file_url(&self, id_or_url: &str) -> Result<reqwest::Url, CliError> {
-        if id_or_url.starts_with("http://") || id_or_url.starts_with("https://") {
-            return reqwest::Url::parse(id_or_url).map_err(|e| CliError::usage(format!("{id_or_url:?} is not a URL: {e}")));
+    /// The TUS/download URL of a ferry link: a file id, a file URL (`…/files/ID`), a signed
+    /// link (`…/files/ID?scope=…&sig=…`), a page link (`…/share/ID?…`, what `ferry share`
+    /// and MCP hand out as `page_url`) or an API URL (`…/api/v1/files/ID`). Every form means
+    /// the same file: a page or API URL becomes the file URL on the same server with the same
+    /// query (the signature covers the id, not the path). Another URL is used as it is.
+    pub fn file_url(&self, link: &str) -> Result<reqwest::Url, CliError> {
+        if link.starts_with("http://") || link.starts_with("https://") {
+            let url = reqwest::Url::parse(link).map_err(|e| CliError::usage(format!("{link:?} is not a URL: {e}")))?;
+            return Ok(file_url_of(&url).unwrap_or(url));
         }
-        Ok(self.url(&format!("/files/{}", id_segment(id_or_url)?)))
+        Ok(self.url(&format!("/files/{}", id_segment(link)?)))
+    }
+
+    /// The file id a ferry link names (see [`Client::file_url`]); a bare id as it is.
+    pub fn file_id(&self, link: &str) -> Result<String, CliError> {
+        if !(link.starts_with("http://") || link.starts_with("https://")) {
+            id_segment(link)?;
+            return Ok(link.to_string());
+        }
+        let url = self.file_url(link)?;
+        let id = id_of(&url);
+        id_segment(&id).map_err(|_| CliError::usage(format!("{link:?} is not a ferry file link (…/files/ID, …/share/ID or a file id)")))?;
+        Ok(id)
     }
 
     /// Send, retrying network errors and retryable statuses within `retry`; returns the
