@@ -119,7 +119,7 @@ async fn at_the_cap_idle_and_slow_loris_connections_make_room_for_new_clients() 
     assert_eq!(raw(&mut mine, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
 
     let idle = idle_connections(&s.addr(), 1000).await;
-    assert!(idle.len() >= 900, "only {} connections opened", idle.len());
+    assert!(idle.len() > 768, "only {} connections opened (the cap is 768)", idle.len());
     let stop = tokio_util::sync::CancellationToken::new();
     let mut loris = Vec::new();
     for _ in 0..50 {

@@ -18,6 +18,9 @@ const PG_LOCK: &str = "ferry.catalog";
 /// again).
 const PG_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a start waits for the PostgreSQL lock before refusing.
+const PG_RESTART_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A held catalog lock; released when dropped (or when the process ends).
 pub enum CatalogHold {
     /// The locked file.
@@ -102,10 +105,20 @@ impl CatalogUrl {
                     Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
                 }
             }
-            CatalogUrl::Postgres(url) => match pg_lock(url, &shown, exclusive).await? {
-                Some(conn) => Ok(CatalogHold::Postgres(tokio::spawn(keep_pg_lock(conn, url.clone(), shown, exclusive)))),
-                None => Err(refusal(&shown, exclusive, "it holds the session advisory lock ferry.catalog")),
-            },
+            CatalogUrl::Postgres(url) => {
+                // A server killed a moment ago holds the lock until the database notices its
+                // connection is gone: a restart waits for that, briefly.
+                let deadline = tokio::time::Instant::now() + PG_RESTART_GRACE;
+                loop {
+                    if let Some(conn) = pg_lock(url, &shown, exclusive).await? {
+                        return Ok(CatalogHold::Postgres(tokio::spawn(keep_pg_lock(conn, url.clone(), shown, exclusive))));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(refusal(&shown, exclusive, "it holds the session advisory lock ferry.catalog"));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+            }
         }
     }
 }
