@@ -42,12 +42,10 @@ pub fn tune_allocator() {
 /// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
-    let public = std::iter::once(&cfg.listen).chain(&cfg.listen_more).any(|a| !a.ip().is_loopback());
-    if public && cfg.tokens.is_empty() && !cfg.insecure_no_auth {
+    if let Some(public) = open_to_anyone(&cfg, &cfg.tokens) {
         anyhow::bail!(
-            "refusing to listen on {} without bearer tokens: create one with `ferry token create NAME`, \
+            "refusing to listen on {public} without bearer tokens: create one with `ferry token create NAME`, \
              or pass --insecure-no-auth to let anyone who can connect read and write everything",
-            cfg.listen
         );
     }
     // A certificate that cannot serve stops start-up before anything else is opened.
@@ -61,7 +59,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
     let owner = load_owner_id(&cfg.data)?;
     let max_connections = connection_cap(cfg.max_connections);
-    // With in-process leases this server is the catalog's only writer (one server per catalog).
+    // With in-process leases this server is the catalog's only writer (one server per catalog):
+    // held for the process's life, so a second server on the catalog refuses to start.
+    let _catalog_lock = cfg.catalog.hold(cfg.leases == LeaseMode::Local).await?;
     let catalog = cfg.catalog.open_as(cfg.leases == LeaseMode::Local).await?;
     tracing::info!(catalog = %cfg.catalog.redacted(), leases = ?cfg.leases, "catalog open");
     let (uploads_back, tasks_back) = catalog.reclaim_owner(&owner).await.context("reclaiming the leases of this data dir's previous process")?;
@@ -241,6 +241,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The one rule for start-up and SIGHUP reload: `tokens` on the addresses `cfg` listens on
+/// would let anyone who can connect in. Returns the first address that is not loopback when
+/// there are no tokens (and no `--insecure-no-auth`); every address counts, not the first only.
+fn open_to_anyone(cfg: &Config, tokens: &[crate::config::TokenEntry]) -> Option<std::net::SocketAddr> {
+    if !tokens.is_empty() || cfg.insecure_no_auth {
+        return None;
+    }
+    std::iter::once(&cfg.listen).chain(&cfg.listen_more).find(|a| !a.ip().is_loopback()).copied()
+}
+
 /// The start-up (and reload) line saying who may use this server.
 fn log_principals(tokens: &Tokens, what: &str) {
     let (principals, count) = tokens.counts();
@@ -271,8 +281,8 @@ async fn reload_on_sighup(hangups: std::io::Result<tokio::signal::unix::Signal>,
             match Config::resolve(&cfg.args) {
                 Err(e) => tracing::error!(error = %format!("{e:#}"), "reload refused: the configuration does not load; the tokens and certificate in use stay"),
                 Ok(new) => {
-                    if !cfg.listen.ip().is_loopback() && new.tokens.is_empty() && !cfg.insecure_no_auth {
-                        tracing::error!(listen = %cfg.listen, "reload refused: the new configuration has no bearer tokens, which would open this non-loopback server to anyone; the tokens in use stay");
+                    if let Some(public) = open_to_anyone(&cfg, &new.tokens) {
+                        tracing::error!(listen = %public, "reload refused: the new configuration has no bearer tokens, which would open this non-loopback server to anyone; the tokens in use stay");
                     } else {
                         match tokens.replace(&new.tokens) {
                             Ok(()) => log_principals(&tokens, "loaded"),
@@ -369,6 +379,51 @@ fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
 
 /// How long a client may take to send a request's headers (slow-loris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same while the server is under pressure (at least 90 % of the connection cap in use):
+/// a connection that has not sent a complete request by then is closed.
+const PRESSURE_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One accepted connection, as eviction sees it.
+struct ConnSlot {
+    accepted: std::time::Instant,
+    /// A complete request head arrived (the router was called) at least once.
+    requested: std::sync::atomic::AtomicBool,
+    /// Cancelled to close the connection.
+    close: tokio_util::sync::CancellationToken,
+}
+
+/// The connections being served, so that a server at its cap can close the ones that hold a
+/// slot without using it: accepted, but no complete request yet (idle, or a slow-loris
+/// trickling its headers).
+#[derive(Default)]
+struct Conns {
+    next: std::sync::atomic::AtomicU64,
+    live: std::sync::Mutex<std::collections::HashMap<u64, Arc<ConnSlot>>>,
+}
+
+impl Conns {
+    fn add(&self) -> (u64, Arc<ConnSlot>) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let c = Arc::new(ConnSlot { accepted: std::time::Instant::now(), requested: false.into(), close: Default::default() });
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, c.clone());
+        (id, c)
+    }
+
+    fn remove(&self, id: u64) {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    /// Close up to `n` connections accepted at least `older_than` ago that have not sent a
+    /// complete request, longest-waiting first. Returns how many.
+    fn evict(&self, n: usize, older_than: Duration) -> usize {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle: Vec<&Arc<ConnSlot>> =
+            live.values().filter(|c| !c.requested.load(std::sync::atomic::Ordering::Relaxed) && !c.close.is_cancelled() && c.accepted.elapsed() >= older_than).collect();
+        idle.sort_by_key(|c| c.accepted);
+        idle.iter().take(n).for_each(|c| c.close.cancel());
+        idle.len().min(n)
+    }
+}
 
 /// Descriptors kept free of connections for the catalog, blobs being written or read, task
 /// programs and the like.
@@ -407,8 +462,12 @@ fn connection_cap(configured: Option<u32>) -> usize {
 /// Accept HTTP/1.1 connections until `signal` resolves, then wait up to [`SHUTDOWN_GRACE`]
 /// for in-flight requests (PATCHes checkpoint and end on the engine's shutdown token).
 ///
-/// At most `max_connections` are served at once: at the cap, accepting pauses until one
-/// closes (newcomers wait in the kernel's queue) while the accepted ones keep being served.
+/// At most `max_connections` are served at once. At the cap, a newcomer makes room by closing
+/// the connection that has waited longest without sending a complete request (idle, or a
+/// slow-loris trickling its headers); only when every connection has sent one does it wait
+/// until one closes. Under pressure (90 % of the cap) the header timeout drops from
+/// [`HEADER_READ_TIMEOUT`] to [`PRESSURE_HEADER_TIMEOUT`] for connections that never sent a
+/// complete request. Connections that have sent one are never closed this way.
 /// When `accept` fails (`EMFILE`, `ENFILE`, `ENOBUFS`…), accepting backs off (10 ms doubling
 /// to 1 s) instead of spinning.
 ///
@@ -426,23 +485,12 @@ async fn serve_http(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let conns = Arc::new(Conns::default());
     let mut backoff = Duration::from_millis(10);
     let mut at_cap_logged = false;
+    let mut last_sweep = std::time::Instant::now();
     tokio::pin!(signal);
     loop {
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(s) => s,
-            Err(_) => {
-                if !at_cap_logged {
-                    tracing::warn!(max_connections, "connection cap reached: new connections wait until one closes");
-                    at_cap_logged = true;
-                }
-                tokio::select! {
-                    s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
-                    _ = &mut signal => break,
-                }
-            }
-        };
         let (stream, _) = tokio::select! {
             accepted = accept_any(&listeners) => match accepted {
                 Ok(a) => a,
@@ -450,7 +498,6 @@ async fn serve_http(
                     // Out of file descriptors and the like: back off instead of spinning;
                     // the connections already accepted keep being served.
                     tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
-                    drop(slot);
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = &mut signal => break,
@@ -462,41 +509,79 @@ async fn serve_http(
             _ = &mut signal => break,
         };
         backoff = Duration::from_millis(10);
+        // Under pressure the header timeout is shorter: connections that have not sent a
+        // complete request within PRESSURE_HEADER_TIMEOUT make room (checked once a second).
+        if slots.available_permits() < max_connections.div_ceil(10) && last_sweep.elapsed() >= Duration::from_secs(1) {
+            last_sweep = std::time::Instant::now();
+            let n = conns.evict(usize::MAX, PRESSURE_HEADER_TIMEOUT);
+            if n > 0 {
+                tracing::info!(closed = n, "near the connection cap: closed connections that sent no complete request within {PRESSURE_HEADER_TIMEOUT:?}");
+            }
+        }
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => s,
+            Err(_) => {
+                // At the cap with a newcomer waiting: close the connection that has waited
+                // longest without a complete request, so health checks and real requests get
+                // in; when every connection is busy with a request, the newcomer waits.
+                let evicted = conns.evict(1, Duration::ZERO);
+                if !at_cap_logged {
+                    tracing::warn!(max_connections, "connection cap reached: closing connections that sent no complete request; otherwise new ones wait until one closes");
+                    at_cap_logged = true;
+                }
+                tracing::debug!(evicted, "at the connection cap");
+                tokio::select! {
+                    s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
+                    _ = &mut signal => break,
+                }
+            }
+        };
         if slots.available_permits() > max_connections / 10 {
             at_cap_logged = false;
         }
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let (id, conn) = conns.add();
+        let marked = conn.clone();
+        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(router.clone(), move |req: http::Request<hyper::body::Incoming>| {
+            marked.requested.store(true, std::sync::atomic::Ordering::Relaxed);
+            req
+        }));
+        let conns = conns.clone();
         match &tls {
             None => {
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                let conn_fut = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    tokio::select! {
+                        r = conn_fut => if let Err(e) = r {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        },
+                        _ = conn.close.cancelled() => tracing::debug!("closed a connection that sent no complete request (at the connection cap)"),
                     }
+                    conns.remove(id);
                     drop(slot);
                 });
             }
             Some(acceptor) => {
                 let (acceptor, watcher, http) = (acceptor.clone(), graceful.watcher(), http.clone());
                 tokio::spawn(async move {
-                    let mut stream = stream;
-                    if crate::tls::refused_plain_http(&mut stream, HEADER_READ_TIMEOUT).await {
-                        return;
-                    }
-                    let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "TLS handshake failed");
+                    let serve = async {
+                        let mut stream = stream;
+                        if crate::tls::refused_plain_http(&mut stream, HEADER_READ_TIMEOUT).await {
                             return;
                         }
-                        Err(_) => {
-                            tracing::debug!("TLS handshake timed out");
-                            return;
+                        let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+                            Err(_) => return tracing::debug!("TLS handshake timed out"),
+                        };
+                        if let Err(e) = watcher.watch(http.serve_connection(TokioIo::new(stream), service)).await {
+                            tracing::debug!(error = %e, "connection ended with an error");
                         }
                     };
-                    if let Err(e) = watcher.watch(http.serve_connection(TokioIo::new(stream), service)).await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    tokio::select! {
+                        () = serve => {}
+                        _ = conn.close.cancelled() => tracing::debug!("closed a connection that sent no complete request (at the connection cap)"),
                     }
+                    conns.remove(id);
                     drop(slot);
                 });
             }
@@ -549,4 +634,24 @@ fn spawn_finisher(engine: &Arc<UploadEngine>, tasks: &Arc<Engine>) -> tokio::tas
             }
         });
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Start-up and reload judge one rule: a server whose first address is loopback but another
+    /// is not is open to anyone without tokens (the reload used to look at the first only).
+    #[test]
+    fn an_empty_token_set_is_refused_when_any_address_is_public() {
+        let args = crate::config::ServeArgs { listen: Some("127.0.0.1:8080".into()), data: Some("/nonexistent-ferry-test".into()), ..Default::default() };
+        let mut cfg = Config::resolve(&args).unwrap();
+        assert_eq!(open_to_anyone(&cfg, &[]), None, "loopback only");
+        cfg.listen_more = vec!["192.0.2.7:8080".parse().unwrap()];
+        assert_eq!(open_to_anyone(&cfg, &[]), Some("192.0.2.7:8080".parse().unwrap()), "a public second address");
+        let token = crate::config::TokenEntry { principal: "p".into(), sha256: crate::config::token_hash("t"), scope: None, expires: None };
+        assert_eq!(open_to_anyone(&cfg, &[token]), None, "tokens close it");
+        cfg.insecure_no_auth = true;
+        assert_eq!(open_to_anyone(&cfg, &[]), None, "--insecure-no-auth opens it on purpose");
+    }
 }

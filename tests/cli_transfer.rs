@@ -715,3 +715,41 @@ async fn cli_messages_speak_cli() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.trim_end().ends_with(':') && err.contains("kill -HUP") && err.contains("stdout"), "{err}");
 }
+
+/// Every ferry link means the same file to every command: a file id, the file URL, the signed
+/// link and the page link (`/share/…`, the `page_url` of `ferry share` and MCP) all download
+/// the file itself, verified (the page link used to save the 2 KiB HTML page as the file and
+/// exit 0 with a warning), and `status` takes each too. A URL that declares no sha256 fails
+/// with exit 4 and writes nothing, unless `--no-verify`.
+#[tokio::test]
+async fn every_ferry_link_downloads_the_same_verified_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let s = Server::start(&[]);
+    let (src, sha) = source(dir.path(), "linked.bin", 300_000, 10);
+    let v = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", src.to_str().unwrap()])));
+    let id = v["id"].as_str().unwrap().to_string();
+    let shared: Value = serde_json::from_str(&stdout(&out(&mut ferry(&s.base, &cache, &["share", &id, "--ttl", "1h", "--json"])))).unwrap();
+    let (signed, page) = (shared["url"].as_str().unwrap().to_string(), shared["page_url"].as_str().expect("a page link").to_string());
+    assert!(page.contains("/share/"), "{page}");
+    let links = [id.clone(), s.url(&format!("/files/{id}")), signed, page];
+    for (i, link) in links.iter().enumerate() {
+        let target = dir.path().join(format!("copy-{i}.bin"));
+        let d = ok_json(&out(&mut ferry(&s.base, &cache, &["download", "--json", "-q", link, "-o", target.to_str().unwrap()])));
+        assert_eq!(d["sha256"], sha.as_str(), "{link}");
+        assert_eq!(sha256_hex(&std::fs::read(&target).unwrap()), sha, "the file itself from {link}");
+        let st = out(&mut ferry(&s.base, &cache, &["status", "--json", link]));
+        assert_eq!(code(&st), 0, "status {link}: {}", stderr(&st));
+        assert!(stdout(&st).contains(&id), "status {link}: {}", stdout(&st));
+    }
+    // Bytes that cannot be checked: exit 4, nothing written; --no-verify keeps them.
+    let page = s.url("/");
+    let target = dir.path().join("unverifiable.html");
+    let o = out(&mut ferry(&s.base, &cache, &["download", "-q", &page, "-o", target.to_str().unwrap()]));
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--no-verify"), "{}", stderr(&o));
+    assert!(!target.exists() && !dir.path().join("unverifiable.html.part").exists(), "nothing written");
+    let o = out(&mut ferry(&s.base, &cache, &["download", "-q", "--no-verify", &page, "-o", target.to_str().unwrap()]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(target.exists());
+}

@@ -220,3 +220,48 @@ async fn s3_blob_store_conformance() {
     let err = bad.ping().await.expect_err("ping of a missing bucket").to_string();
     assert!(!err.contains("testing"), "{err}");
 }
+
+/// PostgreSQL takes the outbox lock (`ferry.outbox`, which makes event seqs commit order) last:
+/// a transaction that has made a change with an event and goes on working (a creation's quota
+/// `SUM` over the principal's uploads) does not hold it, so another principal's change does not
+/// wait for that transaction; its events still come in commit order, with the change's facts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outbox_lock_is_taken_at_commit() {
+    use ferry::catalog::{Concat, EventCatalog, UploadRecord};
+    let rec = |id: &str, principal: &str| UploadRecord {
+        id: id.into(),
+        principal: principal.into(),
+        length: Some(5),
+        offset: 0,
+        metadata: String::new(),
+        hash_state: Vec::new(),
+        sha256: None,
+        expected_sha256: None,
+        concat: Concat::None,
+        created_at_ms: 1_000,
+        updated_at_ms: 1_000,
+        expires_at_ms: None,
+        finished_at_ms: None,
+        expired: false,
+        blob_state: Vec::new(),
+    };
+    let db = TestDb::create().await;
+    let cat = PostgresCatalog::connect(&db.url).await.unwrap();
+    cat.create_upload(&rec("outboxa", "alice")).await.unwrap();
+    let mut tx = cat.pool().begin().await.unwrap();
+    sqlx::query("UPDATE uploads SET expired = TRUE WHERE id = 'outboxa'").execute(&mut *tx).await.unwrap();
+    sqlx::query("SELECT COUNT(*) FROM uploads WHERE principal = 'alice'").execute(&mut *tx).await.unwrap(); // still working
+    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended('ferry.outbox', 0))").fetch_one(cat.pool()).await.unwrap();
+    assert!(free, "a transaction still working after its change holds the outbox lock");
+    tokio::time::timeout(std::time::Duration::from_secs(5), cat.create_upload(&rec("outboxb", "bob")))
+        .await
+        .expect("another principal's creation waited for a transaction it shares nothing with")
+        .unwrap();
+    tx.commit().await.unwrap();
+    let all = cat.list_events(None, 0, 100).await.unwrap();
+    let order: Vec<(&str, &str)> = all.iter().map(|e| (e.event_type.as_str(), e.subject.as_str())).collect();
+    assert_eq!(order, vec![("upload.created", "outboxa"), ("upload.created", "outboxb"), ("upload.expired", "outboxa")], "commit order");
+    let body: serde_json::Value = serde_json::from_str(&all[2].body).unwrap();
+    assert_eq!((body["upload"].as_str(), body["length"].as_i64()), (Some("outboxa"), Some(5)));
+    cat.pool().close().await;
+}

@@ -103,3 +103,55 @@ async fn at_the_connection_cap_accepted_connections_keep_being_served() {
     assert_eq!(c.get(s.url("/healthz")).send().await.expect("healthz after the flood").status(), 200);
     assert_stored_sha256(&s, &url, &sha256_hex(&body)).await;
 }
+
+/// At its cap (hard open-file limit 1 024, so 768 connections), 1 000 connections that never
+/// send a byte plus slow-loris clients trickling their headers do not lock new clients out:
+/// the server closes the ones that have waited longest without a complete request, and
+/// `/healthz` answers at once, three times in a row, as does a real upload; a connection that
+/// did send a request keeps being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_idle_and_slow_loris_connections_make_room_for_new_clients() {
+    ferry::exhaustion::raise_nofile_limit().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Server::start_under(&["prlimit", "--nofile=1024:1024", "--"], &tmp.path().join("data"), &[]);
+    let host = s.addr();
+    let mut mine = TcpStream::connect(s.addr()).await.unwrap();
+    assert_eq!(raw(&mut mine, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
+
+    let idle = idle_connections(&s.addr(), 1000).await;
+    assert!(idle.len() > 768, "only {} connections opened (the cap is 768)", idle.len());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut loris = Vec::new();
+    for _ in 0..50 {
+        let Ok(mut c) = TcpStream::connect(s.addr()).await else { break };
+        let (stop, host) = (stop.clone(), host.clone());
+        loris.push(tokio::spawn(async move {
+            let head = format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nX-Slow: ");
+            if c.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            while !stop.is_cancelled() {
+                if c.write_all(b"a").await.is_err() {
+                    return; // closed by the server
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }));
+    }
+    let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).pool_max_idle_per_host(0).build().unwrap();
+    for i in 0..3 {
+        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} at the cap: {e}", i + 1));
+        assert_eq!(r.status(), 200);
+    }
+    let api = Api::new(&s);
+    let data = pseudo_random(1 << 20, 14);
+    let id = api.upload(&data, "at-the-cap.bin").await;
+    assert_eq!(sha256_hex(&api.download(&id).await), sha256_hex(&data));
+    // The connection that sent a request before the flood was not closed for it.
+    assert_eq!(raw(&mut mine, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
+    stop.cancel();
+    for l in loris {
+        let _ = l.await;
+    }
+    drop(idle);
+}

@@ -193,3 +193,63 @@ fn systemd_unit_verifies_and_is_hardened() {
 fn which(program: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|f| f.is_file()))
 }
+
+/// `ferry serve` on `data` with `args` that must refuse to start: its stderr.
+fn refused(args: &[&str], data: &std::path::Path) -> String {
+    let mut child = Command::new(ferry_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .env_remove("FERRY_LISTEN")
+        .env_remove("FERRY_CATALOG")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferry");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a second server started (and kept running) on a catalog another server holds");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "exited 0");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// Two servers on one catalog with `--leases local` (different `--data`, the same `--catalog`)
+/// would each think itself the only writer: the second refuses to start and says why and what
+/// to do, on SQLite (a lock file beside the database) and on PostgreSQL (a session advisory
+/// lock). A `--leases catalog` server cannot join a local one either; `--leases catalog`
+/// servers share a catalog; and once the holder is gone the catalog is free again.
+#[tokio::test]
+async fn two_servers_with_local_leases_cannot_share_one_catalog() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = common::pg::TestDb::create().await;
+    let sqlite = format!("--catalog=sqlite:{}", tmp.path().join("shared.db").display());
+    let pg = format!("--catalog={}", db.url);
+    for catalog in [sqlite.as_str(), pg.as_str()] {
+        let data = |n: &str| tmp.path().join(format!("{n}-{}", catalog.len()));
+        let first = Server::start_in(&data("a"), &[catalog, "--leases", "local"]);
+        let err = refused(&[catalog, "--leases", "local"], &data("b"));
+        assert!(err.contains("another ferry server uses the catalog") && err.contains("--leases catalog"), "{err}");
+        assert!(!err.contains("ferry-ci"), "no password in the message: {err}");
+        let err = refused(&[catalog, "--leases", "catalog"], &data("c"));
+        assert!(err.contains("--leases local uses the catalog"), "{err}");
+        drop(first);
+        let second = Server::start_in(&data("b"), &[catalog, "--leases", "catalog"]);
+        let third = Server::start_in(&data("c"), &[catalog, "--leases", "catalog"]);
+        let err = refused(&[catalog, "--leases", "local"], &data("d"));
+        assert!(err.contains("another ferry server uses the catalog"), "{err}");
+        assert_eq!(common::client().get(third.url("/healthz")).send().await.unwrap().status(), 200);
+        drop((second, third));
+    }
+}

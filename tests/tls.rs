@@ -243,3 +243,71 @@ fn plain_http_to_the_tls_port_says_use_https() {
     let ok = curl(dir, &["-o", "/dev/null", "-w", "%{http_code}", &format!("{}/healthz", s.base)]);
     assert_eq!(ok.trim(), "200");
 }
+
+/// A private server with an ordinary self-signed certificate (`openssl req -x509`, what curl
+/// takes with `--cacert`): `ferry upload` / `download` / `ls` reach it with `--cacert FILE` or
+/// `FERRY_CACERT`, and the bytes arrive whole; without it each command fails at once (exit 5,
+/// not retried) naming the TLS cause and `--cacert`, not "Is `ferry serve` running?". A CA
+/// file (the usual chain) works the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_trusts_a_self_signed_server_with_cacert() {
+    use common::cli::{code, ferry, ok_json, out, stderr};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "self.key",
+            "-out",
+            "self.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+    );
+    let s = LoggedServer::start(&dir.join("data"), &["--tls-cert", dir.join("self.pem").to_str().unwrap(), "--tls-key", dir.join("self.key").to_str().unwrap()]);
+    curl(dir, &["--cacert", "self.pem", "-o", "/dev/null", &s.url("/healthz")]); // what curl takes
+    let cache = dir.join("cache");
+    let data = pseudo_random((1 << 20) + 77, 11);
+    std::fs::write(dir.join("up.bin"), &data).unwrap();
+    let src = dir.join("up.bin");
+    let cacert = dir.join("self.pem");
+
+    let started = Instant::now();
+    let o = out(&mut ferry(&s.base, &cache, &["upload", src.to_str().unwrap()]));
+    let err = stderr(&o);
+    assert_eq!(code(&o), 5, "{err}");
+    assert!(err.contains("TLS") && err.contains("--cacert"), "the TLS cause and the way out: {err}");
+    assert!(!err.contains("Is `ferry serve` running"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20), "a certificate error is not retried: {:?}", started.elapsed());
+
+    let up = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "--cacert", cacert.to_str().unwrap(), src.to_str().unwrap()])));
+    let url = up["url"].as_str().unwrap().to_string();
+    let dl = dir.join("dl");
+    std::fs::create_dir(&dl).unwrap();
+    let o = out(ferry(&s.base, &cache, &["download", &url, "-o", dl.join("copy.bin").to_str().unwrap()]).env("FERRY_CACERT", &cacert));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(sha256_hex(&std::fs::read(dl.join("copy.bin")).unwrap()), sha256_hex(&data));
+    let o = out(&mut ferry(&s.base, &cache, &["download", &url, "-o", dl.join("again.bin").to_str().unwrap()]));
+    assert_eq!(code(&o), 5, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--cacert"), "{}", stderr(&o));
+
+    // The usual chain: a CA file trusts the certificate it signed.
+    make_ca(dir);
+    make_server_cert(dir, "signed");
+    let s2 = LoggedServer::start(&dir.join("data2"), &["--tls-cert", dir.join("signed.pem").to_str().unwrap(), "--tls-key", dir.join("signed.key").to_str().unwrap()]);
+    let o = out(&mut ferry(&s2.base, &cache, &["upload", "--json", "--cacert", dir.join("ca.pem").to_str().unwrap(), src.to_str().unwrap()]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // The self-signed file does not vouch for another server's certificate.
+    let o = out(&mut ferry(&s2.base, &cache, &["upload", "--fresh", "--cacert", cacert.to_str().unwrap(), src.to_str().unwrap()]));
+    assert_eq!(code(&o), 5, "{}", stderr(&o));
+}

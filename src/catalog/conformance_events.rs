@@ -54,6 +54,7 @@ pub async fn run_all(cat: &dyn Catalog, p: &str) {
     check_no_event_without_a_change(cat, p).await;
     check_event_listing(cat, p).await;
     check_deliveries(cat, p).await;
+    check_prune_keeps_events_cursors_have_not_passed(cat, p).await;
 }
 
 /// Every upload change writes exactly one event of its type, with the change's facts.
@@ -238,6 +239,33 @@ pub async fn check_deliveries(cat: &dyn Catalog, p: &str) {
     cat.prune_events(i64::MAX).await.unwrap();
     assert!(events_of(cat, &who).await.is_empty(), "events no delivery needs are pruned");
     assert_eq!(cat.delivery_backlog().await.unwrap(), (0, 0));
+}
+
+/// Pruning never deletes an event a webhook's cursor has not passed (it has no delivery row
+/// yet: the webhook's worker is behind, or the only replica with that webhook is down), and
+/// deletes it once the cursor has passed and its delivery is settled.
+pub async fn check_prune_keeps_events_cursors_have_not_passed(cat: &dyn Catalog, p: &str) {
+    let who = format!("{p}ev-behind");
+    let hook = format!("{p}behindhook");
+    let filter = EventFilter { types: vec![], principals: vec![who.clone()] };
+    cat.enqueue_deliveries(&hook, &filter, 1_000, 0).await.unwrap(); // the webhook starts here
+    let u = format!("{p}evbehind");
+    cat.create_upload(&record(&u, &who)).await.unwrap();
+    let event = events_of(cat, &who).await.pop().expect("upload.created");
+    cat.prune_events(i64::MAX).await.unwrap();
+    assert!(cat.event_by_id(&event.id).await.unwrap().is_some(), "an event the webhook's cursor has not reached is kept past the retention");
+    while cat.enqueue_deliveries(&hook, &filter, 1_000, 100).await.unwrap() > 0 {}
+    let claimed = cat.claim_deliveries("rb", 1_000, 60_000, 100).await.unwrap();
+    let mine: Vec<_> = claimed.iter().filter(|d| d.webhook == hook).collect();
+    assert_eq!(mine.iter().map(|d| d.event.id.as_str()).collect::<Vec<_>>(), vec![event.id.as_str()], "and delivered once the webhook catches up");
+    for d in &claimed {
+        assert!(cat.settle_delivery(&d.webhook, d.event.seq, "rb", &AttemptOutcome::Delivered { status: 200 }, 1_100).await.unwrap());
+    }
+    // The cursor of check_deliveries' webhook (this catalog's only other one) passes it too.
+    let other = EventFilter { types: vec!["upload.*".into()], principals: vec![format!("{p}ev-hooked")] };
+    while cat.enqueue_deliveries(&format!("{p}hook"), &other, 1_000, 100).await.unwrap() > 0 {}
+    cat.prune_events(i64::MAX).await.unwrap();
+    assert!(cat.event_by_id(&event.id).await.unwrap().is_none(), "pruned once passed and settled");
 }
 
 /// Two handles (two replicas) claiming at once never get one delivery twice, and enqueueing

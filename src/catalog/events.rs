@@ -11,7 +11,8 @@
 //! one always has exactly one, with one id for life (`evt_` + 32 hex digits).
 //!
 //! **Order.** `seq` grows in commit order on both backends (SQLite serialises writers;
-//! PostgreSQL serialises event-writing transactions on an advisory lock held to commit), so a
+//! PostgreSQL serialises event-writing transactions on an advisory lock its triggers take at
+//! commit — deferred, migration `0011`, so a transaction holds it only while committing), so a
 //! reader that has seen `seq` N never later finds a smaller one: cursors over `seq` miss nothing.
 
 use async_trait::async_trait;
@@ -202,7 +203,9 @@ pub trait EventCatalog: Send + Sync {
     async fn last_event_seq(&self) -> CatalogResult<i64>;
 
     /// Delete settled (delivered or failed) deliveries last attempted before `before_ms`, then
-    /// events older than `before_ms` that no remaining delivery names. Returns
+    /// events older than `before_ms` that no remaining delivery names and every webhook's
+    /// cursor has passed (an event a cursor has not reached yet has no delivery row: deleting
+    /// it would lose it for that webhook). Returns
     /// how many events were deleted. Safe on every replica at once.
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64>;
 

@@ -22,6 +22,7 @@ pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
 pub mod events;
+pub mod hold;
 pub mod postgres;
 mod postgres_events;
 mod postgres_tasks;

@@ -102,10 +102,15 @@ impl EventCatalog for PostgresCatalog {
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < $1").bind(before_ms).execute(&mut *tx).await?;
-        let done = sqlx::query("DELETE FROM events e WHERE e.at_ms < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq)")
-            .bind(before_ms)
-            .execute(&mut *tx)
-            .await?;
+        // Never an event a webhook's cursor has not passed yet: it has no delivery row until
+        // that webhook's worker (perhaps on a replica that is down) enqueues it.
+        let done = sqlx::query(
+            "DELETE FROM events e WHERE e.at_ms < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq) \
+             AND e.seq <= (SELECT COALESCE(MIN(last_seq), 9223372036854775807) FROM webhook_cursors)",
+        )
+        .bind(before_ms)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(done.rows_affected())
     }

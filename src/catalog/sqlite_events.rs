@@ -36,7 +36,15 @@ impl EventCatalog for SqliteCatalog {
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < ?").bind(before_ms).execute(&mut *tx).await?;
-        let done = sqlx::query("DELETE FROM events WHERE at_ms < ? AND seq NOT IN (SELECT event_seq FROM webhook_deliveries)").bind(before_ms).execute(&mut *tx).await?;
+        // Never an event a webhook's cursor has not passed yet: it has no delivery row until
+        // that webhook's worker (perhaps on a replica that is down) enqueues it.
+        let done = sqlx::query(
+            "DELETE FROM events WHERE at_ms < ? AND seq NOT IN (SELECT event_seq FROM webhook_deliveries) \
+             AND seq <= (SELECT COALESCE(MIN(last_seq), 9223372036854775807) FROM webhook_cursors)",
+        )
+        .bind(before_ms)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(done.rows_affected())
     }

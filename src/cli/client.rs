@@ -92,6 +92,10 @@ pub struct Connection {
     /// tokens [env: FERRY_TOKEN]
     #[arg(long, value_name = "TOKEN", global = true, help_heading = "Connection")]
     pub token: Option<String>,
+    /// Trust the certificates in this PEM file for an https:// server (its authority, or a
+    /// self-signed certificate itself), as curl's --cacert does [env: FERRY_CACERT]
+    #[arg(long, value_name = "FILE", global = true, help_heading = "Connection")]
+    pub cacert: Option<std::path::PathBuf>,
 }
 
 /// A non-empty environment variable.
@@ -117,6 +121,11 @@ impl Connection {
         Ok(url)
     }
 
+    /// `--cacert`, else `FERRY_CACERT`.
+    pub fn cacert(&self) -> Option<std::path::PathBuf> {
+        self.cacert.clone().or_else(|| env_nonempty("FERRY_CACERT").map(Into::into))
+    }
+
     /// The token (`--token`, else `FERRY_TOKEN`), if one is set and not empty.
     pub fn token(&self) -> Option<String> {
         self.token.clone().or_else(|| std::env::var("FERRY_TOKEN").ok()).filter(|t| !t.is_empty())
@@ -135,8 +144,12 @@ pub fn token_identity(token: Option<&str>) -> String {
 
 /// An HTTP client with the CLI's user agent. `total` bounds a whole request (use `None` for
 /// transfers, whose bodies may take hours); `read` bounds each read of an answer.
-pub fn http_client(total: Option<Duration>, read: Option<Duration>) -> Result<reqwest::Client, CliError> {
+/// With `cacert` (`--cacert`), https:// servers are trusted by that file only ([`super::tls`]).
+pub fn http_client(cacert: Option<&std::path::Path>, total: Option<Duration>, read: Option<Duration>) -> Result<reqwest::Client, CliError> {
     let mut b = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).user_agent(concat!("ferry-cli/", env!("CARGO_PKG_VERSION")));
+    if let Some(file) = cacert {
+        b = b.tls_backend_preconfigured(super::tls::client_config(file)?);
+    }
     if let Some(t) = total {
         b = b.timeout(t);
     }
@@ -263,8 +276,50 @@ impl CliError {
 
     /// A request that never got an answer.
     pub fn network(what: &str, e: &reqwest::Error) -> CliError {
-        CliError::new(EXIT_NETWORK, format!("{what}: {}", error_chain(e)))
+        let err = CliError::new(EXIT_NETWORK, format!("{what}: {}", error_chain(e)));
+        match super::tls::tls_cause(e) {
+            Some(cause) => err.tls(&cause),
+            None => err,
+        }
     }
+
+    /// A request that never got an answer, with the hint that fits: a TLS failure names its
+    /// cause and `--cacert`; anything else asks whether the server runs (`not_running`).
+    pub fn unreachable(message: String, e: &reqwest::Error, not_running: String) -> CliError {
+        let err = CliError::new(EXIT_NETWORK, message);
+        match super::tls::tls_cause(e) {
+            Some(cause) => err.tls(&cause),
+            None => err.hint(not_running),
+        }
+    }
+
+    /// A TLS failure: the hint names the cause and `--cacert`; not retried (a certificate the
+    /// client does not trust stays untrusted).
+    fn tls(mut self, cause: &str) -> CliError {
+        self.server_retryable = Some(false);
+        self.hint(tls_hint(cause))
+    }
+}
+
+/// The hint for a TLS failure: its cause, and how to trust a private certificate.
+fn tls_hint(cause: &str) -> String {
+    format!(
+        "The TLS handshake failed: {cause}. For a server with a private or self-signed certificate, pass --cacert FILE (or set FERRY_CACERT) with its certificate or the authority that signed it."
+    )
+}
+
+/// The file URL (`…/files/ID`, query kept) of a ferry page or API link (`…/share/ID`,
+/// `…/api/v1/files/ID`), if `url` is one.
+fn file_url_of(url: &reqwest::Url) -> Option<reqwest::Url> {
+    let path = url.path();
+    let (prefix, id) = [crate::signing::PAGE_PATH, "/api/v1/files/"].iter().find_map(|marker| {
+        let at = path.rfind(marker)?;
+        let id = &path[at + marker.len()..];
+        (!id.is_empty() && !id.contains('/')).then(|| (&path[..at], id))
+    })?;
+    let mut out = url.clone();
+    out.set_path(&format!("{prefix}/files/{id}"));
+    Some(out)
 }
 
 /// Is this answer worth retrying (RFC 9110 §15.6 server errors, TUS `423 locked`, 429)?
@@ -349,6 +404,8 @@ pub struct Client {
     pub http: reqwest::Client,
     pub base: reqwest::Url,
     token: Option<String>,
+    /// `--cacert`, for further HTTP clients to the same server.
+    pub cacert: Option<std::path::PathBuf>,
     /// Where the first contact goes: `{server}/files/`, or the `/files/` of a URL argument.
     discovery: reqwest::Url,
     /// The first contact's answer, once it was a ferry server's.
@@ -359,13 +416,14 @@ impl Client {
     /// A client for transfers: no overall timeout, but a read that sends nothing for
     /// `read_timeout` fails (and is retried).
     pub fn new(conn: &Connection, read_timeout: Duration) -> Result<Client, CliError> {
-        Client::with_http(conn, http_client(None, Some(read_timeout))?)
+        Client::with_http(conn, http_client(conn.cacert().as_deref(), None, Some(read_timeout))?)
     }
 
     /// A client on `http` (e.g. one with an overall timeout, for API calls).
     pub fn with_http(conn: &Connection, http: reqwest::Client) -> Result<Client, CliError> {
         let base = conn.base()?;
-        let mut c = Client { http, base, token: conn.token(), discovery: reqwest::Url::parse("http://invalid/").expect("valid"), contact: Default::default() };
+        let mut c =
+            Client { http, base, token: conn.token(), cacert: conn.cacert(), discovery: reqwest::Url::parse("http://invalid/").expect("valid"), contact: Default::default() };
         c.discovery = c.url("/files/");
         Ok(c)
     }
@@ -407,8 +465,11 @@ impl Client {
         let origin = url.origin().ascii_serialization();
         let what = describe(&reqwest::Method::OPTIONS, url);
         let res = self.http.request(reqwest::Method::OPTIONS, url.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await.map_err(|e| {
-            CliError::new(EXIT_NETWORK, format!("cannot connect to {origin}: {}", error_chain(&e)))
-                .hint(format!("Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried."))
+            CliError::unreachable(
+                format!("cannot connect to {origin}: {}", error_chain(&e)),
+                &e,
+                format!("Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried."),
+            )
         })?;
         let status = res.status().as_u16();
         let h = res.headers();
@@ -451,12 +512,29 @@ impl Client {
         self.base.join(location).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server sent a bad URL {location:?}: {e}")))
     }
 
-    /// The TUS/download URL for an upload id, or the URL itself when one is given.
-    pub fn file_url(&self, id_or_url: &str) -> Result<reqwest::Url, CliError> {
-        if id_or_url.starts_with("http://") || id_or_url.starts_with("https://") {
-            return reqwest::Url::parse(id_or_url).map_err(|e| CliError::usage(format!("{id_or_url:?} is not a URL: {e}")));
+    /// The TUS/download URL of a ferry link: a file id, a file URL (`…/files/ID`), a signed
+    /// link (`…/files/ID?scope=…&sig=…`), a page link (`…/share/ID?…`, what `ferry share`
+    /// and MCP hand out as `page_url`) or an API URL (`…/api/v1/files/ID`). Every form means
+    /// the same file: a page or API URL becomes the file URL on the same server with the same
+    /// query (the signature covers the id, not the path). Another URL is used as it is.
+    pub fn file_url(&self, link: &str) -> Result<reqwest::Url, CliError> {
+        if link.starts_with("http://") || link.starts_with("https://") {
+            let url = reqwest::Url::parse(link).map_err(|e| CliError::usage(format!("{link:?} is not a URL: {e}")))?;
+            return Ok(file_url_of(&url).unwrap_or(url));
         }
-        Ok(self.url(&format!("/files/{}", id_segment(id_or_url)?)))
+        Ok(self.url(&format!("/files/{}", id_segment(link)?)))
+    }
+
+    /// The file id a ferry link names (see [`Client::file_url`]); a bare id as it is.
+    pub fn file_id(&self, link: &str) -> Result<String, CliError> {
+        if !(link.starts_with("http://") || link.starts_with("https://")) {
+            id_segment(link)?;
+            return Ok(link.to_string());
+        }
+        let url = self.file_url(link)?;
+        let id = id_of(&url);
+        id_segment(&id).map_err(|_| CliError::usage(format!("{link:?} is not a ferry file link (…/files/ID, …/share/ID or a file id)")))?;
+        Ok(id)
     }
 
     /// Send, retrying network errors and retryable statuses within `retry`; returns the
@@ -474,7 +552,11 @@ impl Client {
                 // calls `Retry::success`), so a PATCH that keeps failing between successful
                 // HEADs still runs out of `--retry-for` (issue 9, item 6).
                 Ok(r) => return Ok(r),
-                Err(e) => retry.wait(CliError::network(what, &e).hint(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base))).await?,
+                Err(e) => {
+                    let err =
+                        CliError::unreachable(format!("{what}: {}", error_chain(&e)), &e, format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base));
+                    retry.wait(err).await?
+                }
             }
         }
     }

@@ -40,7 +40,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct DownloadArgs {
     #[command(flatten)]
     pub conn: Connection,
-    /// File id, or a URL (e.g. a signed URL from `ferry share`).
+    /// A ferry link: file id, file URL, signed URL or page link (`…/share/ID`) from `ferry
+    /// share` — each means the file itself; another URL must declare a sha256 (`Repr-Digest`).
     #[arg(value_name = "ID|URL")]
     pub target: String,
     /// Where to write (`-` for stdout, which cannot resume). Default: the file's name from the
@@ -64,6 +65,10 @@ pub struct DownloadArgs {
     /// No progress output on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Keep the bytes even when the server declares no sha256 (`Repr-Digest`) to check them
+    /// against (without it such a download fails with exit code 4).
+    #[arg(long)]
+    pub no_verify: bool,
 }
 
 /// Run `ferry download`; returns the process exit code.
@@ -77,6 +82,8 @@ struct Probe {
     etag: Option<String>,
     sha256: Option<String>,
     filename: Option<String>,
+    /// `Content-Type`'s media type, for messages.
+    content_type: Option<String>,
 }
 
 /// Sidecar of a partial download.
@@ -204,6 +211,13 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
     client.discover_at(&url);
     let mut retry = Retry::new(args.retry_for);
     let probe = probe(&client, &mut retry, &url).await?;
+    if probe.sha256.is_none() && probe.total > 0 && !args.no_verify {
+        // Bytes that cannot be checked are not a download (a page link's HTML is not the file;
+        // an empty file has no byte to check: ferry answers its probe 416 without a digest).
+        let kind = probe.content_type.as_deref().map(|t| format!(", {t}")).unwrap_or_default();
+        return Err(CliError::new(EXIT_VERIFY, format!("{url} declares no sha256 (Repr-Digest{kind}), so its bytes cannot be verified; nothing was written"))
+            .hint("Pass a ferry link (a file id, …/files/ID, a signed link or a …/share/ID page link), or --no-verify to keep unverified bytes."));
+    }
     let server_name = || PathBuf::from(probe.filename.clone().unwrap_or_else(|| id_of(&url)));
     let (shown, output) = match &args.output {
         Some(p) if p.as_os_str() == "-" => (PathBuf::from("-"), Output::Stdout),
@@ -254,8 +268,8 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
             };
             return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: received {local}, the server declares {server} for {url}")).hint(hint));
         }
-    } else {
-        eprintln!("ferry: warning: the server sent no Repr-Digest for {url}; the sha256 {local} is not verified");
+    } else if probe.total > 0 {
+        eprintln!("ferry: warning: the server sent no Repr-Digest for {url}; the sha256 {local} is not verified (--no-verify)");
     }
     match &output {
         Output::Stdout => return Ok(()),
@@ -336,6 +350,7 @@ async fn probe(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result
         etag: header_str(&h, "etag").map(str::to_owned).filter(|e| e.starts_with('"')),
         sha256: repr_digest_sha256(&h),
         filename: header_str(&h, "content-disposition").and_then(disposition_filename),
+        content_type: header_str(&h, "content-type").map(|t| t.split(';').next().unwrap_or(t).trim().to_string()),
     })
 }
 

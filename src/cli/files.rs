@@ -221,7 +221,7 @@ fn status_lines(f: &FileInfo, client: &Client) -> Vec<String> {
 pub fn status(args: StatusArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
         let client = Client::new(&args.conn, READ_TIMEOUT)?;
-        let path = format!("/files/{}", super::client::id_segment(&args.id)?);
+        let path = format!("/files/{}", super::client::id_segment(&client.file_id(&args.id)?)?);
         let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &path, &[], None).await?;
         if args.json {
             return print_line(body.trim_end());
@@ -288,7 +288,7 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         if ttl_ms == 0 {
             return Err(CliError::usage("--ttl must be positive"));
         }
-        let path = format!("/files/{}/share", super::client::id_segment(&args.id)?);
+        let path = format!("/files/{}/share", super::client::id_segment(&client.file_id(&args.id)?)?);
         let req = serde_json::json!({ "scope": args.scope, "ttl_ms": ttl_ms }).to_string();
         let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::POST, &path, &[], Some(req)).await?;
         if args.json {

@@ -9,5 +9,6 @@ pub mod request;
 pub mod store;
 pub mod stream;
 pub mod task;
+pub mod tls;
 pub mod token;
 pub mod upload;

@@ -151,7 +151,7 @@ fn read_args(args: Option<String>, file: Option<PathBuf>) -> Result<Option<Strin
 }
 
 async fn execute(args: TaskArgs) -> Result<(), CliError> {
-    let client = Client::with_http(&args.conn, super::client::http_client(Some(Duration::from_secs(60)), None)?)?;
+    let client = Client::with_http(&args.conn, super::client::http_client(args.conn.cacert().as_deref(), Some(Duration::from_secs(60)), None)?)?;
     let retry_for = args.retry_for;
     let retry = || Retry::new(retry_for);
     match args.command {
@@ -287,7 +287,7 @@ async fn wait_for(client: &Client, retry_for: Duration, id: &str) -> Result<(), 
     let mut retry = Retry::new(retry_for);
     let mut last_id: Option<String> = None;
     // The stream is opened through a client without an overall timeout.
-    let stream_client = Client::with_http_of(client, super::client::http_client(None, Some(STREAM_IDLE))?);
+    let stream_client = Client::with_http_of(client, super::client::http_client(client.cacert.as_deref(), None, Some(STREAM_IDLE))?);
     client.contact().await?;
     loop {
         let events = match open_events(&stream_client, last_id.as_deref()).await {

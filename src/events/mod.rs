@@ -8,7 +8,8 @@
 //! - [`Events::follow`]: a principal's events from a cursor on, for Server-Sent Events
 //!   (`GET /api/v1/events`, resumable with `Last-Event-ID`).
 //! - retention: events are pruned after `[events] retention` (default 24 h) unless a pending
-//!   webhook delivery still needs them.
+//!   webhook delivery still needs them or a webhook's cursor has not passed them yet (its
+//!   worker is behind, or the only replica configured with it is down).
 //!
 //! Memory stays bounded whatever receivers do: events stay in the outbox, and the worker holds
 //! at most one claimed batch at a time.
@@ -34,6 +35,9 @@ pub const POLL: Duration = Duration::from_millis(200);
 /// How often the head watcher reads the outbox's last event seq while anyone waits on it: one
 /// read per process per tick, however many followers there are.
 pub const TICK: Duration = Duration::from_millis(25);
+/// The head's value while it is unknown (before the watcher's first read, or while reading it
+/// fails): followers then read the outbox every [`POLL`] instead of waiting for a change.
+pub const HEAD_UNKNOWN_SEQ: i64 = -1;
 /// Events read per catalog query.
 const PAGE: u32 = 256;
 
@@ -131,7 +135,7 @@ pub enum FollowError {
 
 impl Events {
     pub fn new(catalog: Arc<dyn Catalog>, retention: Duration) -> Events {
-        Events { catalog, retention, head: Arc::new(tokio::sync::watch::Sender::new(-1)) }
+        Events { catalog, retention, head: Arc::new(tokio::sync::watch::Sender::new(HEAD_UNKNOWN_SEQ)) }
     }
 
     /// A receiver of the outbox head (the last event seq seen by the head watcher).
@@ -154,11 +158,14 @@ impl Events {
                             failing = false;
                             head.send_if_modified(|h| std::mem::replace(h, seq) != seq);
                         }
-                        Err(e) if !failing => {
+                        Err(e) => {
+                            if !failing {
+                                tracing::warn!(error = %e, "reading the outbox head failed; followers poll until it works again");
+                            }
                             failing = true;
-                            tracing::warn!(error = %e, "reading the outbox head failed; followers poll until it works again");
+                            // Followers poll while the head is unknown.
+                            head.send_if_modified(|h| std::mem::replace(h, HEAD_UNKNOWN_SEQ) != HEAD_UNKNOWN_SEQ);
                         }
-                        Err(_) => {}
                     }
                 }
                 tokio::select! {
@@ -175,7 +182,8 @@ impl Events {
     }
 
     /// `principal`'s events from `cursor` on, in commit order, forever (until dropped). Reads
-    /// the outbox when the head watcher says it moved, and at least every [`POLL`]; a catalog
+    /// the outbox when the head watcher says it moved (every [`POLL`] only while the head is
+    /// unknown, [`HEAD_UNKNOWN_SEQ`]; an idle follower makes no query); a catalog
     /// error ends the stream with that error (the client reconnects with its last id). Errors
     /// at start: [`FollowError::UnknownEvent`].
     pub async fn follow(&self, principal: &str, cursor: Cursor) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
@@ -189,7 +197,9 @@ impl Events {
         let catalog = self.catalog.clone();
         let principal = principal.to_string();
         let head = self.head();
-        Ok(futures::stream::unfold((after, std::collections::VecDeque::new(), false, head), move |(mut after, mut buf, done, mut head)| {
+        // State: the cursor, events read but not yet yielded, whether the stream ended, the
+        // head receiver, and whether the outbox must be read before waiting again.
+        Ok(futures::stream::unfold((after, std::collections::VecDeque::new(), false, head, true), move |(mut after, mut buf, done, mut head, mut read)| {
             let catalog = catalog.clone();
             let principal = principal.clone();
             async move {
@@ -198,23 +208,35 @@ impl Events {
                 }
                 loop {
                     if let Some(e) = buf.pop_front() {
-                        return Some((Ok(EventView::of(&e)), (after, buf, false, head)));
+                        return Some((Ok(EventView::of(&e)), (after, buf, false, head, true)));
                     }
-                    head.borrow_and_update();
-                    match catalog.list_events(Some(&principal), after, PAGE).await {
-                        Ok(page) if page.is_empty() => {
-                            // Woken when any event commits (most are another principal's: then
-                            // the read above finds nothing and this waits again).
-                            if let Ok(Err(_)) = tokio::time::timeout(POLL, head.changed()).await {
-                                tokio::time::sleep(POLL).await; // the watcher is gone (shutting down)
+                    if read {
+                        head.borrow_and_update();
+                        match catalog.list_events(Some(&principal), after, PAGE).await {
+                            Ok(page) if page.is_empty() => {}
+                            Ok(page) => {
+                                after = page.last().map_or(after, |e| e.seq);
+                                buf.extend(page);
+                                continue;
                             }
+                            Err(e) => return Some((Err(e), (after, buf, true, head, true))),
                         }
-                        Ok(page) => {
-                            after = page.last().map_or(after, |e| e.seq);
-                            buf.extend(page);
-                        }
-                        Err(e) => return Some((Err(e), (after, buf, true, head))),
                     }
+                    // Woken when any event commits (most are another principal's: then the read
+                    // finds nothing and this waits again). A wait that times out reads again
+                    // only when the head is unknown (the watcher is failing or has not read it
+                    // yet): an idle follower costs no query.
+                    read = match tokio::time::timeout(POLL, head.changed()).await {
+                        Ok(Ok(())) => {
+                            let h = *head.borrow();
+                            h == HEAD_UNKNOWN_SEQ || h > after
+                        }
+                        Ok(Err(_)) => {
+                            tokio::time::sleep(POLL).await; // the watcher is gone (shutting down)
+                            true
+                        }
+                        Err(_) => *head.borrow() == HEAD_UNKNOWN_SEQ,
+                    };
                 }
             }
         }))

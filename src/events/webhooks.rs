@@ -75,7 +75,13 @@ enum Next {
     WhenSlotFrees,
     /// Nothing due: wait for a new event or [`super::POLL`] (retries come due with time).
     Idle,
+    /// No pending delivery at all: wait for a new event (or [`QUIET_POLL`]; [`super::POLL`]
+    /// while the head is unknown), so an idle worker makes no query.
+    Quiet,
 }
+
+/// The longest a worker with no pending delivery waits without being woken by the head.
+const QUIET_POLL: Duration = Duration::from_secs(10);
 
 /// The delay before attempt `attempts + 1` (after `attempts` failed ones): 1 s, 2 s, 4 s… capped.
 pub fn backoff(attempts: u32) -> Duration {
@@ -142,6 +148,14 @@ impl WebhookWorker {
                         _ = head.changed() => {}
                         _ = tokio::time::sleep(super::POLL) => {}
                     },
+                    Next::Quiet => {
+                        let wait = if *head.borrow() == super::HEAD_UNKNOWN_SEQ { super::POLL } else { QUIET_POLL };
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = head.changed() => {}
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
                 }
             }
             // Attempts in flight still settle (the caller bounds how long it waits for this).
@@ -192,7 +206,7 @@ impl WebhookWorker {
         self.metrics.webhook_deliveries_failed.set(failed as i64);
         let free = slots.available_permits().min(BATCH as usize);
         if pending == 0 {
-            return Ok(if busy { Next::Now } else { Next::Idle });
+            return Ok(if busy { Next::Now } else { Next::Quiet });
         }
         if free == 0 {
             return Ok(Next::WhenSlotFrees);

@@ -70,6 +70,9 @@ pub(super) async fn events(
     });
     let mut res = Sse::new(sse).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response();
     res.headers_mut().insert("cache-control", axum::http::HeaderValue::from_static("no-store"));
+    // nginx (and proxies that honour it) would otherwise buffer the stream: events would reach
+    // the client in bursts, or only when the buffer fills.
+    res.headers_mut().insert("x-accel-buffering", axum::http::HeaderValue::from_static("no"));
     Ok(res)
 }
 
