@@ -213,11 +213,12 @@ impl FerryMcp {
         };
         let limits = crate::app::limits::creation_limits(&self.state.engine);
         let plan = ferry_tus::plan_creation(&ch, &limits)?;
-        let rec = self.state.engine.create(p, &plan, &md_raw).await?;
+        // Every argument is checked before the upload exists: a refusal leaves nothing behind.
         let ttl = a.ttl_ms.unwrap_or(UPLOAD_URL_TTL_MS);
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for 24 hours."));
         }
+        let rec = self.state.engine.create(p, &plan, &md_raw).await?;
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let mut headers: BTreeMap<String, String> =
             [("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "<current offset, 0 at first>")]
