@@ -133,13 +133,15 @@ async fn a_wrong_length_digest_is_a_mismatch_everywhere_a_checksum_is_read() {
     assert_eq!(st, 400, "a trailer that is not base64 is malformed");
     assert_eq!(t.offset(&url).await, 5);
 
-    // On a creation-with-upload body: the upload exists at offset 0 and says where, as for any mismatch.
+    // On a creation-with-upload body: a mismatch as everywhere, and the refused creation leaves
+    // no upload and names none (issue 23 item 4).
     let r = t
         .request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", "sha1 AAAA")], Some(b"hello".to_vec()))
         .await;
-    let loc = t.abs(header(&r, "location").expect("Location of the created upload"));
+    assert!(header(&r, "location").is_none(), "a refused creation names no upload");
     problem(r, 460, "checksum_mismatch").await;
-    assert_eq!(t.offset(&loc).await, 0);
+    let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    assert_eq!(files["files"].as_array().unwrap().len(), 1, "only the first upload: {files}");
 }
 
 /// A declared whole-file sha256 (metadata `sha256`, `Repr-Digest`) is checked when the upload
@@ -228,7 +230,8 @@ async fn creation_with_upload_stores_the_first_chunk() {
     // A body with the wrong media type is refused before anything is created.
     let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", "text/plain")], Some(b"hello".to_vec())).await;
     problem(r, 415, "invalid_argument").await;
-    // A creation body with a failing checksum: the upload exists at offset 0 and says where.
+    // A creation body with a failing checksum is refused whole: no upload is left, and the
+    // answer names none (issue 23 item 4; tests/refusals.rs walks every such refusal).
     let r = t
         .request(
             "POST",
@@ -237,9 +240,10 @@ async fn creation_with_upload_stores_the_first_chunk() {
             Some(b"hello".to_vec()),
         )
         .await;
-    let loc = t.abs(header(&r, "location").expect("Location of the created upload"));
+    assert!(header(&r, "location").is_none(), "a refused creation names no upload");
     problem(r, 460, "checksum_mismatch").await;
-    assert_eq!(t.offset(&loc).await, 0);
+    let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    assert_eq!(files["files"].as_array().unwrap().len(), 1, "only the first upload: {files}");
 }
 
 #[tokio::test]

@@ -51,7 +51,8 @@ pub struct FileView {
     /// Relative URL for GET (download) and TUS requests.
     pub url: String,
     /// The upload's metadata (`Upload-Metadata`, decoded), by key: key →
-    /// value (`null` for a key sent without one; a value that is not UTF-8 is decoded lossily).
+    /// value: the text when it is UTF-8, `{"base64": "…"}` (the exact bytes) when it is not,
+    /// `null` for a key sent without one.
     #[schema(value_type = Object)]
     pub metadata: serde_json::Map<String, Value>,
 }
@@ -79,8 +80,7 @@ pub fn file_view(r: &UploadRecord) -> FileView {
 /// `Upload-Metadata` text as a JSON object (see [`FileView::metadata`]); unparsable text
 /// (never stored: creation checks it) gives an empty object.
 fn metadata_map(raw: &str) -> serde_json::Map<String, Value> {
-    let md: ferry_tus::UploadMetadata = raw.parse().unwrap_or_default();
-    md.into_pairs().into_iter().map(|(k, v)| (k, v.map_or(Value::Null, |b| Value::String(String::from_utf8_lossy(&b).into_owned())))).collect()
+    crate::upload::metadata_json(raw)
 }
 
 /// A compact file handle (MCP results): [`FileView`] without timestamps and URL.

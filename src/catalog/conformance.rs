@@ -28,6 +28,7 @@ fn record(id: &str, principal: &str, concat: Concat) -> UploadRecord {
         finished_at_ms: None,
         expired: false,
         blob_state: Vec::new(),
+        provisional: false,
     }
 }
 
@@ -70,6 +71,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_mcp_sessions(cat, prefix).await;
     super::conformance_quota::check_usage_and_quota(cat, prefix).await;
     super::conformance_quota::check_retention(cat, prefix).await;
+    super::conformance_quota::check_reservations(cat, prefix).await;
     super::conformance_tasks::run_all(cat, prefix).await;
     super::conformance_events::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
@@ -84,6 +86,7 @@ pub async fn run_concurrent(a: &dyn Catalog, b: &dyn Catalog, prefix: &str) {
     check_racing_expiry(a, b, prefix).await;
     check_release_request_crosses_handles(a, b, prefix).await;
     super::conformance_quota::check_racing_quota(a, b, prefix).await;
+    super::conformance_quota::check_racing_reservations(a, b, prefix).await;
 }
 
 pub async fn check_create_get_roundtrip(cat: &dyn Catalog, p: &str) {

@@ -24,6 +24,7 @@ fn record(id: &str, principal: &str) -> UploadRecord {
         finished_at_ms: None,
         expired: false,
         blob_state: Vec::new(),
+        provisional: false,
     }
 }
 
@@ -50,6 +51,7 @@ async fn events_of(cat: &dyn Catalog, principal: &str) -> Vec<EventRecord> {
 
 pub async fn run_all(cat: &dyn Catalog, p: &str) {
     check_upload_events(cat, p).await;
+    check_provisional_uploads(cat, p).await;
     check_task_events(cat, p).await;
     check_no_event_without_a_change(cat, p).await;
     check_event_listing(cat, p).await;
@@ -298,4 +300,35 @@ pub async fn check_racing_delivery_claims(a: &dyn Catalog, b: &dyn Catalog, p: &
     b.reclaim_owner("a").await.unwrap();
     let freed = b.claim_deliveries("c", 0, 3_600_000, 100).await.unwrap();
     assert!(!freed.is_empty() && freed.len() < 20, "exactly a's deliveries are free again: {}", freed.len());
+}
+
+/// A provisional upload ([`UploadRecord::provisional`]) writes no event until announced; then
+/// `upload.created` (and `upload.finished` when it is finished already); withdrawn, it leaves
+/// no event at all; an announced upload is never withdrawn.
+pub async fn check_provisional_uploads(cat: &dyn Catalog, p: &str) {
+    let who = format!("{p}ev-prov");
+    let (a, b) = (format!("{p}provA"), format!("{p}provB"));
+    let mut ra = record(&a, &who);
+    ra.provisional = true;
+    let mut rb = record(&b, &who);
+    rb.provisional = true;
+    cat.create_upload(&ra).await.unwrap();
+    cat.create_upload(&rb).await.unwrap();
+    assert!(cat.get_upload(&a).await.unwrap().unwrap().provisional);
+    let f = cat.acquire_fence(&a).await.unwrap();
+    let fin = Checkpoint { offset: 11, hash_state: vec![1], blob_state: Vec::new(), length: Some(11), finished_sha256: Some([1; 32]), expires_at_ms: None, now_ms: 2_000 };
+    cat.checkpoint(&a, f, &fin).await.unwrap();
+    let types = |evs: Vec<EventRecord>| evs.into_iter().map(|e| (e.event_type, e.subject)).collect::<Vec<(String, String)>>();
+    assert_eq!(types(cat.list_events(Some(&who), 0, 100).await.unwrap()), vec![], "nothing before it is announced");
+    assert!(cat.withdraw_upload(&b).await.unwrap(), "withdrawn");
+    assert!(cat.get_upload(&b).await.unwrap().is_none());
+    cat.announce_upload(&a).await.unwrap();
+    cat.announce_upload(&a).await.unwrap();
+    assert!(!cat.withdraw_upload(&a).await.unwrap(), "an announced upload stays");
+    assert!(!cat.get_upload(&a).await.unwrap().unwrap().provisional);
+    assert_eq!(
+        types(cat.list_events(Some(&who), 0, 100).await.unwrap()),
+        vec![("upload.created".into(), a.clone()), ("upload.finished".into(), a.clone())],
+        "announced once, in order"
+    );
 }

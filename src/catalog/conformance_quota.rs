@@ -22,6 +22,7 @@ fn rec(id: &str, principal: &str, length: Option<u64>, now: i64) -> UploadRecord
         finished_at_ms: None,
         expired: false,
         blob_state: Vec::new(),
+        provisional: false,
     }
 }
 
@@ -125,4 +126,50 @@ pub async fn check_racing_quota(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
     }
     assert_eq!(created, 10, "exactly the quota's worth of uploads was created");
     assert_eq!(a.usage(&who, 1_000).await.unwrap().bytes, 1_000);
+}
+
+/// [`Catalog::reserve_upload_bytes`]: a deferred-length upload counts its reservation; a grant
+/// never passes the quota beside the principal's other uploads (nor goes below the offset); a
+/// release names its reservation; and two handles (two replicas) reserving for two uploads of one
+/// principal at once are granted no more than the quota together.
+pub async fn check_reservations(cat: &dyn Catalog, p: &str) {
+    let who = format!("{p}resv");
+    let now = 1_000_000;
+    let (a, b) = (format!("{p}resva"), format!("{p}resvb"));
+    cat.create_upload(&rec(&a, &who, None, now)).await.unwrap();
+    cat.create_upload(&rec(&b, &who, Some(300), now)).await.unwrap();
+    let r = cat.reserve_upload_bytes(&a, 900, 1000, now).await.unwrap();
+    assert_eq!(r.granted_to, 700, "the room beside the other upload's 300");
+    assert_eq!(cat.usage(&who, now).await.unwrap().bytes, 1000, "the reservation counts");
+    let q = Quota { max_bytes: Some(1000), max_uploads_in_progress: None };
+    assert!(
+        matches!(cat.create_upload_within(&rec(&format!("{p}resvc"), &who, Some(1), now), None, &q).await, Err(CatalogError::QuotaExceeded(_))),
+        "no room beside a reservation"
+    );
+    let again = cat.reserve_upload_bytes(&a, 100, 1000, now).await.unwrap();
+    assert_eq!(again.granted_to, 100, "a new reservation replaces the upload's own");
+    cat.release_upload_bytes(&a, &r.nonce).await.unwrap();
+    assert_eq!(cat.usage(&who, now).await.unwrap().bytes, 400, "a stale release frees nothing of the newer one");
+    cat.release_upload_bytes(&a, &again.nonce).await.unwrap();
+    assert_eq!(cat.usage(&who, now).await.unwrap().bytes, 300, "released: the upload counts its offset (0)");
+    assert!(matches!(cat.reserve_upload_bytes(&format!("{p}resvnone"), 1, 1000, now).await, Err(CatalogError::NotFound)));
+}
+
+pub async fn check_racing_reservations(x: &dyn Catalog, y: &dyn Catalog, p: &str) {
+    let who = format!("{p}resrace");
+    let now = 1_000_000;
+    let mut granted = 0;
+    for round in 0..10 {
+        let (a, b) = (format!("{p}rra{round}"), format!("{p}rrb{round}"));
+        x.create_upload(&rec(&a, &who, None, now)).await.unwrap();
+        x.create_upload(&rec(&b, &who, None, now)).await.unwrap();
+        let (ra, rb) = futures::join!(x.reserve_upload_bytes(&a, 1000, 1000, now), y.reserve_upload_bytes(&b, 1000, 1000, now));
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        assert!(ra.granted_to + rb.granted_to <= 1000, "round {round}: {} + {} past the quota", ra.granted_to, rb.granted_to);
+        granted += ra.granted_to + rb.granted_to;
+        for id in [&a, &b] {
+            x.delete_upload(id).await.unwrap();
+        }
+    }
+    assert_eq!(granted, 10 * 1000, "each round grants the whole quota, once");
 }

@@ -35,6 +35,7 @@ fn upload(id: &str, expires_at_ms: Option<i64>) -> UploadRecord {
         finished_at_ms: None,
         expired: false,
         blob_state: Vec::new(),
+        provisional: false,
     }
 }
 

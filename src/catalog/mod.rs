@@ -81,6 +81,11 @@ pub struct UploadRecord {
     /// The blob store's own state for bytes `[0, offset)`, as its writer returned it
     /// (`blob::BlobState` bytes: versioned, opaque to the catalog). Empty for a new upload.
     pub blob_state: Vec<u8>,
+    /// Not announced yet: the creation that made it (one that carries bytes: a body, an empty
+    /// upload completed at once, a task's file) has not been answered. Such a row emits no
+    /// event until [`Catalog::announce_upload`]; a refused creation removes it without a trace
+    /// ([`Catalog::withdraw_upload`]).
+    pub provisional: bool,
 }
 
 impl UploadRecord {
@@ -142,11 +147,22 @@ pub struct Quota {
     pub max_uploads_in_progress: Option<u64>,
 }
 
+/// Room in the bytes quota held by one writer of a deferred-length upload
+/// ([`Catalog::reserve_upload_bytes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// The upload may hold bytes `[0, granted_to)` without passing the quota.
+    pub granted_to: u64,
+    /// Names this reservation for [`Catalog::release_upload_bytes`].
+    pub nonce: String,
+}
+
 /// What a principal uses now, as [`Catalog::usage`] counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Bytes stored or reserved: for every live upload (not a tombstone, not past its expiry
-    /// while unfinished) its length when known, else its durable offset.
+    /// while unfinished) its length when known, else the larger of its durable offset and the
+    /// room a writer reserved ([`Catalog::reserve_upload_bytes`]).
     pub bytes: u64,
     /// Unfinished live uploads (partial and final uploads of a concatenation included).
     pub uploads_in_progress: u64,
@@ -275,6 +291,33 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// What `principal` uses at `now_ms` (see [`Usage`]): one aggregate over its rows.
     async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage>;
+
+    /// The live upload of `principal` holding creation key `key` (see
+    /// [`Catalog::create_upload_keyed`]) and the fingerprint it was created with; `None` if no
+    /// live upload holds it. A read: a retried creation is answered from it without side effects.
+    async fn upload_by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>>;
+
+    /// Announce a [`UploadRecord::provisional`] upload: from now on it is an ordinary upload,
+    /// and `upload.created` (followed by `upload.finished` when it is finished already) is
+    /// written in this transaction. A no-op for an announced or unknown upload.
+    async fn announce_upload(&self, id: &str) -> CatalogResult<()>;
+
+    /// Delete upload `id` only if it is still provisional (never announced): no event is
+    /// written. Returns whether it was deleted (`false`: unknown, or announced meanwhile — a
+    /// retried creation handed it out — and then kept).
+    async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool>;
+
+    /// Reserve room in the bytes quota for a writer of unfinished, deferred-length upload `id`:
+    /// in one transaction that concurrent creations and reservations of the same principal
+    /// cannot interleave with (the lock [`Catalog::create_upload_within`] takes), the row is
+    /// granted `min(to, what max_bytes leaves beside the principal's other uploads)` (never
+    /// less than its offset) and counts that much until released, the length is set, or the
+    /// next reservation replaces it. `NotFound` if unknown or a tombstone.
+    async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<Reservation>;
+
+    /// Give back reservation `nonce` of upload `id` (the row then counts its offset). A no-op
+    /// when another reservation replaced it. Idempotent.
+    async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()>;
 
     /// Ids of finished, live uploads of `scope` that finished at or before `finished_before_ms`,
     /// oldest first, at most `limit` (retention of finished files).

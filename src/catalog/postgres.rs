@@ -43,7 +43,7 @@ pub struct PostgresCatalog {
 
 const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
      concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired, blob_state";
+     finished_at_ms, expired, blob_state, announced";
 
 fn to_i64(v: u64) -> CatalogResult<i64> {
     i64::try_from(v).map_err(|_| CatalogError::Backend("value exceeds i64".into()))
@@ -79,6 +79,7 @@ fn row_to_record(r: &PgRow) -> CatalogResult<UploadRecord> {
         finished_at_ms: r.try_get("finished_at_ms")?,
         expired: r.try_get::<bool, _>("expired")?,
         blob_state: r.try_get("blob_state")?,
+        provisional: !r.try_get::<bool, _>("announced")?,
     })
 }
 
@@ -192,7 +193,7 @@ async fn insert_on<'e>(exec: impl sqlx::PgExecutor<'e>, rec: &UploadRecord, key:
         Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
     };
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)"
+        "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20)"
     )))
     .bind(&rec.id)
     .bind(&rec.principal)
@@ -211,6 +212,7 @@ async fn insert_on<'e>(exec: impl sqlx::PgExecutor<'e>, rec: &UploadRecord, key:
     .bind(rec.finished_at_ms)
     .bind(rec.expired)
     .bind(&rec.blob_state)
+    .bind(!rec.provisional)
     .bind(key.map(|k| k.key.as_str()))
     .bind(key.map(|k| k.fingerprint.as_str()))
     .execute(exec)
@@ -221,7 +223,7 @@ async fn insert_on<'e>(exec: impl sqlx::PgExecutor<'e>, rec: &UploadRecord, key:
 /// [`Catalog::usage`] through `exec`.
 async fn usage_on<'e>(exec: impl sqlx::PgExecutor<'e>, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
     let row = sqlx::query(
-        "SELECT COALESCE(SUM(COALESCE(length, \"offset\")), 0)::BIGINT AS bytes, \
+        "SELECT COALESCE(SUM(COALESCE(length, GREATEST(\"offset\", COALESCE(reserved_to, 0)))), 0)::BIGINT AS bytes, \
          COUNT(*) FILTER (WHERE finished_at_ms IS NULL) AS open \
          FROM uploads WHERE principal = $1 AND NOT expired \
          AND (finished_at_ms IS NOT NULL OR expires_at_ms IS NULL OR expires_at_ms > $2)",
@@ -315,6 +317,48 @@ impl Catalog for PostgresCatalog {
 
     async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
         usage_on(&self.pool, principal, now_ms).await
+    }
+
+    async fn upload_by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
+        self.by_creation_key(principal, key).await
+    }
+
+    async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
+        sqlx::query("UPDATE uploads SET announced = TRUE WHERE id = $1 AND NOT announced").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
+        let done = sqlx::query("DELETE FROM uploads WHERE id = $1 AND NOT announced").bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<super::Reservation> {
+        let principal: Option<String> = sqlx::query_scalar("SELECT principal FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        let Some(principal) = principal else { return Err(CatalogError::NotFound) };
+        let mut tx = self.pool.begin().await?;
+        // The lock `insert_within` takes: creations and reservations of one principal, on
+        // every replica, are decided one after the other.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&principal).execute(&mut *tx).await?;
+        let row = sqlx::query("SELECT length, \"offset\", reserved_to FROM uploads WHERE id = $1 AND NOT expired").bind(id).fetch_optional(&mut *tx).await?;
+        let Some(row) = row else { return Err(CatalogError::NotFound) };
+        let offset = row.try_get::<i64, _>("offset")?.max(0) as u64;
+        let own = match row.try_get::<Option<i64>, _>("length")? {
+            Some(l) => l.max(0) as u64,
+            None => offset.max(row.try_get::<Option<i64>, _>("reserved_to")?.unwrap_or(0).max(0) as u64),
+        };
+        let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
+        let others = used.saturating_sub(own);
+        let granted_to = to.min(max_bytes.saturating_sub(others)).max(offset);
+        let nonce = crate::upload::new_id();
+        sqlx::query("UPDATE uploads SET reserved_to = $1, reservation = $2 WHERE id = $3").bind(to_i64(granted_to)?).bind(&nonce).bind(id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(super::Reservation { granted_to, nonce })
+    }
+
+    async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
+        sqlx::query("UPDATE uploads SET reserved_to = NULL, reservation = NULL WHERE id = $1 AND reservation = $2").bind(id).bind(nonce).execute(&self.pool).await?;
+        Ok(())
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {

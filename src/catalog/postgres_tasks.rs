@@ -208,6 +208,19 @@ impl TaskCatalog for PostgresCatalog {
         settle(tx, out).await
     }
 
+    async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
+        let id: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = $1 AND kind = $2 AND key = $3")
+            .bind(principal)
+            .bind(kind)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        match id {
+            Some(id) => self.get_task(&id).await,
+            None => Ok(None),
+        }
+    }
+
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(row_to_task).transpose()

@@ -46,7 +46,7 @@ impl From<sqlx::Error> for CatalogError {
 
 const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
      concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired, blob_state";
+     finished_at_ms, expired, blob_state, announced";
 
 /// The database clock as Unix ms (SQLite: the host clock, read inside the statement).
 pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
@@ -90,6 +90,7 @@ fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
         finished_at_ms: r.try_get("finished_at_ms")?,
         expired: r.try_get::<i64, _>("expired")? != 0,
         blob_state: r.try_get("blob_state")?,
+        provisional: r.try_get::<i64, _>("announced")? == 0,
     })
 }
 
@@ -183,7 +184,7 @@ async fn insert_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, rec: &UploadRecord, 
         Concat::Partial => ("partial", None, None),
         Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
     };
-    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
+    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
         .bind(&rec.id)
         .bind(&rec.principal)
         .bind(rec.length.map(to_i64).transpose()?)
@@ -201,6 +202,7 @@ async fn insert_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, rec: &UploadRecord, 
         .bind(rec.finished_at_ms)
         .bind(rec.expired as i64)
         .bind(&rec.blob_state)
+        .bind(!rec.provisional as i64)
         .bind(key.map(|k| k.key.as_str()))
         .bind(key.map(|k| k.fingerprint.as_str()))
         .execute(exec)
@@ -211,7 +213,7 @@ async fn insert_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, rec: &UploadRecord, 
 /// [`Catalog::usage`] through `exec`.
 async fn usage_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
     let row = sqlx::query(
-        "SELECT COALESCE(SUM(COALESCE(length, \"offset\")), 0) AS bytes, \
+        "SELECT COALESCE(SUM(COALESCE(length, MAX(\"offset\", COALESCE(reserved_to, 0)))), 0) AS bytes, \
          COALESCE(SUM(CASE WHEN finished_at_ms IS NULL THEN 1 ELSE 0 END), 0) AS open \
          FROM uploads WHERE principal = ? AND expired = 0 \
          AND (finished_at_ms IS NOT NULL OR expires_at_ms IS NULL OR expires_at_ms > ?)",
@@ -321,6 +323,49 @@ impl Catalog for SqliteCatalog {
 
     async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
         usage_on(&self.pool, principal, now_ms).await
+    }
+
+    async fn upload_by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
+        self.by_creation_key(principal, key).await
+    }
+
+    async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
+        let _changed = self.upload_changed(id);
+        sqlx::query("UPDATE uploads SET announced = 1 WHERE id = ? AND announced = 0").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
+        let _changed = self.upload_changed(id);
+        let done = sqlx::query("DELETE FROM uploads WHERE id = ? AND announced = 0").bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<super::Reservation> {
+        let _changed = self.upload_changed(id);
+        // One writer at a time (BEGIN IMMEDIATE): no creation or reservation interleaves.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let row = sqlx::query("SELECT principal, length, \"offset\", reserved_to FROM uploads WHERE id = ? AND expired = 0").bind(id).fetch_optional(&mut *tx).await?;
+        let Some(row) = row else { return Err(CatalogError::NotFound) };
+        let principal: String = row.try_get("principal")?;
+        let offset = row.try_get::<i64, _>("offset")?.max(0) as u64;
+        let own = match row.try_get::<Option<i64>, _>("length")? {
+            Some(l) => l.max(0) as u64,
+            None => offset.max(row.try_get::<Option<i64>, _>("reserved_to")?.unwrap_or(0).max(0) as u64),
+        };
+        let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
+        let others = used.saturating_sub(own);
+        let granted_to = to.min(max_bytes.saturating_sub(others)).max(offset);
+        let nonce = crate::upload::new_id();
+        sqlx::query("UPDATE uploads SET reserved_to = ?, reservation = ? WHERE id = ?").bind(to_i64(granted_to)?).bind(&nonce).bind(id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(super::Reservation { granted_to, nonce })
+    }
+
+    async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
+        let _changed = self.upload_changed(id);
+        sqlx::query("UPDATE uploads SET reserved_to = NULL, reservation = NULL WHERE id = ? AND reservation = ?").bind(id).bind(nonce).execute(&self.pool).await?;
+        Ok(())
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {

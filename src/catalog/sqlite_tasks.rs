@@ -228,6 +228,19 @@ impl TaskCatalog for SqliteCatalog {
         })
     }
 
+    async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
+        let id: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = ? AND kind = ? AND key = ?")
+            .bind(principal)
+            .bind(kind)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        match id {
+            Some(id) => self.get_task(&id).await,
+            None => Ok(None),
+        }
+    }
+
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
         let generation = match self.task_cache.as_ref().map(|c| c.get(id)) {
             Some(Ok(task)) => return Ok(Some(task)),

@@ -197,6 +197,10 @@ pub trait TaskCatalog: Send + Sync {
     /// The task's row, or `None` (unknown or swept).
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>>;
 
+    /// The task idempotency key `key` of (`principal`, `kind`) names now, if any (a read: a
+    /// replayed start is answered from it without side effects).
+    async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>>;
+
     /// A principal's tasks, newest first, at most `limit`.
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>>;
 

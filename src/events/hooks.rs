@@ -3,11 +3,12 @@
 //!
 //! Request: `{"type": "pre-create", "upload": {"principal", "length", "metadata": {key: value},
 //! "concat"}}` or `{"type": "pre-finish", "upload": {"id", "principal", "size", "sha256",
-//! "metadata"}}` (metadata values are decoded text; `null` for a key without a value).
+//! "metadata"}}`. Metadata values are byte-exact ([`crate::upload::metadata_json`]): the decoded
+//! text when it is UTF-8, `{"base64": "…"}` when it is not, `null` for a key without a value.
 //!
 //! Answer:
 //! - `2xx` with an empty body or a JSON object: allowed. For pre-create, `{"metadata": {…}}`
-//!   replaces the upload's metadata (values: text or `null`).
+//!   replaces the upload's metadata (values: text, `{"base64": "…"}` or `null`, as sent).
 //! - `4xx`: refused. The client gets that status and the hook's message (`{"message": "…"}`,
 //!   or the body's text) as a problem body with code `rejected`. A refused pre-finish marks the
 //!   upload failed: its record and bytes are removed.
@@ -22,7 +23,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_tus::{ErrorCode, TusError, UploadMetadata};
+use ferry_tus::{ErrorCode, TusError};
 use futures::StreamExt;
 
 use crate::config::{HookConfig, HookFailure};
@@ -51,28 +52,12 @@ enum Answer {
 }
 
 fn metadata_json(raw: &str) -> serde_json::Value {
-    let Ok(md) = raw.parse::<UploadMetadata>() else { return serde_json::json!({}) };
-    let map: serde_json::Map<String, serde_json::Value> =
-        md.pairs().iter().map(|(k, v)| (k.clone(), v.as_ref().map_or(serde_json::Value::Null, |b| String::from_utf8_lossy(b).into_owned().into()))).collect();
-    map.into()
+    crate::upload::metadata_json(raw).into()
 }
 
 /// A hook's `metadata` object as `Upload-Metadata` text; `Err` names what is wrong.
 fn metadata_raw(v: &serde_json::Value) -> Result<String, String> {
-    let obj = v.as_object().ok_or("metadata must be a JSON object")?;
-    let mut md = UploadMetadata::new();
-    for (k, v) in obj {
-        let value = match v {
-            serde_json::Value::Null => None,
-            serde_json::Value::String(s) => Some(s.as_bytes().to_vec()),
-            other => return Err(format!("metadata value of {k:?} must be text or null, got {other}")),
-        };
-        md.insert(k.clone(), value).map_err(|e| format!("metadata key {k:?}: {e}"))?;
-    }
-    // Round-trip through the header grammar so the stored value always parses.
-    let raw = md.to_string();
-    raw.parse::<UploadMetadata>().map_err(|e| format!("metadata does not encode: {e}"))?;
-    Ok(raw)
+    crate::upload::metadata_from_json(v)
 }
 
 impl HttpHooks {
@@ -208,6 +193,10 @@ mod tests {
         let back = metadata_raw(&json).unwrap();
         assert_eq!(metadata_json(&back), json);
         assert!(metadata_raw(&serde_json::json!({"n": 5})).is_err());
+        // Not UTF-8: handed over as base64 and taken back byte for byte.
+        let raw = "filename //4AYWJj";
+        assert_eq!(metadata_json(raw), serde_json::json!({"filename": {"base64": "//4AYWJj"}}));
+        assert_eq!(metadata_raw(&metadata_json(raw)).unwrap(), raw);
         assert!(metadata_raw(&serde_json::json!(["x"])).is_err());
     }
 }

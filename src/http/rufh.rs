@@ -114,15 +114,21 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
     };
     let loc = location(&s, &h, &created.upload.id, upload_only);
     let rec = match (planned.body, created.existing) {
-        (Some(plan), false) => match s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), body).await {
-            Ok(rec) => rec,
-            Err(e) => {
-                // The upload exists: say where, so the client can resume it.
-                let mut res = draft_problem(&s, Some(v), e);
-                set(res.headers_mut(), "location", &loc);
-                return res;
+        (Some(plan), false) => {
+            let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), body).await;
+            match s.engine.settle_creation(&p, &created.upload.id, appended).await {
+                Ok(rec) => rec,
+                Err(refused) => {
+                    // Interrupted: say where, so the client can resume. Refused: nothing is
+                    // left, and the answer names no upload.
+                    let mut res = draft_problem(&s, Some(v), refused.error);
+                    if refused.kept {
+                        set(res.headers_mut(), "location", &loc);
+                    }
+                    return res;
+                }
             }
-        },
+        }
         _ => created.upload,
     };
     let mut res = if rec.is_finished() { completed(StatusCode::CREATED, &rec) } else { StatusCode::CREATED.into_response() };

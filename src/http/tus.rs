@@ -200,12 +200,16 @@ pub async fn create(
     // learns the offset from the answer (or HEAD) and resumes from there.
     let rec = if plan.with_body && !created.existing {
         let body_plan = s.engine.creation_body_plan(&plan);
-        match s.engine.append(p.clone(), rec.id.clone(), move |_| Ok(body_plan), body).await {
+        let appended = s.engine.append(p.clone(), rec.id.clone(), move |_| Ok(body_plan), body).await;
+        match s.engine.settle_creation(&p, &rec.id, appended).await {
             Ok(rec) => rec,
-            Err(e) => {
-                // The upload exists; tell the client where, so it can resume.
-                let mut res = Problem(e).into_response();
-                set(res.headers_mut(), "location", &loc);
+            Err(refused) => {
+                // Interrupted: the upload keeps what arrived; tell the client where, so it can
+                // resume. Refused: nothing is left, and the answer names no upload.
+                let mut res = Problem(refused.error).into_response();
+                if refused.kept {
+                    set(res.headers_mut(), "location", &loc);
+                }
                 return Ok(res);
             }
         }

@@ -150,6 +150,20 @@ impl Engine {
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
         let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+        if let Some(k) = idempotency_key {
+            // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
+            ferry_tus::IdempotencyKey::new(k).map_err(|e| {
+                TusError::bad_request(format!("{e}"), format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN))
+            })?;
+            // A replay of a start that is running or done is answered from the task it started,
+            // before any check with side effects or a different answer (its input files may be
+            // gone by now): no new run, no event (issue 23 item 5).
+            if let Some(old) = self.catalog.task_by_key(principal, kind, k).await.map_err(catalog_err)? {
+                if crate::catalog::tasks::same_args(&old.args, raw.get()) && !matches!(old.status, crate::catalog::TaskStatus::Failed | crate::catalog::TaskStatus::Cancelled) {
+                    return Ok(Started { task: old, created: false });
+                }
+            }
+        }
         // A kind's schema that does not compile (a bug of the kind, the same on every call) is
         // logged and left out: the kind's own check still runs, and no caller is told to retry.
         let schema = job
@@ -166,12 +180,6 @@ impl Engine {
         }
         job.check(&raw)?;
         job.check_inputs(principal, &raw, &self.uploads).await?;
-        if let Some(k) = idempotency_key {
-            // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
-            ferry_tus::IdempotencyKey::new(k).map_err(|e| {
-                TusError::bad_request(format!("{e}"), format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN))
-            })?;
-        }
         let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
         if ttl <= 0 {
             return Err(TusError::bad_request("ttl_ms must be positive", "Omit ttl_ms for the default of 24 h."));

@@ -596,7 +596,8 @@ impl UploadEngine {
         }
         // A deferred length grows the principal's use as bytes arrive: this PATCH may add at
         // most the quota's room (a length declared now is checked whole, before any byte).
-        let room = match self.patch_room(&rec, plan.set_length).await {
+        let want = plan.max_bytes.min(http_body::Body::size_hint(&body).upper().unwrap_or(u64::MAX));
+        let (room, _room_held) = match self.patch_room(&rec, plan.set_length, want).await {
             Ok(r) => r,
             Err(e) => {
                 super::exhausted::drain_body(&mut body).await;

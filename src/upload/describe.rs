@@ -62,6 +62,54 @@ pub fn check_metadata(raw: &str) -> Result<(), ferry_tus::TusError> {
     Ok(())
 }
 
+/// `Upload-Metadata` text as the JSON object ferry hands to others — hooks, REST (`metadata` of
+/// a file), pages — by key, byte-exact (issue 23 item 6): a value that is UTF-8 is a JSON
+/// string, one that is not is `{"base64": "<standard base64 of the bytes>"}`, a key sent
+/// without a value is `null`. Unparsable text (never stored: creation checks it) gives `{}`.
+pub fn metadata_json(raw: &str) -> serde_json::Map<String, serde_json::Value> {
+    use base64::Engine as _;
+    use serde_json::Value;
+    let md: UploadMetadata = raw.parse().unwrap_or_default();
+    md.into_pairs()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                None => Value::Null,
+                Some(b) => match String::from_utf8(b) {
+                    Ok(text) => Value::String(text),
+                    Err(e) => serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(e.as_bytes()) }),
+                },
+            };
+            (k, v)
+        })
+        .collect()
+}
+
+/// The inverse of [`metadata_json`]: an object of text, `{"base64": "…"}` or `null` values as
+/// `Upload-Metadata` text, byte for byte. `Err` names the key and what is wrong with its value.
+pub fn metadata_from_json(v: &serde_json::Value) -> Result<String, String> {
+    use base64::Engine as _;
+    use serde_json::Value;
+    let obj = v.as_object().ok_or("metadata must be a JSON object")?;
+    let mut md = UploadMetadata::new();
+    for (k, v) in obj {
+        let value = match v {
+            Value::Null => None,
+            Value::String(s) => Some(s.as_bytes().to_vec()),
+            Value::Object(o) if o.len() == 1 && o.get("base64").is_some_and(Value::is_string) => {
+                let b64 = o["base64"].as_str().unwrap_or_default();
+                Some(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("metadata value of {k:?}: base64 {b64:?} does not decode: {e}"))?)
+            }
+            other => return Err(format!("metadata value of {k:?} must be text, {{\"base64\": \"…\"}} or null, got {other}")),
+        };
+        md.insert(k.clone(), value).map_err(|e| format!("metadata key {k:?}: {e}"))?;
+    }
+    // Round-trip through the header grammar so the stored value always parses.
+    let raw = md.to_string();
+    raw.parse::<UploadMetadata>().map_err(|e| format!("metadata does not encode: {e}"))?;
+    Ok(raw)
+}
+
 /// Describe a file from its parsed metadata.
 pub fn describe(md: &UploadMetadata) -> Description {
     let name = NAME_KEYS.iter().find_map(|k| md.get_str(k)).map(str::to_owned);
@@ -97,6 +145,23 @@ mod tests {
         assert!(e.detail.contains("\"name\""), "{}", e.detail);
         let e = check_metadata(&md(&[("note", &"x".repeat(4000))])).unwrap_err();
         assert!(e.detail.contains("at most 4096"), "{}", e.detail);
+    }
+
+    #[test]
+    fn metadata_json_is_byte_exact() {
+        let mut m = UploadMetadata::new();
+        m.insert("filename", Some(b"\xff\xfe\x00abc".to_vec())).unwrap();
+        m.insert("note", Some("héllo".as_bytes().to_vec())).unwrap();
+        m.insert("flag", None).unwrap();
+        let raw = m.to_string();
+        let json = serde_json::Value::Object(metadata_json(&raw));
+        assert_eq!(json, serde_json::json!({"filename": {"base64": "//4AYWJj"}, "note": "héllo", "flag": null}));
+        let back: UploadMetadata = metadata_from_json(&json).unwrap().parse().unwrap();
+        assert_eq!(back.get("filename").flatten(), Some(&b"\xff\xfe\x00abc"[..]));
+        assert_eq!(back, m);
+        assert!(metadata_from_json(&serde_json::json!({"n": 5})).is_err());
+        assert!(metadata_from_json(&serde_json::json!({"n": {"base64": "%%%"}})).is_err());
+        assert!(metadata_from_json(&serde_json::json!(["x"])).is_err());
     }
 
     #[test]

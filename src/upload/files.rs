@@ -51,6 +51,9 @@ pub struct FileWriter {
     principal: String,
     /// Free space against the reserve while the file grows.
     space: super::exhausted::SpaceWatch,
+    /// The file holds room in its principal's bytes quota up to here (`None`: none reserved yet,
+    /// or no quota); see [`UploadEngine::file_room`].
+    reserved: Option<u64>,
     name: String,
     media_type: String,
     /// The upload's writer slot, pinned until the file is finished or dropped: TUS requests
@@ -90,6 +93,9 @@ impl UploadEngine {
             finished_at_ms: None,
             expired: false,
             blob_state: Vec::new(),
+            // Announced once finished: a file its task discards (the task failed, or its output
+            // passed the quota) leaves no event behind.
+            provisional: true,
         };
         self.check_space(0, None)?;
         self.blobs.create(&rec.id).await?;
@@ -104,7 +110,7 @@ impl UploadEngine {
         let slot = self.pin(&rec.id).await?;
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None, &slot).await?;
-        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
+        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), reserved: None, name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
     }
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
@@ -140,7 +146,7 @@ impl UploadEngine {
         }
         let rec = self.get(principal, &cursor.id).await?;
         let app = Appender::open(self, rec, cursor.offset, None, None, &slot).await?;
-        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), name, media_type, _slot: slot })
+        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), reserved: None, name, media_type, _slot: slot })
     }
 }
 
@@ -164,20 +170,18 @@ impl FileWriter {
 
     /// Append bytes (not durable until [`FileWriter::sync`]). Errors: 507 when the disk is
     /// full, free space reaches the server's reserve, or the principal's bytes quota is reached
-    /// (`quota_exceeded`; checked every 16 MiB) (bytes since the last sync are
+    /// (`quota_exceeded`; room is reserved 16 MiB ahead) (bytes since the last sync are
     /// released; the error's cursor is the last synced offset).
     pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
-        let before = self.app.position();
         let n = data.len() as u64;
+        // Room first: bytes past the quota are never written.
+        let (engine, kept, to) = (self.app.engine().clone(), self.app.committed_state().0, self.app.position() + n);
+        engine.file_room(&self.principal, self.app.id(), to, kept, SPACE_CHECK_EVERY, &mut self.reserved).await?;
         self.app.write(data).await?;
         self.app.engine().metrics.task_bytes_written.inc_by(n);
         let (written, unsynced) = (self.app.position(), self.app.unsynced());
         if let Err(detail) = self.space.check(&self.app.engine().cfg.reserve, written, unsynced) {
             return Err(TusError::insufficient_storage(detail, Some(self.app.committed_state().0)));
-        }
-        if before / SPACE_CHECK_EVERY != written / SPACE_CHECK_EVERY {
-            let kept = self.app.committed_state().0;
-            self.app.engine().check_file_quota(&self.principal, written, kept).await?;
         }
         Ok(())
     }
@@ -186,7 +190,7 @@ impl FileWriter {
     /// principal's bytes quota (nothing is committed then; the task fails and its file goes).
     async fn check_quota(&mut self) -> Result<(), TusError> {
         let (engine, position, kept) = (self.app.engine().clone(), self.app.position(), self.app.committed_state().0);
-        engine.check_file_quota(&self.principal, position, kept).await
+        engine.file_room(&self.principal, self.app.id(), position, kept, 0, &mut self.reserved).await
     }
 
     /// Make everything written durable and commit it; returns the cursor to resume from.
@@ -204,6 +208,7 @@ impl FileWriter {
         self.check_quota().await?;
         self.app.set_final_length(size);
         self.app.commit().await?;
+        self.app.engine().catalog.announce_upload(self.app.id()).await?;
         let sha = self.app.digest().await;
         Ok(FileHandle { id: self.id().to_string(), name: self.name, media_type: self.media_type, size, sha256: hex::encode(sha) })
     }

@@ -110,6 +110,9 @@ impl UploadEngine {
             return Ok(());
         }
         let length_unset = rec.length.is_none();
+        // A final whose parts' lengths were not all known at its creation (concatenation of
+        // unfinished parts) reserves its whole length in the bytes quota now, before any copy.
+        let (_, _room) = if length_unset { self.patch_room(&rec, Some(total), 0).await? } else { (None, None) };
         let result = match self.compose_final(&rec, &sources, total, &guard).await {
             Ok(true) => Ok(()),
             Ok(false) => {

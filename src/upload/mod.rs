@@ -27,7 +27,7 @@ mod maintenance;
 mod quota;
 
 pub use append::AppendOutcome;
-pub use describe::{check_metadata, describe, describe_raw, Description, MAX_METADATA_BYTES};
+pub use describe::{check_metadata, describe, describe_raw, metadata_from_json, metadata_json, Description, MAX_METADATA_BYTES};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
 use locks::{Lease, LocalLocker, LockError, Locker, Want};
@@ -40,6 +40,15 @@ pub struct Created {
     pub upload: UploadRecord,
     /// True when a retried request found the upload its first attempt created.
     pub existing: bool,
+}
+
+/// A creation that carried bytes and was not answered with success
+/// ([`UploadEngine::settle_creation`]).
+#[derive(Debug)]
+pub struct RefusedCreation {
+    pub error: TusError,
+    /// The upload was kept (the answer may name it: `Location`), else nothing of it is left.
+    pub kept: bool,
 }
 
 /// sha256 (hex) of what a creation request asks for: length or deferral, metadata as sent,
@@ -309,10 +318,24 @@ impl UploadEngine {
     ///   final POSTed twice (a client that timed out and retried) returns the first final: one
     ///   copy of the parts, one `concat` task.
     ///
-    /// A pre-create hook (when configured) is asked first, with the request as sent: it may
-    /// refuse (its error is returned, nothing is created) or replace the metadata.
+    /// A replay (the key already holds an upload) is answered before anything else happens: no
+    /// hook call, no quota check, no blob, no event (issue 23 item 5). Otherwise a pre-create
+    /// hook (when configured) is asked first, with the request as sent: it may refuse (its error
+    /// is returned, nothing is created) or replace the metadata.
     pub async fn create_keyed(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str, key: Option<&IdempotencyKey>) -> Result<Created, TusError> {
         let fingerprint = creation_fingerprint(plan, metadata_raw);
+        let key = match (key, &plan.concat) {
+            (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
+            (None, Some(UploadConcat::Final(_))) => Some(CreationKey { key: format!("final:{fingerprint}"), fingerprint }),
+            (None, _) => None,
+        };
+        // A replay (issue 23 item 5) is answered from what the first attempt made, before
+        // anything with a side effect: no hook call, no quota check, no blob, no event.
+        if let Some(k) = &key {
+            if let Some((upload, fingerprint)) = self.catalog.upload_by_creation_key(principal, &k.key).await? {
+                return self.replayed(upload, &fingerprint, k).await;
+            }
+        }
         let hooked;
         let metadata_raw = match self.hooks.get() {
             None => metadata_raw,
@@ -333,11 +356,6 @@ impl UploadEngine {
         };
         // After the hook: what it substitutes is answered back by HEAD just the same.
         check_metadata(metadata_raw)?;
-        let key = match (key, &plan.concat) {
-            (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
-            (None, Some(UploadConcat::Final(_))) => Some(CreationKey { key: format!("final:{fingerprint}"), fingerprint }),
-            (None, _) => None,
-        };
         let now = now_ms();
         let id = new_id();
         let (concat, length, expires) = match &plan.concat {
@@ -374,6 +392,7 @@ impl UploadEngine {
                 (Concat::Final { parts, header: fin.to_string() }, total, None)
             }
         };
+        let completes_at_once = length == Some(0) && !matches!(concat, Concat::Final { .. });
         let rec = UploadRecord {
             id: id.clone(),
             principal: principal.to_string(),
@@ -390,6 +409,9 @@ impl UploadEngine {
             finished_at_ms: None,
             expired: false,
             blob_state: Vec::new(),
+            // A creation whose bytes may still be refused is announced only once answered
+            // ([`UploadEngine::settle_creation`]); a refused one leaves no trace.
+            provisional: plan.with_body || completes_at_once,
         };
         self.check_space(rec.length.unwrap_or(0), None)?;
         self.blobs.create(&id).await?;
@@ -409,30 +431,118 @@ impl UploadEngine {
         match (created, &key) {
             (KeyedCreate::Created, _) | (_, None) => {}
             (KeyedCreate::Existing { upload, fingerprint }, Some(k)) => {
+                // A concurrent first attempt under the same key won the insert.
                 if let Err(e) = self.blobs.delete(&id).await {
                     tracing::warn!(upload = %id, error = %e, "could not remove the blob of a creation that was a retry");
                 }
-                if fingerprint != k.fingerprint {
-                    return Err(TusError::new(
-                        422,
-                        ErrorCode::Conflict,
-                        format!("this Idempotency-Key already created upload {} with a different request", upload.id),
-                        "Use a new Idempotency-Key for a different upload, or resend the original request unchanged.",
-                    ));
-                }
-                if is_expired(&upload, now_ms()) {
-                    return Err(TusError::expired());
-                }
-                return Ok(Created { upload: *upload, existing: true });
+                return self.replayed(*upload, &fingerprint, k).await;
             }
         }
-        self.metrics.uploads_created.inc();
-        if rec.length == Some(0) && !matches!(rec.concat, Concat::Final { .. }) {
+        if !rec.provisional {
+            self.metrics.uploads_created.inc();
+        }
+        if completes_at_once {
             // `Upload-Length: 0` is complete at creation (DESIGN §3).
-            let guard = self.take(&id).await?;
-            self.complete_empty(&guard, &rec).await?;
+            let done = match self.take(&id).await {
+                Ok(guard) => self.complete_empty(&guard, &rec).await,
+                Err(e) => Err(e),
+            };
+            let rec = self.settle_creation(principal, &id, done.map(|()| rec.clone())).await.map_err(|refused| refused.error)?;
+            return Ok(Created { upload: rec, existing: false });
         }
         Ok(Created { upload: self.get(principal, &id).await?, existing: false })
+    }
+
+    /// The answer to a creation whose key already holds `upload` (created with `fingerprint`):
+    /// that upload, or 422 for a different request under the key, or 410 once it expired. A
+    /// replayed creation of an upload that is not announced yet announces it: its client now
+    /// knows where it is.
+    async fn replayed(&self, upload: UploadRecord, fingerprint: &str, key: &CreationKey) -> Result<Created, TusError> {
+        if fingerprint != key.fingerprint {
+            return Err(TusError::new(
+                422,
+                ErrorCode::Conflict,
+                format!("this Idempotency-Key already created upload {} with a different request", upload.id),
+                "Use a new Idempotency-Key for a different upload, or resend the original request unchanged.",
+            ));
+        }
+        let upload = self.with_retention(upload);
+        if is_expired(&upload, now_ms()) {
+            return Err(TusError::expired());
+        }
+        if upload.provisional {
+            self.catalog.announce_upload(&upload.id).await?;
+        }
+        Ok(Created { upload, existing: true })
+    }
+
+    /// Settle a creation that carried bytes (a creation-with-upload body, an empty upload
+    /// completed at once) once `outcome`, the result of taking them in, is known (issue 23
+    /// item 4):
+    ///
+    /// - taken in: the upload is announced (`upload.created`, and `upload.finished` when it is
+    ///   complete, are written now) and returned as `get` reads it;
+    /// - interrupted by the server's state or another request (`locked`, `unavailable`,
+    ///   `insufficient_storage`, `internal`: what arrived is kept and can be resumed): the upload
+    ///   is announced and the error comes back with `kept: true` — the client is told where;
+    /// - refused (a checksum, a length, a declared sha256, a hook, a quota, a malformed or
+    ///   truncated body): the upload, its bytes and its quota use are removed with no event, and
+    ///   the error comes back with `kept: false` — the answer names no upload.
+    ///
+    /// An upload a replayed creation handed out meanwhile (it is announced) is kept either way.
+    pub async fn settle_creation(&self, principal: &str, id: &str, outcome: Result<UploadRecord, TusError>) -> Result<UploadRecord, RefusedCreation> {
+        use ErrorCode::{InsufficientStorage, Internal, Locked, Unavailable};
+        match outcome {
+            Ok(_) => match self.catalog.announce_upload(id).await {
+                Ok(()) => {
+                    self.metrics.uploads_created.inc();
+                    self.get(principal, id).await.map_err(|error| RefusedCreation { error, kept: true })
+                }
+                Err(e) => Err(RefusedCreation { error: e.into(), kept: true }),
+            },
+            Err(error) if matches!(error.code, Locked | Unavailable | InsufficientStorage | Internal) => {
+                match self.catalog.announce_upload(id).await {
+                    Ok(()) => {
+                        self.metrics.uploads_created.inc();
+                    }
+                    Err(e) => tracing::warn!(upload = id, error = %e, "could not announce an interrupted creation"),
+                }
+                Err(RefusedCreation { error, kept: true })
+            }
+            Err(error) => {
+                let kept = self.withdraw(id).await;
+                Err(RefusedCreation { error, kept })
+            }
+        }
+    }
+
+    /// Remove provisional upload `id` and its bytes without an event; `true` when it had to be
+    /// kept (announced meanwhile, or the removal failed: it then expires as any upload does).
+    async fn withdraw(&self, id: &str) -> bool {
+        let guard = match self.take(id).await {
+            Ok(g) => g,
+            Err(e) if e.code == ErrorCode::NotFound => return false,
+            Err(e) => {
+                tracing::warn!(upload = id, error = %e.detail, "a refused creation could not be removed; it expires");
+                return true;
+            }
+        };
+        self.fences.forget(id);
+        match self.catalog.withdraw_upload(id).await {
+            Ok(true) => {
+                drop(guard);
+                if let Err(e) = self.blobs.abort(id).await {
+                    tracing::warn!(upload = id, error = %e, "the bytes of a refused creation could not be removed");
+                }
+                false
+            }
+            // Gone already (a refused pre-finish removed it), or announced by a replay: kept.
+            Ok(false) => self.catalog.get_upload(id).await.ok().flatten().is_some(),
+            Err(e) => {
+                tracing::warn!(upload = id, error = %e, "a refused creation could not be removed; it expires");
+                true
+            }
+        }
     }
 
     /// The plan for the body of a creation-with-upload request, which starts at offset 0.

@@ -6,8 +6,10 @@
 //! length when known, else its durable offset; a tombstone or an unfinished upload past its
 //! expiry counts nothing. Creation (TUS POST, the IETF draft, MCP `file_upload_begin`, a final
 //! concatenation, a task's output file) is checked in the catalog transaction that inserts the
-//! row. A deferred-length upload is checked when a PATCH declares its length and while bytes
-//! arrive: the PATCH is given the room left when it starts.
+//! row. A deferred-length upload (or a task's file) reserves room in the catalog, under the same
+//! lock, before bytes arrive: a PATCH the room its body can use (all of it for a body of unknown
+//! length), a length declared the whole length, a task's file 16 MiB ahead of what it wrote; so
+//! no mix of concurrent writers and replicas stores more than the quota.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -55,6 +57,28 @@ impl PrincipalLimits {
     }
 }
 
+/// Room a writer holds in its principal's bytes quota ([`UploadEngine::patch_room`]); given back
+/// when dropped. The release names the reservation, so one that runs late never frees the room
+/// of the next writer of the upload.
+pub(crate) struct RoomHeld {
+    catalog: std::sync::Arc<dyn crate::catalog::Catalog>,
+    id: String,
+    nonce: String,
+}
+
+impl Drop for RoomHeld {
+    fn drop(&mut self) {
+        let (catalog, id, nonce) = (self.catalog.clone(), std::mem::take(&mut self.id), std::mem::take(&mut self.nonce));
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        rt.spawn(async move {
+            if let Err(e) = catalog.release_upload_bytes(&id, &nonce).await {
+                // The row keeps counting the reserved room until its next PATCH or its expiry.
+                tracing::warn!(upload = id, error = %e, "could not give back the quota room a PATCH held");
+            }
+        });
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -83,25 +107,29 @@ impl UploadEngine {
     }
 
     /// Bytes a PATCH on `rec` may add past its durable offset under the bytes quota: `None` =
-    /// no limit applies (no quota, or a known length — reserved at creation). When the PATCH
-    /// declares the length (`set_length`), the whole length is checked now: 507
-    /// `quota_exceeded` with the upload's offset as cursor if it does not fit.
-    pub(crate) async fn patch_room(&self, rec: &UploadRecord, set_length: Option<u64>) -> Result<Option<u64>, TusError> {
-        let Some(limit) = self.cfg.limits.of(&rec.principal).max_bytes else { return Ok(None) };
+    /// no limit applies (no quota, or a known length — reserved at creation). The room is
+    /// reserved in the catalog ([`crate::catalog::Catalog::reserve_upload_bytes`], under the lock
+    /// creation takes), so concurrent PATCHes, task files and creations of the principal, on any
+    /// replica, can never together pass the quota; the returned [`RoomHeld`] gives it back when
+    /// dropped (the PATCH ended). `want` is the most the PATCH can add (its body's length when
+    /// known). When the PATCH declares the length (`set_length`), the whole length is reserved
+    /// now: 507 `quota_exceeded` with the upload's offset as cursor if it does not fit.
+    pub(crate) async fn patch_room(&self, rec: &UploadRecord, set_length: Option<u64>, want: u64) -> Result<(Option<u64>, Option<RoomHeld>), TusError> {
+        let Some(limit) = self.cfg.limits.of(&rec.principal).max_bytes else { return Ok((None, None)) };
         if rec.length.is_some() {
-            return Ok(None);
+            return Ok((None, None));
         }
-        let used = self.catalog.usage(&rec.principal, now_ms()).await?.bytes;
-        // This upload counts its offset while the length is unknown.
-        let others = used.saturating_sub(rec.offset);
+        let to = set_length.unwrap_or_else(|| rec.offset.saturating_add(want));
+        let r = self.catalog.reserve_upload_bytes(&rec.id, to, limit, now_ms()).await?;
+        let held = RoomHeld { catalog: self.catalog.clone(), id: rec.id.clone(), nonce: r.nonce };
         match set_length {
-            Some(len) => {
-                if others.saturating_add(len) > limit {
-                    return Err(TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: len.saturating_sub(rec.offset) }, Some(rec.offset)));
-                }
-                Ok(None)
+            Some(len) if r.granted_to < len => {
+                drop(held);
+                let used = self.catalog.usage(&rec.principal, now_ms()).await.map(|u| u.bytes).unwrap_or(limit);
+                Err(TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: len.saturating_sub(rec.offset) }, Some(rec.offset)))
             }
-            None => Ok(Some(limit.saturating_sub(others).saturating_sub(rec.offset))),
+            Some(_) => Ok((None, Some(held))),
+            None => Ok((Some(r.granted_to.saturating_sub(rec.offset)), Some(held))),
         }
     }
 
@@ -112,18 +140,23 @@ impl UploadEngine {
             Ok(u) => u.bytes,
             Err(_) => limit,
         };
-        TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: refused.max(1) }, Some(kept))
+        TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used: used.max(kept), requested: refused.max(1) }, Some(kept))
     }
 
-    /// A task's file at `position` bytes (of which the catalog knows `committed`): 507
-    /// `quota_exceeded` once the principal's use with the bytes not yet committed passes
-    /// the bytes quota.
-    pub(crate) async fn check_file_quota(&self, principal: &str, position: u64, committed: u64) -> Result<(), TusError> {
+    /// A task's file `id` of `principal` at `position` bytes (of which the catalog knows
+    /// `committed`), holding room up to `*reserved`: when `position` passes it, room up to
+    /// `position + ahead` is reserved in the catalog (as for a PATCH); 507 `quota_exceeded` when
+    /// not even `position` fits. `*reserved` stays `None` without a bytes quota.
+    pub(crate) async fn file_room(&self, principal: &str, id: &str, position: u64, committed: u64, ahead: u64, reserved: &mut Option<u64>) -> Result<(), TusError> {
         let Some(limit) = self.cfg.limits.of(principal).max_bytes else { return Ok(()) };
-        let used = self.catalog.usage(principal, now_ms()).await?.bytes;
-        let pending = position.saturating_sub(committed);
-        if used.saturating_add(pending) > limit {
-            return Err(TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: pending }, Some(committed)));
+        if reserved.is_some_and(|r| position <= r) {
+            return Ok(());
+        }
+        let r = self.catalog.reserve_upload_bytes(id, position.saturating_add(ahead), limit, now_ms()).await?;
+        *reserved = Some(r.granted_to);
+        if r.granted_to < position {
+            let used = self.catalog.usage(principal, now_ms()).await.map(|u| u.bytes).unwrap_or(limit);
+            return Err(TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: position.saturating_sub(r.granted_to) }, Some(committed)));
         }
         Ok(())
     }

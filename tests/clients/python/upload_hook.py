@@ -10,6 +10,9 @@ Prints `listening on PORT`. Routes:
   POST /pre-finish-gated  answers 500 while the file named by --down exists, else as /pre-finish
   POST /slow         sleeps 30 s before allowing (past any test timeout)
   POST /broken       answers 200 with a body that is not JSON
+  POST /echo         allows, answering the metadata it was given as the new metadata
+  POST /once-per-name  refuses (409) a filename it has allowed before: a hook with memory,
+                     which a replayed creation must not ask again
 Every request body is logged as one JSON line.
 """
 
@@ -27,6 +30,7 @@ def main():
     ap.add_argument("--down", help="a file whose existence makes /pre-finish-gated fail")
     args = ap.parse_args()
     calls = {"once": 0}
+    seen_names = set()
     log = open(args.log, "a", buffering=1)
     lock = threading.Lock()
 
@@ -50,6 +54,17 @@ def main():
                 log.write(json.dumps({"path": self.path, "request": req}) + "\n")
             md = req.get("upload", {}).get("metadata", {}) or {}
             name = md.get("filename") or ""
+            if not isinstance(name, str):
+                name = ""  # a value that is not UTF-8 arrives as {"base64": ...}
+            if self.path == "/echo":
+                return self.answer(200, {"metadata": md})
+            if self.path == "/once-per-name":
+                with lock:
+                    again = name in seen_names
+                    seen_names.add(name)
+                if again and name:
+                    return self.answer(409, {"message": f"{name} exists already"})
+                return self.answer(200, {})
             if self.path == "/pre-create":
                 if name.endswith(".exe"):
                     return self.answer(403, {"message": f"executables are not accepted: {name}"})
