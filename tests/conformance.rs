@@ -244,6 +244,7 @@ async fn postgres_outbox_lock_is_taken_at_commit() {
         finished_at_ms: None,
         expired: false,
         blob_state: Vec::new(),
+        provisional: false,
     };
     let db = TestDb::create().await;
     let cat = PostgresCatalog::connect(&db.url).await.unwrap();

@@ -181,6 +181,8 @@ pub fn upload_record() -> impl Strategy<Value = UploadRecord> {
                 finished_at_ms: finished.then_some(2),
                 expired,
                 blob_state: Vec::new(),
+                // A provisional upload is never shown to a client (issue 23 item 4).
+                provisional: false,
             }
         },
     )

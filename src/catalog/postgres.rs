@@ -350,7 +350,7 @@ impl Catalog for PostgresCatalog {
         let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
         let others = used.saturating_sub(own);
         let granted_to = to.min(max_bytes.saturating_sub(others)).max(offset);
-        let nonce = crate::upload::new_id();
+        let nonce = format!("{:032x}", rand::random::<u128>()); // names this reservation only
         sqlx::query("UPDATE uploads SET reserved_to = $1, reservation = $2 WHERE id = $3").bind(to_i64(granted_to)?).bind(&nonce).bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(super::Reservation { granted_to, nonce })

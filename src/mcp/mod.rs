@@ -691,6 +691,7 @@ fn response_of(request: &Value, elicit: &Value) -> Option<Value> {
 fn call(tool: &str) -> String {
     let args = match tool {
         "file_upload_begin" => "name and size",
+        "file_request" => "name",
         "file_upload_chunk" => "file_id, offset and data",
         "file_status" | "file_download_url" | "file_delete" => "file_id",
         "file_read_chunk" => "file_id, offset and length",
