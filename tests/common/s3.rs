@@ -3,13 +3,13 @@
 //! the Garage `.ci/garage.sh` starts (`FERRY_TEST_S3_ENDPOINT`, `FERRY_TEST_S3_ACCESS_KEY_ID`,
 //! `FERRY_TEST_S3_SECRET_ACCESS_KEY`, `FERRY_TEST_S3_REGION`). A real server checks signatures,
 //! so the test's own requests (listing keys and multipart uploads, creating one behind ferry's
-//! back) are signed with AWS Signature V4 here.
+//! back) are signed, with object_store's SigV4 signer.
 #![allow(dead_code)]
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::{Digest, Sha256};
+use object_store::aws::{AwsAuthorizer, AwsCredential};
+use object_store::client::HttpRequestBody;
 
 use super::moto::Moto;
 
@@ -55,44 +55,27 @@ impl S3Config {
         ]
     }
 
-    /// A signed request: `path` is `/bucket[/key]` (not yet encoded), `query` its parameters.
-    pub fn request(&self, method: &str, path: &str, query: &[(&str, &str)], body: Vec<u8>) -> reqwest::RequestBuilder {
-        let url = url::Url::parse(&self.endpoint).expect("FERRY_TEST_S3_ENDPOINT is a URL");
-        let host = match url.port() {
-            Some(p) => format!("{}:{p}", url.host_str().unwrap()),
-            None => url.host_str().unwrap().to_string(),
-        };
-        let (date, stamp) = amz_date(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs());
-        let uri = uri_encode(path, true);
-        let mut pairs: Vec<(String, String)> = query.iter().map(|(k, v)| (uri_encode(k, false), uri_encode(v, false))).collect();
-        pairs.sort();
-        let canonical_query = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
-        let payload = hex::encode(Sha256::digest(&body));
-        let signed_headers = "host;x-amz-content-sha256;x-amz-date";
-        let canonical = format!("{method}\n{uri}\n{canonical_query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{stamp}\n\n{signed_headers}\n{payload}");
-        let scope = format!("{date}/{}/s3/aws4_request", self.region);
-        let to_sign = format!("AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
-        let mut key = hmac(format!("AWS4{}", self.secret_access_key).as_bytes(), date.as_bytes());
-        for part in [self.region.as_str(), "s3", "aws4_request"] {
-            key = hmac(&key, part.as_bytes());
+    /// A request signed (SigV4) by object_store's own signer: `path` is `/bucket[/key]`, `query`
+    /// its parameters; no body.
+    pub fn request(&self, method: &str, path: &str, query: &[(&str, &str)]) -> reqwest::RequestBuilder {
+        let mut url = url::Url::parse(&format!("{}{path}", self.endpoint)).expect("FERRY_TEST_S3_ENDPOINT is a URL");
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
         }
-        let signature = hex::encode(hmac(&key, to_sign.as_bytes()));
-        let auth = format!("AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}", self.access_key_id);
-        let query = if canonical_query.is_empty() { String::new() } else { format!("?{canonical_query}") };
-        reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap()
-            .request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), format!("{}{uri}{query}", self.endpoint))
-            .header("x-amz-date", stamp)
-            .header("x-amz-content-sha256", payload)
-            .header("authorization", auth)
-            .body(body)
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut signed = http::Request::builder().method(method.clone()).uri(url.as_str()).body(HttpRequestBody::empty()).unwrap();
+        let credential = AwsCredential { key_id: self.access_key_id.clone(), secret_key: self.secret_access_key.clone(), token: None };
+        AwsAuthorizer::new(&credential, "s3", &self.region).try_authorize(&mut signed, None).expect("sign the request");
+        let mut req = reqwest::Client::builder().no_proxy().build().unwrap().request(method, url.as_str());
+        for (name, value) in signed.headers() {
+            req = req.header(name, value);
+        }
+        req
     }
 
     /// A signed request that must succeed; its body.
     pub async fn call(&self, method: &str, path: &str, query: &[(&str, &str)]) -> String {
-        let r = self.request(method, path, query, Vec::new()).send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let r = self.request(method, path, query).send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         let status = r.status();
         let body = r.text().await.unwrap();
         assert!(status.is_success(), "{method} {path} {query:?}: {status}: {body}");
@@ -201,43 +184,6 @@ impl TestS3 {
     pub async fn create_multipart(&self, key: &str) -> String {
         self.config.create_multipart(&self.bucket, &self.key(key)).await
     }
-}
-
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(data);
-    mac.finalize().into_bytes().to_vec()
-}
-
-/// SigV4's encoding: every byte but the unreserved ones (and `/` in a path) as `%XX`.
-fn uri_encode(s: &str, keep_slash: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
-            b'/' if keep_slash => out.push('/'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
-
-/// (`YYYYMMDD`, `YYYYMMDDTHHMMSSZ`) of a Unix time, UTC.
-fn amz_date(secs: u64) -> (String, String) {
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian; eras of 400 years).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let date = format!("{year:04}{month:02}{day:02}");
-    let stamp = format!("{date}T{:02}{:02}{:02}Z", rem / 3_600, rem % 3_600 / 60, rem % 60);
-    (date, stamp)
 }
 
 /// The texts of every `<tag>…</tag>` in an S3 XML answer (entities decoded).
