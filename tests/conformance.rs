@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::s3::TestS3;
 use common::pg::TestDb;
+use common::s3::TestS3;
 use ferry::blob::{BlobStore, FsBlobStore, S3BlobStore};
 use ferry::catalog::{Catalog, PostgresCatalog, SqliteCatalog};
 

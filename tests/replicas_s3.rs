@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::balancer::RoundRobin;
-use common::s3::TestS3;
 use common::pg::TestDb;
+use common::s3::TestS3;
 use common::*;
 use futures::StreamExt;
 use serde_json::Value;

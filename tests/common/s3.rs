@@ -138,7 +138,8 @@ impl TestS3 {
             return TestS3 { config, bucket, root: unique_root(), moto: None };
         }
         let moto = Moto::start(bucket, min_part).await;
-        let config = S3Config { endpoint: moto.endpoint.clone(), access_key_id: "testing".into(), secret_access_key: "testing".into(), region: "us-east-1".into(), shared_bucket: None };
+        let config =
+            S3Config { endpoint: moto.endpoint.clone(), access_key_id: "testing".into(), secret_access_key: "testing".into(), region: "us-east-1".into(), shared_bucket: None };
         TestS3 { config, bucket: bucket.to_string(), root: String::new(), moto: Some(moto) }
     }
 
@@ -195,4 +196,3 @@ fn xml_values(body: &str, tag: &str) -> Vec<String> {
         .map(|v| v.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&"))
         .collect()
 }
-
