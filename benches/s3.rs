@@ -1,21 +1,37 @@
-//! ferry on S3 (a local moto server), measured in the same run:
+//! ferry on S3, measured in the same run, against a local moto server or (with `FERRY_TEST_S3_*`
+//! set, as `.ci/garage.sh` writes them) a real S3 server such as Garage:
 //!
 //! 1. **One upload through ferry vs the same bytes written directly**: `BENCH_S3_BYTES` (default
 //!    1 GiB) as one TUS upload in 8 MiB PATCHes to `ferry serve --blobs s3://…` (SQLite catalog,
 //!    fsync on), against the same bytes put with `object_store`'s `MultipartStore` directly in
-//!    5 MiB parts (ferry's first part size), one part in flight. Ratio: ferry / direct throughput.
+//!    `BENCH_S3_PART_BYTES` parts (default 5 MiB, ferry's first part size), one part in flight.
+//!    Ratio: ferry / direct throughput.
 //! 2. **Three replicas vs one**: `BENCH_S3_UPLOADS` (default 64) concurrent uploads of
 //!    `BENCH_S3_UPLOAD_BYTES` (default 16 MiB) each, spread round-robin over three `ferry serve`
 //!    on one PostgreSQL database and one bucket, against the same uploads to one of them alone.
-//!    Aggregate MiB/s. moto is one Python process: on this machine it is likely the ceiling, and
-//!    the ratio says so rather than how ferry scales on real S3.
+//!    Aggregate MiB/s.
 //!
-//! Needs `moto_server` in tests/clients/python/.venv and PostgreSQL (`FERRY_TEST_PG`, default the
-//! role `.ci/run` creates). Run: `cargo bench --bench s3`. Results go to stdout;
-//! benches/RESULTS.md keeps a copy.
+//! For each: ferry's CPU seconds per GiB (user + system of every replica that took part, from
+//! /proc/PID/stat) and peak RSS (`VmHWM`, reset before each measurement), and with
+//! `BENCH_S3_PID` (the S3 server's PID) that server's CPU seconds per GiB too. moto is one Python
+//! process holding every object in memory: on this machine it is likely the ceiling, and the
+//! ratios say so rather than how ferry does on real S3; Garage stores to disk and checks every
+//! signature.
+//!
+//! Needs PostgreSQL (`FERRY_TEST_PG`, default the role `.ci/run` creates), and `moto_server` in
+//! tests/clients/python/.venv or the S3 of `FERRY_TEST_S3_*`. Results go to stdout;
+//! benches/RESULTS.md keeps a copy. Run:
+//!
+//! ```sh
+//! cargo bench --bench s3                       # moto
+//! eval "$(bash .ci/garage.sh)"                 # Garage on 127.0.0.1:3900, left running
+//! BENCH_S3_PID=$(cat /tmp/ferry-ci-garage/pid) cargo bench --bench s3
+//! ```
 
 #[path = "../tests/common/moto.rs"]
 mod moto;
+#[path = "../tests/common/s3.rs"]
+mod s3;
 #[path = "support/replicas.rs"]
 mod support;
 
@@ -25,13 +41,15 @@ use std::time::Instant;
 use object_store::aws::AmazonS3Builder;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjectPath;
-use object_store::PutPayload;
-use support::{client, create_db, drop_db, env_u64, start_server, stop};
+use object_store::{ObjectStoreExt, PutPayload};
+use s3::TestS3;
+use support::{client, cpu_seconds, create_db, drop_db, env_u64, reset_peak_rss, start_server, status_mib, stop};
 
 const MIB: u64 = 1 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
 
-/// One TUS upload of `len` bytes of `fill` in 8 MiB PATCHes; returns its seconds.
-async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> f64 {
+/// One TUS upload of `len` bytes of `fill` in 8 MiB PATCHes; returns its URL and seconds.
+async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> (String, f64) {
     let r = c.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", len.to_string()).send().await.unwrap();
     assert_eq!(r.status(), 201);
     let loc = r.headers()["location"].to_str().unwrap().to_string();
@@ -53,91 +71,154 @@ async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> f64 
         assert_eq!(r.status(), 204, "{}", r.text().await.unwrap_or_default());
         off += n as u64;
     }
-    t0.elapsed().as_secs_f64()
+    (url, t0.elapsed().as_secs_f64())
 }
 
-/// The same bytes through `MultipartStore` directly, 5 MiB parts, one in flight; seconds.
-async fn direct_upload(endpoint: &str, bucket: &str, len: u64) -> f64 {
-    let s3 = AmazonS3Builder::new()
-        .with_bucket_name(bucket)
-        .with_endpoint(endpoint)
+/// TUS termination of `url` (not timed: keeps a real S3's disk from filling up).
+async fn terminate(c: &reqwest::Client, url: &str) {
+    let r = c.delete(url).header("Tus-Resumable", "1.0.0").send().await.unwrap();
+    assert_eq!(r.status(), 204, "DELETE {url}");
+}
+
+/// The same bytes through `MultipartStore` directly, `part` bytes a part, one in flight; seconds.
+async fn direct_upload(s3: &TestS3, len: u64, part: u64) -> f64 {
+    let c = &s3.config;
+    let store = AmazonS3Builder::new()
+        .with_bucket_name(&s3.bucket)
+        .with_endpoint(&c.endpoint)
         .with_allow_http(true)
         .with_virtual_hosted_style_request(false)
-        .with_access_key_id("testing")
-        .with_secret_access_key("testing")
-        .with_region("us-east-1")
+        .with_access_key_id(&c.access_key_id)
+        .with_secret_access_key(&c.secret_access_key)
+        .with_region(&c.region)
         .build()
         .unwrap();
-    let path = ObjectPath::from("direct/object");
-    let part = bytes::Bytes::from(vec![0x5Au8; (5 * MIB) as usize]);
+    let path = ObjectPath::from(s3.key("direct/object"));
+    let part = bytes::Bytes::from(vec![0x5Au8; part as usize]);
     let t0 = Instant::now();
-    let id = s3.create_multipart(&path).await.unwrap();
+    let id = store.create_multipart(&path).await.unwrap();
     let mut parts = Vec::new();
     let mut off = 0u64;
     while off < len {
         let n = (len - off).min(part.len() as u64) as usize;
-        parts.push(s3.put_part(&path, &id, parts.len(), PutPayload::from(part.slice(..n))).await.unwrap());
+        parts.push(store.put_part(&path, &id, parts.len(), PutPayload::from(part.slice(..n))).await.unwrap());
         off += n as u64;
     }
-    s3.complete_multipart(&path, &id, parts).await.unwrap();
-    t0.elapsed().as_secs_f64()
+    store.complete_multipart(&path, &id, parts).await.unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    store.delete(&path).await.unwrap();
+    secs
+}
+
+/// What a measurement cost the processes that served it.
+struct Cost {
+    /// ferry's user + system seconds, all replicas.
+    ferry_cpu: f64,
+    /// The largest peak RSS of a replica, and the sum of them, MiB.
+    max_rss: f64,
+    sum_rss: f64,
+    /// The S3 server's user + system seconds (`BENCH_S3_PID`).
+    s3_cpu: Option<f64>,
+}
+
+/// Runs `work` and measures what it cost `pids` (ferry replicas) and the S3 server.
+async fn measured<T>(pids: &[u32], s3_pid: Option<u32>, work: impl std::future::Future<Output = T>) -> (T, Cost) {
+    for &p in pids {
+        reset_peak_rss(p);
+    }
+    let cpu0: f64 = pids.iter().map(|&p| cpu_seconds(p)).sum();
+    let s3_cpu0 = s3_pid.map(cpu_seconds);
+    let out = work.await;
+    let ferry_cpu = pids.iter().map(|&p| cpu_seconds(p)).sum::<f64>() - cpu0;
+    let rss: Vec<f64> = pids.iter().map(|&p| status_mib(p, "VmHWM")).collect();
+    let s3_cpu = s3_pid.zip(s3_cpu0).map(|(p, c0)| cpu_seconds(p) - c0);
+    (out, Cost { ferry_cpu, max_rss: rss.iter().cloned().fold(0.0, f64::max), sum_rss: rss.iter().sum(), s3_cpu })
+}
+
+fn s3_cpu_per_gib(cpu: Option<f64>, bytes: u64) -> String {
+    cpu.map(|c| format!("{:.2}", c / (bytes as f64 / GIB))).unwrap_or_else(|| "—".into())
 }
 
 /// `n` concurrent uploads of `each` bytes spread round-robin over `bases`; aggregate MiB/s.
+/// Terminates them afterwards (not timed).
 async fn concurrent_uploads(bases: &[String], n: usize, each: u64) -> f64 {
     let c = client();
     let t0 = Instant::now();
     let jobs: Vec<_> = (0..n)
         .map(|i| {
             let (c, base) = (c.clone(), bases[i % bases.len()].clone());
-            tokio::spawn(async move { tus_upload(&c, &base, each, i as u8).await })
+            tokio::spawn(async move { tus_upload(&c, &base, each, i as u8).await.0 })
         })
         .collect();
+    let mut urls = Vec::new();
     for j in jobs {
-        j.await.unwrap();
+        urls.push(j.await.unwrap());
     }
-    (n as u64 * each) as f64 / MIB as f64 / t0.elapsed().as_secs_f64()
+    let rate = (n as u64 * each) as f64 / MIB as f64 / t0.elapsed().as_secs_f64();
+    for url in urls {
+        terminate(&c, &url).await;
+    }
+    rate
 }
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let bytes = env_u64("BENCH_S3_BYTES", 1 << 30);
+        let part = env_u64("BENCH_S3_PART_BYTES", 5 * MIB);
         let uploads = env_u64("BENCH_S3_UPLOADS", 64) as usize;
         let each = env_u64("BENCH_S3_UPLOAD_BYTES", 16 * MIB);
+        let s3_pid = std::env::var("BENCH_S3_PID").ok().map(|p| p.trim().parse::<u32>().expect("BENCH_S3_PID is a PID"));
+        let label = match s3::S3Config::shared() {
+            Some(c) => format!("{}, bucket {}", c.endpoint, c.shared_bucket.unwrap()),
+            None => "moto".to_string(),
+        };
         let tmp = tempfile::tempdir().unwrap();
         let mib = bytes as f64 / MIB as f64;
 
-        // 1. ferry vs object_store directly, one moto each so neither pays for the other's memory.
-        let m = moto::Moto::start("direct", 5 * MIB).await;
-        let direct = direct_upload(&m.endpoint, "direct", bytes).await;
-        drop(m);
-        let m = moto::Moto::start("ferry", 5 * MIB).await;
-        let (srv, base) = start_server(&tmp.path().join("one"), &["--blobs", "s3://ferry/bench"], &m.env());
-        let through = tus_upload(&client(), &base, bytes, 0x5A).await;
+        // 1. ferry vs object_store directly; on moto, one each so neither pays for the other's memory.
+        let s = TestS3::start("direct", 5 * MIB).await;
+        let (direct, direct_cost) = measured(&[], s3_pid, direct_upload(&s, bytes, part)).await;
+        drop(s);
+        let s = TestS3::start("ferry", 5 * MIB).await;
+        let (srv, base) = start_server(&tmp.path().join("one"), &["--blobs", &s.url("bench")], &s.env());
+        let ((url, through), cost) = measured(&[srv.id()], s3_pid, tus_upload(&client(), &base, bytes, 0x5A)).await;
+        terminate(&client(), &url).await;
         stop(srv);
-        drop(m);
-        println!("## One upload of {mib:.0} MiB to S3 (moto): through ferry vs object_store directly\n");
-        println!("| path | seconds | MiB/s |\n| --- | --- | --- |");
-        println!("| object_store MultipartStore, 5 MiB parts | {direct:.2} | {:.0} |", mib / direct);
-        println!("| ferry, TUS PATCHes of 8 MiB, SQLite catalog | {through:.2} | {:.0} |", mib / through);
+        drop(s);
+        println!("## One upload of {mib:.0} MiB to S3 ({label}): through ferry vs object_store directly\n");
+        println!("| path | seconds | MiB/s | ferry CPU s/GiB | ferry peak RSS MiB | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- | --- |");
+        println!("| object_store MultipartStore, {} MiB parts | {direct:.2} | {:.0} | — | — | {} |", part / MIB, mib / direct, s3_cpu_per_gib(direct_cost.s3_cpu, bytes));
+        println!(
+            "| ferry, TUS PATCHes of 8 MiB, SQLite catalog | {through:.2} | {:.0} | {:.2} | {:.0} | {} |",
+            mib / through,
+            cost.ferry_cpu / (bytes as f64 / GIB),
+            cost.max_rss,
+            s3_cpu_per_gib(cost.s3_cpu, bytes)
+        );
         println!("\nratio throughput ferry / direct: {:.2}\n", direct / through);
 
         // 2. three replicas vs one, PostgreSQL + one bucket.
-        let m = moto::Moto::start("replicas", 5 * MIB).await;
+        let s = TestS3::start("replicas", 5 * MIB).await;
         let (db, url) = create_db().await;
-        let args = ["--catalog", url.as_str(), "--blobs", "s3://replicas/bench"];
-        let servers: Vec<(Child, String)> = (0..3).map(|i| start_server(&tmp.path().join(format!("r{i}")), &args, &m.env())).collect();
+        let blobs = s.url("bench");
+        let args = ["--catalog", url.as_str(), "--blobs", blobs.as_str()];
+        let servers: Vec<(Child, String)> = (0..3).map(|i| start_server(&tmp.path().join(format!("r{i}")), &args, &s.env())).collect();
         let bases: Vec<String> = servers.iter().map(|(_, b)| b.clone()).collect();
-        let one = concurrent_uploads(&bases[..1], uploads, each).await;
-        let three = concurrent_uploads(&bases, uploads, each).await;
+        let pids: Vec<u32> = servers.iter().map(|(c, _)| c.id()).collect();
+        let (one, one_cost) = measured(&pids[..1], s3_pid, concurrent_uploads(&bases[..1], uploads, each)).await;
+        let (three, three_cost) = measured(&pids, s3_pid, concurrent_uploads(&bases, uploads, each)).await;
         for (c, _) in servers {
             stop(c);
         }
         drop_db(&db).await;
-        println!("## {uploads} concurrent uploads of {} MiB, PostgreSQL catalog, one bucket\n", each / MIB);
-        println!("| replicas | aggregate MiB/s |\n| --- | --- |");
-        println!("| 1 | {one:.0} |\n| 3 (round-robin) | {three:.0} |");
+        drop(s);
+        let total = uploads as u64 * each;
+        println!("## {uploads} concurrent uploads of {} MiB to S3 ({label}), PostgreSQL catalog, one bucket\n", each / MIB);
+        println!("| replicas | aggregate MiB/s | ferry CPU s/GiB (all replicas) | peak RSS MiB (largest replica / sum) | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- |");
+        for (name, rate, c) in [("1", one, &one_cost), ("3 (round-robin)", three, &three_cost)] {
+            println!("| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |", c.ferry_cpu / (total as f64 / GIB), c.max_rss, c.sum_rss, s3_cpu_per_gib(c.s3_cpu, total));
+        }
         println!("\nratio three / one: {:.2}", three / one);
     });
 }

@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::moto;
 use common::pg::TestDb;
+use common::s3::TestS3;
 use ferry::blob::{BlobStore, FsBlobStore, S3BlobStore};
 use ferry::catalog::{Catalog, PostgresCatalog, SqliteCatalog};
 
@@ -174,19 +174,20 @@ async fn fs_blob_store_conformance() {
     }
 }
 
-/// The suite against S3 (moto), with 1 MiB parts so a few MiB cross several parts, tails and
-/// folds; afterwards no multipart upload and no object is left in the bucket.
+/// The suite against S3 (moto, or a prefix in `FERRY_TEST_S3_BUCKET`: Garage in `.ci/run`), with
+/// 1 MiB parts so a few MiB cross several parts, tails and folds; afterwards no multipart upload
+/// and no object is left in the bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_blob_store_conformance() {
     const MIB: u64 = 1 << 20;
-    let moto = moto::Moto::start("conf", MIB).await;
-    moto.set_env();
-    let store = S3BlobStore::from_url("s3://conf/some/prefix", MIB).unwrap();
+    let s3 = TestS3::start("conf", MIB).await;
+    s3.set_env();
+    let store = S3BlobStore::from_url(&s3.url("some/prefix"), MIB).unwrap();
     ferry::blob::conformance::run_all(&store, "ab").await;
     // Two processes finishing the same committed state at once (a reader on each replica
     // completing an upload whose finish was interrupted), then a third time: all succeed and
     // the object is whole.
-    let other = S3BlobStore::from_url("s3://conf/some/prefix", MIB).unwrap();
+    let other = S3BlobStore::from_url(&s3.url("some/prefix"), MIB).unwrap();
     let data: Vec<u8> = (0..2 * MIB + 12_345).map(|i| (i * 7 % 251) as u8).collect();
     store.create("race").await.unwrap();
     let mut w = store.open_writer("race", 0, &ferry::blob::BlobState::default()).await.unwrap();
@@ -211,14 +212,14 @@ async fn s3_blob_store_conformance() {
     let got: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(store.read("race", 0..data.len() as u64).await.unwrap()).await.unwrap();
     assert_eq!(got.concat(), data);
     store.delete("race").await.unwrap();
-    assert_eq!(moto.multipart_uploads("conf").await, Vec::<String>::new(), "every multipart upload completed or aborted");
+    assert_eq!(s3.multipart_uploads().await, Vec::<String>::new(), "every multipart upload completed or aborted");
     // What remains: the blobs the suite finished and did not delete.
-    let keys = moto.keys("conf").await;
+    let keys = s3.keys().await;
     assert!(keys.iter().all(|k| k.starts_with("some/prefix/") && !k.contains(".tail/") && !k.contains(".mpu/")), "{keys:?}");
     // A bucket that does not exist: ping fails, naming no secret.
     let bad = S3BlobStore::from_url("s3://no-such-bucket", MIB).unwrap();
     let err = bad.ping().await.expect_err("ping of a missing bucket").to_string();
-    assert!(!err.contains("testing"), "{err}");
+    assert!(!err.contains(&s3.config.secret_access_key), "{err}");
 }
 
 /// PostgreSQL takes the outbox lock (`ferry.outbox`, which makes event seqs commit order) last:

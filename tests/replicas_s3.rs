@@ -1,5 +1,6 @@
-//! Three `ferry serve` replicas on one PostgreSQL catalog and one S3 bucket (moto), behind a
-//! round-robin balancer, end to end (issue 11): real clients upload through the balancer and
+//! Three `ferry serve` replicas on one PostgreSQL catalog and one S3 bucket (moto, or a prefix
+//! of `FERRY_TEST_S3_BUCKET`: Garage in `.ci/run`, see tests/common/s3.rs), behind a round-robin
+//! balancer, end to end (issue 11): real clients upload through the balancer and
 //! every replica serves the downloads; a replica killed (`kill -9`) or frozen (`SIGSTOP`) in
 //! the middle of a PATCH or of an `archive` task loses nothing while another finishes its work;
 //! termination and expiry leave nothing behind in the bucket.
@@ -22,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::balancer::RoundRobin;
-use common::moto::Moto;
 use common::pg::TestDb;
+use common::s3::TestS3;
 use common::*;
 use futures::StreamExt;
 use serde_json::Value;
@@ -39,12 +40,12 @@ struct Cluster {
     // Dropped in this order: the replicas first, the database last.
     servers: Vec<Server>,
     proxy: RoundRobin,
-    moto: Moto,
+    s3: TestS3,
     _db: TestDb,
 }
 
 impl Cluster {
-    /// Start moto, a fresh database and three replicas with `--leases catalog`, 2 s upload and
+    /// Start the S3, a fresh database and three replicas with `--leases catalog`, 2 s upload and
     /// task leases, and `extra` flags.
     async fn start(extra: &[&str]) -> Cluster {
         Cluster::start_public(extra, None).await
@@ -54,19 +55,19 @@ impl Cluster {
     /// this test balancer's URL.
     async fn start_public(extra: &[&str], public: Option<&str>) -> Cluster {
         let db = TestDb::create().await;
-        let moto = Moto::start(BUCKET, 5 * MIB as u64).await;
+        let s3 = TestS3::start(BUCKET, 5 * MIB as u64).await;
         // The replicas inherit the AWS_* variables (nextest runs one test per process).
-        moto.set_env();
+        s3.set_env();
         // S3's smallest parts, so a few MiB make a multipart upload.
         std::env::set_var("FERRY_S3_PART_SIZE", "5MiB");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let public = public.map(str::to_string).unwrap_or_else(|| format!("http://{}", listener.local_addr().unwrap()));
-        let blobs = format!("s3://{BUCKET}/{PREFIX}");
+        let blobs = s3.url(PREFIX);
         let mut args = vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", "2s", "--task-lease", "2s", "--public-url", &public];
         args.extend_from_slice(extra);
         let servers: Vec<Server> = (0..3).map(|_| Server::start(&args)).collect();
         let proxy = RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
-        Cluster { servers, proxy, moto, _db: db }
+        Cluster { servers, proxy, s3, _db: db }
     }
 
     /// A TUS client that talks to the balancer.
@@ -94,8 +95,8 @@ impl Cluster {
 
     /// The bucket's keys that belong to upload `id`, and its unfinished multipart uploads.
     async fn leftovers(&self, id: &str) -> (Vec<String>, Vec<String>) {
-        let keys = self.moto.keys(BUCKET).await.into_iter().filter(|k| k.contains(id)).collect();
-        (keys, self.moto.multipart_uploads(BUCKET).await)
+        let keys = self.s3.keys().await.into_iter().filter(|k| k.contains(id)).collect();
+        (keys, self.s3.multipart_uploads().await)
     }
 
     /// Download `path` through every replica directly: each must serve the same sha256.
@@ -210,7 +211,7 @@ async fn real_clients_upload_256_mib_through_three_replicas() {
     assert!(patches.iter().all(|s| s.status == 204), "every PATCH succeeded: {:?}", patches.iter().filter(|s| s.status != 204).collect::<Vec<_>>());
     assert_eq!(patches.iter().map(|s| s.replica).collect::<BTreeSet<_>>().len(), 3);
     // Finished uploads keep no multipart upload.
-    assert_eq!(c.moto.multipart_uploads(BUCKET).await, Vec::<String>::new());
+    assert_eq!(c.s3.multipart_uploads().await, Vec::<String>::new());
 }
 
 /// `std::process::Command::output` with no proxy variables (the client talks to loopback).
@@ -465,8 +466,8 @@ async fn terminated_and_expired_uploads_leave_nothing_in_the_bucket() {
         assert!(!mpus.is_empty(), "a multipart upload exists");
         // And one no marker names: what a writer killed between CreateMultipartUpload and
         // writing its marker leaves.
-        let orphan = c.moto.create_multipart(BUCKET, &format!("{PREFIX}/{}", id_of(&url))).await;
-        assert!(c.moto.multipart_uploads(BUCKET).await.contains(&orphan));
+        let orphan = c.s3.create_multipart(&format!("{PREFIX}/{}", id_of(&url))).await;
+        assert!(c.s3.multipart_uploads().await.contains(&orphan));
         if round == 0 {
             // Terminate the first (on whichever replica the DELETE lands).
             let r = tus.request("DELETE", &url, &[("Tus-Resumable", "1.0.0")], None).await;
@@ -497,7 +498,7 @@ async fn terminated_and_expired_uploads_leave_nothing_in_the_bucket() {
         assert!(Instant::now() < deadline, "expiry left objects {keys:?} and multipart uploads {mpus:?} behind");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let all = c.moto.keys(BUCKET).await;
+    let all = c.s3.keys().await;
     assert!(!all.iter().any(|k| urls.iter().any(|u| k.contains(&id_of(u)))), "{all:?}");
 }
 

@@ -67,3 +67,25 @@ pub fn stop(mut c: Child) {
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
+
+/// utime + stime of process `pid` in seconds, from /proc/PID/stat (USER_HZ is 100 on every
+/// Linux ABI); 0 when it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after `(comm)`, which may contain spaces: utime and stime are the 12th and 13th.
+    let f: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("").split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// A field of /proc/PID/status in MiB (`VmHWM`: peak RSS, `VmRSS`).
+pub fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0);
+    kib as f64 / 1024.0
+}
+
+/// Reset the peak RSS (`VmHWM`) of `pid` to its current RSS (needs to own the process or root).
+pub fn reset_peak_rss(pid: u32) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}

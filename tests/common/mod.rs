@@ -8,6 +8,7 @@ pub mod logged;
 pub mod moto;
 pub mod pg;
 pub mod proxy;
+pub mod s3;
 pub mod s3proxy;
 
 use std::io::{BufRead, BufReader};
@@ -31,7 +32,7 @@ pub struct Server {
 
 /// Whether the servers tests start keep their bytes in S3 (`FERRY_TEST_BLOBS=s3`, with an S3
 /// endpoint in `FERRY_TEST_S3_ENDPOINT`, e.g. the moto server `.ci/run` starts; `.ci/run`
-/// reruns the TUS and task suites so).
+/// reruns the TUS and task suites so, and once more against Garage: see [`s3::S3Config`]).
 pub fn blobs_are_s3() -> bool {
     match std::env::var("FERRY_TEST_BLOBS").as_deref() {
         Ok("s3") => true,
@@ -40,21 +41,20 @@ pub fn blobs_are_s3() -> bool {
     }
 }
 
-/// The `AWS_*` variables that point ferry (and [`Server::blob_store`]) at the test S3
-/// endpoint `FERRY_TEST_S3_ENDPOINT`.
-fn test_s3_env() -> Vec<(&'static str, String)> {
-    let endpoint = std::env::var("FERRY_TEST_S3_ENDPOINT").expect("FERRY_TEST_BLOBS=s3 needs FERRY_TEST_S3_ENDPOINT (an S3 such as moto_server; .ci/run starts one)");
-    vec![
-        ("AWS_ENDPOINT_URL", endpoint),
-        ("AWS_ALLOW_HTTP", "true".into()),
-        ("AWS_ACCESS_KEY_ID", "testing".into()),
-        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
-        ("AWS_REGION", "us-east-1".into()),
-    ]
+/// The test S3 of `FERRY_TEST_BLOBS=s3` (`FERRY_TEST_S3_*`).
+fn test_s3() -> s3::S3Config {
+    s3::S3Config::from_env().expect("FERRY_TEST_BLOBS=s3 needs FERRY_TEST_S3_ENDPOINT (an S3 such as moto_server or Garage; .ci/run starts both)")
 }
 
-/// With `FERRY_TEST_BLOBS=s3`, the `s3://bucket/` of the server on `data`: the same bucket for
-/// every start on that data dir (kept in `DATA/test-bucket`), a new empty one the first time.
+/// The `AWS_*` variables that point ferry (and [`Server::blob_store`]) at the test S3.
+fn test_s3_env() -> Vec<(&'static str, String)> {
+    test_s3().env()
+}
+
+/// With `FERRY_TEST_BLOBS=s3`, the `s3://bucket/prefix/` of the server on `data`, the same for
+/// every start on that data dir (kept in `DATA/test-bucket`): a prefix of its own in
+/// `FERRY_TEST_S3_BUCKET` when that is set (a real S3 lets only its key create buckets), else a
+/// new empty bucket, created unsigned (moto allows that).
 fn test_bucket(data: &Path, args: &[&str]) -> Option<String> {
     if !blobs_are_s3() || args.iter().any(|a| a.starts_with("--blobs")) {
         return None;
@@ -64,19 +64,23 @@ fn test_bucket(data: &Path, args: &[&str]) -> Option<String> {
     if let Ok(url) = std::fs::read_to_string(&marker) {
         return Some(url.trim().to_string());
     }
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let bucket = format!("t{}-{nanos}", std::process::id());
-    let endpoint = test_s3_env()[0].1.clone();
-    let create = format!("{endpoint}/{bucket}");
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async move {
-            let r = reqwest::Client::builder().no_proxy().build().unwrap().put(&create).send().await.expect("reach FERRY_TEST_S3_ENDPOINT");
-            assert!(r.status().is_success(), "creating bucket {create}: {}", r.status());
-        })
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e));
-    let url = format!("s3://{bucket}/");
+    let config = test_s3();
+    let url = match &config.shared_bucket {
+        Some(bucket) => format!("s3://{bucket}/{}", s3::unique_root()),
+        None => {
+            let bucket = s3::unique_root().trim_end_matches('/').to_string();
+            let create = format!("{}/{bucket}", config.endpoint);
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async move {
+                    let r = reqwest::Client::builder().no_proxy().build().unwrap().put(&create).send().await.expect("reach FERRY_TEST_S3_ENDPOINT");
+                    assert!(r.status().is_success(), "creating bucket {create}: {}", r.status());
+                })
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            format!("s3://{bucket}/")
+        }
+    };
     std::fs::write(&marker, &url).expect("write DATA/test-bucket");
     Some(url)
 }
