@@ -11,7 +11,7 @@ use crate::upload::UploadEngine;
 pub mod arb;
 pub mod limits;
 pub mod principal;
-pub mod schema_check;
+pub use crate::tasks::schema_check;
 pub mod views;
 
 pub use principal::{Principal, Tokens, LOCAL_PRINCIPAL};

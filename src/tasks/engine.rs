@@ -171,7 +171,7 @@ impl Engine {
             .and_then(|s| jsonschema::validator_for(&s).inspect_err(|e| tracing::error!(kind, error = %e, "the args schema of a task kind does not compile")).ok());
         if let Some(v) = schema {
             let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
-            crate::app::schema_check::check(&v, &value, "args").map_err(|m| {
+            super::schema_check::check(&v, &value, "args").map_err(|m| {
                 TusError::bad_request(
                     format!("invalid args for {kind}: {m}"),
                     format!("Send args as the schema of kind {kind} says (the StartTask schema of /api/v1/openapi.json), then start the task again."),
@@ -484,7 +484,7 @@ fn check_response(task: &TaskRecord, key: &str, response: &str) -> Result<(), Tu
     // A schema the job wrote that is not one cannot be held against the answer.
     let Ok(v) = jsonschema::validator_for(schema) else { return Ok(()) };
     let value: serde_json::Value = serde_json::from_str(response).map_err(|e| TusError::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
-    crate::app::schema_check::check(&v, &value, "response").map_err(|m| {
+    super::schema_check::check(&v, &value, "response").map_err(|m| {
         TusError::bad_request(
             format!("the response does not match the schema of input request {key:?}: {m}"),
             format!("Send a response that fits input_requests[{key:?}].schema (the places that do not fit are named in detail)."),

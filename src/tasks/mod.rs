@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 mod context;
 mod engine;
 pub mod kinds;
+pub mod schema_check;
 
 pub use crate::catalog::{Progress, TaskRecord, TaskStatus};
 pub use context::JobContext;

@@ -192,8 +192,7 @@ fn is_not_found(e: &object_store::Error) -> bool {
     classify(e) == Failure::NotFound
 }
 
-/// The S3 store's blob state (version 2).
-
+/// What every writer, reader and composer of one S3 store shares: the client and its settings.
 struct Inner {
     s3: AmazonS3,
     /// For the one request object_store does not offer (UploadPartCopy with a range; see
