@@ -323,10 +323,13 @@ pub trait BlobWriter: Send {
     /// and remove what only an unfinished blob needs. Afterwards [`BlobStore::read`] serves
     /// every byte. Runs *before* the catalog calls the upload finished (DESIGN §2 "complete,
     /// then commit"); idempotent, so a crash between the two is repaired by running it again.
+    /// Returns the blob state the finished upload keeps in place of the last synced one, when
+    /// a whole blob needs less (S3: the empty state — reads use the completed object, so the
+    /// part list leaves the catalog row every HEAD, GET and list reads); `None` keeps it.
     /// Errors: [`BlobError::Lost`] when the store refuses for good or lost the bytes;
     /// [`BlobError::Unavailable`] when it is away (nothing changed that matters).
-    async fn complete(&mut self) -> BlobResult<()> {
-        Ok(())
+    async fn complete(&mut self) -> BlobResult<Option<BlobState>> {
+        Ok(None)
     }
 
     /// Bytes written so far, counted from the start of the blob.

@@ -496,7 +496,7 @@ impl Appender {
             }
             finished_sha256 = Some(digest);
         }
-        let cp = Checkpoint {
+        let mut cp = Checkpoint {
             offset,
             hash_state: hasher.state(),
             blob_state: blob.0.clone(),
@@ -537,8 +537,13 @@ impl Appender {
             // and tail removed). A store that is away leaves the upload waiting for the
             // finisher; one that refuses for good (or lost the bytes) rolls it back — never a
             // "finished" for bytes nobody could read.
-            if let Err(e) = self.writer.complete().await {
-                return Err(self.blob_failed(e));
+            match self.writer.complete().await {
+                Ok(Some(whole)) => {
+                    cp.blob_state = whole.0.clone();
+                    blob = whole;
+                }
+                Ok(None) => {}
+                Err(e) => return Err(self.blob_failed(e)),
             }
         }
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;

@@ -394,7 +394,7 @@ impl BlobWriter for S3Writer {
         Ok(())
     }
 
-    async fn complete(&mut self) -> BlobResult<()> {
+    async fn complete(&mut self) -> BlobResult<Option<BlobState>> {
         if !(self.completed || self.completed_len.is_some()) {
             if self.broken {
                 return Err(BlobError::Cut);
@@ -407,7 +407,9 @@ impl BlobWriter for S3Writer {
         // finished upload never keeps leftovers (a crash here: the next finish repeats this).
         let s = self.store.clone();
         let cleaned = self.lease.run(s.finished_cleanup(&self.id)).await;
-        self.guard(cleaned)
+        self.guard(cleaned)?;
+        // The completed object is all a reader needs: no part list in the finished row.
+        Ok(Some(BlobState::default()))
     }
 
     fn position(&self) -> u64 {
