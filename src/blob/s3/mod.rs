@@ -384,6 +384,11 @@ fn corrupt(e: object_store::Error, what: &str) -> BlobError {
     }
 }
 
+/// How often, and how long apart, [`BlobStore::finish`] looks for an object another finisher
+/// is completing (its multipart upload gone, the object not shown yet): 3 s in all.
+const COMPLETION_POLLS: u32 = 15;
+const COMPLETION_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// [`BlobStore`] over an S3 bucket (or any S3-compatible store).
 #[derive(Clone)]
 pub struct S3BlobStore {
@@ -566,7 +571,20 @@ impl BlobStore for S3BlobStore {
             // committed state at the same moment (whose clean-up removed what this one was
             // reading)? Then only the clean-up is left. Any other failure stands.
             let gone = matches!(&e, BlobError::NotFound) || matches!(&e, BlobError::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
-            if !gone || s.exists(&s.object(id)).await? != Some(len) {
+            if !gone {
+                return Err(e);
+            }
+            // Another finisher's CompleteMultipartUpload may still be under way: the multipart
+            // upload is gone before the object shows (seen on Garage). Give it a moment.
+            let mut whole = s.exists(&s.object(id)).await? == Some(len);
+            for _ in 0..COMPLETION_POLLS {
+                if whole {
+                    break;
+                }
+                tokio::time::sleep(COMPLETION_POLL).await;
+                whole = s.exists(&s.object(id)).await? == Some(len);
+            }
+            if !whole {
                 return Err(e);
             }
         }
