@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::moto::Moto;
 use common::pg::TestDb;
-use common::s3proxy::{HoldAt, Kind, S3Proxy};
+use common::s3proxy::{Hold, HoldAt, Kind, S3Proxy};
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -284,6 +284,80 @@ async fn fault4_small_patches_to_one_holder_read_no_tail_back() {
     assert_eq!(gets, 0, "tail segments read back while one replica held the upload");
 }
 
+/// The fault-5 scene on two replicas: A commits part 1 and a tail, then streams more stale
+/// bytes until its UploadPart of part 2 is held by A's proxy (`at`: the request, or its
+/// answer); A is frozen (SIGSTOP) past its lease; B takes over at A's last commit and writes
+/// the client's bytes over the same range (204). A is still frozen, its part still held.
+struct Takeover {
+    rig: Rig,
+    b: Tus,
+    url_b: String,
+    id: String,
+    good: Vec<u8>,
+    until: usize,
+    hold: Hold,
+    pending: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+    feeder: tokio::task::JoinHandle<()>,
+}
+
+impl Takeover {
+    async fn stage(at: HoldAt, seed: u64) -> Takeover {
+        let rig = Rig::start(2, &[]).await;
+        let (a, b) = (rig.tus(0), rig.tus(1));
+        let len = 14 * MIB + 99;
+        // What the client sends B, and what the stale PATCH on A carries after `first`.
+        let good = pseudo_random(len, seed);
+        let stale = pseudo_random(len, seed + 1);
+        let url = a.create(len as u64).await;
+        let id = id_of(&url);
+        let url_b = b.abs(&format!("/files/{id}"));
+        let first = 6 * MIB + 7;
+        assert_eq!(a.patch(&url, 0, good[..first].to_vec(), &[]).await.status(), 204);
+        // A fills part 2 (bytes 5..10 MiB) and 300 000 bytes more; its UploadPart is held.
+        let until = 10 * MIB + 300_000;
+        let hold = rig.proxies[0].hold(Kind::UploadPart, &id, at);
+        let (tx, pending) = streaming_patch(&url, first as u64);
+        let body = stale[first..until].to_vec();
+        let feeder = tokio::spawn(async move {
+            for piece in body.chunks(256 << 10) {
+                if tx.send(Bytes::copy_from_slice(piece)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("A uploads part 2");
+        rig.signal(0, "STOP");
+        let off = offset_when_free(&b, &url_b).await;
+        assert_eq!(off, first as u64, "B resumes from A's last commit");
+        assert_eq!(b.patch(&url_b, first as u64, good[first..until].to_vec(), &[]).await.status(), 204);
+        Takeover { rig, b, url_b, id, good, until, hold, pending, feeder }
+    }
+
+    /// Let A's part go on and A run again: its PATCH is never acknowledged.
+    async fn wake_a(&mut self) {
+        self.hold.release();
+        self.rig.signal(0, "CONT");
+        let late = tokio::time::timeout(Duration::from_secs(60), &mut self.pending).await.expect("A's PATCH ends").unwrap();
+        self.feeder.abort();
+        if let Ok(r) = late {
+            assert!(!r.status().is_success(), "the writer that lost its lease had its PATCH acknowledged: {}", r.status());
+        }
+    }
+
+    /// B's commit stands; B finishes the upload, and the file holds exactly what B was sent.
+    async fn finish_on_b(&self) {
+        let off = offset_when_free(&self.b, &self.url_b).await;
+        assert_eq!(off, self.until as u64, "the taker's commit stands");
+        let r = self.b.patch(&self.url_b, off, self.good[self.until..].to_vec(), &[]).await;
+        assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
+        let r = client().get(&self.url_b).send().await.unwrap();
+        assert_eq!(r.status(), 200, "GET of the finished file");
+        let got = r.bytes().await.unwrap();
+        assert_eq!(got.len(), self.good.len());
+        assert!(sha256_hex(&got) == sha256_hex(&self.good), "the finished file holds bytes the stale writer wrote");
+    }
+}
+
 /// Fault 5: a writer that lost its lease still writes. Replica A's upload of part 2 is held in
 /// the network (it reaches S3 only later) while A is frozen past its lease; replica B takes
 /// over and writes the client's bytes; then A's part lands and A wakes. A's PATCH is not
@@ -291,55 +365,10 @@ async fn fault4_small_patches_to_one_holder_read_no_tail_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "issue 22 fault 5, a part held in the network past a takeover: the taker's completion is refused (InvalidPart) and the upload rolls back to 0 (409, never a 204 or a corrupt file); part numbers by fence parity do not separate writers whose fences have the same parity"]
 async fn fault5_a_part_that_lands_after_a_takeover_is_never_part_of_the_file() {
-    let rig = Rig::start(2, &[]).await;
-    let (a, b) = (rig.tus(0), rig.tus(1));
-    let len = 14 * MIB + 99;
-    // What the client sends B, and what the stale PATCH on A carries after `first`.
-    let good = pseudo_random(len, 0x51);
-    let stale = pseudo_random(len, 0x52);
-    let url = a.create(len as u64).await;
-    let id = id_of(&url);
-    let url_b = b.abs(&format!("/files/{id}"));
-    let first = 6 * MIB + 7;
-    // Part 1 and a tail.
-    assert_eq!(a.patch(&url, 0, good[..first].to_vec(), &[]).await.status(), 204);
-
-    // A fills part 2 (bytes 5..10 MiB) and 300 000 bytes more; its UploadPart is held.
-    let until = 10 * MIB + 300_000;
-    let hold = rig.proxies[0].hold(Kind::UploadPart, &id, HoldAt::Request);
-    let (tx, pending) = streaming_patch(&url, first as u64);
-    let body = stale[first..until].to_vec();
-    let feeder = tokio::spawn(async move {
-        for piece in body.chunks(256 << 10) {
-            if tx.send(Bytes::copy_from_slice(piece)).await.is_err() {
-                break;
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("A uploads part 2");
-    rig.signal(0, "STOP");
-    // B takes over once A's lease ran out, and writes the same range with the client's bytes.
-    let off = offset_when_free(&b, &url_b).await;
-    assert_eq!(off, first as u64, "B resumes from A's last commit");
-    assert_eq!(b.patch(&url_b, first as u64, good[first..until].to_vec(), &[]).await.status(), 204);
+    let mut t = Takeover::stage(HoldAt::Request, 0x51).await;
     // A's part reaches S3 after B's, then A runs again.
-    hold.release();
-    rig.signal(0, "CONT");
-    let late = tokio::time::timeout(Duration::from_secs(60), pending).await.expect("A's PATCH ends").unwrap();
-    feeder.abort();
-    if let Ok(r) = late {
-        assert!(!r.status().is_success(), "the writer that lost its lease had its PATCH acknowledged: {}", r.status());
-    }
-    // B finishes the upload.
-    let off = offset_when_free(&b, &url_b).await;
-    assert_eq!(off, until as u64, "the taker's commit stands");
-    let r = b.patch(&url_b, off, good[until..].to_vec(), &[]).await;
-    assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
-    let r = client().get(&url_b).send().await.unwrap();
-    assert_eq!(r.status(), 200, "GET of the finished file");
-    let got = r.bytes().await.unwrap();
-    assert_eq!(got.len(), len);
-    assert!(sha256_hex(&got) == sha256_hex(&good), "the finished file holds bytes the stale writer wrote");
+    t.wake_a().await;
+    t.finish_on_b().await;
 }
 
 /// Fault 5, the answer held: replica A's UploadPart of part 2 reaches S3 at once but its answer
@@ -349,54 +378,17 @@ async fn fault5_a_part_that_lands_after_a_takeover_is_never_part_of_the_file() {
 /// exactly what B was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault5_a_writer_that_lost_its_lease_changes_nothing_in_the_bucket() {
-    let rig = Rig::start(2, &[]).await;
-    let (a, b) = (rig.tus(0), rig.tus(1));
-    let len = 14 * MIB + 99;
-    let good = pseudo_random(len, 0x53);
-    let stale = pseudo_random(len, 0x54);
-    let url = a.create(len as u64).await;
-    let id = id_of(&url);
-    let url_b = b.abs(&format!("/files/{id}"));
-    let first = 6 * MIB + 7;
-    assert_eq!(a.patch(&url, 0, good[..first].to_vec(), &[]).await.status(), 204);
-
-    let until = 10 * MIB + 300_000;
-    let hold = rig.proxies[0].hold(Kind::UploadPart, &id, HoldAt::Response);
-    let (tx, pending) = streaming_patch(&url, first as u64);
-    let body = stale[first..until].to_vec();
-    let feeder = tokio::spawn(async move {
-        for piece in body.chunks(256 << 10) {
-            if tx.send(Bytes::copy_from_slice(piece)).await.is_err() {
-                break;
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("A uploads part 2");
-    rig.signal(0, "STOP");
-    let off = offset_when_free(&b, &url_b).await;
-    assert_eq!(off, first as u64, "B resumes from A's last commit");
-    assert_eq!(b.patch(&url_b, first as u64, good[first..until].to_vec(), &[]).await.status(), 204);
+    let mut t = Takeover::stage(HoldAt::Response, 0x53).await;
     // A gets its answer (its part was replaced by B's since) and runs again.
-    let mark = rig.proxies[0].seen().len();
-    hold.release();
-    rig.signal(0, "CONT");
-    let late = tokio::time::timeout(Duration::from_secs(60), pending).await.expect("A's PATCH ends").unwrap();
-    feeder.abort();
-    if let Ok(r) = late {
-        assert!(!r.status().is_success(), "the writer that lost its lease had its PATCH acknowledged: {}", r.status());
-    }
-    let writes: Vec<String> = rig.proxies[0].seen()[mark..]
+    let mark = t.rig.proxies[0].seen().len();
+    t.wake_a().await;
+    let writes: Vec<String> = t.rig.proxies[0].seen()[mark..]
         .iter()
-        .filter(|s| s.key.contains(&id) && !matches!(s.kind, Kind::Get | Kind::Head | Kind::List | Kind::ListMultipart))
+        .filter(|s| s.key.contains(&t.id) && !matches!(s.kind, Kind::Get | Kind::Head | Kind::List | Kind::ListMultipart))
         .map(|s| format!("{:?} {}?{}", s.kind, s.key, s.query))
         .collect();
     assert_eq!(writes, Vec::<String>::new(), "the writer that lost its lease changed the bucket");
-    let off = offset_when_free(&b, &url_b).await;
-    assert_eq!(off, until as u64, "the taker's commit stands");
-    assert_eq!(b.patch(&url_b, off, good[until..].to_vec(), &[]).await.status(), 204);
-    let r = client().get(&url_b).send().await.unwrap();
-    assert_eq!(r.status(), 200, "GET of the finished file");
-    assert!(sha256_hex(&r.bytes().await.unwrap()) == sha256_hex(&good), "the finished file holds bytes the stale writer wrote");
+    t.finish_on_b().await;
 }
 
 /// S3's connection dropped in the middle of an UploadPart (issue 22, "bad input stays as it

@@ -512,6 +512,19 @@ impl Client {
         self.base.join(location).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server sent a bad URL {location:?}: {e}")))
     }
 
+    /// The upload a creation request made (TUS 1.0 §Creation): `201` and its `Location`,
+    /// resolved against the server. Errors: another status, as [`CliError::from_status`] says
+    /// it for `what`; a `201` without `Location`.
+    pub async fn created(&self, what: &str, res: reqwest::Response) -> Result<reqwest::Url, CliError> {
+        let status = res.status().as_u16();
+        let loc = res.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if status != 201 {
+            let body = res.text().await.unwrap_or_default();
+            return Err(CliError::from_status(what, status, &body));
+        }
+        self.resolve(&loc.ok_or_else(|| CliError::new(EXIT_FAILURE, "the server created an upload but sent no Location"))?)
+    }
+
     /// The TUS/download URL of a ferry link: a file id, a file URL (`…/files/ID`), a signed
     /// link (`…/files/ID?scope=…&sig=…`), a page link (`…/share/ID?…`, what `ferry share`
     /// and MCP hand out as `page_url`) or an API URL (`…/api/v1/files/ID`). Every form means

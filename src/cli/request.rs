@@ -98,12 +98,5 @@ async fn create_deferred(client: &Client, name: &str, retry_for: Duration) -> Re
                 .header("idempotency-key", &key)
         })
         .await?;
-    let status = res.status().as_u16();
-    let loc = res.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    if status != 201 {
-        let body = res.text().await.unwrap_or_default();
-        return Err(CliError::from_status(&what, status, &body));
-    }
-    let loc = loc.ok_or_else(|| CliError::new(EXIT_FAILURE, "the server created an upload but sent no Location"))?;
-    Ok(super::client::id_of(&client.resolve(&loc)?))
+    Ok(super::client::id_of(&client.created(&what, res).await?))
 }

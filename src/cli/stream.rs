@@ -195,13 +195,7 @@ impl Sender<'_> {
                 }
             })
             .await?;
-        let status = res.status().as_u16();
-        let loc = res.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        if status != 201 {
-            let body = res.text().await.unwrap_or_default();
-            return Err(CliError::from_status(&what, status, &body));
-        }
-        self.client.resolve(&loc.ok_or_else(|| CliError::new(EXIT_FAILURE, "the server created an upload but sent no Location"))?)
+        self.client.created(&what, res).await
     }
 
     /// Send `piece` (the input from `offset`) until the server has all of it; with `total`,

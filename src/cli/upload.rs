@@ -566,14 +566,7 @@ async fn create(job: &Job<'_>, len: u64, meta: &str, concat: Option<&str>) -> Re
             r
         })
         .await?;
-    let status = res.status().as_u16();
-    let loc = res.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    if status != 201 {
-        let body = res.text().await.unwrap_or_default();
-        return Err(CliError::from_status(&what, status, &body));
-    }
-    let loc = loc.ok_or_else(|| CliError::new(EXIT_FAILURE, "the server created an upload but sent no Location"))?;
-    job.client.resolve(&loc)
+    job.client.created(&what, res).await
 }
 
 /// `HEAD` an upload (TUS 1.0 §HEAD): offset, length and, once finished, the sha256.
