@@ -171,6 +171,18 @@ fn classify_message(msg: &str) -> Failure {
     if msg.contains("Server returned error response") {
         return Failure::Unavailable;
     }
+    // A key a DeleteObjects answer lists under `<Error>` (object_store's `DeleteFailed`):
+    // judged by its S3 error code, as a single request's status would be.
+    if let Some(at) = msg.find("DeleteObjects request failed for key").and_then(|_| msg.rfind("(code: ")) {
+        let code = msg[at + "(code: ".len()..].trim_end_matches(')');
+        return match code {
+            "NoSuchKey" => Failure::NotFound,
+            "AccessDenied" | "InternalError" | "ServiceUnavailable" | "SlowDown" | "RequestTimeout" | "OperationAborted" => Failure::Unavailable,
+            // Garage and others name their own server-side failures (`ServerError`, …).
+            c if c.contains("Internal") || c.contains("Unavailable") || c.starts_with("Serv") => Failure::Unavailable,
+            _ => Failure::Other,
+        };
+    }
     let Some(at) = msg.find("status code: ") else { return Failure::Other };
     let code: u16 = msg[at + "status code: ".len()..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
     match code {
@@ -186,6 +198,12 @@ fn io(e: object_store::Error) -> BlobError {
         Failure::Unavailable => BlobError::Unavailable(e.to_string()),
         Failure::Other => BlobError::Io(std::io::Error::other(e.to_string())),
     }
+}
+
+/// Whether a blob error says something the state names is not there (an object, a tail
+/// segment, a multipart upload): [`BlobError::NotFound`] or a [`corrupt`] read.
+fn is_gone(e: &BlobError) -> bool {
+    matches!(e, BlobError::NotFound) || matches!(e, BlobError::Io(io) if io.kind() == std::io::ErrorKind::NotFound)
 }
 
 fn is_not_found(e: &object_store::Error) -> bool {
@@ -547,7 +565,18 @@ impl BlobStore for S3BlobStore {
         };
         let mut buf = BytesMut::with_capacity(st.open_part_size().min(64 << 20) as usize);
         let segs = st.segments();
-        s.read_segments(id, &segs, &mut buf).await?;
+        if let Err(e) = s.read_segments(id, &segs, &mut buf).await {
+            // A tail the committed state names is gone: a finish that completed the object
+            // and was cut off in its clean-up (the upload is still unfinished in the catalog,
+            // at its full offset)? Then this writer only finishes the clean-up.
+            let gone = is_gone(&e);
+            if gone && s.exists(&s.object(id)).await? == Some(offset) {
+                let mut w = S3Writer::new(s.clone(), id, st, BytesMut::new(), Vec::new(), lease);
+                w.completed_len = Some(offset);
+                return Ok(Box::new(w));
+            }
+            return Err(e);
+        }
         // Segments the committed state does not name are a crashed or superseded writer's.
         let keep: HashSet<Path> = segs.iter().map(|g| s.segment(id, g)).collect();
         lease.run(s.delete_segments(id, &keep)).await?;
@@ -570,7 +599,7 @@ impl BlobStore for S3BlobStore {
             // that stopped before cleaning up or by another replica finishing the same
             // committed state at the same moment (whose clean-up removed what this one was
             // reading)? Then only the clean-up is left. Any other failure stands.
-            let gone = matches!(&e, BlobError::NotFound) || matches!(&e, BlobError::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
+            let gone = is_gone(&e);
             if !gone {
                 return Err(e);
             }
@@ -671,6 +700,12 @@ mod tests {
         assert_eq!(classify_message(&m("Server returned non-2xx status code: 404 Not Found: NoSuchUpload")), Failure::NotFound);
         assert_eq!(classify_message(&m("Server returned non-2xx status code: 400 Bad Request: <Code>InvalidPart</Code>")), Failure::Other);
         assert_eq!(classify_message("Got invalid multipart response: missing field"), Failure::Other);
+        let bulk = |code: &str| format!("Generic S3 error: DeleteObjects request failed for key p/up/x.created: Internal error: Could not reach quorum (code: {code})");
+        assert_eq!(classify_message(&bulk("InternalError")), Failure::Unavailable, "Garage under load");
+        assert_eq!(classify_message(&bulk("ServerError")), Failure::Unavailable);
+        assert_eq!(classify_message(&bulk("SlowDown")), Failure::Unavailable);
+        assert_eq!(classify_message(&bulk("NoSuchKey")), Failure::NotFound);
+        assert_eq!(classify_message(&bulk("MalformedXML")), Failure::Other);
         let denied = object_store::Error::PermissionDenied { path: "k".into(), source: "AccessDenied".into() };
         assert!(matches!(io(denied), BlobError::Unavailable(_)), "a bucket that refuses writes is retryable");
         let missing = object_store::Error::NotFound { path: "k".into(), source: "NoSuchKey".into() };
