@@ -30,7 +30,7 @@ garage_install() {
   fi
   garage_log "installing garage 2.5.0 (not found; about 20 minutes on 2 cores)"
   local t0=$SECONDS
-  cargo install garage@2.5.0 --locked --no-default-features --features bundled-libs,sqlite --target-dir /tmp/garage-target
+  cargo install garage@2.5.0 --locked --no-default-features --features bundled-libs,sqlite --target-dir "${TMPDIR:-/tmp}/garage-target"
   garage_log "installed in $((SECONDS - t0)) s"
   export PATH="$HOME/.cargo/bin:$PATH"
 }

@@ -25,7 +25,7 @@
 //! ```sh
 //! cargo bench --bench s3                       # moto
 //! eval "$(bash .ci/garage.sh)"                 # Garage on 127.0.0.1:3900, left running
-//! BENCH_S3_PID=$(cat /tmp/ferry-ci-garage/pid) cargo bench --bench s3
+//! BENCH_S3_PID=$(cat "${TMPDIR:-/tmp}/ferry-ci-garage/pid") cargo bench --bench s3
 //! ```
 
 #[path = "../tests/common/moto.rs"]
