@@ -157,6 +157,20 @@ pub struct Reservation {
     pub nonce: String,
 }
 
+impl Reservation {
+    /// The reservation `reserve_upload_bytes` grants, the same on every catalog: the upload
+    /// (at `offset`, of `length` or deferred with an earlier `reserved_to`) asks for room up to
+    /// byte `to` while its principal `used` bytes in all (the upload's own share included) of
+    /// `max_bytes`. Never below `offset` (what is stored stays), never past the quota otherwise.
+    fn grant(offset: u64, length: Option<u64>, reserved_to: Option<u64>, used: u64, to: u64, max_bytes: u64) -> Reservation {
+        let own = length.unwrap_or_else(|| offset.max(reserved_to.unwrap_or(0)));
+        let others = used.saturating_sub(own);
+        let granted_to = to.min(max_bytes.saturating_sub(others)).max(offset);
+        // The nonce names this reservation only.
+        Reservation { granted_to, nonce: format!("{:032x}", rand::random::<u128>()) }
+    }
+}
+
 /// What a principal uses now, as [`Catalog::usage`] counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {

@@ -348,18 +348,13 @@ impl Catalog for SqliteCatalog {
         let row = sqlx::query("SELECT principal, length, \"offset\", reserved_to FROM uploads WHERE id = ? AND expired = 0").bind(id).fetch_optional(&mut *tx).await?;
         let Some(row) = row else { return Err(CatalogError::NotFound) };
         let principal: String = row.try_get("principal")?;
-        let offset = row.try_get::<i64, _>("offset")?.max(0) as u64;
-        let own = match row.try_get::<Option<i64>, _>("length")? {
-            Some(l) => l.max(0) as u64,
-            None => offset.max(row.try_get::<Option<i64>, _>("reserved_to")?.unwrap_or(0).max(0) as u64),
-        };
+        let n = |v: i64| v.max(0) as u64;
+        let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
         let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
-        let others = used.saturating_sub(own);
-        let granted_to = to.min(max_bytes.saturating_sub(others)).max(offset);
-        let nonce = format!("{:032x}", rand::random::<u128>()); // names this reservation only
-        sqlx::query("UPDATE uploads SET reserved_to = ?, reservation = ? WHERE id = ?").bind(to_i64(granted_to)?).bind(&nonce).bind(id).execute(&mut *tx).await?;
+        let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
+        sqlx::query("UPDATE uploads SET reserved_to = ?, reservation = ? WHERE id = ?").bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(super::Reservation { granted_to, nonce })
+        Ok(r)
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
