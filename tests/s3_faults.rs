@@ -363,7 +363,6 @@ impl Takeover {
 /// over and writes the client's bytes; then A's part lands and A wakes. A's PATCH is not
 /// acknowledged, and the finished file holds exactly what B was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 22 fault 5, a part held in the network past a takeover: the taker's completion is refused (InvalidPart) and the upload rolls back to 0 (409, never a 204 or a corrupt file); part numbers by fence parity do not separate writers whose fences have the same parity"]
 async fn fault5_a_part_that_lands_after_a_takeover_is_never_part_of_the_file() {
     let mut t = Takeover::stage(HoldAt::Request, 0x51).await;
     // A's part reaches S3 after B's, then A runs again.
@@ -536,7 +535,6 @@ async fn fault8_a_finished_upload_keeps_no_part_list_in_its_row() {
 /// with the number of parts (still open: the part list of an upload being written is in its
 /// row, up to 5 000 × ≈ 46 bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 22 fault 8: an unfinished upload's part list is still in the uploads row (blob_state); finished rows keep none"]
 async fn fault8_reads_of_an_unfinished_upload_fetch_no_per_part_data() {
     let rig = Rig::start(1, &[]).await;
     let tus = rig.tus(0);

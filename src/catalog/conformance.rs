@@ -33,7 +33,16 @@ fn record(id: &str, principal: &str, concat: Concat) -> UploadRecord {
 }
 
 fn cp(offset: u64, now_ms: i64) -> Checkpoint {
-    Checkpoint { offset, hash_state: vec![offset as u8; 8], blob_state: vec![1, offset as u8], length: None, finished_sha256: None, expires_at_ms: Some(now_ms + 10_000), now_ms }
+    Checkpoint {
+        offset,
+        hash_state: vec![offset as u8; 8],
+        blob_state: vec![1, offset as u8],
+        blob_entries_from: None,
+        length: None,
+        finished_sha256: None,
+        expires_at_ms: Some(now_ms + 10_000),
+        now_ms,
+    }
 }
 
 fn unix_ms() -> i64 {
@@ -59,6 +68,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_listing_is_per_principal(cat, prefix).await;
     check_creation_keys(cat, prefix).await;
     check_blob_state_in_checkpoint(cat, prefix).await;
+    check_blob_entries_beside_the_row(cat, prefix).await;
     check_expire_if_due_is_compare_and_set(cat, prefix).await;
     check_reopen_keeps_the_fence_monotonic(cat, prefix).await;
     check_upload_lease(cat, prefix).await;
@@ -111,7 +121,16 @@ pub async fn check_fenced_checkpoint(cat: &dyn Catalog, p: &str) {
     let f1 = cat.acquire_fence(&id).await.unwrap();
     let f2 = cat.acquire_fence(&id).await.unwrap();
     assert!(f2 > f1, "fences increase");
-    let cp = Checkpoint { offset: 42, hash_state: vec![9; 110], blob_state: Vec::new(), length: None, finished_sha256: None, expires_at_ms: Some(20_000), now_ms: 2_000 };
+    let cp = Checkpoint {
+        offset: 42,
+        hash_state: vec![9; 110],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: None,
+        finished_sha256: None,
+        expires_at_ms: Some(20_000),
+        now_ms: 2_000,
+    };
     assert!(matches!(cat.checkpoint(&id, f1, &cp).await, Err(CatalogError::Fenced)), "stale fence refused");
     assert_eq!(cat.get_upload(&id).await.unwrap().unwrap().offset, 0, "a refused checkpoint changes nothing");
     cat.checkpoint(&id, f2, &cp).await.expect("current fence accepted");
@@ -128,7 +147,16 @@ pub async fn check_finish_and_large_values(cat: &dyn Catalog, p: &str) {
     cat.create_upload(&rec).await.unwrap();
     let f = cat.acquire_fence(&id).await.unwrap();
     let big = 5 * (1u64 << 30) + 7; // past 2^32
-    let cp = Checkpoint { offset: big, hash_state: vec![1], blob_state: Vec::new(), length: Some(big), finished_sha256: Some([3; 32]), expires_at_ms: Some(1), now_ms: 3_000 };
+    let cp = Checkpoint {
+        offset: big,
+        hash_state: vec![1],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: Some(big),
+        finished_sha256: Some([3; 32]),
+        expires_at_ms: Some(1),
+        now_ms: 3_000,
+    };
     cat.checkpoint(&id, f, &cp).await.unwrap();
     let got = cat.get_upload(&id).await.unwrap().unwrap();
     assert_eq!((got.offset, got.length, got.sha256, got.finished_at_ms), (big, Some(big), Some([3; 32]), Some(3_000)));
@@ -148,7 +176,7 @@ pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
     assert!(cat.mark_expired(&id, 6_000).await.unwrap());
     assert!(cat.mark_expired(&id, 7_000).await.expect("idempotent"), "a tombstone stays one");
     assert!(cat.get_upload(&id).await.unwrap().unwrap().expired);
-    let cp = Checkpoint { offset: 1, hash_state: vec![], blob_state: Vec::new(), length: None, finished_sha256: None, expires_at_ms: None, now_ms: 1 };
+    let cp = Checkpoint { offset: 1, hash_state: vec![], blob_state: Vec::new(), blob_entries_from: None, length: None, finished_sha256: None, expires_at_ms: None, now_ms: 1 };
     assert!(matches!(cat.checkpoint(&id, f, &cp).await, Err(CatalogError::Fenced)), "expiry fences out writers");
     assert!(!cat.list_expired(i64::MAX, 100).await.unwrap().contains(&id), "tombstones are not listed again");
     assert!(!cat.list_tombstones(6_000, 100).await.unwrap().contains(&id), "kept until its time");
@@ -359,7 +387,59 @@ pub async fn check_lease_expiry_uses_the_database_clock(cat: &dyn Catalog, p: &s
     let t = granted(cat.acquire_upload_lease(&id2, "b", 60_000).await.unwrap());
     assert!(t.fence > z.fence, "taken over with a bigger fence");
     assert!(t.taken_over, "the taker of an expired lease must repair");
+    assert_eq!((z.takeovers, t.takeovers), (0, 1), "a takeover from a holder that never let go is counted");
     assert!(matches!(cat.checkpoint(&id2, z.fence, &cp(1, 1)).await, Err(CatalogError::Fenced)), "the expired holder is fenced out");
+    cat.release_upload_lease(&id2, t.fence).await.unwrap();
+    let r = granted(cat.acquire_upload_lease(&id2, "c", 60_000).await.unwrap());
+    assert_eq!(r.takeovers, 1, "a lease its holder released is not a takeover");
+}
+
+/// A framed blob state (an S3 part list) is kept as its row plus entries beside it: reads of
+/// the row carry no entry, [`Catalog::upload_blob_state`] joins them, a checkpoint replaces
+/// only the entries from [`Checkpoint::blob_entries_from`] on, and they go with the row.
+pub async fn check_blob_entries_beside_the_row(cat: &dyn Catalog, p: &str) {
+    use crate::blob::BlobState;
+    let id = format!("{p}entries");
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(Vec::new()), "a new upload's state is empty");
+    assert_eq!(cat.upload_blob_state(&format!("{p}entries-none")).await.unwrap(), None);
+    let f = cat.acquire_fence(&id).await.unwrap();
+    let entry = |i: u8| vec![i; 40 + i as usize];
+    let state = |n: u8, head: &[u8]| BlobState::framed(head, &(0..n).map(entry).collect::<Vec<_>>());
+    let put = |st: &BlobState, from: Option<u32>, offset: u64| Checkpoint { blob_state: st.0.clone(), blob_entries_from: from, ..cp(offset, 1) };
+    let two = state(2, b"head-two");
+    cat.checkpoint(&id, f, &put(&two, Some(0), 10)).await.unwrap();
+    let row = cat.get_upload(&id).await.unwrap().unwrap().blob_state;
+    assert_eq!(row, two.row(), "the row keeps the head alone");
+    assert!(BlobState(row).lacks_entries());
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(two.0.clone()), "row and entries join to what was committed");
+    // Appending: the first two are kept, three more added.
+    let five = state(5, b"head-five");
+    assert_eq!(five.entries_from(&two), Some(2));
+    cat.checkpoint(&id, f, &put(&five, five.entries_from(&two), 20)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five.0.clone()));
+    // Entries unchanged, head changed.
+    let five_b = state(5, b"head-five-b");
+    assert_eq!(five_b.entries_from(&five), None);
+    cat.checkpoint(&id, f, &put(&five_b, None, 30)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five_b.0.clone()));
+    // A fenced-out checkpoint changes no entry.
+    assert!(matches!(cat.checkpoint(&id, f - 1, &put(&state(1, b"stale"), Some(0), 40)).await, Err(CatalogError::Fenced)));
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five_b.0.clone()), "a stale writer's entries are not kept");
+    // Rolled back to fewer entries, then to a state of another layout.
+    let one = state(1, b"head-one");
+    cat.checkpoint(&id, f, &put(&one, one.entries_from(&five_b), 5)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(one.0.clone()));
+    cat.checkpoint(&id, f, &put(&BlobState::fs(3), BlobState::fs(3).entries_from(&one), 3)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(BlobState::fs(3).0));
+    // Entries go with their row.
+    cat.checkpoint(&id, f, &put(&two, Some(0), 10)).await.unwrap();
+    assert!(cat.delete_upload(&id).await.unwrap());
+    cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
+    let f = cat.acquire_fence(&id).await.unwrap();
+    let head_only = BlobState::framed(b"h", &[]);
+    cat.checkpoint(&id, f, &put(&head_only, None, 1)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(head_only.0), "no entry of the deleted upload came back");
 }
 
 pub async fn check_touch_extends_never_shortens(cat: &dyn Catalog, p: &str) {

@@ -71,6 +71,7 @@ pub async fn check_upload_events(cat: &dyn Catalog, p: &str) {
         offset: 11,
         hash_state: vec![1],
         blob_state: Vec::new(),
+        blob_entries_from: None,
         length: None,
         finished_sha256: finished,
         expires_at_ms: Some(1),
@@ -150,7 +151,16 @@ pub async fn check_no_event_without_a_change(cat: &dyn Catalog, p: &str) {
     assert!(matches!(cat.create_upload(&record(&id, &who)).await, Err(CatalogError::AlreadyExists)));
     let stale = cat.acquire_fence(&id).await.unwrap();
     let _current = cat.acquire_fence(&id).await.unwrap();
-    let fin = Checkpoint { offset: 11, hash_state: vec![1], blob_state: Vec::new(), length: None, finished_sha256: Some([1; 32]), expires_at_ms: None, now_ms: 2_000 };
+    let fin = Checkpoint {
+        offset: 11,
+        hash_state: vec![1],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: None,
+        finished_sha256: Some([1; 32]),
+        expires_at_ms: None,
+        now_ms: 2_000,
+    };
     assert!(matches!(cat.checkpoint(&id, stale, &fin).await, Err(CatalogError::Fenced)), "a fenced-out completion is refused");
     let key = CreationKey { key: "k1".into(), fingerprint: "f1".into() };
     cat.create_upload_keyed(&record(&format!("{p}evkey1"), &who), &key).await.unwrap();
@@ -316,7 +326,16 @@ pub async fn check_provisional_uploads(cat: &dyn Catalog, p: &str) {
     cat.create_upload(&rb).await.unwrap();
     assert!(cat.get_upload(&a).await.unwrap().unwrap().provisional);
     let f = cat.acquire_fence(&a).await.unwrap();
-    let fin = Checkpoint { offset: 11, hash_state: vec![1], blob_state: Vec::new(), length: Some(11), finished_sha256: Some([1; 32]), expires_at_ms: None, now_ms: 2_000 };
+    let fin = Checkpoint {
+        offset: 11,
+        hash_state: vec![1],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: Some(11),
+        finished_sha256: Some([1; 32]),
+        expires_at_ms: None,
+        now_ms: 2_000,
+    };
     cat.checkpoint(&a, f, &fin).await.unwrap();
     let types = |evs: Vec<EventRecord>| evs.into_iter().map(|e| (e.event_type, e.subject)).collect::<Vec<(String, String)>>();
     assert_eq!(types(cat.list_events(Some(&who), 0, 100).await.unwrap()), vec![], "nothing before it is announced");

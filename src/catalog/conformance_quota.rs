@@ -27,7 +27,16 @@ fn rec(id: &str, principal: &str, length: Option<u64>, now: i64) -> UploadRecord
 }
 
 fn finish(len: u64, now: i64) -> Checkpoint {
-    Checkpoint { offset: len, hash_state: vec![2], blob_state: Vec::new(), length: Some(len), finished_sha256: Some([3; 32]), expires_at_ms: None, now_ms: now }
+    Checkpoint {
+        offset: len,
+        hash_state: vec![2],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: Some(len),
+        finished_sha256: Some([3; 32]),
+        expires_at_ms: None,
+        now_ms: now,
+    }
 }
 
 pub async fn check_usage_and_quota(cat: &dyn Catalog, p: &str) {
@@ -42,7 +51,16 @@ pub async fn check_usage_and_quota(cat: &dyn Catalog, p: &str) {
     cat.checkpoint(
         &format!("{p}q2"),
         f,
-        &Checkpoint { offset: 50, hash_state: vec![1], blob_state: Vec::new(), length: None, finished_sha256: None, expires_at_ms: Some(now + 60_000), now_ms: now },
+        &Checkpoint {
+            offset: 50,
+            hash_state: vec![1],
+            blob_state: Vec::new(),
+            blob_entries_from: None,
+            length: None,
+            finished_sha256: None,
+            expires_at_ms: Some(now + 60_000),
+            now_ms: now,
+        },
     )
     .await
     .unwrap();

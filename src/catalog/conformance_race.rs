@@ -44,6 +44,7 @@ fn cp(offset: u64, finished: bool) -> Checkpoint {
         offset,
         hash_state: vec![offset as u8; 104],
         blob_state: offset.to_be_bytes().to_vec(),
+        blob_entries_from: None,
         length: None,
         finished_sha256: finished.then_some([9; 32]),
         expires_at_ms: Some(now() + LIVE),

@@ -80,6 +80,9 @@ pub struct UploadRecord {
     pub expired: bool,
     /// The blob store's own state for bytes `[0, offset)`, as its writer returned it
     /// (`blob::BlobState` bytes: versioned, opaque to the catalog). Empty for a new upload.
+    /// Read from the catalog, a state framed with entries (S3: its part list) is the row
+    /// alone, [`crate::blob::BlobState::row`]: what a writer or a finisher needs whole comes
+    /// from [`Catalog::upload_blob_state`] (DESIGN §2 "the part list out of the hot row").
     pub blob_state: Vec<u8>,
     /// Not announced yet: the creation that made it (one that carries bytes: a body, an empty
     /// upload completed at once, a task's file) has not been answered. Such a row emits no
@@ -102,7 +105,14 @@ pub struct Checkpoint {
     pub hash_state: Vec<u8>,
     /// The blob store's state for exactly bytes `[0, offset)` (opaque; see
     /// [`UploadRecord::blob_state`]). Committed in the same transaction as offset and midstate.
+    /// The row keeps [`crate::blob::BlobState::row`]; the entries of a framed state are kept
+    /// beside it as [`Checkpoint::blob_entries_from`] says.
     pub blob_state: Vec<u8>,
+    /// Which of the entries the catalog keeps for this upload change: `None`, none (they are
+    /// the framed `blob_state`'s entries already); `Some(k)`, those from `k` on are replaced
+    /// by `blob_state`'s (`Some(0)`: all of them, and none for a state that is not framed).
+    /// [`crate::blob::BlobState::entries_from`] computes it from the committed state.
+    pub blob_entries_from: Option<u32>,
     /// Sets the length (deferred length declared, or a final upload's derived length).
     pub length: Option<u64>,
     /// Marks the upload complete with this sha256.
@@ -252,6 +262,24 @@ pub struct LeaseGrant {
     /// was reclaimed after a restart): bytes past the committed offset may be garbage, and
     /// the taker must repair the blob (reopen it at the committed state) before trusting it.
     pub taken_over: bool,
+    /// How many times this upload's lease was taken from a holder that did not release it,
+    /// this grant included: holders of different counts may still be writing at once (the
+    /// one taken from did not know), so stores that must keep their writes apart use it (S3:
+    /// the parity picks the part numbers, DESIGN §2).
+    pub takeovers: u64,
+}
+
+/// The whole blob state from the rows of a catalog's [`Catalog::upload_blob_state`] query:
+/// the upload's `blob_state` first, then its entries in order; `None` when there is no row.
+pub(crate) fn join_blob_state(mut rows: Vec<Vec<u8>>) -> CatalogResult<Option<Vec<u8>>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let row = rows.remove(0);
+    if rows.is_empty() {
+        return Ok(Some(row));
+    }
+    Ok(Some(crate::blob::BlobState::join(&row, &rows).0))
 }
 
 /// What [`Catalog::acquire_upload_lease`] found.
@@ -347,6 +375,10 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
     /// The upload's current row, tombstones included; `Ok(None)` if unknown.
     /// Reads what the last committed checkpoint wrote (read-your-writes).
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>>;
+
+    /// The whole blob state of upload `id`: its row's ([`UploadRecord::blob_state`]) joined
+    /// with the entries kept beside it (the same bytes when it has none). `Ok(None)` if unknown.
+    async fn upload_blob_state(&self, id: &str) -> CatalogResult<Option<Vec<u8>>>;
 
     /// Take the write fence of an upload: atomically increments its fencing token and
     /// returns the new value. Any checkpoint made with an older token fails with `Fenced`.

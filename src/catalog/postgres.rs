@@ -17,8 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Row};
 
 use super::{
-    Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest, ReleaseRequests,
-    UploadRecord, Usage,
+    join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
+    ReleaseRequests, UploadRecord, Usage,
 };
 
 /// The `NOTIFY` channel of release requests (release-on-request across replicas).
@@ -236,6 +236,37 @@ async fn usage_on<'e>(exec: impl sqlx::PgExecutor<'e>, principal: &str, now_ms: 
 }
 
 impl PostgresCatalog {
+    /// Run fenced `update` of upload `id`'s row and, when it changed the row and `from` says
+    /// so ([`Checkpoint::blob_entries_from`]), replace the entries kept beside it from `from`
+    /// on with `entries[from..]`, in the same transaction. Returns the rows `update` changed.
+    async fn update_with_entries(
+        &self,
+        update: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        id: &str,
+        from: Option<u32>,
+        entries: &[&[u8]],
+    ) -> CatalogResult<u64> {
+        let Some(from) = from else { return Ok(update.execute(&self.pool).await?.rows_affected()) };
+        let mut tx = self.pool.begin().await?;
+        let changed = update.execute(&mut *tx).await?.rows_affected();
+        if changed == 1 {
+            sqlx::query("DELETE FROM upload_blob_entries WHERE upload_id = $1 AND seq >= $2").bind(id).bind(from as i32).execute(&mut *tx).await?;
+            let added = entries.get(from as usize..).unwrap_or_default();
+            if !added.is_empty() {
+                let seqs: Vec<i32> = (from as i32..).take(added.len()).collect();
+                let bytes: Vec<Vec<u8>> = added.iter().map(|e| e.to_vec()).collect();
+                sqlx::query("INSERT INTO upload_blob_entries (upload_id, seq, entry) SELECT $1, s, e FROM UNNEST($2::int4[], $3::bytea[]) AS t(s, e)")
+                    .bind(id)
+                    .bind(seqs)
+                    .bind(bytes)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
     /// INSERT `rec`, holding `key` when given.
     async fn insert(&self, rec: &UploadRecord, key: Option<&CreationKey>) -> CatalogResult<()> {
         insert_on(&self.pool, rec, key).await
@@ -397,13 +428,26 @@ impl Catalog for PostgresCatalog {
         row.as_ref().map(row_to_record).transpose()
     }
 
+    async fn upload_blob_state(&self, id: &str) -> CatalogResult<Option<Vec<u8>>> {
+        // One statement, so the row and its entries come from one snapshot.
+        let rows = sqlx::query(
+            "SELECT blob_state, -1 AS seq FROM uploads WHERE id = $1 \
+             UNION ALL SELECT entry, seq FROM upload_blob_entries WHERE upload_id = $1 ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        join_blob_state(rows.iter().map(|r| r.try_get::<Vec<u8>, _>(0)).collect::<Result<Vec<_>, _>>()?)
+    }
+
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
         let fence: Option<i64> = sqlx::query_scalar("UPDATE uploads SET fence = fence + 1 WHERE id = $1 RETURNING fence").bind(id).fetch_optional(&self.pool).await?;
         fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let done = sqlx::query(
+        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
              sha256 = COALESCE($5, sha256), finished_at_ms = CASE WHEN $5::bytea IS NULL THEN finished_at_ms ELSE $6 END, \
              expires_at_ms = CASE WHEN $5::bytea IS NULL THEN $7 ELSE NULL END, updated_at_ms = $6 \
@@ -411,16 +455,15 @@ impl Catalog for PostgresCatalog {
         )
         .bind(to_i64(cp.offset)?)
         .bind(&cp.hash_state)
-        .bind(&cp.blob_state)
+        .bind(row)
         .bind(cp.length.map(to_i64).transpose()?)
         .bind(cp.finished_sha256.map(|d| d.to_vec()))
         .bind(cp.now_ms)
         .bind(cp.expires_at_ms)
         .bind(id)
-        .bind(to_i64(fence)?)
-        .execute(&self.pool)
-        .await?;
-        self.fenced_or_missing(id, done.rows_affected()).await
+        .bind(to_i64(fence)?);
+        let changed = self.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
+        self.fenced_or_missing(id, changed).await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
@@ -467,20 +510,20 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let done = sqlx::query(
+        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
              finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired",
         )
         .bind(to_i64(cp.offset)?)
         .bind(&cp.hash_state)
-        .bind(&cp.blob_state)
+        .bind(row)
         .bind(cp.expires_at_ms)
         .bind(cp.now_ms)
         .bind(id)
-        .bind(to_i64(fence)?)
-        .execute(&self.pool)
-        .await?;
-        self.fenced_or_missing(id, done.rows_affected()).await
+        .bind(to_i64(fence)?);
+        let changed = self.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+        self.fenced_or_missing(id, changed).await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
@@ -489,9 +532,10 @@ impl Catalog for PostgresCatalog {
         // waits for the row lock, then re-checks the WHERE against the winner's row: Held.
         let row = sqlx::query(
             "UPDATE uploads SET fence = fence + 1, lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, \
-             lease_taken_over = (lease_owner IS NOT NULL) \
+             lease_taken_over = (lease_owner IS NOT NULL), \
+             lease_takeovers = lease_takeovers + CASE WHEN lease_owner IS NOT NULL THEN 1 ELSE 0 END \
              WHERE id = $3 AND NOT expired AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms()) \
-             RETURNING fence, lease_expires_ms, lease_taken_over",
+             RETURNING fence, lease_expires_ms, lease_taken_over, lease_takeovers",
         )
         .bind(owner)
         .bind(ttl_ms)
@@ -499,7 +543,12 @@ impl Catalog for PostgresCatalog {
         .fetch_optional(&self.pool)
         .await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, taken_over: r.try_get(2)? }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant {
+                fence: r.try_get::<i64, _>(0)? as u64,
+                expires_at_ms: r.try_get(1)?,
+                taken_over: r.try_get(2)?,
+                takeovers: r.try_get::<i64, _>(3)? as u64,
+            }));
         }
         let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
         match row {

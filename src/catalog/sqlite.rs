@@ -10,8 +10,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{ConnectOptions, Connection, Row};
 
 use super::{
-    Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest, ReleaseRequests,
-    UploadRecord, Usage,
+    join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
+    ReleaseRequests, UploadRecord, Usage,
 };
 
 /// A receiver as a stream (what `tokio_stream::wrappers::ReceiverStream` does).
@@ -95,6 +95,29 @@ fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
 }
 
 impl SqliteCatalog {
+    /// Run fenced `update` of upload `id`'s row and, when it changed the row and `from` says
+    /// so ([`Checkpoint::blob_entries_from`]), replace the entries kept beside it from `from`
+    /// on with `entries[from..]`, in the same transaction. Returns the rows `update` changed.
+    async fn update_with_entries(
+        &self,
+        update: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+        id: &str,
+        from: Option<u32>,
+        entries: &[&[u8]],
+    ) -> CatalogResult<u64> {
+        let Some(from) = from else { return Ok(update.execute(&self.pool).await?.rows_affected()) };
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let changed = update.execute(&mut *tx).await?.rows_affected();
+        if changed == 1 {
+            sqlx::query("DELETE FROM upload_blob_entries WHERE upload_id = ? AND seq >= ?").bind(id).bind(from as i64).execute(&mut *tx).await?;
+            for (seq, entry) in entries.iter().enumerate().skip(from as usize) {
+                sqlx::query("INSERT INTO upload_blob_entries (upload_id, seq, entry) VALUES (?, ?, ?)").bind(id).bind(seq as i64).bind(*entry).execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
     /// Open (creating if missing) the database file and run pending migrations.
     pub async fn open(path: &Path) -> anyhow::Result<Self> {
         let opts = SqliteConnectOptions::new().filename(path).create_if_missing(true).synchronous(SqliteSynchronous::Full).busy_timeout(Duration::from_secs(10));
@@ -418,6 +441,19 @@ impl Catalog for SqliteCatalog {
         Ok(rec)
     }
 
+    async fn upload_blob_state(&self, id: &str) -> CatalogResult<Option<Vec<u8>>> {
+        // One statement, so the row and its entries come from one snapshot.
+        let rows = sqlx::query(
+            "SELECT blob_state, -1 AS seq FROM uploads WHERE id = ? \
+             UNION ALL SELECT entry, seq FROM upload_blob_entries WHERE upload_id = ? ORDER BY seq",
+        )
+        .bind(id)
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        join_blob_state(rows.iter().map(|r| r.try_get::<Vec<u8>, _>(0)).collect::<Result<Vec<_>, _>>()?)
+    }
+
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
         let row = sqlx::query("UPDATE uploads SET fence = fence + 1 WHERE id = ? RETURNING fence").bind(id).fetch_optional(&self.pool).await?;
         match row {
@@ -428,7 +464,8 @@ impl Catalog for SqliteCatalog {
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query(
+        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = COALESCE(?, length), \
              sha256 = COALESCE(?, sha256), finished_at_ms = CASE WHEN ? IS NULL THEN finished_at_ms ELSE ? END, \
              expires_at_ms = CASE WHEN ? IS NULL THEN ? ELSE NULL END, updated_at_ms = ? \
@@ -436,7 +473,7 @@ impl Catalog for SqliteCatalog {
         )
         .bind(to_i64(cp.offset)?)
         .bind(&cp.hash_state)
-        .bind(&cp.blob_state)
+        .bind(row)
         .bind(cp.length.map(to_i64).transpose()?)
         .bind(cp.finished_sha256.map(|d| d.to_vec()))
         .bind(cp.finished_sha256.map(|d| d.to_vec()))
@@ -445,10 +482,9 @@ impl Catalog for SqliteCatalog {
         .bind(cp.expires_at_ms)
         .bind(cp.now_ms)
         .bind(id)
-        .bind(to_i64(fence)?)
-        .execute(&self.pool)
-        .await?;
-        self.fenced_or_missing(id, done.rows_affected()).await
+        .bind(to_i64(fence)?);
+        let changed = self.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
+        self.fenced_or_missing(id, changed).await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
@@ -499,20 +535,20 @@ impl Catalog for SqliteCatalog {
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query(
+        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = NULL, sha256 = NULL, \
              finished_at_ms = NULL, expires_at_ms = ?, updated_at_ms = ? WHERE id = ? AND fence = ? AND expired = 0",
         )
         .bind(to_i64(cp.offset)?)
         .bind(&cp.hash_state)
-        .bind(&cp.blob_state)
+        .bind(row)
         .bind(cp.expires_at_ms)
         .bind(cp.now_ms)
         .bind(id)
-        .bind(to_i64(fence)?)
-        .execute(&self.pool)
-        .await?;
-        self.fenced_or_missing(id, done.rows_affected()).await
+        .bind(to_i64(fence)?);
+        let changed = self.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+        self.fenced_or_missing(id, changed).await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
@@ -521,9 +557,9 @@ impl Catalog for SqliteCatalog {
         // (expired) owner was still named; RETURNING reads the row as written.
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE uploads SET fence = fence + 1, lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, \
-             lease_taken_over = (lease_owner IS NOT NULL) \
+             lease_taken_over = (lease_owner IS NOT NULL), lease_takeovers = lease_takeovers + (lease_owner IS NOT NULL) \
              WHERE id = ? AND expired = 0 AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW}) \
-             RETURNING fence, lease_expires_ms, lease_taken_over"
+             RETURNING fence, lease_expires_ms, lease_taken_over, lease_takeovers"
         )))
         .bind(owner)
         .bind(ttl_ms)
@@ -531,7 +567,12 @@ impl Catalog for SqliteCatalog {
         .fetch_optional(&self.pool)
         .await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, taken_over: r.try_get::<i64, _>(2)? != 0 }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant {
+                fence: r.try_get::<i64, _>(0)? as u64,
+                expires_at_ms: r.try_get(1)?,
+                taken_over: r.try_get::<i64, _>(2)? != 0,
+                takeovers: r.try_get::<i64, _>(3)? as u64,
+            }));
         }
         let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
         match row {

@@ -115,12 +115,13 @@ impl Appender {
         lease: &Lease,
     ) -> Result<Appender, TusError> {
         let engine = engine.clone();
-        let state = if offset == rec.offset { BlobState(rec.blob_state.clone()) } else { BlobState::default() };
+        let state = if offset == rec.offset { engine.blob_state_of(&rec).await? } else { BlobState::default() };
         let validity = lease.validity();
         let under = WriteLease {
             // S3 sizes the upload's parts from it (fixed at the first writer).
             size_hint: length.or(rec.length).unwrap_or(engine.cfg.max_size),
             fence: lease.fence().unwrap_or(0),
+            generation: lease.generation(),
             valid_until: Arc::new(move || validity.deadline()),
             cut: lease.stop().clone(),
         };
@@ -407,6 +408,7 @@ impl Appender {
             offset,
             hash_state: hasher.state(),
             blob_state: blob.0.clone(),
+            blob_entries_from: blob.entries_from(&self.committed_blob),
             length: self.set_length,
             finished_sha256: None,
             expires_at_ms: self.engine.expiry_from(now),
@@ -484,6 +486,7 @@ impl Appender {
                     offset: 0,
                     hash_state: hasher.state(),
                     blob_state: blob.0.clone(),
+                    blob_entries_from: blob.entries_from(&self.committed_blob),
                     length: self.set_length,
                     finished_sha256: None,
                     expires_at_ms: self.engine.expiry_from(now),
@@ -500,6 +503,7 @@ impl Appender {
             offset,
             hash_state: hasher.state(),
             blob_state: blob.0.clone(),
+            blob_entries_from: blob.entries_from(&self.committed_blob),
             length: self.set_length,
             finished_sha256,
             expires_at_ms: if finished_sha256.is_some() { None } else { self.engine.expiry_from(now) },
@@ -545,6 +549,7 @@ impl Appender {
                 Ok(None) => {}
                 Err(e) => return Err(self.blob_failed(e)),
             }
+            cp.blob_entries_from = blob.entries_from(&self.committed_blob);
         }
         self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
         self.committed = (offset, hasher);

@@ -134,6 +134,7 @@ impl UploadEngine {
             offset: cursor.offset,
             hash_state: state,
             blob_state: base64::engine::general_purpose::STANDARD.decode(&cursor.blob_state).map_err(|e| internal("file cursor", e))?,
+            blob_entries_from: Some(0),
             length: None,
             finished_sha256: None,
             expires_at_ms: self.expiry_from(now),

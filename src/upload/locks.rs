@@ -103,6 +103,8 @@ pub struct Lease {
     stop: CancellationToken,
     fence: Option<u64>,
     taken_over: bool,
+    /// Takeovers of the upload's catalog lease, this one included (`None` for in-process leases).
+    takeovers: Option<u64>,
     validity: Validity,
     /// Releases on drop (the in-process slot, the catalog lease and its heartbeat).
     _hold: Box<dyn Send + Sync>,
@@ -117,6 +119,13 @@ impl Lease {
     /// The lease's fencing token, for lockers that [`Locker::fences`].
     pub fn fence(&self) -> Option<u64> {
         self.fence
+    }
+
+    /// The generation of writers this lease belongs to ([`crate::blob::WriteLease::generation`]):
+    /// the catalog lease's takeover count; 0 for in-process leases, whose writers of one upload
+    /// follow one another (the next waits until the previous one let go of its slot).
+    pub fn generation(&self) -> u64 {
+        self.takeovers.unwrap_or(0)
     }
 
     /// The lease was taken from a holder that never released it: repair the blob before
@@ -149,7 +158,7 @@ impl LocalLocker {
 impl Locker for LocalLocker {
     async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError> {
         let g = self.table.take(id, want, wait).await.ok_or(LockError::Locked)?;
-        Ok(Lease { stop: g.stop.clone(), fence: None, taken_over: false, validity: Validity::default(), _hold: Box::new(g) })
+        Ok(Lease { stop: g.stop.clone(), fence: None, taken_over: false, takeovers: None, validity: Validity::default(), _hold: Box::new(g) })
     }
 
     fn fences(&self) -> bool {
@@ -296,7 +305,7 @@ impl Locker for CatalogLocker {
                     let heartbeat = spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
                     let stop = local.stop.clone();
                     let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, heartbeat, local: Some(local) };
-                    return Ok(Lease { stop, fence: Some(g.fence), taken_over: g.taken_over, validity, _hold: Box::new(hold) });
+                    return Ok(Lease { stop, fence: Some(g.fence), taken_over: g.taken_over, takeovers: Some(g.takeovers), validity, _hold: Box::new(hold) });
                 }
                 LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
                 LeaseOutcome::Held { .. } => {

@@ -146,7 +146,7 @@ impl UploadEngine {
             // left to the first read): finish the parts, then compose again.
             Err(BlobError::NotFound) => {
                 for src in sources {
-                    self.blobs.finish(&src.id, &crate::blob::BlobState(src.blob_state.clone())).await?;
+                    self.blobs.finish(&src.id, &self.blob_state_of(src).await?).await?;
                 }
                 self.blobs.compose(&rec.id, &list).await?
             }
@@ -190,6 +190,7 @@ impl UploadEngine {
             hash_state: hasher.state(),
             // The composed object is whole already; a finished S3 blob needs no part list.
             blob_state: Vec::new(),
+            blob_entries_from: Some(0),
             length: rec.length.is_none().then_some(total),
             finished_sha256: Some(digest),
             expires_at_ms: None,
@@ -223,6 +224,7 @@ impl UploadEngine {
             hash_state: hasher.state(),
             // The store's own state is unknown after a loss; the empty state means "as found".
             blob_state: Vec::new(),
+            blob_entries_from: Some(0),
             length: None,
             finished_sha256: None,
             expires_at_ms: self.expiry_from(now),

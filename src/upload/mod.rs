@@ -575,11 +575,21 @@ impl UploadEngine {
     pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, TusError> {
         match self.blobs.read(&rec.id, range.clone()).await {
             Err(BlobError::OutOfRange { .. } | BlobError::NotFound) if rec.is_finished() => {
-                self.blobs.finish(&rec.id, &crate::blob::BlobState(rec.blob_state.clone())).await?;
+                self.blobs.finish(&rec.id, &self.blob_state_of(rec).await?).await?;
                 Ok(self.blobs.read(&rec.id, range).await?)
             }
             r => Ok(r?),
         }
+    }
+
+    /// The whole blob state committed for `rec` (its row's, with the entries the catalog keeps
+    /// beside it: an S3 upload's part list), for a writer or a finisher; reads need only the row.
+    pub(crate) async fn blob_state_of(&self, rec: &UploadRecord) -> Result<crate::blob::BlobState, TusError> {
+        if !crate::blob::lacks_entries(&rec.blob_state) {
+            return Ok(crate::blob::BlobState(rec.blob_state.clone()));
+        }
+        let whole = self.catalog.upload_blob_state(&rec.id).await?.ok_or_else(TusError::not_found)?;
+        Ok(crate::blob::BlobState(whole))
     }
 
     pub(crate) fn hash_state_of(rec: &UploadRecord) -> Result<RunningSha256, TusError> {

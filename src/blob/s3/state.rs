@@ -8,14 +8,17 @@
 //!   a deferred-length upload may reach) so that [`PART_SLOTS`] parts hold it, never below the
 //!   store's floor. Every part but the last has that size: what every S3-compatible store
 //!   accepts (Cloudflare R2 refuses CompleteMultipartUpload otherwise). Part `i` has two part
-//!   numbers, `2i + 1` and `2i + 2`, and a writer uses the one its fence's parity picks
-//!   ([`part_number`]): a writer that lost its lease and the one that took over never upload
+//!   numbers, `2i + 1` and `2i + 2`, and a writer uses the one its generation's parity picks
+//!   ([`part_number`]; a catalog lease's generation counts takeovers from holders that never
+//!   let go): a writer that lost its lease and the one that took over from it never upload
 //!   the same part number, so a stale part that lands late cannot replace the taker's.
 //! - [`Schedule::Doubling`] (version 2): 5 MiB parts doubling every 1 000; read so that uploads
 //!   begun before round 3 still resume and finish.
 //!
-//! The state (version 3) holds the schedule, the multipart id, each uploaded part's
-//! `PartId.content_id` (verbatim) and the tail segments — bytes of the open part made durable
+//! The state (version 4; version 3 held the same inline) holds the schedule, the multipart
+//! id, each uploaded part's number and `PartId.content_id` (verbatim) — as the entries of a
+//! framed state ([`BlobState::framed`]), which the catalog keeps beside the upload's row — and
+//! the tail segments — bytes of the open part made durable
 //! at checkpoints, each an object named by its range and by the fence of the writer that wrote
 //! it, so two writers of one upload (a paused one that lost its lease and the one that took
 //! over) never write the same key.
@@ -59,12 +62,12 @@ pub fn part_start(base: u64, idx: u64) -> u64 {
     PARTS_PER_STEP * base * ((1u64 << step) - 1) + (idx % PARTS_PER_STEP) * part_size(base, idx)
 }
 
-/// The S3 part number (1-based) of part `idx` (0-based) uploaded under `schedule` by the writer
-/// holding `fence`: `2 idx + 1 + (fence mod 2)` for version 3; `idx + 1` for version 2 (whose
-/// states predate fences in part numbers).
-pub(crate) fn part_number(schedule: Schedule, idx: u64, fence: u64) -> u32 {
+/// The S3 part number (1-based) of part `idx` (0-based) uploaded under `schedule` by a writer
+/// of `generation` ([`crate::blob::WriteLease::generation`]): `2 idx + 1 + (generation mod 2)`
+/// for fixed parts; `idx + 1` for version 2 (whose states predate two numbers per part).
+pub(crate) fn part_number(schedule: Schedule, idx: u64, generation: u64) -> u32 {
     match schedule {
-        Schedule::Fixed(_) => (2 * idx + 1 + (fence & 1)) as u32,
+        Schedule::Fixed(_) => (2 * idx + 1 + (generation & 1)) as u32,
         Schedule::Doubling(_) => (idx + 1) as u32,
     }
 }
@@ -180,34 +183,47 @@ impl S3State {
             .collect()
     }
 
+    /// Version 4, framed ([`BlobState::framed`]): the head holds the schedule, the multipart
+    /// id and the tail; each uploaded part is an entry (`number` u32 LE, then its content id),
+    /// so the catalog keeps the part list beside the upload's row and a checkpoint appends the
+    /// parts it added.
     pub(crate) fn encode(&self) -> BlobState {
-        let mut v = vec![3u8];
+        let mut head = vec![4u8];
         let (tag, size) = match self.schedule {
             Schedule::Doubling(b) => (0u8, b),
             Schedule::Fixed(s) => (1u8, s),
         };
-        v.push(tag);
-        v.extend_from_slice(&size.to_le_bytes());
-        put_str(&mut v, self.multipart.as_deref().unwrap_or(""));
-        v.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
-        for (number, cid) in &self.parts {
-            v.extend_from_slice(&number.to_le_bytes());
-            put_str(&mut v, cid);
-        }
-        v.extend_from_slice(&(self.tail.len() as u32).to_le_bytes());
+        head.push(tag);
+        head.extend_from_slice(&size.to_le_bytes());
+        put_str(&mut head, self.multipart.as_deref().unwrap_or(""));
+        head.extend_from_slice(&(self.tail.len() as u32).to_le_bytes());
         for (fence, end) in &self.tail {
-            v.extend_from_slice(&fence.unwrap_or(NO_FENCE).to_le_bytes());
-            v.extend_from_slice(&end.to_le_bytes());
+            head.extend_from_slice(&fence.unwrap_or(NO_FENCE).to_le_bytes());
+            head.extend_from_slice(&end.to_le_bytes());
         }
-        BlobState(v)
+        let parts: Vec<Vec<u8>> = self
+            .parts
+            .iter()
+            .map(|(number, cid)| {
+                let mut e = Vec::with_capacity(4 + cid.len());
+                e.extend_from_slice(&number.to_le_bytes());
+                e.extend_from_slice(cid.as_bytes());
+                e
+            })
+            .collect();
+        BlobState::framed(&head, &parts)
     }
 
     /// Decode and check a state: `None` for the empty state, `BadState` for anything this
-    /// store did not write or that breaks its schedule. Reads versions 2 and 3.
+    /// store did not write or that breaks its schedule, or a row read without its entries
+    /// ([`BlobState::lacks_entries`]). Reads versions 2, 3 and 4.
     pub(crate) fn decode(state: &BlobState) -> BlobResult<Option<S3State>> {
         let b = state.as_bytes();
         if b.is_empty() {
             return Ok(None);
+        }
+        if let Some((head, entries)) = state.unframe()? {
+            return Self::checked(Self::decode_v4(head, &entries)?).map(Some);
         }
         let mut r = Reader(b);
         let s = match r.take(1)?[0] {
@@ -236,11 +252,7 @@ impl S3State {
             3 => {
                 let tag = r.take(1)?[0];
                 let size = r.u64()?;
-                let schedule = match tag {
-                    0 if size > 0 => Schedule::Doubling(size),
-                    1 if (1..=MAX_PART).contains(&size) => Schedule::Fixed(size),
-                    _ => return Err(BlobError::BadState),
-                };
+                let schedule = Self::schedule(tag, size)?;
                 let mp = r.string()?;
                 let n = r.u32()? as u64;
                 if n > MAX_PARTS {
@@ -249,23 +261,73 @@ impl S3State {
                 let mut parts: Vec<(u32, String)> = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     let number = r.u32()?;
-                    // Part numbers ascend, within S3's 1..=10 000.
-                    if number == 0 || u64::from(number) > MAX_PARTS || parts.last().is_some_and(|p| p.0 >= number) {
-                        return Err(BlobError::BadState);
-                    }
+                    Self::check_number(&parts, number)?;
                     parts.push((number, r.string()?));
                 }
-                let nt = r.u32()?;
-                let mut tail = Vec::new();
-                for _ in 0..nt {
-                    let fence = r.u64()?;
-                    tail.push(((fence != NO_FENCE).then_some(fence), r.u64()?));
-                }
+                let tail = Self::read_tail(&mut r)?;
                 S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail }
             }
             _ => return Err(BlobError::BadState),
         };
-        if !r.0.is_empty() || (s.multipart.is_none() && !s.parts.is_empty()) {
+        if !r.0.is_empty() {
+            return Err(BlobError::BadState);
+        }
+        Self::checked(s).map(Some)
+    }
+
+    fn decode_v4(head: &[u8], entries: &[&[u8]]) -> BlobResult<S3State> {
+        let mut r = Reader(head);
+        if r.take(1)?[0] != 4 {
+            return Err(BlobError::BadState);
+        }
+        let tag = r.take(1)?[0];
+        let size = r.u64()?;
+        let schedule = Self::schedule(tag, size)?;
+        let mp = r.string()?;
+        let tail = Self::read_tail(&mut r)?;
+        if !r.0.is_empty() || entries.len() as u64 > MAX_PARTS {
+            return Err(BlobError::BadState);
+        }
+        let mut parts: Vec<(u32, String)> = Vec::with_capacity(entries.len());
+        for e in entries {
+            let (number, cid) = e.split_first_chunk::<4>().ok_or(BlobError::BadState)?;
+            let number = u32::from_le_bytes(*number);
+            Self::check_number(&parts, number)?;
+            parts.push((number, String::from_utf8(cid.to_vec()).map_err(|_| BlobError::BadState)?));
+        }
+        Ok(S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail })
+    }
+
+    fn schedule(tag: u8, size: u64) -> BlobResult<Schedule> {
+        match tag {
+            0 if size > 0 => Ok(Schedule::Doubling(size)),
+            1 if (1..=MAX_PART).contains(&size) => Ok(Schedule::Fixed(size)),
+            _ => Err(BlobError::BadState),
+        }
+    }
+
+    /// Part numbers ascend, within S3's 1..=10 000.
+    fn check_number(parts: &[(u32, String)], number: u32) -> BlobResult<()> {
+        if number == 0 || u64::from(number) > MAX_PARTS || parts.last().is_some_and(|p| p.0 >= number) {
+            return Err(BlobError::BadState);
+        }
+        Ok(())
+    }
+
+    fn read_tail(r: &mut Reader<'_>) -> BlobResult<Vec<(Option<u64>, u64)>> {
+        let nt = r.u32()?;
+        let mut tail = Vec::new();
+        for _ in 0..nt {
+            let fence = r.u64()?;
+            tail.push(((fence != NO_FENCE).then_some(fence), r.u64()?));
+        }
+        Ok(tail)
+    }
+
+    /// The rules every version keeps: parts only under a multipart upload, tail segments
+    /// ascending inside the open part.
+    fn checked(s: S3State) -> BlobResult<S3State> {
+        if s.multipart.is_none() && !s.parts.is_empty() {
             return Err(BlobError::BadState);
         }
         let (parts_end, size) = (s.parts_end(), s.open_part_size());
@@ -276,7 +338,7 @@ impl S3State {
             }
             prev = end;
         }
-        Ok(Some(s))
+        Ok(s)
     }
 }
 
@@ -328,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn a_part_has_two_numbers_and_writers_of_adjacent_fences_never_share_one() {
+    fn a_part_has_two_numbers_and_writers_of_adjacent_generations_never_share_one() {
         let s = Schedule::Fixed(16 * MIB);
         assert_eq!((part_number(s, 0, 4), part_number(s, 0, 5)), (1, 2));
         assert_eq!(part_number(s, PART_SLOTS - 1, 7), MAX_PARTS as u32, "the last part's second number is S3's last");
@@ -386,7 +448,57 @@ mod tests {
         let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
         assert_eq!(st, S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec![(1, "e".into())], tail: vec![(None, MIN_PART + 3)] });
         assert_eq!(st.segments()[0].name(), format!("1-{MIN_PART}-{}", MIN_PART + 3), "version-2 keys have no fence");
-        // Re-encoded as version 3 and back, unchanged.
+        // Re-encoded as version 4 and back, unchanged.
         assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st));
+    }
+
+    #[test]
+    fn version_three_states_still_decode() {
+        // Fixed 16 MiB, multipart "m", parts 2 "e1" and 4 "e2", one tail segment of fence 7.
+        let mut v = vec![3u8, 1];
+        v.extend_from_slice(&(16 * MIB).to_le_bytes());
+        put_str(&mut v, "m");
+        v.extend_from_slice(&2u32.to_le_bytes());
+        for (n, e) in [(2u32, "e1"), (4, "e2")] {
+            v.extend_from_slice(&n.to_le_bytes());
+            put_str(&mut v, e);
+        }
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&7u64.to_le_bytes());
+        v.extend_from_slice(&(32 * MIB + 5).to_le_bytes());
+        let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
+        let want =
+            S3State { schedule: Schedule::Fixed(16 * MIB), multipart: Some("m".into()), parts: vec![(2, "e1".into()), (4, "e2".into())], tail: vec![(Some(7), 32 * MIB + 5)] };
+        assert_eq!(st, want);
+        assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(want));
+    }
+
+    #[test]
+    fn the_part_list_is_kept_beside_the_row_and_a_checkpoint_appends_to_it() {
+        let mut st = S3State { schedule: Schedule::Fixed(16 * MIB), multipart: Some("m".into()), parts: vec![(1, "e1".into())], tail: vec![] };
+        let one = st.encode();
+        st.parts.push((4, "e2".into()));
+        st.tail.push((Some(3), 32 * MIB + 9));
+        let two = st.encode();
+        // The row keeps no part; it grows with neither parts nor their content ids.
+        assert_eq!(one.row().len(), two.row().len() - 16, "only the tail segment adds to the row");
+        assert!(BlobState(two.row().to_vec()).lacks_entries());
+        assert!(matches!(S3State::decode(&BlobState(two.row().to_vec())), Err(BlobError::BadState)), "a row alone is not a state");
+        // What the catalog keeps beside the row joins back to the whole state.
+        let entries: Vec<Vec<u8>> = two.entries().iter().map(|e| e.to_vec()).collect();
+        assert_eq!(BlobState::join(two.row(), &entries), two);
+        // The second checkpoint appends one entry; a rollback to no part replaces them all.
+        assert_eq!(two.entries_from(&one), Some(1));
+        assert_eq!(two.entries_from(&two), None);
+        let none = S3State::new(Schedule::Fixed(16 * MIB)).encode();
+        assert_eq!(none.entries_from(&two), Some(0));
+        assert_eq!(BlobState::default().entries_from(&two), Some(0));
+        // Cut or overlong framed states are refused.
+        let mut cut = two.0.clone();
+        cut.pop();
+        assert!(matches!(S3State::decode(&BlobState(cut)), Err(BlobError::BadState)));
+        let mut long = two.0.clone();
+        long.push(0);
+        assert!(matches!(S3State::decode(&BlobState(long)), Err(BlobError::BadState)));
     }
 }

@@ -209,7 +209,7 @@ impl S3Writer {
     async fn upload_full_parts(&mut self) -> BlobResult<()> {
         while self.part.buf.len() as u64 >= self.part.st.open_part_size() {
             let idx = self.part.st.parts.len();
-            let number = part_number(self.part.st.schedule, idx as u64, self.lease.fence);
+            let number = part_number(self.part.st.schedule, idx as u64, self.lease.generation);
             if u64::from(number) > MAX_PARTS {
                 return Err(BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")));
             }
@@ -266,7 +266,7 @@ impl S3Writer {
         if !self.part.buf.is_empty() {
             // The open part becomes the last one (S3 allows the last part to be short).
             let data = self.part.buf.clone().freeze();
-            let number = part_number(self.part.st.schedule, parts.len() as u64, self.lease.fence);
+            let number = part_number(self.part.st.schedule, parts.len() as u64, self.lease.generation);
             let sent = self
                 .lease
                 .run(async { bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone()))).await.map_err(part_error) })
