@@ -1,18 +1,20 @@
 //! The eight faults of issue 22 ("Object stores as they really behave"), one test each, against
 //! the real `ferry serve --blobs s3://…` on a PostgreSQL catalog with catalog leases, with a
-//! strict-S3 fault proxy (tests/common/s3proxy.rs) between every replica and moto: R2's
+//! strict-S3 fault proxy (tests/common/s3proxy.rs) between every replica and S3 — moto, or
+//! with `FERRY_TEST_S3_BUCKET` a real S3 server (Garage in `.ci/run`; tests/common/s3.rs): R2's
 //! equal-parts rule, refused completions, lifecycle aborts, held part uploads, a black-holed S3,
 //! a replica killed while finishing, and the S3 state in the catalog's hot row.
 //!
-//! Needs PostgreSQL (`FERRY_TEST_PG`, see tests/common/pg.rs) and moto (tests/common/moto.rs).
+//! Needs PostgreSQL (`FERRY_TEST_PG`, see tests/common/pg.rs) and moto (tests/common/moto.rs) or
+//! the S3 server `FERRY_TEST_S3_*` names.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::moto::Moto;
 use common::pg::TestDb;
+use common::s3::TestS3;
 use common::s3proxy::{Hold, HoldAt, Kind, S3Proxy};
 use common::*;
 
@@ -27,30 +29,30 @@ struct Rig {
     // Dropped in this order: the replicas first, the database last.
     servers: Vec<Server>,
     proxies: Vec<S3Proxy>,
-    moto: Moto,
+    s3: TestS3,
     db: TestDb,
 }
 
 impl Rig {
     async fn start(replicas: usize, extra: &[&str]) -> Rig {
         let db = TestDb::create().await;
-        let moto = Moto::start(BUCKET, 5 * MIB as u64).await;
-        moto.set_env();
+        let s3 = TestS3::start(BUCKET, 5 * MIB as u64).await;
+        s3.set_env();
         // S3's smallest parts, so a few MiB make a multipart upload of several parts.
         std::env::set_var("FERRY_S3_PART_SIZE", "5MiB");
-        let blobs = format!("s3://{BUCKET}/{PREFIX}");
+        let blobs = s3.url(PREFIX);
         let lease = format!("{}s", LEASE.as_secs());
         let mut args = vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", &lease, "--min-free-space", "0"];
         args.extend_from_slice(extra);
         let (mut servers, mut proxies) = (Vec::new(), Vec::new());
         for _ in 0..replicas {
-            let proxy = S3Proxy::start(&moto.endpoint).await;
+            let proxy = S3Proxy::start(&s3.config.endpoint).await;
             // Each replica inherits the endpoint set when it starts (one test per process).
             std::env::set_var("AWS_ENDPOINT_URL", &proxy.url);
             servers.push(Server::start(&args));
             proxies.push(proxy);
         }
-        Rig { servers, proxies, moto, db }
+        Rig { servers, proxies, s3, db }
     }
 
     fn tus(&self, i: usize) -> Tus {
@@ -72,9 +74,9 @@ impl Rig {
 
     /// The bucket's keys that belong to upload `id`, and the bucket's unfinished multipart uploads.
     async fn leftovers(&self, id: &str) -> (Vec<String>, Vec<String>) {
-        let mut keys: Vec<String> = self.moto.keys(BUCKET).await.into_iter().filter(|k| k.contains(id)).collect();
+        let mut keys: Vec<String> = self.s3.keys().await.into_iter().filter(|k| k.contains(id)).collect();
         keys.sort();
-        (keys, self.moto.multipart_uploads(BUCKET).await)
+        (keys, self.s3.multipart_uploads().await)
     }
 }
 
@@ -250,7 +252,7 @@ async fn fault3_a_lifecycle_aborted_multipart_upload_rolls_back_and_the_client_r
     let first = 6 * MIB + 7;
     assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
 
-    let aborted = rig.proxies[0].lifecycle_abort(&id).await;
+    let aborted = rig.proxies[0].lifecycle_abort(&id, &rig.s3.config).await;
     assert_eq!(aborted.len(), 1, "the upload has one multipart upload: {aborted:?}");
     // Fills the next part: needs the multipart upload.
     let r = tus.patch(&url, first as u64, data[first..first + 5 * MIB].to_vec(), &[]).await;

@@ -11,7 +11,8 @@
 //! Bounded in time (the clients have a deadline, each fault a fixed length) and without
 //! wall-clock asserts: the clients retry whatever is refused, as TUS clients do.
 //!
-//! Needs PostgreSQL (`FERRY_TEST_PG`, see tests/common/pg.rs) and moto (tests/common/moto.rs).
+//! Needs PostgreSQL (`FERRY_TEST_PG`, see tests/common/pg.rs) and moto (tests/common/moto.rs) or
+//! the S3 server `FERRY_TEST_S3_*` names (Garage in `.ci/run`; tests/common/s3.rs).
 
 mod common;
 
@@ -20,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::balancer::RoundRobin;
-use common::moto::Moto;
 use common::pg::TestDb;
 use common::proxy::TcpProxy;
+use common::s3::TestS3;
 use common::s3proxy::S3Proxy;
 use common::*;
 
@@ -123,15 +124,16 @@ fn signal(s: &Server, sig: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_under_kill_freeze_and_partitions_keeps_every_acknowledged_byte() {
     let db = TestDb::create().await;
-    let moto = Moto::start(BUCKET, 5 * MIB as u64).await;
+    let moto = TestS3::start(BUCKET, 5 * MIB as u64).await;
     moto.set_env();
+    let blobs = moto.url("up");
     let pg_addr = {
         let u = url::Url::parse(&db.url).unwrap();
         format!("{}:{}", u.host_str().unwrap(), u.port().unwrap_or(5432)).parse().unwrap()
     };
     // Every replica reaches S3 through its own TCP proxy (to cut), all of them through one
     // strict-S3 proxy (R2's equal-parts rule and S3's 5 MiB floor on every completion).
-    let strict = S3Proxy::start(&moto.endpoint).await;
+    let strict = S3Proxy::start(&moto.config.endpoint).await;
     strict.set_strict(true);
     let moto_addr = strict.url.trim_start_matches("http://").parse().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -147,7 +149,7 @@ async fn history_under_kill_freeze_and_partitions_keeps_every_acknowledged_byte(
             "--catalog",
             catalog.as_str(),
             "--blobs",
-            "s3://ferry/up",
+            blobs.as_str(),
             "--leases",
             "catalog",
             "--upload-lease",
@@ -258,7 +260,7 @@ async fn history_under_kill_freeze_and_partitions_keeps_every_acknowledged_byte(
     // Nothing unfinished stays in the bucket.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let mpus = moto.multipart_uploads(BUCKET).await;
+        let mpus = moto.multipart_uploads().await;
         if mpus.is_empty() {
             break;
         }

@@ -213,16 +213,14 @@ impl S3Proxy {
     }
 
     /// A lifecycle rule fires: every multipart upload whose key contains `key_part` is aborted
-    /// upstream (an unsigned AbortMultipartUpload: moto accepts it, a store that checks
-    /// signatures refuses it and keeps the upload until its own clean-up) and from now on every
-    /// request naming it gets `404 NoSuchUpload`. Returns the upload ids.
-    pub async fn lifecycle_abort(&self, key_part: &str) -> Vec<String> {
+    /// upstream (AbortMultipartUpload signed as `s3`, the upstream's own configuration) and
+    /// from now on every request naming it gets `404 NoSuchUpload`. Returns the upload ids.
+    pub async fn lifecycle_abort(&self, key_part: &str, s3: &super::s3::S3Config) -> Vec<String> {
         let ids: Vec<(String, String)> = self.state.uploads.lock().unwrap().iter().filter(|(_, k)| k.contains(key_part)).map(|(u, k)| (u.clone(), k.clone())).collect();
         for (upload, key) in &ids {
             self.state.aborted.lock().unwrap().insert(upload.clone());
-            let mut url = url::Url::parse(&format!("{}/{key}", self.state.upstream)).unwrap();
-            url.query_pairs_mut().append_pair("uploadId", upload);
-            let _ = self.state.http.delete(url).send().await;
+            let r = s3.request("DELETE", &format!("/{key}"), &[("uploadId", upload)]).send().await.expect("AbortMultipartUpload");
+            assert!(r.status().is_success(), "AbortMultipartUpload of {key}: {}", r.status());
         }
         ids.into_iter().map(|(u, _)| u).collect()
     }
