@@ -2,7 +2,7 @@
 //! set, as `.ci/garage.sh` writes them) a real S3 server such as Garage:
 //!
 //! 1. **One upload through ferry vs the same bytes written directly**: `BENCH_S3_BYTES` (default
-//!    1 GiB) as one TUS upload in 8 MiB PATCHes to `ferry serve --blobs s3://…` (SQLite catalog,
+//!    1 GiB) as one TUS upload in 8 MiB PATCHes (`BENCH_S3_PATCH_BYTES`) to `ferry serve --blobs s3://…` (SQLite catalog,
 //!    fsync on), against the same bytes put with `object_store`'s `MultipartStore` directly in
 //!    `BENCH_S3_PART_BYTES` parts (default 5 MiB, ferry's first part size), one part in flight.
 //!    Ratio: ferry / direct throughput.
@@ -48,13 +48,14 @@ use support::{client, cpu_seconds, create_db, drop_db, env_u64, reset_peak_rss, 
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// One TUS upload of `len` bytes of `fill` in 8 MiB PATCHes; returns its URL and seconds.
+/// One TUS upload of `len` bytes of `fill` in PATCHes of `BENCH_S3_PATCH_BYTES` (default
+/// 8 MiB); returns its URL and seconds.
 async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> (String, f64) {
     let r = c.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", len.to_string()).send().await.unwrap();
     assert_eq!(r.status(), 201);
     let loc = r.headers()["location"].to_str().unwrap().to_string();
     let url = if loc.starts_with("http") { loc } else { format!("{base}{loc}") };
-    let chunk = bytes::Bytes::from(vec![fill; (8 * MIB) as usize]);
+    let chunk = bytes::Bytes::from(vec![fill; env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB) as usize]);
     let t0 = Instant::now();
     let mut off = 0u64;
     while off < len {
@@ -190,7 +191,8 @@ fn main() {
         println!("| path | seconds | MiB/s | ferry CPU s/GiB | ferry peak RSS MiB | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- | --- |");
         println!("| object_store MultipartStore, {} MiB parts | {direct:.2} | {:.0} | — | — | {} |", part / MIB, mib / direct, s3_cpu_per_gib(direct_cost.s3_cpu, bytes));
         println!(
-            "| ferry, TUS PATCHes of 8 MiB, SQLite catalog | {through:.2} | {:.0} | {:.2} | {:.0} | {} |",
+            "| ferry, TUS PATCHes of {} MiB, SQLite catalog | {through:.2} | {:.0} | {:.2} | {:.0} | {} |",
+            env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB) / MIB,
             mib / through,
             cost.ferry_cpu / (bytes as f64 / GIB),
             cost.max_rss,

@@ -174,10 +174,14 @@ async fn a_paused_writer_never_adds_bytes_after_its_lease_expired() {
         }
         tx
     });
+    // B takes the lease once A's expired, but A still has the blob file open on the shared
+    // directory (it may be between its lease check and a write): B cannot write (503,
+    // retryable, nothing written) until A lets go.
     let off = offset_when_free(&tb, &tb.abs(&path)).await;
     assert!(off <= 1 << 20);
     let r = tb.patch(&tb.abs(&path), off, data[off as usize..].to_vec(), &[]).await;
-    assert_eq!(r.status(), 204, "B finished the upload while A was paused");
+    assert_eq!(r.status(), 503, "B wrote to the file the paused writer still had open");
+    assert_eq!(header_u64(&r, "upload-offset"), Some(off), "the 503 names the durable offset");
     signal(&a, "CONT");
     // A wakes with a stale lease and more bytes in its socket; end its request and let it try.
     let tx = tokio::time::timeout(Duration::from_secs(30), garbage).await.expect("A reads its socket again").unwrap();
@@ -186,6 +190,11 @@ async fn a_paused_writer_never_adds_bytes_after_its_lease_expired() {
     if let Ok(r) = late {
         assert_ne!(r.status(), 204, "the paused writer's PATCH must not succeed");
     }
+    // A let go: B resumes from the durable offset and finishes.
+    let off = offset_when_free(&tb, &tb.abs(&path)).await;
+    assert!(off <= 1 << 20);
+    let r = tb.patch(&tb.abs(&path), off, data[off as usize..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "B finished the upload once A let go");
     let want = sha256_hex(&data);
     assert_stored_sha256(&b, &path, &want).await;
     assert_stored_sha256(&a, &path, &want).await;

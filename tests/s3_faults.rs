@@ -549,6 +549,21 @@ async fn fault8_reads_of_an_unfinished_upload_fetch_no_per_part_data() {
     let q = "SELECT octet_length(blob_state)::BIGINT FROM uploads WHERE id = $1";
     let (s_few, s_many) = (rig.sql_i64(q, &id_of(&few)).await, rig.sql_i64(q, &id_of(&many)).await);
     assert_eq!(s_few, s_many, "the hot row's S3 state grows with the parts of an unfinished upload");
+    // The part list is beside the row, one entry per part, and a writer still gets it whole.
+    let parts = "SELECT count(*)::BIGINT FROM upload_blob_entries WHERE upload_id = $1";
+    let part_bytes = "SELECT COALESCE(sum(octet_length(entry)), 0)::BIGINT FROM upload_blob_entries WHERE upload_id = $1";
+    let (n_few, n_many) = (rig.sql_i64(parts, &id_of(&few)).await, rig.sql_i64(parts, &id_of(&many)).await);
+    assert_eq!((n_few, n_many), (1, 6), "one entry per uploaded 5 MiB part");
+    let beside = rig.sql_i64(part_bytes, &id_of(&many)).await;
+    // Version 3 kept each part inline (with a 4-byte length more, and a 4-byte count), and no
+    // 9-byte frame.
+    eprintln!(
+        "an unfinished upload of {n_many} parts: a read selects {s_many} bytes of S3 state (it was {} inline); {beside} bytes of parts beside the row",
+        s_many - 9 + 4 + beside + 4 * n_many
+    );
+    patch_rest(&tus, &many, &data, 31 * MIB + 7, 4 * MIB).await;
+    assert_stored_sha256(&rig.servers[0], &many, &sha256_hex(&data)).await;
+    assert_eq!(rig.sql_i64(parts, &id_of(&many)).await, 0, "a finished upload keeps no part beside its row either");
 }
 
 /// The proxy itself: a request reaches the upstream as ferry sent it — `Host` (which SigV4

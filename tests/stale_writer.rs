@@ -89,12 +89,26 @@ fn a_paused_writer_never_adds_bytes_after_losing_its_lease() {
     });
     paused_rx.recv().expect("A started and paused");
 
-    // Replica B takes over once A's lease has expired on the database clock, and commits 1 MiB.
+    // Replica B takes the lease once A's has expired on the database clock, but A still has the
+    // blob file open (it may be between its lease check and a write): B's writer cannot attach
+    // (503, retryable, nothing written) until A wakes, finds its lease lost and lets go. Then B
+    // commits 1 MiB.
     let mine = vec![b'B'; MIB];
-    let got = rt.block_on(b.append("p".into(), id.clone(), at_durable_offset, http_body_util::Full::new(Bytes::from(mine.clone())))).expect("B takes the upload over");
+    let mut refused = 0;
+    let got = loop {
+        match rt.block_on(b.append("p".into(), id.clone(), at_durable_offset, http_body_util::Full::new(Bytes::from(mine.clone())))) {
+            Ok(got) => break got,
+            Err(e) if e.status == 503 || e.status == 423 => {
+                refused += u32::from(e.status == 503);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("B takes the upload over: {e:?}"),
+        }
+    };
+    assert!(refused > 0, "B attached to the file while the paused writer still had it open");
     assert_eq!(got.offset, MIB as u64, "B's bytes start at the durable offset 0: A committed nothing");
 
-    // A wakes: its next bytes are refused, nothing of it reaches the upload.
+    // A woke: its next bytes were refused, nothing of it reaches the upload.
     let a_result = a.join().unwrap();
     let err = a_result.expect_err("the paused writer must not succeed");
     assert_eq!(err.status, 409, "A learns it lost the upload: {err:?}");

@@ -229,6 +229,7 @@ impl BlobStore for FsBlobStore {
         let p = path.clone();
         let file = blocking(move || -> BlobResult<File> {
             let mut f = OpenOptions::new().write(true).open(&p).map_err(not_found)?;
+            hold_writer_lock(&f)?;
             let len = f.metadata()?.len();
             if len < offset {
                 return Err(BlobError::OutOfRange { start: offset, end: offset, len });
@@ -399,6 +400,34 @@ impl Stream for ReadAhead {
     }
 }
 
+/// How long a new writer waits for the previous writer of a blob to close it
+/// ([`hold_writer_lock`]).
+const WRITER_LOCK_WAIT: std::time::Duration = crate::blob::CUT_GRACE;
+
+/// Take the blob file's exclusive writer lock (`flock`; on NFS the client maps it to a POSIX
+/// byte-range lock the server enforces across hosts) for as long as `f` is open: a writer that
+/// another process still has attached — paused (`SIGSTOP`, a VM freeze) or cut off past its
+/// lease, so it may still be between its lease check and a `writev` — keeps every later writer
+/// out until it closes the file or dies, so it can never write over bytes another writer
+/// committed since (DESIGN §2 "a lost lease is its own outcome"). Waits up to
+/// [`WRITER_LOCK_WAIT`] (a writer of this process that is closing); then
+/// [`BlobError::Unavailable`] (503, retryable). Runs on a blocking thread.
+fn hold_writer_lock(f: &File) -> BlobResult<()> {
+    let deadline = std::time::Instant::now() + WRITER_LOCK_WAIT;
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(BlobError::Unavailable(
+                    "another writer (a paused or cut-off process on a shared directory) still has this upload's file open; nothing was written".into(),
+                ))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+}
+
 struct FsWriter {
     file: Arc<File>,
     path: PathBuf,
@@ -413,8 +442,8 @@ struct FsWriter {
     durable: bool,
     /// Checked on the writing thread right before each `writev` and `fdatasync`: a writer
     /// whose lease ran out (paused, cut off) writes nothing more. On a directory several
-    /// replicas share, the one window left is a pause between that check and the system call
-    /// itself (microseconds); README "Several replicas" says to prefer S3 there.
+    /// replicas share, a pause between that check and the system call itself is covered by the
+    /// writer lock ([`hold_writer_lock`]): no other writer opens the file meanwhile.
     lease: WriteLease,
 }
 
