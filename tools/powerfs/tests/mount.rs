@@ -28,7 +28,7 @@ fn a_cut_keeps_exactly_what_was_synced() {
     a.write_all(b"synced").unwrap();
     a.sync_all().unwrap();
     a.write_all(b" and not").unwrap();
-    let mut b = OpenOptions::new().create(true).write(true).custom_flags(libc::O_DSYNC).open(m.join("d/b")).unwrap();
+    let mut b = OpenOptions::new().create(true).truncate(true).write(true).custom_flags(libc::O_DSYNC).open(m.join("d/b")).unwrap();
     b.write_all(b"dsync").unwrap();
     File::open(m.join("d")).unwrap().sync_all().unwrap();
     fs::write(m.join("d/c"), b"never synced").unwrap();
@@ -65,7 +65,7 @@ fn an_armed_cut_fails_its_operation_and_everything_after() {
 fn a_shared_mmap_reaches_the_file() {
     let Some((dir, fs)) = mounted() else { return };
     let path = dir.path().join("shm");
-    let f = OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+    let f = OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
     f.set_len(4096).unwrap();
     use std::os::fd::AsRawFd;
     // SAFETY: a fresh 4 KiB shared mapping of a 4 KiB file, unmapped below.
