@@ -260,20 +260,7 @@ impl BlobStore for FsBlobStore {
         let durable = self.durable;
         let p = path.clone();
         let file = blocking(move || -> BlobResult<File> {
-            let mut f = match OpenOptions::new().write(true).open(&p) {
-                // Relaxed mode syncs no creation: after a power loss the blob of an upload the
-                // catalog knows may be gone. It kept 0 bytes: recreate it empty; past offset 0
-                // the caller then rolls the upload back to 0 (`OutOfRange`).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !durable => {
-                    std::fs::create_dir_all(p.parent().expect("blob path has a parent"))?;
-                    let f = OpenOptions::new().create(true).write(true).truncate(false).open(&p)?;
-                    if offset > 0 {
-                        return Err(BlobError::OutOfRange { start: offset, end: offset, len: 0 });
-                    }
-                    f
-                }
-                r => r.map_err(not_found)?,
-            };
+            let mut f = OpenOptions::new().write(true).open(&p).map_err(not_found)?;
             let len = f.metadata()?.len();
             if len < offset {
                 return Err(BlobError::OutOfRange { start: offset, end: offset, len });
