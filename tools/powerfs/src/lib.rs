@@ -533,6 +533,7 @@ impl PowerFs {
             }
         }
         if busy {
+            eprintln!("powerfs: {} still in use after 2 s; detaching it (MNT_DETACH)", self.mountpoint.display());
             let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
         }
         // Unmounted: its thread ends when the kernel closes the connection, which a detached

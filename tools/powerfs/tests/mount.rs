@@ -77,5 +77,6 @@ fn a_shared_mmap_reaches_the_file() {
         libc::munmap(p, 4096);
     }
     assert_eq!(&fs::read(&path).unwrap()[..6], b"mapped");
+    drop(f);
     drop(fs);
 }
