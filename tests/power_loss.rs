@@ -492,7 +492,7 @@ async fn concatenation_deletes_and_tasks_survive_power_cuts() {
                     1 => {
                         for (i, spare) in [false, true].into_iter().enumerate() {
                             let d = Arc::new(pseudo_random(r.random_range(200_000..700_000), seed + i as u64));
-                            let Some(p) = create(&base, &l, d, (round / 3 + i as u64) % 2 == 0, None).await else { return };
+                            let Some(p) = create(&base, &l, d, (round / 3 + i as u64).is_multiple_of(2), None).await else { return };
                             let up = {
                                 let mut g = l.lock().unwrap();
                                 let u = g.ups.iter_mut().find(|u| u.path == p).unwrap();
