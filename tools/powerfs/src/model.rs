@@ -16,6 +16,10 @@
 //! data back every few seconds; each state this model leaves after a cut is one ext4 could leave
 //! too (a prefix of the journal and data written before the metadata naming it), only with less
 //! written back.
+//!
+//! Not modelled: a file written back in part (a torn page, some unsynced writes and not others);
+//! at a cut each file is as last synced, or whole as it was then. Attributes other than the size
+//! (mode, times) are not part of either image.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
