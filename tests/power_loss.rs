@@ -4,7 +4,8 @@
 //! and why they are at least as harsh as ext4 `data=ordered`). Each round arms a cut at a
 //! point drawn from the seed (the n-th fsync of a blob — inside a checkpoint —, of the SQLite
 //! WAL — a catalog commit, among them a finishing PATCH's —, a directory fsync, a blob write,
-//! any operation, or at rest), runs uploads (TUS, the IETF draft, concatenation), deletes and
+//! any operation, or at rest; a few also inside ferry's start, e.g. in SQLite's checkpoint of
+//! the WAL into `ferry.db`), runs uploads (TUS, the IETF draft, concatenation), deletes and
 //! archive tasks against the real binary until the power goes, kills the server, remounts what
 //! survived and starts ferry again. Then every promise is checked against what the clients
 //! were told (the ledger):
@@ -185,6 +186,48 @@ impl Rig {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         self.server = Some(Server::start_in(&self.data, &args));
         cut
+    }
+
+    /// A cut while ferry starts: after `work`, the power goes at rest, and then again inside ferry's start on
+    /// what survived — where SQLite checkpoints the WAL into `ferry.db` and ferry writes its
+    /// lock files and directories — as `t` says; then it starts for good.
+    async fn cut_during_startup(&mut self, t: Trigger, work: impl std::future::Future<Output = ()>) {
+        // Commits since the last start, for SQLite to checkpoint at the next.
+        work.await;
+        let round = self.cuts.len();
+        let at_rest = self.fs.cut_now(0.0, t.seed);
+        self.server.take().unwrap().kill9();
+        self.cuts.push(format!("cut {round}: {} (before a start)", at_rest.at));
+        self.fs.remount().expect("remount");
+        let round = self.cuts.len();
+        self.fs.arm(t.clone());
+        let mut child = std::process::Command::new(ferry_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(&self.data)
+            .args(&self.args)
+            .env_remove("FERRY_CATALOG")
+            .env_remove("FERRY_BLOBS")
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ferry");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.fs.cut_info().is_none() && child.try_wait().unwrap().is_none() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let cut = self.fs.cut_now(0.0, t.seed);
+        let _ = child.kill();
+        let _ = child.wait();
+        if cut.at != "at rest" {
+            self.inside += 1;
+        }
+        let line = format!("cut {round}: while ferry starts, armed {t:?}; happened {}", cut.at);
+        eprintln!("{line}");
+        self.cuts.push(line);
+        self.fs.remount().expect("remount after the cut");
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.server = Some(Server::start_in(&self.data, &args));
     }
 
     /// The bytes of upload `path`'s blob as they survived (`DATA/blobs/xx/<id>`), read straight
@@ -432,6 +475,16 @@ async fn tus_and_draft_uploads_survive_power_cuts() {
         };
         let chunk = [256 << 10, 512 << 10, 1 << 20][round as usize % 3];
         rig.cut_during(trigger, uploads_work(rig.base(), ledger.clone(), new, chunk)).await;
+        check_promises(&rig, &ledger).await;
+    }
+    // Cuts while ferry starts: in SQLite's checkpoint of the WAL into the database, and
+    // anywhere among its first operations.
+    for t in [
+        Trigger { op: Op::Fsync, path_contains: "ferry.db$".into(), nth: 1, keep: 0.0, seed: 60 },
+        Trigger { op: Op::Any, path_contains: String::new(), nth: rig.rng.random_range(1..=12), keep: 0.0, seed: 61 },
+    ] {
+        let data = Arc::new(pseudo_random(300_000, t.seed));
+        rig.cut_during_startup(t, uploads_work(rig.base(), ledger.clone(), vec![(data, false)], 64 << 10)).await;
         check_promises(&rig, &ledger).await;
     }
     // Cuts inside finishes: a fresh upload sent up to its last chunk, then the power goes in

@@ -52,7 +52,8 @@ pub enum Op {
 }
 
 /// Cut the power inside the `nth` (1-based, counted from arming) operation of kind `op` on a
-/// path containing `path_contains` (paths start at the mount's root: `/data/ferry.db-wal`).
+/// path containing `path_contains` (paths start at the mount's root: `/data/ferry.db-wal`; a
+/// trailing `$` makes it a suffix: `ferry.db$` is the database, not its `-wal`).
 /// At the cut each inode with unsynced changes is written back whole with probability `keep`,
 /// drawn from `seed`.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,7 +138,11 @@ impl Inner {
             Op::Truncate | Op::Any => &mut c.truncates,
         } += 1;
         if let Some((t, seen)) = &mut self.trigger {
-            if (t.op == op || t.op == Op::Any) && path.contains(&t.path_contains) {
+            let on_path = match t.path_contains.strip_suffix('$') {
+                Some(suffix) => path.ends_with(suffix),
+                None => path.contains(&t.path_contains),
+            };
+            if (t.op == op || t.op == Op::Any) && on_path {
                 *seen += 1;
                 if *seen >= t.nth {
                     let (keep, seed, n) = (t.keep, t.seed, *seen);
