@@ -118,10 +118,6 @@ impl Rig {
         self.server.as_ref().unwrap().base.clone()
     }
 
-    fn server(&self) -> &Server {
-        self.server.as_ref().unwrap()
-    }
-
     /// A cut point drawn from the seed: where, which occurrence, and how much unsynced state
     /// the simulated flusher wrote back before the power went.
     /// The n-th is drawn below half of what the last round did of that kind, so most cuts land
