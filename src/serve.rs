@@ -41,7 +41,8 @@ pub fn tune_allocator() {
 
 /// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
+    // Its name made durable too: a power cut must not take the whole data dir away.
+    crate::blob::fs::create_dir_all_synced(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
     if let Some(public) = open_to_anyone(&cfg, &cfg.tokens) {
         anyhow::bail!(
             "refusing to listen on {public} without bearer tokens: create one with `ferry token create NAME`, \

@@ -47,6 +47,8 @@ pub struct FsBlobStore {
     root: PathBuf,
     durable: bool,
     stray: Arc<StrayWrites>,
+    /// Fan-out directories (`xx/`) whose entry in `root` this process made durable.
+    synced_dirs: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 /// Writes still running for writers that were dropped, by blob path.
@@ -98,10 +100,12 @@ fn not_found(e: std::io::Error) -> BlobError {
 }
 
 impl FsBlobStore {
-    /// Use (creating) `root`. `durable = false` skips every fsync.
+    /// Use (creating) `root`. `durable = false` skips every fsync but those of the directories
+    /// at opening and of a finished blob ([`BlobWriter::complete`]).
     pub fn open(root: &Path, durable: bool) -> std::io::Result<Self> {
-        std::fs::create_dir_all(root)?;
-        Ok(FsBlobStore { root: root.to_path_buf(), durable, stray: Arc::default() })
+        // Also in relaxed mode: once per start, and finished blobs rely on it.
+        create_dir_all_synced(root)?;
+        Ok(FsBlobStore { root: root.to_path_buf(), durable, stray: Arc::default(), synced_dirs: Arc::default() })
     }
 
     /// Path of the blob for `id`. Ids are validated by the caller; this rejects anything but
@@ -116,6 +120,23 @@ impl FsBlobStore {
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// `create_dir_all`, and the name of every directory it created made durable: each one's
+/// parent is fsynced, and so is `path`'s parent even when `path` already existed (a process
+/// that crashed after creating it may not have synced it). A new directory's entry lives in
+/// its parent, which only a directory fsync makes durable (POSIX; `tests/power_loss.rs` loses
+/// it otherwise). Errors: those of `create_dir_all` and `fsync`.
+pub fn create_dir_all_synced(path: &Path) -> std::io::Result<()> {
+    let missing: Vec<&Path> = path.ancestors().take_while(|p| !p.as_os_str().is_empty() && !p.exists()).collect();
+    std::fs::create_dir_all(path)?;
+    let mut parents: Vec<&Path> = missing.iter().filter_map(|p| p.parent()).collect();
+    parents.extend(path.parent());
+    parents.dedup();
+    for parent in parents.into_iter().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 /// Start writeback of `[offset, offset + len)` without waiting for it (Linux); a no-op
@@ -204,17 +225,28 @@ impl BlobStore for FsBlobStore {
         let path = self.path(id)?;
         self.stray.settle(&path).await;
         let durable = self.durable;
+        let dir = path.parent().expect("blob path has a parent").to_path_buf();
+        // The fan-out directory's own name is durable once this process synced `root` after
+        // creating (or first using) it: once per directory and process.
+        let sync_root = durable && !self.synced_dirs.lock().unwrap_or_else(|p| p.into_inner()).contains(&dir);
+        let (root, d) = (self.root.clone(), dir.clone());
         blocking(move || -> std::io::Result<_> {
-            let dir = path.parent().expect("blob path has a parent");
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(&d)?;
             let f = OpenOptions::new().create(true).write(true).truncate(true).open(&path)?;
             if durable {
                 f.sync_all()?;
-                sync_dir(dir)?;
+                sync_dir(&d)?;
+                if sync_root {
+                    sync_dir(&root)?;
+                }
             }
             Ok(())
         })
-        .await
+        .await?;
+        if sync_root {
+            self.synced_dirs.lock().unwrap_or_else(|p| p.into_inner()).insert(dir);
+        }
+        Ok(())
     }
 
     async fn open_writer_under(&self, id: &str, offset: u64, state: &BlobState, lease: &WriteLease) -> BlobResult<Box<dyn BlobWriter>> {
@@ -578,6 +610,30 @@ impl BlobWriter for FsWriter {
         .await?;
         self.flushed = len;
         Ok(Some(BlobState::fs(len)))
+    }
+
+    /// Durable mode: nothing to do (the last sync covered every byte). Relaxed mode, which
+    /// syncs no checkpoint: the finished blob is made durable here — its bytes, its name and its
+    /// fan-out directory's name — so a power loss can cost an unfinished upload its recent
+    /// bytes but never a finished one its file (`tests/power_loss.rs`).
+    async fn complete(&mut self) -> BlobResult<Option<BlobState>> {
+        if self.durable {
+            return Ok(None);
+        }
+        self.flush_gathered().await?;
+        self.settle().await?;
+        let (file, path, lease) = (self.file.clone(), self.path.clone(), self.lease.clone());
+        blocking(move || -> std::io::Result<()> {
+            if !lease.holds() {
+                return Err(std::io::Error::other(BlobError::LeaseLost));
+            }
+            file.sync_data()?;
+            let dir = path.parent().expect("blob path has a parent");
+            sync_dir(dir)?;
+            sync_dir(dir.parent().expect("a fan-out directory has a parent"))
+        })
+        .await?;
+        Ok(None)
     }
 
     fn position(&self) -> u64 {

@@ -121,7 +121,15 @@ impl SqliteCatalog {
     /// Open (creating if missing) the database file and run pending migrations.
     pub async fn open(path: &Path) -> anyhow::Result<Self> {
         let opts = SqliteConnectOptions::new().filename(path).create_if_missing(true).synchronous(SqliteSynchronous::Full).busy_timeout(Duration::from_secs(10));
-        Self::connect(opts, false).await
+        let catalog = Self::connect(opts, false).await?;
+        // SQLite fsyncs the directory for the journal files it creates, not for the database
+        // file: make `ferry.db`'s own name durable without relying on the `-wal`'s creation
+        // having done it on the way (a power cut would lose a new database otherwise).
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let dir = dir.to_path_buf();
+            tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all()).await??;
+        }
+        Ok(catalog)
     }
 
     /// An in-memory database (tests of the conformance suite).

@@ -104,8 +104,8 @@ impl Drop for InFlight<'_> {
 impl Appender {
     /// Open the blob at `offset` under `lease` (discarding anything past it: the repair a lease
     /// taker owes) with the lease's fence, or a fresh catalog fence for in-process leases.
-    /// A blob shorter than its checkpoint (relaxed durability after a power loss) is rolled
-    /// back to what survived and the caller gets 409 with that offset.
+    /// A blob shorter than its checkpoint, or gone (relaxed durability after a power loss), is
+    /// rolled back to what survived and the caller gets 409 with that offset.
     pub(crate) async fn open(
         engine: &Arc<UploadEngine>,
         rec: UploadRecord,
@@ -129,6 +129,21 @@ impl Appender {
         // are independent: do them at once.
         let (fence, opened) = tokio::join!(engine.fence_for(&rec.id, lease), engine.blobs.open_writer_under(&rec.id, offset, &state, &under));
         let fence = fence?;
+        let opened = match opened {
+            // No blob at all for an unfinished upload the catalog knows: relaxed durability
+            // syncs no blob creation, so a power loss can take the whole file. Nothing
+            // survived: at offset 0 start it again; past 0, roll back to 0 (below).
+            Err(BlobError::NotFound) if offset == rec.offset && !rec.is_finished() => {
+                tracing::warn!(upload = rec.id, offset, "the upload's blob is gone (a power loss in relaxed durability?); starting it again from 0");
+                if offset == 0 {
+                    engine.blobs.create(&rec.id).await?;
+                    engine.blobs.open_writer_under(&rec.id, 0, &state, &under).await
+                } else {
+                    Err(BlobError::OutOfRange { start: offset, end: offset, len: 0 })
+                }
+            }
+            r => r,
+        };
         let writer = match opened {
             Ok(w) => w,
             Err(BlobError::OutOfRange { len, .. }) if offset == rec.offset => {
