@@ -168,13 +168,13 @@ impl FerryMcp {
                 Ok(result(&DeletedOut { status: OkStatus::Ok, deleted: file_id }, vec![], false))
             }
             "task_get" => {
-                let TaskGetArg { task_id, wait_ms } = args(&req.name, a)?;
+                let TaskGetArg { task_id, wait_ms, partial_after } = args(&req.name, a)?;
                 if wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
                     return Err(invalid(format!("wait_ms must be at most {MAX_WAIT_MS}"), "Call task_get again after each wait; 50000 ms is the longest single wait."));
                 }
                 let token = req.progress_token().or_else(|| ctx.meta.get_progress_token());
                 let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), token, ctx).await?;
-                self.task_result(p, &t).await
+                self.task_result_after(p, &t, partial_after).await
             }
             "task_respond" => {
                 let RespondArg { task_id, key, response } = args(&req.name, a)?;
@@ -469,6 +469,12 @@ impl FerryMcp {
     /// (built-in kinds' `file`, an `external` task's `files`) read from the live records, each
     /// with a signed download URL.
     async fn task_result(&self, p: &str, t: &TaskRecord) -> Outcome {
+        self.task_result_after(p, t, None).await
+    }
+
+    /// [`FerryMcp::task_result`] with the partial results numbered above `after` (shown when
+    /// the task has any, or `after` is given).
+    async fn task_result_after(&self, p: &str, t: &TaskRecord, after: Option<u64>) -> Outcome {
         let mut produced = Vec::new();
         let mut extra = Vec::new();
         if t.status == FerryStatus::Completed {
@@ -481,7 +487,10 @@ impl FerryMcp {
                 }
             }
         }
-        let (v, is_error) = task_out(t, produced);
+        let (mut v, is_error) = task_out(t, produced);
+        if t.partial_seq > 0 || after.is_some() {
+            v.partial = Some(PartialOut::of(&self.state.tasks.partials(t, after.unwrap_or(0)).await?));
+        }
         Ok(result(&v, extra, is_error))
     }
 

@@ -56,8 +56,16 @@
 //!   Output written after the last checkpoint is discarded. Asking again for a key that was
 //!   already answered is an error.
 //!
-//! A malformed `progress` or `count` line is kept as log output; a malformed `checkpoint` or
-//! `input` line fails the task (the output could not be trusted). The last 20 log lines (at most
+//! - `partial <json>` — append a partial result: `<json>` is one JSON value of at most 16 KiB
+//!   (rows exported so far, a first finding), shown in the task's `partial.fragments` and sent
+//!   as a `task.partial` event at once, before the task ends. A checkpoint covers the fragments
+//!   written before its line: a run resumed from it should write again only the fragments that
+//!   came after that line, and those that ferry had already stored (the crash came between the
+//!   fragment and the next checkpoint) are recognised by their position and not stored twice.
+//!   The oldest fragments are dropped past 256 or 64 KiB (`partial.dropped` counts them).
+//!
+//! A malformed `progress` or `count` line is kept as log output; a malformed `checkpoint`,
+//! `input` or `partial` line (not JSON, over 16 KiB) fails the task (the output could not be trusted). The last 20 log lines (at most
 //! 4 KiB) are kept for the failure message.
 //!
 //! # Checkpoint
@@ -315,10 +323,24 @@ fn spawn(spec: &CommandSpec, name: &str, task_id: &str, params: &str, cp: &Comma
 /// One stderr line, decided.
 #[derive(Debug, Clone, PartialEq)]
 enum Line {
-    Progress { fraction: f64, message: Option<String> },
-    Count { name: String, value: u64 },
-    Checkpoint { bytes: u64, token: String },
-    Input { key: String, request: Value },
+    Progress {
+        fraction: f64,
+        message: Option<String>,
+    },
+    Count {
+        name: String,
+        value: u64,
+    },
+    Checkpoint {
+        bytes: u64,
+        token: String,
+    },
+    Input {
+        key: String,
+        request: Value,
+    },
+    /// A partial result fragment, checked JSON text.
+    Partial(String),
     Log(String),
 }
 
@@ -369,6 +391,10 @@ fn parse_line(line: &str) -> Result<Line, String> {
             }
             let request = serde_json::from_str(json).map_err(|e| format!("input request for '{key}' is not JSON: {e}"))?;
             Ok(Line::Input { key: key.to_string(), request })
+        }
+        "partial" => {
+            let value = crate::catalog::partials::check_fragment(rest).map_err(|e| format!("partial line: {e}"))?;
+            Ok(Line::Partial(value.get().to_string()))
         }
         _ => log(),
     }
@@ -432,8 +458,9 @@ struct Run<'a> {
     state: CommandCheckpoint,
     /// stdout bytes received and written in this run.
     run_bytes: u64,
-    /// Declared checkpoints not yet reached by the copy: (bytes of this run, token).
-    pending: VecDeque<(u64, String)>,
+    /// Declared checkpoints not yet reached by the copy: (bytes of this run, token, partial
+    /// result fragments appended before the line).
+    pending: VecDeque<(u64, String, u64)>,
     tail: Tail,
     /// The program asked for new input in this run.
     asked: bool,
@@ -477,7 +504,7 @@ impl Run<'_> {
                 r = stdout.read_buf(&mut out_buf), if !out_eof => {
                     if r.map_err(|e| JobError::Internal(format!("reading stdout: {e}")))? == 0 {
                         out_eof = true;
-                        if let Some((at, _)) = self.pending.front() {
+                        if let Some((at, _, _)) = self.pending.front() {
                             return Err(self.protocol(format_args!("checkpoint at byte {at} but only {} bytes were written to stdout", self.run_bytes)));
                         }
                         continue;
@@ -530,19 +557,25 @@ impl Run<'_> {
                 Line::Progress { fraction, message } => self.ctx.progress(Some(fraction), message.as_deref(), &[]).await?,
                 Line::Count { name, value } => self.ctx.progress(None, None, &[(&name, value)]).await?,
                 Line::Checkpoint { bytes, token } => {
-                    if self.pending.back().is_some_and(|(at, _)| bytes < *at) {
+                    if self.pending.back().is_some_and(|(at, _, _)| bytes < *at) {
                         return Err(self.protocol(format_args!("checkpoint byte count {bytes} is lower than an earlier one")));
                     }
+                    // The checkpoint covers the fragments written before its line, whenever the
+                    // copy of stdout reaches it.
+                    let mark = self.ctx.partial_count().await;
                     if bytes == self.run_bytes {
-                        self.checkpoint_now(token).await?;
+                        self.checkpoint_now(token, mark).await?;
                     } else if bytes > self.run_bytes {
                         match self.pending.back_mut() {
-                            Some(last) if last.0 == bytes => last.1 = token,
-                            _ => self.pending.push_back((bytes, token)),
+                            Some(last) if last.0 == bytes => (last.1, last.2) = (token, mark),
+                            _ => self.pending.push_back((bytes, token, mark)),
                         }
                     } else {
                         tracing::debug!(task = self.ctx.task_id(), bytes, stored = self.run_bytes, "command checkpoint seen late; skipped");
                     }
+                }
+                Line::Partial(value) => {
+                    self.ctx.partial_json(&value).await?;
                 }
                 Line::Input { key, request } => {
                     if self.answered.contains_key(&key) {
@@ -562,14 +595,14 @@ impl Run<'_> {
 
     /// Write a stdout chunk, stopping at declared checkpoints on the way.
     async fn stdout(&mut self, mut chunk: Bytes) -> Result<(), JobError> {
-        while let Some(&(at, _)) = self.pending.front() {
+        while let Some(&(at, _, _)) = self.pending.front() {
             if at > self.run_bytes + chunk.len() as u64 {
                 break;
             }
             let head = chunk.split_to((at - self.run_bytes) as usize);
             self.write(head).await?;
-            let (_, token) = self.pending.pop_front().expect("front");
-            self.checkpoint_now(token).await?;
+            let (_, token, mark) = self.pending.pop_front().expect("front");
+            self.checkpoint_now(token, mark).await?;
         }
         self.write(chunk).await
     }
@@ -583,10 +616,10 @@ impl Run<'_> {
         self.ctx.progress(None, None, &[("output_bytes", self.writer.position())]).await
     }
 
-    async fn checkpoint_now(&mut self, token: String) -> Result<(), JobError> {
+    async fn checkpoint_now(&mut self, token: String, mark: u64) -> Result<(), JobError> {
         self.state.cursor = self.writer.sync().await?;
         self.state.token = token;
-        self.ctx.checkpoint(&self.state).await
+        self.ctx.checkpoint_at(&self.state, mark).await
     }
 }
 

@@ -25,6 +25,8 @@
 //!
 //! Progress: `fraction` = stored / total when the total is known; counter `bytes`.
 //! Result: `{"file": FileHandle, "url": "<url without credentials>"}`.
+//! Partial results: one fragment per checkpoint, `{"bytes": <durable bytes so far>, "total":
+//! <length or null>, "etag": <strong ETag or null>, "last_modified": <Last-Modified or null>}`.
 //!
 //! # Checkpoint
 //!
@@ -346,6 +348,9 @@ impl Open {
     async fn checkpoint(&mut self, ctx: &JobContext, url: &str) -> Result<(), JobError> {
         let cursor = self.writer.sync().await?;
         self.synced = cursor.offset;
+        // A partial result per checkpoint: the durable bytes and the validator they belong to
+        // (covered by the checkpoint below, so a resumed run does not repeat it).
+        ctx.partial(&serde_json::json!({ "bytes": cursor.offset, "total": self.total, "etag": self.validator.etag, "last_modified": self.validator.last_modified })).await?;
         let cp = FetchCheckpoint { cursor, start: self.start.clone(), url: url.to_string(), validator: self.validator.clone(), length: self.total };
         ctx.checkpoint(&cp).await
     }
