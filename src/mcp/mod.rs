@@ -12,11 +12,9 @@
 //! Arguments a job can check before it runs — input files that are unknown or unfinished, a
 //! command's `params_schema` — are refused at the call as a tool error, and no task is made.
 //!
-//! Task status notifications (`notifications/tasks`) are not sent: rmcp 3.11 routes server
-//! notifications outside a request only through `subscriptions/listen`, whose
-//! `SubscriptionFilter` has no `taskIds` and whose sender refuses `notifications/tasks`
-//! (`rmcp::service::server`, `ServerSubscription::send`). `tasks/get` and `task_get`'s
-//! long-poll are the way.
+//! Task status notifications (`notifications/tasks`) are pushed on the client's
+//! `subscriptions/listen` stream when it declares the tasks extension, from whichever replica
+//! made the change ([`push`]); `tasks/get` and `task_get`'s long-poll still work.
 //!
 //! Input requests of a task: a job's request may carry `message` (text for the person) and
 //! `schema` (a flat JSON Schema object of the answer). Native tasks show each as an
@@ -25,6 +23,7 @@
 
 mod args;
 pub mod envelope;
+mod push;
 mod request;
 pub mod results;
 pub mod sessions;
@@ -841,6 +840,17 @@ impl ServerHandler for FerryMcp {
             None => self.dispatch(&p, &req, &ctx).await,
         };
         Ok(CallToolResponse::Complete(outcome.unwrap_or_else(|e| failure(&for_model(e, &req.name)))))
+    }
+
+    /// `subscriptions/listen` opens a stream for task status notifications ([`push`]); none of
+    /// the list-changed or resource categories is offered (ferry's lists change with every
+    /// upload; poll them).
+    fn accepted_subscription_filter(&self, _requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::default())
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        self.listen_stream(context).await
     }
 
     async fn get_task(&self, req: GetTaskParams, ctx: RequestContext<RoleServer>) -> Result<GetTaskResult, McpError> {
