@@ -113,10 +113,14 @@ pub fn check_fragment(text: &str) -> Result<Box<RawValue>, String> {
     serde_json::from_str::<Box<RawValue>>(text).map_err(|e| format!("a partial result fragment must be JSON: {e}"))
 }
 
+/// A row of a task joined with one of its fragments: `(partial_seq, partial_dropped, seq,
+/// at_ms, value)`, the last three `NULL` when it has none (after the cursor).
+pub(super) type PageRow = (i64, i64, Option<i64>, Option<i64>, Option<String>);
+
 /// A page from rows `(partial_seq, partial_dropped, seq, at_ms, value)` of the task joined
 /// with its fragments (no fragment: the last three `NULL`); `None` when there is no row (no
 /// such task). A stored value that is not JSON is shown as `null`.
-pub(super) fn page_of(rows: Vec<(i64, i64, Option<i64>, Option<i64>, Option<String>)>) -> Option<PartialPage> {
+pub(super) fn page_of(rows: Vec<PageRow>) -> Option<PartialPage> {
     let first = rows.first()?;
     let (next, dropped) = (first.0.max(0) as u64, first.1.max(0) as u64);
     let fragments = rows

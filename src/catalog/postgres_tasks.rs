@@ -334,7 +334,7 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
-        let rows: Vec<(i64, i64, Option<i64>, Option<i64>, Option<String>)> = sqlx::query_as(
+        let rows: Vec<super::partials::PageRow> = sqlx::query_as(
             "SELECT t.partial_seq, t.partial_dropped, p.seq, p.at_ms, p.value FROM tasks t \
              LEFT JOIN task_partials p ON p.task_id = t.id AND p.seq > $1 WHERE t.id = $2 ORDER BY p.seq",
         )

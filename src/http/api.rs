@@ -887,6 +887,13 @@ mod schema_tests {
         fn every_task_body_fits_the_document(t in arb::task_record()) {
             let view = serde_json::to_value(task_view(&t)).unwrap();
             check("Task", &TASK, &view)?;
+            let value = serde_json::value::RawValue::from_string(serde_json::to_string(&t.progress).unwrap()).unwrap();
+            let page = crate::catalog::PartialPage {
+                fragments: vec![crate::catalog::Fragment { seq: t.runs + 1, at_ms: t.created_at_ms, value }],
+                dropped: t.runs,
+                next: t.runs + 1,
+            };
+            check("Task", &TASK, &serde_json::to_value(crate::http::task_partials::with_partial(task_view(&t), &page)).unwrap())?;
             check("TaskList", &TASK_LIST, &json!({ "tasks": [view.clone()] }))?;
             check("InputAnswer", &ANSWER, &json!({ "accepted": t.runs % 2 == 0, "task": view }))?;
         }

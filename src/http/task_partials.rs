@@ -79,7 +79,7 @@ pub(super) async fn task_json_after(s: &AppState, status: StatusCode, t: &TaskRe
 }
 
 /// `view` showing `page` as its `partial`.
-pub(super) fn with_partial<'a>(mut view: TaskView<'a>, page: &'a crate::catalog::PartialPage) -> TaskView<'a> {
+pub(crate) fn with_partial<'a>(mut view: TaskView<'a>, page: &'a crate::catalog::PartialPage) -> TaskView<'a> {
     view.partial = Some(page);
     view
 }

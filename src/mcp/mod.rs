@@ -1037,6 +1037,19 @@ mod schema_tests {
             for tool in TASK_TOOLS {
                 check(tool, &r)?;
             }
+            // With partial results beside the final result (issue 27), cut to a page with `more`.
+            let value = serde_json::value::RawValue::from_string(serde_json::to_string(&t.progress).unwrap()).unwrap();
+            let page = crate::catalog::PartialPage {
+                fragments: (1..=40).map(|seq| crate::catalog::Fragment { seq: t.runs + seq, at_ms: t.created_at_ms, value: value.clone() }).collect(),
+                dropped: t.runs,
+                next: t.runs + 40,
+            };
+            let mut with = v.clone();
+            with.partial = Some(PartialOut::of(&page));
+            let r = result(&with, vec![], is_error);
+            for tool in TASK_TOOLS {
+                check(tool, &r)?;
+            }
             // task_cancel's answer for the task it just cancelled; task_respond; task_list.
             check("task_cancel", &result(&TaskOut::new(TaskState::Cancelled, &t.id, &t.kind), vec![], false))?;
             check("task_respond", &result(&RespondOut { status: t.status.into(), task_id: t.id.clone(), accepted: t.runs % 2 == 0 }, vec![], false))?;

@@ -637,6 +637,17 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn partial_lines_carry_one_small_json_value() {
+        assert_eq!(parse_line(r#"partial {"rows": 10, "last": "b"}"#).unwrap(), Line::Partial(r#"{"rows": 10, "last": "b"}"#.into()));
+        assert_eq!(parse_line("partial 7").unwrap(), Line::Partial("7".into()));
+        assert!(parse_line("partial rows so far").unwrap_err().contains("JSON"), "not JSON fails the task");
+        assert!(parse_line("partial ").is_err());
+        let big = format!("partial \"{}\"", "x".repeat(crate::catalog::partials::MAX_FRAGMENT_BYTES));
+        assert!(parse_line(&big).unwrap_err().contains("at most"));
+        assert_eq!(parse_line("partial").unwrap(), Line::Log("partial".into()), "the bare word is log output");
+    }
+
+    #[test]
     fn malformed_progress_and_count_are_log_lines() {
         for l in [
             "progress",
