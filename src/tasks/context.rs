@@ -162,6 +162,14 @@ impl JobContext {
         Ok(next)
     }
 
+    /// The job starts its work again from a checkpoint that covered the first `mark` partial
+    /// results (within one run, e.g. a program restarted from its last checkpoint): its next
+    /// fragments are numbered from there, and those already stored count as replays.
+    pub async fn rewind_partials(&self, mark: u64) {
+        let mut seq = self.partial_seq.lock().await;
+        *seq = (*seq).min(mark);
+    }
+
     /// The number of the last partial result fragment this run appended (or found already
     /// stored), counting those before the checkpoint it resumed from.
     pub async fn partial_count(&self) -> u64 {

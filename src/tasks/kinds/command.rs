@@ -272,12 +272,15 @@ impl Job for CommandJob {
             };
             let cp = state.clone().expect("state set above");
             let child = spawn(spec, name, ctx.task_id(), &params, &cp, &answers)?;
-            let mut run = Run { ctx, name, writer, state: cp, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
+            let mark = ctx.partial_count().await;
+            let mut run = Run { ctx, name, writer, state: cp, mark, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
             let status = run.supervise(child).await?;
             if run.asked {
-                // Record the requests (with the last durable cursor), then loop: parks, or
-                // restarts at once if the answers are already stored.
-                ctx.checkpoint(&run.state).await?;
+                // Record the requests (with the last durable cursor and the partial results it
+                // covers), then loop: parks, or restarts at once if the answers are already
+                // stored — from that checkpoint, so fragments after it are written again.
+                ctx.checkpoint_at(&run.state, run.mark).await?;
+                ctx.rewind_partials(run.mark).await;
                 state = Some(run.state);
                 continue;
             }
@@ -456,6 +459,8 @@ struct Run<'a> {
     writer: FileWriter,
     /// The last persisted checkpoint, plus inputs asked in this run.
     state: CommandCheckpoint,
+    /// The partial result fragments `state`'s checkpoint covers.
+    mark: u64,
     /// stdout bytes received and written in this run.
     run_bytes: u64,
     /// Declared checkpoints not yet reached by the copy: (bytes of this run, token, partial
@@ -619,7 +624,9 @@ impl Run<'_> {
     async fn checkpoint_now(&mut self, token: String, mark: u64) -> Result<(), JobError> {
         self.state.cursor = self.writer.sync().await?;
         self.state.token = token;
-        self.ctx.checkpoint_at(&self.state, mark).await
+        self.ctx.checkpoint_at(&self.state, mark).await?;
+        self.mark = mark;
+        Ok(())
     }
 }
 
@@ -810,6 +817,42 @@ printf 'part2 %s %s\n' "$FERRY_INPUT_GO" "$FERRY_PARAMS"
         let result = t.result.unwrap();
         assert!(result.contains(r#""exit_code":0"#), "{result}");
         assert_eq!(file_bytes(&e, &result).await, b"part1\npart2 true {\"a\":1}\n");
+        e.shutdown();
+    }
+
+    /// Fragments written after the last checkpoint, before an input request, are written again
+    /// by the run after the answer (it starts from that checkpoint): stored once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partial_results_after_the_last_checkpoint_are_not_stored_twice_after_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = script(
+            dir.path(),
+            r#"
+if [ -z "$FERRY_INPUT_GO" ]; then
+  printf 'a\n'
+  echo 'partial {"n":1}' >&2
+  echo "checkpoint 2 one" >&2
+  echo 'partial {"n":2}' >&2
+  echo 'input go {"message":"go?"}' >&2
+  exit 0
+fi
+echo 'partial {"n":2}' >&2
+echo 'partial {"n":3}' >&2
+printf 'b\n'
+"#,
+        );
+        let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
+        let t = e.start("p", "command", r#"{"command":"prog"}"#, None, None).await.unwrap().task;
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::InputRequired, "{t:?}");
+        assert_eq!((t.partial_seq, t.partial_mark), (2, 1), "the input checkpoint covers only the fragment before the byte checkpoint");
+        e.respond("p", &t.id, "go", "true").await.unwrap();
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
+        let page = e.partials(&t, 0).await.unwrap();
+        let got: Vec<(u64, &str)> = page.fragments.iter().map(|f| (f.seq, f.value.get())).collect();
+        assert_eq!(got, vec![(1, r#"{"n":1}"#), (2, r#"{"n":2}"#), (3, r#"{"n":3}"#)]);
+        assert_eq!(file_bytes(&e, t.result.as_deref().unwrap()).await, b"a\nb\n");
         e.shutdown();
     }
 

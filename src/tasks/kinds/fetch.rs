@@ -750,12 +750,18 @@ mod tests {
         let t = e.start("p", "fetch", &args, None, None).await.unwrap().task;
         let t = settle(&e, &t.id).await;
         assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
-        let result = t.result.unwrap();
+        let result = t.result.clone().unwrap();
         assert!(result.contains(r#""name":"data.txt""#) && result.contains("text/plain"), "{result}");
         assert_eq!(file_bytes(&e, &result).await, b"0123456789");
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(seen[1].contains("range: bytes=5-") && seen[1].contains("if-range: \"v1\""), "{}", seen[1]);
+        drop(seen);
+        // A partial result per checkpoint: the durable bytes and the validator they belong to.
+        let page = e.partials(&t, 0).await.unwrap();
+        let first: serde_json::Value = serde_json::from_str(page.fragments.first().expect("a fragment").value.get()).unwrap();
+        assert_eq!(first, serde_json::json!({ "bytes": 0, "total": 10, "etag": "\"v1\"", "last_modified": null }), "{page:?}");
+        assert!(page.fragments.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "{page:?}");
         e.shutdown();
     }
 
