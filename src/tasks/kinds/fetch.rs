@@ -753,10 +753,11 @@ mod tests {
         let result = t.result.clone().unwrap();
         assert!(result.contains(r#""name":"data.txt""#) && result.contains("text/plain"), "{result}");
         assert_eq!(file_bytes(&e, &result).await, b"0123456789");
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 2, "{seen:?}");
-        assert!(seen[1].contains("range: bytes=5-") && seen[1].contains("if-range: \"v1\""), "{}", seen[1]);
-        drop(seen);
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            assert!(seen[1].contains("range: bytes=5-") && seen[1].contains("if-range: \"v1\""), "{}", seen[1]);
+        }
         // A partial result per checkpoint: the durable bytes and the validator they belong to.
         let page = e.partials(&t, 0).await.unwrap();
         let first: serde_json::Value = serde_json::from_str(page.fragments.first().expect("a fragment").value.get()).unwrap();
