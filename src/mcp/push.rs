@@ -106,6 +106,11 @@ impl FerryMcp {
         if t.status != status {
             t.status = status;
             t.updated_at_ms = at_ms(ev).unwrap_or(t.updated_at_ms);
+            if status == TaskStatus::InputRequired {
+                // Answered since: show the requests it was waiting for (answers are kept, so
+                // every request it ever made; the one it asked last among them).
+                t.input_responses = "{}".into();
+            }
         }
         let detailed = match self.detailed(p, &t).await {
             Ok(d) => d,

@@ -962,6 +962,22 @@ async def on_task_status(params: TaskStatusParams) -> None:
     PUSHED_CHANGED.set()
 
 
+OBSERVED: list[dict[str, Any]] = []
+
+
+async def on_observed(params: TaskStatusParams) -> None:
+    OBSERVED.append(params.model_dump(by_alias=True, exclude_none=True))
+
+
+class ObserverExtension(ClientExtension):
+    """Binds `notifications/tasks` without declaring the tasks extension: must receive none."""
+
+    identifier = "io.ferry.tests/observer"
+
+    def notifications(self):
+        return [NotificationBinding(method="notifications/tasks", params_type=TaskStatusParams, handler=on_observed)]
+
+
 class PushedTasksExtension(TasksExtension):
     """The tasks extension, also observing `notifications/tasks` (a binding: the SDK's core tables do not define it)."""
 
@@ -1010,6 +1026,10 @@ async def scenario_task_push() -> dict[str, Any]:
         lc = c if listen_url == ARGS.url else await stack.enter_async_context(connect_to(listen_url, extensions=[PushedTasksExtension()]))
         sub = await stack.enter_async_context(lc.listen())
         check(sub.honored is not None, "listen acknowledged")
+        if ARGS.url and not ARGS.url2 and not ARGS.gate:
+            # A client of the same principal without the tasks extension, listening too.
+            oc = await stack.enter_async_context(connect_to(ARGS.url, extensions=[ObserverExtension()]))
+            await stack.enter_async_context(oc.listen())
         created = await c.session.call_tool("export_ask", {}, allow_claimed=True)
         check(isinstance(created, TaskCreated), "export_ask answers a CreateTaskResult", created.model_dump(by_alias=True))
         tid = created.task_id
@@ -1039,6 +1059,7 @@ async def scenario_task_push() -> dict[str, Any]:
         ids = [n.get("_meta", {}).get("io.ferry/event") for n in got]
         check(all(isinstance(i, str) and i.startswith("evt_") for i in ids) and len(set(ids)) == 4, "each notification names its own event", got)
         check(all(n.get("_meta", {}).get("io.modelcontextprotocol/subscriptionId") is not None for n in got), "each carries the subscription id", got)
+        check(OBSERVED == [], "a client without the tasks extension is sent no notifications/tasks", OBSERVED)
         await stack.aclose()
     return {"task": tid, "statuses": [n["status"] for n in got], "events": ids}
 
