@@ -466,7 +466,7 @@ struct EventsFileConfig {
 }
 
 /// Event types ferry writes (DESIGN §8).
-pub const EVENT_TYPES: [&str; 5] = ["upload.created", "upload.finished", "upload.terminated", "upload.expired", "task.status_changed"];
+pub const EVENT_TYPES: [&str; 6] = ["upload.created", "upload.finished", "upload.terminated", "upload.expired", "task.status_changed", "task.partial"];
 
 /// One `[[webhooks]]` receiver: every event of `events` (types, or prefixes like `upload.*`;
 /// empty = all) of `principals` (empty = all) is POSTed to `url` in the Standard Webhooks

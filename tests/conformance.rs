@@ -59,7 +59,7 @@ async fn task_read_cache_never_serves_a_row_older_than_a_finished_write() {
         .collect();
     for i in 1..=300u64 {
         let progress = Progress { message: Some(format!("step {i}")), ..Progress::default() };
-        cat.update_task(&id, None, &TaskUpdate { progress: Some(progress), checkpoint: None, now_ms: i as i64 }).await.unwrap();
+        cat.update_task(&id, None, &TaskUpdate { progress: Some(progress), checkpoint: None, partial_mark: None, now_ms: i as i64 }).await.unwrap();
         let seen = cat.get_task(&id).await.unwrap().unwrap();
         assert_eq!(seen.progress.message.as_deref(), Some(format!("step {i}").as_str()), "read after update {i}");
     }

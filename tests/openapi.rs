@@ -16,6 +16,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/tasks/{id}/input"),
     ("post", "/api/v1/tasks/{id}/cancel"),
     ("post", "/api/v1/tasks/{id}/progress"),
+    ("post", "/api/v1/tasks/{id}/partial"),
     ("post", "/api/v1/tasks/{id}/complete"),
     ("post", "/api/v1/tasks/{id}/fail"),
     ("get", "/api/v1/files"),
@@ -66,6 +67,17 @@ async fn document_is_openapi_3_and_lists_every_route() {
     // Nothing documented that the list above does not know of.
     let documented: usize = paths.values().map(|p| ["get", "post", "put", "patch", "delete"].iter().filter(|m| p.get(**m).is_some()).count()).sum();
     assert_eq!(documented, ROUTES.len(), "documented operations: {:?}", paths.keys().collect::<Vec<_>>());
+
+    // Partial results (issue 27): `partial_after` on the task read, `partial` in the Task schema
+    // beside `result`, the external producer's append.
+    let get = &paths["/api/v1/tasks/{id}"]["get"];
+    assert!(get["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "partial_after" && p["in"] == "query"), "{get}");
+    let task = &doc["components"]["schemas"]["Task"]["properties"];
+    assert!(task["partial"].is_object() && task["result"].is_object(), "{task}");
+    let partial = &doc["components"]["schemas"]["PartialResults"]["properties"];
+    assert!(["fragments", "dropped", "next"].iter().all(|k| partial[*k].is_object()), "{partial}");
+    let append = &paths["/api/v1/tasks/{id}/partial"]["post"];
+    assert!(append["responses"]["413"]["content"]["application/problem+json"].is_object(), "{append}");
 
     // Idempotency-Key header and limit query parameter.
     let start = &paths["/api/v1/tasks"]["post"];

@@ -126,6 +126,9 @@ pub fn task_record() -> impl Strategy<Value = TaskRecord> {
                 lease_expires_ms: None,
                 fence: runs,
                 runs,
+                partial_seq: 0,
+                partial_dropped: 0,
+                partial_mark: 0,
             },
         )
 }

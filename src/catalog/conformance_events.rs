@@ -121,7 +121,7 @@ pub async fn check_task_events(cat: &dyn Catalog, p: &str) {
     cat.start_task(&task(&id, &who)).await.unwrap();
     let claimed = cat.claim_task("w", &[format!("{who}-kind")], 60_000).await.unwrap().expect("claimed");
     assert_eq!(claimed.id, id);
-    cat.update_task(&id, Some(claimed.fence), &super::TaskUpdate { progress: None, checkpoint: Some("{}".into()), now_ms: 1_500 }).await.unwrap();
+    cat.update_task(&id, Some(claimed.fence), &super::TaskUpdate { progress: None, checkpoint: Some("{}".into()), partial_mark: None, now_ms: 1_500 }).await.unwrap();
     cat.park_for_input(&id, claimed.fence, "q", "{\"ask\":\"?\"}", 2_000).await.unwrap();
     assert!(cat.respond_input(&id, "q", "\"yes\"", 3_000).await.unwrap());
     assert!(cat.finish_task(&id, None, &TaskEnd::Completed("{\"file\":\"h1\"}".into()), 4_000).await.unwrap());

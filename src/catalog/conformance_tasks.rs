@@ -67,6 +67,7 @@ pub async fn run_all(cat: &dyn Catalog, p: &str) {
     check_task_input_requests(cat, p).await;
     check_task_cancel_and_terminal_never_changes(cat, p).await;
     check_task_ttl_sweep(cat, p).await;
+    check_task_partials(cat, p).await;
 }
 
 /// What goes in comes back byte for byte: arguments, checkpoints, results, input requests
@@ -83,7 +84,7 @@ pub async fn check_task_create_get_exact_json(cat: &dyn Catalog, p: &str) {
 
     let claimed = claim_this(cat, "w1", &kind, &t.id, LIVE).await.expect("claim");
     let checkpoint = "{\"page\" : 10,\"cursor\":\"x\\\"y\",\"f\":1.50}";
-    cat.update_task(&t.id, Some(claimed.fence), &TaskUpdate { progress: None, checkpoint: Some(checkpoint.into()), now_ms: now() }).await.unwrap();
+    cat.update_task(&t.id, Some(claimed.fence), &TaskUpdate { progress: None, checkpoint: Some(checkpoint.into()), partial_mark: None, now_ms: now() }).await.unwrap();
     assert_eq!(cat.get_task(&t.id).await.unwrap().unwrap().checkpoint.as_deref(), Some(checkpoint), "checkpoint text kept exactly");
     let request = "{\"question\" : \"ok?\",  \"choices\":[\"y\",\"n\"]}";
     cat.park_for_input(&t.id, claimed.fence, "q1", request, now()).await.unwrap();
@@ -204,7 +205,7 @@ pub async fn check_task_claim_and_lease(cat: &dyn Catalog, p: &str) {
     let b = claim_this(cat, "worker-b", &kind, &t.id, LIVE).await.expect("an expired lease is taken over");
     assert!(b.fence > short.fence && b.runs == short.runs + 1, "takeover grows fence and runs");
     assert_eq!(b.lease_owner.as_deref(), Some("worker-b"));
-    let stale = TaskUpdate { progress: Some(Progress { fraction: Some(0.5), ..Default::default() }), checkpoint: Some("1".into()), now_ms: now() };
+    let stale = TaskUpdate { progress: Some(Progress { fraction: Some(0.5), ..Default::default() }), checkpoint: Some("1".into()), partial_mark: None, now_ms: now() };
     assert!(matches!(cat.update_task(&t.id, Some(short.fence), &stale).await, Err(CatalogError::Fenced)), "the old holder's checkpoint is refused");
     assert!(matches!(cat.renew_lease(&t.id, short.fence, LIVE).await, Err(CatalogError::Fenced)), "the old holder cannot renew");
     assert!(!cat.finish_task(&t.id, Some(short.fence), &TaskEnd::Completed("\"late\"".into()), now()).await.unwrap(), "the old holder's result is discarded");
@@ -242,12 +243,16 @@ pub async fn check_task_checkpoint_fenced(cat: &dyn Catalog, p: &str) {
     let mut counters = std::collections::BTreeMap::new();
     counters.insert("pages".to_string(), 7u64);
     let progress = Progress { fraction: Some(0.25), message: Some("page 7".into()), counters };
-    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: Some(progress.clone()), checkpoint: Some("{\"page\":7}".into()), now_ms: now() }).await.unwrap();
-    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: None, checkpoint: None, now_ms: now() }).await.unwrap();
+    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: Some(progress.clone()), checkpoint: Some("{\"page\":7}".into()), partial_mark: None, now_ms: now() })
+        .await
+        .unwrap();
+    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: None, checkpoint: None, partial_mark: None, now_ms: now() }).await.unwrap();
     let row = cat.get_task(&t.id).await.unwrap().unwrap();
     assert_eq!((row.progress, row.checkpoint.as_deref()), (progress, Some("{\"page\":7}")), "None leaves fields as they were");
     assert!(matches!(cat.update_task(&t.id, Some(a.fence + 1), &TaskUpdate::default()).await, Err(CatalogError::Fenced)), "a fence not yet issued is refused");
-    cat.update_task(&t.id, None, &TaskUpdate { progress: Some(Progress::default()), checkpoint: None, now_ms: now() }).await.expect("an external producer reports without a fence");
+    cat.update_task(&t.id, None, &TaskUpdate { progress: Some(Progress::default()), checkpoint: None, partial_mark: None, now_ms: now() })
+        .await
+        .expect("an external producer reports without a fence");
     assert!(matches!(cat.update_task(&format!("{p}nosuch"), None, &TaskUpdate::default()).await, Err(CatalogError::NotFound)));
     assert!(cat.finish_task(&t.id, None, &TaskEnd::Completed("true".into()), now()).await.unwrap(), "an external producer ends its task");
     assert!(matches!(cat.update_task(&t.id, None, &TaskUpdate::default()).await, Err(CatalogError::Fenced)), "a terminal task takes no reports");
@@ -329,4 +334,86 @@ pub async fn check_task_ttl_sweep(cat: &dyn Catalog, p: &str) {
     created(cat.start_task(&n).await.expect("the swept task's key is free again"));
     cat.cancel_task(&running.id, now()).await.unwrap();
     cat.cancel_task(&format!("{p}ttl3"), now()).await.unwrap();
+}
+
+/// Partial results (issue 27, [`super::partials`]): numbered in order, exact JSON text, one
+/// `task.partial` event each in the same transaction; a run's replay of a number already taken
+/// stores nothing; fenced like checkpoints; an external producer gets the next number; the
+/// bounds drop the oldest and count them; a finished task takes no more.
+pub async fn check_task_partials(cat: &dyn Catalog, p: &str) {
+    use super::partials::{Appended, MAX_FRAGMENTS, MAX_FRAGMENT_BYTES, MAX_VIEW_BYTES};
+    let kind = format!("{p}partial");
+    let t = created(cat.start_task(&new_task(&format!("{p}partial1"), "alice", &kind, "{}", None)).await.expect("start"));
+    assert_eq!((t.partial_seq, t.partial_dropped, t.partial_mark), (0, 0, 0));
+    let page = cat.task_partials(&t.id, 0).await.unwrap();
+    assert!(page.fragments.is_empty() && page.next == 0 && page.dropped == 0, "a new task has no fragments: {page:?}");
+    let a = claim_this(cat, "w1", &kind, &t.id, LIVE).await.expect("claim");
+    let values = ["{\"rows\" : 1}", "[1, 2.50, \"caf\\u00e9\"]", "\"three\""];
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(cat.append_partial(&t.id, Some(a.fence), i as u64 + 1, v, now()).await.unwrap(), Appended::Stored(i as u64 + 1));
+    }
+    let page = cat.task_partials(&t.id, 0).await.unwrap();
+    assert_eq!(page.fragments.iter().map(|f| (f.seq, f.value.get())).collect::<Vec<_>>(), vec![(1, values[0]), (2, values[1]), (3, values[2])], "in order, exact text");
+    assert_eq!((page.next, page.dropped), (3, 0));
+    let newer = cat.task_partials(&t.id, 2).await.unwrap();
+    assert_eq!(newer.fragments.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![3], "partial_after 2 → only 3");
+    assert!(cat.task_partials(&t.id, 3).await.unwrap().fragments.is_empty());
+
+    let events: Vec<_> = cat.list_events(Some("alice"), 0, 10_000).await.unwrap().into_iter().filter(|e| e.subject == t.id && e.event_type == "task.partial").collect();
+    assert_eq!(events.len(), 3, "one task.partial event per fragment");
+    for (i, e) in events.iter().enumerate() {
+        let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+        assert_eq!(body["seq"], i as u64 + 1, "{body}");
+        assert_eq!((body["task"].as_str(), body["kind"].as_str()), (Some(t.id.as_str()), Some(kind.as_str())));
+        assert_eq!(body["value"], serde_json::from_str::<serde_json::Value>(values[i]).unwrap(), "the event carries the fragment");
+    }
+
+    // A checkpoint covering two fragments; the run dies; the next run replays from there.
+    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: None, checkpoint: Some("{}".into()), partial_mark: Some(2), now_ms: now() }).await.unwrap();
+    assert_eq!(cat.get_task(&t.id).await.unwrap().unwrap().partial_mark, 2);
+    cat.release_task(&t.id, a.fence).await.unwrap();
+    let b = claim_this(cat, "w2", &kind, &t.id, LIVE).await.expect("reclaim");
+    assert_eq!((b.partial_mark, b.partial_seq), (2, 3), "the claimed row says where to number from");
+    assert_eq!(cat.append_partial(&t.id, Some(b.fence), 3, "\"three again\"", now()).await.unwrap(), Appended::Replayed(3), "a taken number is a replay");
+    assert_eq!(cat.append_partial(&t.id, Some(b.fence), 4, "4", now()).await.unwrap(), Appended::Stored(4));
+    assert!(matches!(cat.append_partial(&t.id, Some(a.fence), 5, "5", now()).await, Err(CatalogError::Fenced)), "the old run's fence is refused");
+    let page = cat.task_partials(&t.id, 0).await.unwrap();
+    assert_eq!(
+        page.fragments.iter().map(|f| (f.seq, f.value.get())).collect::<Vec<_>>(),
+        vec![(1, values[0]), (2, values[1]), (3, values[2]), (4, "4")],
+        "no duplicate, the first text kept"
+    );
+    let events = cat.list_events(Some("alice"), 0, 10_000).await.unwrap().into_iter().filter(|e| e.subject == t.id && e.event_type == "task.partial").count();
+    assert_eq!(events, 4, "a replay writes no event");
+
+    // An external producer (no fence): the next number, whatever it passes.
+    assert_eq!(cat.append_partial(&t.id, None, 99, "{\"x\":5}", now()).await.unwrap(), Appended::Stored(5));
+
+    // Bounds: many small fragments keep the newest MAX_FRAGMENTS.
+    for i in 6..=300u64 {
+        cat.append_partial(&t.id, Some(b.fence), i, &i.to_string(), now()).await.unwrap();
+    }
+    let page = cat.task_partials(&t.id, 0).await.unwrap();
+    assert_eq!(page.fragments.len(), MAX_FRAGMENTS);
+    assert_eq!((page.fragments[0].seq, page.fragments.last().unwrap().seq, page.dropped, page.next), (300 - MAX_FRAGMENTS as u64 + 1, 300, 300 - MAX_FRAGMENTS as u64, 300));
+    // Big ones keep the view within its bytes.
+    let big = format!("\"{}\"", "é".repeat((MAX_FRAGMENT_BYTES - 2) / 2));
+    for i in 301..=310u64 {
+        cat.append_partial(&t.id, Some(b.fence), i, &big, now()).await.unwrap();
+    }
+    let page = cat.task_partials(&t.id, 0).await.unwrap();
+    let text = serde_json::to_string(&page).unwrap();
+    assert!(text.len() <= MAX_VIEW_BYTES, "view of {} bytes", text.len());
+    assert_eq!(page.fragments.last().map(|f| f.seq), Some(310));
+    assert_eq!(page.dropped + page.fragments.len() as u64, 310, "every fragment is kept or counted as dropped");
+    let row = cat.get_task(&t.id).await.unwrap().unwrap();
+    assert_eq!((row.partial_seq, row.partial_dropped), (310, page.dropped));
+
+    // Finished: no more fragments; the kept ones stay readable.
+    assert!(cat.finish_task(&t.id, Some(b.fence), &TaskEnd::Completed("{}".into()), now()).await.unwrap());
+    assert!(matches!(cat.append_partial(&t.id, Some(b.fence), 311, "1", now()).await, Err(CatalogError::Fenced)));
+    assert!(matches!(cat.append_partial(&t.id, None, 0, "1", now()).await, Err(CatalogError::Fenced)));
+    assert_eq!(cat.task_partials(&t.id, 309).await.unwrap().fragments.len(), 1);
+    assert!(matches!(cat.append_partial(&format!("{p}nosuchtask"), None, 0, "1", now()).await, Err(CatalogError::NotFound)));
+    assert!(matches!(cat.task_partials(&format!("{p}nosuchtask"), 0).await, Err(CatalogError::NotFound)));
 }

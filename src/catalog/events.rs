@@ -7,7 +7,8 @@
 //! `upload.finished` (completion set; body has `size` in bytes and `sha256` hex),
 //! `upload.expired` (tombstoned), `upload.terminated` (a live row deleted), and
 //! `task.status_changed` (a task inserted, or its status changed; body has `status`,
-//! `previous_status`, `result`/`error` JSON). A rolled-back change leaves no event; a committed
+//! `previous_status`, `result`/`error` JSON), and `task.partial` (a partial result fragment
+//! appended, migration `0013`; body `task`, `kind`, `seq`, `at_ms`, `value`). A rolled-back change leaves no event; a committed
 //! one always has exactly one, with one id for life (`evt_` + 32 hex digits).
 //!
 //! **Order.** `seq` grows in commit order on both backends (SQLite serialises writers;
@@ -27,7 +28,7 @@ pub struct EventRecord {
     pub seq: i64,
     /// The event's one id for life: `evt_` + 32 lowercase hex digits.
     pub id: String,
-    /// `upload.created`, `upload.finished`, `upload.terminated`, `upload.expired`, `task.status_changed`.
+    /// `upload.created`, `upload.finished`, `upload.terminated`, `upload.expired`, `task.status_changed`, `task.partial`.
     #[serde(rename = "type")]
     pub event_type: String,
     /// The principal that owns the upload or task.

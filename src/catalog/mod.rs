@@ -23,6 +23,7 @@ pub mod conformance_race;
 pub mod conformance_tasks;
 pub mod events;
 pub mod hold;
+pub mod partials;
 pub mod postgres;
 mod postgres_events;
 mod postgres_tasks;
@@ -32,6 +33,7 @@ mod sqlite_tasks;
 pub mod tasks;
 
 pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
+pub use partials::{Appended, Fragment, PartialPage};
 pub use postgres::PostgresCatalog;
 pub use sqlite::SqliteCatalog;
 pub use tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};

@@ -10,12 +10,13 @@ use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 
+use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
 use super::tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, PostgresCatalog};
 
 const TASK_COLUMNS: &str = "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
      input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
-     lease_owner, lease_expires_ms, fence, runs";
+     lease_owner, lease_expires_ms, fence, runs, partial_seq, partial_dropped, partial_mark";
 
 fn corrupt(what: &str) -> CatalogError {
     CatalogError::Backend(format!("stored task {what} is invalid").into())
@@ -46,6 +47,9 @@ fn row_to_task(r: &PgRow) -> CatalogResult<TaskRecord> {
         lease_expires_ms: r.try_get("lease_expires_ms")?,
         fence: r.try_get::<i64, _>("fence")? as u64,
         runs: r.try_get::<i64, _>("runs")? as u64,
+        partial_seq: r.try_get::<i64, _>("partial_seq")?.max(0) as u64,
+        partial_dropped: r.try_get::<i64, _>("partial_dropped")?.max(0) as u64,
+        partial_mark: r.try_get::<i64, _>("partial_mark")?.max(0) as u64,
     })
 }
 
@@ -170,6 +174,36 @@ async fn park_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: u64, 
     Ok(Tx::Commit(()))
 }
 
+async fn append_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Tx<Appended>> {
+    let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
+    if task.status.is_terminal() || fence.is_some_and(|f| f != task.fence) {
+        return Err(CatalogError::Fenced);
+    }
+    let seq = if fence.is_some() { seq } else { task.partial_seq + 1 };
+    if seq <= task.partial_seq {
+        return Ok(Tx::Rollback(Appended::Replayed(seq)));
+    }
+    sqlx::query("INSERT INTO task_partials (task_id, seq, at_ms, value) VALUES ($1, $2, $3, $4)").bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut **tx).await?;
+    let sizes: Vec<(i64, i32)> = sqlx::query_as("SELECT seq, octet_length(value) FROM task_partials WHERE task_id = $1 ORDER BY seq DESC LIMIT $2")
+        .bind(id)
+        .bind(2 * MAX_FRAGMENTS as i64)
+        .fetch_all(&mut **tx)
+        .await?;
+    let sizes: Vec<(u64, usize)> = sizes.into_iter().map(|(s, n)| (s as u64, n.max(0) as usize)).collect();
+    let dropped = match keep_from(&sizes) {
+        Some(from) => sqlx::query("DELETE FROM task_partials WHERE task_id = $1 AND seq < $2").bind(id).bind(from as i64).execute(&mut **tx).await?.rows_affected(),
+        None => 0,
+    };
+    sqlx::query("UPDATE tasks SET partial_seq = $1, partial_dropped = partial_dropped + $2, updated_at_ms = $3 WHERE id = $4")
+        .bind(seq as i64)
+        .bind(dropped as i64)
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Tx::Commit(Appended::Stored(seq)))
+}
+
 async fn respond_in(tx: &mut Transaction<'static, Postgres>, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<Tx<bool>> {
     let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
     let requests = json_map(&task.input_requests)?;
@@ -272,7 +306,8 @@ impl TaskCatalog for PostgresCatalog {
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
         let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
         let done = sqlx::query(
-            "UPDATE tasks SET progress = COALESCE($1, progress), checkpoint = COALESCE($2, checkpoint), updated_at_ms = $3 \
+            "UPDATE tasks SET progress = COALESCE($1, progress), checkpoint = COALESCE($2, checkpoint), updated_at_ms = $3, \
+             partial_mark = COALESCE($6, partial_mark) \
              WHERE id = $4 AND status IN ('working', 'input_required') AND ($5::bigint IS NULL OR fence = $5)",
         )
         .bind(progress)
@@ -280,6 +315,7 @@ impl TaskCatalog for PostgresCatalog {
         .bind(u.now_ms)
         .bind(id)
         .bind(fence.map(|f| f as i64))
+        .bind(u.partial_mark.map(|m| m as i64))
         .execute(&self.pool)
         .await?;
         if done.rows_affected() == 1 {
@@ -289,6 +325,24 @@ impl TaskCatalog for PostgresCatalog {
         } else {
             Err(CatalogError::Fenced)
         }
+    }
+
+    async fn append_partial(&self, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Appended> {
+        let mut tx = self.pool.begin().await?;
+        let out = append_in(&mut tx, id, fence, seq, value, now_ms).await;
+        settle(tx, out).await
+    }
+
+    async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
+        let rows: Vec<super::partials::PageRow> = sqlx::query_as(
+            "SELECT t.partial_seq, t.partial_dropped, p.seq, p.at_ms, p.value FROM tasks t \
+             LEFT JOIN task_partials p ON p.task_id = t.id AND p.seq > $1 WHERE t.id = $2 ORDER BY p.seq",
+        )
+        .bind(after.min(i64::MAX as u64) as i64)
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        super::partials::page_of(rows).ok_or(CatalogError::NotFound)
     }
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {

@@ -8,13 +8,14 @@ use serde_json::value::RawValue;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite, Transaction};
 
+use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
 use super::sqlite::DB_NOW;
 use super::tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, SqliteCatalog};
 
 const TASK_COLUMNS: &str = "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
      input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
-     lease_owner, lease_expires_ms, fence, runs";
+     lease_owner, lease_expires_ms, fence, runs, partial_seq, partial_dropped, partial_mark";
 
 fn corrupt(what: &str) -> CatalogError {
     CatalogError::Backend(format!("stored task {what} is invalid").into())
@@ -45,6 +46,9 @@ fn row_to_task(r: &SqliteRow) -> CatalogResult<TaskRecord> {
         lease_expires_ms: r.try_get("lease_expires_ms")?,
         fence: r.try_get::<i64, _>("fence")? as u64,
         runs: r.try_get::<i64, _>("runs")? as u64,
+        partial_seq: r.try_get::<i64, _>("partial_seq")?.max(0) as u64,
+        partial_dropped: r.try_get::<i64, _>("partial_dropped")?.max(0) as u64,
+        partial_mark: r.try_get::<i64, _>("partial_mark")?.max(0) as u64,
     })
 }
 
@@ -316,11 +320,13 @@ impl TaskCatalog for SqliteCatalog {
         let _changed = self.tasks_changed(Some(id));
         let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
         let done = sqlx::query(
-            "UPDATE tasks SET progress = COALESCE(?, progress), checkpoint = COALESCE(?, checkpoint), updated_at_ms = ? \
+            "UPDATE tasks SET progress = COALESCE(?, progress), checkpoint = COALESCE(?, checkpoint), \
+             partial_mark = COALESCE(?, partial_mark), updated_at_ms = ? \
              WHERE id = ? AND status IN ('working', 'input_required') AND (? IS NULL OR fence = ?)",
         )
         .bind(progress)
         .bind(&u.checkpoint)
+        .bind(u.partial_mark.map(|m| m as i64))
         .bind(u.now_ms)
         .bind(id)
         .bind(fence.map(|f| f as i64))
@@ -334,6 +340,51 @@ impl TaskCatalog for SqliteCatalog {
         } else {
             Err(CatalogError::Fenced)
         }
+    }
+
+    async fn append_partial(&self, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Appended> {
+        let _changed = self.tasks_changed(Some(id));
+        let mut tx = self.immediate().await?;
+        let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
+        if task.status.is_terminal() || fence.is_some_and(|f| f != task.fence) {
+            return Err(CatalogError::Fenced);
+        }
+        let seq = if fence.is_some() { seq } else { task.partial_seq + 1 };
+        if seq <= task.partial_seq {
+            return Ok(Appended::Replayed(seq));
+        }
+        sqlx::query("INSERT INTO task_partials (task_id, seq, at_ms, value) VALUES (?, ?, ?, ?)").bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut *tx).await?;
+        let sizes: Vec<(i64, i64)> = sqlx::query_as("SELECT seq, length(CAST(value AS BLOB)) FROM task_partials WHERE task_id = ? ORDER BY seq DESC LIMIT ?")
+            .bind(id)
+            .bind(2 * MAX_FRAGMENTS as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        let sizes: Vec<(u64, usize)> = sizes.into_iter().map(|(s, n)| (s as u64, n.max(0) as usize)).collect();
+        let dropped = match keep_from(&sizes) {
+            Some(from) => sqlx::query("DELETE FROM task_partials WHERE task_id = ? AND seq < ?").bind(id).bind(from as i64).execute(&mut *tx).await?.rows_affected(),
+            None => 0,
+        };
+        sqlx::query("UPDATE tasks SET partial_seq = ?, partial_dropped = partial_dropped + ?, updated_at_ms = ? WHERE id = ?")
+            .bind(seq as i64)
+            .bind(dropped as i64)
+            .bind(now_ms)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Appended::Stored(seq))
+    }
+
+    async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
+        let rows: Vec<super::partials::PageRow> = sqlx::query_as(
+            "SELECT t.partial_seq, t.partial_dropped, p.seq, p.at_ms, p.value FROM tasks t \
+             LEFT JOIN task_partials p ON p.task_id = t.id AND p.seq > ? WHERE t.id = ? ORDER BY p.seq",
+        )
+        .bind(after.min(i64::MAX as u64) as i64)
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        super::partials::page_of(rows).ok_or(CatalogError::NotFound)
     }
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {

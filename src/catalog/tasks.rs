@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::partials::{Appended, PartialPage};
 use super::CatalogResult;
 
 /// Task status, exactly as MCP names them. `completed`, `failed` and `cancelled` are terminal:
@@ -138,6 +139,13 @@ pub struct TaskRecord {
     pub fence: u64,
     /// How many times a worker started (or resumed) the job.
     pub runs: u64,
+    /// The last partial result fragment number handed out (0: none; [`super::partials`]).
+    pub partial_seq: u64,
+    /// How many fragments were deleted to keep within the bounds.
+    pub partial_dropped: u64,
+    /// The fragment number the last checkpoint covered: a run resuming from it numbers its
+    /// fragments from here.
+    pub partial_mark: u64,
 }
 
 /// A task to start.
@@ -172,6 +180,9 @@ pub struct TaskUpdate {
     pub progress: Option<Progress>,
     /// JSON text.
     pub checkpoint: Option<String>,
+    /// With a checkpoint: the partial result fragment number it covers (stored as the task's
+    /// `partial_mark`; `None` leaves the mark as it was).
+    pub partial_mark: Option<u64>,
     pub now_ms: i64,
 }
 
@@ -219,6 +230,21 @@ pub trait TaskCatalog: Send + Sync {
     /// current (`Fenced` otherwise); with `None` (an external producer), while not terminal.
     /// `Conflict`-free: a terminal task answers `Fenced`.
     async fn update_task(&self, id: &str, fence: Option<u64>, update: &TaskUpdate) -> CatalogResult<()>;
+
+    /// Append partial result fragment `value` (JSON text, checked by the caller with
+    /// [`super::partials::check_fragment`]) to a `working` or `input_required` task, at
+    /// `now_ms`, in one transaction with its `task.partial` event. With `fence = Some`, only
+    /// while that lease is current, numbered `seq` by the job: a `seq` at or below the task's
+    /// `partial_seq` is [`Appended::Replayed`] (nothing stored); with `fence = None` (an
+    /// external producer), numbered `partial_seq + 1` (`seq` is ignored). Past the bounds the
+    /// oldest fragments are deleted and counted in `partial_dropped`
+    /// ([`super::partials::keep_from`]). `Fenced` if the lease was lost or the task is
+    /// terminal; `NotFound` if unknown.
+    async fn append_partial(&self, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Appended>;
+
+    /// The task's kept fragments with `seq > after`, oldest first, with `dropped` and `next`
+    /// from the same read. `NotFound` if unknown.
+    async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage>;
 
     /// Record an input request `key` → `request` (JSON text) and move the task to
     /// `input_required`, releasing the lease. `Fenced` if the lease was lost.

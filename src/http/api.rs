@@ -34,6 +34,7 @@ pub fn routes() -> Router<AppState> {
         .route("/tasks/{id}/input", post(respond))
         .route("/tasks/{id}/cancel", post(cancel))
         .route("/tasks/{id}/progress", post(report_progress))
+        .route("/tasks/{id}/partial", post(super::task_partials::append_partial))
         .route("/tasks/{id}/complete", post(complete))
         .route("/tasks/{id}/fail", post(fail))
         .route("/files", get(list_files))
@@ -53,8 +54,8 @@ pub fn routes() -> Router<AppState> {
             Uploads themselves use TUS 1.0 on /files/ and are not described here. \
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
-    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, complete, fail, list_files, file_info, share_file, openapi_json, super::events::events, super::events::deliveries),
-    components(schemas(TaskView, TaskList, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
+    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail, list_files, file_info, share_file, openapi_json, super::events::events, super::events::deliveries),
+    components(schemas(TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
     modifiers(&DocExtras),
     security(("bearer" = [])),
     tags(
@@ -282,7 +283,7 @@ struct TaskErrorDoc {
 pub const MAX_JSON_BODY: usize = 1 << 20;
 
 /// The body, or 413 `size_exceeded` past [`MAX_JSON_BODY`] (the router sets the limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
+pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
     body.map_err(|e| match e {
         BytesRejection::FailedToBufferBody(_) => Problem(TusError::new(
             413,
@@ -329,7 +330,7 @@ static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str
             kind.remove("enum");
         }
     }
-    ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody"]
+    ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody", "AppendPartial"]
         .into_iter()
         .filter_map(|name| {
             let schema = serde_json::json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
@@ -347,7 +348,7 @@ static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str
 /// A request body checked against its schema in the OpenAPI document (`schema`: the
 /// component's name) before it is read: a refusal names each place that does not fit by its
 /// JSON pointer (`body/ttl_ms: 0 is less than the minimum of 1`; issue 23, kind 3).
-fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str) -> Result<T, Problem> {
+pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str) -> Result<T, Problem> {
     let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
     if !body.trim_ascii_start().starts_with(b"{") {
         return Err(Problem(TusError::bad_request("the request body must be a JSON object", hint)));
@@ -427,6 +428,11 @@ pub struct TaskView<'a> {
     /// Suggested wait before polling again (non-terminal tasks only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_after_ms: Option<u64>,
+    /// Partial results appended while the task worked (single-task answers; a list leaves it
+    /// out): small JSON fragments, separate from `result`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::task_partials::PartialResultsDoc>)]
+    pub partial: Option<&'a crate::catalog::PartialPage>,
 }
 
 fn raw_ref(text: &Option<String>) -> Option<&RawValue> {
@@ -454,11 +460,8 @@ pub fn task_view(t: &TaskRecord) -> TaskView<'_> {
         ttl_ms: t.ttl_ms,
         runs: t.runs,
         poll_after_ms: (!t.status.is_terminal()).then_some(POLL_AFTER_MS),
+        partial: None,
     }
-}
-
-fn task_json(status: StatusCode, t: &TaskRecord) -> Response {
-    (status, axum::Json(task_view(t))).into_response()
 }
 
 /// Start a task.
@@ -515,7 +518,7 @@ async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extensio
     }
     let args = b.args.map(RawValue::get).unwrap_or("null");
     let started = s.tasks.start(&p, &b.kind, args, key.as_ref().map(|k| k.as_str()), b.ttl_ms).await?;
-    let mut res = task_json(if started.created { StatusCode::CREATED } else { StatusCode::OK }, &started.task);
+    let mut res = super::task_partials::task_json_after(&s, if started.created { StatusCode::CREATED } else { StatusCode::OK }, &started.task, 0).await?;
     if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/tasks/{}", started.task.id)) {
         res.headers_mut().insert("location", loc);
     }
@@ -544,13 +547,23 @@ async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extensio
 
 /// A task's status, progress, outstanding input requests, and result or error.
 #[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks", operation_id = "get_task",
-    params(("id" = String, Path, description = "Task id.")),
+    params(
+        ("id" = String, Path, description = "Task id."),
+        ("partial_after" = Option<u64>, Query, minimum = 0, description = "Show only partial result fragments numbered above this (the `partial.next` of the last view read); default 0, every kept fragment."),
+    ),
     responses(
         (status = 200, description = "The task.", body = TaskView),
+        (status = 400, description = "`partial_after` is not a whole number (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 404, description = "No such task for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
-async fn get_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
-    Ok(task_json(StatusCode::OK, &s.tasks.get(&p, &id).await?))
+async fn get_task(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    q: Result<Query<super::task_partials::TaskQuery>, QueryRejection>,
+) -> Result<Response, Problem> {
+    let after = super::task_partials::partial_after(q)?;
+    super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.get(&p, &id).await?, after).await
 }
 
 /// The task's arguments, exactly as sent.
@@ -607,7 +620,8 @@ async fn respond(
     let body = body_bytes(body)?;
     let b: InputBody = checked_body(&body, "InputResponse")?;
     let (accepted, t) = s.tasks.respond(&p, &id, &b.key, b.response.get()).await?;
-    Ok(axum::Json(serde_json::json!({ "accepted": accepted, "task": task_view(&t) })).into_response())
+    let page = s.tasks.partials(&t, 0).await?;
+    Ok(axum::Json(serde_json::json!({ "accepted": accepted, "task": super::task_partials::with_partial(task_view(&t), &page) })).into_response())
 }
 
 /// Cancel a task: `cancelled` at once (terminal); the job is told to stop and a late result
@@ -619,7 +633,7 @@ async fn respond(
         (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn cancel(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
-    Ok(task_json(StatusCode::OK, &s.tasks.cancel(&p, &id).await?))
+    super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.cancel(&p, &id).await?, 0).await
 }
 
 /// Report progress of an `external` task (its producer only).
@@ -643,7 +657,7 @@ async fn report_progress(
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
         return Err(Problem(TusError::bad_request("fraction must be between 0 and 1", "Send a fraction in [0, 1].")));
     }
-    Ok(task_json(StatusCode::OK, &s.tasks.report(&p, &id, progress).await?))
+    super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.report(&p, &id, progress).await?, 0).await
 }
 
 /// Complete an `external` task.
@@ -706,7 +720,7 @@ async fn complete(
         let raw: &RawValue = serde_json::from_str(result).expect("already parsed");
         serde_json::to_string(&WithFiles { files: infos, result: raw }).expect("serialises")
     };
-    Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Ok(text)).await?))
+    super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.finish_external(&p, &id, Ok(text)).await?, 0).await
 }
 
 /// Fail an `external` task.
@@ -730,7 +744,7 @@ struct FailBody {
 async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let b: FailBody = checked_body(&body, "FailTask")?;
-    Ok(task_json(StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?))
+    super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?, 0).await
 }
 
 /// A page of files, newest first.
@@ -873,6 +887,13 @@ mod schema_tests {
         fn every_task_body_fits_the_document(t in arb::task_record()) {
             let view = serde_json::to_value(task_view(&t)).unwrap();
             check("Task", &TASK, &view)?;
+            let value = serde_json::value::RawValue::from_string(serde_json::to_string(&t.progress).unwrap()).unwrap();
+            let page = crate::catalog::PartialPage {
+                fragments: vec![crate::catalog::Fragment { seq: t.runs + 1, at_ms: t.created_at_ms, value }],
+                dropped: t.runs,
+                next: t.runs + 1,
+            };
+            check("Task", &TASK, &serde_json::to_value(crate::http::task_partials::with_partial(task_view(&t), &page)).unwrap())?;
             check("TaskList", &TASK_LIST, &json!({ "tasks": [view.clone()] }))?;
             check("InputAnswer", &ANSWER, &json!({ "accepted": t.runs % 2 == 0, "task": view }))?;
         }

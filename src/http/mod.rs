@@ -20,6 +20,7 @@ mod download;
 mod events;
 mod health;
 mod rufh;
+mod task_partials;
 pub(crate) mod tus;
 pub mod web;
 

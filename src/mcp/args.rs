@@ -21,6 +21,7 @@ pub(super) struct TaskArg {
 pub(super) struct TaskGetArg {
     pub(super) task_id: String,
     pub(super) wait_ms: Option<u64>,
+    pub(super) partial_after: Option<u64>,
 }
 
 #[derive(Deserialize)]

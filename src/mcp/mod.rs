@@ -12,11 +12,9 @@
 //! Arguments a job can check before it runs — input files that are unknown or unfinished, a
 //! command's `params_schema` — are refused at the call as a tool error, and no task is made.
 //!
-//! Task status notifications (`notifications/tasks`) are not sent: rmcp 3.11 routes server
-//! notifications outside a request only through `subscriptions/listen`, whose
-//! `SubscriptionFilter` has no `taskIds` and whose sender refuses `notifications/tasks`
-//! (`rmcp::service::server`, `ServerSubscription::send`). `tasks/get` and `task_get`'s
-//! long-poll are the way.
+//! Task status notifications (`notifications/tasks`) are pushed on the client's
+//! `subscriptions/listen` stream when it declares the tasks extension, from whichever replica
+//! made the change ([`push`]); `tasks/get` and `task_get`'s long-poll still work.
 //!
 //! Input requests of a task: a job's request may carry `message` (text for the person) and
 //! `schema` (a flat JSON Schema object of the answer). Native tasks show each as an
@@ -25,6 +23,7 @@
 
 mod args;
 pub mod envelope;
+mod push;
 mod request;
 pub mod results;
 pub mod sessions;
@@ -168,13 +167,13 @@ impl FerryMcp {
                 Ok(result(&DeletedOut { status: OkStatus::Ok, deleted: file_id }, vec![], false))
             }
             "task_get" => {
-                let TaskGetArg { task_id, wait_ms } = args(&req.name, a)?;
+                let TaskGetArg { task_id, wait_ms, partial_after } = args(&req.name, a)?;
                 if wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
                     return Err(invalid(format!("wait_ms must be at most {MAX_WAIT_MS}"), "Call task_get again after each wait; 50000 ms is the longest single wait."));
                 }
                 let token = req.progress_token().or_else(|| ctx.meta.get_progress_token());
                 let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), token, ctx).await?;
-                self.task_result(p, &t).await
+                self.task_result_after(p, &t, partial_after).await
             }
             "task_respond" => {
                 let RespondArg { task_id, key, response } = args(&req.name, a)?;
@@ -469,6 +468,12 @@ impl FerryMcp {
     /// (built-in kinds' `file`, an `external` task's `files`) read from the live records, each
     /// with a signed download URL.
     async fn task_result(&self, p: &str, t: &TaskRecord) -> Outcome {
+        self.task_result_after(p, t, None).await
+    }
+
+    /// [`FerryMcp::task_result`] with the partial results numbered above `after` (shown when
+    /// the task has any, or `after` is given).
+    async fn task_result_after(&self, p: &str, t: &TaskRecord, after: Option<u64>) -> Outcome {
         let mut produced = Vec::new();
         let mut extra = Vec::new();
         if t.status == FerryStatus::Completed {
@@ -481,7 +486,10 @@ impl FerryMcp {
                 }
             }
         }
-        let (v, is_error) = task_out(t, produced);
+        let (mut v, is_error) = task_out(t, produced);
+        if t.partial_seq > 0 || after.is_some() {
+            v.partial = Some(PartialOut::of(&self.state.tasks.partials(t, after.unwrap_or(0)).await?));
+        }
         Ok(result(&v, extra, is_error))
     }
 
@@ -834,6 +842,17 @@ impl ServerHandler for FerryMcp {
         Ok(CallToolResponse::Complete(outcome.unwrap_or_else(|e| failure(&for_model(e, &req.name)))))
     }
 
+    /// `subscriptions/listen` opens a stream for task status notifications ([`push`]); none of
+    /// the list-changed or resource categories is offered (ferry's lists change with every
+    /// upload; poll them).
+    fn accepted_subscription_filter(&self, _requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::default())
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        self.listen_stream(context).await
+    }
+
     async fn get_task(&self, req: GetTaskParams, ctx: RequestContext<RoleServer>) -> Result<GetTaskResult, McpError> {
         let p = Self::principal(&ctx);
         let t = self.state.tasks.get(&p, &req.task_id).await.map_err(mcp_err)?;
@@ -1015,6 +1034,19 @@ mod schema_tests {
                 prop_assert!(names_call(&hint, &tools), "{hint:?} names no call");
             }
             let r = result(&v, vec![], is_error);
+            for tool in TASK_TOOLS {
+                check(tool, &r)?;
+            }
+            // With partial results beside the final result (issue 27), cut to a page with `more`.
+            let value = serde_json::value::RawValue::from_string(serde_json::to_string(&t.progress).unwrap()).unwrap();
+            let page = crate::catalog::PartialPage {
+                fragments: (1..=40).map(|seq| crate::catalog::Fragment { seq: t.runs + seq, at_ms: t.created_at_ms, value: value.clone() }).collect(),
+                dropped: t.runs,
+                next: t.runs + 40,
+            };
+            let mut with = v.clone();
+            with.partial = Some(PartialOut::of(&page));
+            let r = result(&with, vec![], is_error);
             for tool in TASK_TOOLS {
                 check(tool, &r)?;
             }

@@ -307,6 +307,60 @@ pub struct TaskOut {
     /// Why the task failed or was cancelled (`failed`, `cancelled`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorObject>,
+    /// Partial results the task appended while it worked (when it has any, or `partial_after`
+    /// was given): small JSON fragments, separate from `result`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial: Option<PartialOut>,
+}
+
+/// A task's partial results as a tool result shows them: at most [`MCP_PARTIAL_BYTES`] of
+/// fragments per result; `more` says there are newer ones to read with `partial_after: next`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PartialOut {
+    /// Fragments numbered above `partial_after`, oldest first.
+    pub fragments: Vec<FragmentOut>,
+    /// How many of the task's fragments were dropped (past 256 or 64 KiB, oldest first).
+    pub dropped: u64,
+    /// Pass as `partial_after` to task_get to read only newer fragments.
+    pub next: u64,
+    /// True when fragments newer than `next` were left out of this result (call task_get again
+    /// with `partial_after: next`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
+}
+
+/// One partial result fragment.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FragmentOut {
+    /// 1, 2, 3… per task.
+    pub seq: u64,
+    /// When it was appended, Unix ms.
+    pub at_ms: i64,
+    /// The fragment, any JSON.
+    pub value: Value,
+}
+
+/// The most fragment text one tool result carries, bytes (at least one fragment is shown).
+pub const MCP_PARTIAL_BYTES: usize = 4096;
+
+impl PartialOut {
+    /// `page` cut to [`MCP_PARTIAL_BYTES`].
+    pub fn of(page: &crate::catalog::PartialPage) -> PartialOut {
+        let mut used = 0;
+        let mut fragments = Vec::new();
+        for f in &page.fragments {
+            used += crate::catalog::partials::view_cost(f.value.get().len());
+            if !fragments.is_empty() && used > MCP_PARTIAL_BYTES {
+                break;
+            }
+            fragments.push(FragmentOut { seq: f.seq, at_ms: f.at_ms, value: serde_json::from_str(f.value.get()).unwrap_or(Value::Null) });
+        }
+        let more = fragments.len() < page.fragments.len();
+        let next = if more { fragments.last().map_or(page.next, |f| f.seq) } else { page.next };
+        PartialOut { fragments, dropped: page.dropped, next, more }
+    }
 }
 
 impl TaskOut {
@@ -326,6 +380,7 @@ impl TaskOut {
             files: None,
             result: None,
             error: None,
+            partial: None,
         }
     }
 }

@@ -138,8 +138,12 @@ pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<T
             output_schema::<DeletedOut>(),
             DESTROY),
         tool("task_get".into(), "Task status",
-            "A task's status, progress, questions (input_requests) and, when completed, its result with file handles and a download URL. wait_ms long-polls until it changes state (sends progress notifications when the call has a progress token).".into(),
-            object(json!({ "task_id": task_id(), "wait_ms": { "type": "integer", "minimum": 0, "maximum": super::MAX_WAIT_MS, "description": "Wait up to this long for the task to finish or need input (default 0)." } }), &["task_id"]),
+            "A task's status, progress, questions (input_requests), partial results appended so far (partial.fragments; pass partial.next as partial_after to read only newer ones) and, when completed, its result with file handles and a download URL. wait_ms long-polls until it changes state (sends progress notifications when the call has a progress token).".into(),
+            object(json!({
+                "task_id": task_id(),
+                "wait_ms": { "type": "integer", "minimum": 0, "maximum": super::MAX_WAIT_MS, "description": "Wait up to this long for the task to finish or need input (default 0)." },
+                "partial_after": { "type": "integer", "minimum": 0, "description": "Show only partial result fragments numbered above this: the partial.next of the last result read (default 0: every kept fragment)." }
+            }), &["task_id"]),
             output_schema::<TaskOut>(),
             READ),
         tool("task_respond".into(), "Answer a task's question",

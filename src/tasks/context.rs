@@ -32,6 +32,9 @@ pub struct JobContext {
     pub(super) floor: Mutex<Option<Progress>>,
     /// Files this run created or reopened (removed if the task fails or is cancelled).
     pub(super) files: Mutex<Vec<String>>,
+    /// The number of the last partial result fragment this run appended (or replayed); starts
+    /// at the mark of the checkpoint the run resumes from ([`crate::catalog::partials`]).
+    pub(super) partial_seq: tokio::sync::Mutex<u64>,
 }
 
 fn lost(e: CatalogError) -> JobError {
@@ -92,7 +95,7 @@ impl JobContext {
             g.0.clone()
         };
         let snapshot = self.never_backwards(snapshot);
-        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
+        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, partial_mark: None, now_ms: now_ms() };
         match self.catalog.update_task(&self.task_id, Some(self.fence), &u).await {
             // A progress report is advisory: one the catalog cannot take now (disk full, busy)
             // is skipped — the next report or checkpoint carries it (DESIGN §9).
@@ -118,12 +121,59 @@ impl JobContext {
 
     /// Persist `value` as the point to resume from after a crash (and the current progress).
     /// Call it only after the work it describes is durable (e.g. after [`FileWriter::sync`]).
+    /// It covers every partial result appended so far: a run resumed from it numbers its
+    /// fragments after those.
     pub async fn checkpoint<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), JobError> {
+        let mark = self.partial_count().await;
+        self.checkpoint_at(value, mark).await
+    }
+
+    /// [`JobContext::checkpoint`] covering only the first `mark` partial result fragments (a
+    /// job that learns of a resume point after it appended fragments past it, like the
+    /// `command` kind's pending checkpoints).
+    pub async fn checkpoint_at<T: Serialize + ?Sized>(&self, value: &T, mark: u64) -> Result<(), JobError> {
         let text = serde_json::to_string(value).map_err(|e| JobError::Internal(e.to_string()))?;
         let progress = self.progress.lock().unwrap().0.clone();
         let progress = self.never_backwards(progress);
-        let u = TaskUpdate { progress: Some(progress), checkpoint: Some(text), now_ms: now_ms() };
+        let u = TaskUpdate { progress: Some(progress), checkpoint: Some(text), partial_mark: Some(mark), now_ms: now_ms() };
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
+    /// Append a partial result: a small JSON value (at most 16 KiB as JSON,
+    /// [`crate::catalog::partials::MAX_FRAGMENT_BYTES`]) a caller can read before the task
+    /// ends — rows exported so far, a first finding. Stored at once with its `task.partial`
+    /// event; returns its number. A fragment this run re-emits after resuming from a checkpoint
+    /// (one stored before the checkpoint's run crashed) is not stored twice. The oldest
+    /// fragments are dropped past 256 or 64 KiB. Errors: a value too big or not JSON
+    /// ([`JobError::Failed`]), a lost lease ([`JobError::Cancelled`]), a catalog that cannot
+    /// take it ([`JobError::Exhausted`]).
+    pub async fn partial<T: Serialize + ?Sized>(&self, value: &T) -> Result<u64, JobError> {
+        let text = serde_json::to_string(value).map_err(|e| JobError::Internal(e.to_string()))?;
+        self.partial_json(&text).await
+    }
+
+    /// [`JobContext::partial`] of JSON text.
+    pub async fn partial_json(&self, text: &str) -> Result<u64, JobError> {
+        let value = crate::catalog::partials::check_fragment(text).map_err(JobError::failed)?;
+        let mut seq = self.partial_seq.lock().await;
+        let next = *seq + 1;
+        self.catalog.append_partial(&self.task_id, Some(self.fence), next, value.get(), now_ms()).await.map_err(lost)?;
+        *seq = next;
+        Ok(next)
+    }
+
+    /// The job starts its work again from a checkpoint that covered the first `mark` partial
+    /// results (within one run, e.g. a program restarted from its last checkpoint): its next
+    /// fragments are numbered from there, and those already stored count as replays.
+    pub async fn rewind_partials(&self, mark: u64) {
+        let mut seq = self.partial_seq.lock().await;
+        *seq = (*seq).min(mark);
+    }
+
+    /// The number of the last partial result fragment this run appended (or found already
+    /// stored), counting those before the checkpoint it resumed from.
+    pub async fn partial_count(&self) -> u64 {
+        *self.partial_seq.lock().await
     }
 
     /// The response to input request `key`, if one was stored; otherwise record `request`,
@@ -159,7 +209,7 @@ impl JobContext {
     pub(super) async fn flush_progress(&self) -> Result<(), JobError> {
         let snapshot = self.progress.lock().unwrap().0.clone();
         let snapshot = self.never_backwards(snapshot);
-        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, now_ms: now_ms() };
+        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, partial_mark: None, now_ms: now_ms() };
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
     }
 

@@ -261,12 +261,43 @@ impl Engine {
     /// Report progress for a task driven from outside (kind `external`).
     pub async fn report(&self, principal: &str, id: &str, progress: crate::catalog::Progress) -> Result<TaskRecord, TusError> {
         let task = self.external(principal, id).await?;
-        let u = crate::catalog::TaskUpdate { progress: Some(progress), checkpoint: None, now_ms: now_ms() };
+        let u = crate::catalog::TaskUpdate { progress: Some(progress), checkpoint: None, partial_mark: None, now_ms: now_ms() };
         match self.catalog.update_task(&task.id, None, &u).await {
             Ok(()) => self.get(principal, id).await,
             Err(CatalogError::Fenced) => Err(terminal(&task)),
             Err(e) => Err(catalog_err(e)),
         }
+    }
+
+    /// Append partial result `fragment` (JSON text) to a task driven from outside (kind
+    /// `external`); returns its number and the task after the call. Errors: not JSON or over
+    /// [`crate::catalog::partials::MAX_FRAGMENT_BYTES`] (400 / 413), not an external task
+    /// (400), finished (409).
+    pub async fn append_external(&self, principal: &str, id: &str, fragment: &str) -> Result<(u64, TaskRecord), TusError> {
+        let task = self.external(principal, id).await?;
+        if fragment.len() > crate::catalog::partials::MAX_FRAGMENT_BYTES {
+            return Err(TusError::new(
+                413,
+                ErrorCode::SizeExceeded,
+                format!("a partial result fragment may be at most {} bytes of JSON, got {}", crate::catalog::partials::MAX_FRAGMENT_BYTES, fragment.len()),
+                "Send a smaller fragment; put big data in a file (upload it with TUS) and send its id.",
+            ));
+        }
+        let value = crate::catalog::partials::check_fragment(fragment).map_err(|m| TusError::bad_request(m, "Send the fragment as one JSON value."))?;
+        match self.catalog.append_partial(&task.id, None, 0, value.get(), now_ms()).await {
+            Ok(crate::catalog::Appended::Stored(seq) | crate::catalog::Appended::Replayed(seq)) => Ok((seq, self.get(principal, id).await?)),
+            Err(CatalogError::Fenced) => Err(terminal(&self.get(principal, id).await.unwrap_or(task))),
+            Err(e) => Err(catalog_err(e)),
+        }
+    }
+
+    /// `task`'s kept partial result fragments numbered above `after`, oldest first (no query
+    /// when the record shows there is none).
+    pub async fn partials(&self, task: &TaskRecord, after: u64) -> Result<crate::catalog::PartialPage, TusError> {
+        if task.partial_seq <= after {
+            return Ok(crate::catalog::PartialPage { fragments: Vec::new(), dropped: task.partial_dropped, next: task.partial_seq });
+        }
+        self.catalog.task_partials(&task.id, after).await.map_err(catalog_err)
     }
 
     /// End a task driven from outside: `Ok(result)` completes it, `Err(message)` fails it.
@@ -359,6 +390,8 @@ impl Engine {
             progress: Mutex::new((if resumed { Default::default() } else { task.progress.clone() }, None)),
             floor: Mutex::new(resumed.then(|| task.progress.clone())),
             files: Mutex::new(Vec::new()),
+            // Without a checkpoint the run starts over and numbers its fragments from the start.
+            partial_seq: tokio::sync::Mutex::new(if task.checkpoint.is_some() { task.partial_mark } else { 0 }),
         };
         let heartbeat = {
             let (catalog, id, fence, lease, cancel) = (self.catalog.clone(), task.id.clone(), task.fence, self.cfg.lease, cancel.clone());

@@ -2,7 +2,8 @@
 //! and resumable mid-member.
 //!
 //! Args: `{"file_ids": ["<upload id>", …], "format": "tar"|"zip", "name": "optional output name"}` (`files` is accepted as the deprecated name of `file_ids`).
-//! Result: `{"file": <FileHandle>, "members": N}`.
+//! Result: `{"file": <FileHandle>, "members": N}`. Partial results: one fragment per member
+//! added, `{"member": index, "name", "size", "file_id"}`.
 //!
 //! The archive layout is a pure function of the members (names, sizes, mtimes), so every byte
 //! position is known up front: a checkpoint is `{cursor, member, offset}` (plus, for zip, the
@@ -227,6 +228,8 @@ impl Job for ArchiveJob {
             if args.format == Format::Zip {
                 crcs.push(crc);
             }
+            // A partial result per member added (a resumed run re-adding it is not stored twice).
+            ctx.partial(&serde_json::json!({ "member": member, "name": m.name, "size": m.size, "file_id": rec.id })).await?;
             member += 1;
             offset = 0;
             crc = 0;

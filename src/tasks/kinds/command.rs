@@ -56,8 +56,16 @@
 //!   Output written after the last checkpoint is discarded. Asking again for a key that was
 //!   already answered is an error.
 //!
-//! A malformed `progress` or `count` line is kept as log output; a malformed `checkpoint` or
-//! `input` line fails the task (the output could not be trusted). The last 20 log lines (at most
+//! - `partial <json>` — append a partial result: `<json>` is one JSON value of at most 16 KiB
+//!   (rows exported so far, a first finding), shown in the task's `partial.fragments` and sent
+//!   as a `task.partial` event at once, before the task ends. A checkpoint covers the fragments
+//!   written before its line: a run resumed from it should write again only the fragments that
+//!   came after that line, and those that ferry had already stored (the crash came between the
+//!   fragment and the next checkpoint) are recognised by their position and not stored twice.
+//!   The oldest fragments are dropped past 256 or 64 KiB (`partial.dropped` counts them).
+//!
+//! A malformed `progress` or `count` line is kept as log output; a malformed `checkpoint`,
+//! `input` or `partial` line (not JSON, over 16 KiB) fails the task (the output could not be trusted). The last 20 log lines (at most
 //! 4 KiB) are kept for the failure message.
 //!
 //! # Checkpoint
@@ -264,12 +272,15 @@ impl Job for CommandJob {
             };
             let cp = state.clone().expect("state set above");
             let child = spawn(spec, name, ctx.task_id(), &params, &cp, &answers)?;
-            let mut run = Run { ctx, name, writer, state: cp, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
+            let mark = ctx.partial_count().await;
+            let mut run = Run { ctx, name, writer, state: cp, mark, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
             let status = run.supervise(child).await?;
             if run.asked {
-                // Record the requests (with the last durable cursor), then loop: parks, or
-                // restarts at once if the answers are already stored.
-                ctx.checkpoint(&run.state).await?;
+                // Record the requests (with the last durable cursor and the partial results it
+                // covers), then loop: parks, or restarts at once if the answers are already
+                // stored — from that checkpoint, so fragments after it are written again.
+                ctx.checkpoint_at(&run.state, run.mark).await?;
+                ctx.rewind_partials(run.mark).await;
                 state = Some(run.state);
                 continue;
             }
@@ -315,10 +326,24 @@ fn spawn(spec: &CommandSpec, name: &str, task_id: &str, params: &str, cp: &Comma
 /// One stderr line, decided.
 #[derive(Debug, Clone, PartialEq)]
 enum Line {
-    Progress { fraction: f64, message: Option<String> },
-    Count { name: String, value: u64 },
-    Checkpoint { bytes: u64, token: String },
-    Input { key: String, request: Value },
+    Progress {
+        fraction: f64,
+        message: Option<String>,
+    },
+    Count {
+        name: String,
+        value: u64,
+    },
+    Checkpoint {
+        bytes: u64,
+        token: String,
+    },
+    Input {
+        key: String,
+        request: Value,
+    },
+    /// A partial result fragment, checked JSON text.
+    Partial(String),
     Log(String),
 }
 
@@ -369,6 +394,10 @@ fn parse_line(line: &str) -> Result<Line, String> {
             }
             let request = serde_json::from_str(json).map_err(|e| format!("input request for '{key}' is not JSON: {e}"))?;
             Ok(Line::Input { key: key.to_string(), request })
+        }
+        "partial" => {
+            let value = crate::catalog::partials::check_fragment(rest).map_err(|e| format!("partial line: {e}"))?;
+            Ok(Line::Partial(value.get().to_string()))
         }
         _ => log(),
     }
@@ -430,10 +459,13 @@ struct Run<'a> {
     writer: FileWriter,
     /// The last persisted checkpoint, plus inputs asked in this run.
     state: CommandCheckpoint,
+    /// The partial result fragments `state`'s checkpoint covers.
+    mark: u64,
     /// stdout bytes received and written in this run.
     run_bytes: u64,
-    /// Declared checkpoints not yet reached by the copy: (bytes of this run, token).
-    pending: VecDeque<(u64, String)>,
+    /// Declared checkpoints not yet reached by the copy: (bytes of this run, token, partial
+    /// result fragments appended before the line).
+    pending: VecDeque<(u64, String, u64)>,
     tail: Tail,
     /// The program asked for new input in this run.
     asked: bool,
@@ -477,7 +509,7 @@ impl Run<'_> {
                 r = stdout.read_buf(&mut out_buf), if !out_eof => {
                     if r.map_err(|e| JobError::Internal(format!("reading stdout: {e}")))? == 0 {
                         out_eof = true;
-                        if let Some((at, _)) = self.pending.front() {
+                        if let Some((at, _, _)) = self.pending.front() {
                             return Err(self.protocol(format_args!("checkpoint at byte {at} but only {} bytes were written to stdout", self.run_bytes)));
                         }
                         continue;
@@ -530,19 +562,25 @@ impl Run<'_> {
                 Line::Progress { fraction, message } => self.ctx.progress(Some(fraction), message.as_deref(), &[]).await?,
                 Line::Count { name, value } => self.ctx.progress(None, None, &[(&name, value)]).await?,
                 Line::Checkpoint { bytes, token } => {
-                    if self.pending.back().is_some_and(|(at, _)| bytes < *at) {
+                    if self.pending.back().is_some_and(|(at, _, _)| bytes < *at) {
                         return Err(self.protocol(format_args!("checkpoint byte count {bytes} is lower than an earlier one")));
                     }
+                    // The checkpoint covers the fragments written before its line, whenever the
+                    // copy of stdout reaches it.
+                    let mark = self.ctx.partial_count().await;
                     if bytes == self.run_bytes {
-                        self.checkpoint_now(token).await?;
+                        self.checkpoint_now(token, mark).await?;
                     } else if bytes > self.run_bytes {
                         match self.pending.back_mut() {
-                            Some(last) if last.0 == bytes => last.1 = token,
-                            _ => self.pending.push_back((bytes, token)),
+                            Some(last) if last.0 == bytes => (last.1, last.2) = (token, mark),
+                            _ => self.pending.push_back((bytes, token, mark)),
                         }
                     } else {
                         tracing::debug!(task = self.ctx.task_id(), bytes, stored = self.run_bytes, "command checkpoint seen late; skipped");
                     }
+                }
+                Line::Partial(value) => {
+                    self.ctx.partial_json(&value).await?;
                 }
                 Line::Input { key, request } => {
                     if self.answered.contains_key(&key) {
@@ -562,14 +600,14 @@ impl Run<'_> {
 
     /// Write a stdout chunk, stopping at declared checkpoints on the way.
     async fn stdout(&mut self, mut chunk: Bytes) -> Result<(), JobError> {
-        while let Some(&(at, _)) = self.pending.front() {
+        while let Some(&(at, _, _)) = self.pending.front() {
             if at > self.run_bytes + chunk.len() as u64 {
                 break;
             }
             let head = chunk.split_to((at - self.run_bytes) as usize);
             self.write(head).await?;
-            let (_, token) = self.pending.pop_front().expect("front");
-            self.checkpoint_now(token).await?;
+            let (_, token, mark) = self.pending.pop_front().expect("front");
+            self.checkpoint_now(token, mark).await?;
         }
         self.write(chunk).await
     }
@@ -583,10 +621,12 @@ impl Run<'_> {
         self.ctx.progress(None, None, &[("output_bytes", self.writer.position())]).await
     }
 
-    async fn checkpoint_now(&mut self, token: String) -> Result<(), JobError> {
+    async fn checkpoint_now(&mut self, token: String, mark: u64) -> Result<(), JobError> {
         self.state.cursor = self.writer.sync().await?;
         self.state.token = token;
-        self.ctx.checkpoint(&self.state).await
+        self.ctx.checkpoint_at(&self.state, mark).await?;
+        self.mark = mark;
+        Ok(())
     }
 }
 
@@ -601,6 +641,17 @@ pub(crate) mod tests {
         assert_eq!(parse_line("count rows 42").unwrap(), Line::Count { name: "rows".into(), value: 42 });
         assert_eq!(parse_line("checkpoint 1024 page=7 cursor=abc").unwrap(), Line::Checkpoint { bytes: 1024, token: "page=7 cursor=abc".into() });
         assert_eq!(parse_line(r#"input confirm {"message":"go?"}"#).unwrap(), Line::Input { key: "confirm".into(), request: serde_json::json!({"message": "go?"}) });
+    }
+
+    #[test]
+    fn partial_lines_carry_one_small_json_value() {
+        assert_eq!(parse_line(r#"partial {"rows": 10, "last": "b"}"#).unwrap(), Line::Partial(r#"{"rows": 10, "last": "b"}"#.into()));
+        assert_eq!(parse_line("partial 7").unwrap(), Line::Partial("7".into()));
+        assert!(parse_line("partial rows so far").unwrap_err().contains("JSON"), "not JSON fails the task");
+        assert!(parse_line("partial ").is_err());
+        let big = format!("partial \"{}\"", "x".repeat(crate::catalog::partials::MAX_FRAGMENT_BYTES));
+        assert!(parse_line(&big).unwrap_err().contains("at most"));
+        assert_eq!(parse_line("partial").unwrap(), Line::Log("partial".into()), "the bare word is log output");
     }
 
     #[test]
@@ -766,6 +817,42 @@ printf 'part2 %s %s\n' "$FERRY_INPUT_GO" "$FERRY_PARAMS"
         let result = t.result.unwrap();
         assert!(result.contains(r#""exit_code":0"#), "{result}");
         assert_eq!(file_bytes(&e, &result).await, b"part1\npart2 true {\"a\":1}\n");
+        e.shutdown();
+    }
+
+    /// Fragments written after the last checkpoint, before an input request, are written again
+    /// by the run after the answer (it starts from that checkpoint): stored once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partial_results_after_the_last_checkpoint_are_not_stored_twice_after_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = script(
+            dir.path(),
+            r#"
+if [ -z "$FERRY_INPUT_GO" ]; then
+  printf 'a\n'
+  echo 'partial {"n":1}' >&2
+  echo "checkpoint 2 one" >&2
+  echo 'partial {"n":2}' >&2
+  echo 'input go {"message":"go?"}' >&2
+  exit 0
+fi
+echo 'partial {"n":2}' >&2
+echo 'partial {"n":3}' >&2
+printf 'b\n'
+"#,
+        );
+        let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
+        let t = e.start("p", "command", r#"{"command":"prog"}"#, None, None).await.unwrap().task;
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::InputRequired, "{t:?}");
+        assert_eq!((t.partial_seq, t.partial_mark), (2, 1), "the input checkpoint covers only the fragment before the byte checkpoint");
+        e.respond("p", &t.id, "go", "true").await.unwrap();
+        let t = settle(&e, &t.id).await;
+        assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
+        let page = e.partials(&t, 0).await.unwrap();
+        let got: Vec<(u64, &str)> = page.fragments.iter().map(|f| (f.seq, f.value.get())).collect();
+        assert_eq!(got, vec![(1, r#"{"n":1}"#), (2, r#"{"n":2}"#), (3, r#"{"n":3}"#)]);
+        assert_eq!(file_bytes(&e, t.result.as_deref().unwrap()).await, b"a\nb\n");
         e.shutdown();
     }
 

@@ -3,7 +3,9 @@
 //!
 //! Args: `{"file_id": "<upload id>", "format": "zstd"|"gzip", "level": optional int}` (`file` is
 //! accepted as the deprecated name of `file_id`).
-//! Result: `{"file": <FileHandle>, "input_bytes": N}`.
+//! Result: `{"file": <FileHandle>, "input_bytes": N}`. Partial results: one fragment per frame
+//! written, `{"frame": index, "input_offset", "input_bytes", "output_end"}` (input bytes the
+//! frame holds, output file length after it).
 //!
 //! Compressor state cannot be saved, so the input is compressed as independent frames (zstd
 //! frames / gzip members) of `FRAME` input bytes each; both formats decode a concatenation of
@@ -239,6 +241,7 @@ impl Job for CompressJob {
 
         loop {
             ctx.check()?;
+            let frame_start = offset;
             let frame_end = (offset + FRAME).min(len);
             let mut enc = Some(blocking(move || Encoder::new(args.format, level)).await?);
             if offset < frame_end {
@@ -290,6 +293,8 @@ impl Job for CompressJob {
             let e = enc.take().expect("encoder");
             let out = blocking(move || e.finish()).await?;
             write_out(&mut w, out).await?;
+            // A partial result per frame (before the checkpoint that covers it).
+            ctx.partial(&serde_json::json!({ "frame": frame_start / FRAME, "input_offset": frame_start, "input_bytes": offset - frame_start, "output_end": w.position() })).await?;
             if offset >= len {
                 break;
             }

@@ -25,6 +25,8 @@
 //!
 //! Progress: `fraction` = stored / total when the total is known; counter `bytes`.
 //! Result: `{"file": FileHandle, "url": "<url without credentials>"}`.
+//! Partial results: one fragment per checkpoint, `{"bytes": <durable bytes so far>, "total":
+//! <length or null>, "etag": <strong ETag or null>, "last_modified": <Last-Modified or null>}`.
 //!
 //! # Checkpoint
 //!
@@ -346,6 +348,9 @@ impl Open {
     async fn checkpoint(&mut self, ctx: &JobContext, url: &str) -> Result<(), JobError> {
         let cursor = self.writer.sync().await?;
         self.synced = cursor.offset;
+        // A partial result per checkpoint: the durable bytes and the validator they belong to
+        // (covered by the checkpoint below, so a resumed run does not repeat it).
+        ctx.partial(&serde_json::json!({ "bytes": cursor.offset, "total": self.total, "etag": self.validator.etag, "last_modified": self.validator.last_modified })).await?;
         let cp = FetchCheckpoint { cursor, start: self.start.clone(), url: url.to_string(), validator: self.validator.clone(), length: self.total };
         ctx.checkpoint(&cp).await
     }
@@ -745,12 +750,19 @@ mod tests {
         let t = e.start("p", "fetch", &args, None, None).await.unwrap().task;
         let t = settle(&e, &t.id).await;
         assert_eq!(t.status, crate::tasks::TaskStatus::Completed, "{t:?}");
-        let result = t.result.unwrap();
+        let result = t.result.clone().unwrap();
         assert!(result.contains(r#""name":"data.txt""#) && result.contains("text/plain"), "{result}");
         assert_eq!(file_bytes(&e, &result).await, b"0123456789");
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 2, "{seen:?}");
-        assert!(seen[1].contains("range: bytes=5-") && seen[1].contains("if-range: \"v1\""), "{}", seen[1]);
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            assert!(seen[1].contains("range: bytes=5-") && seen[1].contains("if-range: \"v1\""), "{}", seen[1]);
+        }
+        // A partial result per checkpoint: the durable bytes and the validator they belong to.
+        let page = e.partials(&t, 0).await.unwrap();
+        let first: serde_json::Value = serde_json::from_str(page.fragments.first().expect("a fragment").value.get()).unwrap();
+        assert_eq!(first, serde_json::json!({ "bytes": 0, "total": 10, "etag": "\"v1\"", "last_modified": null }), "{page:?}");
+        assert!(page.fragments.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "{page:?}");
         e.shutdown();
     }
 

@@ -10,7 +10,8 @@ data directory). With --ferry the client launches `ferry serve --stdio --listen 
 the bytes still go over HTTP, to the address in the signed URLs the tools return.
 
 Scenarios: export, receive, errors, expired, principals (HTTP only), native_tasks,
-task_output_locked (--gate FILE).
+task_output_locked (--gate FILE), task_push (--url2 URL: listen on another replica; --gate DIR:
+restart handshake).
 
 Every check raises AssertionError naming what differed; the script exits non-zero with the
 traceback, and prints one JSON summary line on success. curl moves the bytes (no token: signed
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -39,7 +41,7 @@ from typing import Any, Literal
 import httpx2
 import mcp_types as mt
 from mcp import Client, StdioServerParameters
-from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict
@@ -75,6 +77,7 @@ class Args:
     scenario: str
     data: str
     url: str | None
+    url2: str | None
     token: str | None
     token2: str | None
     ferry: str | None
@@ -320,6 +323,14 @@ def validating(c: Client) -> Client:
 
     c.call_tool = call_tool  # type: ignore[method-assign]
     return c
+
+
+@asynccontextmanager
+async def connect_to(url: str, extensions: list[ClientExtension] | None = None):
+    """A Streamable HTTP client of `url` (another replica), no token."""
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(60.0, read=120.0), trust_env=False) as hc:
+        async with Client(streamable_http_client(url, http_client=hc), extensions=extensions, cache=None) as c:
+            yield validating(c)
 
 
 @asynccontextmanager
@@ -930,6 +941,129 @@ async def scenario_native_tasks() -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Task status pushed (issue 27): `notifications/tasks` on a `subscriptions/listen` stream.
+
+
+class TaskStatusParams(mt.NotificationParams):
+    """`notifications/tasks` params: the task as tasks/get shows it (SEP-2663)."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: str
+    status: str
+
+
+PUSHED: list[dict[str, Any]] = []
+PUSHED_CHANGED = asyncio.Event()
+
+
+async def on_task_status(params: TaskStatusParams) -> None:
+    PUSHED.append(params.model_dump(by_alias=True, exclude_none=True))
+    PUSHED_CHANGED.set()
+
+
+OBSERVED: list[dict[str, Any]] = []
+
+
+async def on_observed(params: TaskStatusParams) -> None:
+    OBSERVED.append(params.model_dump(by_alias=True, exclude_none=True))
+
+
+class ObserverExtension(ClientExtension):
+    """Binds `notifications/tasks` without declaring the tasks extension: must receive none."""
+
+    identifier = "io.ferry.tests/observer"
+
+    def notifications(self):
+        return [NotificationBinding(method="notifications/tasks", params_type=TaskStatusParams, handler=on_observed)]
+
+
+class PushedTasksExtension(TasksExtension):
+    """The tasks extension, also observing `notifications/tasks` (a binding: the SDK's core tables do not define it)."""
+
+    def notifications(self):
+        return [NotificationBinding(method="notifications/tasks", params_type=TaskStatusParams, handler=on_task_status)]
+
+
+async def pushed_until(task_id: str, statuses: list[str]) -> list[dict[str, Any]]:
+    """Wait (bounded) until the notifications of `task_id` number len(statuses); check their statuses in order."""
+    for _ in range(POLL_ROUNDS):
+        mine = [n for n in PUSHED if n["taskId"] == task_id]
+        if len(mine) >= len(statuses):
+            check([n["status"] for n in mine] == statuses, f"notifications/tasks of {task_id} in order", mine)
+            return mine
+        PUSHED_CHANGED.clear()
+        try:
+            await asyncio.wait_for(PUSHED_CHANGED.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+    raise AssertionError(f"expected notifications {statuses} for {task_id}, got {[n for n in PUSHED if n['taskId'] == task_id]}")
+
+
+async def wait_gate(name: str) -> None:
+    """Tell the test `name` happened (file GATE/name) and wait for GATE/name.done (bounded)."""
+    open(os.path.join(ARGS.gate, name), "w").close()
+    done = os.path.join(ARGS.gate, name + ".done")
+    for _ in range(POLL_ROUNDS * 2):
+        if os.path.exists(done):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the test never answered {name}")
+
+
+async def scenario_task_push() -> dict[str, Any]:
+    """A task that asks for input and is answered: one `notifications/tasks` per transition
+    (working → input_required → working → completed), each like tasks/get's view, with the
+    subscription id and a distinct `io.ferry/event` in `_meta`.
+
+    --url2: the listen stream is on that replica, the calls on --url. --gate DIR: after
+    input_required, the server is restarted (GATE/restart → GATE/restart.done) and the client
+    listens again; the answer's transitions arrive on the new stream.
+    """
+    listen_url = ARGS.url2 or ARGS.url
+    async with contextlib.AsyncExitStack() as stack:
+        c = await stack.enter_async_context(connect(extensions=[PushedTasksExtension()]))
+        lc = c if listen_url == ARGS.url else await stack.enter_async_context(connect_to(listen_url, extensions=[PushedTasksExtension()]))
+        sub = await stack.enter_async_context(lc.listen())
+        check(sub.honored is not None, "listen acknowledged")
+        if ARGS.url and not ARGS.url2 and not ARGS.gate:
+            # A client of the same principal without the tasks extension, listening too.
+            oc = await stack.enter_async_context(connect_to(ARGS.url, extensions=[ObserverExtension()]))
+            await stack.enter_async_context(oc.listen())
+        created = await c.session.call_tool("export_ask", {}, allow_claimed=True)
+        check(isinstance(created, TaskCreated), "export_ask answers a CreateTaskResult", created.model_dump(by_alias=True))
+        tid = created.task_id
+        first = await pushed_until(tid, ["working", "input_required"])
+        req = first[1].get("inputRequests", {}).get("name")
+        check(req and req.get("method") == "elicitation/create", "input_required notification carries the form", first[1])
+        if ARGS.gate:
+            # The stream dies with the server; re-listen on the new one (no replay, as the SDK says).
+            try:
+                await stack.aclose()
+            except Exception:  # noqa: BLE001 - the old stream's end after a kill is not under test
+                pass
+            await wait_gate("restart")
+            stack = contextlib.AsyncExitStack()
+            await stack.__aenter__()
+            c = await stack.enter_async_context(connect(extensions=[PushedTasksExtension()]))
+            lc = c
+            await stack.enter_async_context(lc.listen())
+        d = await tasks_get(c.session, tid)
+        check(d["status"] == "input_required", "still waiting for input", d)
+        await c.session.send_request(UpdateTaskRequest(params=UpdateTaskParams(task_id=tid, input_responses={"name": {"action": "accept", "content": {"answer": "push"}}})), AnyResult)
+        got = await pushed_until(tid, ["working", "input_required", "working", "completed"])
+        last = got[-1]
+        res = sc(mt.CallToolResult.model_validate(last["result"]))
+        check(res["status"] == "completed" and res["file"]["id"], "the completed notification inlines the result", last)
+        check(get_url(res["download_url"], sha=res["file"]["sha256"], what="pushed result") == b'hello "push"', "the program saw the answer")
+        ids = [n.get("_meta", {}).get("io.ferry/event") for n in got]
+        check(all(isinstance(i, str) and i.startswith("evt_") for i in ids) and len(set(ids)) == 4, "each notification names its own event", got)
+        check(all(n.get("_meta", {}).get("io.modelcontextprotocol/subscriptionId") is not None for n in got), "each carries the subscription id", got)
+        check(OBSERVED == [], "a client without the tasks extension is sent no notifications/tasks", OBSERVED)
+        await stack.aclose()
+    return {"task": tid, "statuses": [n["status"] for n in got], "events": ids}
+
+
 SCENARIOS = {
     "export": scenario_export,
     "receive": scenario_receive,
@@ -938,6 +1072,7 @@ SCENARIOS = {
     "principals": scenario_principals,
     "native_tasks": scenario_native_tasks,
     "task_output_locked": scenario_task_output_locked,
+    "task_push": scenario_task_push,
 }
 
 
@@ -951,6 +1086,7 @@ def parse_args() -> None:
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     p.add_argument("--data", required=True)
     p.add_argument("--url")
+    p.add_argument("--url2")
     p.add_argument("--token")
     p.add_argument("--token2")
     p.add_argument("--ferry")
@@ -961,6 +1097,7 @@ def parse_args() -> None:
     ARGS.scenario, ARGS.data, ARGS.url, ARGS.token, ARGS.token2, ARGS.ferry = ns.scenario, ns.data, ns.url, ns.token, ns.token2, ns.ferry
     ARGS.server_args = server_args
     ARGS.gate = ns.gate
+    ARGS.url2 = ns.url2
 
 
 async def main() -> None:

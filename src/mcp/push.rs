@@ -1,0 +1,140 @@
+//! Task status pushed to MCP clients (issue 27): `notifications/tasks` (SEP-2663) on the
+//! client's `subscriptions/listen` stream (MCP 2026-07-28), on `/mcp` and on stdio.
+//!
+//! A client that declares the tasks extension (`io.modelcontextprotocol/tasks`) on its
+//! `subscriptions/listen` request gets, on that stream, one `notifications/tasks` for every
+//! status change of its principal's tasks committed after the stream was acknowledged —
+//! `working` (created), `input_required`, `working` (answered), and the terminal one — each
+//! carrying the task as `tasks/get` shows it in that status (a completed task inlines its
+//! `CallToolResult`), with `_meta` `io.modelcontextprotocol/subscriptionId` (the listen
+//! request's id) and `io.ferry/event` (the outbox event id; the same change seen twice, e.g.
+//! after re-listening, has the same id).
+//!
+//! The changes come from the outbox ([`crate::events::Events::follow`]), which every replica
+//! writes in the transaction that makes the change and the head watcher reads: a stream open on
+//! one replica carries the changes another replica made. A stream ends with the server (the
+//! client re-listens and calls `tasks/get` for what changed meanwhile: there is no replay, as
+//! the listen request has no cursor).
+//!
+//! rmcp 3.11's [`rmcp::service::SubscriptionSink::send`] refuses `notifications/tasks`
+//! (`SubscriptionFilter` has no `taskIds` yet), so the notification is sent the way rmcp sends
+//! the stream's acknowledgment: through the listen request's peer
+//! ([`rmcp::service::SubscriptionContext::request_context`]`.peer.send_notification`) with the
+//! subscription id in `_meta`. On Streamable HTTP that peer is the listen request's own
+//! response stream; on stdio, the connection. A client without the extension gets an open
+//! stream that carries nothing ferry-specific.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rmcp::model::{NotificationMetaObject, RequestId, ServerNotification, TaskStatusNotification, TaskStatusNotificationParams};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
+use rmcp::ErrorData as McpError;
+
+use super::FerryMcp;
+use crate::catalog::TaskStatus;
+use crate::events::{Cursor, EventView};
+
+/// Pause before following the outbox again after a read failed.
+const RETRY: Duration = Duration::from_secs(1);
+
+impl FerryMcp {
+    /// Serve one `subscriptions/listen` stream until the client cancels it or the server shuts
+    /// down (then `Ok`: rmcp sends the final result).
+    pub(super) async fn listen_stream(&self, sub: SubscriptionContext) -> Result<(), McpError> {
+        let ctx = sub.request_context();
+        if !ctx.client_capabilities().is_some_and(|c| c.supports_tasks()) {
+            tokio::select! {
+                _ = sub.cancelled() => {}
+                _ = self.state.http.shutdown.cancelled() => {}
+            }
+            return Ok(());
+        }
+        let p = Self::principal(ctx);
+        let mut cursor = Cursor::Now;
+        loop {
+            let events = match self.state.events.follow(&p, cursor.clone()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "task notifications: reading the outbox failed; trying again");
+                    tokio::select! {
+                        _ = sub.cancelled() => return Ok(()),
+                        _ = self.state.http.shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
+            };
+            let mut events = std::pin::pin!(events);
+            loop {
+                let next = tokio::select! {
+                    _ = sub.cancelled() => return Ok(()),
+                    _ = self.state.http.shutdown.cancelled() => return Ok(()),
+                    n = events.next() => n,
+                };
+                match next {
+                    Some(Ok(ev)) => {
+                        cursor = Cursor::After(ev.id.clone());
+                        if ev.event_type != "task.status_changed" {
+                            continue;
+                        }
+                        if !self.notify(&p, ctx, &ev).await {
+                            return Ok(()); // the client is gone
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "task notifications: the outbox read failed; following again from the last event");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            tokio::select! {
+                _ = sub.cancelled() => return Ok(()),
+                _ = self.state.http.shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(RETRY) => {}
+            }
+        }
+    }
+
+    /// Send the `notifications/tasks` of status-change event `ev`; false when the stream is
+    /// closed. A task swept since, or a change the view cannot be built for, is skipped.
+    async fn notify(&self, p: &str, ctx: &RequestContext<RoleServer>, ev: &EventView) -> bool {
+        let Some(id) = ev.data.get("task").and_then(|v| v.as_str()) else { return true };
+        let Some(status) = ev.data.get("status").and_then(|v| v.as_str()).and_then(TaskStatus::parse) else { return true };
+        let Ok(mut t) = self.state.tasks.get(p, id).await else { return true };
+        // The task as it was in this change: a later change may have committed already.
+        if t.status != status {
+            t.status = status;
+            t.updated_at_ms = at_ms(ev).unwrap_or(t.updated_at_ms);
+            if status == TaskStatus::InputRequired {
+                // Answered since: show the requests it was waiting for (answers are kept, so
+                // every request it ever made; the one it asked last among them).
+                t.input_responses = "{}".into();
+            }
+        }
+        let detailed = match self.detailed(p, &t).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(task = id, error = %e.message, "task notification skipped: its view could not be built");
+                return true;
+            }
+        };
+        let n = ServerNotification::TaskStatusNotification(TaskStatusNotification::new(TaskStatusNotificationParams::new(detailed)));
+        send(ctx, n, ctx.id.clone(), &ev.id).await
+    }
+}
+
+/// `ev`'s commit time, Unix ms.
+fn at_ms(ev: &EventView) -> Option<i64> {
+    humantime::parse_rfc3339(&ev.timestamp).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as i64)
+}
+
+/// Send `n` on the listen stream `subscription` with the subscription id and the event id in
+/// `_meta`; false when the stream is closed.
+async fn send(ctx: &RequestContext<RoleServer>, mut n: ServerNotification, subscription: RequestId, event_id: &str) -> bool {
+    use rmcp::model::GetMeta;
+    let meta: &mut NotificationMetaObject = n.get_meta_mut();
+    meta.set_subscription_id(subscription);
+    meta.0 .0.insert("io.ferry/event".into(), event_id.into());
+    ctx.peer.send_notification(n).await.is_ok()
+}
