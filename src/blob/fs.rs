@@ -640,3 +640,27 @@ impl BlobWriter for FsWriter {
         self.flushed + self.gathered_len as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer another holder still has attached keeps every later writer out (503-style
+    /// `Unavailable`, nothing written or truncated) until it closes the file.
+    #[tokio::test]
+    async fn a_second_writer_waits_for_the_first_to_close_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsBlobStore::open(dir.path(), true).unwrap();
+        store.create("writer1").await.unwrap();
+        let mut first = store.open_writer("writer1", 0, &BlobState::default()).await.unwrap();
+        first.write(Bytes::from_static(b"committed and more")).await.unwrap();
+        first.sync().await.unwrap();
+        let second = store.open_writer("writer1", 9, &BlobState::fs(9)).await;
+        assert!(matches!(second, Err(BlobError::Unavailable(_))), "a second writer attached while the first had the file");
+        assert_eq!(store.len("writer1").await.unwrap(), Some(18), "the refused writer truncated nothing");
+        drop(first);
+        let second = store.open_writer("writer1", 9, &BlobState::fs(9)).await.expect("free once the first closed the file");
+        assert_eq!(second.position(), 9);
+        assert_eq!(store.len("writer1").await.unwrap(), Some(9), "the new writer discarded what was past its offset");
+    }
+}
