@@ -69,11 +69,29 @@ async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> (Str
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 204, "{}", r.text().await.unwrap_or_default());
-        off += n as u64;
+        match r.status().as_u16() {
+            204 => off += n as u64,
+            // What a TUS client does with a retryable refusal (S3 busy: 503; the upload still
+            // held: 423; an offset to resume from: 409): ask for the offset, then go on.
+            status @ (409 | 423 | 503) => {
+                let body = r.text().await.unwrap_or_default();
+                if RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 5 {
+                    eprintln!("PATCH at {off} answered {status}, resuming: {body}");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                let h = c.head(&url).header("Tus-Resumable", "1.0.0").send().await.unwrap();
+                if h.status() == 200 {
+                    off = h.headers()["upload-offset"].to_str().unwrap().parse().unwrap();
+                }
+            }
+            status => panic!("PATCH at {off}: {status} {}", r.text().await.unwrap_or_default()),
+        }
     }
     (url, t0.elapsed().as_secs_f64())
 }
+
+/// PATCHes answered with a retryable refusal and resumed, in all ([`tus_upload`]).
+static RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// TUS termination of `url` (not timed: keeps a real S3's disk from filling up).
 async fn terminate(c: &reqwest::Client, url: &str) {
@@ -199,6 +217,7 @@ fn main() {
             s3_cpu_per_gib(cost.s3_cpu, bytes)
         );
         println!("\nratio throughput ferry / direct: {:.2}\n", direct / through);
+        println!("PATCHes refused (503/423/409) and resumed: {}\n", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
 
         // 2. three replicas vs one, PostgreSQL + one bucket.
         let s = TestS3::start("replicas", 5 * MIB).await;
@@ -222,5 +241,6 @@ fn main() {
             println!("| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |", c.ferry_cpu / (total as f64 / GIB), c.max_rss, c.sum_rss, s3_cpu_per_gib(c.s3_cpu, total));
         }
         println!("\nratio three / one: {:.2}", three / one);
+        println!("PATCHes refused (503/423/409) and resumed, both runs: {}", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
     });
 }

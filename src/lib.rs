@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod events;
 pub mod exhaustion;
+pub mod framed;
 pub mod http;
 pub mod mcp;
 pub mod metrics;

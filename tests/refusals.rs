@@ -407,8 +407,11 @@ async fn a_replay_has_no_side_effects() {
     // report, note, draft, 2 parts, final, input, 2 archives, sentinel.
     assert_eq!(created.len(), 10, "{created:?}");
     for t in [&task_id, &mcp_task] {
-        let changes: Vec<&Value> = seen.iter().filter(|e| e.data["data"]["task"] == t.as_str()).map(|e| &e.data["data"]["status"]).collect();
+        let changes: Vec<&Value> = seen.iter().filter(|e| e.event == "task.status_changed" && e.data["data"]["task"] == t.as_str()).map(|e| &e.data["data"]["status"]).collect();
         assert_eq!(changes, [&json!("working"), &json!("completed")], "task {t}: one run");
+        // The run's partial results (one per archive member) are announced once, too.
+        let partials = seen.iter().filter(|e| e.event == "task.partial" && e.data["data"]["task"] == t.as_str()).count();
+        assert_eq!(partials, 1, "task {t}: one member, one task.partial");
     }
 }
 

@@ -548,7 +548,8 @@ async fn fault8_reads_of_an_unfinished_upload_fetch_no_per_part_data() {
     assert_eq!(tus.patch(&many, 0, data[..31 * MIB + 7].to_vec(), &[]).await.status(), 204);
     let q = "SELECT octet_length(blob_state)::BIGINT FROM uploads WHERE id = $1";
     let (s_few, s_many) = (rig.sql_i64(q, &id_of(&few)).await, rig.sql_i64(q, &id_of(&many)).await);
-    assert_eq!(s_few, s_many, "the hot row's S3 state grows with the parts of an unfinished upload");
+    // (Two multipart ids may differ in length by a byte or so; one part inline was 42 bytes.)
+    assert!(s_many.abs_diff(s_few) <= 8, "the hot row's S3 state grows with the parts of an unfinished upload: {s_few} → {s_many} bytes");
     // The part list is beside the row, one entry per part, and a writer still gets it whole.
     let parts = "SELECT count(*)::BIGINT FROM upload_blob_entries WHERE upload_id = $1";
     let part_bytes = "SELECT COALESCE(sum(octet_length(entry)), 0)::BIGINT FROM upload_blob_entries WHERE upload_id = $1";

@@ -65,129 +65,49 @@ impl BlobState {
         &self.0
     }
 
-    /// A state in two pieces (DESIGN §2 "the part list out of the hot row"): a small `head`
-    /// that every holder needs, and an append-only list of `entries` (S3: one per uploaded
-    /// part) that only a writer and a finisher need. The catalog keeps the head in the upload's
-    /// row ([`BlobState::row`]) and the entries beside it, appending those a checkpoint adds
-    /// ([`BlobState::entries_from`]), so reads of the row fetch no per-entry data.
-    ///
-    /// Layout: `0xF0`, entry count (u32 LE), head length (u32 LE), head, then each entry as its
-    /// length (u32 LE) and bytes. The first byte of a store's own formats is never `0xF0`.
+    /// A state in two pieces ([`crate::framed`]; DESIGN §2 "the part list out of the hot row"):
+    /// a small `head` every holder needs and an append-only list of `entries` (S3: one per
+    /// uploaded part) only a writer and a finisher need. The catalog keeps the head in the
+    /// upload's row ([`BlobState::row`]) and the entries beside it, appending those a
+    /// checkpoint adds ([`BlobState::entries_from`]), so reads of the row fetch no entry.
     pub fn framed(head: &[u8], entries: &[Vec<u8>]) -> BlobState {
-        let mut v = Vec::with_capacity(9 + head.len() + entries.iter().map(|e| 4 + e.len()).sum::<usize>());
-        v.push(FRAMED);
-        v.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-        v.extend_from_slice(&(head.len() as u32).to_le_bytes());
-        v.extend_from_slice(head);
-        for e in entries {
-            v.extend_from_slice(&(e.len() as u32).to_le_bytes());
-            v.extend_from_slice(e);
-        }
-        BlobState(v)
+        BlobState(crate::framed::encode(head, entries))
     }
 
-    /// The pieces of a [`BlobState::framed`] state: `(head, entries)`; `None` for a state of
-    /// another layout, `Err` ([`BlobError::BadState`]) for a framed state that is cut (a row
-    /// read alone, [`BlobState::row`], is one) or has bytes past its entries.
-    pub fn unframe(&self) -> BlobResult<Option<Framed<'_>>> {
-        unframe(&self.0)
+    /// `(head, entries)` of a [`BlobState::framed`] state; `None` for a state of another
+    /// layout; [`BlobError::BadState`] for a framed state that is cut (a row read alone,
+    /// [`BlobState::row`], is one) or has bytes past its entries.
+    pub fn unframe(&self) -> BlobResult<Option<crate::framed::Framed<'_>>> {
+        crate::framed::unframe(&self.0).map_err(|_| BlobError::BadState)
     }
 
-    /// What the catalog keeps in the upload's row: a framed state without its entries (it
-    /// still names how many there are), any other state whole.
+    /// What the catalog keeps in the upload's row ([`crate::framed::split`]).
     pub fn row(&self) -> &[u8] {
-        split_bytes(&self.0).0
+        crate::framed::split(&self.0).0
     }
 
     /// The entries of a framed state (empty for any other state or a malformed one).
     pub fn entries(&self) -> Vec<&[u8]> {
-        split_bytes(&self.0).1
+        crate::framed::split(&self.0).1
     }
 
-    /// Whether this is a row read alone ([`BlobState::row`]) whose entries the catalog keeps
-    /// beside it: [`crate::catalog::Catalog::upload_blob_state`] gives the whole state.
+    /// Whether this is a row read alone whose entries the catalog keeps beside it
+    /// ([`crate::framed::lacks_entries`]): [`crate::catalog::Catalog::upload_blob_state`]
+    /// gives the whole state.
     pub fn lacks_entries(&self) -> bool {
-        lacks_entries(&self.0)
+        crate::framed::lacks_entries(&self.0)
     }
 
-    /// The whole state from a row ([`BlobState::row`]) and the entries kept beside it.
+    /// The whole state from a row and the entries kept beside it ([`crate::framed::join`]).
     pub fn join(row: &[u8], entries: &[Vec<u8>]) -> BlobState {
-        let mut v = row.to_vec();
-        for e in entries {
-            v.extend_from_slice(&(e.len() as u32).to_le_bytes());
-            v.extend_from_slice(e);
-        }
-        BlobState(v)
+        BlobState(crate::framed::join(row, entries))
     }
 
-    /// What a checkpoint that replaces `committed` with `self` must change of the entries the
-    /// catalog keeps ([`crate::catalog::Checkpoint::blob_entries_from`]): `None` when they are
-    /// the same, else the number of leading entries both share (the catalog replaces those
-    /// after them with `self`'s).
+    /// What a checkpoint replacing `committed` with `self` changes of the kept entries
+    /// ([`crate::framed::entries_from`]; `crate::catalog::Checkpoint::blob_entries_from`).
     pub fn entries_from(&self, committed: &BlobState) -> Option<u32> {
-        let (new, old) = (self.entries(), committed.entries());
-        if new == old {
-            return None;
-        }
-        Some(new.iter().zip(&old).take_while(|(a, b)| a == b).count() as u32)
+        crate::framed::entries_from(&self.0, &committed.0)
     }
-}
-
-/// The head and the entries of a [`BlobState::framed`] state, borrowed from it.
-pub type Framed<'a> = (&'a [u8], Vec<&'a [u8]>);
-
-/// First byte of a [`BlobState::framed`] state.
-const FRAMED: u8 = 0xF0;
-
-/// [`BlobState::row`] and [`BlobState::entries`] of state bytes `b` (the catalog stores a
-/// checkpoint's state this way without copying it).
-pub fn split_bytes(b: &[u8]) -> (&[u8], Vec<&[u8]>) {
-    match (frame(b), unframe(b)) {
-        (Ok(Some((_, head_end))), Ok(Some((_, entries)))) => (&b[..head_end], entries),
-        (Ok(Some((_, head_end))), _) => (&b[..head_end], Vec::new()),
-        _ => (b, Vec::new()),
-    }
-}
-
-/// [`BlobState::lacks_entries`] of state bytes `b`.
-pub fn lacks_entries(b: &[u8]) -> bool {
-    matches!(frame(b), Ok(Some((n, head_end))) if n > 0 && b.len() == head_end)
-}
-
-/// Entry count and where the head ends, of framed state bytes.
-fn frame(b: &[u8]) -> BlobResult<Option<(u32, usize)>> {
-    if b.first() != Some(&FRAMED) {
-        return Ok(None);
-    }
-    if b.len() < 9 {
-        return Err(BlobError::BadState);
-    }
-    let n = u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"));
-    let head_end = 9 + u32::from_le_bytes(b[5..9].try_into().expect("4 bytes")) as usize;
-    if b.len() < head_end {
-        return Err(BlobError::BadState);
-    }
-    Ok(Some((n, head_end)))
-}
-
-fn unframe(b: &[u8]) -> BlobResult<Option<Framed<'_>>> {
-    let Some((n, head_end)) = frame(b)? else { return Ok(None) };
-    let mut rest = &b[head_end..];
-    let mut entries = Vec::with_capacity(n.min(16_384) as usize);
-    for _ in 0..n {
-        let (len, tail) = rest.split_first_chunk::<4>().ok_or(BlobError::BadState)?;
-        let len = u32::from_le_bytes(*len) as usize;
-        if tail.len() < len {
-            return Err(BlobError::BadState);
-        }
-        let (e, tail) = tail.split_at(len);
-        entries.push(e);
-        rest = tail;
-    }
-    if !rest.is_empty() {
-        return Err(BlobError::BadState);
-    }
-    Ok(Some((&b[9..head_end], entries)))
 }
 
 /// Blob store failures.

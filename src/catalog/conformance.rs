@@ -398,48 +398,49 @@ pub async fn check_lease_expiry_uses_the_database_clock(cat: &dyn Catalog, p: &s
 /// the row carry no entry, [`Catalog::upload_blob_state`] joins them, a checkpoint replaces
 /// only the entries from [`Checkpoint::blob_entries_from`] on, and they go with the row.
 pub async fn check_blob_entries_beside_the_row(cat: &dyn Catalog, p: &str) {
-    use crate::blob::BlobState;
+    use crate::framed::{encode, entries_from, lacks_entries, split};
     let id = format!("{p}entries");
     cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
     assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(Vec::new()), "a new upload's state is empty");
     assert_eq!(cat.upload_blob_state(&format!("{p}entries-none")).await.unwrap(), None);
     let f = cat.acquire_fence(&id).await.unwrap();
     let entry = |i: u8| vec![i; 40 + i as usize];
-    let state = |n: u8, head: &[u8]| BlobState::framed(head, &(0..n).map(entry).collect::<Vec<_>>());
-    let put = |st: &BlobState, from: Option<u32>, offset: u64| Checkpoint { blob_state: st.0.clone(), blob_entries_from: from, ..cp(offset, 1) };
+    let state = |n: u8, head: &[u8]| encode(head, &(0..n).map(entry).collect::<Vec<_>>());
+    let put = |st: &Vec<u8>, from: Option<u32>, offset: u64| Checkpoint { blob_state: st.clone(), blob_entries_from: from, ..cp(offset, 1) };
     let two = state(2, b"head-two");
     cat.checkpoint(&id, f, &put(&two, Some(0), 10)).await.unwrap();
     let row = cat.get_upload(&id).await.unwrap().unwrap().blob_state;
-    assert_eq!(row, two.row(), "the row keeps the head alone");
-    assert!(BlobState(row).lacks_entries());
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(two.0.clone()), "row and entries join to what was committed");
+    assert_eq!(row, split(&two).0, "the row keeps the head alone");
+    assert!(lacks_entries(&row));
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(two.clone()), "row and entries join to what was committed");
     // Appending: the first two are kept, three more added.
     let five = state(5, b"head-five");
-    assert_eq!(five.entries_from(&two), Some(2));
-    cat.checkpoint(&id, f, &put(&five, five.entries_from(&two), 20)).await.unwrap();
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five.0.clone()));
+    assert_eq!(entries_from(&five, &two), Some(2));
+    cat.checkpoint(&id, f, &put(&five, entries_from(&five, &two), 20)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five.clone()));
     // Entries unchanged, head changed.
     let five_b = state(5, b"head-five-b");
-    assert_eq!(five_b.entries_from(&five), None);
+    assert_eq!(entries_from(&five_b, &five), None);
     cat.checkpoint(&id, f, &put(&five_b, None, 30)).await.unwrap();
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five_b.0.clone()));
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five_b.clone()));
     // A fenced-out checkpoint changes no entry.
     assert!(matches!(cat.checkpoint(&id, f - 1, &put(&state(1, b"stale"), Some(0), 40)).await, Err(CatalogError::Fenced)));
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five_b.0.clone()), "a stale writer's entries are not kept");
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(five_b.clone()), "a stale writer's entries are not kept");
     // Rolled back to fewer entries, then to a state of another layout.
     let one = state(1, b"head-one");
-    cat.checkpoint(&id, f, &put(&one, one.entries_from(&five_b), 5)).await.unwrap();
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(one.0.clone()));
-    cat.checkpoint(&id, f, &put(&BlobState::fs(3), BlobState::fs(3).entries_from(&one), 3)).await.unwrap();
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(BlobState::fs(3).0));
+    cat.checkpoint(&id, f, &put(&one, entries_from(&one, &five_b), 5)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(one.clone()));
+    let other = vec![1u8, 3, 0, 0, 0, 0, 0, 0, 0];
+    cat.checkpoint(&id, f, &put(&other, entries_from(&other, &one), 3)).await.unwrap();
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(other));
     // Entries go with their row.
     cat.checkpoint(&id, f, &put(&two, Some(0), 10)).await.unwrap();
     assert!(cat.delete_upload(&id).await.unwrap());
     cat.create_upload(&record(&id, "alice", Concat::None)).await.unwrap();
     let f = cat.acquire_fence(&id).await.unwrap();
-    let head_only = BlobState::framed(b"h", &[]);
+    let head_only = encode(b"h", &[]);
     cat.checkpoint(&id, f, &put(&head_only, None, 1)).await.unwrap();
-    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(head_only.0), "no entry of the deleted upload came back");
+    assert_eq!(cat.upload_blob_state(&id).await.unwrap(), Some(head_only), "no entry of the deleted upload came back");
 }
 
 pub async fn check_touch_extends_never_shortens(cat: &dyn Catalog, p: &str) {

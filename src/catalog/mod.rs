@@ -83,7 +83,7 @@ pub struct UploadRecord {
     /// The blob store's own state for bytes `[0, offset)`, as its writer returned it
     /// (`blob::BlobState` bytes: versioned, opaque to the catalog). Empty for a new upload.
     /// Read from the catalog, a state framed with entries (S3: its part list) is the row
-    /// alone, [`crate::blob::BlobState::row`]: what a writer or a finisher needs whole comes
+    /// alone ([`crate::framed::split`]): what a writer or a finisher needs whole comes
     /// from [`Catalog::upload_blob_state`] (DESIGN §2 "the part list out of the hot row").
     pub blob_state: Vec<u8>,
     /// Not announced yet: the creation that made it (one that carries bytes: a body, an empty
@@ -107,13 +107,13 @@ pub struct Checkpoint {
     pub hash_state: Vec<u8>,
     /// The blob store's state for exactly bytes `[0, offset)` (opaque; see
     /// [`UploadRecord::blob_state`]). Committed in the same transaction as offset and midstate.
-    /// The row keeps [`crate::blob::BlobState::row`]; the entries of a framed state are kept
+    /// The row keeps the state's row ([`crate::framed::split`]); the entries of a framed state are kept
     /// beside it as [`Checkpoint::blob_entries_from`] says.
     pub blob_state: Vec<u8>,
     /// Which of the entries the catalog keeps for this upload change: `None`, none (they are
     /// the framed `blob_state`'s entries already); `Some(k)`, those from `k` on are replaced
     /// by `blob_state`'s (`Some(0)`: all of them, and none for a state that is not framed).
-    /// [`crate::blob::BlobState::entries_from`] computes it from the committed state.
+    /// [`crate::framed::entries_from`] computes it from the committed state.
     pub blob_entries_from: Option<u32>,
     /// Sets the length (deferred length declared, or a final upload's derived length).
     pub length: Option<u64>,
@@ -281,7 +281,7 @@ pub(crate) fn join_blob_state(mut rows: Vec<Vec<u8>>) -> CatalogResult<Option<Ve
     if rows.is_empty() {
         return Ok(Some(row));
     }
-    Ok(Some(crate::blob::BlobState::join(&row, &rows).0))
+    Ok(Some(crate::framed::join(&row, &rows)))
 }
 
 /// What [`Catalog::acquire_upload_lease`] found.

@@ -446,7 +446,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let (row, entries) = crate::framed::split(&cp.blob_state);
         let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
              sha256 = COALESCE($5, sha256), finished_at_ms = CASE WHEN $5::bytea IS NULL THEN finished_at_ms ELSE $6 END, \
@@ -510,7 +510,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let (row, entries) = crate::framed::split(&cp.blob_state);
         let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
              finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired",

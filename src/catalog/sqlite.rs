@@ -472,7 +472,7 @@ impl Catalog for SqliteCatalog {
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let (row, entries) = crate::framed::split(&cp.blob_state);
         let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = COALESCE(?, length), \
              sha256 = COALESCE(?, sha256), finished_at_ms = CASE WHEN ? IS NULL THEN finished_at_ms ELSE ? END, \
@@ -543,7 +543,7 @@ impl Catalog for SqliteCatalog {
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        let (row, entries) = crate::blob::split_bytes(&cp.blob_state);
+        let (row, entries) = crate::framed::split(&cp.blob_state);
         let update = sqlx::query(
             "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = NULL, sha256 = NULL, \
              finished_at_ms = NULL, expires_at_ms = ?, updated_at_ms = ? WHERE id = ? AND fence = ? AND expired = 0",

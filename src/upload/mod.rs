@@ -585,7 +585,7 @@ impl UploadEngine {
     /// The whole blob state committed for `rec` (its row's, with the entries the catalog keeps
     /// beside it: an S3 upload's part list), for a writer or a finisher; reads need only the row.
     pub(crate) async fn blob_state_of(&self, rec: &UploadRecord) -> Result<crate::blob::BlobState, TusError> {
-        if !crate::blob::lacks_entries(&rec.blob_state) {
+        if !crate::framed::lacks_entries(&rec.blob_state) {
             return Ok(crate::blob::BlobState(rec.blob_state.clone()));
         }
         let whole = self.catalog.upload_blob_state(&rec.id).await?.ok_or_else(TusError::not_found)?;
