@@ -571,8 +571,14 @@ impl UploadEngine {
     /// which runs after it; S3: the multipart upload is still open) is finished here from the
     /// committed blob state — by whichever process reads it first; `finish` is idempotent.
     /// A store that is away answers 503 (`unavailable`); a failure mid-stream ends the
-    /// stream with the store's error (see [`BlobError::from_stream`]).
+    /// stream with the store's error (see [`BlobError::from_stream`]). A file `ferry check
+    /// --repair-catalog` marked damaged answers 500 `damaged` ([`TusError::damaged`]).
     pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, TusError> {
+        if rec.is_finished() {
+            if let Some(d) = self.catalog.damage(&rec.id).await? {
+                return Err(TusError::damaged(&d.kind));
+            }
+        }
         match self.blobs.read(&rec.id, range.clone()).await {
             Err(BlobError::OutOfRange { .. } | BlobError::NotFound) if rec.is_finished() => {
                 self.blobs.finish(&rec.id, &crate::blob::BlobState(rec.blob_state.clone())).await?;

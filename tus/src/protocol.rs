@@ -48,12 +48,17 @@ pub enum ErrorCode {
     /// large): 502, not retryable — the same request gets the same answer until the operator
     /// fixes the hook (DESIGN §8). Nothing was created; a finishing upload keeps every byte.
     HookInvalid,
+    /// `ferry check` found this finished file's stored bytes damaged (they no longer hash to
+    /// its sha256, or are missing) and the operator marked it (`--repair-catalog`): 500, not
+    /// retryable — downloads refuse instead of serving wrong bytes, until the bytes are
+    /// restored (a later check clears the mark) or the file is deleted.
+    Damaged,
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -72,6 +77,7 @@ impl ErrorCode {
         ErrorCode::Rejected,
         ErrorCode::QuotaExceeded,
         ErrorCode::HookInvalid,
+        ErrorCode::Damaged,
         ErrorCode::Internal,
     ];
 
@@ -96,6 +102,7 @@ impl ErrorCode {
             ErrorCode::Rejected => "rejected",
             ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::HookInvalid => "hook_invalid",
+            ErrorCode::Damaged => "damaged",
             ErrorCode::Internal => "internal",
         }
     }
@@ -297,6 +304,18 @@ impl TusError {
     /// files); nothing was changed.
     pub fn unavailable(detail: impl Into<String>) -> Self {
         TusError::new(503, ErrorCode::Unavailable, detail, "Retry after Retry-After seconds; send HEAD first to learn the offset.")
+    }
+
+    /// 500 `damaged`: `ferry check --repair-catalog` marked this finished file's stored bytes
+    /// as damaged (`kind`: `sha256_mismatch` or `missing`); nothing is served.
+    pub fn damaged(kind: &str) -> Self {
+        let what = if kind == "missing" { "are missing from the blob store" } else { "no longer match its sha256" };
+        TusError::new(
+            500,
+            ErrorCode::Damaged,
+            format!("the stored bytes of this file {what} (found by ferry check); nothing is served"),
+            "The file cannot be downloaded: upload it again (and delete this one), or ask the operator to restore its bytes from a backup.",
+        )
     }
 
     pub(crate) fn from_parse(e: &ParseError) -> Self {
