@@ -194,7 +194,12 @@ impl Checker {
     /// The finished uploads to re-read, in id order, and the ids asked for that are not
     /// (recorded in `report.skipped`).
     pub async fn targets(&self, report: &mut CheckReport) -> Result<Vec<Target>, CheckError> {
-        let target = |r: &UploadRecord| Target { id: r.id.clone(), size: r.length.unwrap_or(r.offset), sha256: r.sha256.map(hex::encode).unwrap_or_default(), blob_state: r.blob_state.clone() };
+        let target = |r: &UploadRecord| Target {
+            id: r.id.clone(),
+            size: r.length.unwrap_or(r.offset),
+            sha256: r.sha256.map(hex::encode).unwrap_or_default(),
+            blob_state: r.blob_state.clone(),
+        };
         let mut out = Vec::new();
         if self.opts.ids.is_empty() {
             let mut after = String::new();

@@ -164,11 +164,7 @@ impl Default for Metrics {
         registry.register("uploads_retention_removed", "Finished files removed by retention (retain_finished)", m.uploads_retention_removed.clone());
         registry.register("check_files", "Finished files check tasks re-read and compared with their sha256", m.check_files.clone());
         registry.register_with_unit("check_read", "Bytes check tasks read back from the blob store", prometheus_client::registry::Unit::Bytes, m.check_bytes_read.clone());
-        registry.register(
-            "check_findings",
-            "What check tasks found: sha256_mismatch, missing (finished files), orphan_blob, orphan_multipart",
-            m.check_findings.clone(),
-        );
+        registry.register("check_findings", "What check tasks found: sha256_mismatch, missing (finished files), orphan_blob, orphan_multipart", m.check_findings.clone());
         for kind in ["sha256_mismatch", "missing", "orphan_blob", "orphan_multipart"] {
             let _ = m.check_findings.get_or_create(&FindingLabel { kind });
         }

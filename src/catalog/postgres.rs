@@ -16,11 +16,11 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Row};
 
+use super::Damage;
 use super::{
     Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest, ReleaseRequests,
     UploadRecord, Usage,
 };
-use super::Damage;
 
 /// The `NOTIFY` channel of release requests (release-on-request across replicas).
 const RELEASE_CHANNEL: &str = "ferry_release";
@@ -698,9 +698,9 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool> {
-        let done = match damage {
-            Some(d) => {
-                sqlx::query(
+        let done =
+            match damage {
+                Some(d) => sqlx::query(
                     "INSERT INTO upload_damage (id, kind, detail, found_at_ms) SELECT id, $1, $2, $3 FROM uploads WHERE id = $4 AND finished_at_ms IS NOT NULL AND NOT expired \
                      ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, detail = excluded.detail, found_at_ms = excluded.found_at_ms",
                 )
@@ -709,10 +709,9 @@ impl Catalog for PostgresCatalog {
                 .bind(d.found_at_ms)
                 .bind(id)
                 .execute(&self.pool)
-                .await?
-            }
-            None => sqlx::query("DELETE FROM upload_damage WHERE id = $1").bind(id).execute(&self.pool).await?,
-        };
+                .await?,
+                None => sqlx::query("DELETE FROM upload_damage WHERE id = $1").bind(id).execute(&self.pool).await?,
+            };
         Ok(done.rows_affected() > 0)
     }
 

@@ -9,11 +9,11 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+use super::Damage;
 use super::{
     Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest, ReleaseRequests,
     UploadRecord, Usage,
 };
-use super::Damage;
 
 /// A receiver as a stream (what `tokio_stream::wrappers::ReceiverStream` does).
 fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<ReleaseRequest>) -> impl futures::Stream<Item = ReleaseRequest> + Send + 'static {

@@ -161,7 +161,11 @@ pub fn run(args: CheckArgs) -> ExitCode {
                 report.ok,
                 report.mismatched.len(),
                 report.missing.len(),
-                if report.orphans_searched { format!(", {} orphan blobs, {} orphan multipart uploads", report.orphan_blobs.len(), report.orphan_multiparts.len()) } else { String::new() }
+                if report.orphans_searched {
+                    format!(", {} orphan blobs, {} orphan multipart uploads", report.orphan_blobs.len(), report.orphan_multiparts.len())
+                } else {
+                    String::new()
+                }
             );
         }
         if report.damage_found() {
