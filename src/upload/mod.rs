@@ -366,29 +366,18 @@ impl UploadEngine {
                 if parts.len() > MAX_PARTS {
                     return Err(TusError::bad_request(format!("a final upload may name at most {MAX_PARTS} partial uploads"), "Concatenate in stages."));
                 }
-                let mut total = Some(0u64);
+                let mut seen = Vec::with_capacity(parts.len());
                 for part in &parts {
-                    let rec = match self.get(principal, part).await {
-                        Ok(r) if r.concat == Concat::Partial => r,
-                        _ => {
-                            return Err(TusError::bad_request(
-                                format!("Upload-Concat names {part:?}, which is not a partial upload of yours"),
-                                "Create each part with Upload-Concat: partial and list their URLs.",
-                            ))
-                        }
+                    let view = match self.get(principal, part).await {
+                        Ok(r) if r.concat == Concat::Partial => Some(ferry_tus::ConcatPart { length: r.length }),
+                        _ => None,
                     };
-                    total = total.zip(rec.length).and_then(|(t, l)| t.checked_add(l));
+                    seen.push((part.as_str(), view));
+                    if view.is_none() {
+                        break;
+                    }
                 }
-                if let Some(t) = total.filter(|t| *t > self.cfg.max_size) {
-                    // Fewer parts would not help: the joined upload is what is too large.
-                    let max = self.cfg.max_size;
-                    return Err(TusError::new(
-                        413,
-                        ErrorCode::SizeExceeded,
-                        format!("the concatenation would be {t} bytes, above the maximum upload size of {max} bytes (Tus-Max-Size)"),
-                        format!("A file of more than {max} bytes cannot be stored here; delete the partial uploads, and upload files of at most {max} bytes."),
-                    ));
-                }
+                let total = ferry_tus::plan_concatenation(&seen, MAX_PARTS, self.cfg.max_size)?;
                 (Concat::Final { parts, header: fin.to_string() }, total, None)
             }
         };

@@ -647,6 +647,51 @@ pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> R
     Ok(PatchPlan { offset, set_length, length, max_bytes, checksum, checksum_in_trailer, completes: false })
 }
 
+/// One partial upload a final upload names, as its creator sees it: `None` when it is not a
+/// partial upload of theirs (unknown, another principal's, an ordinary upload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcatPart {
+    /// Its length; `None` while deferred.
+    pub length: Option<u64>,
+}
+
+/// TUS 1.0 §Concatenation: the length of a final upload made of `parts` (`(id, part)` in
+/// order), decided before anything is created. `Ok(None)`: a part's length is still deferred
+/// (the final's length is known once every part's is).
+///
+/// Errors: more than `max_parts` parts → 400; a part that is not a partial upload of the
+/// caller's → 400 naming it; lengths that add up past `max_size` (or past `u64`) → 413.
+pub fn plan_concatenation(parts: &[(&str, Option<ConcatPart>)], max_parts: usize, max_size: u64) -> Result<Option<u64>, TusError> {
+    if parts.len() > max_parts {
+        return Err(TusError::bad_request(format!("a final upload may name at most {max_parts} partial uploads"), "Concatenate in stages."));
+    }
+    let mut total = Some(0u64);
+    let mut overflow = false;
+    for (id, part) in parts {
+        let Some(part) = part else {
+            return Err(TusError::bad_request(
+                format!("Upload-Concat names {id:?}, which is not a partial upload of yours"),
+                "Create each part with Upload-Concat: partial and list their URLs.",
+            ));
+        };
+        if let (Some(t), Some(l)) = (total, part.length) {
+            overflow |= t.checked_add(l).is_none();
+        }
+        total = total.zip(part.length).map(|(t, l)| t.saturating_add(l));
+    }
+    if overflow || total.is_some_and(|t| t > max_size) {
+        // Fewer parts would not help: the joined upload is what is too large.
+        let shown = if overflow { "more than 2^64".to_string() } else { total.unwrap_or(0).to_string() };
+        return Err(TusError::new(
+            413,
+            ErrorCode::SizeExceeded,
+            format!("the concatenation would be {shown} bytes, above the maximum upload size of {max_size} bytes (Tus-Max-Size)"),
+            format!("A file of more than {max_size} bytes cannot be stored here; delete the partial uploads, and upload files of at most {max_size} bytes."),
+        ));
+    }
+    Ok(total)
+}
+
 /// The `Tus-Checksum-Algorithm` value (TUS 1.0 §Checksum): `sha1,sha256,sha512,md5`.
 pub fn checksum_algorithms_header() -> String {
     ChecksumAlgorithm::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(",")

@@ -332,7 +332,7 @@ impl Inner {
     /// credentials.
     async fn multiparts_under(&self, key: &str) -> Result<Vec<(String, String)>, String> {
         let mut url = url::Url::parse(&self.listing.bucket_url).map_err(|e| e.to_string())?;
-        url.query_pairs_mut().append_pair("prefix", &key).append_pair("uploads", "");
+        url.query_pairs_mut().append_pair("prefix", key).append_pair("uploads", "");
         let cred = self.s3.credentials().get_credential().await.map_err(|e| e.to_string())?;
         let mut req = http::Request::get(url.as_str()).body(object_store::client::HttpRequestBody::empty()).map_err(|e| e.to_string())?;
         object_store::aws::AwsAuthorizer::new(&cred, "s3", &self.listing.region).try_authorize(&mut req, None).map_err(|e| e.to_string())?;
