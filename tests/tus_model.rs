@@ -17,10 +17,36 @@ use sha1::Digest as _;
 /// One step of a sequence. `u` picks an upload among those created so far (modulo their count).
 #[derive(Debug, Clone)]
 enum Op {
-    Create { len: u64 },
-    Patch { u: usize, offset: OffsetChoice, bytes: u64, checksum: Checksum },
-    Head { u: usize },
-    Delete { u: usize },
+    /// `partial`: `Upload-Concat: partial`.
+    Create {
+        len: u64,
+        partial: bool,
+    },
+    /// A final upload of these uploads (picked as `u` is), when each is finished; a part that
+    /// is not a live partial upload is a 400.
+    Concat {
+        parts: Vec<usize>,
+    },
+    /// A PATCH at the right offset that declares `bytes + more` bytes, sends `bytes` and
+    /// drops the connection: the bytes that arrived are kept (DESIGN §2: a checkpoint on
+    /// client disconnect), nothing else.
+    Dropped {
+        u: usize,
+        bytes: u64,
+        more: u64,
+    },
+    Patch {
+        u: usize,
+        offset: OffsetChoice,
+        bytes: u64,
+        checksum: Checksum,
+    },
+    Head {
+        u: usize,
+    },
+    Delete {
+        u: usize,
+    },
     Restart,
 }
 
@@ -40,7 +66,9 @@ enum Checksum {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0u64..48).prop_map(|len| Op::Create { len }),
+        3 => (0u64..48, proptest::bool::weighted(0.3)).prop_map(|(len, partial)| Op::Create { len, partial }),
+        1 => proptest::collection::vec(0usize..6, 1..4).prop_map(|parts| Op::Concat { parts }),
+        1 => (0usize..4, 0u64..16, 1u64..16).prop_map(|(u, bytes, more)| Op::Dropped { u, bytes, more }),
         6 => (0usize..4, prop_oneof![4 => Just(OffsetChoice::Right), 1 => prop_oneof![-5i64..0, 1i64..5].prop_map(OffsetChoice::Off)], 1u64..24,
               prop_oneof![3 => Just(Checksum::None), 1 => Just(Checksum::Good), 1 => Just(Checksum::Bad)])
             .prop_map(|(u, offset, bytes, checksum)| Op::Patch { u, offset, bytes, checksum }),
@@ -57,6 +85,39 @@ struct Model {
     len: u64,
     data: Vec<u8>,
     deleted: bool,
+    partial: bool,
+    /// A final upload of a concatenation: never takes a PATCH (403).
+    is_final: bool,
+}
+
+/// Send a PATCH that declares `declared` bytes, send `body` of them and drop the connection.
+async fn dropped_patch(base: &str, url: &str, offset: u64, declared: u64, body: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let addr = base.trim_start_matches("http://");
+    let path = url.split_once("/files/").map(|(_, p)| format!("/files/{p}")).unwrap();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: {offset}\r\nContent-Length: {declared}\r\n\r\n"
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    sock.write_all(body).await.unwrap();
+    sock.flush().await.unwrap();
+    let _ = sock.shutdown().await;
+    drop(sock);
+}
+
+/// Wait until the server receives no upload body (`ferry_patches_in_flight` 0): a dropped
+/// PATCH has checkpointed what arrived.
+async fn settle(server: &Server) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        if text.lines().any(|l| l == "ferry_patches_in_flight 0") {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "a dropped PATCH is still in flight after 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// The bytes a PATCH of `n` bytes at `offset` sends: a function of the position, so a resent
@@ -73,11 +134,48 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let ctx = format!("step {step}: {op:?}");
         let pick = |u: usize, uploads: &[Model]| (!uploads.is_empty()).then(|| u % uploads.len());
         match *op {
-            Op::Create { len } => {
-                let r = tus.post(&[("Upload-Length", &len.to_string())]).await;
+            Op::Create { len, partial } => {
+                let len_s = len.to_string();
+                let mut h = vec![("Upload-Length", len_s.as_str())];
+                if partial {
+                    h.push(("Upload-Concat", "partial"));
+                }
+                let r = tus.post(&h).await;
                 prop_assert_eq!(r.status().as_u16(), 201, "{}", ctx);
                 let url = tus.abs(header(&r, "location").unwrap());
-                uploads.push(Model { url, len, data: Vec::new(), deleted: false });
+                uploads.push(Model { url, len, data: Vec::new(), deleted: false, partial, is_final: false });
+            }
+            Op::Concat { ref parts } => {
+                let Some(_) = pick(0, &uploads) else { continue };
+                let picked: Vec<usize> = parts.iter().map(|u| u % uploads.len()).collect();
+                let usable = |m: &Model| m.partial && !m.deleted;
+                if picked.iter().any(|&i| usable(&uploads[i]) && (uploads[i].data.len() as u64) < uploads[i].len) {
+                    continue; // concatenation-unfinished completes later, asynchronously: not modelled
+                }
+                let list: Vec<String> = picked.iter().map(|&i| uploads[i].url.clone()).collect();
+                let r = tus.post(&[("Upload-Concat", &format!("final;{}", list.join(" ")))]).await;
+                if !picked.iter().all(|&i| usable(&uploads[i])) {
+                    prop_assert_eq!(r.status().as_u16(), 400, "a part that is not a live partial upload: {}", ctx);
+                    continue;
+                }
+                prop_assert_eq!(r.status().as_u16(), 201, "{}", ctx);
+                let url = tus.abs(header(&r, "location").unwrap());
+                let data: Vec<u8> = picked.iter().flat_map(|&i| uploads[i].data.clone()).collect();
+                let h = tus.wait_complete(&url).await;
+                prop_assert_eq!(header_u64(&h, "upload-offset"), Some(data.len() as u64), "{}", ctx);
+                uploads.push(Model { url, len: data.len() as u64, data, deleted: false, partial: false, is_final: true });
+            }
+            Op::Dropped { u, bytes, more } => {
+                let Some(i) = pick(u, &uploads) else { continue };
+                let m = &uploads[i];
+                let stored = m.data.len() as u64;
+                let data = body(stored, bytes);
+                dropped_patch(&server.base, &m.url, stored, bytes + more, &data).await;
+                settle(&server).await;
+                // Refused before the body (404, 403, 413: nothing kept), or the bytes that arrived are kept.
+                if !m.deleted && !m.is_final && stored + bytes + more <= m.len {
+                    uploads[i].data.extend_from_slice(&data);
+                }
             }
             Op::Patch { u, offset, bytes, checksum } => {
                 let Some(i) = pick(u, &uploads) else { continue };
@@ -102,6 +200,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // checksum mismatch → 460; else 204 at the new offset. Nothing but 204 moves it.
                 let want = if m.deleted {
                     404
+                } else if m.is_final {
+                    403
                 } else if wrong {
                     409
                 } else if stored + bytes > m.len {
