@@ -103,7 +103,11 @@ async fn dropped_patch(base: &str, url: &str, offset: u64, declared: u64, body: 
     sock.write_all(body).await.unwrap();
     sock.flush().await.unwrap();
     let _ = sock.shutdown().await;
-    drop(sock);
+    // The server has handled the request (and checkpointed what arrived) once it answers and
+    // closes; read to its end.
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), sock.read_to_end(&mut answer)).await;
 }
 
 /// Wait until the server receives no upload body (`ferry_patches_in_flight` 0): a dropped
@@ -211,7 +215,11 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else {
                     204
                 };
-                prop_assert_eq!(status, want, "{}", ctx);
+                if status != want {
+                    let text = r.text().await.unwrap_or_default();
+                    prop_assert_eq!(status, want, "{}: {}", ctx, text);
+                    unreachable!();
+                }
                 if want == 204 {
                     prop_assert_eq!(header_u64(&r, "upload-offset"), Some(stored + bytes), "{}", ctx);
                     uploads[i].data.extend_from_slice(&data);
@@ -263,4 +271,56 @@ fn tus_state_machine_matches_the_model() {
     proptest!(config, |(ops in proptest::collection::vec(op(), 1..24))| {
         rt.block_on(run(ops))?;
     });
+}
+
+/// Sequences the model test found, kept as fixed cases.
+#[test]
+fn found_sequences() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let cases: Vec<Vec<Op>> = vec![
+        // A PATCH refused before its body (413: its Content-Length runs past the length) whose
+        // client then drops the connection; the next PATCH must not find the upload held.
+        vec![Op::Create { len: 4, partial: true }, Op::Dropped { u: 0, bytes: 6, more: 10 }, Op::Patch { u: 0, offset: OffsetChoice::Right, bytes: 4, checksum: Checksum::Good }],
+        vec![
+            Op::Create { len: 4, partial: true },
+            Op::Restart,
+            Op::Dropped { u: 0, bytes: 6, more: 10 },
+            Op::Patch { u: 0, offset: OffsetChoice::Right, bytes: 4, checksum: Checksum::Good },
+        ],
+        // A PATCH dropped mid-body keeps what arrived.
+        vec![
+            Op::Create { len: 14, partial: false },
+            Op::Patch { u: 0, offset: OffsetChoice::Right, bytes: 4, checksum: Checksum::None },
+            Op::Dropped { u: 0, bytes: 7, more: 2 },
+            Op::Patch { u: 0, offset: OffsetChoice::Right, bytes: 3, checksum: Checksum::None },
+        ],
+    ];
+    for ops in cases {
+        if let Err(e) = rt.block_on(run(ops.clone())) {
+            panic!("{ops:?}: {e}");
+        }
+    }
+}
+
+/// Found by the `draft_planning` fuzz target: a creation of unknown length whose body declares
+/// more bytes than the maximum size is refused (413) before any byte is read — TUS
+/// (`Upload-Defer-Length: 1`) and the draft (`Upload-Complete: ?0`) alike — and creates nothing.
+#[tokio::test]
+async fn creation_with_a_body_past_the_max_size_is_refused_before_the_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(&["--max-size", "1MiB"]);
+    let addr = server.base.trim_start_matches("http://").to_string();
+    for extra in
+        ["Tus-Resumable: 1.0.0\r\nUpload-Defer-Length: 1\r\nContent-Type: application/offset+octet-stream\r\n", "Upload-Draft-Interop-Version: 8\r\nUpload-Complete: ?0\r\n"]
+    {
+        let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!("POST /files/ HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 2000000\r\n\r\n");
+        sock.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(30), sock.read(&mut buf)).await.expect("an answer before the body").unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(answer.starts_with("HTTP/1.1 413"), "{extra:?}: {answer}");
+    }
+    let listed = json(Api::new(&server).get("/api/v1/files").await).await;
+    assert_eq!(listed["files"].as_array().map(Vec::len), Some(0), "nothing was created: {listed}");
 }

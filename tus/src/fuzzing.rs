@@ -308,6 +308,9 @@ mod decisions {
                         if let (Some(l), Some(c)) = (p.length, cl_of(&cl)) {
                             assert!(c <= l, "a body longer than Upload-Length is refused at creation");
                         }
+                        if let (true, Some(c)) = (has_body, cl_of(&cl)) {
+                            assert!(c <= max, "a body longer than the maximum size is refused at creation");
+                        }
                         assert!(h.upload_metadata.is_none_or(|m| m.len() <= limits.max_metadata));
                     }
                     Err(e) => assert!(matches!(e.status, 400 | 413 | 415), "creation refusals: {e}"),

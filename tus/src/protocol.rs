@@ -432,7 +432,8 @@ pub(crate) fn too_large(max: u64) -> TusError {
 /// Errors: both or neither of `Upload-Length`/`Upload-Defer-Length` → 400; a deferred length
 /// other than `1` → 400; a length above `max_size` → 413; a final upload with a length or a
 /// body → 400; a body whose `Content-Type` is not `application/offset+octet-stream` → 415;
-/// a malformed header → 400.
+/// a body whose `Content-Length` runs past the length (413) or, with the length deferred,
+/// past `max_size` (413); a malformed header → 400.
 pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result<CreationPlan, TusError> {
     let metadata = match h.upload_metadata {
         Some(raw) if raw.len() > limits.max_metadata => {
@@ -483,6 +484,14 @@ pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result
     if let (Some(len), Some(cl)) = (length, declared_len) {
         if cl > len {
             return Err(past_length(0, len));
+        }
+    }
+    // A deferred length (or a draft creation of unknown length) still has the maximum size:
+    // a body declared larger is refused before any byte, as PATCH refuses one (found by the
+    // `draft_planning` fuzz target: the body used to be read up to the maximum, then cut).
+    if let (None, Some(cl), true) = (length, declared_len, h.has_body) {
+        if cl > limits.max_size {
+            return Err(too_large(limits.max_size));
         }
     }
 
