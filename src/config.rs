@@ -204,7 +204,7 @@ pub struct Expiry(pub Option<Duration>);
 const MAX_SIZE: u64 = i64::MAX as u64;
 
 /// A byte size: plain digits or a number with a unit (`64MiB`, `1TiB`, `500MB`); 1 to 2^63-1.
-fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) { s.parse::<u64>().ok() } else { s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64()) };
     match n {

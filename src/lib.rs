@@ -7,6 +7,7 @@
 pub mod app;
 pub mod blob;
 pub mod catalog;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod events;

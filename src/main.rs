@@ -38,6 +38,10 @@ enum Command {
     /// Print a link that asks someone for a file of any size (a page to drop it in); it
     /// arrives in your files under NAME.
     Request(ferry::cli::request::RequestArgs),
+    /// Re-read finished files from the blob store and compare each with its stored sha256;
+    /// report mismatches, missing bytes and orphans (opens the stores a server is configured
+    /// with, like `serve`; it may run while the server does).
+    Check(ferry::cli::check::CheckArgs),
 }
 
 /// Logs on stderr: `RUST_LOG` filters; colours only on a terminal (a pipe, a file or journald
@@ -69,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Share(args) => ferry::cli::files::share(args),
         Command::Request(args) => ferry::cli::request::run(args),
         Command::Token(cmd) => ferry::cli::token::run(cmd),
+        Command::Check(args) => ferry::cli::check::run(args),
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {
                 Ok(c) => c,

@@ -40,6 +40,13 @@ pub struct TaskLabels {
     pub status: &'static str,
 }
 
+/// Label set of `ferry_check_findings_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FindingLabel {
+    /// `sha256_mismatch`, `missing`, `orphan_blob` or `orphan_multipart`.
+    pub kind: &'static str,
+}
+
 /// Label set of `ferry_disk_free_bytes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirLabel {
@@ -92,6 +99,12 @@ pub struct Metrics {
     pub disk_free: Family<DirLabel, Gauge>,
     /// Finished files removed by retention (`retain_finished`).
     pub uploads_retention_removed: Counter,
+    /// Finished files `check` tasks re-read to the end.
+    pub check_files: Counter,
+    /// Bytes `check` tasks read back from the blob store.
+    pub check_bytes_read: Counter,
+    /// What `check` tasks found, by kind.
+    pub check_findings: Family<FindingLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -116,6 +129,9 @@ impl Default for Metrics {
             checkpoint_duration: Histogram::new(CHECKPOINT_BUCKETS),
             disk_free: Family::default(),
             uploads_retention_removed: Counter::default(),
+            check_files: Counter::default(),
+            check_bytes_read: Counter::default(),
+            check_findings: Family::default(),
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP responses by status code", m.requests.clone());
@@ -146,6 +162,12 @@ impl Default for Metrics {
         );
         registry.register_with_unit("disk_free", "Free space on the filesystem of the data (and blob) directory", prometheus_client::registry::Unit::Bytes, m.disk_free.clone());
         registry.register("uploads_retention_removed", "Finished files removed by retention (retain_finished)", m.uploads_retention_removed.clone());
+        registry.register("check_files", "Finished files check tasks re-read and compared with their sha256", m.check_files.clone());
+        registry.register_with_unit("check_read", "Bytes check tasks read back from the blob store", prometheus_client::registry::Unit::Bytes, m.check_bytes_read.clone());
+        registry.register("check_findings", "What check tasks found: sha256_mismatch, missing (finished files), orphan_blob, orphan_multipart", m.check_findings.clone());
+        for kind in ["sha256_mismatch", "missing", "orphan_blob", "orphan_multipart"] {
+            let _ = m.check_findings.get_or_create(&FindingLabel { kind });
+        }
         Metrics { registry, ..m }
     }
 }

@@ -318,7 +318,7 @@ async fn reload_on_sighup(_: std::io::Result<()>, _: Config, _: Tokens, _: Optio
 /// The blob store `--blobs` names. An S3 bucket is checked at once (a probe object is put and
 /// deleted), so a server that cannot reach or write it fails at start-up with one line that
 /// names the bucket and the cause (never a credential).
-async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     match &cfg.blobs {
         BlobLocation::Dir(dir) => Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?)),
         BlobLocation::S3(url) => {

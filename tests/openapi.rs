@@ -334,7 +334,7 @@ async fn each_kinds_args_schema_is_the_check() {
     .collect();
     let api = Api::new(&s);
     let mut wrong = Vec::new();
-    for kind in ["archive", "compress", "fetch", "command", "external"] {
+    for kind in ["archive", "compress", "fetch", "command", "external", "check"] {
         for a in &args {
             let mut body = serde_json::json!({ "kind": kind, "ttl_ms": 1 });
             if let Some(a) = a {

@@ -27,6 +27,7 @@ pub async fn run_all(store: &dyn BlobStore, prefix: &str) {
     check_blob_state_resume_and_finish(store, prefix).await;
     check_parts_tails_resume(store, prefix).await;
     check_abort(store, prefix).await;
+    check_inventory(store, prefix).await;
     store.ping().await.expect("ping");
 }
 
@@ -264,4 +265,28 @@ pub async fn check_missing_and_ranges(store: &dyn BlobStore, p: &str) {
     assert!(matches!(store.read(&id, 0..1).await, Err(BlobError::OutOfRange { .. })));
     store.delete(&id).await.unwrap();
     assert_eq!(store.len(&id).await.unwrap(), None);
+}
+
+/// [`BlobStore::inventory`] names a finished blob and an unfinished one (once each), and no
+/// longer names a deleted one.
+pub async fn check_inventory(store: &dyn BlobStore, p: &str) {
+    let (done, open, gone) = (format!("{p}invdone"), format!("{p}invopen"), format!("{p}invgone"));
+    for id in [&done, &open, &gone] {
+        store.create(id).await.unwrap();
+    }
+    let data = pattern(0..1000);
+    let mut w = store.open_writer(&done, 0, &super::BlobState::default()).await.unwrap();
+    put(&mut w, &data, 0..1000).await;
+    let st = w.sync().await.unwrap();
+    w.complete().await.unwrap();
+    drop(w);
+    store.finish(&done, &st).await.unwrap();
+    store.delete(&gone).await.unwrap();
+    let inv = store.inventory().await.unwrap();
+    assert_eq!(inv.blobs.iter().filter(|b| **b == done).count(), 1, "{inv:?}");
+    assert_eq!(inv.blobs.iter().filter(|b| **b == open).count(), 1, "{inv:?}");
+    assert!(!inv.blobs.contains(&gone), "{inv:?}");
+    assert!(inv.blobs.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+    store.delete(&done).await.unwrap();
+    store.delete(&open).await.unwrap();
 }

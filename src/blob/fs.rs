@@ -221,6 +221,32 @@ fn read_chunk(file: &File, pos: u64, len: usize) -> std::io::Result<Bytes> {
 
 #[async_trait]
 impl BlobStore for FsBlobStore {
+    async fn inventory(&self) -> BlobResult<super::Inventory> {
+        let root = self.root.clone();
+        blocking(move || -> std::io::Result<super::Inventory> {
+            let mut blobs = Vec::new();
+            for dir in std::fs::read_dir(&root)? {
+                let dir = dir?;
+                if !dir.file_type()?.is_dir() {
+                    continue;
+                }
+                let prefix = dir.file_name();
+                for f in std::fs::read_dir(dir.path())? {
+                    let f = f?;
+                    let name = f.file_name();
+                    let Some(name) = name.to_str() else { continue };
+                    // Only `xx/<id>` where xx is the id's start: anything else is not a blob.
+                    if super::is_blob_id(name) && prefix.to_str() == Some(&name[..2]) && f.file_type()?.is_file() {
+                        blobs.push(name.to_string());
+                    }
+                }
+            }
+            blobs.sort();
+            Ok(super::Inventory { blobs, multiparts: Vec::new() })
+        })
+        .await
+    }
+
     async fn create(&self, id: &str) -> BlobResult<()> {
         let path = self.path(id)?;
         self.stray.settle(&path).await;

@@ -324,6 +324,27 @@ pub trait BlobStore: Send + Sync + 'static {
 
     /// Remove the blob. Idempotent: deleting an absent blob is `Ok`.
     async fn delete(&self, id: &str) -> BlobResult<()>;
+
+    /// What the store holds, for `ferry check`'s search for orphans ([`Inventory`]). A
+    /// listing, not a snapshot: blobs created or removed meanwhile may or may not appear.
+    async fn inventory(&self) -> BlobResult<Inventory>;
+}
+
+/// Everything a blob store holds, by blob id ([`BlobStore::inventory`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// Ids with anything stored (fs: the files under the root; S3: the distinct ids among the
+    /// object keys under the prefix — finished objects, `.created` markers, tails), sorted,
+    /// each once. Names that are no blob id (probes, temporary files) are left out.
+    pub blobs: Vec<String>,
+    /// Open multipart uploads: `(blob id, multipart upload id)` (S3: ListMultipartUploads
+    /// under the prefix, first 1000; fs: none).
+    pub multiparts: Vec<(String, String)>,
+}
+
+/// Whether `name` can be a blob id: 3 or more of `[a-z0-9_-]` (the only names stores use).
+pub fn is_blob_id(name: &str) -> bool {
+    name.len() >= 3 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 /// An open append handle to one blob.

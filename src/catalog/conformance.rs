@@ -79,6 +79,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_release_requests(cat, prefix).await;
     check_shared_secret(cat, prefix).await;
     check_mcp_sessions(cat, prefix).await;
+    check_damage_marks_and_paging(cat, prefix).await;
     super::conformance_quota::check_usage_and_quota(cat, prefix).await;
     super::conformance_quota::check_retention(cat, prefix).await;
     super::conformance_quota::check_reservations(cat, prefix).await;
@@ -589,4 +590,61 @@ pub async fn check_release_request_crosses_handles(a: &dyn Catalog, b: &dyn Cata
     })
     .await
     .expect("a request made through one handle reaches the other");
+}
+
+/// `ferry check`'s catalog calls: paging through every row in id order, and damage marks —
+/// only on finished live uploads, replaced, cleared, and gone with their upload.
+pub async fn check_damage_marks_and_paging(cat: &dyn Catalog, p: &str) {
+    let ids: Vec<String> = (0..5).map(|i| format!("{p}dmg{i}")).collect();
+    for id in &ids {
+        cat.create_upload(&record(id, "alice", Concat::None)).await.unwrap();
+    }
+    // Page through everything, two at a time: every row once, in id order.
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = cat.list_uploads_after(&after, 2).await.unwrap();
+        let Some(last) = page.last() else { break };
+        assert!(page.len() <= 2);
+        after = last.id.clone();
+        seen.extend(page.into_iter().map(|r| r.id));
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen, sorted, "id order");
+    sorted.dedup();
+    assert_eq!(sorted.len(), seen.len(), "each row once");
+    assert!(ids.iter().all(|id| seen.contains(id)));
+
+    let d = super::Damage { kind: "missing".into(), detail: "the blob store has 0 of 10 bytes".into(), found_at_ms: 7 };
+    assert!(!cat.set_damage(&ids[0], Some(&d)).await.unwrap(), "an unfinished upload is never marked");
+    assert_eq!(cat.damage(&ids[0]).await.unwrap(), None);
+    assert!(!cat.set_damage(&format!("{p}dmg-none"), Some(&d)).await.unwrap(), "an unknown id is never marked");
+    for id in &ids[1..3] {
+        let f = cat.acquire_fence(id).await.unwrap();
+        let cp = Checkpoint {
+            offset: 10,
+            hash_state: vec![1],
+            blob_state: Vec::new(),
+            blob_entries_from: None,
+            length: Some(10),
+            finished_sha256: Some([4; 32]),
+            expires_at_ms: None,
+            now_ms: 5,
+        };
+        cat.checkpoint(id, f, &cp).await.unwrap();
+    }
+    assert!(cat.set_damage(&ids[1], Some(&d)).await.unwrap());
+    assert_eq!(cat.damage(&ids[1]).await.unwrap(), Some(d.clone()));
+    let again = super::Damage { kind: "sha256_mismatch".into(), detail: "other".into(), found_at_ms: 9 };
+    assert!(cat.set_damage(&ids[1], Some(&again)).await.unwrap(), "a later finding replaces the mark");
+    assert_eq!(cat.damage(&ids[1]).await.unwrap(), Some(again));
+    assert!(cat.set_damage(&ids[1], None).await.unwrap(), "cleared");
+    assert!(!cat.set_damage(&ids[1], None).await.unwrap(), "clearing twice changes nothing");
+    assert_eq!(cat.damage(&ids[1]).await.unwrap(), None);
+    assert!(cat.set_damage(&ids[2], Some(&d)).await.unwrap());
+    assert!(cat.delete_upload(&ids[2]).await.unwrap());
+    assert_eq!(cat.damage(&ids[2]).await.unwrap(), None, "the mark goes with its upload");
+    cat.create_upload(&record(&ids[2], "alice", Concat::None)).await.unwrap();
+    assert_eq!(cat.damage(&ids[2]).await.unwrap(), None, "a new upload of the same id starts unmarked");
 }

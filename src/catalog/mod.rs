@@ -510,6 +510,33 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// Forget MCP sessions last used before `before_ms`; returns how many.
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64>;
+
+    /// Every upload row (tombstones and provisional rows included) whose id sorts after
+    /// `after` (`""`: from the first), in id order, at most `limit`: `ferry check` pages
+    /// through the whole catalog with it.
+    async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>>;
+
+    /// Record (`Some`) or clear (`None`) what `ferry check --repair-catalog` found wrong with
+    /// the stored bytes of finished upload `id` ([`Damage`]). Recording is a no-op unless the
+    /// upload exists, is finished and is not a tombstone; returns whether a mark was written
+    /// or removed. The mark goes with the upload (delete, expiry's removal of the row).
+    async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool>;
+
+    /// The damage mark of upload `id`, if `ferry check --repair-catalog` left one.
+    async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>>;
+}
+
+/// What `ferry check` found wrong with a finished upload's stored bytes, as the catalog keeps
+/// it once `--repair-catalog` marks the upload (downloads then answer `500 damaged`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// `sha256_mismatch` (the bytes are all there but hash to something else) or `missing`
+    /// (the blob, or bytes at its end, are gone).
+    pub kind: String,
+    /// For the operator: e.g. `sha256 of the stored bytes is 3f…, the upload's is 9a…`.
+    pub detail: String,
+    /// Unix ms the check found it.
+    pub found_at_ms: i64,
 }
 
 /// Where the catalog lives (`--catalog`): `sqlite:PATH` or a `postgres://` (`postgresql://`) URL.

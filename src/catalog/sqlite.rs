@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+use super::Damage;
 use super::{
     join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
     ReleaseRequests, UploadRecord, Usage,
@@ -780,6 +781,39 @@ impl Catalog for SqliteCatalog {
 
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
         Ok(sqlx::query("DELETE FROM mcp_sessions WHERE used_at_ms < ?").bind(before_ms).execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id > ? ORDER BY id LIMIT ?")))
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(row_to_record).collect()
+    }
+
+    async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool> {
+        let done = match damage {
+            Some(d) => {
+                sqlx::query(
+                    "INSERT INTO upload_damage (id, kind, detail, found_at_ms) SELECT id, ?, ?, ? FROM uploads WHERE id = ? AND finished_at_ms IS NOT NULL AND expired = 0 \
+                     ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, detail = excluded.detail, found_at_ms = excluded.found_at_ms",
+                )
+                .bind(&d.kind)
+                .bind(&d.detail)
+                .bind(d.found_at_ms)
+                .bind(id)
+                .execute(&self.pool)
+                .await?
+            }
+            None => sqlx::query("DELETE FROM upload_damage WHERE id = ?").bind(id).execute(&self.pool).await?,
+        };
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>> {
+        let row: Option<(String, String, i64)> = sqlx::query_as("SELECT kind, detail, found_at_ms FROM upload_damage WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
     }
 }
 

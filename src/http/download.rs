@@ -9,6 +9,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use ferry_tus::RangeOutcome;
 use ferry_tus::{ErrorCode, TusError, Verb};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -20,64 +21,6 @@ use axum::Extension;
 /// Strong ETag of a finished upload: its sha256 in hex, quoted.
 pub fn etag(sha256: &[u8; 32]) -> String {
     format!("\"{}\"", hex::encode(sha256))
-}
-
-/// What a GET will send.
-#[derive(Debug, PartialEq, Eq)]
-enum Outcome {
-    Whole,
-    Partial { start: u64, end_inclusive: u64 },
-    NotModified,
-    Unsatisfiable,
-}
-
-/// Decide the response from the request headers and the file's validators; no I/O.
-fn decide(h: &HeaderMap, len: u64, etag: &str, last_modified: &str) -> Outcome {
-    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
-    if let Some(inm) = get("if-none-match") {
-        if inm.split(',').any(|t| t.trim() == "*" || t.trim().trim_start_matches("W/") == etag) {
-            return Outcome::NotModified;
-        }
-    }
-    let Some(range) = get("range") else { return Outcome::Whole };
-    if let Some(ir) = get("if-range") {
-        let ir = ir.trim();
-        // A strong ETag must match exactly; a date must equal Last-Modified (RFC 9110 §13.1.5).
-        let fresh = if ir.starts_with('"') { ir == etag } else { ir == last_modified };
-        if !fresh {
-            return Outcome::Whole;
-        }
-    }
-    // The crate parses the syntax; RFC 9110 §14.1.2 semantics are applied here.
-    // `bytes=-0` is a valid suffix range of length 0, which nothing satisfies (the crate
-    // refuses it as syntax).
-    if let Some(suffix) = range.trim().strip_prefix("bytes=-") {
-        if !suffix.is_empty() && suffix.bytes().all(|b| b == b'0') {
-            return Outcome::Unsatisfiable;
-        }
-    }
-    let Ok(parsed) = http_range_header::parse_range_header(range) else {
-        // Syntactically invalid Range headers are ignored (RFC 9110 §14.2).
-        return Outcome::Whole;
-    };
-    let [only] = parsed.ranges.as_slice() else {
-        // Several ranges: the whole representation (no multipart/byteranges).
-        return Outcome::Whole;
-    };
-    use http_range_header::{EndPosition, StartPosition};
-    match (only.start, only.end) {
-        (StartPosition::FromLast(n), _) => {
-            if n == 0 || len == 0 {
-                Outcome::Unsatisfiable
-            } else {
-                Outcome::Partial { start: len.saturating_sub(n), end_inclusive: len - 1 }
-            }
-        }
-        (StartPosition::Index(s), _) if s >= len => Outcome::Unsatisfiable,
-        (StartPosition::Index(s), EndPosition::LastByte) => Outcome::Partial { start: s, end_inclusive: len - 1 },
-        (StartPosition::Index(s), EndPosition::Index(e)) if e < s => Outcome::Whole,
-        (StartPosition::Index(s), EndPosition::Index(e)) => Outcome::Partial { start: s, end_inclusive: e.min(len - 1) },
-    }
 }
 
 /// Media types a browser would execute or render actively: always served as attachments.
@@ -184,13 +127,17 @@ pub async fn get(
     super::tus::upload_headers(&mut headers, &rec);
     representation_headers(&mut headers, &rec, attachment);
     let last_modified = headers.get("last-modified").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let (status, range) = match decide(&h, len, &tag, &last_modified) {
-        Outcome::NotModified => {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    let outcome = ferry_tus::select_range(get("if-none-match"), get("range"), get("if-range"), len, &tag, &last_modified);
+    let status = StatusCode::from_u16(outcome.status()).expect("a valid status");
+    let range = outcome.bytes(len);
+    match outcome {
+        RangeOutcome::NotModified => {
             let mut res = StatusCode::NOT_MODIFIED.into_response();
             res.headers_mut().extend(headers);
             return Ok(res);
         }
-        Outcome::Unsatisfiable => {
+        RangeOutcome::Unsatisfiable => {
             let mut res = Problem(TusError::new(
                 416,
                 ErrorCode::InvalidArgument,
@@ -198,16 +145,17 @@ pub async fn get(
                 if len == 0 { "The file is empty: request it without a Range header.".to_string() } else { format!("Request a range within bytes 0-{}.", len - 1) },
             ))
             .into_response();
-            res.headers_mut().insert("content-range", HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"));
+            if let Some(cr) = outcome.content_range(len) {
+                res.headers_mut().insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+            }
             return Ok(res);
         }
-        Outcome::Whole => (StatusCode::OK, 0..len),
-        Outcome::Partial { start, end_inclusive } => {
-            let cr = format!("bytes {start}-{end_inclusive}/{len}");
-            headers.insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
-            (StatusCode::PARTIAL_CONTENT, start..end_inclusive + 1)
+        RangeOutcome::Whole | RangeOutcome::Partial { .. } => {
+            if let Some(cr) = outcome.content_range(len) {
+                headers.insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+            }
         }
-    };
+    }
     let stream = s.engine.read(&rec, range.clone()).await?;
     // `ferry_bytes_sent_total`: counted as the server hands each chunk to the connection.
     let sent = s.metrics.bytes_sent.clone();
@@ -224,33 +172,6 @@ pub async fn get(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hdrs(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    #[test]
-    fn range_decisions() {
-        let d = |p: &[(&'static str, &str)]| decide(&hdrs(p), 100, "\"abc\"", "Sun, 06 Nov 1994 08:49:37 GMT");
-        assert_eq!(d(&[]), Outcome::Whole);
-        assert_eq!(d(&[("range", "bytes=0-9")]), Outcome::Partial { start: 0, end_inclusive: 9 });
-        assert_eq!(d(&[("range", "bytes=-10")]), Outcome::Partial { start: 90, end_inclusive: 99 });
-        assert_eq!(d(&[("range", "bytes=90-")]), Outcome::Partial { start: 90, end_inclusive: 99 });
-        assert_eq!(d(&[("range", "bytes=100-")]), Outcome::Unsatisfiable);
-        assert_eq!(d(&[("range", "bytes=0-1,5-6")]), Outcome::Whole);
-        assert_eq!(d(&[("range", "bytes=0-4,0-4")]), Outcome::Whole);
-        assert_eq!(d(&[("range", "bytes=-1000")]), Outcome::Partial { start: 0, end_inclusive: 99 });
-        assert_eq!(d(&[("range", "bytes=-0")]), Outcome::Unsatisfiable);
-        assert_eq!(d(&[("range", "pages=1")]), Outcome::Whole);
-        assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"abc\"")]), Outcome::Partial { start: 0, end_inclusive: 9 });
-        assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"old\"")]), Outcome::Whole);
-        assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "Sun, 06 Nov 1994 08:49:37 GMT")]), Outcome::Partial { start: 0, end_inclusive: 9 });
-        assert_eq!(d(&[("if-none-match", "\"abc\"")]), Outcome::NotModified);
-    }
 
     #[test]
     fn disposition_is_safe() {

@@ -766,6 +766,10 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
             "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; {} shows what was kept.",
             call("file_status")
         ),
+        ErrorCode::Damaged => format!(
+            "The server's copy of this file is damaged and will not be served: tell the user to upload it again ({}) or to ask the operator to restore it.",
+            call("file_upload_begin")
+        ),
         ErrorCode::Rejected => format!("The server's policy refused this (error.message says why): change what it names and call {again}, or ask the operator."),
         ErrorCode::TaskFailed | ErrorCode::Cancelled => format!("Start the task again with {again}."),
         ErrorCode::Internal => {

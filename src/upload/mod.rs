@@ -366,29 +366,18 @@ impl UploadEngine {
                 if parts.len() > MAX_PARTS {
                     return Err(TusError::bad_request(format!("a final upload may name at most {MAX_PARTS} partial uploads"), "Concatenate in stages."));
                 }
-                let mut total = Some(0u64);
+                let mut seen = Vec::with_capacity(parts.len());
                 for part in &parts {
-                    let rec = match self.get(principal, part).await {
-                        Ok(r) if r.concat == Concat::Partial => r,
-                        _ => {
-                            return Err(TusError::bad_request(
-                                format!("Upload-Concat names {part:?}, which is not a partial upload of yours"),
-                                "Create each part with Upload-Concat: partial and list their URLs.",
-                            ))
-                        }
+                    let view = match self.get(principal, part).await {
+                        Ok(r) if r.concat == Concat::Partial => Some(ferry_tus::ConcatPart { length: r.length }),
+                        _ => None,
                     };
-                    total = total.zip(rec.length).and_then(|(t, l)| t.checked_add(l));
+                    seen.push((part.as_str(), view));
+                    if view.is_none() {
+                        break;
+                    }
                 }
-                if let Some(t) = total.filter(|t| *t > self.cfg.max_size) {
-                    // Fewer parts would not help: the joined upload is what is too large.
-                    let max = self.cfg.max_size;
-                    return Err(TusError::new(
-                        413,
-                        ErrorCode::SizeExceeded,
-                        format!("the concatenation would be {t} bytes, above the maximum upload size of {max} bytes (Tus-Max-Size)"),
-                        format!("A file of more than {max} bytes cannot be stored here; delete the partial uploads, and upload files of at most {max} bytes."),
-                    ));
-                }
+                let total = ferry_tus::plan_concatenation(&seen, MAX_PARTS, self.cfg.max_size)?;
                 (Concat::Final { parts, header: fin.to_string() }, total, None)
             }
         };
@@ -571,8 +560,14 @@ impl UploadEngine {
     /// which runs after it; S3: the multipart upload is still open) is finished here from the
     /// committed blob state — by whichever process reads it first; `finish` is idempotent.
     /// A store that is away answers 503 (`unavailable`); a failure mid-stream ends the
-    /// stream with the store's error (see [`BlobError::from_stream`]).
+    /// stream with the store's error (see [`BlobError::from_stream`]). A file `ferry check
+    /// --repair-catalog` marked damaged answers 500 `damaged` ([`TusError::damaged`]).
     pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, TusError> {
+        if rec.is_finished() {
+            if let Some(d) = self.catalog.damage(&rec.id).await? {
+                return Err(TusError::damaged(&d.kind));
+            }
+        }
         match self.blobs.read(&rec.id, range.clone()).await {
             Err(BlobError::OutOfRange { .. } | BlobError::NotFound) if rec.is_finished() => {
                 self.blobs.finish(&rec.id, &self.blob_state_of(rec).await?).await?;

@@ -43,4 +43,6 @@ pub mod protocol;
 pub use protocol::*;
 
 pub mod draft;
+pub mod selection;
 pub use draft::{DraftProblem, InteropVersion};
+pub use selection::{select_range, RangeOutcome};

@@ -48,12 +48,17 @@ pub enum ErrorCode {
     /// large): 502, not retryable — the same request gets the same answer until the operator
     /// fixes the hook (DESIGN §8). Nothing was created; a finishing upload keeps every byte.
     HookInvalid,
+    /// `ferry check` found this finished file's stored bytes damaged (they no longer hash to
+    /// its sha256, or are missing) and the operator marked it (`--repair-catalog`): 500, not
+    /// retryable — downloads refuse instead of serving wrong bytes, until the bytes are
+    /// restored (a later check clears the mark) or the file is deleted.
+    Damaged,
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -72,6 +77,7 @@ impl ErrorCode {
         ErrorCode::Rejected,
         ErrorCode::QuotaExceeded,
         ErrorCode::HookInvalid,
+        ErrorCode::Damaged,
         ErrorCode::Internal,
     ];
 
@@ -96,6 +102,7 @@ impl ErrorCode {
             ErrorCode::Rejected => "rejected",
             ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::HookInvalid => "hook_invalid",
+            ErrorCode::Damaged => "damaged",
             ErrorCode::Internal => "internal",
         }
     }
@@ -299,6 +306,18 @@ impl TusError {
         TusError::new(503, ErrorCode::Unavailable, detail, "Retry after Retry-After seconds; send HEAD first to learn the offset.")
     }
 
+    /// 500 `damaged`: `ferry check --repair-catalog` marked this finished file's stored bytes
+    /// as damaged (`kind`: `sha256_mismatch` or `missing`); nothing is served.
+    pub fn damaged(kind: &str) -> Self {
+        let what = if kind == "missing" { "are missing from the blob store" } else { "no longer match its sha256" };
+        TusError::new(
+            500,
+            ErrorCode::Damaged,
+            format!("the stored bytes of this file {what} (found by ferry check); nothing is served"),
+            "The file cannot be downloaded: upload it again (and delete this one), or ask the operator to restore its bytes from a backup.",
+        )
+    }
+
     pub(crate) fn from_parse(e: &ParseError) -> Self {
         TusError::bad_request(e.to_string(), format!("Send a valid {} header.", e.header()))
     }
@@ -413,7 +432,8 @@ pub(crate) fn too_large(max: u64) -> TusError {
 /// Errors: both or neither of `Upload-Length`/`Upload-Defer-Length` → 400; a deferred length
 /// other than `1` → 400; a length above `max_size` → 413; a final upload with a length or a
 /// body → 400; a body whose `Content-Type` is not `application/offset+octet-stream` → 415;
-/// a malformed header → 400.
+/// a body whose `Content-Length` runs past the length (413) or, with the length deferred,
+/// past `max_size` (413); a malformed header → 400.
 pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result<CreationPlan, TusError> {
     let metadata = match h.upload_metadata {
         Some(raw) if raw.len() > limits.max_metadata => {
@@ -464,6 +484,14 @@ pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result
     if let (Some(len), Some(cl)) = (length, declared_len) {
         if cl > len {
             return Err(past_length(0, len));
+        }
+    }
+    // A deferred length (or a draft creation of unknown length) still has the maximum size:
+    // a body declared larger is refused before any byte, as PATCH refuses one (found by the
+    // `draft_planning` fuzz target: the body used to be read up to the maximum, then cut).
+    if let (None, Some(cl), true) = (length, declared_len, h.has_body) {
+        if cl > limits.max_size {
+            return Err(too_large(limits.max_size));
         }
     }
 
@@ -626,6 +654,51 @@ pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> R
     let checksum = parse_checksum(h.upload_checksum)?;
     let checksum_in_trailer = h.trailer.is_some_and(|t| t.split(',').any(|n| n.trim().eq_ignore_ascii_case("upload-checksum")));
     Ok(PatchPlan { offset, set_length, length, max_bytes, checksum, checksum_in_trailer, completes: false })
+}
+
+/// One partial upload a final upload names, as its creator sees it: `None` when it is not a
+/// partial upload of theirs (unknown, another principal's, an ordinary upload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcatPart {
+    /// Its length; `None` while deferred.
+    pub length: Option<u64>,
+}
+
+/// TUS 1.0 §Concatenation: the length of a final upload made of `parts` (`(id, part)` in
+/// order), decided before anything is created. `Ok(None)`: a part's length is still deferred
+/// (the final's length is known once every part's is).
+///
+/// Errors: more than `max_parts` parts → 400; a part that is not a partial upload of the
+/// caller's → 400 naming it; lengths that add up past `max_size` (or past `u64`) → 413.
+pub fn plan_concatenation(parts: &[(&str, Option<ConcatPart>)], max_parts: usize, max_size: u64) -> Result<Option<u64>, TusError> {
+    if parts.len() > max_parts {
+        return Err(TusError::bad_request(format!("a final upload may name at most {max_parts} partial uploads"), "Concatenate in stages."));
+    }
+    let mut total = Some(0u64);
+    let mut overflow = false;
+    for (id, part) in parts {
+        let Some(part) = part else {
+            return Err(TusError::bad_request(
+                format!("Upload-Concat names {id:?}, which is not a partial upload of yours"),
+                "Create each part with Upload-Concat: partial and list their URLs.",
+            ));
+        };
+        if let (Some(t), Some(l)) = (total, part.length) {
+            overflow |= t.checked_add(l).is_none();
+        }
+        total = total.zip(part.length).map(|(t, l)| t.saturating_add(l));
+    }
+    if overflow || total.is_some_and(|t| t > max_size) {
+        // Fewer parts would not help: the joined upload is what is too large.
+        let shown = if overflow { "more than 2^64".to_string() } else { total.unwrap_or(0).to_string() };
+        return Err(TusError::new(
+            413,
+            ErrorCode::SizeExceeded,
+            format!("the concatenation would be {shown} bytes, above the maximum upload size of {max_size} bytes (Tus-Max-Size)"),
+            format!("A file of more than {max_size} bytes cannot be stored here; delete the partial uploads, and upload files of at most {max_size} bytes."),
+        ));
+    }
+    Ok(total)
 }
 
 /// The `Tus-Checksum-Algorithm` value (TUS 1.0 §Checksum): `sha1,sha256,sha512,md5`.

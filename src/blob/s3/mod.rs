@@ -324,8 +324,15 @@ impl Inner {
     /// credentials. For cleanup only, never for resume state (DESIGN §2).
     async fn unmarked_multiparts(&self, id: &str) -> Result<Vec<String>, String> {
         let key = self.object(id).to_string();
+        Ok(self.multiparts_under(&key).await?.into_iter().filter(|(k, _)| *k == key).map(|(_, u)| u).collect())
+    }
+
+    /// `(Key, UploadId)` of the unfinished multipart uploads whose key starts with `key`
+    /// (ListMultipartUploads, its first page: up to 1000), signed with object_store's own
+    /// credentials.
+    async fn multiparts_under(&self, key: &str) -> Result<Vec<(String, String)>, String> {
         let mut url = url::Url::parse(&self.listing.bucket_url).map_err(|e| e.to_string())?;
-        url.query_pairs_mut().append_pair("prefix", &key).append_pair("uploads", "");
+        url.query_pairs_mut().append_pair("prefix", key).append_pair("uploads", "");
         let cred = self.s3.credentials().get_credential().await.map_err(|e| e.to_string())?;
         let mut req = http::Request::get(url.as_str()).body(object_store::client::HttpRequestBody::empty()).map_err(|e| e.to_string())?;
         object_store::aws::AwsAuthorizer::new(&cred, "s3", &self.listing.region).try_authorize(&mut req, None).map_err(|e| e.to_string())?;
@@ -336,7 +343,15 @@ impl Inner {
         if !status.is_success() {
             return Err(format!("ListMultipartUploads answered {status}: {}", body.chars().take(300).collect::<String>()));
         }
-        Ok(parse_uploads(&body).into_iter().filter(|(k, _)| *k == key).map(|(_, u)| u).collect())
+        Ok(parse_uploads(&body))
+    }
+
+    /// The blob id a key under the prefix belongs to (`<id>`, `<id>.created`, `<id>.mpu/…`,
+    /// `<id>.tail/…`), `None` for keys outside the prefix or that name no blob (the probe).
+    fn id_of(&self, key: &str) -> Option<String> {
+        let name = if self.prefix.is_empty() { key } else { key.strip_prefix(self.prefix.as_str())?.strip_prefix('/')? };
+        let id = name.split(['.', '/']).next()?;
+        super::is_blob_id(id).then(|| id.to_string())
     }
 
     /// Delete the tail segments of `id` not in `keep`.
@@ -536,6 +551,19 @@ impl S3BlobStore {
 
 #[async_trait]
 impl BlobStore for S3BlobStore {
+    async fn inventory(&self) -> BlobResult<super::Inventory> {
+        let s = &self.inner;
+        let root = (!s.prefix.is_empty()).then(|| Path::from(s.prefix.as_str()));
+        let keys: Vec<Path> = s.s3.list(root.as_ref()).map_ok(|m| m.location).try_collect().await.map_err(io)?;
+        let mut blobs: Vec<String> = keys.iter().filter_map(|k| s.id_of(k.as_ref())).collect();
+        blobs.sort();
+        blobs.dedup();
+        let under = if s.prefix.is_empty() { String::new() } else { format!("{}/", s.prefix) };
+        let multiparts = s.multiparts_under(&under).await.map_err(BlobError::Unavailable)?;
+        let multiparts = multiparts.into_iter().filter_map(|(k, u)| Some((s.id_of(&k)?, u))).collect();
+        Ok(super::Inventory { blobs, multiparts })
+    }
+
     async fn create(&self, id: &str) -> BlobResult<()> {
         let s = &self.inner;
         // An existing blob is reset: its multipart uploads, tail and object go.

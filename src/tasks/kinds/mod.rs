@@ -1,6 +1,6 @@
 //! Built-in job kinds (DESIGN §4): `archive`, `compress`, `fetch`, `command` (one per program
-//! declared in ferry.toml), `external` (driven over REST by its producer) and `concat` (the
-//! final upload of a TUS concatenation).
+//! declared in ferry.toml), `external` (driven over REST by its producer), `concat` (the
+//! final upload of a TUS concatenation) and `check` (re-read finished files, [`crate::check`]).
 
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use super::{Job, JobError};
 use crate::config::Config;
 
 pub mod archive;
+pub mod check;
 pub mod command;
 pub mod compress;
 pub mod concat;
@@ -25,6 +26,7 @@ pub fn builtin(cfg: &Config) -> Vec<Arc<dyn Job>> {
         Arc::new(command::CommandJob::new(cfg.commands.clone())),
         Arc::new(external::ExternalJob),
         Arc::new(concat::ConcatJob),
+        Arc::new(check::CheckJob),
     ]
 }
 

@@ -1,0 +1,9 @@
+//! Fuzz target: `range_selection` — a decision over structured states and requests; see
+//! `ferry_tus::fuzzing::check`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    ferry_tus::fuzzing::check("range_selection", data);
+});

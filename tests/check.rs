@@ -1,0 +1,211 @@
+//! `ferry check` (the real binary) and the `check` task kind against damage done behind
+//! ferry's back: a flipped byte in a stored blob, a deleted blob or object, an orphan blob and
+//! (S3, on moto) an orphan multipart upload. Checks the findings, the exit code, the JSON
+//! summary, `--repair-catalog` (downloads answer `500 damaged`, and a restored file is served
+//! again), the task's result and the `ferry_check_*` metrics.
+
+mod common;
+
+use std::process::Command;
+
+use common::moto;
+use common::*;
+use serde_json::Value;
+
+/// `ferry check` with `args` on the stores of `server` (its data dir, its PostgreSQL catalog
+/// when the suite runs on one, `blobs` when given): (exit code, stdout JSON when `--json`).
+fn check(server: &Server, blobs: Option<&str>, env: &[(&str, String)], args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(ferry_bin());
+    cmd.arg("check").arg("--quiet").arg("--data").arg(&server.data);
+    if let Ok(text) = std::fs::read_to_string(server.data.join("test-catalog")) {
+        cmd.arg("--catalog").arg(text.trim().split_once(' ').unwrap().1);
+    }
+    if let Some(b) = blobs {
+        cmd.arg("--blobs").arg(b);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.args(args).env_remove("FERRY_CONFIG").output().expect("run ferry check");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn report(out: &(i32, String, String)) -> Value {
+    serde_json::from_str(out.1.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {out:?}"))
+}
+
+fn ids(v: &Value) -> Vec<String> {
+    let mut out: Vec<String> = v.as_array().unwrap().iter().map(|m| m.get("id").and_then(Value::as_str).or(m.as_str()).unwrap().to_string()).collect();
+    out.sort();
+    out
+}
+
+async fn metric(server: &Server, line_start: &str) -> u64 {
+    let text = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {line_start} in /metrics"))
+}
+
+fn blob_path(server: &Server, id: &str) -> std::path::PathBuf {
+    server.data.join("blobs").join(&id[..2]).join(id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_finds_a_flipped_byte_a_deleted_blob_and_an_orphan_on_fs() {
+    if blobs_are_s3() {
+        return; // this test damages files under DATA/blobs; the S3 test below covers S3
+    }
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let (a_bytes, b_bytes, c_bytes) = (pseudo_random(300_000, 1), pseudo_random(70_000, 2), pseudo_random(5_000, 3));
+    let a = api.upload(&a_bytes, "a.bin").await;
+    let b = api.upload(&b_bytes, "b.bin").await;
+    let c = api.upload(&c_bytes, "c.bin").await;
+    // An unfinished upload is not checked (it has no sha256 yet) and is no orphan.
+    let tus = Tus::new(&server);
+    let _unfinished = tus.create(100).await;
+
+    let clean = check(&server, None, &[], &["--json"]);
+    assert_eq!(clean.0, 0, "{clean:?}");
+    let r = report(&clean);
+    assert_eq!((r["files_checked"].as_u64(), r["ok"].as_u64()), (Some(3), Some(3)), "{r}");
+    assert_eq!(r["bytes_read"].as_u64(), Some((a_bytes.len() + b_bytes.len() + c_bytes.len()) as u64));
+
+    // Behind ferry's back: flip one byte of a, delete b, leave a blob no catalog row names.
+    let mut damaged = a_bytes.clone();
+    damaged[123_456] ^= 0x20;
+    std::fs::write(blob_path(&server, &a), &damaged).unwrap();
+    std::fs::remove_file(blob_path(&server, &b)).unwrap();
+    let orphan = "orphanorphanorphanorphan22";
+    std::fs::create_dir_all(blob_path(&server, orphan).parent().unwrap()).unwrap();
+    std::fs::write(blob_path(&server, orphan), b"left behind").unwrap();
+
+    let found = check(&server, None, &[], &["--json"]);
+    assert_eq!(found.0, 4, "damage is exit 4: {found:?}");
+    let r = report(&found);
+    assert_eq!(ids(&r["mismatched"]), vec![a.clone()], "{r}");
+    assert_eq!(r["mismatched"][0]["expected_sha256"], sha256_hex(&a_bytes));
+    assert_eq!(r["mismatched"][0]["actual_sha256"], sha256_hex(&damaged));
+    assert_eq!(ids(&r["missing"]), vec![b.clone()], "{r}");
+    assert_eq!((r["missing"][0]["size"].as_u64(), r["missing"][0]["stored"].as_u64()), (Some(b_bytes.len() as u64), Some(0)));
+    assert_eq!((r["files_checked"].as_u64(), r["ok"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(r["orphans_searched"], true);
+    assert_eq!(ids(&r["orphan_blobs"]), vec![orphan.to_string()]);
+    assert_eq!(r["marked_damaged"], serde_json::json!([]), "without --repair-catalog nothing is marked");
+    // Without --repair-catalog the damaged file is still served (as it is stored).
+    assert_eq!(api.download(&a).await, damaged);
+
+    // Plain output: one line per finding.
+    let plain = check(&server, None, &[], &[]);
+    assert_eq!(plain.0, 4);
+    assert!(plain.1.contains(&format!("mismatch\t{a}")) && plain.1.contains(&format!("missing\t{b}")) && plain.1.contains(&format!("orphan-blob\t{orphan}")), "{plain:?}");
+
+    // Named ids: only those, no orphan search; the whole one alone is exit 0.
+    let one = check(&server, None, &[], &["--json", &c]);
+    assert_eq!(one.0, 0, "{one:?}");
+    assert_eq!(report(&one)["orphans_searched"], false);
+    let unknown = check(&server, None, &[], &["--json", "aaaaaaaaaaaaaaaaaaaaaaaaaa"]);
+    assert_eq!(unknown.0, 2, "an unknown id is exit 2: {unknown:?}");
+    assert_eq!(report(&unknown)["skipped"], serde_json::json!([{ "id": "aaaaaaaaaaaaaaaaaaaaaaaaaa", "reason": "unknown" }]));
+    let bad = check(&server, None, &[], &["not-an-id"]);
+    assert_eq!(bad.0, 2, "{bad:?}");
+
+    // The check task finds the same, and /metrics counts it.
+    let t = api.start("check", r#"{"orphans": true, "rate": 100000000}"#).await;
+    let done = api.wait_status(t["task_id"].as_str().or(t["id"].as_str()).unwrap(), "completed", 60).await;
+    let tr = &done["result"];
+    assert_eq!(ids(&tr["mismatched"]), vec![a.clone()], "{done}");
+    assert_eq!(ids(&tr["missing"]), vec![b.clone()], "{done}");
+    assert_eq!((tr["files_checked"].as_u64(), tr["ok"].as_u64(), tr["orphan_blobs"].as_u64()), (Some(3), Some(1), Some(1)), "{done}");
+    assert_eq!(metric(&server, "ferry_check_findings_total{kind=\"sha256_mismatch\"}").await, 1);
+    assert_eq!(metric(&server, "ferry_check_findings_total{kind=\"missing\"}").await, 1);
+    assert_eq!(metric(&server, "ferry_check_findings_total{kind=\"orphan_blob\"}").await, 1);
+    assert_eq!(metric(&server, "ferry_check_files_total").await, 3);
+    assert_eq!(metric(&server, "ferry_check_read_bytes_total").await, (a_bytes.len() + c_bytes.len()) as u64);
+    // A task with bad args is refused at the start.
+    assert_eq!(api.start_raw("check", r#"{"rate": "fast"}"#, None, None).await.status(), 400);
+
+    // --repair-catalog: both marked; downloads answer 500 damaged; the bytes are untouched.
+    let repaired = check(&server, None, &[], &["--json", "--repair-catalog"]);
+    assert_eq!(repaired.0, 4, "{repaired:?}");
+    assert_eq!(ids(&report(&repaired)["marked_damaged"]), {
+        let mut v = vec![a.clone(), b.clone()];
+        v.sort();
+        v
+    });
+    let r = api.send("GET", &format!("/files/{a}"), &[], None).await;
+    let p = problem(r, 500, "damaged").await;
+    assert_eq!(p["retryable"], false, "{p}");
+    problem(api.send("GET", &format!("/files/{b}"), &[], None).await, 500, "damaged").await;
+    assert_eq!(std::fs::read(blob_path(&server, &a)).unwrap(), damaged, "repair never rewrites bytes");
+    assert!(blob_path(&server, orphan).exists(), "orphans are never removed");
+    assert_eq!(api.download(&c).await, c_bytes, "whole files are served as before");
+
+    // The operator restores a from a backup: the next repairing check clears its mark.
+    std::fs::write(blob_path(&server, &a), &a_bytes).unwrap();
+    let again = check(&server, None, &[], &["--json", "--repair-catalog", &a]);
+    assert_eq!(again.0, 0, "{again:?}");
+    assert_eq!(report(&again)["cleared_damage"], serde_json::json!([a.clone()]));
+    assert_eq!(api.download(&a).await, a_bytes);
+    // Deleting the damaged file takes its mark with it.
+    assert_eq!(api.send("DELETE", &format!("/files/{b}"), &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
+    std::fs::remove_file(blob_path(&server, orphan)).unwrap();
+    let last = check(&server, None, &[], &["--json"]);
+    assert_eq!(last.0, 0, "{last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_finds_a_flipped_byte_a_deleted_object_and_orphans_on_s3() {
+    let moto = moto::Moto::start("ferry", 5 << 20).await;
+    moto.set_env();
+    let blobs = "s3://ferry/uploads";
+    let server = Server::start(&["--blobs", blobs, "--s3-part-size", "5MiB"]);
+    let api = Api::new(&server);
+    // One larger than a part (a multipart upload when it was written), one smaller (one PUT).
+    let (a_bytes, b_bytes, c_bytes) = (pseudo_random(6 << 20, 4), pseudo_random(40_000, 5), pseudo_random(1_000, 6));
+    let a = api.upload(&a_bytes, "a.bin").await;
+    let b = api.upload(&b_bytes, "b.bin").await;
+    let c = api.upload(&c_bytes, "c.bin").await;
+    let env = moto.env();
+    let clean = check(&server, Some(blobs), &env, &["--json"]);
+    assert_eq!(clean.0, 0, "{clean:?}");
+    assert_eq!(report(&clean)["ok"].as_u64(), Some(3));
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let object = |id: &str| format!("{}/ferry/uploads/{id}", moto.endpoint);
+    let mut damaged = a_bytes.clone();
+    damaged[5_000_000] ^= 1;
+    assert!(http.put(object(&a)).body(damaged.clone()).send().await.unwrap().status().is_success());
+    // Delete b's object through a store of the test's own (moto refuses unsigned DELETEs).
+    let store = ferry::blob::S3BlobStore::from_url(blobs, ferry::blob::s3::MIN_PART).unwrap();
+    ferry::blob::BlobStore::delete(&store, &b).await.unwrap();
+    let orphan = "orphanorphanorphanorphan33";
+    assert!(http.put(object(orphan)).body("left behind").send().await.unwrap().status().is_success());
+    let stray = "straystraystraystraystray4";
+    let mp = moto.create_multipart("ferry", &format!("uploads/{stray}")).await;
+
+    let found = check(&server, Some(blobs), &env, &["--json"]);
+    assert_eq!(found.0, 4, "{found:?}");
+    let r = report(&found);
+    assert_eq!(ids(&r["mismatched"]), vec![a.clone()], "{r}");
+    assert_eq!(r["mismatched"][0]["actual_sha256"], sha256_hex(&damaged));
+    assert_eq!(ids(&r["missing"]), vec![b.clone()], "{r}");
+    assert_eq!(ids(&r["orphan_blobs"]), vec![orphan.to_string()], "{r}");
+    assert_eq!(r["orphan_multiparts"], serde_json::json!([{ "id": stray, "upload_id": mp }]), "{r}");
+
+    let t = api.start("check", r#"{"orphans": true}"#).await;
+    let done = api.wait_status(t["task_id"].as_str().or(t["id"].as_str()).unwrap(), "completed", 60).await;
+    let tr = &done["result"];
+    assert_eq!(ids(&tr["mismatched"]), vec![a.clone()], "{done}");
+    assert_eq!(ids(&tr["missing"]), vec![b.clone()], "{done}");
+    assert_eq!((tr["orphan_blobs"].as_u64(), tr["orphan_multiparts"].as_u64()), (Some(1), Some(1)), "{done}");
+    assert_eq!(metric(&server, "ferry_check_findings_total{kind=\"orphan_multipart\"}").await, 1);
+
+    let repaired = check(&server, Some(blobs), &env, &["--json", "--repair-catalog"]);
+    assert_eq!(repaired.0, 4, "{repaired:?}");
+    problem(api.send("GET", &format!("/files/{a}"), &[], None).await, 500, "damaged").await;
+    assert_eq!(api.download(&c).await, c_bytes);
+    assert_eq!(moto.multipart_uploads("ferry").await, vec![mp], "orphan multipart uploads are reported, never aborted");
+}
