@@ -8,6 +8,7 @@ pub mod app;
 pub mod blob;
 pub mod catalog;
 pub mod check;
+pub mod check_command;
 pub mod cli;
 pub mod config;
 pub mod events;

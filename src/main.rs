@@ -41,7 +41,7 @@ enum Command {
     /// Re-read finished files from the blob store and compare each with its stored sha256;
     /// report mismatches, missing bytes and orphans (opens the stores a server is configured
     /// with, like `serve`; it may run while the server does).
-    Check(ferry::cli::check::CheckArgs),
+    Check(ferry::check_command::CheckArgs),
 }
 
 /// Logs on stderr: `RUST_LOG` filters; colours only on a terminal (a pipe, a file or journald
@@ -73,7 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Share(args) => ferry::cli::files::share(args),
         Command::Request(args) => ferry::cli::request::run(args),
         Command::Token(cmd) => ferry::cli::token::run(cmd),
-        Command::Check(args) => ferry::cli::check::run(args),
+        Command::Check(args) => ferry::check_command::run(args),
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {
                 Ok(c) => c,

@@ -237,35 +237,35 @@ async fn usage_on<'e>(exec: impl sqlx::PgExecutor<'e>, principal: &str, now_ms: 
 }
 
 impl PostgresCatalog {
-    /// Run fenced `update` of upload `id`'s row and, when it changed the row and `from` says
-    /// so ([`Checkpoint::blob_entries_from`]), replace the entries kept beside it from `from`
-    /// on with `entries[from..]`, in the same transaction. Returns the rows `update` changed.
+    /// Run fenced UPDATE `update_sql` of one upload's row (its `params` placeholders bound by
+    /// `bind`) and, when it changed the row and `from` says so ([`Checkpoint::blob_entries_from`]),
+    /// replace the entries kept beside it from `from` on with `entries[from..]` — in the same
+    /// statement (data-modifying CTEs: one round trip, one transaction; the rows it upserts and
+    /// the ones it deletes are disjoint). Returns the rows the UPDATE changed.
     async fn update_with_entries(
         &self,
-        update: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-        id: &str,
+        update_sql: &str,
+        params: usize,
+        bind: impl FnOnce(sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
         from: Option<u32>,
         entries: &[&[u8]],
     ) -> CatalogResult<u64> {
-        let Some(from) = from else { return Ok(update.execute(&self.pool).await?.rows_affected()) };
-        let mut tx = self.pool.begin().await?;
-        let changed = update.execute(&mut *tx).await?.rows_affected();
-        if changed == 1 {
-            sqlx::query("DELETE FROM upload_blob_entries WHERE upload_id = $1 AND seq >= $2").bind(id).bind(from as i32).execute(&mut *tx).await?;
-            let added = entries.get(from as usize..).unwrap_or_default();
-            if !added.is_empty() {
-                let seqs: Vec<i32> = (from as i32..).take(added.len()).collect();
-                let bytes: Vec<Vec<u8>> = added.iter().map(|e| e.to_vec()).collect();
-                sqlx::query("INSERT INTO upload_blob_entries (upload_id, seq, entry) SELECT $1, s, e FROM UNNEST($2::int4[], $3::bytea[]) AS t(s, e)")
-                    .bind(id)
-                    .bind(seqs)
-                    .bind(bytes)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(changed)
+        let Some(from) = from else {
+            return Ok(bind(sqlx::query(sqlx::AssertSqlSafe(update_sql.to_string()))).execute(&self.pool).await?.rows_affected());
+        };
+        let (seq, entry, end) = (params + 1, params + 2, params + 3);
+        let sql = format!(
+            "WITH up AS ({update_sql} RETURNING id), \
+             put AS (INSERT INTO upload_blob_entries (upload_id, seq, entry) SELECT up.id, t.s, t.e FROM up, UNNEST(${seq}::int4[], ${entry}::bytea[]) AS t(s, e) \
+                     ON CONFLICT (upload_id, seq) DO UPDATE SET entry = EXCLUDED.entry), \
+             cut AS (DELETE FROM upload_blob_entries WHERE upload_id IN (SELECT id FROM up) AND seq >= ${end}) \
+             SELECT count(*) FROM up"
+        );
+        let added = entries.get(from as usize..).unwrap_or_default();
+        let seqs: Vec<i32> = (from as i32..).take(added.len()).collect();
+        let bytes: Vec<Vec<u8>> = added.iter().map(|e| e.to_vec()).collect();
+        let row = bind(sqlx::query(sqlx::AssertSqlSafe(sql))).bind(seqs).bind(bytes).bind(entries.len() as i32).fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)? as u64)
     }
 
     /// INSERT `rec`, holding `key` when given.
@@ -448,22 +448,23 @@ impl Catalog for PostgresCatalog {
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let (row, entries) = crate::framed::split(&cp.blob_state);
-        let update = sqlx::query(
-            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
+        let (offset, length, fence) = (to_i64(cp.offset)?, cp.length.map(to_i64).transpose()?, to_i64(fence)?);
+        let update = "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
              sha256 = COALESCE($5, sha256), finished_at_ms = CASE WHEN $5::bytea IS NULL THEN finished_at_ms ELSE $6 END, \
              expires_at_ms = CASE WHEN $5::bytea IS NULL THEN $7 ELSE NULL END, updated_at_ms = $6 \
-             WHERE id = $8 AND fence = $9",
-        )
-        .bind(to_i64(cp.offset)?)
-        .bind(&cp.hash_state)
-        .bind(row)
-        .bind(cp.length.map(to_i64).transpose()?)
-        .bind(cp.finished_sha256.map(|d| d.to_vec()))
-        .bind(cp.now_ms)
-        .bind(cp.expires_at_ms)
-        .bind(id)
-        .bind(to_i64(fence)?);
-        let changed = self.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
+             WHERE id = $8 AND fence = $9";
+        let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+            q.bind(offset)
+                .bind(cp.hash_state.clone())
+                .bind(row.to_vec())
+                .bind(length)
+                .bind(cp.finished_sha256.map(|d| d.to_vec()))
+                .bind(cp.now_ms)
+                .bind(cp.expires_at_ms)
+                .bind(id.to_string())
+                .bind(fence)
+        };
+        let changed = self.update_with_entries(update, 9, bind, cp.blob_entries_from, &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
 
@@ -512,18 +513,13 @@ impl Catalog for PostgresCatalog {
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let (row, entries) = crate::framed::split(&cp.blob_state);
-        let update = sqlx::query(
-            "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
-             finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired",
-        )
-        .bind(to_i64(cp.offset)?)
-        .bind(&cp.hash_state)
-        .bind(row)
-        .bind(cp.expires_at_ms)
-        .bind(cp.now_ms)
-        .bind(id)
-        .bind(to_i64(fence)?);
-        let changed = self.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+        let (offset, fence) = (to_i64(cp.offset)?, to_i64(fence)?);
+        let update = "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
+             finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired";
+        let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+            q.bind(offset).bind(cp.hash_state.clone()).bind(row.to_vec()).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id.to_string()).bind(fence)
+        };
+        let changed = self.update_with_entries(update, 7, bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
 

@@ -1,8 +1,7 @@
 //! Client subcommands of the `ferry` binary: they talk to a running server over HTTP (TUS on
-//! `/files/`, the REST API on `/api/v1`), never to the data directory — except `check`, which
-//! re-reads the stores a server is configured with.
+//! `/files/`, the REST API on `/api/v1`), never to the data directory (`ferry check`, which
+//! re-reads the stores a server is configured with, is `crate::check_command`).
 
-pub mod check;
 pub mod client;
 pub mod download;
 pub mod files;

@@ -1,6 +1,6 @@
 //! `ferry check [--repair-catalog] [--json] [ID…]`: re-read finished files and compare each with
-//! its stored sha256 ([`crate::check`]). Unlike the other client commands it does not talk to a
-//! server: it opens the catalog and blob store a server is configured with (the same
+//! its stored sha256 ([`crate::check`]). Not a client command (`crate::cli`): it does not talk to a
+//! server; it opens the catalog and blob store a server is configured with (the same
 //! `--config`, `--data`, `--catalog`, `--blobs` and `FERRY_*` variables as `ferry serve`), and
 //! may run while that server does.
 //!
