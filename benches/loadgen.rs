@@ -2,8 +2,9 @@
 //! client for every server, a plain blocking HTTP/1.1 client over `std::net::TcpStream` with
 //! keep-alive, bodies sent from memory (no client-side copies) and responses discarded.
 //!
-//!     cargo bench --bench loadgen --no-run        # builds target/release/deps/loadgen-*
-//!     loadgen chunks  FILE URL CHUNK_MIB [tus|draft]  # S2: POST, then PATCHes of CHUNK_MIB in order
+//!     rustc -O --edition 2021 benches/loadgen.rs -o target/loadgen   # what benches/peers/run does (std only)
+//!     cargo bench --bench loadgen --no-run        # the same, as cargo builds it (target/release/deps/loadgen-*)
+//!     loadgen chunks  FILE URL CHUNK_MIB [tus|draft]  # S2: POST, then PATCHes of CHUNK_MIB in order (`64k`: KiB)
 //!     loadgen uploads FILE URL N MIB [tus|put]    # S3: N concurrent uploads of MIB each
 //!     loadgen ranges  FILE URL N MIB [SEED]       # S4: N random MIB-sized Range GETs of URL
 //!     loadgen slow    FILE URL N SECS [PID]       # S6: N uploads at once, each trickling in
@@ -289,7 +290,11 @@ fn run(args: &[String]) -> Res<()> {
     let url = parse_url(args.get(2).ok_or("missing URL")?)?;
     match mode {
         "chunks" => {
-            let chunk = num(args, 3, "CHUNK_MIB")? << 20;
+            // CHUNK_MIB, or `NNk` for KiB (benches/peers/run's S8: many small PATCHes)
+            let chunk = match args.get(3).and_then(|a| a.strip_suffix('k')) {
+                Some(kib) => kib.parse::<usize>().map_err(|e| format!("CHUNK_MIB {kib}k: {e}"))? << 10,
+                None => num(args, 3, "CHUNK_MIB")? << 20,
+            };
             let draft = match args.get(4).map(String::as_str) {
                 None | Some("tus") => false,
                 Some("draft") => true,

@@ -515,7 +515,9 @@ impl FsWriter {
     }
 
     /// Hand the gathered bytes to the file (after the previous batch) without waiting.
-    async fn flush_gathered(&mut self) -> BlobResult<()> {
+    /// `writeback`: also start their writeback (durable mode) — not when an `fdatasync`
+    /// follows at once, which would submit the same pages a second time.
+    async fn flush_gathered(&mut self, writeback: bool) -> BlobResult<()> {
         self.settle().await?;
         if self.gathered_len == 0 {
             return Ok(());
@@ -523,13 +525,13 @@ impl FsWriter {
         let bufs = std::mem::take(&mut self.gathered);
         let n = std::mem::take(&mut self.gathered_len) as u64;
         self.lease.check()?;
-        let (file, start, durable, lease) = (self.file.clone(), self.flushed, self.durable, self.lease.clone());
+        let (file, start, writeback, lease) = (self.file.clone(), self.flushed, writeback && self.durable, self.lease.clone());
         self.in_flight = Some(tokio::task::spawn_blocking(move || {
             if !lease.holds() {
                 return Err(std::io::Error::other(BlobError::LeaseLost));
             }
             write_all_vectored(&file, &bufs)?;
-            if durable {
+            if writeback {
                 start_writeback(&file, start, n);
             }
             Ok(())
@@ -555,7 +557,7 @@ impl BlobWriter for FsWriter {
         self.gathered_len += data.len();
         self.gathered.push(data);
         if self.gathered_len >= WRITE_BATCH {
-            self.flush_gathered().await?;
+            self.flush_gathered(true).await?;
         }
         Ok(())
     }
@@ -565,11 +567,11 @@ impl BlobWriter for FsWriter {
     }
 
     async fn flush(&mut self) -> BlobResult<()> {
-        self.flush_gathered().await
+        self.flush_gathered(true).await
     }
 
     async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
-        self.flush_gathered().await?;
+        self.flush_gathered(false).await?;
         self.settle().await?;
         let state = BlobState::fs(self.flushed);
         if !self.durable {
@@ -646,7 +648,7 @@ impl BlobWriter for FsWriter {
         if self.durable {
             return Ok(None);
         }
-        self.flush_gathered().await?;
+        self.flush_gathered(false).await?;
         self.settle().await?;
         let (file, path, lease) = (self.file.clone(), self.path.clone(), self.lease.clone());
         blocking(move || -> std::io::Result<()> {

@@ -13,7 +13,7 @@ use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
 use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
 use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture, WriteLease};
-use crate::catalog::{Checkpoint, Concat, UploadRecord};
+use crate::catalog::{CatalogError, Checkpoint, Concat, UploadRecord};
 
 /// How long received bytes may wait for a full write/hash batch before they are handed on
 /// anyway ([`Appender::flush`]): bounds the memory of slow uploads to about this much of
@@ -429,9 +429,31 @@ impl Appender {
             expires_at_ms: self.engine.expiry_from(now),
             now_ms: now,
         };
-        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+        self.record(&cp).await?;
         self.committed = (offset, hasher);
         self.committed_blob = blob;
+        Ok(())
+    }
+
+    /// Commit `cp` under this writer's fence, and keep [`Appender::rec`] as the catalog's row
+    /// now is: while the fence is ours no one else changes the row (a sweeper or a delete
+    /// moves the fence, and this commit fails), so the answer to the PATCH needs no read.
+    async fn record(&mut self, cp: &Checkpoint) -> Result<(), CatalogError> {
+        self.engine.catalog.checkpoint(&self.rec.id, self.fence, cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+        let rec = &mut self.rec;
+        rec.offset = cp.offset;
+        rec.hash_state.clone_from(&cp.hash_state);
+        rec.blob_state = crate::framed::split(&cp.blob_state).0.to_vec();
+        rec.length = cp.length.or(rec.length);
+        rec.updated_at_ms = cp.now_ms;
+        match cp.finished_sha256 {
+            Some(digest) => {
+                rec.sha256 = Some(digest);
+                rec.finished_at_ms = Some(cp.now_ms);
+                rec.expires_at_ms = None;
+            }
+            None => rec.expires_at_ms = cp.expires_at_ms,
+        }
         Ok(())
     }
 
@@ -507,7 +529,7 @@ impl Appender {
                     expires_at_ms: self.engine.expiry_from(now),
                     now_ms: now,
                 };
-                self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+                self.record(&cp).await?;
                 self.committed = (0, hasher);
                 self.committed_blob = blob;
                 return Err(ferry_tus::upload_digest_mismatch());
@@ -532,7 +554,7 @@ impl Appender {
                 let mut at_offset = cp.clone();
                 at_offset.finished_sha256 = None;
                 at_offset.expires_at_ms = self.engine.expiry_from(now);
-                self.engine.catalog.checkpoint(&self.rec.id, self.fence, &at_offset).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+                self.record(&at_offset).await?;
                 self.committed = (offset, hasher.clone());
                 self.committed_blob = blob.clone();
             }
@@ -566,7 +588,7 @@ impl Appender {
             }
             cp.blob_entries_from = blob.entries_from(&self.committed_blob);
         }
-        self.engine.catalog.checkpoint(&self.rec.id, self.fence, &cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+        self.record(&cp).await?;
         self.committed = (offset, hasher);
         self.committed_blob = blob;
         if finished_sha256.is_some() {
@@ -864,7 +886,8 @@ impl UploadEngine {
             }
         }
         drop(guard);
-        self.get(principal, id).await
+        // The row as the last commit left it (see `Appender::record`), as `get` would show it.
+        Ok(self.with_retention(app.rec))
     }
 }
 
