@@ -175,8 +175,8 @@ async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
 async fn request_page_hashes_in_a_worker_under_its_csp() {
     require_browser();
     let s = Server::start(&[]);
-    // 40 MiB + 5: five 8 MiB hash slices and a short one; three PATCHes of 16 MiB.
-    let size: u64 = (40 << 20) + 5;
+    // 72 MiB + 5: nine 8 MiB hash slices and a short one; two PATCHes (64 MiB and the rest).
+    let size: u64 = (72 << 20) + 5;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("several-pieces.bin");
     let data = pseudo_random(size as usize, 24);

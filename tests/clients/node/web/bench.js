@@ -12,7 +12,8 @@
 //   dash:V = the dashboard at `/` (Uppy + @uppy/tus, creating its own upload): timed from
 //       setting the file on its input until its row says the file was sent;
 //   node = tus-js-client in Node (a file stream, chunkSize FERRY_BENCH_NODE_CHUNK_MIB, default
-//       16) into an upload created the same way; timed from start() to onSuccess.
+//       16) into an upload created the same way; timed from start() to onSuccess; `node:N`
+//       the same with chunkSize N MiB (ratios are against `node`).
 // V names the bundle: `server` (what FERRY_BINARY embeds), or each NAME=DIR of
 // FERRY_BENCH_PAGES (comma-separated), whose DIR/app.js (and DIR/hash.js, when there) the
 // browser gets instead (DevTools Fetch interception of those two requests only), so two builds of the pages meet the same server in
@@ -136,13 +137,13 @@ async function viaDashboard(browser, dir, base, file) {
   return { id: row.id, seconds: Number(t1 - t0) / 1e9 }
 }
 
-function viaNode(url, file, size) {
+function viaNode(url, file, size, chunk) {
   return new Promise((resolve, reject) => {
     const t0 = process.hrtime.bigint()
     const up = new tus.Upload(fs.createReadStream(file), {
       uploadUrl: url,
       uploadSize: size,
-      chunkSize: NODE_CHUNK,
+      chunkSize: chunk,
       retryDelays: [0, 1000, 3000],
       onSuccess: () => resolve({ id: url.split('/').pop(), seconds: Number(process.hrtime.bigint() - t0) / 1e9 }),
       onError: reject,
@@ -192,7 +193,7 @@ async function main() {
       if (client.startsWith('dash:')) t = await viaDashboard(browser, dirOf(client), ferry.base, file)
       else {
         const url = await create(ferry.base, size, 'upload.bin')
-        t = client === 'node' ? await viaNode(url, file, size) : await viaPage(browser, dirOf(client), ferry.base, url, file)
+        t = client.startsWith('node') ? await viaNode(url, file, size, client.includes(':') ? Number(client.split(':')[1]) * 1024 * 1024 : NODE_CHUNK) : await viaPage(browser, dirOf(client), ferry.base, url, file)
       }
       const info = await fileInfo(ferry.base, t.id)
       if (info.sha256 !== sha) throw new Error(`${client}: stored sha256 ${info.sha256}, file ${sha}`)
@@ -204,7 +205,7 @@ async function main() {
       process.stderr.write(`${JSON.stringify(row)}\n`)
     }
     const median_mb_s = Object.fromEntries(clients.map((c) => [c, median(out.filter((r) => r.client === c).map((r) => r.mb_s))]))
-    const ratio = Object.fromEntries(clients.filter((c) => c !== 'node').map((c) => [c, +(median_mb_s[c] / median_mb_s.node).toFixed(3)]))
+    const ratio = Object.fromEntries(clients.filter((c) => c !== 'node' && clients.includes('node')).map((c) => [c, +(median_mb_s[c] / median_mb_s.node).toFixed(3)]))
     const verified = Object.fromEntries(clients.filter((c) => c.startsWith('page:')).map((c) => [c, median(out.filter((r) => r.client === c).map((r) => r.verified_seconds))]))
     process.stdout.write(`${JSON.stringify({ size, node_chunk: NODE_CHUNK, rounds: out, median_mb_s, ratio, median_verified_seconds: verified, cpus: os.cpus().length })}\n`)
   } finally {
