@@ -165,6 +165,71 @@ async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
     }
 }
 
+/// Issue 24: the request-a-file page hashes the file in a Web Worker (`/assets/hash.js`,
+/// hash-wasm's WebAssembly sha256) while it sends, under the page's CSP with no violation. A file
+/// of several hash slices and several PATCHes ends with the page's own sha256 equal to the
+/// file's and to the server's; when the page is told another sha256 than its own it shows the
+/// mismatch; when the worker's script cannot load, the page has no other way to hash — it says
+/// it could not compute the sha256, still shows the server's, and the upload is complete.
+#[tokio::test]
+async fn request_page_hashes_in_a_worker_under_its_csp() {
+    require_browser();
+    let s = Server::start(&[]);
+    // 72 MiB + 5: nine 8 MiB hash slices and a short one; two PATCHes (64 MiB and the rest).
+    let size: u64 = (72 << 20) + 5;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("several-pieces.bin");
+    let data = pseudo_random(size as usize, 24);
+    std::fs::write(&file, &data).unwrap();
+    let want = sha256_hex(&data);
+    drop(data);
+    let mut pages = serde_json::Map::new();
+    let mut ids = Vec::new();
+    for case in ["intact", "altered", "no_worker"] {
+        let id = create(&s, Some(size), &[("filename", "several-pieces.bin")]).await;
+        pages.insert(case.into(), share(&s, &id, "upload", 3_600_000).await["page_url"].clone());
+        ids.push(id);
+    }
+    pages.insert("file".into(), file.to_str().unwrap().into());
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, serde_json::Value::Object(pages).to_string()).unwrap();
+    let out = run_json_client(node_script("web/hash_worker.js", &[spec_path.to_str().unwrap()]), 400).await;
+    eprintln!("hash worker: {out}");
+
+    let intact = &out["intact"];
+    assert_eq!(intact["state"], "done", "{intact}");
+    assert_eq!(intact["sha_local"], want.as_str(), "{intact}");
+    assert_eq!(intact["sha_server"], want.as_str(), "{intact}");
+    assert_eq!(intact["verdict"], "✓ Done: the server has exactly your file (sha256 matches).");
+    assert_eq!(intact["workers"], serde_json::json!(["/assets/hash.js"]), "one dedicated worker, from this server: {intact}");
+    // The worker's own policy allows compiling WebAssembly; the page's does not.
+    let worker_csp = intact["worker_csp"].as_str().unwrap();
+    assert!(worker_csp.contains("script-src 'self' 'wasm-unsafe-eval'") && worker_csp.contains("connect-src 'self'"), "{intact}");
+    let page_csp = intact["page_csp"].as_str().unwrap();
+    assert!(page_csp.contains("script-src 'self';") && !page_csp.contains("wasm"), "{intact}");
+    assert_eq!(intact["errors"], serde_json::json!([]), "no console error, no CSP violation: {intact}");
+
+    let altered = &out["altered"];
+    assert_eq!(altered["state"], "mismatch", "{altered}");
+    assert_eq!(altered["sha_local"], want.as_str(), "the page's own hash is the file's: {altered}");
+    assert_ne!(altered["sha_server"], want.as_str(), "{altered}");
+    assert_eq!(altered["verdict"], "✗ The checksums differ: the server did not receive your file intact.");
+    assert_eq!(altered["errors"], serde_json::json!([]), "{altered}");
+
+    let none = &out["no_worker"];
+    assert_eq!(none["state"], "unverified", "{none}");
+    assert!(none["sha_local"].as_str().unwrap().starts_with("not computed"), "{none}");
+    assert_eq!(none["sha_server"], want.as_str(), "{none}");
+    assert!(none["verdict"].as_str().unwrap().contains("could not compute"), "{none}");
+    // The one console error is the worker script's 404.
+    let errors = none["errors"].as_array().unwrap();
+    assert!(errors.iter().all(|e| e.as_str().unwrap().contains("404")), "{none}");
+    for (case, id) in ["intact", "altered", "no_worker"].iter().zip(&ids) {
+        assert_eq!(out[case]["dialogs"], serde_json::json!([]), "{case}");
+        assert_stored_sha256(&s, &format!("/files/{id}"), &want).await;
+    }
+}
+
 #[tokio::test]
 async fn download_page_tampered_and_expired_links_and_names_with_markup() {
     require_browser();
@@ -252,9 +317,12 @@ async fn page_headers_attachment_and_assets() {
     assert_eq!(header(&page, "cache-control"), Some("no-store"));
     assert!(header(&page, "content-security-policy").unwrap().contains("connect-src 'self'"));
     let mut weight = 0;
-    for asset in ["/assets/app.js", "/assets/app.css"] {
+    for asset in ["/assets/app.js", "/assets/app.css", "/assets/hash.js"] {
         let r = client().get(s.url(asset)).header("accept-encoding", "gzip").send().await.unwrap();
         assert_eq!(r.status(), 200);
+        // Only the hashing worker's script may compile WebAssembly (issue 24).
+        let csp = header(&r, "content-security-policy").unwrap();
+        assert_eq!(csp.contains("'wasm-unsafe-eval'"), asset == "/assets/hash.js", "{asset}: {csp}");
         assert_eq!(header(&r, "content-encoding"), Some("gzip"));
         let etag = header(&r, "etag").unwrap().to_string();
         weight += r.bytes().await.unwrap().len();

@@ -21,6 +21,20 @@ await build({
   charset: 'utf8',
   logLevel: 'warning',
 })
+// The request-a-file page's hashing worker (src/hash.js → /assets/hash.js): a classic worker
+// script, WebAssembly sha256 inline.
+await build({
+  entryPoints: [join(here, 'src/hash.js')],
+  outfile: join(dist, 'hash.js'),
+  bundle: true,
+  minify: true,
+  format: 'iife',
+  platform: 'browser',
+  target: ['chrome111', 'firefox115', 'safari16'],
+  legalComments: 'eof',
+  charset: 'utf8',
+  logLevel: 'warning',
+})
 await build({
   entryPoints: [join(here, 'src/app.css')],
   outfile: join(dist, 'app.css'),

@@ -30,19 +30,34 @@ pub const ASSETS_PATH: &str = "/assets/";
 
 /// `Content-Security-Policy` of every page response: scripts and styles only from this
 /// server's own files, requests only to this server, no plugins, no framing, no forms.
+/// Workers (`worker-src`, falling back to `script-src`) come only from this server too: the
+/// request-a-file page's hashing worker is `/assets/hash.js`.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// `Content-Security-Policy` of `/assets/hash.js` (a dedicated worker runs under the policy of
+/// its own script's response): [`CSP`] plus `'wasm-unsafe-eval'`, which lets that worker compile
+/// its inline WebAssembly sha256 (hash-wasm) and allows no JavaScript `eval`. Only the worker
+/// gets it; the pages themselves cannot compile WebAssembly.
+pub const WORKER_CSP: &str =
+    "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// One embedded file, with its gzip form and ETag computed on first use.
 struct Asset {
     bytes: &'static [u8],
     content_type: &'static str,
+    /// The `Content-Security-Policy` its response carries.
+    csp: &'static str,
     gzip: OnceLock<Vec<u8>>,
     etag: OnceLock<String>,
 }
 
 impl Asset {
     const fn new(bytes: &'static [u8], content_type: &'static str) -> Asset {
-        Asset { bytes, content_type, gzip: OnceLock::new(), etag: OnceLock::new() }
+        Asset::with_csp(bytes, content_type, CSP)
+    }
+
+    const fn with_csp(bytes: &'static [u8], content_type: &'static str, csp: &'static str) -> Asset {
+        Asset { bytes, content_type, csp, gzip: OnceLock::new(), etag: OnceLock::new() }
     }
 
     fn gzip(&self) -> &[u8] {
@@ -62,11 +77,13 @@ impl Asset {
 static PAGE: Asset = Asset::new(include_bytes!("../../web/dist/page.html"), "text/html; charset=utf-8");
 static DASH: Asset = Asset::new(include_bytes!("../../web/dist/dash.html"), "text/html; charset=utf-8");
 static APP_JS: Asset = Asset::new(include_bytes!("../../web/dist/app.js"), "text/javascript; charset=utf-8");
+static HASH_JS: Asset = Asset::with_csp(include_bytes!("../../web/dist/hash.js"), "text/javascript; charset=utf-8", WORKER_CSP);
 static APP_CSS: Asset = Asset::new(include_bytes!("../../web/dist/app.css"), "text/css; charset=utf-8");
 
-/// Bytes of the page's first load (HTML + JS + CSS): `(identity, gzip)`.
+/// Bytes of the page's first load (HTML + JS + CSS, and the hashing worker a request-a-file
+/// page starts when a file is chosen): `(identity, gzip)`.
 pub fn page_weight() -> (usize, usize) {
-    [&PAGE, &APP_JS, &APP_CSS].iter().fold((0, 0), |(raw, gz), a| (raw + a.bytes.len(), gz + a.gzip().len()))
+    [&PAGE, &APP_JS, &APP_CSS, &HASH_JS].iter().fold((0, 0), |(raw, gz), a| (raw + a.bytes.len(), gz + a.gzip().len()))
 }
 
 /// The routes, merged into the app by [`super::app`] unless `--no-web`.
@@ -76,6 +93,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/share/{id}", get(page))
         .route("/share/{id}/info", get(info))
         .route("/assets/app.js", get(|h: HeaderMap| async move { serve(&APP_JS, &h, "no-cache") }))
+        .route("/assets/hash.js", get(|h: HeaderMap| async move { serve(&HASH_JS, &h, "no-cache") }))
         .route("/assets/app.css", get(|h: HeaderMap| async move { serve(&APP_CSS, &h, "no-cache") }))
         // Every browser asks for it on every page. ferry has no icon: 204 (no content, cached
         // for a day) keeps the pages' consoles free of a 404 per visit.
@@ -89,9 +107,9 @@ pub(super) fn is_open(path: &str) -> bool {
     path == "/" || path.starts_with(PAGE_PATH) || path.starts_with(ASSETS_PATH)
 }
 
-/// The headers every page response carries.
-fn protect(h: &mut HeaderMap) {
-    h.insert("content-security-policy", HeaderValue::from_static(CSP));
+/// The headers every page response carries, `csp` its Content-Security-Policy.
+fn protect(h: &mut HeaderMap, csp: &'static str) {
+    h.insert("content-security-policy", HeaderValue::from_static(csp));
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
     // The page's URL is a capability: never send it to anyone as a Referer.
@@ -128,7 +146,7 @@ fn serve(asset: &Asset, h: &HeaderMap, cache: &'static str) -> Response {
     if let Ok(v) = HeaderValue::from_str(etag) {
         rh.insert("etag", v);
     }
-    protect(rh);
+    protect(rh, asset.csp);
     res
 }
 
@@ -170,7 +188,7 @@ async fn info(State(s): State<AppState>, Path(id): Path<String>, uri: Uri) -> Re
     let body = serde_json::json!({ "scope": scope, "expires_at_ms": expires.saturating_mul(1000), "file": file_view(&rec) });
     let mut res = axum::Json(body).into_response();
     res.headers_mut().insert("cache-control", HeaderValue::from_static("no-store"));
-    protect(res.headers_mut());
+    protect(res.headers_mut(), CSP);
     Ok(res)
 }
 
@@ -203,6 +221,9 @@ mod tests {
             assert!(!html.contains("<script>") && !handler && !html.contains("style="), "inline script or style in {name}");
             assert!(html.contains(r#"<script src="/assets/app.js""#), "{name}");
         }
+        // The worker's policy is the pages' plus WebAssembly compilation, nothing else.
+        assert_eq!(WORKER_CSP, CSP.replace("script-src 'self';", "script-src 'self' 'wasm-unsafe-eval';"));
+        assert!(!CSP.contains("wasm"));
         let (_, gz) = page_weight();
         assert!(gz <= 300 * 1024, "first load is {gz} bytes gzipped; the goal is ≤ 300 KiB");
     }

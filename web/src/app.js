@@ -5,8 +5,6 @@
 // innerHTML — so names and metadata always render as text.
 import Uppy from '@uppy/core'
 import Tus from '@uppy/tus'
-import { sha256 } from '@noble/hashes/sha2.js'
-import { bytesToHex } from '@noble/hashes/utils.js'
 import { $, setText, setState, formatBytes, CHUNK_SIZE, HASH_SLICE } from './util.js'
 import { dashboard } from './dashboard.js'
 
@@ -58,14 +56,29 @@ async function fetchInfo({ id, query }) {
   }
 }
 
-async function hashFile(file, onProgress) {
-  const h = sha256.create()
-  for (let at = 0; at < file.size; at += HASH_SLICE) {
-    const buf = await file.slice(at, Math.min(file.size, at + HASH_SLICE)).arrayBuffer()
-    h.update(new Uint8Array(buf))
-    onProgress(Math.min(file.size, at + HASH_SLICE))
-  }
-  return bytesToHex(h.digest())
+/** The file's sha256 (hex), computed by the worker in /assets/hash.js (web/src/hash.js), which
+ * reads the file itself: hashing neither blocks nor shares this thread with the upload. Rejects
+ * with the reason when the worker cannot start or cannot read the file. */
+function hashInWorker(file) {
+  return new Promise((resolve, reject) => {
+    let worker
+    try {
+      worker = new Worker('/assets/hash.js')
+    } catch (e) {
+      reject(e)
+      return
+    }
+    const end = (f, v) => {
+      worker.terminate()
+      f(v)
+    }
+    worker.onmessage = (e) => (e.data && e.data.sha256 ? end(resolve, e.data.sha256) : end(reject, new Error((e.data && e.data.error) || 'no answer')))
+    worker.onerror = (e) => {
+      e.preventDefault()
+      end(reject, new Error(e.message || 'the hashing script did not load'))
+    }
+    worker.postMessage({ file, slice: HASH_SLICE })
+  })
 }
 
 /** Media types people know by another name, and the words for them. */
@@ -172,7 +185,12 @@ function start(l, info, file) {
   $('drop').hidden = true
   $('progress').hidden = false
   setText('status', `Sending “${file.name}”…`)
-  const hashing = hashFile(file, () => {})
+  // Hashing starts with the send and runs beside it (the worker's own thread); its answer is
+  // awaited only once every byte is sent. A failure is kept as the reason to show then.
+  const hashing = hashInWorker(file).then(
+    (sha) => ({ sha }),
+    (err) => ({ err }),
+  )
   const uploadUrl = new URL(`/files/${encodeURIComponent(l.id)}${l.query}`, location.href).href
   const uppy = new Uppy({ autoProceed: false, allowMultipleUploadBatches: false })
   uppy.use(Tus, {
@@ -214,12 +232,18 @@ function start(l, info, file) {
       received(file.size, file.size)
       setText('rate', speed.summary())
       $('result').hidden = false
-      setText('sha-local', local)
       setText('sha-server', server || 'not reported')
-      const same = local === server
+      setText('status', '')
+      if (local.err) {
+        setText('sha-local', `not computed: ${local.err.message || local.err}`)
+        setText('verdict', 'All bytes were sent, but this browser could not compute your file’s sha256: compare the server’s below with what sha256sum (Linux), shasum -a 256 (macOS) or Get-FileHash (Windows) says of your file.')
+        $('verdict').className = 'bad'
+        return setState('unverified')
+      }
+      setText('sha-local', local.sha)
+      const same = local.sha === server
       setText('verdict', same ? '✓ Done: the server has exactly your file (sha256 matches).' : '✗ The checksums differ: the server did not receive your file intact.')
       $('verdict').className = same ? 'ok' : 'bad'
-      setText('status', '')
       setState(same ? 'done' : 'mismatch')
     },
     (err) => failed(err, info),

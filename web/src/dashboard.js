@@ -7,7 +7,7 @@
 //   offset) is not an event, so while something is in flight the page also re-reads the lists,
 //   every 2 s doubling to 30 s while nothing changes. When the stream cannot be had (twice in a
 //   row), the page polls with the same backoff (1 s → 30 s) and keeps trying the stream.
-// - Uploads: drop files (or choose them), Uppy's tus plugin sends them to `/files/` in 16 MiB
+// - Uploads: drop files (or choose them), Uppy's tus plugin sends them to `/files/` in 64 MiB
 //   PATCHes with the token's header; a file dropped again after a closed tab continues.
 // - Every name and value is put in the page with textContent (never innerHTML).
 import Uppy from '@uppy/core'

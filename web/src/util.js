@@ -8,8 +8,10 @@ export const setState = (state) => {
   document.body.dataset.state = state
 }
 
-/** Upload PATCHes of this many bytes: each ends in a server checkpoint. */
-export const CHUNK_SIZE = 16 * 1024 * 1024
+/** Upload PATCHes of this many bytes: each ends in a server checkpoint. Uppy's tus plugin sends
+ * each as a slice of the File (the browser streams it from disk: no copy in memory). 64 MiB
+ * rather than 16: fewer requests and checkpoints per file (issue 24; benches/RESULTS.md). */
+export const CHUNK_SIZE = 64 * 1024 * 1024
 /** The local file is hashed in slices of this many bytes. */
 export const HASH_SLICE = 8 * 1024 * 1024
 
