@@ -165,7 +165,11 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
             }
         }
         if !CONFIG_READERS.contains(&top.as_str()) && names.contains("config") {
-            out.push(format!("src/{}: the {top} module imports crate::config; settings belong to the engines and only the composition root ({}) reads the configuration", rel.display(), CONFIG_READERS.join(", ")));
+            out.push(format!(
+                "src/{}: the {top} module imports crate::config; settings belong to the engines and only the composition root ({}) reads the configuration",
+                rel.display(),
+                CONFIG_READERS.join(", ")
+            ));
         }
         if LEAVES.contains(&top.as_str()) {
             for n in &names {
@@ -220,14 +224,15 @@ fn an_engine_importing_config_in_the_real_tree_is_caught() {
 fn config_is_on_no_import_cycle() {
     let files = source_tree();
     let tops_naming = |name: &str| -> BTreeSet<String> {
-        files.iter().filter(|(rel, src)| imported_modules(&module_path(rel), src).contains(name)).filter_map(|(rel, _)| module_path(rel).first().cloned()).filter(|t| t != name).collect()
+        files
+            .iter()
+            .filter(|(rel, src)| imported_modules(&module_path(rel), src).contains(name))
+            .filter_map(|(rel, _)| module_path(rel).first().cloned())
+            .filter(|t| t != name)
+            .collect()
     };
-    let config_imports: BTreeSet<String> = files
-        .iter()
-        .filter(|(rel, _)| rel.starts_with("config"))
-        .flat_map(|(rel, src)| imported_modules(&module_path(rel), src))
-        .filter(|m| m != "config")
-        .collect();
+    let config_imports: BTreeSet<String> =
+        files.iter().filter(|(rel, _)| rel.starts_with("config")).flat_map(|(rel, src)| imported_modules(&module_path(rel), src)).filter(|m| m != "config").collect();
     assert!(config_imports.contains("tasks") && config_imports.contains("events"), "config maps onto the engines' types: {config_imports:?}");
     let back: Vec<String> = tops_naming("config").intersection(&config_imports).cloned().collect();
     assert!(back.is_empty(), "config and these import each other: {back:?}");

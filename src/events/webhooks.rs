@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use super::settings::WebhookConfig;
 use super::EventView;
 use crate::catalog::{AttemptOutcome, Catalog, Delivery, EventFilter, Settlement};
-use super::settings::WebhookConfig;
 use crate::metrics::Metrics;
 use crate::upload::now_ms;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
-use super::{Job, JobError};
 use super::settings::{CommandSpec, FetchConfig};
+use super::{Job, JobError};
 
 pub mod archive;
 pub mod check;
