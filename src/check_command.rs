@@ -14,7 +14,8 @@ use clap::Args;
 
 use crate::check::{CheckOptions, Checker, Observer};
 use crate::cli::progress::Progress;
-use crate::config::{parse_size, Config, ServeArgs};
+use crate::config::{Config, ServeArgs};
+use crate::units::parse_size;
 
 /// Exit code: a finished file's bytes mismatch its sha256 or are missing.
 pub const EXIT_DAMAGE: u8 = 4;

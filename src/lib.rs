@@ -22,6 +22,8 @@ pub mod serve;
 pub mod signing;
 pub mod tasks;
 pub mod tls;
+pub mod token_command;
+pub mod units;
 pub mod upload;
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Manage bearer tokens: create, list, revoke (the `[[tokens]]` of ferry.toml).
     #[command(subcommand)]
-    Token(ferry::cli::token::TokenCommand),
+    Token(ferry::token_command::TokenCommand),
     /// Start, inspect, list and cancel tasks on a running server (a client of /api/v1/tasks).
     Task(ferry::cli::task::TaskArgs),
     /// Upload files (TUS), resuming a remembered upload of the same file; prints
@@ -72,7 +72,7 @@ fn main() -> std::process::ExitCode {
         Command::Rm(args) => ferry::cli::files::rm(args),
         Command::Share(args) => ferry::cli::files::share(args),
         Command::Request(args) => ferry::cli::request::run(args),
-        Command::Token(cmd) => ferry::cli::token::run(cmd),
+        Command::Token(cmd) => ferry::token_command::run(cmd),
         Command::Check(args) => ferry::check_command::run(args),
         Command::Serve(args) => {
             let cfg = match Config::resolve(&args) {

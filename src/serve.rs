@@ -127,7 +127,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         engine.clone(),
         TaskConfig { workers: cfg.task_workers, lease: cfg.task_lease, default_ttl: cfg.task_ttl, owner: owner.clone(), ..TaskConfig::default() },
     );
-    for job in crate::tasks::kinds::builtin(&cfg) {
+    for job in crate::tasks::kinds::builtin(cfg.fetch.clone(), cfg.commands.clone()) {
         tasks.register(job);
     }
     let tasks = Arc::new(tasks);
@@ -245,7 +245,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 /// The one rule for start-up and SIGHUP reload: `tokens` on the addresses `cfg` listens on
 /// would let anyone who can connect in. Returns the first address that is not loopback when
 /// there are no tokens (and no `--insecure-no-auth`); every address counts, not the first only.
-fn open_to_anyone(cfg: &Config, tokens: &[crate::config::TokenEntry]) -> Option<std::net::SocketAddr> {
+fn open_to_anyone(cfg: &Config, tokens: &[crate::app::principal::TokenEntry]) -> Option<std::net::SocketAddr> {
     if !tokens.is_empty() || cfg.insecure_no_auth {
         return None;
     }
@@ -650,7 +650,7 @@ mod tests {
         assert_eq!(open_to_anyone(&cfg, &[]), None, "loopback only");
         cfg.listen_more = vec!["192.0.2.7:8080".parse().unwrap()];
         assert_eq!(open_to_anyone(&cfg, &[]), Some("192.0.2.7:8080".parse().unwrap()), "a public second address");
-        let token = crate::config::TokenEntry { principal: "p".into(), sha256: crate::config::token_hash("t"), scope: None, expires: None };
+        let token = crate::app::principal::TokenEntry { principal: "p".into(), sha256: crate::app::principal::token_hash("t"), scope: None, expires: None };
         assert_eq!(open_to_anyone(&cfg, &[token]), None, "tokens close it");
         cfg.insecure_no_auth = true;
         assert_eq!(open_to_anyone(&cfg, &[]), None, "--insecure-no-auth opens it on purpose");

@@ -6,6 +6,16 @@
 //! `ferry-tus` (tus/) depends on nothing of ferry's. The transports (`http`, `mcp`, `app`) never
 //! touch files or SQL themselves.
 //!
+//! Settings belong to the engines: each defines its own settings types (`tasks::settings`,
+//! `events::settings`, `app::CorsConfig`, `app::principal::TokenEntry`, `upload::Limits`,
+//! `blob::s3::S3Settings`, `exhaustion::Reserve`), and `config` only reads ferry.toml < env <
+//! flags and maps them onto those types. So `config` sits on top, and only the composition root
+//! may import it ([`CONFIG_READERS`]): `serve` (builds every engine from a `Config`),
+//! `check_command` (`ferry check` opens the stores a server is configured with) and
+//! `token_command` (`ferry token` edits the server's configuration file), plus `main.rs` and
+//! `lib.rs`, which are not modules of any layer. Every other module naming `crate::config` fails.
+//! Durations and sizes as people read them live in the leaf `units`, which names no module of ours.
+//!
 //! An import is any path the code names — `use crate::x`, `crate::{x, y}`, `crate::x::f()` in an
 //! expression, or `super::super::x` climbing out of a module — with comments removed first.
 
@@ -24,6 +34,13 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("blob", &["upload", "tasks", "http", "mcp", "app", "cli", "serve", "catalog", "events"]),
     ("cli", &["http", "mcp", "app", "serve", "tasks", "upload", "catalog", "blob"]),
 ];
+
+/// The composition root: the only top-level modules that may name `crate::config` (besides
+/// `config` itself). `main.rs` and `lib.rs` belong to no layer and are not checked.
+const CONFIG_READERS: &[&str] = &["config", "serve", "check_command", "token_command"];
+
+/// Leaf modules: they name no module of the crate at all.
+const LEAVES: &[&str] = &["units"];
 
 /// Layers that must not do file or SQL I/O themselves (text that would mean they do).
 const NO_STORAGE: &[&str] = &["http", "mcp", "app"];
@@ -147,6 +164,18 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
                 out.push(format!("src/{}: the {top} layer imports crate::{b}", rel.display()));
             }
         }
+        if !CONFIG_READERS.contains(&top.as_str()) && names.contains("config") {
+            out.push(format!(
+                "src/{}: the {top} module imports crate::config; settings belong to the engines and only the composition root ({}) reads the configuration",
+                rel.display(),
+                CONFIG_READERS.join(", ")
+            ));
+        }
+        if LEAVES.contains(&top.as_str()) {
+            for n in &names {
+                out.push(format!("src/{}: the leaf {top} imports crate::{n}", rel.display()));
+            }
+        }
         if NO_STORAGE.contains(&top.as_str()) {
             let code = strip_comments(src);
             for p in STORAGE_PATHS.iter().filter(|p| code.contains(**p)) {
@@ -171,6 +200,42 @@ fn no_module_imports_across_the_layers_design_forbids() {
     assert!(files.iter().any(|(p, _)| p.starts_with("mcp")) && files.iter().any(|(p, _)| p.starts_with("http")), "the source tree was found");
     let v = violations(&files);
     assert!(v.is_empty(), "DESIGN §1 layer violations:\n{}", v.join("\n"));
+}
+
+/// The real tree with one engine → `config` import planted in each engine's file that used to
+/// have one: each is reported, by file, and nothing else is.
+#[test]
+fn an_engine_importing_config_in_the_real_tree_is_caught() {
+    let clean = source_tree();
+    let planted = ["events/webhooks.rs", "events/hooks.rs", "blob/s3/mod.rs", "upload/exhausted.rs", "tasks/kinds/mod.rs", "app/principal.rs", "http/mod.rs"];
+    for target in planted {
+        let mut files = clean.clone();
+        let (_, src) = files.iter_mut().find(|(p, _)| p == Path::new(target)).unwrap_or_else(|| panic!("src/{target} is in the tree"));
+        src.push_str("\nfn planted() -> String { crate::config::human_duration(std::time::Duration::ZERO) }\n");
+        let v = violations(&files);
+        assert_eq!(v.len(), 1, "{target}: {v:?}");
+        assert!(v[0].starts_with(&format!("src/{target}: ")) && v[0].contains("imports crate::config"), "{}", v[0]);
+    }
+}
+
+/// No two folders of `src/` import each other through `config`: nothing `config` imports
+/// imports it back.
+#[test]
+fn config_is_on_no_import_cycle() {
+    let files = source_tree();
+    let tops_naming = |name: &str| -> BTreeSet<String> {
+        files
+            .iter()
+            .filter(|(rel, src)| imported_modules(&module_path(rel), src).contains(name))
+            .filter_map(|(rel, _)| module_path(rel).first().cloned())
+            .filter(|t| t != name)
+            .collect()
+    };
+    let config_imports: BTreeSet<String> =
+        files.iter().filter(|(rel, _)| rel.starts_with("config")).flat_map(|(rel, src)| imported_modules(&module_path(rel), src)).filter(|m| m != "config").collect();
+    assert!(config_imports.contains("tasks") && config_imports.contains("events"), "config maps onto the engines' types: {config_imports:?}");
+    let back: Vec<String> = tops_naming("config").intersection(&config_imports).cloned().collect();
+    assert!(back.is_empty(), "config and these import each other: {back:?}");
 }
 
 #[test]
@@ -205,9 +270,23 @@ fn the_checker_catches_each_kind_of_crossing() {
     assert_eq!(f("tasks/kinds/fetch.rs", "use crate::http::Problem;").len(), 1);
     assert_eq!(f("upload/mod.rs", "use crate::tasks::Engine;").len(), 1);
     assert_eq!(f("http/api.rs", "let x = sqlx::query(\"\");").len(), 1);
+    // Engines never read the configuration: a settings type or a helper taken from `config`.
+    assert_eq!(f("events/webhooks.rs", "use crate::config::WebhookConfig;").len(), 1);
+    assert_eq!(f("blob/s3/mod.rs", "fn f(d: Duration) -> String { crate::config::human_duration(d) }").len(), 1);
+    assert_eq!(f("tasks/kinds/mod.rs", "use super::super::config::Config;").len(), 1);
+    assert_eq!(f("upload/exhausted.rs", "use crate::{catalog::Catalog, config::Config};").len(), 1);
+    assert_eq!(f("cli/token.rs", "use crate::config::TokenEntry;").len(), 1);
+    assert_eq!(f("metrics.rs", "use crate::config::Config;").len(), 1);
+    assert_eq!(f("units.rs", "use crate::upload::now_ms;").len(), 1);
     // Allowed: downward imports, comments, strings, and `super::` inside the same layer.
     assert!(f("mcp/mod.rs", "use crate::app::AppState; use crate::upload::now_ms;").is_empty());
     assert!(f("mcp/mod.rs", "// use crate::http::AppState;\n/* crate::http */ let s = \"crate::http\";").is_empty());
     assert!(f("http/tus.rs", "use super::{AppState, Problem};").is_empty());
     assert!(f("tasks/kinds/fetch.rs", "use super::super::Job; use crate::upload::FileHandle;").is_empty());
+    // The composition root reads the configuration; a module's own `config` field is no import.
+    assert!(f("serve.rs", "use crate::config::{BlobLocation, Config};").is_empty());
+    assert!(f("check_command.rs", "use crate::config::{Config, ServeArgs};").is_empty());
+    assert!(f("token_command.rs", "crate::config::file_tokens(path)").is_empty());
+    assert!(f("config/file.rs", "use super::parse_interval; use crate::events::settings::WebhookConfig;").is_empty());
+    assert!(f("events/webhooks.rs", "use super::settings::WebhookConfig; let t = hook.config.timeout;").is_empty());
 }

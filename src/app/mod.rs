@@ -9,11 +9,13 @@ use crate::upload::UploadEngine;
 
 #[cfg(test)]
 pub mod arb;
+pub mod cors;
 pub mod limits;
 pub mod principal;
 pub use crate::tasks::schema_check;
 pub mod views;
 
+pub use cors::CorsConfig;
 pub use principal::{Principal, Tokens, LOCAL_PRINCIPAL};
 
 /// Marks a request authenticated by an upload-scoped token (`scope = "upload"`): it may only
@@ -46,7 +48,7 @@ pub struct HttpConfig {
     /// Cancelled at shutdown: ends `/mcp` streams.
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Which web origins may use TUS on `/files/`, and extra CORS headers.
-    pub cors: crate::config::CorsConfig,
+    pub cors: CorsConfig,
     /// Serve the pages for people (`/share/{id}`, `/assets/`); off with `--no-web`.
     pub web: bool,
 }

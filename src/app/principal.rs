@@ -9,7 +9,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use crate::config::{TokenEntry, TokenScope};
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
 
 /// The principal a request acts as (HTTP: put in the request's extensions by the auth middleware).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +43,70 @@ pub struct Tokens {
     set: Arc<RwLock<Arc<HashMap<String, Grant>>>>,
 }
 
-pub use crate::config::{new_token, token_hash};
+/// `[[tokens]]` in ferry.toml: a bearer token's sha256 (hex) and the principal it names.
+/// Written by `ferry token create NAME [--scope upload] [--ttl 1h]`; the token itself is never
+/// stored.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub principal: String,
+    pub sha256: String,
+    /// What the token may do (default `full`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<TokenScope>,
+    /// RFC 3339 time after which the token is refused (401), e.g. `2026-11-30T21:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+}
+
+impl TokenEntry {
+    /// `expires` as unix ms. Errors: not an RFC 3339 time.
+    pub fn expires_ms(&self) -> anyhow::Result<Option<i64>> {
+        self.expires
+            .as_deref()
+            .map(|e| {
+                let t = humantime::parse_rfc3339_weak(e.trim())
+                    .map_err(|err| anyhow::anyhow!("[[tokens]] expires {e:?} for {:?}: {err} (write e.g. 2026-11-30T21:00:00Z)", self.principal))?;
+                let ms = t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+                Ok(ms)
+            })
+            .transpose()
+    }
+}
+
+/// sha256 of a bearer token, lowercase hex: what ferry.toml stores.
+pub fn token_hash(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// Generate a new bearer token: 32 random bytes, base32, prefixed `fy_`.
+pub fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("fy_{}", data_encoding::BASE32_NOPAD.encode(&bytes).to_ascii_lowercase())
+}
+
+/// What a bearer token may do (`scope` of a `[[tokens]]` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenScope {
+    /// Everything its principal may do.
+    #[default]
+    Full,
+    /// Only create uploads (`POST /files/`); each creation answers a signed upload URL in
+    /// `Location`, good for that one upload's HEAD and PATCH. Cannot list, read, download or
+    /// delete anything, nor use the API or MCP: what a web page may hold.
+    Upload,
+}
+
+impl TokenScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenScope::Full => "full",
+            TokenScope::Upload => "upload",
+        }
+    }
+}
 
 fn grants(entries: &[TokenEntry]) -> anyhow::Result<HashMap<String, Grant>> {
     entries.iter().map(|e| Ok((e.sha256.to_ascii_lowercase(), Grant { principal: e.principal.clone(), scope: e.scope.unwrap_or_default(), expires_ms: e.expires_ms()? }))).collect()

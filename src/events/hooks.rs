@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use ferry_tus::{ErrorCode, TusError};
 use futures::StreamExt;
 
-use crate::config::{HookConfig, HookFailure};
+use super::settings::{HookConfig, HookFailure};
 use crate::upload::hooks::{FinishingUpload, PlannedUpload, UploadHooks};
 
 /// Largest hook answer read, bytes.
@@ -87,7 +87,7 @@ impl HttpHooks {
             Ok(Ok((status, body)))
         };
         let (status, body) = match tokio::time::timeout(hook.timeout, exchange).await {
-            Err(_) => return Answer::Failed(format!("no answer within {}", crate::config::human_duration(hook.timeout))),
+            Err(_) => return Answer::Failed(format!("no answer within {}", crate::units::human_duration(hook.timeout))),
             Ok(Err(e)) => return Answer::Failed(e),
             Ok(Ok(Err(invalid))) => return Answer::Invalid(invalid),
             Ok(Ok(Ok(a))) => a,

@@ -24,6 +24,7 @@ use crate::catalog::{Catalog, CatalogError, Delivery, DeliveryState, EventRecord
 use crate::upload::now_ms;
 
 pub mod hooks;
+pub mod settings;
 pub mod webhooks;
 
 pub use hooks::HttpHooks;
@@ -191,7 +192,7 @@ impl Events {
             Cursor::Now => self.catalog.last_event_seq().await?,
             Cursor::After(id) => match self.catalog.event_by_id(&id).await? {
                 Some(e) if e.principal == principal => e.seq,
-                _ => return Err(FollowError::UnknownEvent(id, crate::config::human_duration(self.retention))),
+                _ => return Err(FollowError::UnknownEvent(id, crate::units::human_duration(self.retention))),
             },
         };
         let catalog = self.catalog.clone();

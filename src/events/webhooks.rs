@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use super::settings::WebhookConfig;
 use super::EventView;
 use crate::catalog::{AttemptOutcome, Catalog, Delivery, EventFilter, Settlement};
-use crate::config::WebhookConfig;
 use crate::metrics::Metrics;
 use crate::upload::now_ms;
 
@@ -286,7 +286,7 @@ impl WebhookWorker {
             Ok::<_, reqwest::Error>(status)
         };
         let (status, error) = match tokio::time::timeout(hook.cfg.timeout, exchange).await {
-            Err(_) => (None, format!("no complete answer within {}", crate::config::human_duration(hook.cfg.timeout))),
+            Err(_) => (None, format!("no complete answer within {}", crate::units::human_duration(hook.cfg.timeout))),
             Ok(Err(e)) => (None, one_line(&e)),
             Ok(Ok(s)) if s.is_success() => return AttemptOutcome::Delivered { status: s.as_u16() },
             Ok(Ok(s)) if s.is_redirection() => (Some(s.as_u16()), format!("HTTP {s}: redirects are not followed; configure the final URL")),

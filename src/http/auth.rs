@@ -8,9 +8,8 @@ use axum::response::{IntoResponse, Response};
 use ferry_tus::{ErrorCode, TusError};
 
 use super::Problem;
-use crate::app::principal::TokenRefusal;
+use crate::app::principal::{TokenRefusal, TokenScope};
 use crate::app::{AppState, Principal, UploadOnly, LOCAL_PRINCIPAL};
-use crate::config::TokenScope;
 use crate::signing::SignedQuery;
 
 fn unauthorized(detail: &str) -> Response {

@@ -88,7 +88,7 @@ pub const EXPOSE_HEADERS: &[&str] = &[
     "upload-offset",
 ];
 
-fn cors(cfg: &crate::config::CorsConfig) -> CorsLayer {
+fn cors(cfg: &crate::app::CorsConfig) -> CorsLayer {
     let names = |builtin: &[&'static str], extra: &[String]| {
         let mut all: Vec<HeaderName> = builtin.iter().map(|h| HeaderName::from_static(h)).collect();
         all.extend(extra.iter().filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok()));
@@ -110,7 +110,7 @@ fn cors(cfg: &crate::config::CorsConfig) -> CorsLayer {
 
 /// Whether a request to `/files/` carrying `Origin: origin` may proceed: any origin with the
 /// default `*`; otherwise a listed one or this server's own (`Host`).
-fn tus_origin_allowed(cfg: &crate::config::CorsConfig, own: &[String], origin: &str, host: &str) -> bool {
+fn tus_origin_allowed(cfg: &crate::app::CorsConfig, own: &[String], origin: &str, host: &str) -> bool {
     match &cfg.allow_origins {
         None => true,
         Some(list) => same_origin(own, origin, host) || list.iter().any(|o| o.eq_ignore_ascii_case(origin)),

@@ -16,6 +16,7 @@ mod context;
 mod engine;
 pub mod kinds;
 pub mod schema_check;
+pub mod settings;
 
 pub use crate::catalog::{Progress, TaskRecord, TaskStatus};
 pub use context::JobContext;

@@ -219,7 +219,7 @@ impl UploadEngine {
     /// seconds) sees an answer.
     pub async fn readiness(&self) -> Readiness {
         let mut checks = Vec::new();
-        let late = || format!("did not answer within {}", crate::config::human_duration(READY_PROBE_TIMEOUT));
+        let late = || format!("did not answer within {}", crate::units::human_duration(READY_PROBE_TIMEOUT));
         let (catalog, blobs) = tokio::join!(tokio::time::timeout(READY_PROBE_TIMEOUT, self.catalog.ping()), tokio::time::timeout(READY_PROBE_TIMEOUT, self.blobs.ping()));
         let catalog = match catalog {
             Err(_) => Some(format!("the catalog {}", late())),

@@ -106,7 +106,7 @@ struct NoAnswer(Duration);
 
 impl std::fmt::Display for NoAnswer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "S3 did not answer within {}", crate::config::human_duration(self.0))
+        write!(f, "S3 did not answer within {}", crate::units::human_duration(self.0))
     }
 }
 

@@ -94,7 +94,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::time::Instant;
 
-use crate::config::CommandSpec;
+use crate::tasks::settings::CommandSpec;
 use crate::tasks::{Job, JobContext, JobError};
 use crate::upload::{FileCursor, FileWriter};
 
@@ -128,7 +128,7 @@ const MAX_SCHEMA_ERRORS: usize = 10;
 
 impl CommandJob {
     pub fn new(commands: BTreeMap<String, CommandSpec>) -> Self {
-        let validators = commands.iter().filter_map(|(n, c)| c.params_schema.as_ref().map(|s| (n.clone(), crate::config::params_validator(s)))).collect();
+        let validators = commands.iter().filter_map(|(n, c)| c.params_schema.as_ref().map(|s| (n.clone(), crate::tasks::settings::params_validator(s)))).collect();
         CommandJob { commands, validators }
     }
 

@@ -49,7 +49,7 @@ use serde_json::Value;
 
 use ferry_tus::ContentRange;
 
-use crate::config::FetchConfig;
+use crate::tasks::settings::FetchConfig;
 use crate::tasks::{Job, JobContext, JobError};
 use crate::upload::{FileCursor, FileWriter};
 

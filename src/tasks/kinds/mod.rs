@@ -2,12 +2,13 @@
 //! declared in ferry.toml), `external` (driven over REST by its producer), `concat` (the
 //! final upload of a TUS concatenation) and `check` (re-read finished files, [`crate::check`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
+use super::settings::{CommandSpec, FetchConfig};
 use super::{Job, JobError};
-use crate::config::Config;
 
 pub mod archive;
 pub mod check;
@@ -17,13 +18,13 @@ pub mod concat;
 pub mod external;
 pub mod fetch;
 
-/// Every built-in kind, configured from `cfg`.
-pub fn builtin(cfg: &Config) -> Vec<Arc<dyn Job>> {
+/// Every built-in kind, configured with `[fetch]` and `[commands.NAME]`.
+pub fn builtin(fetch: FetchConfig, commands: BTreeMap<String, CommandSpec>) -> Vec<Arc<dyn Job>> {
     vec![
         Arc::new(archive::ArchiveJob),
         Arc::new(compress::CompressJob),
-        Arc::new(fetch::FetchJob::new(cfg.fetch.clone())),
-        Arc::new(command::CommandJob::new(cfg.commands.clone())),
+        Arc::new(fetch::FetchJob::new(fetch)),
+        Arc::new(command::CommandJob::new(commands)),
         Arc::new(external::ExternalJob),
         Arc::new(concat::ConcatJob),
         Arc::new(check::CheckJob),
@@ -115,7 +116,7 @@ mod args_schema_tests {
     /// the arguments each kind's tests take as valid fit it.
     #[test]
     fn every_kinds_args_schema_compiles_and_admits_valid_args() {
-        let spec = crate::config::CommandSpec {
+        let spec = CommandSpec {
             program: "/bin/true".into(),
             args: vec![],
             output_name: None,

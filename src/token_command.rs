@@ -5,6 +5,10 @@
 //! refuses to touch one it cannot parse (exit 2, the file unchanged). `revoke` rewrites the file
 //! with `toml_edit`, so comments and the other keys stay as written, through a temporary file
 //! that is synced and renamed over the original.
+//!
+//! It lives beside `serve` and `check_command`, not in the client layer (`cli`): it reads and
+//! writes the server's configuration through `config`, which only the composition root may
+//! import (`tests/layers.rs`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,7 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use crate::config::{new_token, token_hash, TokenEntry, TokenScope};
+use crate::app::principal::{new_token, token_hash, TokenEntry, TokenScope};
 
 /// Exit code for a configuration that cannot be used, or bad arguments.
 const EXIT_USAGE: u8 = 2;
