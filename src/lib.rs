@@ -11,6 +11,7 @@ pub mod check;
 pub mod check_command;
 pub mod cli;
 pub mod config;
+pub mod error;
 pub mod events;
 pub mod exhaustion;
 pub mod framed;
