@@ -2,7 +2,8 @@
 //!
 //! Layers (DESIGN §1), arrows pointing down only: [`http`] and [`mcp`] (siblings, never
 //! importing each other) → [`app`] → [`tasks`] → [`upload`] → [`catalog`] and [`blob`].
-//! The protocol itself lives in the sans-I/O crate `ferry_tus`. `tests/layers.rs` enforces it.
+//! The protocol itself lives in the sans-I/O crate `ferry_tus`; the error catalogue every layer
+//! shares (codes, [`error::Refusal`]) in the leaf module [`error`]. `tests/layers.rs` enforces it.
 
 pub mod app;
 pub mod blob;
@@ -11,6 +12,7 @@ pub mod check;
 pub mod check_command;
 pub mod cli;
 pub mod config;
+pub mod error;
 pub mod events;
 pub mod exhaustion;
 pub mod framed;

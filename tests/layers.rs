@@ -73,8 +73,14 @@ fn module_path(rel: &Path) -> Vec<String> {
     parts
 }
 
-/// Source without `//` and `/* */` comments (string literals are kept; good enough for paths).
+/// Source without `//` and `/* */` comments, string literals emptied (text such as
+/// "see crate::http" is not an import).
 fn strip_comments(src: &str) -> String {
+    strip(src, false)
+}
+
+/// Source without `//` and `/* */` comments; string literals kept when `keep_strings`.
+fn strip(src: &str, keep_strings: bool) -> String {
     let mut out = String::with_capacity(src.len());
     let mut rest = src;
     while !rest.is_empty() {
@@ -89,7 +95,7 @@ fn strip_comments(src: &str) -> String {
             while end < b.len() && b[end] != b'"' {
                 end += if b[end] == b'\\' { 2 } else { 1 };
             }
-            out.push_str("\"\"");
+            out.push_str(if keep_strings { rest.get(..end + 1).unwrap_or(rest) } else { "\"\"" });
             rest = rest.get(end + 1..).unwrap_or("");
         } else {
             let c = rest.chars().next().unwrap();
@@ -258,6 +264,73 @@ fn ferry_tus_depends_on_nothing_of_ferry() {
     }
 }
 
+/// The codes TUS 1.0 and the IETF draft define: all that `ferry_tus::ErrorCode` may hold.
+const PROTOCOL_CODES: &[&str] = &["OffsetMismatch", "ChecksumMismatch", "SizeExceeded", "UploadExpired", "NotFound", "Conflict", "InvalidArgument"];
+
+/// ferry's own codes (and their details): they live in `src/error.rs`, never in the protocol
+/// crate — as a variant, a type, or the wire word.
+const APPLICATION_CODES: &[(&str, &str)] = &[
+    ("TaskFailed", "task_failed"),
+    ("Cancelled", "cancelled"),
+    ("Unauthorized", "unauthorized"),
+    ("InsufficientStorage", "insufficient_storage"),
+    ("Unavailable", "unavailable"),
+    ("Rejected", "rejected"),
+    ("QuotaExceeded", "quota_exceeded"),
+    ("QuotaDetail", "quota"),
+    ("HookInvalid", "hook_invalid"),
+    ("Damaged", "damaged"),
+    ("ChunkTooLarge", "chunk_too_large"),
+    ("UploadIncomplete", "upload_incomplete"),
+    ("Locked", "locked"),
+    ("Internal", "internal"),
+];
+
+/// What of ferry's application a protocol source names: its `ErrorCode` variants that are not
+/// the protocol's, and application code names or wire words anywhere in its code (comments
+/// aside; string literals count).
+fn application_names(src: &str) -> Vec<String> {
+    let code = strip(src, true);
+    let mut out = Vec::new();
+    if let Some(at) = code.find("enum ErrorCode") {
+        let body = &code[at..];
+        let body = &body[body.find('{').map_or(0, |i| i + 1)..body.find('}').unwrap_or(body.len())];
+        for v in body.split(',').map(|v| ident_at(v.trim_start_matches(|c: char| c.is_whitespace() || c == '#' || c == '[' || c == ']').trim())) {
+            if !v.is_empty() && !PROTOCOL_CODES.contains(&v) {
+                out.push(format!("ErrorCode::{v} is not a protocol code"));
+            }
+        }
+    }
+    let words: Vec<&str> = code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
+    for (name, wire) in APPLICATION_CODES {
+        if words.contains(name) {
+            out.push(format!("names {name}"));
+        }
+        if code.contains(&format!("\"{wire}\"")) {
+            out.push(format!("has the wire word \"{wire}\""));
+        }
+    }
+    out
+}
+
+/// DESIGN §1 and issue 25 item 2: the protocol crate speaks only the protocols. Its error
+/// codes are the ones TUS 1.0 and the draft define; ferry's catalogue (tasks, quotas, storage
+/// trouble, hooks, locks, internal failures) is `src/error.rs`.
+#[test]
+fn ferry_tus_keeps_only_the_protocols_codes() {
+    let mut paths = Vec::new();
+    rust_files(&root().join("tus/src"), &mut paths);
+    let mut found = Vec::new();
+    let mut saw_enum = false;
+    for p in paths {
+        let src = std::fs::read_to_string(&p).unwrap();
+        saw_enum |= strip(&src, true).contains("enum ErrorCode");
+        found.extend(application_names(&src).into_iter().map(|w| format!("{}: {w}", p.strip_prefix(root()).unwrap().display())));
+    }
+    assert!(saw_enum, "tus/src defines its ErrorCode");
+    assert!(found.is_empty(), "ferry-tus names ferry's application codes:\n{}", found.join("\n"));
+}
+
 /// The checker itself: each kind of forbidden import is caught, allowed ones are not.
 #[test]
 fn the_checker_catches_each_kind_of_crossing() {
@@ -289,4 +362,16 @@ fn the_checker_catches_each_kind_of_crossing() {
     assert!(f("token_command.rs", "crate::config::file_tokens(path)").is_empty());
     assert!(f("config/file.rs", "use super::parse_interval; use crate::events::settings::WebhookConfig;").is_empty());
     assert!(f("events/webhooks.rs", "use super::settings::WebhookConfig; let t = hook.config.timeout;").is_empty());
+}
+
+/// The protocol checker catches an application code re-added as a variant, a type or a word.
+#[test]
+fn the_protocol_checker_catches_application_codes() {
+    assert!(application_names("pub enum ErrorCode { OffsetMismatch, NotFound, InvalidArgument }").is_empty());
+    assert_eq!(application_names("pub enum ErrorCode {\n    /// 507\n    OffsetMismatch,\n    QuotaExceeded,\n}").len(), 2, "a variant and its name");
+    assert_eq!(application_names("pub enum ErrorCode { OffsetMismatch, #[doc(hidden)] Damaged }").len(), 2);
+    assert_eq!(application_names("pub struct QuotaDetail { pub name: &'static str }").len(), 1);
+    assert_eq!(application_names("fn f() -> &'static str { \"insufficient_storage\" }").len(), 1);
+    // Comments and other words are not names.
+    assert!(application_names("// QuotaExceeded was moved to ferry\nfn quota_free() {}").is_empty());
 }

@@ -16,10 +16,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferry::blob::{BlobStore, FsBlobStore};
 use ferry::catalog::{Catalog, SqliteCatalog};
+use ferry::error::Refusal;
 use ferry::metrics::Metrics;
 use ferry::upload::locks::{CatalogLeaseConfig, CatalogLocker};
 use ferry::upload::{EngineConfig, UploadEngine};
-use ferry_tus::{CreationPlan, PatchPlan, TusError, UploadState};
+use ferry_tus::{CreationPlan, PatchPlan, UploadState};
 use futures::TryStreamExt;
 
 const MIB: usize = 1 << 20;
@@ -57,7 +58,7 @@ async fn engine(dir: &std::path::Path, owner: &str) -> Arc<UploadEngine> {
     UploadEngine::with_locker(catalog, blobs, cfg, Arc::new(Metrics::default()), Arc::new(locker))
 }
 
-fn at_durable_offset(st: &UploadState) -> Result<PatchPlan, TusError> {
+fn at_durable_offset(st: &UploadState) -> Result<PatchPlan, Refusal> {
     let length = st.length.expect("length known");
     Ok(PatchPlan { offset: st.offset, set_length: None, length: Some(length), max_bytes: length - st.offset, checksum: None, checksum_in_trailer: false, completes: false })
 }

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use crate::catalog::{Concat, Progress, TaskRecord, TaskStatus, UploadRecord};
-use ferry_tus::ErrorCode;
+use crate::error::ErrorCode;
 
 /// Any JSON value, a few levels deep (what a job may store as a result or a request).
 pub fn json_value() -> impl Strategy<Value = Value> {

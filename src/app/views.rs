@@ -170,7 +170,8 @@ pub struct TaskError {
 /// The [`TaskError`] of a task's stored error text.
 pub fn task_error(stored: Option<&str>) -> Option<TaskError> {
     let e: Value = serde_json::from_str(stored?).unwrap_or_default();
-    let code = e.get("code").and_then(Value::as_str).and_then(|c| ferry_tus::ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(ferry_tus::ErrorCode::TaskFailed);
+    let code =
+        e.get("code").and_then(Value::as_str).and_then(|c| crate::error::ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(crate::error::ErrorCode::TaskFailed);
     let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
     Some(TaskError { code: code.as_str(), message })
 }

@@ -197,15 +197,15 @@ pub struct Usage {
 impl Usage {
     /// The first limit of `quota` that `self` (a use that includes a new upload reserving
     /// `added_bytes` and counting as one more upload in progress when `added_upload`) breaks.
-    pub fn exceeds(&self, quota: &Quota, added_bytes: u64, added_upload: bool) -> Option<ferry_tus::QuotaDetail> {
+    pub fn exceeds(&self, quota: &Quota, added_bytes: u64, added_upload: bool) -> Option<crate::error::QuotaDetail> {
         if let Some(limit) = quota.max_uploads_in_progress {
             if added_upload && self.uploads_in_progress > limit {
-                return Some(ferry_tus::QuotaDetail { name: "uploads_in_progress", limit, used: self.uploads_in_progress - 1, requested: 1 });
+                return Some(crate::error::QuotaDetail { name: "uploads_in_progress", limit, used: self.uploads_in_progress - 1, requested: 1 });
             }
         }
         if let Some(limit) = quota.max_bytes {
             if self.bytes > limit {
-                return Some(ferry_tus::QuotaDetail { name: "bytes", limit, used: self.bytes.saturating_sub(added_bytes), requested: added_bytes });
+                return Some(crate::error::QuotaDetail { name: "bytes", limit, used: self.bytes.saturating_sub(added_bytes), requested: added_bytes });
             }
         }
         None
@@ -245,7 +245,7 @@ pub enum CatalogError {
     /// A per-principal quota has no room for the upload ([`Catalog::create_upload_within`]);
     /// nothing was inserted.
     #[error("quota {} exceeded: {} of {} used", .0.name, .0.used, .0.limit)]
-    QuotaExceeded(ferry_tus::QuotaDetail),
+    QuotaExceeded(crate::error::QuotaDetail),
     /// The backing database failed.
     #[error("catalog backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

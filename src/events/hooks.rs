@@ -22,8 +22,8 @@
 
 use std::time::Duration;
 
+use crate::error::{ErrorCode, Refusal};
 use async_trait::async_trait;
-use ferry_tus::{ErrorCode, TusError};
 use futures::StreamExt;
 
 use super::settings::{HookConfig, HookFailure};
@@ -117,20 +117,20 @@ impl HttpHooks {
     }
 
     /// The policy's answer for a hook that failed.
-    fn failed(which: &str, hook: &HookConfig, why: &str) -> Result<(), TusError> {
+    fn failed(which: &str, hook: &HookConfig, why: &str) -> Result<(), Refusal> {
         tracing::warn!(hook = which, url = %hook.url, reason = why, policy = ?hook.on_failure, "upload hook failed");
         match hook.on_failure {
             HookFailure::Allow => Ok(()),
-            HookFailure::Reject => Err(TusError::new(503, ErrorCode::Unavailable, format!("the {which} hook did not answer ({why})"), "Try again in a moment.")),
+            HookFailure::Reject => Err(Refusal::new(503, ErrorCode::Unavailable, format!("the {which} hook did not answer ({why})"), "Try again in a moment.")),
         }
     }
 
     /// The policy's answer for a hook that answered something other than the documented JSON.
-    fn invalid(which: &str, hook: &HookConfig, why: &str) -> Result<(), TusError> {
+    fn invalid(which: &str, hook: &HookConfig, why: &str) -> Result<(), Refusal> {
         tracing::warn!(hook = which, url = %hook.url, reason = why, policy = ?hook.on_failure, "upload hook answered invalidly");
         match hook.on_failure {
             HookFailure::Allow => Ok(()),
-            HookFailure::Reject => Err(TusError::new(
+            HookFailure::Reject => Err(Refusal::new(
                 502,
                 ErrorCode::HookInvalid,
                 format!("the {which} hook's answer is not valid: {why}"),
@@ -140,13 +140,13 @@ impl HttpHooks {
     }
 }
 
-fn refused(status: u16, message: String) -> TusError {
-    TusError::new(status, ErrorCode::Rejected, message, "The server's policy refused this upload; change what the message names, or ask the operator.")
+fn refused(status: u16, message: String) -> Refusal {
+    Refusal::new(status, ErrorCode::Rejected, message, "The server's policy refused this upload; change what the message names, or ask the operator.")
 }
 
 #[async_trait]
 impl UploadHooks for HttpHooks {
-    async fn pre_create(&self, upload: &PlannedUpload<'_>) -> Result<Option<String>, TusError> {
+    async fn pre_create(&self, upload: &PlannedUpload<'_>) -> Result<Option<String>, Refusal> {
         let Some(hook) = &self.pre_create else { return Ok(None) };
         let body = serde_json::json!({"type": "pre-create", "upload": {
             "principal": upload.principal, "length": upload.length, "metadata": metadata_json(upload.metadata), "concat": upload.concat}});
@@ -164,7 +164,7 @@ impl UploadHooks for HttpHooks {
         }
     }
 
-    async fn pre_finish(&self, upload: &FinishingUpload<'_>) -> Result<(), TusError> {
+    async fn pre_finish(&self, upload: &FinishingUpload<'_>) -> Result<(), Refusal> {
         let Some(hook) = &self.pre_finish else { return Ok(()) };
         let body = serde_json::json!({"type": "pre-finish", "upload": {
             "id": upload.id, "principal": upload.principal, "size": upload.size, "sha256": hex::encode(upload.sha256), "metadata": metadata_json(upload.metadata)}});

@@ -7,6 +7,7 @@
 //! The OpenAPI document (`GET /api/v1/openapi.json`) is generated from the annotations here
 //! ([`ApiDoc`]): keep every route in [`routes`] listed in `ApiDoc`'s `paths(...)`.
 
+use crate::error::Refusal;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -14,7 +15,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use ferry_tus::TusError;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -224,7 +224,7 @@ struct PartialDoc {
     cursor: u64,
 }
 
-/// ferry's stable error codes (the list comes from `ferry_tus::ErrorCode::ALL`).
+/// ferry's stable error codes (the list comes from `crate::error::ErrorCode::ALL`).
 struct ErrorCodeDoc;
 
 impl PartialSchema for ErrorCodeDoc {
@@ -232,7 +232,7 @@ impl PartialSchema for ErrorCodeDoc {
         utoipa::openapi::ObjectBuilder::new()
             .schema_type(utoipa::openapi::schema::Type::String)
             .description(Some("Stable machine-readable error code."))
-            .enum_values(Some(ferry_tus::ErrorCode::ALL.iter().map(|c| c.as_str())))
+            .enum_values(Some(crate::error::ErrorCode::ALL.iter().map(|c| c.as_str())))
             .into()
     }
 }
@@ -285,13 +285,13 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 /// The body, or 413 `size_exceeded` past [`MAX_JSON_BODY`] (the router sets the limit).
 pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
     body.map_err(|e| match e {
-        BytesRejection::FailedToBufferBody(_) => Problem(TusError::new(
+        BytesRejection::FailedToBufferBody(_) => Problem(Refusal::new(
             413,
-            ferry_tus::ErrorCode::SizeExceeded,
+            crate::error::ErrorCode::SizeExceeded,
             format!("the request body is larger than {MAX_JSON_BODY} bytes"),
             "Send large data as a file (TUS upload) and pass its id instead.",
         )),
-        _ => Problem(TusError::bad_request("the request body could not be read", "Send the JSON body again.")),
+        _ => Problem(Refusal::bad_request("the request body could not be read", "Send the JSON body again.")),
     })
 }
 
@@ -305,7 +305,7 @@ fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
     match q {
         Ok(Query(ListQuery { limit: None })) => Ok(DEFAULT_LIST_LIMIT),
         Ok(Query(ListQuery { limit: Some(n) })) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
-        _ => Err(Problem(TusError::bad_request(format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"), format!("Send ?limit={DEFAULT_LIST_LIMIT} or omit it.")))),
+        _ => Err(Problem(Refusal::bad_request(format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"), format!("Send ?limit={DEFAULT_LIST_LIMIT} or omit it.")))),
     }
 }
 
@@ -314,9 +314,9 @@ fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
 fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
     let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
     if !body.trim_ascii_start().starts_with(b"{") {
-        return Err(Problem(TusError::bad_request("the request body must be a JSON object", hint)));
+        return Err(Problem(Refusal::bad_request("the request body must be a JSON object", hint)));
     }
-    serde_json::from_slice(body).map_err(|e| Problem(TusError::bad_request(format!("invalid JSON body: {e}"), hint)))
+    serde_json::from_slice(body).map_err(|e| Problem(Refusal::bad_request(format!("invalid JSON body: {e}"), hint)))
 }
 
 /// The request bodies the document describes, compiled from the document itself, by
@@ -351,13 +351,13 @@ static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str
 pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str) -> Result<T, Problem> {
     let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
     if !body.trim_ascii_start().starts_with(b"{") {
-        return Err(Problem(TusError::bad_request("the request body must be a JSON object", hint)));
+        return Err(Problem(Refusal::bad_request("the request body must be a JSON object", hint)));
     }
     // A body serde_json cannot hold as a value (a number past f64, kept exact in `args`) is
     // read as it is: the members the schemas constrain are never such numbers.
     if let (Some(v), Ok(value)) = (BODY_SCHEMAS.get(schema), serde_json::from_slice::<serde_json::Value>(body)) {
         crate::app::schema_check::check(v, &value, "body").map_err(|m| {
-            Problem(TusError::bad_request(format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"), format!("Fix the places named in detail ({hint})")))
+            Problem(Refusal::bad_request(format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"), format!("Fix the places named in detail ({hint})")))
         })?;
     }
     json_body(body)
@@ -511,7 +511,7 @@ async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extensio
     let key = super::tus::idempotency_key(&h)?;
     if b.kind == "concat" {
         // Started by the server when a concatenation's parts are complete (TUS concatenation).
-        return Err(Problem(TusError::bad_request(
+        return Err(Problem(Refusal::bad_request(
             "the concat kind is internal to TUS concatenation",
             "Create a final upload with `Upload-Concat: final;…` on POST /files/ instead.",
         )));
@@ -655,7 +655,7 @@ async fn report_progress(
     let body = body_bytes(body)?;
     let progress: Progress = checked_body(&body, "Progress")?;
     if progress.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
-        return Err(Problem(TusError::bad_request("fraction must be between 0 and 1", "Send a fraction in [0, 1].")));
+        return Err(Problem(Refusal::bad_request("fraction must be between 0 and 1", "Send a fraction in [0, 1].")));
     }
     super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.report(&p, &id, progress).await?, 0).await
 }
@@ -706,7 +706,7 @@ async fn complete(
             // The same handle built-in kinds store for the files they produce.
             let Some(handle) = crate::app::views::produced_file(&rec) else {
                 return Err(Problem(
-                    TusError::new(409, ferry_tus::ErrorCode::UploadIncomplete, format!("file {f} is not complete"), "Finish uploading the file, then complete the task.")
+                    Refusal::new(409, crate::error::ErrorCode::UploadIncomplete, format!("file {f} is not complete"), "Finish uploading the file, then complete the task.")
                         .with_cursor(rec.offset),
                 ));
             };
@@ -775,7 +775,7 @@ async fn file_info(State(s): State<AppState>, Extension(Principal(p)): Extension
     // if no request holds it); while it cannot be, the view says `finishing`.
     let rec = match s.engine.get_finished_or_finish(&p, &id).await {
         Ok(rec) => rec,
-        Err(e) if e.code == ferry_tus::ErrorCode::Locked => s.engine.get(&p, &id).await?,
+        Err(e) if e.code == crate::error::ErrorCode::Locked => s.engine.get(&p, &id).await?,
         Err(e) => return Err(e.into()),
     };
     Ok(axum::Json(file_view(&rec)).into_response())
@@ -834,7 +834,7 @@ async fn share_file(
     let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { checked_body(&body, "ShareBody")? };
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);
     if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
-        return Err(Problem(TusError::bad_request(
+        return Err(Problem(Refusal::bad_request(
             format!("ttl_ms must be from 1 to {} (7 days)", crate::signing::MAX_URL_TTL_MS),
             format!("Send a ttl_ms in that range, e.g. {DEFAULT_SHARE_TTL_MS} for one hour."),
         )));

@@ -1,11 +1,11 @@
 //! Authentication of HTTP requests (DESIGN §6): a bearer token ([`crate::app::Tokens`]) or a
 //! signed URL names the principal a request acts as; with no tokens every request is `local`.
 
+use crate::error::{ErrorCode, Refusal};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use ferry_tus::{ErrorCode, TusError};
 
 use super::Problem;
 use crate::app::principal::{TokenRefusal, TokenScope};
@@ -13,7 +13,7 @@ use crate::app::{AppState, Principal, UploadOnly, LOCAL_PRINCIPAL};
 use crate::signing::SignedQuery;
 
 fn unauthorized(detail: &str) -> Response {
-    let mut res = Problem(TusError::new(401, ErrorCode::Unauthorized, detail, "Send `Authorization: Bearer <token>`; `ferry token create NAME` makes one.")).into_response();
+    let mut res = Problem(Refusal::new(401, ErrorCode::Unauthorized, detail, "Send `Authorization: Bearer <token>`; `ferry token create NAME` makes one.")).into_response();
     res.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
     res
 }
@@ -85,7 +85,7 @@ fn creates_upload(method: &Method, path: &str) -> bool {
 }
 
 fn forbidden_scope(method: &Method, path: &str) -> Response {
-    Problem(TusError::new(
+    Problem(Refusal::new(
         403,
         ErrorCode::Unauthorized,
         format!("this token has scope upload: it may only create uploads (POST /files/), not {method} {path}"),
@@ -95,7 +95,7 @@ fn forbidden_scope(method: &Method, path: &str) -> Response {
 }
 
 fn forbidden(detail: String) -> Response {
-    Problem(TusError::new(
+    Problem(Refusal::new(
         403,
         ErrorCode::Unauthorized,
         detail,
@@ -115,7 +115,7 @@ async fn signed_principal(s: &AppState, method: &Method, path: &str, q: &SignedQ
     let scope = s.links.signer().verify(q, id, method, now).map_err(|e| forbidden(e.to_string()))?;
     match s.engine.owner(id).await {
         Ok(Some(owner)) => Ok((owner, scope)),
-        Ok(None) => Err(Problem(TusError::not_found()).into_response()),
+        Ok(None) => Err(Problem(Refusal::not_found()).into_response()),
         Err(e) => Err(Problem(e).into_response()),
     }
 }

@@ -5,12 +5,13 @@
 //! A request with several ranges gets `200` and the whole body (RFC 9110 allows ignoring
 //! Range; ferry does not produce multipart/byteranges). Decide first, then render.
 
+use crate::error::{ErrorCode, Refusal};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ferry_tus::RangeOutcome;
-use ferry_tus::{ErrorCode, TusError, Verb};
+use ferry_tus::Verb;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::{tus_headers, AppState, Problem};
@@ -110,7 +111,7 @@ pub async fn get(
     };
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
         let mut res = Problem(
-            TusError::new(
+            Refusal::new(
                 409,
                 ErrorCode::UploadIncomplete,
                 format!("the upload is not complete: {} bytes of {} stored", rec.offset, rec.length.map_or("an unknown length".into(), |l| l.to_string())),
@@ -138,7 +139,7 @@ pub async fn get(
             return Ok(res);
         }
         RangeOutcome::Unsatisfiable => {
-            let mut res = Problem(TusError::new(
+            let mut res = Problem(Refusal::new(
                 416,
                 ErrorCode::InvalidArgument,
                 format!("the range is outside the file's {len} bytes"),

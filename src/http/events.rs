@@ -5,13 +5,13 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::error::{ErrorCode, Refusal};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use ferry_tus::{ErrorCode, TusError};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -53,7 +53,7 @@ pub(super) async fn events(
     let cursor = last.map_or(Cursor::Now, Cursor::After);
     let stream = s.events.follow(&p, cursor).await.map_err(|e| match e {
         FollowError::UnknownEvent(..) => {
-            Problem(TusError::new(404, ErrorCode::NotFound, e.to_string(), "Reconnect without Last-Event-ID and read current state from /api/v1/files and /api/v1/tasks."))
+            Problem(Refusal::new(404, ErrorCode::NotFound, e.to_string(), "Reconnect without Last-Event-ID and read current state from /api/v1/files and /api/v1/tasks."))
         }
         FollowError::Catalog(c) => Problem(c.into()),
     })?;
@@ -110,7 +110,7 @@ pub(super) async fn deliveries(
     Extension(Principal(p)): Extension<Principal>,
     q: Result<Query<DeliveriesQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
-    let bad = |detail: String| Problem(TusError::bad_request(detail, "Send ?state=pending,failed&limit=100, or omit both."));
+    let bad = |detail: String| Problem(Refusal::bad_request(detail, "Send ?state=pending,failed&limit=100, or omit both."));
     let Ok(Query(q)) = q else { return Err(bad("the query must be state=…&limit=…".into())) };
     let states = match q.state.as_deref() {
         None => vec![DeliveryState::Pending, DeliveryState::Failed],

@@ -4,13 +4,14 @@
 //! returns. One error type, [`Problem`], decides what a client sees of a failure: an RFC 9457
 //! `application/problem+json` body with ferry's stable `code`; details go to the logs.
 
+use crate::error::{ErrorCode, Refusal};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ferry_tus::{ErrorCode, TusError, TUS_VERSION};
+use ferry_tus::TUS_VERSION;
 use tower::ServiceExt;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -19,6 +20,7 @@ pub mod auth;
 mod download;
 mod events;
 mod health;
+pub(crate) mod hints;
 mod rufh;
 mod task_partials;
 pub(crate) mod tus;
@@ -159,10 +161,10 @@ where
         .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())
         .fallback(|| async {
-            Problem(TusError::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json)."))
+            Problem(Refusal::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json)."))
         })
         .method_not_allowed_fallback(|| async {
-            Problem(TusError::new(
+            Problem(Refusal::new(
                 405,
                 ErrorCode::InvalidArgument,
                 "this method is not allowed on this route",
@@ -191,7 +193,7 @@ where
             let origin = req.headers().get("origin").and_then(|v| v.to_str().ok());
             let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
             if let Some(origin) = origin.filter(|o| !tus_origin_allowed(&cors_cfg, &own_origins, o, host)) {
-                let refused = Problem(TusError::new(
+                let refused = Problem(Refusal::new(
                     403,
                     ErrorCode::Unauthorized,
                     format!("uploads from web pages on {origin} are not allowed"),
@@ -227,7 +229,7 @@ async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Re
         && !host.is_empty()
         && !s.http.allowed_hosts.iter().any(|h| h.eq_ignore_ascii_case(host_name))
     {
-        return Problem(TusError::new(
+        return Problem(Refusal::new(
             403,
             ErrorCode::Unauthorized,
             format!("Host {host:?} is not a name of this server"),
@@ -239,7 +241,7 @@ async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Re
     if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") {
         if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) {
             if !same_origin(&s.http.own_origins, origin, host) {
-                return Problem(TusError::new(
+                return Problem(Refusal::new(
                     403,
                     ErrorCode::Unauthorized,
                     format!("cross-origin requests from {origin} are refused on {path}"),
@@ -353,11 +355,18 @@ pub(crate) fn tus_headers(h: &mut HeaderMap) {
 
 /// A refused request, rendered as RFC 9457 problem+json.
 #[derive(Debug)]
-pub struct Problem(pub TusError);
+pub struct Problem(pub Refusal);
 
-impl From<TusError> for Problem {
-    fn from(e: TusError) -> Self {
+impl From<Refusal> for Problem {
+    fn from(e: Refusal) -> Self {
         Problem(e)
+    }
+}
+
+/// A refusal the protocol crate decided, in its own words.
+impl From<ferry_tus::TusError> for Problem {
+    fn from(e: ferry_tus::TusError) -> Self {
+        Problem(e.into())
     }
 }
 
@@ -375,7 +384,7 @@ impl IntoResponse for Problem {
 /// draft's problem type (`type`, `title` and members such as `expected-offset`) when the
 /// refusal has one, no TUS headers, `Upload-Limit` on 413 (draft §Limits), and 400 for TUS's
 /// own 460 checksum status.
-pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::UploadLimit>>) -> Response {
+pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadLimit>>) -> Response {
     let status = match (e.status, &draft) {
         (460, Some(_)) => StatusCode::BAD_REQUEST,
         (s, _) => StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -388,7 +397,7 @@ pub(crate) fn render_problem(e: TusError, draft: Option<Option<ferry_tus::Upload
         "detail": e.detail,
         "code": e.code.as_str(),
         "retryable": e.code.retryable(),
-        "recovery_hint": e.recovery_hint,
+        "recovery_hint": hints::hint(&e),
     });
     if let Some(c) = e.cursor {
         body["partial"] = serde_json::json!({ "cursor": c });

@@ -12,11 +12,12 @@
 //! client learns the upload URL from the final response (the draft's "careful" creation) —
 //! tus-js-client always works that way.
 
+use crate::error::Refusal;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ferry_tus::draft::{plan_draft_append, plan_draft_creation, DraftAppendHeaders, DraftCreationHeaders};
-use ferry_tus::{InteropVersion, TusError, UploadComplete, UploadLimit};
+use ferry_tus::{InteropVersion, UploadComplete, UploadLimit};
 
 use super::tus::{has_body, header, idempotency_key, location, set};
 use super::{render_problem, AppState};
@@ -24,13 +25,13 @@ use crate::catalog::{Concat, UploadRecord};
 
 /// The draft version a request speaks: `None` for a TUS request (no
 /// `Upload-Draft-Interop-Version`), `Some(Err)` for a version ferry does not serve.
-pub(super) fn version_of(h: &HeaderMap) -> Option<Result<InteropVersion, TusError>> {
-    header(h, "upload-draft-interop-version").map(InteropVersion::from_header)
+pub(super) fn version_of(h: &HeaderMap) -> Option<Result<InteropVersion, Refusal>> {
+    header(h, "upload-draft-interop-version").map(|v| InteropVersion::from_header(v).map_err(Refusal::from))
 }
 
 /// A refusal rendered for a client of the draft: its problem type when the refusal has one,
 /// no TUS headers, `Upload-Limit` on 413.
-pub(super) fn draft_problem(s: &AppState, version: Option<InteropVersion>, e: TusError) -> Response {
+pub(super) fn draft_problem(s: &AppState, version: Option<InteropVersion>, e: Refusal) -> Response {
     let limit = version.and_then(|v| v.upload_limit(s.engine.config().max_size, None));
     render_problem(e, Some(limit))
 }
@@ -102,7 +103,7 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
     let limits = crate::app::limits::creation_limits(&s.engine);
     let planned = match plan_draft_creation(&dh, &limits) {
         Ok(c) => c,
-        Err(e) => return draft_problem(&s, Some(v), e),
+        Err(e) => return draft_problem(&s, Some(v), e.into()),
     };
     let key = match idempotency_key(&h) {
         Ok(k) => k,
@@ -169,7 +170,7 @@ pub(super) async fn append(s: AppState, p: String, v: InteropVersion, id: String
             content_digest: owned[5].as_deref(),
             has_body: body_present,
         };
-        plan_draft_append(v, state, &dh, max_size)
+        plan_draft_append(v, state, &dh, max_size).map_err(Refusal::from)
     };
     match s.engine.append(p, id, decide, body).await {
         Ok(rec) => {

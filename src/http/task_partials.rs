@@ -3,13 +3,13 @@
 //! with `POST /api/v1/tasks/{id}/partial {"fragment": …}`. The fragments, their numbering and
 //! bounds are [`crate::catalog::partials`]'s.
 
+use crate::error::Refusal;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use ferry_tus::TusError;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
@@ -60,7 +60,7 @@ pub(super) struct TaskQuery {
 /// `partial_after` as a whole number (digits only), default 0.
 pub(super) fn partial_after(q: Result<Query<TaskQuery>, QueryRejection>) -> Result<u64, Problem> {
     let bad = || {
-        Problem(TusError::bad_request(
+        Problem(Refusal::bad_request(
             "partial_after must be a whole number ≥ 0 (a fragment seq)",
             "Send the `partial.next` of the last view you read, or omit it for every kept fragment.",
         ))

@@ -2,11 +2,12 @@
 //! A request carrying `Upload-Draft-Interop-Version` speaks the IETF resumable-upload draft
 //! instead and is handed to [`super::rufh`] before any TUS rule applies.
 
+use crate::error::Refusal;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, PatchHeaders, TusError, Verb, TUS_EXTENSIONS, TUS_VERSION};
+use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, PatchHeaders, Verb, TUS_EXTENSIONS, TUS_VERSION};
 
 use super::{rufh, tus_headers, AppState, Problem, FILES_PATH};
 use crate::app::Principal;
@@ -37,7 +38,7 @@ macro_rules! draft_or_tus {
 }
 
 fn version(verb: Verb, h: &HeaderMap) -> Result<(), Problem> {
-    check_version(verb, header(h, "tus-resumable")).map_err(Problem)
+    check_version(verb, header(h, "tus-resumable")).map_err(Problem::from)
 }
 
 pub(super) fn set(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
@@ -230,7 +231,7 @@ pub(super) fn idempotency_key(h: &HeaderMap) -> Result<Option<ferry_tus::Idempot
     header(h, "idempotency-key")
         .map(|v| {
             v.parse::<ferry_tus::IdempotencyKey>().map_err(|e| {
-                Problem(TusError::bad_request(
+                Problem(Refusal::bad_request(
                     format!("{e}"),
                     format!("Send one Idempotency-Key of 1 to {} characters, e.g. \"8e03978e-40d5-43e8-bc93-6894a57f9324\".", ferry_tus::IdempotencyKey::MAX_LEN),
                 ))
@@ -240,7 +241,7 @@ pub(super) fn idempotency_key(h: &HeaderMap) -> Result<Option<ferry_tus::Idempot
 }
 
 /// Start (or join) the `concat` task that builds final upload `id`.
-async fn start_concat(s: &AppState, principal: &str, id: &str) -> Result<String, TusError> {
+async fn start_concat(s: &AppState, principal: &str, id: &str) -> Result<String, Refusal> {
     let args = serde_json::json!({ "final": id }).to_string();
     let started = s.tasks.start(principal, "concat", &args, Some(&crate::tasks::kinds::concat::concat_key(id)), None).await?;
     Ok(started.task.id)
@@ -289,7 +290,7 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
     let owned: Vec<Option<String>> =
         ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
     let max_size = s.engine.config().max_size;
-    let decide = move |state: &ferry_tus::UploadState| -> Result<ferry_tus::PatchPlan, TusError> {
+    let decide = move |state: &ferry_tus::UploadState| -> Result<ferry_tus::PatchPlan, Refusal> {
         let ph = PatchHeaders {
             content_type: owned[0].as_deref(),
             upload_offset: owned[1].as_deref(),
@@ -298,7 +299,7 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
             content_length: owned[4].as_deref(),
             trailer: owned[5].as_deref(),
         };
-        plan_patch(state, &ph, max_size)
+        plan_patch(state, &ph, max_size).map_err(Refusal::from)
     };
     let rec = s.engine.append(p.clone(), id, decide, body).await?;
     if rec.concat == Concat::Partial && rec.is_finished() {

@@ -12,12 +12,12 @@
 
 use std::sync::OnceLock;
 
+use crate::error::{ErrorCode, Refusal};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use ferry_tus::{ErrorCode, TusError};
 use sha2::Digest;
 
 use super::Problem;
@@ -173,7 +173,7 @@ async fn page(State(s): State<AppState>, Path(id): Path<String>, uri: Uri, h: He
 /// one (both code `unauthorized`; an expired *upload* is 410 `upload_expired`).
 fn link_refused(e: SignatureError) -> Problem {
     let status = if matches!(e, SignatureError::Expired(_)) { 410 } else { 403 };
-    Problem(TusError::new(status, ErrorCode::Unauthorized, e.to_string(), "Ask the person who sent the link for a new one."))
+    Problem(Refusal::new(status, ErrorCode::Unauthorized, e.to_string(), "Ask the person who sent the link for a new one."))
 }
 
 /// `GET /share/{id}/info?scope=…&expires=…&sig=…` → `{"scope", "expires_at_ms", "file"}`,
@@ -183,7 +183,7 @@ async fn info(State(s): State<AppState>, Path(id): Path<String>, uri: Uri) -> Re
     let q = SignedQuery::from_query(uri.query()).unwrap_or_default();
     let now = crate::upload::now_ms().div_euclid(1000);
     let (scope, expires) = s.links.signer().verify_link(&q, &id, now).map_err(link_refused)?;
-    let owner = s.engine.owner(&id).await?.ok_or_else(TusError::not_found)?;
+    let owner = s.engine.owner(&id).await?.ok_or_else(Refusal::not_found)?;
     let rec = s.engine.get(&owner, &id).await?;
     let body = serde_json::json!({ "scope": scope, "expires_at_ms": expires.saturating_mul(1000), "file": file_view(&rec) });
     let mut res = axum::Json(body).into_response();

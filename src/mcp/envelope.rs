@@ -6,16 +6,17 @@
 //! bodies. The shapes are Rust types in [`super::results`], which also generate every tool's
 //! `outputSchema`.
 
-use ferry_tus::TusError;
+use crate::error::Refusal;
 use rmcp::model::{CallToolResult, ContentBlock as Content};
 use serde::Serialize;
 use serde_json::json;
 
 use super::results::{ErrorObject, FailedStatus, Failure};
 
-/// `{"status":"failed","error":{…}}` as an `isError` tool result.
-pub fn failure(e: &TusError) -> CallToolResult {
-    result(&Failure { status: FailedStatus::Failed, error: ErrorObject::of(e) }, Vec::new(), true)
+/// `{"status":"failed","error":{…}}` as an `isError` tool result; `hint` is the next step in
+/// this facade's words (`mcp::for_model`).
+pub fn failure(e: &Refusal, hint: String) -> CallToolResult {
+    result(&Failure { status: FailedStatus::Failed, error: ErrorObject::of(e, hint) }, Vec::new(), true)
 }
 
 /// A tool result: `out` as `structuredContent` and as the text of the first content block (for
@@ -51,12 +52,12 @@ pub fn id_from_uri(uri: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_tus::ErrorCode;
+    use crate::error::{ErrorCode, Next};
 
     #[test]
     fn envelope_shape_and_cursor() {
-        let e = TusError::new(409, ErrorCode::OffsetMismatch, "expected offset 131072, got 0", "Re-send this chunk starting at offset 131072.").with_cursor(131072);
-        let r = failure(&e);
+        let e = Refusal::new(409, ErrorCode::OffsetMismatch, "expected offset 131072, got 0", Next::ByCode).with_cursor(131072);
+        let r = failure(&e, "Re-send this chunk starting at offset 131072.".into());
         assert_eq!(r.is_error, Some(true));
         let v = r.structured_content.unwrap();
         assert_eq!(v["status"], "failed");

@@ -33,8 +33,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::{ErrorCode, Next, Refusal};
 use base64::Engine as _;
-use ferry_tus::{CreationHeaders, ErrorCode, PatchHeaders, TusError, UploadMetadata};
+use ferry_tus::{CreationHeaders, PatchHeaders, UploadMetadata};
 use futures::StreamExt;
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleServer};
@@ -93,14 +94,14 @@ pub struct FerryMcp {
 }
 
 /// A tool's outcome before it becomes a `CallToolResult`.
-type Outcome = Result<CallToolResult, TusError>;
+type Outcome = Result<CallToolResult, Refusal>;
 
-fn invalid(detail: impl Into<String>, hint: impl Into<String>) -> TusError {
-    TusError::bad_request(detail, hint)
+fn invalid(detail: impl Into<String>, hint: impl Into<String>) -> Refusal {
+    Refusal::bad_request(detail, hint.into())
 }
 
 /// Deserialize tool arguments, or `invalid_argument` naming what is wrong.
-fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, TusError> {
+fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, Refusal> {
     serde_json::from_value(Value::Object(a.clone().unwrap_or_default()))
         .map_err(|e| invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")))
 }
@@ -201,7 +202,7 @@ impl FerryMcp {
 
     /// A new upload of `size` bytes (`None`: deferred length, declared by the first chunk
     /// sender) named `name`: the one creation of `file_upload_begin` and `file_request`.
-    async fn create_named(&self, p: &str, name: &str, size: Option<u64>, media_type: Option<&str>, sha256: Option<&str>) -> Result<UploadRecord, TusError> {
+    async fn create_named(&self, p: &str, name: &str, size: Option<u64>, media_type: Option<&str>, sha256: Option<&str>) -> Result<UploadRecord, Refusal> {
         if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Err(invalid("name must be 1 to 255 bytes without control characters", "Pass a plain file name such as report.pdf."));
         }
@@ -270,7 +271,7 @@ impl FerryMcp {
         // base64 is 4/3 of the bytes: refuse before decoding anything oversized.
         let max = self.cfg.max_chunk;
         let too_large = |n: u64| {
-            TusError::new(
+            Refusal::new(
                 413,
                 ErrorCode::ChunkTooLarge,
                 format!("the chunk decodes to {n} bytes; at most {max} are accepted in-band"),
@@ -299,7 +300,7 @@ impl FerryMcp {
                 content_length: Some(&len),
                 trailer: None,
             };
-            ferry_tus::plan_patch(state, &ph, max_size)
+            ferry_tus::plan_patch(state, &ph, max_size).map_err(Refusal::from)
         };
         let body = http_body_util::Full::new(bytes::Bytes::from(data));
         let rec = self.state.engine.append(p.to_string(), a.file_id, decide, body).await?;
@@ -307,11 +308,11 @@ impl FerryMcp {
     }
 
     /// The finished file `id`, or `upload_incomplete` with its offset as the cursor.
-    async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, TusError> {
+    async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, Refusal> {
         let r = self.state.engine.get_finished_or_finish(p, id).await?;
         if !r.is_finished() {
             let of = r.length.map(|l| format!(" of {l}")).unwrap_or_default();
-            return Err(TusError::new(
+            return Err(Refusal::new(
                 409,
                 ErrorCode::UploadIncomplete,
                 format!("the file is incomplete: {} bytes{of} received", r.offset),
@@ -334,7 +335,7 @@ impl FerryMcp {
     }
 
     /// Up to `max` bytes of a finished file from `offset`.
-    async fn read_bytes(&self, r: &UploadRecord, offset: u64, max: u64) -> Result<Vec<u8>, TusError> {
+    async fn read_bytes(&self, r: &UploadRecord, offset: u64, max: u64) -> Result<Vec<u8>, Refusal> {
         let size = r.length.unwrap_or(r.offset);
         let end = offset.saturating_add(max).min(size);
         let mut out = Vec::with_capacity((end - offset.min(end)) as usize);
@@ -356,7 +357,7 @@ impl FerryMcp {
             return Err(invalid("length must be at least 1 byte", "Omit length to read 4096 bytes."));
         }
         if length > MAX_READ_CHUNK {
-            return Err(TusError::new(
+            return Err(Refusal::new(
                 413,
                 ErrorCode::ChunkTooLarge,
                 format!("length must be 1 to {MAX_READ_CHUNK} bytes"),
@@ -393,7 +394,7 @@ impl FerryMcp {
     }
 
     /// Start the job behind a job tool; `Err` for arguments or idempotency problems.
-    async fn start_job(&self, p: &str, job: &JobTool, a: &Option<JsonObject>) -> Result<TaskRecord, TusError> {
+    async fn start_job(&self, p: &str, job: &JobTool, a: &Option<JsonObject>) -> Result<TaskRecord, Refusal> {
         let mut a = a.clone().unwrap_or_default();
         let key = match a.remove("idempotency_key") {
             Some(Value::String(k)) => Some(k),
@@ -428,7 +429,7 @@ impl FerryMcp {
 
     /// Re-read a task until it is terminal, needs input, or `wait_ms` passed; sends
     /// `notifications/progress` on changes when the call carried a progress token.
-    async fn wait_task(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, TusError> {
+    async fn wait_task(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, Refusal> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         let mut last = None;
         let mut sent = 0.0f64;
@@ -529,7 +530,7 @@ impl FerryMcp {
 
     /// The call's arguments against the tool's `inputSchema`, before anything runs: a
     /// refusal names each place that does not fit by its JSON pointer (`arguments/ttl_ms`).
-    fn check_arguments(&self, req: &CallToolRequestParams) -> Result<(), TusError> {
+    fn check_arguments(&self, req: &CallToolRequestParams) -> Result<(), Refusal> {
         let Some(v) = self.inputs.get(req.name.as_ref()) else { return Ok(()) };
         let args = Value::Object(req.arguments.clone().unwrap_or_default());
         crate::app::schema_check::check(v, &args, "arguments").map_err(|m| {
@@ -606,20 +607,16 @@ fn task_out(t: &TaskRecord, produced: Vec<ProducedFile>) -> (TaskOut, bool) {
                 ),
                 _ => format!("Read error.message, fix the arguments or inputs it names, and start the task again ({again}; the same idempotency_key starts a new run)."),
             };
-            let mut err = TusError::new(500, code, message, hint);
+            let mut err = Refusal::new(500, code, message, Next::ByCode);
             err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
-            v.error = Some(ErrorObject::of(&err));
+            v.error = Some(ErrorObject::of(&err, hint));
             return (v, true);
         }
         FerryStatus::Cancelled => {
-            let mut err = TusError::new(
-                409,
-                ErrorCode::Cancelled,
-                format!("task {} was cancelled", t.id),
-                format!("Start the task again if its result is still needed ({}; the same idempotency_key starts a new run).", restart(t)),
-            );
+            let mut err = Refusal::new(409, ErrorCode::Cancelled, format!("task {} was cancelled", t.id), Next::ByCode);
             err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
-            v.error = Some(ErrorObject::of(&err));
+            let hint = format!("Start the task again if its result is still needed ({}; the same idempotency_key starts a new run).", restart(t));
+            v.error = Some(ErrorObject::of(&err, hint));
             return (v, true);
         }
     }
@@ -647,7 +644,7 @@ tail -c +$((off + 1)) \"$FILE\" | curl -sS --fail-with-body -X PATCH {H} -H \"Up
 }
 
 /// `limit` of the list tools: 1 to 100, default 20.
-fn list_limit(limit: Option<u32>) -> Result<u32, TusError> {
+fn list_limit(limit: Option<u32>) -> Result<u32, Refusal> {
     match limit {
         None => Ok(20),
         Some(n) if (1..=100).contains(&n) => Ok(n),
@@ -723,19 +720,38 @@ fn names_a_call(hint: &str) -> bool {
         .any(|t| hint.contains(t))
 }
 
-/// Recovery hints that name MCP tools and their arguments instead of HTTP requests and
-/// headers: every hint a model gets names the next call (issue 23, kind 13).
-fn for_model(mut e: TusError, tool: &str) -> TusError {
+/// The recovery hint of `e` for a model that called `tool`, worded from its code and the
+/// context its engine gave ([`Next`]): it names MCP tools and their arguments, never HTTP
+/// requests and headers — every hint a model gets names the next call (issue 23, kind 13).
+/// Words are taken as they are only when this layer wrote them (they name one of its calls).
+fn for_model(e: &Refusal, tool: &str) -> String {
     let on_task = tool.starts_with("task_");
     let on_file = tool.starts_with("file_");
     let again = call(tool);
-    let hint = match e.code {
+    // This facade's own words: a refusal built in mcp/ names the call to make.
+    let own = match &e.next {
+        Next::Say(s) if names_a_call(s) => Some(s.to_string()),
+        _ => None,
+    };
+    match e.code {
         ErrorCode::NotFound if on_task => format!("Check the task_id: {} shows your tasks (finished tasks are kept for their ttl).", call("task_list")),
         ErrorCode::NotFound if on_file => format!("Check the file_id: {} shows your files.", call("file_list")),
         // A job's input files: the hint names them and the calls that check them.
-        ErrorCode::NotFound | ErrorCode::UploadIncomplete | ErrorCode::ChunkTooLarge if names_a_call(&e.recovery_hint) => return e,
-        ErrorCode::NotFound => format!("Check the ids: {} shows your files and {} your tasks; then call {again}.", call("file_list"), call("task_list")),
-        ErrorCode::UploadIncomplete => format!("Finish the upload first ({} from error.partial.cursor), then call {again}.", call("file_upload_chunk")),
+        ErrorCode::NotFound | ErrorCode::UploadIncomplete => match &e.next {
+            Next::UnknownFiles { ids, many } => {
+                let (what, them) = if *many { ("ids", "them") } else { ("id", "it") };
+                format!("No file of yours has the {what} {ids} (never created, deleted, or expired): check {them} with file_list (MCP) or GET /api/v1/files, and start the task again with ids of finished files.")
+            }
+            Next::UnfinishedFiles { ids } => format!(
+                "Finish uploading {ids} ({} shows the offset; {} sends the rest), then call {again} again.",
+                call("file_status"),
+                call("file_upload_chunk")
+            ),
+            _ if own.is_some() => own.unwrap_or_default(),
+            _ if e.code == ErrorCode::UploadIncomplete => format!("Finish the upload first ({} from error.partial.cursor), then call {again}.", call("file_upload_chunk")),
+            _ => format!("Check the ids: {} shows your files and {} your tasks; then call {again}.", call("file_list"), call("task_list")),
+        },
+        ErrorCode::ChunkTooLarge if own.is_some() => own.unwrap_or_default(),
         ErrorCode::ChunkTooLarge => format!("Send less per call: {again}, in smaller pieces."),
         ErrorCode::UploadExpired => format!("The upload expired unfinished and its bytes are gone: begin again with {}.", call("file_upload_begin")),
         ErrorCode::Locked => format!("Another writer holds this file; wait a few seconds, then call {again} (the same arguments); {} shows the offset.", call("file_status")),
@@ -755,8 +771,10 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
         ErrorCode::Conflict if on_file => format!("The file cannot take this change; check it with {}.", call("file_status")),
         ErrorCode::Conflict if on_task => format!("The task already ended and cannot change: {} shows how it ended; start a new task if needed.", call("task_get")),
         ErrorCode::Conflict => format!("This idempotency_key already names a task with other arguments: call {again} and a new idempotency_key (or the original arguments with this key)."),
-        ErrorCode::InvalidArgument if names_a_call(&e.recovery_hint) || e.recovery_hint.contains(tool) => return e,
-        ErrorCode::InvalidArgument => format!("Fix the argument error.message names, then call {again}."),
+        ErrorCode::InvalidArgument => match &e.next {
+            Next::Say(s) if names_a_call(s) || s.contains(tool) => s.to_string(),
+            _ => format!("Fix the argument error.message names, then call {again}."),
+        },
         ErrorCode::Unauthorized if tool == "fetch_url" => format!(
             "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml and call {again} again, or upload the file yourself: {} gives an upload_url to send its bytes to.",
             call("file_upload_begin")
@@ -789,15 +807,16 @@ fn for_model(mut e: TusError, tool: &str) -> TusError {
             "The storage quota is full (error.quota has the limit and the bytes used): delete files that are no longer needed ({}), or ask the user to raise the quota; nothing acknowledged was lost.",
             call("file_delete")
         ),
-        _ => format!("Read error.message, then call {again}."),
-    };
-    e.recovery_hint = hint;
-    e
+    }
 }
 
-fn mcp_err(e: TusError) -> McpError {
-    let e = for_model(e, "task_get");
-    let data = Some(serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(&e) }).expect("serialises"));
+/// A tool failure: `e` with its hint for a model that called `tool`.
+fn tool_failure(e: &Refusal, tool: &str) -> CallToolResult {
+    failure(e, for_model(e, tool))
+}
+
+fn mcp_err(e: Refusal) -> McpError {
+    let data = Some(serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(&e, for_model(&e, "task_get")) }).expect("serialises"));
     match e.code {
         ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail, data),
         _ => McpError::internal_error(e.detail, data),
@@ -828,7 +847,7 @@ impl ServerHandler for FerryMcp {
             return Err(McpError::invalid_params(format!("unknown tool {:?}", req.name), None));
         }
         if let Err(e) = self.check_arguments(&req) {
-            return Ok(CallToolResponse::Complete(failure(&e)));
+            return Ok(CallToolResponse::Complete(tool_failure(&e, &req.name)));
         }
         let p = Self::principal(&ctx);
         let native = ctx.client_capabilities().is_some_and(|c| c.supports_tasks());
@@ -843,7 +862,7 @@ impl ServerHandler for FerryMcp {
             },
             None => self.dispatch(&p, &req, &ctx).await,
         };
-        Ok(CallToolResponse::Complete(outcome.unwrap_or_else(|e| failure(&for_model(e, &req.name)))))
+        Ok(CallToolResponse::Complete(outcome.unwrap_or_else(|e| tool_failure(&e, &req.name))))
     }
 
     /// `subscriptions/listen` opens a stream for task status notifications ([`push`]); none of
@@ -981,16 +1000,20 @@ mod schema_tests {
         })
     }
 
-    /// Hints the engine gives, as REST and TUS speak them: `for_model` must turn each into the
-    /// next call of this facade.
-    const ENGINE_HINTS: [&str; 6] = [
-        "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file instead.",
-        "Send HEAD to learn the offset, then resume from it.",
-        "Fix the arguments and start the task again.",
-        "List your tasks with GET /api/v1/tasks.",
-        "Send a shorter answer, or upload the data as a file and answer with its id.",
-        "Retry after a moment; send HEAD first to learn the offset.",
-    ];
+    /// Contexts the engines give (every [`Next`]) and words of the protocol crate, as TUS
+    /// speaks them: `for_model` must word each as the next call of this facade.
+    fn engine_contexts() -> Vec<Next> {
+        let mut all = crate::error::tests_support::contexts();
+        all.extend(
+            [
+                "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file instead.",
+                "Send a shorter answer, or upload the data as a file and answer with its id.",
+                "Send a valid Upload-Offset header.",
+            ]
+            .map(Next::from),
+        );
+        all
+    }
 
     /// Every hint a model can get names the next call — the tool and the arguments to pass —
     /// and says retry only for a retryable code (issue 23, kinds 13 and 15).
@@ -1001,11 +1024,11 @@ mod schema_tests {
         let mut wrong = Vec::new();
         for t in &tools {
             for code in ErrorCode::ALL {
-                for engine in ENGINE_HINTS {
+                for engine in engine_contexts() {
                     for quota in [None, Some("bytes"), Some("uploads_in_progress")] {
-                        let mut e = TusError::new(400, code, "detail", engine);
-                        e.quota = quota.map(|name| Box::new(ferry_tus::QuotaDetail { name, limit: 1, used: 1, requested: 1 }));
-                        let hint = for_model(e, &t.name).recovery_hint;
+                        let mut e = Refusal::new(400, code, "detail", engine.clone());
+                        e.quota = quota.map(|name| Box::new(crate::error::QuotaDetail { name, limit: 1, used: 1, requested: 1 }));
+                        let hint = for_model(&e, &t.name);
                         if !names_call(&hint, &tools) {
                             wrong.push(format!("{} {}: {hint:?} names no call", t.name, code.as_str()));
                         }
@@ -1082,12 +1105,12 @@ mod schema_tests {
             cursor in proptest::option::of(any::<u64>()),
             quota in proptest::option::of((any::<u64>(), any::<u64>(), any::<u64>())),
         ) {
-            let mut e = TusError::new(400, code, "detail", "hint");
+            let mut e = Refusal::new(400, code, "detail", Next::ByCode);
             e.cursor = cursor;
-            e.quota = quota.map(|(limit, used, requested)| Box::new(ferry_tus::QuotaDetail { name: "bytes", limit, used, requested }));
+            e.quota = quota.map(|(limit, used, requested)| Box::new(crate::error::QuotaDetail { name: "bytes", limit, used, requested }));
             let (tools, _) = tools::catalogue(&[], 1 << 20);
             for t in &tools {
-                check(&t.name, &failure(&for_model(e.clone(), &t.name)))?;
+                check(&t.name, &tool_failure(&e, &t.name))?;
             }
         }
     }

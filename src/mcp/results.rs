@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_tus::{ErrorCode, TusError};
+use crate::error::{ErrorCode, Refusal};
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -103,12 +103,13 @@ pub struct QuotaOut {
 }
 
 impl ErrorObject {
-    pub fn of(e: &TusError) -> Self {
+    /// The envelope of `e` with its hint as the MCP layer words it (`hint`).
+    pub fn of(e: &Refusal, hint: String) -> Self {
         ErrorObject {
             code: e.code.as_str().to_string(),
             message: e.detail.clone(),
             retryable: e.code.retryable(),
-            recovery_hint: e.recovery_hint.clone(),
+            recovery_hint: hint,
             partial: e.cursor.map(|cursor| Partial { cursor }),
             quota: e.quota.as_deref().map(|q| QuotaOut { name: q.name.to_string(), limit: q.limit, used: q.used, requested: q.requested }),
         }

@@ -231,7 +231,7 @@ impl JobContext {
                 }
                 match self.uploads.terminate(&self.principal, &id).await {
                     Ok(()) => break,
-                    Err(e) if matches!(e.code, ferry_tus::ErrorCode::Locked | ferry_tus::ErrorCode::Unavailable) && tokio::time::Instant::now() + pause < deadline => {
+                    Err(e) if matches!(e.code, crate::error::ErrorCode::Locked | crate::error::ErrorCode::Unavailable) && tokio::time::Instant::now() + pause < deadline => {
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(Duration::from_secs(1));
                     }

@@ -5,7 +5,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_tus::{ErrorCode, TusError};
+use crate::error::{ErrorCode, Next, Refusal};
 use futures::FutureExt;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
@@ -72,11 +72,11 @@ pub struct Engine {
     shutdown: CancellationToken,
 }
 
-fn unknown_task() -> TusError {
-    TusError::new(404, ErrorCode::NotFound, "no task with this id", "List your tasks with GET /api/v1/tasks.")
+fn unknown_task() -> Refusal {
+    Refusal::new(404, ErrorCode::NotFound, "no task with this id", Next::ListTasks)
 }
 
-fn catalog_err(e: CatalogError) -> TusError {
+fn catalog_err(e: CatalogError) -> Refusal {
     match e {
         CatalogError::NotFound => unknown_task(),
         // 507 / 503 with the cause named (DESIGN §9); the rest 500.
@@ -147,13 +147,13 @@ impl Engine {
     /// own refusal, [`Job::check`]); input files that are unknown → 404 `not_found`, or not
     /// complete → 409 `upload_incomplete` ([`Job::check_inputs`]); the key names a task with other arguments → 422 `conflict`
     /// (draft-ietf-httpapi-idempotency-key-header).
-    pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, TusError> {
-        let job = self.jobs.get(kind).ok_or_else(|| TusError::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
-        let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+    pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, Refusal> {
+        let job = self.jobs.get(kind).ok_or_else(|| Refusal::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
+        let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
         if let Some(k) = idempotency_key {
             // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
             ferry_tus::IdempotencyKey::new(k).map_err(|e| {
-                TusError::bad_request(format!("{e}"), format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN))
+                Refusal::bad_request(format!("{e}"), format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN))
             })?;
             // A replay of a start that is running or done is answered from the task it started,
             // before any check with side effects or a different answer (its input files may be
@@ -170,19 +170,15 @@ impl Engine {
             .args_schema()
             .and_then(|s| jsonschema::validator_for(&s).inspect_err(|e| tracing::error!(kind, error = %e, "the args schema of a task kind does not compile")).ok());
         if let Some(v) = schema {
-            let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| TusError::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
-            super::schema_check::check(&v, &value, "args").map_err(|m| {
-                TusError::bad_request(
-                    format!("invalid args for {kind}: {m}"),
-                    format!("Send args as the schema of kind {kind} says (the StartTask schema of /api/v1/openapi.json), then start the task again."),
-                )
-            })?;
+            let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+            super::schema_check::check(&v, &value, "args")
+                .map_err(|m| Refusal::bad_request(format!("invalid args for {kind}: {m}"), Next::ArgsSchema { kind: kind.to_string() }))?;
         }
         job.check(&raw)?;
         job.check_inputs(principal, &raw, &self.uploads).await?;
         let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
         if ttl <= 0 {
-            return Err(TusError::bad_request("ttl_ms must be positive", "Omit ttl_ms for the default of 24 h."));
+            return Err(Refusal::bad_request("ttl_ms must be positive", "Omit ttl_ms for the default of 24 h."));
         }
         let new = NewTask {
             id: new_id(),
@@ -200,11 +196,11 @@ impl Engine {
             StartOutcome::Conflict(id) => {
                 // 422 as draft-ietf-httpapi-idempotency-key-header says for a key reused with
                 // another request (uploads answer the same).
-                return Err(TusError::new(
+                return Err(Refusal::new(
                     422,
                     ErrorCode::Conflict,
                     format!("Idempotency-Key already names task {id}, started with different arguments"),
-                    "Use a new Idempotency-Key for different arguments, or resend the original arguments.",
+                    Next::KeyReused { task: true },
                 ));
             }
         };
@@ -213,7 +209,7 @@ impl Engine {
     }
 
     /// The task as `principal` may see it; another principal's task does not exist (404).
-    pub async fn get(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
+    pub async fn get(&self, principal: &str, id: &str) -> Result<TaskRecord, Refusal> {
         match self.catalog.get_task(id).await.map_err(catalog_err)? {
             Some(t) if t.principal == principal => Ok(t),
             _ => Err(unknown_task()),
@@ -221,26 +217,26 @@ impl Engine {
     }
 
     /// The principal's tasks, newest first.
-    pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<TaskRecord>, TusError> {
+    pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<TaskRecord>, Refusal> {
         self.catalog.list_tasks(principal, limit.clamp(1, 1000)).await.map_err(catalog_err)
     }
 
     /// Answer input request `key` with `response` (JSON text). Returns whether it was
     /// accepted (false for a key that is not outstanding) and the task after the call.
-    pub async fn respond(&self, principal: &str, id: &str, key: &str, response: &str) -> Result<(bool, TaskRecord), TusError> {
+    pub async fn respond(&self, principal: &str, id: &str, key: &str, response: &str) -> Result<(bool, TaskRecord), Refusal> {
         let task = self.get(principal, id).await?;
         if task.status.is_terminal() {
             return Err(terminal(&task));
         }
         if response.len() > MAX_RESPONSE {
-            return Err(TusError::new(
+            return Err(Refusal::new(
                 413,
                 ErrorCode::SizeExceeded,
                 format!("an input response may be at most {MAX_RESPONSE} bytes"),
                 "Send a shorter answer, or upload the data as a file and answer with its id.",
             ));
         }
-        let raw: Box<RawValue> = serde_json::from_str(response).map_err(|e| TusError::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
+        let raw: Box<RawValue> = serde_json::from_str(response).map_err(|e| Refusal::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
         check_response(&task, key, raw.get())?;
         let accepted = self.catalog.respond_input(id, key, raw.get(), now_ms()).await.map_err(catalog_err)?;
         self.wake.notify_one();
@@ -249,7 +245,7 @@ impl Engine {
 
     /// Cancel a task: `cancelled` at once (terminal); the running job is told to stop and its
     /// late result is discarded. A terminal task is returned unchanged.
-    pub async fn cancel(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
+    pub async fn cancel(&self, principal: &str, id: &str) -> Result<TaskRecord, Refusal> {
         self.get(principal, id).await?;
         let task = self.catalog.cancel_task(id, now_ms()).await.map_err(catalog_err)?;
         if let Some(tok) = self.running.lock().unwrap().get(id) {
@@ -259,7 +255,7 @@ impl Engine {
     }
 
     /// Report progress for a task driven from outside (kind `external`).
-    pub async fn report(&self, principal: &str, id: &str, progress: crate::catalog::Progress) -> Result<TaskRecord, TusError> {
+    pub async fn report(&self, principal: &str, id: &str, progress: crate::catalog::Progress) -> Result<TaskRecord, Refusal> {
         let task = self.external(principal, id).await?;
         let u = crate::catalog::TaskUpdate { progress: Some(progress), checkpoint: None, partial_mark: None, now_ms: now_ms() };
         match self.catalog.update_task(&task.id, None, &u).await {
@@ -273,17 +269,17 @@ impl Engine {
     /// `external`); returns its number and the task after the call. Errors: not JSON or over
     /// [`crate::catalog::partials::MAX_FRAGMENT_BYTES`] (400 / 413), not an external task
     /// (400), finished (409).
-    pub async fn append_external(&self, principal: &str, id: &str, fragment: &str) -> Result<(u64, TaskRecord), TusError> {
+    pub async fn append_external(&self, principal: &str, id: &str, fragment: &str) -> Result<(u64, TaskRecord), Refusal> {
         let task = self.external(principal, id).await?;
         if fragment.len() > crate::catalog::partials::MAX_FRAGMENT_BYTES {
-            return Err(TusError::new(
+            return Err(Refusal::new(
                 413,
                 ErrorCode::SizeExceeded,
                 format!("a partial result fragment may be at most {} bytes of JSON, got {}", crate::catalog::partials::MAX_FRAGMENT_BYTES, fragment.len()),
                 "Send a smaller fragment; put big data in a file (upload it with TUS) and send its id.",
             ));
         }
-        let value = crate::catalog::partials::check_fragment(fragment).map_err(|m| TusError::bad_request(m, "Send the fragment as one JSON value."))?;
+        let value = crate::catalog::partials::check_fragment(fragment).map_err(|m| Refusal::bad_request(m, "Send the fragment as one JSON value."))?;
         match self.catalog.append_partial(&task.id, None, 0, value.get(), now_ms()).await {
             Ok(crate::catalog::Appended::Stored(seq) | crate::catalog::Appended::Replayed(seq)) => Ok((seq, self.get(principal, id).await?)),
             Err(CatalogError::Fenced) => Err(terminal(&self.get(principal, id).await.unwrap_or(task))),
@@ -293,7 +289,7 @@ impl Engine {
 
     /// `task`'s kept partial result fragments numbered above `after`, oldest first (no query
     /// when the record shows there is none).
-    pub async fn partials(&self, task: &TaskRecord, after: u64) -> Result<crate::catalog::PartialPage, TusError> {
+    pub async fn partials(&self, task: &TaskRecord, after: u64) -> Result<crate::catalog::PartialPage, Refusal> {
         if task.partial_seq <= after {
             return Ok(crate::catalog::PartialPage { fragments: Vec::new(), dropped: task.partial_dropped, next: task.partial_seq });
         }
@@ -301,7 +297,7 @@ impl Engine {
     }
 
     /// End a task driven from outside: `Ok(result)` completes it, `Err(message)` fails it.
-    pub async fn finish_external(&self, principal: &str, id: &str, end: Result<String, String>) -> Result<TaskRecord, TusError> {
+    pub async fn finish_external(&self, principal: &str, id: &str, end: Result<String, String>) -> Result<TaskRecord, Refusal> {
         self.external(principal, id).await?;
         let end = match end {
             Ok(result) => TaskEnd::Completed(result),
@@ -313,10 +309,10 @@ impl Engine {
         self.get(principal, id).await
     }
 
-    async fn external(&self, principal: &str, id: &str) -> Result<TaskRecord, TusError> {
+    async fn external(&self, principal: &str, id: &str) -> Result<TaskRecord, Refusal> {
         let task = self.get(principal, id).await?;
         if self.jobs.get(&task.kind).is_some_and(|j| j.runnable()) {
-            return Err(TusError::bad_request(
+            return Err(Refusal::bad_request(
                 format!("task {id} is run by ferry (kind {}), not by an external producer", task.kind),
                 "Only tasks of kind external accept reports.",
             ));
@@ -501,14 +497,14 @@ impl Engine {
     }
 }
 
-fn terminal(task: &TaskRecord) -> TusError {
-    TusError::new(409, ErrorCode::Conflict, format!("task {} is already {}", task.id, task.status.as_str()), "A finished task cannot change; start a new one.")
+fn terminal(task: &TaskRecord) -> Refusal {
+    Refusal::new(409, ErrorCode::Conflict, format!("task {} is already {}", task.id, task.status.as_str()), "A finished task cannot change; start a new one.")
 }
 
 /// An answer to outstanding input request `key` of `task` against the request's `schema`
 /// (a JSON Schema the job declared, relayed to clients as the request's answer shape): a
 /// refusal names each place that does not fit, and nothing is stored (issue 23, kind 3).
-fn check_response(task: &TaskRecord, key: &str, response: &str) -> Result<(), TusError> {
+fn check_response(task: &TaskRecord, key: &str, response: &str) -> Result<(), Refusal> {
     let requests: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&task.input_requests).unwrap_or_default();
     let answered: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&task.input_responses).unwrap_or_default();
     let Some(schema) = requests.get(key).filter(|_| !answered.contains_key(key)).and_then(|r| r.get("schema")).filter(|s| s.is_object()) else {
@@ -516,9 +512,9 @@ fn check_response(task: &TaskRecord, key: &str, response: &str) -> Result<(), Tu
     };
     // A schema the job wrote that is not one cannot be held against the answer.
     let Ok(v) = jsonschema::validator_for(schema) else { return Ok(()) };
-    let value: serde_json::Value = serde_json::from_str(response).map_err(|e| TusError::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
+    let value: serde_json::Value = serde_json::from_str(response).map_err(|e| Refusal::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
     super::schema_check::check(&v, &value, "response").map_err(|m| {
-        TusError::bad_request(
+        Refusal::bad_request(
             format!("the response does not match the schema of input request {key:?}: {m}"),
             format!("Send a response that fits input_requests[{key:?}].schema (the places that do not fit are named in detail)."),
         )

@@ -42,7 +42,7 @@ pub enum JobError {
     /// fails with that code — its unfinished files are removed, freeing their space — and can
     /// be started again once the resource returns.
     #[error("{0}")]
-    Exhausted(ferry_tus::TusError),
+    Exhausted(crate::error::Refusal),
     /// Something the job needs is still held by an earlier run of the same task that has not
     /// stopped yet — its output file's writer (423 `locked`), e.g. a run whose lease was taken
     /// over while it was slow. Not a failure: the task is released after a short pause and
@@ -58,14 +58,14 @@ impl JobError {
     }
 }
 
-impl From<ferry_tus::TusError> for JobError {
-    fn from(e: ferry_tus::TusError) -> Self {
+impl From<crate::error::Refusal> for JobError {
+    fn from(e: crate::error::Refusal) -> Self {
         match e.code {
-            ferry_tus::ErrorCode::NotFound | ferry_tus::ErrorCode::InvalidArgument | ferry_tus::ErrorCode::UploadIncomplete | ferry_tus::ErrorCode::UploadExpired => {
+            crate::error::ErrorCode::NotFound | crate::error::ErrorCode::InvalidArgument | crate::error::ErrorCode::UploadIncomplete | crate::error::ErrorCode::UploadExpired => {
                 JobError::failed(e.detail)
             }
-            ferry_tus::ErrorCode::InsufficientStorage | ferry_tus::ErrorCode::Unavailable | ferry_tus::ErrorCode::QuotaExceeded => JobError::Exhausted(e),
-            ferry_tus::ErrorCode::Locked => JobError::Busy(e.detail),
+            crate::error::ErrorCode::InsufficientStorage | crate::error::ErrorCode::Unavailable | crate::error::ErrorCode::QuotaExceeded => JobError::Exhausted(e),
+            crate::error::ErrorCode::Locked => JobError::Busy(e.detail),
             _ => JobError::Internal(e.to_string()),
         }
     }
@@ -102,8 +102,8 @@ pub trait Job: Send + Sync + 'static {
     /// created: by default [`Job::validate`]'s message as 400 `invalid_argument`. A kind
     /// overrides it to answer with another code (`fetch`: 403 `unauthorized` for a host
     /// outside the allow list).
-    fn check(&self, args: &RawValue) -> Result<(), ferry_tus::TusError> {
-        self.validate(args).map_err(|m| ferry_tus::TusError::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again."))
+    fn check(&self, args: &RawValue) -> Result<(), crate::error::Refusal> {
+        self.validate(args).map_err(|m| crate::error::Refusal::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again."))
     }
 
     /// Check, before a task is created, what the arguments name for `principal` — the input
@@ -111,7 +111,7 @@ pub trait Job: Send + Sync + 'static {
     /// start naming an unknown file is refused at the call (404 `not_found` listing the ids),
     /// not reported later as a failed task. Runs after [`Job::check`]; default: nothing to
     /// check.
-    async fn check_inputs(&self, _principal: &str, _args: &RawValue, _uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
+    async fn check_inputs(&self, _principal: &str, _args: &RawValue, _uploads: &crate::upload::UploadEngine) -> Result<(), crate::error::Refusal> {
         Ok(())
     }
 

@@ -5,8 +5,9 @@ use std::fmt::Display;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::error::{Next, Refusal, TrailerFault};
 use bytes::Bytes;
-use ferry_tus::{PatchPlan, TusError, UploadChecksum, UploadState};
+use ferry_tus::{PatchPlan, UploadChecksum, UploadState};
 use http_body_util::BodyExt;
 
 use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
@@ -89,9 +90,9 @@ struct PendingCheckpoint {
 }
 
 /// The lease ran out by our own clock (paused, cut off): no more bytes may be added.
-pub(crate) fn lease_lost() -> TusError {
+pub(crate) fn lease_lost() -> Refusal {
     // `locked` (retryable): HEAD, then resuming, is a retry that succeeds (issue 23, kind 15).
-    TusError::new(409, ferry_tus::ErrorCode::Locked, "this request lost the upload's lease; no more bytes were accepted", "Send HEAD to learn the offset, then resume from it.")
+    Refusal::new(409, crate::error::ErrorCode::Locked, "this request lost the upload's lease; no more bytes were accepted", Next::LearnOffset)
 }
 
 struct InFlight<'a>(&'a UploadEngine);
@@ -106,14 +107,7 @@ impl Appender {
     /// taker owes) with the lease's fence, or a fresh catalog fence for in-process leases.
     /// A blob shorter than its checkpoint, or gone (relaxed durability after a power loss), is
     /// rolled back to what survived and the caller gets 409 with that offset.
-    pub(crate) async fn open(
-        engine: &Arc<UploadEngine>,
-        rec: UploadRecord,
-        offset: u64,
-        length: Option<u64>,
-        set_length: Option<u64>,
-        lease: &Lease,
-    ) -> Result<Appender, TusError> {
+    pub(crate) async fn open(engine: &Arc<UploadEngine>, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>, lease: &Lease) -> Result<Appender, Refusal> {
         let engine = engine.clone();
         let state = if offset == rec.offset { engine.blob_state_of(&rec).await? } else { BlobState::default() };
         let validity = lease.validity();
@@ -148,11 +142,11 @@ impl Appender {
             Ok(w) => w,
             Err(BlobError::OutOfRange { len, .. }) if offset == rec.offset => {
                 engine.roll_back_to(&rec, len, fence).await?;
-                return Err(TusError::new(
+                return Err(Refusal::new(
                     409,
-                    ferry_tus::ErrorCode::OffsetMismatch,
+                    crate::error::ErrorCode::OffsetMismatch,
                     format!("the server kept only {len} bytes of this upload (a power loss in relaxed durability)"),
-                    format!("Resume from offset {len}."),
+                    Next::Resume { soon: false },
                 )
                 .with_cursor(len));
             }
@@ -212,7 +206,7 @@ impl Appender {
         self.hasher.snapshot().await.digest()
     }
 
-    pub(crate) async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
+    pub(crate) async fn write(&mut self, data: Bytes) -> Result<(), Refusal> {
         // The fence check before bytes become part of the upload: a holder whose lease ran
         // out by its own clock (it was paused or cut off) stops here.
         if !self.validity.is_valid() {
@@ -228,7 +222,7 @@ impl Appender {
 
     /// Start writing and hashing the bytes gathered for the next batch now (a quiet body): they
     /// stop holding memory, and the receive buffers they point into, within [`FLUSH_QUIET`].
-    pub(crate) async fn flush(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn flush(&mut self) -> Result<(), Refusal> {
         self.hasher.flush().await;
         if let Err(e) = self.writer.flush().await {
             let e = self.blob_failed(e);
@@ -239,7 +233,7 @@ impl Appender {
 
     /// An upload receiving bytes is alive: push its expiry forward now and then, so neither
     /// the sweeper nor a reader takes it for expired while a slow body trickles in.
-    async fn keep_alive(&mut self) -> Result<(), TusError> {
+    async fn keep_alive(&mut self) -> Result<(), Refusal> {
         let Some(after) = self.engine.cfg.expire_after else { return Ok(()) };
         let every = (after / 4).clamp(Duration::from_millis(250), Duration::from_secs(60));
         if self.touched.elapsed() < every {
@@ -255,8 +249,8 @@ impl Appender {
     /// durable offset at once — so a full disk does not stay full — and name that offset as
     /// the client's cursor. Not after a lost fence or a vanished upload: the bytes are no
     /// longer this writer's to cut.
-    async fn released(&mut self, e: TusError) -> TusError {
-        use ferry_tus::ErrorCode::{InsufficientStorage, Internal, Unavailable};
+    async fn released(&mut self, e: Refusal) -> Refusal {
+        use crate::error::ErrorCode::{InsufficientStorage, Internal, Unavailable};
         if self.broken {
             // Cut or fenced: the blob is no longer this writer's to touch; the next holder
             // repairs it from the committed state.
@@ -310,7 +304,7 @@ impl Appender {
 
     /// A blob store failure as the client sees it, noting what it means for this writer: cut
     /// or fenced ([`Appender::broken`]), or bytes the store lost ([`Appender::lost`]).
-    fn blob_failed(&mut self, e: BlobError) -> TusError {
+    fn blob_failed(&mut self, e: BlobError) -> Refusal {
         match &e {
             BlobError::Lost { kept, .. } => self.lost = Some(*kept),
             BlobError::LeaseLost | BlobError::Cut => self.broken = true,
@@ -329,7 +323,7 @@ impl Appender {
     /// checkpoint). Their sha256 midstate is computed again from the committed one by reading
     /// them back (the running hash covers bytes the disk refused). `None` when the store cannot
     /// tell what it kept or nothing past the committed offset is worth keeping.
-    async fn salvage(&mut self) -> Result<Option<u64>, TusError> {
+    async fn salvage(&mut self) -> Result<Option<u64>, Refusal> {
         let committed = self.committed.0;
         if self.writer.salvage().await?.is_none() {
             return Ok(None);
@@ -342,7 +336,7 @@ impl Appender {
         let blob = self.writer.sync().await?;
         let mut hasher = self.committed.1.clone();
         let mut stream = self.engine.blobs.read(&self.rec.id, committed..keep).await?;
-        while let Some(chunk) = futures::TryStreamExt::try_next(&mut stream).await.map_err(|e| TusError::from(BlobError::from_stream(e)))? {
+        while let Some(chunk) = futures::TryStreamExt::try_next(&mut stream).await.map_err(|e| Refusal::from(BlobError::from_stream(e)))? {
             hasher.update(&chunk);
         }
         self.commit_durable(keep, hasher.clone(), blob).await?;
@@ -354,7 +348,7 @@ impl Appender {
     /// offset and midstate are committed once it is durable (by [`Appender::poll_checkpoint`],
     /// the next call of this, [`Appender::discard`]; [`Appender::commit`] supersedes it).
     /// At most one is outstanding: an earlier one is awaited and committed first.
-    pub(crate) async fn checkpoint_in_background(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn checkpoint_in_background(&mut self) -> Result<(), Refusal> {
         if self.finished {
             return Ok(());
         }
@@ -375,7 +369,7 @@ impl Appender {
 
     /// Commit the outstanding background checkpoint if its fsync has finished; never waits
     /// for the disk.
-    pub(crate) async fn poll_checkpoint(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn poll_checkpoint(&mut self) -> Result<(), Refusal> {
         let ready = match self.pending.as_mut() {
             Some(p) => futures::FutureExt::now_or_never(&mut p.done),
             None => return Ok(()),
@@ -400,7 +394,7 @@ impl Appender {
     }
 
     /// Wait for the outstanding background checkpoint, if any, and commit it.
-    async fn settle_pending(&mut self) -> Result<(), TusError> {
+    async fn settle_pending(&mut self) -> Result<(), Refusal> {
         if let Some(p) = self.pending.take() {
             let blob = match p.done.await {
                 Ok(b) => b,
@@ -414,7 +408,7 @@ impl Appender {
 
     /// Commit `offset` + `hasher` (durable already) unless it would complete the upload
     /// (completion, with its digest check, is [`Appender::commit`]'s alone).
-    async fn commit_durable(&mut self, offset: u64, hasher: RunningSha256, blob: BlobState) -> Result<(), TusError> {
+    async fn commit_durable(&mut self, offset: u64, hasher: RunningSha256, blob: BlobState) -> Result<(), Refusal> {
         if self.finished || self.length == Some(offset) || offset <= self.committed.0 {
             return Ok(());
         }
@@ -459,7 +453,7 @@ impl Appender {
 
     /// Throw away everything since the last commit (a background checkpoint that was
     /// already under way is completed first, as if it had been synchronous).
-    pub(crate) async fn discard(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn discard(&mut self) -> Result<(), Refusal> {
         if self.broken {
             return Err(lease_lost().with_cursor(self.committed.0));
         }
@@ -477,7 +471,7 @@ impl Appender {
     /// Make the written bytes durable, then commit offset + midstate (+ completion) in one
     /// catalog transaction. At completion the whole-upload sha256 is checked against the
     /// declared one; a mismatch resets the upload to offset 0 and answers 460.
-    pub(crate) async fn commit(&mut self) -> Result<(), TusError> {
+    pub(crate) async fn commit(&mut self) -> Result<(), Refusal> {
         let started = Instant::now();
         let was_finished = self.finished;
         match self.commit_inner().await {
@@ -491,7 +485,7 @@ impl Appender {
         }
     }
 
-    async fn commit_inner(&mut self) -> Result<(), TusError> {
+    async fn commit_inner(&mut self) -> Result<(), Refusal> {
         if self.finished {
             return Ok(());
         }
@@ -532,7 +526,7 @@ impl Appender {
                 self.record(&cp).await?;
                 self.committed = (0, hasher);
                 self.committed_blob = blob;
-                return Err(ferry_tus::upload_digest_mismatch());
+                return Err(ferry_tus::upload_digest_mismatch().into());
             }
             finished_sha256 = Some(digest);
         }
@@ -562,7 +556,7 @@ impl Appender {
                 let finishing = super::hooks::FinishingUpload { id: &self.rec.id, principal: &self.rec.principal, size: offset, sha256: digest, metadata: &self.rec.metadata };
                 match hooks.pre_finish(&finishing).await {
                     Ok(()) => {}
-                    Err(refused) if refused.code == ferry_tus::ErrorCode::Rejected => {
+                    Err(refused) if refused.code == crate::error::ErrorCode::Rejected => {
                         // Refused (e.g. a virus scan): the upload is failed; its record and bytes go.
                         tracing::info!(upload = self.rec.id, status = refused.status, "pre-finish hook refused the upload; removing it");
                         self.finished = true;
@@ -610,21 +604,21 @@ impl UploadEngine {
     /// length (bytes since the last checkpoint are discarded); 460 for a chunk checksum
     /// mismatch (the chunk is discarded) or a whole-upload sha256 mismatch (reset to 0);
     /// 423/409 when another request takes the upload over mid-body (what arrived is kept).
-    pub async fn append<B, F>(self: &Arc<Self>, principal: String, id: String, decide: F, body: B) -> Result<AppendOutcome, TusError>
+    pub async fn append<B, F>(self: &Arc<Self>, principal: String, id: String, decide: F, body: B) -> Result<AppendOutcome, Refusal>
     where
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Display + Send + 'static,
-        F: FnOnce(&UploadState) -> Result<PatchPlan, TusError> + Send + 'static,
+        F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal> + Send + 'static,
     {
         let me = self.clone();
         tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, body).await }).await.map_err(|e| internal("append task", e))?
     }
 
-    async fn append_owned<B, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, TusError>
+    async fn append_owned<B, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, Refusal>
     where
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Display + Send + 'static,
-        F: FnOnce(&UploadState) -> Result<PatchPlan, TusError>,
+        F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal>,
     {
         self.get(principal, id).await?;
         let guard = self.take(id).await?;
@@ -661,7 +655,7 @@ impl UploadEngine {
                 // The blob could not be opened (the store is away, say): read the body anyway, so
                 // a client still sending gets the answer with its cursor, not a reset connection.
                 super::exhausted::drain_body(&mut body).await;
-                let retry_later = matches!(e.code, ferry_tus::ErrorCode::Unavailable | ferry_tus::ErrorCode::InsufficientStorage);
+                let retry_later = matches!(e.code, crate::error::ErrorCode::Unavailable | crate::error::ErrorCode::InsufficientStorage);
                 return Err(if retry_later && e.cursor.is_none() { e.with_cursor(durable) } else { e });
             }
         };
@@ -676,7 +670,7 @@ impl UploadEngine {
         let mut space = super::exhausted::SpaceWatch::default();
         let mut received: u64 = 0;
         let mut since_checkpoint: u64 = 0;
-        let mut trailer: Option<Result<UploadChecksum, TusError>> = None;
+        let mut trailer: Option<Result<UploadChecksum, Refusal>> = None;
         // The idle timeout counts from the last frame; bytes gathered for a batch are handed
         // on once the oldest of them waited FLUSH_QUIET.
         let mut last_frame = tokio::time::Instant::now();
@@ -771,9 +765,9 @@ impl UploadEngine {
             End::Eof => {
                 if !verifying && trailer.is_some() {
                     app.discard().await?;
-                    return Err(TusError::bad_request(
+                    return Err(Refusal::bad_request(
                         "an Upload-Checksum trailer arrived without being announced in the Trailer header; the chunk was discarded",
-                        "Send `Trailer: Upload-Checksum` with the request, or send the checksum as a header.",
+                        Next::Trailer(TrailerFault::Unannounced),
                     )
                     .with_cursor(plan.offset));
                 }
@@ -781,9 +775,9 @@ impl UploadEngine {
                     let expected = match (plan.checksum, trailer) {
                         (Some(c), Some(t)) if t.as_ref().ok() != Some(&c) => {
                             app.discard().await?;
-                            return Err(TusError::bad_request(
+                            return Err(Refusal::bad_request(
                                 "the Upload-Checksum trailer disagrees with the Upload-Checksum header; the chunk was discarded",
-                                "Send the chunk's checksum once, as a header or as an announced trailer.",
+                                Next::Trailer(TrailerFault::Disagrees),
                             )
                             .with_cursor(plan.offset));
                         }
@@ -795,16 +789,16 @@ impl UploadEngine {
                         }
                         (None, None) => {
                             app.discard().await?;
-                            return Err(TusError::bad_request(
+                            return Err(Refusal::bad_request(
                                 "the Upload-Checksum trailer announced in Trailer did not arrive; the chunk was discarded",
-                                "Send the chunk again with its Upload-Checksum header or trailer.",
+                                Next::Trailer(TrailerFault::Missing),
                             )
                             .with_cursor(plan.offset));
                         }
                     };
                     if !digests.matches(&expected) {
                         app.discard().await?;
-                        return Err(ferry_tus::chunk_checksum_mismatch(plan.offset));
+                        return Err(ferry_tus::chunk_checksum_mismatch(plan.offset).into());
                     }
                 }
                 if plan.completes {
@@ -814,7 +808,7 @@ impl UploadEngine {
                         None => app.set_final_length(end),
                         Some(len) if len != end => {
                             app.commit().await?;
-                            return Err(ferry_tus::draft::length_short(len, app.committed.0));
+                            return Err(ferry_tus::draft::length_short(len, app.committed.0).into());
                         }
                         Some(_) => {}
                     }
@@ -825,11 +819,11 @@ impl UploadEngine {
                 app.discard().await?;
                 let kept = app.committed.0;
                 let limit = plan.length.map_or("the maximum upload size".to_string(), |l| format!("Upload-Length {l}"));
-                return Err(TusError::new(
+                return Err(Refusal::new(
                     413,
-                    ferry_tus::ErrorCode::SizeExceeded,
+                    crate::error::ErrorCode::SizeExceeded,
                     format!("the body ran past {limit}; bytes after offset {kept} were discarded"),
-                    format!("Send at most {} bytes starting at offset {kept}.", plan.offset + plan.max_bytes - kept),
+                    Next::SendAtMost { bytes: plan.offset + plan.max_bytes - kept },
                 )
                 .with_cursor(kept));
             }
@@ -855,33 +849,33 @@ impl UploadEngine {
                     End::Quota => self.quota_refusal(principal, kept, refused).await,
                     End::Reserve => match self.check_space(0, Some(kept)) {
                         Err(e) => e,
-                        Ok(()) => TusError::insufficient_storage("the server's disk reached its free-space reserve", Some(kept)),
+                        Ok(()) => Refusal::insufficient_storage("the server's disk reached its free-space reserve", Some(kept)),
                     },
-                    End::Shutdown => TusError::new(
+                    End::Shutdown => Refusal::new(
                         503,
-                        ferry_tus::ErrorCode::Locked,
+                        crate::error::ErrorCode::Locked,
                         format!("the server is shutting down; the upload keeps its first {kept} bytes (offset {kept})"),
-                        format!("Resume from offset {kept} in a moment."),
+                        Next::Resume { soon: true },
                     )
                     .with_cursor(kept),
-                    End::Idle => TusError::new(
+                    End::Idle => Refusal::new(
                         408,
-                        ferry_tus::ErrorCode::Locked,
+                        crate::error::ErrorCode::Locked,
                         format!("the body stalled; the upload keeps its first {kept} bytes (offset {kept})"),
-                        format!("Resume from offset {kept}."),
+                        Next::Resume { soon: false },
                     )
                     .with_cursor(kept),
-                    End::Disconnected => TusError::bad_request(
+                    End::Disconnected => Refusal::bad_request(
                         format!(
                             "the request body ended early or was malformed; {}the upload keeps its first {kept} bytes (offset {kept})",
                             if verifying { "nothing of it was kept (its checksum could not be verified); " } else { "" }
                         ),
                         // Not retryable: a malformed body fails the same way again; the repair is a
                         // well-framed body.
-                        format!("Check the body's framing (Content-Length, chunked encoding) and send the rest from offset {kept} (HEAD shows it)."),
+                        Next::BodyCut,
                     )
                     .with_cursor(kept),
-                    _ => TusError::locked(Some(kept)),
+                    _ => Refusal::locked(Some(kept)),
                 });
             }
         }
@@ -893,7 +887,7 @@ impl UploadEngine {
 
 /// The `Upload-Checksum` trailer, parsed as the header is (one parser: malformed or unknown
 /// algorithm → 400; a digest of the wrong length parses and then fails to match → 460).
-fn trailer_checksum(v: &http::HeaderValue) -> Result<UploadChecksum, TusError> {
-    let s = v.to_str().map_err(|_| TusError::bad_request("Upload-Checksum trailer is not ASCII", "Send `algorithm base64digest`."))?;
-    ferry_tus::parse_upload_checksum(s)
+fn trailer_checksum(v: &http::HeaderValue) -> Result<UploadChecksum, Refusal> {
+    let s = v.to_str().map_err(|_| Refusal::bad_request("Upload-Checksum trailer is not ASCII", Next::Trailer(TrailerFault::NotAscii)))?;
+    Ok(ferry_tus::parse_upload_checksum(s)?)
 }

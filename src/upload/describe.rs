@@ -39,10 +39,10 @@ pub const MAX_METADATA_BYTES: usize = 4 * 1024;
 /// file name (any of [`NAME_KEYS`]) of more than [`crate::names::MAX_NAME_CHARS`] characters.
 /// Unparsable metadata is left to the parser's own error. Errors: 400 `invalid_argument`
 /// naming the limit.
-pub fn check_metadata(raw: &str) -> Result<(), ferry_tus::TusError> {
+pub fn check_metadata(raw: &str) -> Result<(), crate::error::Refusal> {
     use crate::names::MAX_NAME_CHARS;
     if raw.len() > MAX_METADATA_BYTES {
-        return Err(ferry_tus::TusError::bad_request(
+        return Err(crate::error::Refusal::bad_request(
             format!("Upload-Metadata is {} bytes; at most {MAX_METADATA_BYTES} are accepted (it is repeated in every HEAD response)", raw.len()),
             format!("Send fewer or shorter metadata values (at most {MAX_METADATA_BYTES} bytes in all; a file name of at most {MAX_NAME_CHARS} characters)."),
         ));
@@ -52,7 +52,7 @@ pub fn check_metadata(raw: &str) -> Result<(), ferry_tus::TusError> {
         if let Some(n) = md.get(key).flatten() {
             let chars = String::from_utf8_lossy(n).chars().count();
             if chars > MAX_NAME_CHARS {
-                return Err(ferry_tus::TusError::bad_request(
+                return Err(crate::error::Refusal::bad_request(
                     format!("the file name (metadata {key:?}) is {chars} characters; at most {MAX_NAME_CHARS} are accepted"),
                     format!("Shorten the file name to at most {MAX_NAME_CHARS} characters."),
                 ));

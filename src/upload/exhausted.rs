@@ -6,8 +6,8 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::error::Refusal;
 use bytes::Bytes;
-use ferry_tus::TusError;
 use serde::Serialize;
 
 use super::append::SPACE_CHECK_EVERY;
@@ -33,35 +33,35 @@ fn recent_catalog_trouble() -> Option<String> {
 /// A blob store failure as the client sees it: no room → 507; too many open files, or a
 /// store that is away or refusing (S3 unreachable, 5xx, `SlowDown`, 403) → 503
 /// `unavailable` with `Retry-After`; anything else → 500 (logged).
-pub(super) fn blob_error(e: BlobError) -> TusError {
+pub(super) fn blob_error(e: BlobError) -> Refusal {
     let kind = match &e {
         BlobError::Io(io) => classify_io(io),
         BlobError::Unavailable(why) => {
             tracing::warn!(error = %why, "blob store unavailable");
-            return TusError::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing acknowledged was lost");
+            return Refusal::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing acknowledged was lost");
         }
         BlobError::Lost { kept, why } => {
             tracing::warn!(kept, error = %why, "blob store lost an unfinished upload's bytes; rolled back");
-            return TusError::new(
+            return Refusal::new(
                 409,
-                ferry_tus::ErrorCode::OffsetMismatch,
+                crate::error::ErrorCode::OffsetMismatch,
                 format!("the server's blob store no longer has this upload's bytes past offset {kept}: {why}"),
-                format!("Resume from offset {kept}."),
+                crate::error::Next::Resume { soon: false },
             )
             .with_cursor(*kept);
         }
         BlobError::LeaseLost => return super::append::lease_lost(),
-        BlobError::Cut => return TusError::locked(None),
+        BlobError::Cut => return Refusal::locked(None),
         _ => None,
     };
     match kind {
         Some(Exhausted::Space) => {
             tracing::warn!(error = %e, "blob store: no space left");
-            TusError::insufficient_storage("the server's disk is full (or its quota reached): these bytes could not be stored", None)
+            Refusal::insufficient_storage("the server's disk is full (or its quota reached): these bytes could not be stored", None)
         }
         Some(Exhausted::Transient) => {
             tracing::warn!(error = %e, "blob store: out of file descriptors or memory");
-            TusError::unavailable("the server is briefly out of resources (open files); nothing was changed")
+            Refusal::unavailable("the server is briefly out of resources (open files); nothing was changed")
         }
         None => internal("blob store", e),
     }
@@ -69,7 +69,7 @@ pub(super) fn blob_error(e: BlobError) -> TusError {
 
 /// A catalog failure as the client sees it: `Full` → 507, `Unavailable` → 503 (both were
 /// rolled back), anything else → 500 (logged).
-pub(super) fn catalog_error(e: CatalogError) -> TusError {
+pub(super) fn catalog_error(e: CatalogError) -> Refusal {
     let kind = match &e {
         CatalogError::Full(_) => Some(Exhausted::Space),
         CatalogError::Unavailable(_) => Some(Exhausted::Transient),
@@ -80,12 +80,12 @@ pub(super) fn catalog_error(e: CatalogError) -> TusError {
         Some(Exhausted::Space) => {
             tracing::warn!(error = %e, "catalog: no space left; the write was rolled back");
             note_catalog_trouble("the catalog cannot write: its disk is full");
-            TusError::insufficient_storage("the server's disk is full: the change could not be recorded and was rolled back", None)
+            Refusal::insufficient_storage("the server's disk is full: the change could not be recorded and was rolled back", None)
         }
         Some(Exhausted::Transient) => {
             tracing::warn!(error = %e, "catalog unavailable; the write was rolled back");
             note_catalog_trouble("the catalog failed a write (busy, or out of connections or file descriptors)");
-            TusError::unavailable("the server's catalog could not record the change; nothing was changed")
+            Refusal::unavailable("the server's catalog could not record the change; nothing was changed")
         }
         None => internal("catalog", e),
     }
@@ -179,8 +179,8 @@ impl SpaceWatch {
 impl UploadEngine {
     /// 507 when writing `bytes` more (0: anything at all) would eat into the free-space
     /// reserve; `cursor` is the durable offset of the upload concerned, if any.
-    pub(crate) fn check_space(&self, bytes: u64, cursor: Option<u64>) -> Result<(), TusError> {
-        self.cfg.reserve.check(bytes).map_err(|detail| TusError::insufficient_storage(detail, cursor))
+    pub(crate) fn check_space(&self, bytes: u64, cursor: Option<u64>) -> Result<(), Refusal> {
+        self.cfg.reserve.check(bytes).map_err(|detail| Refusal::insufficient_storage(detail, cursor))
     }
 
     /// Remove an upload's row and bytes, the bytes first: a finished blob is deleted, an
@@ -191,7 +191,7 @@ impl UploadEngine {
     /// write because the disk is full. A row whose bytes went but whose deletion failed is
     /// deleted by the retry (removing bytes is idempotent), or, unfinished, by expiry; until
     /// then the next writer rolls it back to offset 0.
-    pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
+    pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), Refusal> {
         self.fences.forget(&rec.id);
         self.discard_bytes(rec).await?;
         if let Err(e) = self.catalog.delete_upload(&rec.id).await {
@@ -201,7 +201,7 @@ impl UploadEngine {
         Ok(())
     }
 
-    async fn discard_bytes(&self, rec: &UploadRecord) -> Result<(), TusError> {
+    async fn discard_bytes(&self, rec: &UploadRecord) -> Result<(), Refusal> {
         if rec.is_finished() {
             self.blobs.delete(&rec.id).await?;
         } else {

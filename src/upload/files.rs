@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
+use crate::error::Refusal;
 use base64::Engine as _;
 use bytes::Bytes;
-use ferry_tus::{TusError, UploadMetadata};
+use ferry_tus::UploadMetadata;
 use serde::{Deserialize, Serialize};
 
 use super::append::Appender;
@@ -61,9 +62,9 @@ pub struct FileWriter {
     _slot: Lease,
 }
 
-fn metadata(name: &str, media_type: &str) -> Result<String, TusError> {
+fn metadata(name: &str, media_type: &str) -> Result<String, Refusal> {
     let mut md = UploadMetadata::new();
-    let bad = |e: ferry_tus::ParseError| TusError::bad_request(e.to_string(), "Use a plain file name.");
+    let bad = |e: ferry_tus::ParseError| Refusal::bad_request(e.to_string(), "Use a plain file name.");
     md.insert("filename", Some(name.as_bytes().to_vec())).map_err(bad)?;
     md.insert("filetype", Some(media_type.as_bytes().to_vec())).map_err(bad)?;
     Ok(md.to_string())
@@ -71,7 +72,7 @@ fn metadata(name: &str, media_type: &str) -> Result<String, TusError> {
 
 impl UploadEngine {
     /// Create an empty file owned by `principal` and open it for writing.
-    pub async fn create_file(self: &Arc<Self>, principal: &str, name: &str, media_type: &str) -> Result<FileWriter, TusError> {
+    pub async fn create_file(self: &Arc<Self>, principal: &str, name: &str, media_type: &str) -> Result<FileWriter, Refusal> {
         // A task's file is named by ferry from its arguments (a URL's last segment, an archive
         // name): shortened to what an upload may be named (bytes ≤ characters) rather than
         // failing the task.
@@ -115,7 +116,7 @@ impl UploadEngine {
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are
     /// discarded and the running sha256 continues from the cursor's midstate.
-    pub async fn reopen_file(self: &Arc<Self>, principal: &str, cursor: &FileCursor) -> Result<FileWriter, TusError> {
+    pub async fn reopen_file(self: &Arc<Self>, principal: &str, cursor: &FileCursor) -> Result<FileWriter, Refusal> {
         let rec = self.get(principal, &cursor.id).await?;
         let slot = self.pin(&rec.id).await?;
         let state = base64::engine::general_purpose::STANDARD.decode(&cursor.hash_state).map_err(|e| internal("file cursor", e))?;
@@ -153,7 +154,7 @@ impl UploadEngine {
 
 impl UploadEngine {
     /// Hold the writer slot of a job's file for as long as the job writes it.
-    async fn pin(&self, id: &str) -> Result<Lease, TusError> {
+    async fn pin(&self, id: &str) -> Result<Lease, Refusal> {
         self.lease(id, Want::Pinned).await
     }
 }
@@ -173,7 +174,7 @@ impl FileWriter {
     /// full, free space reaches the server's reserve, or the principal's bytes quota is reached
     /// (`quota_exceeded`; room is reserved 16 MiB ahead) (bytes since the last sync are
     /// released; the error's cursor is the last synced offset).
-    pub async fn write(&mut self, data: Bytes) -> Result<(), TusError> {
+    pub async fn write(&mut self, data: Bytes) -> Result<(), Refusal> {
         let n = data.len() as u64;
         // Room first: bytes past the quota are never written.
         let (engine, kept, to) = (self.app.engine().clone(), self.app.committed_state().0, self.app.position() + n);
@@ -182,20 +183,20 @@ impl FileWriter {
         self.app.engine().metrics.task_bytes_written.inc_by(n);
         let (written, unsynced) = (self.app.position(), self.app.unsynced());
         if let Err(detail) = self.space.check(&self.app.engine().cfg.reserve, written, unsynced) {
-            return Err(TusError::insufficient_storage(detail, Some(self.app.committed_state().0)));
+            return Err(Refusal::insufficient_storage(detail, Some(self.app.committed_state().0)));
         }
         Ok(())
     }
 
     /// 507 `quota_exceeded` when the bytes written since the last commit do not fit the
     /// principal's bytes quota (nothing is committed then; the task fails and its file goes).
-    async fn check_quota(&mut self) -> Result<(), TusError> {
+    async fn check_quota(&mut self) -> Result<(), Refusal> {
         let (engine, position, kept) = (self.app.engine().clone(), self.app.position(), self.app.committed_state().0);
         engine.file_room(&self.principal, self.app.id(), position, kept, 0, &mut self.reserved).await
     }
 
     /// Make everything written durable and commit it; returns the cursor to resume from.
-    pub async fn sync(&mut self) -> Result<FileCursor, TusError> {
+    pub async fn sync(&mut self) -> Result<FileCursor, Refusal> {
         self.check_quota().await?;
         self.app.commit().await?;
         let (offset, state, blob) = self.app.committed_state();
@@ -204,7 +205,7 @@ impl FileWriter {
     }
 
     /// Complete the file: its length becomes the bytes written; returns its handle.
-    pub async fn finish(mut self) -> Result<FileHandle, TusError> {
+    pub async fn finish(mut self) -> Result<FileHandle, Refusal> {
         let size = self.app.position();
         self.check_quota().await?;
         self.app.set_final_length(size);

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_tus::{ErrorCode, TusError};
+use crate::error::{ErrorCode, Next, Refusal};
 
 use super::append::Appender;
 use super::locks::{Lease, Want};
@@ -54,12 +54,12 @@ pub fn awaits_finish(rec: &UploadRecord) -> bool {
 /// `Retry-After`, no `Upload-Offset`). 423 because that is the status standard TUS clients
 /// retry on HEAD: tus-js-client creates a new upload for any other error status on HEAD, and
 /// tuspy retries when the answer has no `Upload-Offset`. `why` is the last attempt's failure.
-pub fn finishing_error(rec: &UploadRecord, why: &TusError) -> TusError {
-    TusError::new(
+pub fn finishing_error(rec: &UploadRecord, why: &Refusal) -> Refusal {
+    Refusal::new(
         423,
         ErrorCode::Locked,
         format!("all {} bytes of this upload are stored; the server is still finishing it ({})", rec.offset, why.detail),
-        format!("Ask again after Retry-After seconds: the server keeps trying by itself, and the upload is complete once HEAD shows Upload-Offset {}.", rec.offset),
+        Next::Finishing { offset: rec.offset },
     )
     .with_retry_after(FINISH_RETRY_AFTER_SECS)
 }
@@ -99,7 +99,7 @@ impl UploadEngine {
     /// (with its `upload.finished` event) and the blob made whole. Returns the record
     /// afterwards (`None`: the hook refused it and it was removed). Errors: what the finish
     /// failed with (503 while the hook or a store is away); the upload stays as it was.
-    pub(crate) async fn finish_stored(self: &Arc<Self>, rec: &UploadRecord, lease: &Lease) -> Result<Option<UploadRecord>, TusError> {
+    pub(crate) async fn finish_stored(self: &Arc<Self>, rec: &UploadRecord, lease: &Lease) -> Result<Option<UploadRecord>, Refusal> {
         let mut app = Appender::open(self, rec.clone(), rec.offset, rec.length, None, lease).await?;
         match app.commit().await {
             Ok(()) => {
@@ -115,7 +115,7 @@ impl UploadEngine {
     /// stored but it is not finished (the lease is taken only if free: a reader never stops a
     /// writer). Errors: 404/410 as [`UploadEngine::get`]; [`finishing_error`] (423) while it
     /// still cannot be finished; the hook's refusal (the upload is then gone).
-    pub async fn get_finished_or_finish(self: &Arc<Self>, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
+    pub async fn get_finished_or_finish(self: &Arc<Self>, principal: &str, id: &str) -> Result<UploadRecord, Refusal> {
         let rec = self.get(principal, id).await?;
         if !awaits_finish(&rec) {
             return Ok(rec);
@@ -123,21 +123,21 @@ impl UploadEngine {
         let lease = match self.lease(id, Want::IfFree).await {
             Ok(l) => l,
             // Someone else (the finisher, another reader, another replica) is finishing it.
-            Err(e) if e.code == ErrorCode::Locked => return Err(finishing_error(&rec, &TusError::locked(None))),
+            Err(e) if e.code == ErrorCode::Locked => return Err(finishing_error(&rec, &Refusal::locked(None))),
             Err(e) => return Err(e),
         };
         self.finish_held(principal, id, &lease).await
     }
 
     /// Under `lease`: re-read the record and finish it if it awaits that.
-    pub(super) async fn finish_held(self: &Arc<Self>, principal: &str, id: &str, lease: &Lease) -> Result<UploadRecord, TusError> {
+    pub(super) async fn finish_held(self: &Arc<Self>, principal: &str, id: &str, lease: &Lease) -> Result<UploadRecord, Refusal> {
         let rec = self.get(principal, id).await?;
         if !awaits_finish(&rec) {
             return Ok(rec);
         }
         match self.finish_stored(&rec, lease).await {
             Ok(Some(done)) => Ok(done),
-            Ok(None) => Err(TusError::not_found()),
+            Ok(None) => Err(Refusal::not_found()),
             Err(e) => Err(finishing_error(&rec, &e)),
         }
     }
@@ -174,7 +174,7 @@ impl UploadEngine {
                 }
                 drop(lease);
                 match self.build_final(&id).await {
-                    Ok(()) => self.catalog.get_upload(&id).await.map_err(TusError::from),
+                    Ok(()) => self.catalog.get_upload(&id).await.map_err(Refusal::from),
                     Err(e) => Err(e),
                 }
             } else {

@@ -2,8 +2,8 @@
 //! (pre-create) and before it calls one finished (pre-finish). The engine owns the seam; the
 //! HTTP implementation lives in `events::hooks`, installed by `serve.rs`.
 
+use crate::error::Refusal;
 use async_trait::async_trait;
-use ferry_tus::TusError;
 
 /// An upload about to be created, as a pre-create hook sees it.
 #[derive(Debug, Clone)]
@@ -34,11 +34,11 @@ pub struct FinishingUpload<'a> {
 pub trait UploadHooks: Send + Sync {
     /// `Ok(None)`: create as planned; `Ok(Some(raw))`: create with this `Upload-Metadata`
     /// instead; `Err`: refuse with that error (the hook's status and message, or the policy's).
-    async fn pre_create(&self, upload: &PlannedUpload<'_>) -> Result<Option<String>, TusError>;
+    async fn pre_create(&self, upload: &PlannedUpload<'_>) -> Result<Option<String>, Refusal>;
 
     /// `Ok`: finish; `Err`: the upload is failed — the engine removes it and its bytes and
     /// answers the final request with this error.
-    async fn pre_finish(&self, upload: &FinishingUpload<'_>) -> Result<(), TusError>;
+    async fn pre_finish(&self, upload: &FinishingUpload<'_>) -> Result<(), Refusal>;
 
     /// Whether a pre-finish hook is configured (the engine skips the call otherwise).
     fn has_pre_finish(&self) -> bool;

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_tus::TusError;
+use crate::error::Refusal;
 use futures::TryStreamExt;
 
 use super::append::Appender;
@@ -21,14 +21,14 @@ use crate::catalog::{Checkpoint, Concat, UploadRecord};
 
 impl UploadEngine {
     /// Complete an upload created with `Upload-Length: 0`.
-    pub(super) async fn complete_empty(self: &Arc<Self>, lease: &Lease, rec: &UploadRecord) -> Result<(), TusError> {
+    pub(super) async fn complete_empty(self: &Arc<Self>, lease: &Lease, rec: &UploadRecord) -> Result<(), Refusal> {
         let mut app = Appender::open(self, rec.clone(), 0, Some(0), None, lease).await?;
         app.commit().await
     }
 
     /// Final uploads naming `part_id` whose parts are now all complete: each is ready for
     /// [`UploadEngine::build_final`] (the task kind `concat` runs it).
-    pub async fn finals_ready(&self, part_id: &str) -> Result<Vec<String>, TusError> {
+    pub async fn finals_ready(&self, part_id: &str) -> Result<Vec<String>, Refusal> {
         let mut ready = Vec::new();
         for f in self.catalog.finals_waiting_on(part_id).await? {
             if self.final_ready(&f).await? {
@@ -39,7 +39,7 @@ impl UploadEngine {
     }
 
     /// Whether every part of unfinished final upload `id` is complete.
-    pub async fn final_ready(&self, id: &str) -> Result<bool, TusError> {
+    pub async fn final_ready(&self, id: &str) -> Result<bool, Refusal> {
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(false) };
         let Concat::Final { parts, .. } = &rec.concat else { return Ok(false) };
         if rec.is_finished() || rec.expired {
@@ -86,7 +86,7 @@ impl UploadEngine {
     /// are only read for the sha256, and not even that for the first part, whose committed
     /// midstate is where the final's hash starts. Otherwise every part is copied through a
     /// writer with the running sha256.
-    pub async fn build_final(self: &Arc<Self>, id: &str) -> Result<(), TusError> {
+    pub async fn build_final(self: &Arc<Self>, id: &str) -> Result<(), Refusal> {
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(()) };
         let Concat::Final { parts, .. } = &rec.concat else { return Ok(()) };
         if rec.is_finished() || rec.expired {
@@ -119,7 +119,7 @@ impl UploadEngine {
                 let mut app = Appender::open(self, rec, 0, Some(total), length_unset.then_some(total), &guard).await?;
                 for src in &sources {
                     let mut stream = self.read(src, 0..src.length.unwrap_or(0)).await?;
-                    while let Some(chunk) = stream.try_next().await.map_err(|e| TusError::from(BlobError::from_stream(e)))? {
+                    while let Some(chunk) = stream.try_next().await.map_err(|e| Refusal::from(BlobError::from_stream(e)))? {
                         app.write(chunk).await?;
                     }
                 }
@@ -129,7 +129,7 @@ impl UploadEngine {
         };
         drop(guard);
         if let Err(e) = &result {
-            if e.code == ferry_tus::ErrorCode::ChecksumMismatch {
+            if e.code == crate::error::ErrorCode::ChecksumMismatch {
                 self.catalog.delete_upload(id).await?;
                 self.blobs.delete(id).await?;
             }
@@ -139,7 +139,7 @@ impl UploadEngine {
 
     /// Build final `rec` inside the blob store ([`crate::blob::BlobStore::compose`]) and
     /// commit it finished under `lease`; `false` when the store cannot (nothing changed).
-    async fn compose_final(self: &Arc<Self>, rec: &UploadRecord, sources: &[UploadRecord], total: u64, lease: &Lease) -> Result<bool, TusError> {
+    async fn compose_final(self: &Arc<Self>, rec: &UploadRecord, sources: &[UploadRecord], total: u64, lease: &Lease) -> Result<bool, Refusal> {
         let list: Vec<(String, u64)> = sources.iter().map(|r| (r.id.clone(), r.length.unwrap_or(0))).collect();
         let composed = match self.blobs.compose(&rec.id, &list).await {
             // A part the catalog calls finished whose object is not whole yet (its finish was
@@ -162,13 +162,13 @@ impl UploadEngine {
         };
         for src in sources.iter().skip(1) {
             let mut stream = self.read(src, 0..src.length.unwrap_or(0)).await?;
-            while let Some(chunk) = stream.try_next().await.map_err(|e| TusError::from(BlobError::from_stream(e)))? {
+            while let Some(chunk) = stream.try_next().await.map_err(|e| Refusal::from(BlobError::from_stream(e)))? {
                 hasher.update(&chunk);
             }
         }
         let digest = hasher.digest();
         if rec.expected_sha256.is_some_and(|e| e != digest) {
-            return Err(ferry_tus::upload_digest_mismatch());
+            return Err(ferry_tus::upload_digest_mismatch().into());
         }
         if let Some(hooks) = self.hooks.get().filter(|h| h.has_pre_finish()) {
             // Asked as for any other upload before it is called finished. If the hook cannot
@@ -176,7 +176,7 @@ impl UploadEngine {
             // finisher, or the client's retry); if it refuses, the final and its bytes go.
             let finishing = super::hooks::FinishingUpload { id: &rec.id, principal: &rec.principal, size: total, sha256: digest, metadata: &rec.metadata };
             if let Err(e) = hooks.pre_finish(&finishing).await {
-                if e.code == ferry_tus::ErrorCode::Rejected {
+                if e.code == crate::error::ErrorCode::Rejected {
                     self.blobs.delete(&rec.id).await?;
                     self.catalog.delete_upload(&rec.id).await?;
                 }
@@ -205,7 +205,7 @@ impl UploadEngine {
     /// Roll upload `rec` back to the `len` bytes its blob still has (relaxed durability after
     /// a power loss; an S3 multipart upload a lifecycle rule aborted), re-hashing them once,
     /// under the caller's `fence`.
-    pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64) -> Result<(), TusError> {
+    pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64) -> Result<(), Refusal> {
         tracing::warn!(upload = rec.id, len, offset = rec.offset, "blob shorter than its checkpoint (relaxed durability?); rolling back");
         let mut hasher = RunningSha256::new();
         if len > 0 {

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ferry_tus::{CreationPlan, ErrorCode, IdempotencyKey, PatchPlan, TusError, UploadConcat};
+use crate::error::{ErrorCode, Next, Refusal};
+use ferry_tus::{CreationPlan, IdempotencyKey, PatchPlan, UploadConcat};
 use tokio_util::sync::CancellationToken;
 
 use crate::blob::{BlobError, BlobStore, ByteStream};
@@ -46,7 +47,7 @@ pub struct Created {
 /// ([`UploadEngine::settle_creation`]).
 #[derive(Debug)]
 pub struct RefusedCreation {
-    pub error: TusError,
+    pub error: Refusal,
     /// The upload was kept (the answer may name it: `Location`), else nothing of it is left.
     pub kept: bool,
 }
@@ -157,24 +158,24 @@ pub fn is_valid_id(s: &str) -> bool {
     s.len() == 26 && s.bytes().all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
 }
 
-pub fn internal(context: &str, e: impl std::fmt::Display) -> TusError {
+pub fn internal(context: &str, e: impl std::fmt::Display) -> Refusal {
     tracing::error!(error = %e, "{context}");
-    TusError::internal()
+    Refusal::internal()
 }
 
-impl From<CatalogError> for TusError {
+impl From<CatalogError> for Refusal {
     fn from(e: CatalogError) -> Self {
         match e {
-            CatalogError::NotFound => TusError::not_found(),
-            CatalogError::QuotaExceeded(q) => TusError::quota_exceeded(q, None),
+            CatalogError::NotFound => Refusal::not_found(),
+            CatalogError::QuotaExceeded(q) => Refusal::quota_exceeded(q, None),
             // `locked` (retryable), as the hint's HEAD-then-resume is a retry.
-            CatalogError::Fenced => TusError::new(409, ErrorCode::Locked, "another writer took over this upload", "Send HEAD to learn the offset, then resume from it."),
+            CatalogError::Fenced => Refusal::new(409, ErrorCode::Locked, "another writer took over this upload", Next::LearnOffset),
             other => exhausted::catalog_error(other),
         }
     }
 }
 
-impl From<BlobError> for TusError {
+impl From<BlobError> for Refusal {
     fn from(e: BlobError) -> Self {
         exhausted::blob_error(e)
     }
@@ -240,20 +241,20 @@ impl UploadEngine {
     }
 
     /// The upload as `principal` may see it: unknown, someone else's → 404; expired → 410.
-    pub async fn get(&self, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
+    pub async fn get(&self, principal: &str, id: &str) -> Result<UploadRecord, Refusal> {
         if !is_valid_id(id) {
-            return Err(TusError::not_found());
+            return Err(Refusal::not_found());
         }
-        let rec = self.catalog.get_upload(id).await?.filter(|r| r.principal == principal).ok_or_else(TusError::not_found)?;
+        let rec = self.catalog.get_upload(id).await?.filter(|r| r.principal == principal).ok_or_else(Refusal::not_found)?;
         let rec = self.with_retention(rec);
         if is_expired(&rec, now_ms()) {
-            return Err(TusError::expired());
+            return Err(Refusal::expired());
         }
         Ok(rec)
     }
 
     /// The principal that owns upload `id`, whatever its state (signed URLs act as the owner).
-    pub async fn owner(&self, id: &str) -> Result<Option<String>, TusError> {
+    pub async fn owner(&self, id: &str) -> Result<Option<String>, Refusal> {
         if !is_valid_id(id) {
             return Ok(None);
         }
@@ -262,18 +263,18 @@ impl UploadEngine {
 
     /// Take the upload's lease as `want` says; 423 (with the durable offset) when the
     /// holder does not let go in time.
-    pub(crate) async fn lease(&self, id: &str, want: Want) -> Result<Lease, TusError> {
+    pub(crate) async fn lease(&self, id: &str, want: Want) -> Result<Lease, Refusal> {
         match self.locker.acquire(id, want, self.cfg.takeover_wait).await {
             Ok(l) => Ok(l),
             Err(LockError::Locked) => {
                 let offset = if want == Want::Pinned { None } else { self.catalog.get_upload(id).await.ok().flatten().map(|r| r.offset) };
-                Err(TusError::locked(offset))
+                Err(Refusal::locked(offset))
             }
             Err(LockError::Catalog(e)) => Err(e.into()),
         }
     }
 
-    async fn take(&self, id: &str) -> Result<Lease, TusError> {
+    async fn take(&self, id: &str) -> Result<Lease, Refusal> {
         self.lease(id, Want::Takeover).await
     }
 
@@ -283,7 +284,7 @@ impl UploadEngine {
     /// An upload whose bytes are all stored but that is not finished is finished here
     /// ([`finishing`]); while that still fails the answer is [`finishing::finishing_error`]
     /// (423, retry), never an offset equal to the length.
-    pub async fn head(self: &Arc<Self>, principal: &str, id: &str) -> Result<UploadRecord, TusError> {
+    pub async fn head(self: &Arc<Self>, principal: &str, id: &str) -> Result<UploadRecord, Refusal> {
         let rec = self.get(principal, id).await?;
         if rec.is_finished() {
             return Ok(rec);
@@ -302,7 +303,7 @@ impl UploadEngine {
     ///
     /// A final identical to a live one of the same principal (same parts, same metadata) is
     /// not created again: see [`UploadEngine::create_keyed`].
-    pub async fn create(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, TusError> {
+    pub async fn create(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str) -> Result<UploadRecord, Refusal> {
         Ok(self.create_keyed(principal, plan, metadata_raw, None).await?.upload)
     }
 
@@ -322,7 +323,7 @@ impl UploadEngine {
     /// hook call, no quota check, no blob, no event (issue 23 item 5). Otherwise a pre-create
     /// hook (when configured) is asked first, with the request as sent: it may refuse (its error
     /// is returned, nothing is created) or replace the metadata.
-    pub async fn create_keyed(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str, key: Option<&IdempotencyKey>) -> Result<Created, TusError> {
+    pub async fn create_keyed(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str, key: Option<&IdempotencyKey>) -> Result<Created, Refusal> {
         let fingerprint = creation_fingerprint(plan, metadata_raw);
         let key = match (key, &plan.concat) {
             (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
@@ -364,7 +365,7 @@ impl UploadEngine {
             Some(fin @ UploadConcat::Final(_)) => {
                 let parts = fin.final_ids();
                 if parts.len() > MAX_PARTS {
-                    return Err(TusError::bad_request(format!("a final upload may name at most {MAX_PARTS} partial uploads"), "Concatenate in stages."));
+                    return Err(Refusal::bad_request(format!("a final upload may name at most {MAX_PARTS} partial uploads"), "Concatenate in stages."));
                 }
                 let mut seen = Vec::with_capacity(parts.len());
                 for part in &parts {
@@ -446,18 +447,18 @@ impl UploadEngine {
     /// that upload, or 422 for a different request under the key, or 410 once it expired. A
     /// replayed creation of an upload that is not announced yet announces it: its client now
     /// knows where it is.
-    async fn replayed(&self, upload: UploadRecord, fingerprint: &str, key: &CreationKey) -> Result<Created, TusError> {
+    async fn replayed(&self, upload: UploadRecord, fingerprint: &str, key: &CreationKey) -> Result<Created, Refusal> {
         if fingerprint != key.fingerprint {
-            return Err(TusError::new(
+            return Err(Refusal::new(
                 422,
                 ErrorCode::Conflict,
                 format!("this Idempotency-Key already created upload {} with a different request", upload.id),
-                "Use a new Idempotency-Key for a different upload, or resend the original request unchanged.",
+                Next::KeyReused { task: false },
             ));
         }
         let upload = self.with_retention(upload);
         if is_expired(&upload, now_ms()) {
-            return Err(TusError::expired());
+            return Err(Refusal::expired());
         }
         if upload.provisional {
             self.catalog.announce_upload(&upload.id).await?;
@@ -479,7 +480,7 @@ impl UploadEngine {
     ///   the error comes back with `kept: false` — the answer names no upload.
     ///
     /// An upload a replayed creation handed out meanwhile (it is announced) is kept either way.
-    pub async fn settle_creation(&self, principal: &str, id: &str, outcome: Result<UploadRecord, TusError>) -> Result<UploadRecord, RefusedCreation> {
+    pub async fn settle_creation(&self, principal: &str, id: &str, outcome: Result<UploadRecord, Refusal>) -> Result<UploadRecord, RefusedCreation> {
         use ErrorCode::{InsufficientStorage, Internal, Locked, Unavailable};
         match outcome {
             Ok(_) => match self.catalog.announce_upload(id).await {
@@ -541,7 +542,7 @@ impl UploadEngine {
     }
 
     /// Terminate (TUS 1.0 §Termination): the record and bytes are gone; the id answers 404.
-    pub async fn terminate(&self, principal: &str, id: &str) -> Result<(), TusError> {
+    pub async fn terminate(&self, principal: &str, id: &str) -> Result<(), Refusal> {
         self.get(principal, id).await?;
         let _guard = self.take(id).await?;
         let rec = self.get(principal, id).await?;
@@ -561,11 +562,11 @@ impl UploadEngine {
     /// committed blob state — by whichever process reads it first; `finish` is idempotent.
     /// A store that is away answers 503 (`unavailable`); a failure mid-stream ends the
     /// stream with the store's error (see [`BlobError::from_stream`]). A file `ferry check
-    /// --repair-catalog` marked damaged answers 500 `damaged` ([`TusError::damaged`]).
-    pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, TusError> {
+    /// --repair-catalog` marked damaged answers 500 `damaged` ([`Refusal::damaged`]).
+    pub async fn read(&self, rec: &UploadRecord, range: std::ops::Range<u64>) -> Result<ByteStream, Refusal> {
         if rec.is_finished() {
             if let Some(d) = self.catalog.damage(&rec.id).await? {
-                return Err(TusError::damaged(&d.kind));
+                return Err(Refusal::damaged(&d.kind));
             }
         }
         match self.blobs.read(&rec.id, range.clone()).await {
@@ -579,15 +580,15 @@ impl UploadEngine {
 
     /// The whole blob state committed for `rec` (its row's, with the entries the catalog keeps
     /// beside it: an S3 upload's part list), for a writer or a finisher; reads need only the row.
-    pub(crate) async fn blob_state_of(&self, rec: &UploadRecord) -> Result<crate::blob::BlobState, TusError> {
+    pub(crate) async fn blob_state_of(&self, rec: &UploadRecord) -> Result<crate::blob::BlobState, Refusal> {
         if !crate::framed::lacks_entries(&rec.blob_state) {
             return Ok(crate::blob::BlobState(rec.blob_state.clone()));
         }
-        let whole = self.catalog.upload_blob_state(&rec.id).await?.ok_or_else(TusError::not_found)?;
+        let whole = self.catalog.upload_blob_state(&rec.id).await?.ok_or_else(Refusal::not_found)?;
         Ok(crate::blob::BlobState(whole))
     }
 
-    pub(crate) fn hash_state_of(rec: &UploadRecord) -> Result<RunningSha256, TusError> {
+    pub(crate) fn hash_state_of(rec: &UploadRecord) -> Result<RunningSha256, Refusal> {
         RunningSha256::from_state(&rec.hash_state).map_err(|e| internal("hash state", e))
     }
 }
@@ -613,7 +614,7 @@ impl UploadEngine {
 
 impl UploadEngine {
     /// A principal's uploads (finished or not, expired ones excluded), newest first.
-    pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<UploadRecord>, TusError> {
+    pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<UploadRecord>, Refusal> {
         let now = now_ms();
         let mut all: Vec<UploadRecord> = self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?.into_iter().map(|r| self.with_retention(r)).collect();
         // Expired but not swept yet: gone for clients already (as `get` answers 410).

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ferry_tus::{QuotaDetail, TusError};
+use crate::error::{QuotaDetail, Refusal};
 
 use super::{now_ms, UploadEngine};
 use crate::catalog::{PrincipalScope, Quota, UploadRecord};
@@ -114,7 +114,7 @@ impl UploadEngine {
     /// dropped (the PATCH ended). `want` is the most the PATCH can add (its body's length when
     /// known). When the PATCH declares the length (`set_length`), the whole length is reserved
     /// now: 507 `quota_exceeded` with the upload's offset as cursor if it does not fit.
-    pub(crate) async fn patch_room(&self, rec: &UploadRecord, set_length: Option<u64>, want: u64) -> Result<(Option<u64>, Option<RoomHeld>), TusError> {
+    pub(crate) async fn patch_room(&self, rec: &UploadRecord, set_length: Option<u64>, want: u64) -> Result<(Option<u64>, Option<RoomHeld>), Refusal> {
         let Some(limit) = self.cfg.limits.of(&rec.principal).max_bytes else { return Ok((None, None)) };
         if rec.length.is_some() {
             return Ok((None, None));
@@ -126,7 +126,7 @@ impl UploadEngine {
             Some(len) if r.granted_to < len => {
                 drop(held);
                 let used = self.catalog.usage(&rec.principal, now_ms()).await.map(|u| u.bytes).unwrap_or(limit);
-                Err(TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: len.saturating_sub(rec.offset) }, Some(rec.offset)))
+                Err(Refusal::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: len.saturating_sub(rec.offset) }, Some(rec.offset)))
             }
             Some(_) => Ok((None, Some(held))),
             None => Ok((Some(r.granted_to.saturating_sub(rec.offset)), Some(held))),
@@ -134,20 +134,20 @@ impl UploadEngine {
     }
 
     /// The refusal of bytes past a PATCH's room: the upload kept `kept` bytes, `refused` did not fit.
-    pub(crate) async fn quota_refusal(&self, principal: &str, kept: u64, refused: u64) -> TusError {
+    pub(crate) async fn quota_refusal(&self, principal: &str, kept: u64, refused: u64) -> Refusal {
         let limit = self.cfg.limits.of(principal).max_bytes.unwrap_or(0);
         let used = match self.catalog.usage(principal, now_ms()).await {
             Ok(u) => u.bytes,
             Err(_) => limit,
         };
-        TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used: used.max(kept), requested: refused.max(1) }, Some(kept))
+        Refusal::quota_exceeded(QuotaDetail { name: "bytes", limit, used: used.max(kept), requested: refused.max(1) }, Some(kept))
     }
 
     /// A task's file `id` of `principal` at `position` bytes (of which the catalog knows
     /// `committed`), holding room up to `*reserved`: when `position` passes it, room up to
     /// `position + ahead` is reserved in the catalog (as for a PATCH); 507 `quota_exceeded` when
     /// not even `position` fits. `*reserved` stays `None` without a bytes quota.
-    pub(crate) async fn file_room(&self, principal: &str, id: &str, position: u64, committed: u64, ahead: u64, reserved: &mut Option<u64>) -> Result<(), TusError> {
+    pub(crate) async fn file_room(&self, principal: &str, id: &str, position: u64, committed: u64, ahead: u64, reserved: &mut Option<u64>) -> Result<(), Refusal> {
         let Some(limit) = self.cfg.limits.of(principal).max_bytes else { return Ok(()) };
         if reserved.is_some_and(|r| position <= r) {
             return Ok(());
@@ -156,7 +156,7 @@ impl UploadEngine {
         *reserved = Some(r.granted_to);
         if r.granted_to < position {
             let used = self.catalog.usage(principal, now_ms()).await.map(|u| u.bytes).unwrap_or(limit);
-            return Err(TusError::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: position.saturating_sub(r.granted_to) }, Some(committed)));
+            return Err(Refusal::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: position.saturating_sub(r.granted_to) }, Some(committed)));
         }
         Ok(())
     }

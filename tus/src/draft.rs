@@ -548,7 +548,7 @@ mod tests {
         assert!(DraftProblem::CompletedUpload.type_uri().ends_with("#completed-upload"));
         assert!(DraftProblem::InconsistentLength.type_uri().ends_with("#inconsistent-upload-length"));
         let e = completed_upload(7);
-        assert_eq!((e.status, e.cursor, e.code.retryable()), (400, Some(7), false));
+        assert_eq!((e.status, e.cursor, e.code), (400, Some(7), ErrorCode::Conflict));
         let e = length_short(100, 40);
         assert_eq!((e.cursor, e.draft), (Some(40), Some(DraftProblem::InconsistentLength)));
     }

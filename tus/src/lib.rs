@@ -8,8 +8,9 @@
 //!
 //! - [`error`] — [`ParseError`], the single parse error type (header, byte index, kind).
 //! - [`headers`] — the header types; everything is re-exported at the crate root.
-//! - [`protocol`] — TUS 1.0's decisions and the error catalogue; [`draft`] — the IETF
-//!   resumable-upload draft's decisions, rendering the same catalogue.
+//! - [`protocol`] — TUS 1.0's decisions and the refusals the protocol defines ([`ErrorCode`],
+//!   [`TusError`]); [`draft`] — the IETF resumable-upload draft's decisions and problem types.
+//!   The application's own error catalogue (quotas, tasks, storage trouble) is not here.
 //!
 //! Sources: TUS 1.0 (<https://tus.io/protocols/resumable-upload>), RFC 9110, RFC 9530,
 //! RFC 9651, draft-ietf-httpbis-resumable-upload.

@@ -1,8 +1,8 @@
-//! The protocol decisions of TUS 1.0 and ferry's error catalogue, sans I/O.
+//! The protocol decisions of TUS 1.0 and the refusals it defines, sans I/O.
 //!
 //! Each `plan_*` function takes the state of an upload and the raw request headers and
 //! returns either a plan (what the server should do) or a [`TusError`] that already knows
-//! its HTTP status, its stable [`ErrorCode`], and the one next step for the client. The status
+//! its HTTP status, its stable protocol [`ErrorCode`], and the one next step for the client. The status
 //! codes follow TUS 1.0 where it decides and ferry's DESIGN §3 where it leaves a choice.
 
 #![allow(missing_docs)] // variants and fields are named after the spec terms they carry
@@ -14,71 +14,42 @@ use crate::{ChecksumAlgorithm, ParseError, ReprDigest, UploadChecksum, UploadCon
 /// The media type every PATCH body must declare (TUS 1.0 §PATCH).
 pub const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
 
-/// Stable error codes shared by HTTP problem bodies and MCP error envelopes (DESIGN §5).
+/// The refusals TUS 1.0 and the IETF resumable-upload draft define, as stable code words.
+///
+/// Only the protocol's own: each names a status the specs give (TUS 1.0: 400, 403, 404, 409,
+/// 410 with the expiration extension, 412, 413, 415, 460; the draft's problem types map to
+/// [`crate::draft::DraftProblem`]). The application that serves the protocol keeps its own,
+/// larger catalogue of codes (with retryability and `Retry-After`) and maps these into it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorCode {
+    /// 409 (TUS 1.0 §PATCH): the request's `Upload-Offset` is not the stored one.
     OffsetMismatch,
+    /// 460 (TUS 1.0 §Checksum), or a declared digest of the whole upload that does not match.
     ChecksumMismatch,
+    /// 413 (TUS 1.0 §Tus-Max-Size, §Upload-Length): more bytes than the upload or server allows.
     SizeExceeded,
-    ChunkTooLarge,
-    UploadIncomplete,
+    /// 410 (TUS 1.0 §Expiration): the upload expired.
     UploadExpired,
+    /// 404 (TUS 1.0 §HEAD): no upload at this URL.
     NotFound,
+    /// 403 (TUS 1.0 §Concatenation: a final upload is not patched) and the draft's
+    /// `completed-upload`: the upload's state does not allow the request.
     Conflict,
-    Locked,
+    /// 400, 412, 415: a malformed, unsupported or contradictory request.
     InvalidArgument,
-    Unauthorized,
-    TaskFailed,
-    Cancelled,
-    /// The server's disk (or quota) has no room for these bytes (DESIGN §9): 507.
-    InsufficientStorage,
-    /// A store is briefly unable to answer (a failing catalog write, too many open files):
-    /// 503 with `Retry-After` (DESIGN §9).
-    Unavailable,
-    /// A hook the operator configured (pre-create, pre-finish) refused the request; the
-    /// status and message are the hook's (DESIGN §8).
-    Rejected,
-    /// A per-principal quota (bytes stored, uploads in progress) has no room for this request:
-    /// 507 for bytes, 429 for uploads in progress; the problem body names the quota, its limit
-    /// and the current use ([`QuotaDetail`]).
-    QuotaExceeded,
-    /// A hook the operator configured answered something other than the documented JSON (a
-    /// 2xx that is not a JSON object, metadata that does not encode, a redirect, an answer too
-    /// large): 502, not retryable — the same request gets the same answer until the operator
-    /// fixes the hook (DESIGN §8). Nothing was created; a finishing upload keeps every byte.
-    HookInvalid,
-    /// `ferry check` found this finished file's stored bytes damaged (they no longer hash to
-    /// its sha256, or are missing) and the operator marked it (`--repair-catalog`): 500, not
-    /// retryable — downloads refuse instead of serving wrong bytes, until the bytes are
-    /// restored (a later check clears the mark) or the file is deleted.
-    Damaged,
-    Internal,
 }
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 7] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
-        ErrorCode::ChunkTooLarge,
-        ErrorCode::UploadIncomplete,
         ErrorCode::UploadExpired,
         ErrorCode::NotFound,
         ErrorCode::Conflict,
-        ErrorCode::Locked,
         ErrorCode::InvalidArgument,
-        ErrorCode::Unauthorized,
-        ErrorCode::TaskFailed,
-        ErrorCode::Cancelled,
-        ErrorCode::InsufficientStorage,
-        ErrorCode::Unavailable,
-        ErrorCode::Rejected,
-        ErrorCode::QuotaExceeded,
-        ErrorCode::HookInvalid,
-        ErrorCode::Damaged,
-        ErrorCode::Internal,
     ];
 
     /// The snake_case word sent on the wire, e.g. `"offset_mismatch"`.
@@ -87,50 +58,10 @@ impl ErrorCode {
             ErrorCode::OffsetMismatch => "offset_mismatch",
             ErrorCode::ChecksumMismatch => "checksum_mismatch",
             ErrorCode::SizeExceeded => "size_exceeded",
-            ErrorCode::ChunkTooLarge => "chunk_too_large",
-            ErrorCode::UploadIncomplete => "upload_incomplete",
             ErrorCode::UploadExpired => "upload_expired",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Conflict => "conflict",
-            ErrorCode::Locked => "locked",
             ErrorCode::InvalidArgument => "invalid_argument",
-            ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::TaskFailed => "task_failed",
-            ErrorCode::Cancelled => "cancelled",
-            ErrorCode::InsufficientStorage => "insufficient_storage",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::Rejected => "rejected",
-            ErrorCode::QuotaExceeded => "quota_exceeded",
-            ErrorCode::HookInvalid => "hook_invalid",
-            ErrorCode::Damaged => "damaged",
-            ErrorCode::Internal => "internal",
-        }
-    }
-
-    /// Whether repeating the (repaired) request can succeed without a person's help.
-    pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            ErrorCode::OffsetMismatch
-                | ErrorCode::ChecksumMismatch
-                | ErrorCode::ChunkTooLarge
-                | ErrorCode::UploadIncomplete
-                | ErrorCode::Locked
-                | ErrorCode::InsufficientStorage
-                | ErrorCode::Unavailable
-                | ErrorCode::Internal
-        )
-    }
-
-    /// Seconds a client should wait before retrying (`Retry-After`, RFC 9110 §10.2.3), for the
-    /// codes that name a resource that comes back by itself: 507 and 503.
-    pub fn retry_after_secs(self) -> Option<u32> {
-        match self {
-            ErrorCode::InsufficientStorage => Some(30),
-            ErrorCode::Unavailable => Some(2),
-            // Another request holds the upload; it is asked to stop and does within seconds.
-            ErrorCode::Locked => Some(1),
-            _ => None,
         }
     }
 }
@@ -141,10 +72,8 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// A refused request: HTTP status, stable code, a human detail, the one next step, and the
-/// byte offset the client should continue from where one is known.
-///
-/// Rendered as an RFC 9457 `application/problem+json` body by the HTTP layer.
+/// A refused request: HTTP status, stable code, a human detail, the one next step in the
+/// protocol's words, and the byte offset the client should continue from where one is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TusError {
     /// HTTP status code (RFC 9110 §15), e.g. 409.
@@ -152,49 +81,19 @@ pub struct TusError {
     pub code: ErrorCode,
     /// What went wrong, for a person; never contains internal error text.
     pub detail: String,
-    /// The one next step, e.g. "Re-send this chunk starting at offset 131072."
+    /// The one next step in TUS/HTTP terms, e.g. "Re-send this chunk starting at offset 131072."
     pub recovery_hint: String,
-    /// Byte offset to resume from, when known (`partial.cursor` in MCP envelopes).
+    /// Byte offset to resume from, when known.
     pub cursor: Option<u64>,
     /// The IETF resumable-upload draft's problem type for this refusal, when it has one; the
     /// HTTP layer renders it for requests that speak the draft (TUS requests keep ferry's own
     /// `type`). See [`crate::draft`].
     pub draft: Option<crate::draft::DraftProblem>,
-    /// For `quota_exceeded`: which quota, its limit and the current use (rendered as the
-    /// problem body's `quota` member and in MCP error envelopes).
-    pub quota: Option<Box<QuotaDetail>>,
-    /// Seconds the client should wait before asking again (`Retry-After`), when this refusal
-    /// names one itself; otherwise [`ErrorCode::retry_after_secs`] applies.
-    pub retry_after: Option<u32>,
-}
-
-/// Which per-principal quota refused a request, with numbers a client can act on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuotaDetail {
-    /// `"bytes"` (bytes stored) or `"uploads_in_progress"` (unfinished uploads).
-    pub name: &'static str,
-    /// The configured limit (bytes, or a count).
-    pub limit: u64,
-    /// The principal's current use, without this request (bytes, or a count).
-    pub used: u64,
-    /// What this request needed on top (bytes, or 1 upload).
-    pub requested: u64,
 }
 
 impl TusError {
     pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None, quota: None, retry_after: None }
-    }
-
-    /// Tell the client to wait `secs` seconds before asking again (`Retry-After`).
-    pub fn with_retry_after(mut self, secs: u32) -> Self {
-        self.retry_after = Some(secs);
-        self
-    }
-
-    /// Seconds the client should wait before retrying: this refusal's own, else its code's.
-    pub fn retry_after_secs(&self) -> Option<u32> {
-        self.retry_after.or(self.code.retry_after_secs())
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None }
     }
 
     /// Attach the draft problem type this refusal is an instance of.
@@ -214,108 +113,11 @@ impl TusError {
         TusError::new(400, ErrorCode::InvalidArgument, detail, hint)
     }
 
-    /// 404 `not_found` for an upload id.
-    pub fn not_found() -> Self {
-        TusError::new(
-            404,
-            ErrorCode::NotFound,
-            "no upload with this id",
-            "Check the id (uploads of other principals, deleted ones and long-expired ones do not exist); to upload anew, POST to the upload collection.",
-        )
-    }
-
-    /// 410 `upload_expired`.
-    pub fn expired() -> Self {
-        TusError::new(410, ErrorCode::UploadExpired, "this upload expired and its bytes were removed", "Create a new upload with POST and send the file again.")
-    }
-
     /// 409 `offset_mismatch`: the client's offset is not the stored one.
     pub fn offset_mismatch(expected: u64, got: u64) -> Self {
         TusError::new(409, ErrorCode::OffsetMismatch, format!("expected offset {expected}, got {got}"), format!("Re-send this chunk starting at offset {expected}."))
             .with_cursor(expected)
             .with_draft(crate::draft::DraftProblem::MismatchingOffset { expected, provided: got })
-    }
-
-    /// 423 `locked`: another request holds the upload.
-    pub fn locked(offset: Option<u64>) -> Self {
-        let e = TusError::new(423, ErrorCode::Locked, "another request is writing to this upload", "Wait a moment, send HEAD to learn the offset, then resume from it.");
-        match offset {
-            Some(o) => e.with_cursor(o),
-            None => e,
-        }
-    }
-
-    /// 500 `internal`; the cause belongs in the logs, never in the body.
-    pub fn internal() -> Self {
-        TusError::new(
-            500,
-            ErrorCode::Internal,
-            "the server failed to complete this request; stored data is unchanged",
-            "Retry after a moment; send HEAD first to learn the offset.",
-        )
-    }
-
-    /// 507 `insufficient_storage` (DESIGN §9): no room for the bytes. `detail` says which
-    /// limit (disk full, quota, the server's free-space reserve); `cursor` is the durable offset
-    /// the upload resumes from, when there is an upload.
-    pub fn insufficient_storage(detail: impl Into<String>, cursor: Option<u64>) -> Self {
-        let hint = match cursor {
-            Some(c) => {
-                format!("Nothing acknowledged was lost: the upload is kept at offset {c}. Retry from offset {c} later (after Retry-After), once the server has free space again.")
-            }
-            None => "Retry later (after Retry-After), once the server has free space again; a smaller file may fit sooner.".to_string(),
-        };
-        let e = TusError::new(507, ErrorCode::InsufficientStorage, detail, hint);
-        match cursor {
-            Some(c) => e.with_cursor(c),
-            None => e,
-        }
-    }
-
-    /// `quota_exceeded`: a per-principal quota has no room. Bytes stored → 507 Insufficient
-    /// Storage (DESIGN §9: a quota reached is a lack of space; RFC 4918 §11.5 and RFC 4331's
-    /// WebDAV quotas answer 507 too); uploads in progress → 429 Too Many Requests (a limit on
-    /// concurrent work, as AWS Lambda's concurrency limit; it frees when an upload finishes or
-    /// expires). `cursor` is the durable offset of the upload the request was writing, if any.
-    pub fn quota_exceeded(q: QuotaDetail, cursor: Option<u64>) -> Self {
-        let (status, detail, hint) = if q.name == "uploads_in_progress" {
-            (
-                429,
-                format!("quota reached: {} of {} uploads in progress; finish, delete or let expire one of them first", q.used, q.limit),
-                "Finish or delete one of your unfinished uploads (GET /api/v1/files lists them), then create this one again.".to_string(),
-            )
-        } else {
-            let detail = format!("quota reached: {} of {} bytes stored; this needs {} more", q.used, q.limit, q.requested);
-            let hint = match cursor {
-                Some(c) => format!(
-                    "Nothing acknowledged was lost: the upload is kept at offset {c}. Delete files you no longer need (or ask for a larger quota), then resume from offset {c}."
-                ),
-                None => "Delete files you no longer need (or ask the operator for a larger quota), then try again.".to_string(),
-            };
-            (507, detail, hint)
-        };
-        let mut e = TusError::new(status, ErrorCode::QuotaExceeded, detail, hint);
-        e.quota = Some(Box::new(q));
-        e.cursor = cursor;
-        e
-    }
-
-    /// 503 `unavailable` (DESIGN §9): a store failed briefly (a catalog write, too many open
-    /// files); nothing was changed.
-    pub fn unavailable(detail: impl Into<String>) -> Self {
-        TusError::new(503, ErrorCode::Unavailable, detail, "Retry after Retry-After seconds; send HEAD first to learn the offset.")
-    }
-
-    /// 500 `damaged`: `ferry check --repair-catalog` marked this finished file's stored bytes
-    /// as damaged (`kind`: `sha256_mismatch` or `missing`); nothing is served.
-    pub fn damaged(kind: &str) -> Self {
-        let what = if kind == "missing" { "are missing from the blob store" } else { "no longer match its sha256" };
-        TusError::new(
-            500,
-            ErrorCode::Damaged,
-            format!("the stored bytes of this file {what} (found by ferry check); nothing is served"),
-            "The file cannot be downloaded: upload it again (and delete this one), or ask the operator to restore its bytes from a backup.",
-        )
     }
 
     pub(crate) fn from_parse(e: &ParseError) -> Self {
@@ -855,18 +657,5 @@ mod tests {
     fn catalogue_is_complete() {
         let words: std::collections::HashSet<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(words.len(), ErrorCode::ALL.len());
-    }
-
-    #[test]
-    fn exhaustion_errors_are_retryable_with_a_cursor_and_retry_after() {
-        let e = TusError::insufficient_storage("no space left on the server's disk", Some(4096));
-        assert_eq!((e.status, e.code.as_str(), e.cursor), (507, "insufficient_storage", Some(4096)));
-        assert!(e.code.retryable());
-        assert!(e.recovery_hint.contains("4096"), "{}", e.recovery_hint);
-        assert_eq!(ErrorCode::InsufficientStorage.retry_after_secs(), Some(30));
-        let u = TusError::unavailable("the catalog could not write");
-        assert_eq!((u.status, u.code.as_str(), u.code.retryable()), (503, "unavailable", true));
-        assert_eq!(ErrorCode::Unavailable.retry_after_secs(), Some(2));
-        assert_eq!(ErrorCode::Internal.retry_after_secs(), None);
     }
 }

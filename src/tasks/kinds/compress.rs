@@ -205,8 +205,8 @@ impl Job for CompressJob {
         parse_args(args).map(|_| ())
     }
 
-    async fn check_inputs(&self, principal: &str, args: &RawValue, uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
-        let a = parse_args(args).map_err(|m| ferry_tus::TusError::bad_request(m, "Fix the arguments and start the task again."))?;
+    async fn check_inputs(&self, principal: &str, args: &RawValue, uploads: &crate::upload::UploadEngine) -> Result<(), crate::error::Refusal> {
+        let a = parse_args(args).map_err(|m| crate::error::Refusal::bad_request(m, "Fix the arguments and start the task again."))?;
         super::check_input_files("compress", principal, std::slice::from_ref(&a.file_id), uploads).await
     }
 
@@ -219,8 +219,8 @@ impl Job for CompressJob {
         let id = &args.file_id;
         let rec = match ctx.uploads().get(ctx.principal(), id).await {
             Ok(r) => r,
-            Err(e) if e.code == ferry_tus::ErrorCode::NotFound => return Err(JobError::failed(format!("compress: no upload {id:?}"))),
-            Err(e) if e.code == ferry_tus::ErrorCode::UploadExpired => return Err(JobError::failed(format!("compress: upload {id:?} has expired"))),
+            Err(e) if e.code == crate::error::ErrorCode::NotFound => return Err(JobError::failed(format!("compress: no upload {id:?}"))),
+            Err(e) if e.code == crate::error::ErrorCode::UploadExpired => return Err(JobError::failed(format!("compress: upload {id:?} has expired"))),
             Err(e) => return Err(e.into()),
         };
         let len = match rec.length {

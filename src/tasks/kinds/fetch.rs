@@ -144,15 +144,15 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-impl From<Refusal> for ferry_tus::TusError {
+impl From<Refusal> for crate::error::Refusal {
     /// The one answer to a refused URL, on REST (`POST /api/v1/tasks` kind `fetch`) and MCP
     /// (`fetch_url`) alike.
     fn from(r: Refusal) -> Self {
         match r {
-            Refusal::Invalid(m) => ferry_tus::TusError::bad_request(format!("invalid args for fetch: {m}"), "Pass an absolute http:// URL."),
-            Refusal::NotAllowed(m) => ferry_tus::TusError::new(
+            Refusal::Invalid(m) => crate::error::Refusal::bad_request(format!("invalid args for fetch: {m}"), "Pass an absolute http:// URL."),
+            Refusal::NotAllowed(m) => crate::error::Refusal::new(
                 403,
-                ferry_tus::ErrorCode::Unauthorized,
+                crate::error::ErrorCode::Unauthorized,
                 format!("this server may not fetch from it: {m}"),
                 "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml, or upload the file instead.",
             ),
@@ -392,13 +392,13 @@ impl Job for FetchJob {
 
     /// A URL outside the allow list is 403 `unauthorized` (the same on REST and MCP); other
     /// argument problems are 400 `invalid_argument`.
-    fn check(&self, args: &RawValue) -> Result<(), ferry_tus::TusError> {
+    fn check(&self, args: &RawValue) -> Result<(), crate::error::Refusal> {
         if let Ok(FetchArgs { url, .. }) = serde_json::from_str::<FetchArgs>(args.get()) {
             if let Err(r @ Refusal::NotAllowed(_)) = check_url(&self.allow, &url) {
                 return Err(r.into());
             }
         }
-        self.validate(args).map_err(|m| ferry_tus::TusError::bad_request(format!("invalid args for fetch: {m}"), "Fix the arguments and start the task again."))
+        self.validate(args).map_err(|m| crate::error::Refusal::bad_request(format!("invalid args for fetch: {m}"), "Fix the arguments and start the task again."))
     }
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
@@ -772,7 +772,7 @@ mod tests {
         let e = crate::tasks::kinds::command::tests::engine(dir.path(), Arc::new(FetchJob::new(FetchConfig::default()))).await;
         let err = e.start("p", "fetch", r#"{"url":"http://example.com/x"}"#, None, None).await.unwrap_err();
         assert!(err.to_string().contains("host example.com is not in [fetch] allow_hosts of ferry.toml"), "{err}");
-        assert_eq!((err.status, err.code), (403, ferry_tus::ErrorCode::Unauthorized));
+        assert_eq!((err.status, err.code), (403, crate::error::ErrorCode::Unauthorized));
         e.shutdown();
     }
 }

@@ -48,8 +48,8 @@ fn name_ids(ids: &[&str]) -> String {
 /// ([`Job::check_inputs`]): ids that are not (unknown, another principal's, expired or
 /// deleted) → 404 `not_found` naming them; else ids still uploading → 409
 /// `upload_incomplete` naming them (with `partial.cursor` = the offset when there is one).
-pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String], uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
-    use ferry_tus::{ErrorCode, TusError};
+pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String], uploads: &crate::upload::UploadEngine) -> Result<(), crate::error::Refusal> {
+    use crate::error::{ErrorCode, Next, Refusal};
     let mut unknown: Vec<&str> = Vec::new();
     let mut incomplete: Vec<(&str, u64)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -63,22 +63,17 @@ pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String
     }
     if !unknown.is_empty() {
         let list = name_ids(&unknown);
-        let (what, them) = if unknown.len() == 1 { ("id", "it") } else { ("ids", "them") };
-        return Err(TusError::new(
-            404,
-            ErrorCode::NotFound,
-            format!("{kind}: unknown file {what}: {list}"),
-            format!("No file of yours has the {what} {list} (never created, deleted, or expired): check {them} with file_list (MCP) or GET /api/v1/files, and start the task again with ids of finished files."),
-        ));
+        let what = if unknown.len() == 1 { "id" } else { "ids" };
+        return Err(Refusal::new(404, ErrorCode::NotFound, format!("{kind}: unknown file {what}: {list}"), Next::UnknownFiles { ids: list, many: unknown.len() > 1 }));
     }
     if !incomplete.is_empty() {
         let ids: Vec<&str> = incomplete.iter().map(|(id, _)| *id).collect();
         let list = name_ids(&ids);
-        let mut e = TusError::new(
+        let mut e = Refusal::new(
             409,
             ErrorCode::UploadIncomplete,
             if ids.len() == 1 { format!("{kind}: file {list} is not complete") } else { format!("{kind}: files {list} are not complete") },
-            format!("Finish uploading {list} (file_status or GET /api/v1/files/ID shows the offset), then start the task again."),
+            Next::UnfinishedFiles { ids: list },
         );
         if let [(_, offset)] = incomplete[..] {
             e = e.with_cursor(offset);

@@ -132,8 +132,8 @@ impl Job for ArchiveJob {
         parse_args(args).map(|_| ())
     }
 
-    async fn check_inputs(&self, principal: &str, args: &RawValue, uploads: &crate::upload::UploadEngine) -> Result<(), ferry_tus::TusError> {
-        let a = parse_args(args).map_err(|m| ferry_tus::TusError::bad_request(m, "Fix the arguments and start the task again."))?;
+    async fn check_inputs(&self, principal: &str, args: &RawValue, uploads: &crate::upload::UploadEngine) -> Result<(), crate::error::Refusal> {
+        let a = parse_args(args).map_err(|m| crate::error::Refusal::bad_request(m, "Fix the arguments and start the task again."))?;
         super::check_input_files("archive", principal, &a.file_ids, uploads).await
     }
 
@@ -268,8 +268,8 @@ impl Job for ArchiveJob {
 async fn member_record(ctx: &JobContext, id: &str) -> Result<UploadRecord, JobError> {
     let rec = match ctx.uploads().get(ctx.principal(), id).await {
         Ok(r) => r,
-        Err(e) if e.code == ferry_tus::ErrorCode::NotFound => return Err(JobError::failed(format!("archive: no upload {id:?}"))),
-        Err(e) if e.code == ferry_tus::ErrorCode::UploadExpired => return Err(JobError::failed(format!("archive: upload {id:?} has expired"))),
+        Err(e) if e.code == crate::error::ErrorCode::NotFound => return Err(JobError::failed(format!("archive: no upload {id:?}"))),
+        Err(e) if e.code == crate::error::ErrorCode::UploadExpired => return Err(JobError::failed(format!("archive: upload {id:?} has expired"))),
         Err(e) => return Err(e.into()),
     };
     if !rec.is_finished() || rec.length.is_none() {
