@@ -524,15 +524,14 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
-        // SET expressions read the row as it was (so `lease_taken_over` records whether an
+        // SET expressions read the row as it was (so `lease_takeovers` counts whether an
         // expired owner was still named); RETURNING reads it as written. A concurrent taker
         // waits for the row lock, then re-checks the WHERE against the winner's row: Held.
         let row = sqlx::query(
             "UPDATE uploads SET fence = fence + 1, lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, \
-             lease_taken_over = (lease_owner IS NOT NULL), \
              lease_takeovers = lease_takeovers + CASE WHEN lease_owner IS NOT NULL THEN 1 ELSE 0 END \
              WHERE id = $3 AND NOT expired AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms()) \
-             RETURNING fence, lease_expires_ms, lease_taken_over, lease_takeovers",
+             RETURNING fence, lease_expires_ms, lease_takeovers",
         )
         .bind(owner)
         .bind(ttl_ms)
@@ -540,12 +539,7 @@ impl Catalog for PostgresCatalog {
         .fetch_optional(&self.pool)
         .await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant {
-                fence: r.try_get::<i64, _>(0)? as u64,
-                expires_at_ms: r.try_get(1)?,
-                taken_over: r.try_get(2)?,
-                takeovers: r.try_get::<i64, _>(3)? as u64,
-            }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
         let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
         match row {
@@ -586,11 +580,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = FALSE WHERE id = $1 AND fence = $2")
-            .bind(id)
-            .bind(to_i64(fence)?)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = $1 AND fence = $2").bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -657,11 +647,6 @@ impl Catalog for PostgresCatalog {
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
         self.ids("SELECT id FROM uploads WHERE expired AND updated_at_ms < $1 LIMIT $2", before_ms, limit).await
-    }
-
-    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND NOT expired"))).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_record).collect()
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {

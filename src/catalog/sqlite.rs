@@ -562,13 +562,13 @@ impl Catalog for SqliteCatalog {
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
         // One statement: the condition and the update are atomic (SQLite serialises writers).
-        // SET expressions read the row as it was, so `lease_taken_over` records whether an
+        // SET expressions read the row as it was, so `lease_takeovers` counts whether an
         // (expired) owner was still named; RETURNING reads the row as written.
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE uploads SET fence = fence + 1, lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, \
-             lease_taken_over = (lease_owner IS NOT NULL), lease_takeovers = lease_takeovers + (lease_owner IS NOT NULL) \
+             lease_takeovers = lease_takeovers + (lease_owner IS NOT NULL) \
              WHERE id = ? AND expired = 0 AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW}) \
-             RETURNING fence, lease_expires_ms, lease_taken_over, lease_takeovers"
+             RETURNING fence, lease_expires_ms, lease_takeovers"
         )))
         .bind(owner)
         .bind(ttl_ms)
@@ -576,12 +576,7 @@ impl Catalog for SqliteCatalog {
         .fetch_optional(&self.pool)
         .await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant {
-                fence: r.try_get::<i64, _>(0)? as u64,
-                expires_at_ms: r.try_get(1)?,
-                taken_over: r.try_get::<i64, _>(2)? != 0,
-                takeovers: r.try_get::<i64, _>(3)? as u64,
-            }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
         let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
         match row {
@@ -623,11 +618,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = 0 WHERE id = ? AND fence = ?")
-            .bind(id)
-            .bind(to_i64(fence)?)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?").bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -707,11 +698,6 @@ impl Catalog for SqliteCatalog {
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
         self.ids("SELECT id FROM uploads WHERE expired = 1 AND updated_at_ms < ? LIMIT ?", before_ms, limit).await
-    }
-
-    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND expired = 0"))).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_record).collect()
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {
