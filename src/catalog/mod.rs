@@ -27,6 +27,7 @@ pub mod partials;
 pub mod postgres;
 mod postgres_events;
 mod postgres_tasks;
+mod sql;
 pub mod sqlite;
 mod sqlite_events;
 mod sqlite_tasks;
