@@ -1,5 +1,9 @@
 //! The embedded [`Catalog`]: one SQLite file (`DATA/ferry.db`) in WAL mode with
 //! `synchronous=FULL`, so a committed checkpoint survives power loss.
+//!
+//! Longer than most files (~790 lines) for a reason: it is the upload half of the [`Catalog`]
+//! trait, one method per trait item, plus opening the file and the read cache. What SQLite and
+//! PostgreSQL share is in `sql.rs`; tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
 
 use std::path::Path;
 use std::str::FromStr;
