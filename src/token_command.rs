@@ -175,7 +175,7 @@ fn list(a: &ListArgs) -> CmdResult {
         return Err(usage(anyhow::anyhow!("{} does not exist (ferry token create NAME --config PATH makes it)", path.display())));
     }
     let tokens = checked_tokens(path)?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let now = crate::clock::now_ms();
     let rows: Vec<serde_json::Value> = tokens
         .iter()
         .map(|t| {

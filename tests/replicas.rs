@@ -349,3 +349,42 @@ async fn mcp_calls_of_one_session_are_served_by_every_replica() {
     let ts: Vec<_> = proxy.served().into_iter().skip(before).filter(|s| s.path.starts_with("/mcp") && s.method == "POST").collect();
     assert_eq!(ts.iter().map(|s| s.replica).collect::<std::collections::BTreeSet<_>>().len(), 3, "{ts:?}");
 }
+
+/// Issue 25 item 5: a `task_get` long-poll on one replica wakes when another replica changes the
+/// task, through the outbox head (the change commits an event; each replica's head watcher
+/// sees it), not through a poll: the long-poll's budget (8 s) is shorter than the waiter's
+/// fallback poll (`ferry::events::WAIT_FALLBACK`, 10 s), and a long-poll that nothing woke
+/// answers with what it last read. So `completed` in the answer can only come from the wake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_on_one_replica_wakes_when_another_replica_ends_the_task() {
+    use rmcp::model::*;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    use serde_json::{json, Value};
+
+    const WAIT_MS: u64 = 8_000;
+    assert!(Duration::from_millis(WAIT_MS) < ferry::events::WAIT_FALLBACK, "the budget must end before the fallback poll");
+    let db = TestDb::create().await;
+    let blobs = tempfile::tempdir().unwrap();
+    let (a, b) = (replica(&db, blobs.path(), &[]), replica(&db, blobs.path(), &[]));
+    let task = Api::new(&a).start("external", r#"{"job":"wake"}"#).await;
+    let id = task["id"].as_str().unwrap().to_string();
+    assert_eq!(task["status"], "working", "{task}");
+
+    let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(a.url("/mcp")));
+    let c = ClientConfig::new(ClientCapabilities::default(), Implementation::new("ferry-replica-tests", "0")).serve(transport).await.expect("MCP on replica A");
+    let Value::Object(args) = json!({ "task_id": id, "wait_ms": WAIT_MS }) else { unreachable!() };
+    let poll = tokio::spawn(async move {
+        let r = c.call_tool(CallToolRequestParams::new("task_get").with_arguments(args)).await.expect("task_get");
+        let _ = c.cancel().await;
+        r.structured_content.expect("structuredContent")
+    });
+    // Let the long-poll make its first read (if it has not, it reads `completed` at once and the
+    // test proves less, but never fails for it), then end the task on replica B.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = Api::new(&b).post(&format!("/api/v1/tasks/{id}/complete"), r#"{"result":{"rows":1}}"#).await;
+    assert_eq!(r.status(), 200, "complete on replica B");
+    let got = poll.await.unwrap();
+    assert_eq!(got["status"], "completed", "the long-poll on A was woken by B's change within its budget: {got}");
+}

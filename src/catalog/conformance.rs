@@ -163,7 +163,7 @@ pub async fn check_finish_and_large_values(cat: &dyn Catalog, p: &str) {
     assert_eq!((got.offset, got.length, got.sha256, got.finished_at_ms), (big, Some(big), Some([3; 32]), Some(3_000)));
     assert!(got.is_finished());
     assert_eq!(got.expires_at_ms, None, "finished uploads never expire");
-    assert!(!cat.list_unfinished().await.unwrap().iter().any(|r| r.id == id));
+    assert!(!cat.list_awaiting_finish(u32::MAX).await.unwrap().contains(&id), "a finished upload is not unfinished work");
 }
 
 pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
@@ -182,7 +182,7 @@ pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
     assert!(!cat.list_expired(i64::MAX, 100).await.unwrap().contains(&id), "tombstones are not listed again");
     assert!(!cat.list_tombstones(6_000, 100).await.unwrap().contains(&id), "kept until its time");
     assert!(cat.list_tombstones(6_001, 100).await.unwrap().contains(&id));
-    assert!(!cat.list_unfinished().await.unwrap().iter().any(|r| r.id == id));
+    assert!(!cat.list_awaiting_finish(u32::MAX).await.unwrap().contains(&id), "a tombstone is not unfinished work");
     assert!(cat.delete_upload(&id).await.unwrap());
     assert!(!cat.delete_upload(&id).await.unwrap(), "delete is idempotent");
     assert!(cat.get_upload(&id).await.unwrap().is_none());
@@ -347,7 +347,7 @@ pub async fn check_upload_lease(cat: &dyn Catalog, p: &str) {
     let before = cat.acquire_fence(&id).await.unwrap();
     let g = granted(cat.acquire_upload_lease(&id, "a", 3_600_000).await.unwrap());
     assert!(g.fence > before, "a lease grant grows the fence");
-    assert!(!g.taken_over, "a free lease is not a takeover");
+    assert_eq!(g.takeovers, 0, "a free lease is not a takeover");
     match cat.acquire_upload_lease(&id, "b", 3_600_000).await.unwrap() {
         LeaseOutcome::Held { owner, expires_at_ms } => assert_eq!((owner.as_str(), expires_at_ms), ("a", g.expires_at_ms)),
         other => panic!("a held lease must answer Held, got {other:?}"),
@@ -363,7 +363,7 @@ pub async fn check_upload_lease(cat: &dyn Catalog, p: &str) {
     cat.release_upload_lease(&id, g.fence).await.expect("release is idempotent");
     assert!(matches!(cat.renew_upload_lease(&id, g.fence, 1_000).await, Err(CatalogError::Fenced)), "a released lease cannot be renewed");
     let h = granted(cat.acquire_upload_lease(&id, "b", 3_600_000).await.unwrap());
-    assert!(h.fence > g.fence && !h.taken_over, "after a release: granted, nothing to repair");
+    assert!(h.fence > g.fence && h.takeovers == g.takeovers, "after a release: granted, nothing to repair");
     assert!(matches!(cat.checkpoint(&id, g.fence, &cp(6, 2_100)).await, Err(CatalogError::Fenced)), "the old holder is fenced out");
     assert!(matches!(cat.acquire_upload_lease(&format!("{p}nolease"), "a", 1_000).await, Err(CatalogError::NotFound)));
     // A tombstone has no lease to give.
@@ -387,7 +387,7 @@ pub async fn check_lease_expiry_uses_the_database_clock(cat: &dyn Catalog, p: &s
     let z = granted(cat.acquire_upload_lease(&id2, "a", 0).await.unwrap());
     let t = granted(cat.acquire_upload_lease(&id2, "b", 60_000).await.unwrap());
     assert!(t.fence > z.fence, "taken over with a bigger fence");
-    assert!(t.taken_over, "the taker of an expired lease must repair");
+    assert_eq!(t.takeovers, z.takeovers + 1, "the taker of an expired lease must repair");
     assert_eq!((z.takeovers, t.takeovers), (0, 1), "a takeover from a holder that never let go is counted");
     assert!(matches!(cat.checkpoint(&id2, z.fence, &cp(1, 1)).await, Err(CatalogError::Fenced)), "the expired holder is fenced out");
     cat.release_upload_lease(&id2, t.fence).await.unwrap();
@@ -470,7 +470,7 @@ pub async fn check_reclaim_owner(cat: &dyn Catalog, p: &str) {
     let (uploads, tasks) = cat.reclaim_owner(&owner).await.unwrap();
     assert!(uploads >= 1 && tasks >= 1, "reclaimed ({uploads}, {tasks})");
     let t = granted(cat.acquire_upload_lease(&id, "me-now", 60_000).await.unwrap());
-    assert!(t.fence > g.fence && t.taken_over, "a reclaimed upload lease is taken at once, with a repair");
+    assert!(t.fence > g.fence && t.takeovers == g.takeovers + 1, "a reclaimed upload lease is taken at once, with a repair");
     let again = cat.claim_task("me-now", std::slice::from_ref(&kind), 60_000).await.unwrap().expect("a reclaimed task is claimable at once");
     assert_eq!(again.id, claimed.id);
     assert!(again.fence > claimed.fence, "task fences grow too");

@@ -27,6 +27,7 @@ pub mod partials;
 pub mod postgres;
 mod postgres_events;
 mod postgres_tasks;
+mod sql;
 pub mod sqlite;
 mod sqlite_events;
 mod sqlite_tasks;
@@ -260,10 +261,6 @@ pub struct LeaseGrant {
     pub fence: u64,
     /// When the lease runs out, Unix ms on the **database** clock.
     pub expires_at_ms: i64,
-    /// The lease was taken from a holder that did not release it (it expired, or its owner
-    /// was reclaimed after a restart): bytes past the committed offset may be garbage, and
-    /// the taker must repair the blob (reopen it at the committed state) before trusting it.
-    pub taken_over: bool,
     /// How many times this upload's lease was taken from a holder that did not release it,
     /// this grant included: holders of different counts may still be writing at once (the
     /// one taken from did not know), so stores that must keep their writes apart use it (S3:
@@ -445,7 +442,7 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// A restarted single server (it holds `DATA/lock`, so its previous incarnation is dead)
     /// reclaims what `owner` held: every upload lease of `owner` expires now (the next taker
-    /// repairs, `taken_over`), and every task lease of `owner` is freed so a worker claims
+    /// repairs: its grant counts one more of [`LeaseGrant::takeovers`]), and every task lease of `owner` is freed so a worker claims
     /// the task at once, and every webhook delivery lease of `owner` is freed (the delivery is
     /// sent again under its one id). Fences are not reset. Returns (uploads, tasks) reclaimed.
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)>;
@@ -477,9 +474,6 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// Ids of tombstones marked expired before `before_ms`, at most `limit`.
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>>;
-
-    /// Every unfinished upload that still has bytes (not tombstoned).
-    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>>;
 
     /// Ids of unfinished uploads (not tombstones) that the server itself may have to finish,
     /// oldest change first, at most `limit`: those whose bytes are all stored (length known,

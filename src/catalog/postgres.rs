@@ -13,9 +13,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Row};
 
+use super::postgres_tasks::{settle, Tx};
+use super::sql::{row_to_record, to_i64, COLUMNS};
 use super::Damage;
 use super::{
     join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
@@ -40,48 +42,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct PostgresCatalog {
     pub(super) pool: PgPool,
-}
-
-const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
-     concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired, blob_state, announced";
-
-fn to_i64(v: u64) -> CatalogResult<i64> {
-    i64::try_from(v).map_err(|_| CatalogError::Backend("value exceeds i64".into()))
-}
-
-fn digest32(v: Option<Vec<u8>>) -> CatalogResult<Option<[u8; 32]>> {
-    v.map(|b| <[u8; 32]>::try_from(b.as_slice()).map_err(|_| CatalogError::Backend("stored digest is not 32 bytes".into()))).transpose()
-}
-
-fn row_to_record(r: &PgRow) -> CatalogResult<UploadRecord> {
-    let kind: String = r.try_get("concat_kind")?;
-    let concat = match kind.as_str() {
-        "partial" => Concat::Partial,
-        "final" => {
-            let parts: String = r.try_get::<Option<String>, _>("concat_parts")?.unwrap_or_default();
-            Concat::Final { parts: parts.split_whitespace().map(str::to_owned).collect(), header: r.try_get::<Option<String>, _>("concat_header")?.unwrap_or_default() }
-        }
-        _ => Concat::None,
-    };
-    Ok(UploadRecord {
-        id: r.try_get("id")?,
-        principal: r.try_get("principal")?,
-        length: r.try_get::<Option<i64>, _>("length")?.map(|v| v as u64),
-        offset: r.try_get::<i64, _>("offset")? as u64,
-        metadata: r.try_get("metadata")?,
-        hash_state: r.try_get("hash_state")?,
-        sha256: digest32(r.try_get("sha256")?)?,
-        expected_sha256: digest32(r.try_get("expected_sha256")?)?,
-        concat,
-        created_at_ms: r.try_get("created_at_ms")?,
-        updated_at_ms: r.try_get("updated_at_ms")?,
-        expires_at_ms: r.try_get("expires_at_ms")?,
-        finished_at_ms: r.try_get("finished_at_ms")?,
-        expired: r.try_get::<bool, _>("expired")?,
-        blob_state: r.try_get("blob_state")?,
-        provisional: !r.try_get::<bool, _>("announced")?,
-    })
 }
 
 /// A `postgres://` URL with its password (in the user info or a `password=` parameter)
@@ -278,14 +238,17 @@ impl PostgresCatalog {
     /// concurrent creations of one principal on any replica are checked one after the other.
     async fn insert_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<()> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&rec.principal).execute(&mut *tx).await?;
-        insert_on(&mut *tx, rec, key).await?;
-        let used = usage_on(&mut *tx, &rec.principal, rec.created_at_ms).await?;
-        if let Some(q) = used.exceeds(quota, rec.length.unwrap_or(rec.offset), !rec.is_finished()) {
-            return Err(CatalogError::QuotaExceeded(q));
+        let out: CatalogResult<Tx<_>> = async {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&rec.principal).execute(&mut *tx).await?;
+            insert_on(&mut *tx, rec, key).await?;
+            let used = usage_on(&mut *tx, &rec.principal, rec.created_at_ms).await?;
+            if let Some(q) = used.exceeds(quota, rec.length.unwrap_or(rec.offset), !rec.is_finished()) {
+                return Err(CatalogError::QuotaExceeded(q));
+            }
+            Ok(Tx::Commit(()))
         }
-        tx.commit().await?;
-        Ok(())
+        .await;
+        settle(tx, out).await
     }
 
     /// The live upload of `principal` holding creation key `key`, with its fingerprint.
@@ -306,45 +269,21 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
-        // The partial unique index (principal, creation_key) WHERE live makes the insert the
-        // arbiter across replicas: of concurrent inserts one wins, the others fail and read it.
-        for _ in 0..3 {
-            match self.insert(rec, Some(key)).await {
-                Ok(()) => return Ok(KeyedCreate::Created),
-                Err(CatalogError::AlreadyExists) => {
-                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
-                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
-                    }
-                    if self.get_upload(&rec.id).await?.is_some() {
-                        return Err(CatalogError::AlreadyExists);
-                    }
-                    // The holder went away between the insert and the read: try again.
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CatalogError::Backend("creation key contended too long".into()))
+        // The unique index decides between concurrent holders of the key (`sql::create_keyed`).
+        super::sql::create_keyed(|| self.insert(rec, Some(key)), || self.by_creation_key(&rec.principal, &key.key), || async { Ok(self.get_upload(&rec.id).await?.is_some()) })
+            .await
     }
 
     async fn create_upload_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<KeyedCreate> {
         let Some(key) = key else {
             return self.insert_within(rec, None, quota).await.map(|()| KeyedCreate::Created);
         };
-        for _ in 0..3 {
-            match self.insert_within(rec, Some(key), quota).await {
-                Ok(()) => return Ok(KeyedCreate::Created),
-                Err(CatalogError::AlreadyExists) => {
-                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
-                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
-                    }
-                    if self.get_upload(&rec.id).await?.is_some() {
-                        return Err(CatalogError::AlreadyExists);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CatalogError::Backend("creation key contended too long".into()))
+        super::sql::create_keyed(
+            || self.insert_within(rec, Some(key), quota),
+            || self.by_creation_key(&rec.principal, &key.key),
+            || async { Ok(self.get_upload(&rec.id).await?.is_some()) },
+        )
+        .await
     }
 
     async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
@@ -369,18 +308,21 @@ impl Catalog for PostgresCatalog {
         let principal: Option<String> = sqlx::query_scalar("SELECT principal FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
         let Some(principal) = principal else { return Err(CatalogError::NotFound) };
         let mut tx = self.pool.begin().await?;
-        // The lock `insert_within` takes: creations and reservations of one principal, on
-        // every replica, are decided one after the other.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&principal).execute(&mut *tx).await?;
-        let row = sqlx::query("SELECT length, \"offset\", reserved_to FROM uploads WHERE id = $1 AND NOT expired").bind(id).fetch_optional(&mut *tx).await?;
-        let Some(row) = row else { return Err(CatalogError::NotFound) };
-        let n = |v: i64| v.max(0) as u64;
-        let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
-        let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
-        let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
-        sqlx::query("UPDATE uploads SET reserved_to = $1, reservation = $2 WHERE id = $3").bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(r)
+        let out: CatalogResult<Tx<_>> = async {
+            // The lock `insert_within` takes: creations and reservations of one principal, on
+            // every replica, are decided one after the other.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&principal).execute(&mut *tx).await?;
+            let row = sqlx::query("SELECT length, \"offset\", reserved_to FROM uploads WHERE id = $1 AND NOT expired").bind(id).fetch_optional(&mut *tx).await?;
+            let Some(row) = row else { return Err(CatalogError::NotFound) };
+            let n = |v: i64| v.max(0) as u64;
+            let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
+            let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
+            let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
+            sqlx::query("UPDATE uploads SET reserved_to = $1, reservation = $2 WHERE id = $3").bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
+            Ok(Tx::Commit(r))
+        }
+        .await;
+        settle(tx, out).await
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
@@ -524,15 +466,14 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
-        // SET expressions read the row as it was (so `lease_taken_over` records whether an
+        // SET expressions read the row as it was (so `lease_takeovers` counts whether an
         // expired owner was still named); RETURNING reads it as written. A concurrent taker
         // waits for the row lock, then re-checks the WHERE against the winner's row: Held.
         let row = sqlx::query(
             "UPDATE uploads SET fence = fence + 1, lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, \
-             lease_taken_over = (lease_owner IS NOT NULL), \
              lease_takeovers = lease_takeovers + CASE WHEN lease_owner IS NOT NULL THEN 1 ELSE 0 END \
              WHERE id = $3 AND NOT expired AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms()) \
-             RETURNING fence, lease_expires_ms, lease_taken_over, lease_takeovers",
+             RETURNING fence, lease_expires_ms, lease_takeovers",
         )
         .bind(owner)
         .bind(ttl_ms)
@@ -540,12 +481,7 @@ impl Catalog for PostgresCatalog {
         .fetch_optional(&self.pool)
         .await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant {
-                fence: r.try_get::<i64, _>(0)? as u64,
-                expires_at_ms: r.try_get(1)?,
-                taken_over: r.try_get(2)?,
-                takeovers: r.try_get::<i64, _>(3)? as u64,
-            }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
         let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
         match row {
@@ -586,11 +522,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = FALSE WHERE id = $1 AND fence = $2")
-            .bind(id)
-            .bind(to_i64(fence)?)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = $1 AND fence = $2").bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -657,11 +589,6 @@ impl Catalog for PostgresCatalog {
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
         self.ids("SELECT id FROM uploads WHERE expired AND updated_at_ms < $1 LIMIT $2", before_ms, limit).await
-    }
-
-    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND NOT expired"))).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_record).collect()
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {

@@ -101,18 +101,21 @@ impl EventCatalog for PostgresCatalog {
 
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < $1").bind(before_ms).execute(&mut *tx).await?;
-        // Never an event a webhook's cursor has not passed yet: it has no delivery row until
-        // that webhook's worker (perhaps on a replica that is down) enqueues it.
-        let done = sqlx::query(
-            "DELETE FROM events e WHERE e.at_ms < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq) \
+        let out: CatalogResult<Tx<_>> = async {
+            sqlx::query("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < $1").bind(before_ms).execute(&mut *tx).await?;
+            // Never an event a webhook's cursor has not passed yet: it has no delivery row until
+            // that webhook's worker (perhaps on a replica that is down) enqueues it.
+            let done = sqlx::query(
+                "DELETE FROM events e WHERE e.at_ms < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq) \
              AND e.seq <= (SELECT COALESCE(MIN(last_seq), 9223372036854775807) FROM webhook_cursors)",
-        )
-        .bind(before_ms)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+            )
+            .bind(before_ms)
+            .execute(&mut *tx)
+            .await?;
+            Ok(Tx::Commit(done.rows_affected()))
+        }
+        .await;
+        settle(tx, out).await
     }
 
     async fn enqueue_deliveries(&self, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
@@ -129,28 +132,31 @@ impl EventCatalog for PostgresCatalog {
 
     async fn settle_deliveries(&self, owner: &str, settlements: &[Settlement], now_ms: i64) -> CatalogResult<Vec<bool>> {
         let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(settlements.len());
-        for s in settlements {
-            let (state, status, error, next) = s.outcome.columns();
-            let done = sqlx::query(
-                "UPDATE webhook_deliveries SET state = $1, attempts = attempts + 1, last_attempt_ms = $2, last_status = $3, last_error = $4, \
+        let out: CatalogResult<Tx<_>> = async {
+            let mut applied = Vec::with_capacity(settlements.len());
+            for s in settlements {
+                let (state, status, error, next) = s.outcome.columns();
+                let done = sqlx::query(
+                    "UPDATE webhook_deliveries SET state = $1, attempts = attempts + 1, last_attempt_ms = $2, last_status = $3, last_error = $4, \
                  next_attempt_ms = COALESCE($5, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \
                  WHERE webhook = $6 AND event_seq = $7 AND lease_owner = $8 AND state = 'pending'",
-            )
-            .bind(state)
-            .bind(now_ms)
-            .bind(status.map(i64::from))
-            .bind(error)
-            .bind(next)
-            .bind(&s.webhook)
-            .bind(s.event_seq)
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
-            out.push(done.rows_affected() == 1);
+                )
+                .bind(state)
+                .bind(now_ms)
+                .bind(status.map(i64::from))
+                .bind(error)
+                .bind(next)
+                .bind(&s.webhook)
+                .bind(s.event_seq)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?;
+                applied.push(done.rows_affected() == 1);
+            }
+            Ok(Tx::Commit(applied))
         }
-        tx.commit().await?;
-        Ok(out)
+        .await;
+        settle(tx, out).await
     }
 
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {

@@ -3,69 +3,13 @@
 //! lock of (principal, kind, key), so concurrent starts with one key create at most one run
 //! on every replica.
 
-use std::collections::BTreeMap;
-
 use async_trait::async_trait;
-use serde_json::value::RawValue;
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
-use super::tasks::{NewTask, Progress, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
+use super::sql::{corrupt, json_map, json_text, raw, row_to_task, TASK_COLUMNS};
+use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, PostgresCatalog};
-
-const TASK_COLUMNS: &str = "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
-     input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
-     lease_owner, lease_expires_ms, fence, runs, partial_seq, partial_dropped, partial_mark";
-
-fn corrupt(what: &str) -> CatalogError {
-    CatalogError::Backend(format!("stored task {what} is invalid").into())
-}
-
-fn row_to_task(r: &PgRow) -> CatalogResult<TaskRecord> {
-    let status: String = r.try_get("status")?;
-    let progress: String = r.try_get("progress")?;
-    Ok(TaskRecord {
-        id: r.try_get("id")?,
-        principal: r.try_get("principal")?,
-        kind: r.try_get("kind")?,
-        args: r.try_get("args")?,
-        idempotency_key: r.try_get("idempotency_key")?,
-        status: TaskStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
-        status_message: r.try_get("status_message")?,
-        progress: serde_json::from_str::<Progress>(&progress).map_err(|_| corrupt("progress"))?,
-        checkpoint: r.try_get("checkpoint")?,
-        input_requests: r.try_get("input_requests")?,
-        input_responses: r.try_get("input_responses")?,
-        result: r.try_get("result")?,
-        error: r.try_get("error")?,
-        prior_failure: r.try_get("prior_failure")?,
-        created_at_ms: r.try_get("created_at_ms")?,
-        updated_at_ms: r.try_get("updated_at_ms")?,
-        ttl_ms: r.try_get("ttl_ms")?,
-        lease_owner: r.try_get("lease_owner")?,
-        lease_expires_ms: r.try_get("lease_expires_ms")?,
-        fence: r.try_get::<i64, _>("fence")? as u64,
-        runs: r.try_get::<i64, _>("runs")? as u64,
-        partial_seq: r.try_get::<i64, _>("partial_seq")?.max(0) as u64,
-        partial_dropped: r.try_get::<i64, _>("partial_dropped")?.max(0) as u64,
-        partial_mark: r.try_get::<i64, _>("partial_mark")?.max(0) as u64,
-    })
-}
-
-type JsonMap = BTreeMap<String, Box<RawValue>>;
-
-fn json_map(text: &str) -> CatalogResult<JsonMap> {
-    serde_json::from_str(text).map_err(|_| corrupt("input map"))
-}
-
-fn json_text(map: &JsonMap) -> String {
-    serde_json::to_string(map).expect("a map of raw JSON serialises")
-}
-
-fn raw(text: &str) -> CatalogResult<Box<RawValue>> {
-    RawValue::from_string(text.to_string()).map_err(|e| CatalogError::Backend(Box::new(e)))
-}
 
 /// How a transaction body ends.
 pub(super) enum Tx<T> {

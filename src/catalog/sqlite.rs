@@ -1,14 +1,19 @@
 //! The embedded [`Catalog`]: one SQLite file (`DATA/ferry.db`) in WAL mode with
 //! `synchronous=FULL`, so a committed checkpoint survives power loss.
+//!
+//! Longer than most files (~790 lines) for a reason: it is the upload half of the [`Catalog`]
+//! trait, one method per trait item, plus opening the file and the read cache. What SQLite and
+//! PostgreSQL share is in `sql.rs`; tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+use super::sql::{row_to_record, to_i64, COLUMNS};
 use super::Damage;
 use super::{
     join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
@@ -45,10 +50,6 @@ impl From<sqlx::Error> for CatalogError {
     }
 }
 
-const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
-     concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired, blob_state, announced";
-
 /// The database clock as Unix ms (SQLite: the host clock, read inside the statement).
 pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
@@ -56,44 +57,6 @@ pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.
 const RELEASE_REQUEST_TTL_MS: i64 = 60_000;
 /// How often a [`Catalog::release_requests`] stream polls, on SQLite.
 const RELEASE_POLL: Duration = Duration::from_millis(100);
-
-fn to_i64(v: u64) -> CatalogResult<i64> {
-    i64::try_from(v).map_err(|_| CatalogError::Backend("value exceeds i64".into()))
-}
-
-fn digest32(v: Option<Vec<u8>>) -> CatalogResult<Option<[u8; 32]>> {
-    v.map(|b| <[u8; 32]>::try_from(b.as_slice()).map_err(|_| CatalogError::Backend("stored digest is not 32 bytes".into()))).transpose()
-}
-
-fn row_to_record(r: &SqliteRow) -> CatalogResult<UploadRecord> {
-    let kind: String = r.try_get("concat_kind")?;
-    let concat = match kind.as_str() {
-        "partial" => Concat::Partial,
-        "final" => {
-            let parts: String = r.try_get::<Option<String>, _>("concat_parts")?.unwrap_or_default();
-            Concat::Final { parts: parts.split_whitespace().map(str::to_owned).collect(), header: r.try_get::<Option<String>, _>("concat_header")?.unwrap_or_default() }
-        }
-        _ => Concat::None,
-    };
-    Ok(UploadRecord {
-        id: r.try_get("id")?,
-        principal: r.try_get("principal")?,
-        length: r.try_get::<Option<i64>, _>("length")?.map(|v| v as u64),
-        offset: r.try_get::<i64, _>("offset")? as u64,
-        metadata: r.try_get("metadata")?,
-        hash_state: r.try_get("hash_state")?,
-        sha256: digest32(r.try_get("sha256")?)?,
-        expected_sha256: digest32(r.try_get("expected_sha256")?)?,
-        concat,
-        created_at_ms: r.try_get("created_at_ms")?,
-        updated_at_ms: r.try_get("updated_at_ms")?,
-        expires_at_ms: r.try_get("expires_at_ms")?,
-        finished_at_ms: r.try_get("finished_at_ms")?,
-        expired: r.try_get::<i64, _>("expired")? != 0,
-        blob_state: r.try_get("blob_state")?,
-        provisional: r.try_get::<i64, _>("announced")? == 0,
-    })
-}
 
 impl SqliteCatalog {
     /// Run fenced `update` of upload `id`'s row and, when it changed the row and `from` says
@@ -311,46 +274,21 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
-        // The partial unique index (principal, creation_key) WHERE live makes the insert the
-        // arbiter: of concurrent inserts one wins, the others fail and read the winner.
-        for _ in 0..3 {
-            match self.insert(rec, Some(key)).await {
-                Ok(()) => return Ok(KeyedCreate::Created),
-                Err(CatalogError::AlreadyExists) => {
-                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
-                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
-                    }
-                    if self.get_upload(&rec.id).await?.is_some() {
-                        return Err(CatalogError::AlreadyExists);
-                    }
-                    // The holder went away between the insert and the read: try again.
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CatalogError::Backend("creation key contended too long".into()))
+        // The unique index decides between concurrent holders of the key (`sql::create_keyed`).
+        super::sql::create_keyed(|| self.insert(rec, Some(key)), || self.by_creation_key(&rec.principal, &key.key), || async { Ok(self.get_upload(&rec.id).await?.is_some()) })
+            .await
     }
 
     async fn create_upload_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<KeyedCreate> {
         let Some(key) = key else {
             return self.insert_within(rec, None, quota).await.map(|()| KeyedCreate::Created);
         };
-        // As `create_upload_keyed`: the unique index decides between concurrent holders of the key.
-        for _ in 0..3 {
-            match self.insert_within(rec, Some(key), quota).await {
-                Ok(()) => return Ok(KeyedCreate::Created),
-                Err(CatalogError::AlreadyExists) => {
-                    if let Some((upload, fingerprint)) = self.by_creation_key(&rec.principal, &key.key).await? {
-                        return Ok(KeyedCreate::Existing { upload: Box::new(upload), fingerprint });
-                    }
-                    if self.get_upload(&rec.id).await?.is_some() {
-                        return Err(CatalogError::AlreadyExists);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CatalogError::Backend("creation key contended too long".into()))
+        super::sql::create_keyed(
+            || self.insert_within(rec, Some(key), quota),
+            || self.by_creation_key(&rec.principal, &key.key),
+            || async { Ok(self.get_upload(&rec.id).await?.is_some()) },
+        )
+        .await
     }
 
     async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
@@ -562,13 +500,13 @@ impl Catalog for SqliteCatalog {
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
         // One statement: the condition and the update are atomic (SQLite serialises writers).
-        // SET expressions read the row as it was, so `lease_taken_over` records whether an
+        // SET expressions read the row as it was, so `lease_takeovers` counts whether an
         // (expired) owner was still named; RETURNING reads the row as written.
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE uploads SET fence = fence + 1, lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, \
-             lease_taken_over = (lease_owner IS NOT NULL), lease_takeovers = lease_takeovers + (lease_owner IS NOT NULL) \
+             lease_takeovers = lease_takeovers + (lease_owner IS NOT NULL) \
              WHERE id = ? AND expired = 0 AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW}) \
-             RETURNING fence, lease_expires_ms, lease_taken_over, lease_takeovers"
+             RETURNING fence, lease_expires_ms, lease_takeovers"
         )))
         .bind(owner)
         .bind(ttl_ms)
@@ -576,12 +514,7 @@ impl Catalog for SqliteCatalog {
         .fetch_optional(&self.pool)
         .await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant {
-                fence: r.try_get::<i64, _>(0)? as u64,
-                expires_at_ms: r.try_get(1)?,
-                taken_over: r.try_get::<i64, _>(2)? != 0,
-                takeovers: r.try_get::<i64, _>(3)? as u64,
-            }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
         let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
         match row {
@@ -623,11 +556,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL, lease_taken_over = 0 WHERE id = ? AND fence = ?")
-            .bind(id)
-            .bind(to_i64(fence)?)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?").bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -707,11 +636,6 @@ impl Catalog for SqliteCatalog {
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
         self.ids("SELECT id FROM uploads WHERE expired = 1 AND updated_at_ms < ? LIMIT ?", before_ms, limit).await
-    }
-
-    async fn list_unfinished(&self) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE finished_at_ms IS NULL AND expired = 0"))).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_record).collect()
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {

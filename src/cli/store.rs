@@ -67,9 +67,7 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> CliError {
     CliError::new(EXIT_FAILURE, format!("{what} {}: {e}", path.display())).hint("Set FERRY_CACHE_DIR to a writable directory.")
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+use crate::clock::now_ms;
 
 impl Store {
     /// The store in [`cache_dir`].

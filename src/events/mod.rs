@@ -41,6 +41,12 @@ pub const TICK: Duration = Duration::from_millis(25);
 pub const HEAD_UNKNOWN_SEQ: i64 = -1;
 /// Events read per catalog query.
 const PAGE: u32 = 256;
+/// The longest a [`Changes::wait`] sleeps while the head is known and does not move: a bounded
+/// fallback, so that a change the head watcher somehow did not publish delays a waiter by this
+/// much at worst instead of hanging it. Every change a waiter waits for (a task's status, a
+/// concatenation finishing) writes an event, so in practice the watcher wakes it within a
+/// [`TICK`] of the commit, on any replica.
+pub const WAIT_FALLBACK: Duration = Duration::from_secs(10);
 
 /// Shared handle: read the outbox for one principal, list deliveries.
 pub struct Events {
@@ -114,6 +120,49 @@ impl DeliveryView {
     }
 }
 
+/// One way to wait for a change (a task leaving `working`, a concatenation finishing): the
+/// outbox head as [`Events::spawn_head_watcher`] publishes it. Every state change waited for
+/// commits an event in its own transaction, and the watcher reads the head every [`TICK`] on
+/// every catalog (SQLite without notifications too), so a change by this process or another
+/// replica wakes the waiter within a tick. Waiters re-check their condition after each wake:
+/// most wakes are other changes.
+///
+/// A change committed after the subscription was taken (or after the last wake) is never
+/// missed: the watch remembers it until the next [`Changes::wait`].
+pub struct Changes {
+    head: tokio::sync::watch::Receiver<i64>,
+}
+
+/// Why [`Changes::wait`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// The outbox head moved (or its watcher went away): re-check.
+    Changed,
+    /// Nothing was published within the wait: the caller's `at_most` passed, or the fallback
+    /// ([`WAIT_FALLBACK`], [`POLL`] while the head is unknown) did.
+    TimedOut,
+}
+
+impl Changes {
+    /// Wait until the outbox head moves, at most `at_most`, and at most [`WAIT_FALLBACK`]
+    /// ([`POLL`] while the head is unknown: the watcher is failing or has not read it yet).
+    pub async fn wait(&mut self, at_most: Duration) -> Woken {
+        let fallback = if *self.head.borrow() == HEAD_UNKNOWN_SEQ { POLL } else { WAIT_FALLBACK };
+        match tokio::time::timeout(at_most.min(fallback), self.head.changed()).await {
+            Ok(Ok(())) => {
+                self.head.borrow_and_update();
+                Woken::Changed
+            }
+            Ok(Err(_)) => {
+                // The watcher is gone (shutting down): fall back to polling.
+                tokio::time::sleep(at_most.min(POLL)).await;
+                Woken::Changed
+            }
+            Err(_) => Woken::TimedOut,
+        }
+    }
+}
+
 /// Where a follower starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cursor {
@@ -142,6 +191,13 @@ impl Events {
     /// A receiver of the outbox head (the last event seq seen by the head watcher).
     pub fn head(&self) -> tokio::sync::watch::Receiver<i64> {
         self.head.subscribe()
+    }
+
+    /// A subscription to "something changed": woken when any event commits, on any replica
+    /// (see [`Changes`]). Take it **before** checking the condition waited for, so that a
+    /// change between the check and the wait is not missed.
+    pub fn changes(&self) -> Changes {
+        Changes { head: self.head() }
     }
 
     /// Read the outbox head every [`TICK`] while anyone holds a [`Events::head`] receiver, and

@@ -84,8 +84,9 @@ enum Next {
 const QUIET_POLL: Duration = Duration::from_secs(10);
 
 /// The delay before attempt `attempts + 1` (after `attempts` failed ones): 1 s, 2 s, 4 s… capped.
+/// The attempt count is the delivery's, kept in the catalog ([`crate::retry::delay_after`]).
 pub fn backoff(attempts: u32) -> Duration {
-    FIRST_BACKOFF.saturating_mul(1u32.checked_shl(attempts.min(31)).unwrap_or(u32::MAX)).min(MAX_BACKOFF)
+    crate::retry::delay_after(crate::retry::doubling(FIRST_BACKOFF, MAX_BACKOFF), attempts)
 }
 
 impl WebhookWorker {

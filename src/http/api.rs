@@ -381,8 +381,7 @@ fn opt_whole_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, 
     .transpose()
 }
 
-/// Milliseconds between polls a client should wait.
-const POLL_AFTER_MS: u64 = 1000;
+use crate::tasks::POLL_AFTER_MS;
 
 /// The status payload of a task. Never carries the arguments (`GET /tasks/{id}/args`).
 #[derive(Serialize, ToSchema)]

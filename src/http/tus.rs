@@ -187,11 +187,18 @@ pub async fn create(
         // background (HEAD shows no Upload-Offset until then).
         let task = start_concat(&s, &p, &rec.id).await?;
         let deadline = tokio::time::Instant::now() + CONCAT_WAIT;
-        while tokio::time::Instant::now() < deadline {
+        // Subscribed before the first look: the task's end (an event, on whichever replica
+        // runs it) wakes the wait.
+        let mut changes = s.events.changes();
+        loop {
             if s.tasks.get(&p, &task).await.map(|t| t.status.is_terminal()).unwrap_or(true) {
                 break;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            changes.wait(left).await;
         }
         s.engine.get(&p, &rec.id).await?
     } else {

@@ -48,6 +48,7 @@ use crate::app::views::{file_view, FileSummary};
 use crate::app::{AppState, McpConfig, Principal, LOCAL_PRINCIPAL};
 use crate::catalog::{TaskRecord, TaskStatus as FerryStatus, UploadRecord};
 use crate::signing::Scope;
+use crate::tasks::POLL_AFTER_MS;
 use crate::upload::now_ms;
 use args::*;
 use envelope::{failure, file_uri, resource_link, result};
@@ -74,8 +75,9 @@ pub const MAX_WAIT_MS: u64 = 50_000;
 pub const MAX_READ_CHUNK: u64 = 65_536;
 /// Largest file `resources/read` inlines as text, bytes.
 pub const MAX_RESOURCE_TEXT: u64 = 65_536;
-/// Poll interval suggested to clients, ms.
-const POLL_AFTER_MS: u64 = 1_000;
+/// How often a `task_get` long-poll with a progress token reads the task for progress (which,
+/// unlike a status change, commits no event to wake it).
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 /// Lifetime of the signed upload URL `file_upload_begin` returns, ms (24 h).
 const UPLOAD_URL_TTL_MS: u64 = 24 * 3600 * 1000;
 /// Lifetime of download URLs in results, ms (1 h).
@@ -433,6 +435,10 @@ impl FerryMcp {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         let mut last = None;
         let mut sent = 0.0f64;
+        // Subscribed before the first read, so a status change after it wakes the wait (every
+        // status change commits an event; progress does not, so with a progress token the task
+        // is also read every PROGRESS_EVERY).
+        let mut changes = self.state.events.changes();
         loop {
             let t = self.state.tasks.get(p, id).await?;
             if let Some(tok) = &token {
@@ -458,8 +464,15 @@ impl FerryMcp {
             if t.status != FerryStatus::Working || tokio::time::Instant::now() >= deadline || ctx.ct.is_cancelled() {
                 return Ok(t);
             }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let at_most = if token.is_some() { left.min(PROGRESS_EVERY) } else { left };
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                woken = changes.wait(at_most) => {
+                    // Nothing changed up to the deadline: the last read is the answer.
+                    if woken == crate::events::Woken::TimedOut && tokio::time::Instant::now() >= deadline {
+                        return Ok(t);
+                    }
+                }
                 _ = ctx.ct.cancelled() => return Ok(t),
             }
         }

@@ -22,6 +22,10 @@ pub use crate::catalog::{Progress, TaskRecord, TaskStatus};
 pub use context::JobContext;
 pub use engine::{Engine, Started, TaskConfig};
 
+/// How long a client should wait between two polls of a task that has not ended, ms (REST
+/// `poll_after_ms`, MCP `poll_after_ms` and `pollIntervalMs`).
+pub const POLL_AFTER_MS: u64 = 1_000;
+
 /// How a job run ended other than with a result.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {

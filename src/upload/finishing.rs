@@ -64,9 +64,11 @@ pub fn finishing_error(rec: &UploadRecord, why: &Refusal) -> Refusal {
     .with_retry_after(FINISH_RETRY_AFTER_SECS)
 }
 
-/// Per-upload backoff of the background finisher (this process's; other replicas keep their own).
+/// Per-upload backoff of the background finisher (this process's; other replicas keep their
+/// own): when the next attempt is due and how many failed, on [`crate::retry::doubling`] from
+/// [`FINISH_BACKOFF_MIN`] to [`FINISH_BACKOFF_MAX`].
 #[derive(Default)]
-pub struct Backoff(Mutex<HashMap<String, (Instant, Duration)>>);
+pub struct Backoff(Mutex<HashMap<String, (Instant, u32)>>);
 
 impl Backoff {
     fn due(&self, id: &str) -> bool {
@@ -75,8 +77,9 @@ impl Backoff {
 
     fn failed(&self, id: &str) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let wait = m.get(id).map_or(FINISH_BACKOFF_MIN, |(_, w)| (*w * 2).min(FINISH_BACKOFF_MAX));
-        m.insert(id.to_string(), (Instant::now() + wait, wait));
+        let failed = m.get(id).map_or(0, |(_, n)| n.saturating_add(1));
+        let wait = crate::retry::delay_after(crate::retry::doubling(FINISH_BACKOFF_MIN, FINISH_BACKOFF_MAX), failed);
+        m.insert(id.to_string(), (Instant::now() + wait, failed));
     }
 
     fn seen(&self, id: &str) -> bool {

@@ -102,7 +102,6 @@ impl Validity {
 pub struct Lease {
     stop: CancellationToken,
     fence: Option<u64>,
-    taken_over: bool,
     /// Takeovers of the upload's catalog lease, this one included (`None` for in-process leases).
     takeovers: Option<u64>,
     validity: Validity,
@@ -128,13 +127,6 @@ impl Lease {
         self.takeovers.unwrap_or(0)
     }
 
-    /// The lease was taken from a holder that never released it: repair the blob before
-    /// trusting bytes past the committed offset (reopening the writer at the committed state
-    /// does it).
-    pub fn taken_over(&self) -> bool {
-        self.taken_over
-    }
-
     /// Whether the lease is still ours by our own clock; checked before each batch of bytes
     /// becomes part of the upload. A shared handle the writer keeps.
     pub fn validity(&self) -> Validity {
@@ -158,7 +150,7 @@ impl LocalLocker {
 impl Locker for LocalLocker {
     async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError> {
         let g = self.table.take(id, want, wait).await.ok_or(LockError::Locked)?;
-        Ok(Lease { stop: g.stop.clone(), fence: None, taken_over: false, takeovers: None, validity: Validity::default(), _hold: Box::new(g) })
+        Ok(Lease { stop: g.stop.clone(), fence: None, takeovers: None, validity: Validity::default(), _hold: Box::new(g) })
     }
 
     fn fences(&self) -> bool {
@@ -305,7 +297,7 @@ impl Locker for CatalogLocker {
                     let heartbeat = spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
                     let stop = local.stop.clone();
                     let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, heartbeat, local: Some(local) };
-                    return Ok(Lease { stop, fence: Some(g.fence), taken_over: g.taken_over, takeovers: Some(g.takeovers), validity, _hold: Box::new(hold) });
+                    return Ok(Lease { stop, fence: Some(g.fence), takeovers: Some(g.takeovers), validity, _hold: Box::new(hold) });
                 }
                 LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
                 LeaseOutcome::Held { .. } => {

@@ -6,7 +6,7 @@
 //! renders what this module returns; it never touches files or SQL.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use crate::error::{ErrorCode, Next, Refusal};
 use ferry_tus::{CreationPlan, IdempotencyKey, PatchPlan, UploadConcat};
@@ -130,10 +130,7 @@ pub struct UploadEngine {
     pub(crate) fences: locks::FenceCache,
 }
 
-/// Current Unix time in ms.
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 /// Expired: swept already, or past its expiry — unfinished past `Upload-Expires` (TUS 1.0
 /// §Expiration), or finished past its retention (as [`UploadEngine::get`] fills it in).

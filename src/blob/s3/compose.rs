@@ -14,7 +14,9 @@ use object_store::path::Path;
 use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::state::{fixed_part_size, MAX_PARTS};
-use super::{bounded, classify_message, deadline_for, io, retry_config, Failure, Inner, REQUEST_DEADLINE};
+use backon::Retryable;
+
+use super::{bounded, classify_message, deadline_for, io, own_retries, Failure, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult};
 
 impl Inner {
@@ -39,12 +41,11 @@ impl Inner {
             .with_signed_header(http::HeaderName::from_static("x-amz-copy-source-range"), range_h.clone());
         let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
         let unavailable = |what: String| BlobError::Unavailable(format!("UploadPartCopy of {from} {source_range} into part {}: {what}", idx + 1));
-        let mut attempt = 0;
-        let body = loop {
+        let attempt = || async {
             let sent = self.http.put(url.clone()).header("x-amz-copy-source", src_h.clone()).header("x-amz-copy-source-range", range_h.clone()).send().await;
-            let failure = match sent {
+            Err(match sent {
                 Ok(r) if r.status().is_success() => match r.text().await {
-                    Ok(body) if !body.contains("<Error>") => break body,
+                    Ok(body) if !body.contains("<Error>") => return Ok(body),
                     Ok(body) => (classify_message(&format!("Server returned error response: {body}")), body),
                     Err(e) => (Failure::Unavailable, e.to_string()),
                 },
@@ -54,15 +55,13 @@ impl Inner {
                     (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}"))
                 }
                 Err(e) => (Failure::Unavailable, e.to_string()),
-            };
-            // The same bounded retries object_store gives its own requests ([`retry_config`]).
-            attempt += 1;
-            match failure {
-                (Failure::Unavailable, _) if attempt <= retry_config().max_retries => tokio::time::sleep(Duration::from_millis(100 << attempt.min(3))).await,
-                (Failure::Unavailable, what) => return Err(unavailable(what)),
-                (Failure::NotFound, _) => return Err(BlobError::NotFound),
-                (Failure::Other, what) => return Err(BlobError::Io(std::io::Error::other(format!("UploadPartCopy of {from} {source_range}: {what}")))),
-            }
+            })
+        };
+        let body = match attempt.retry(own_retries()).when(|(f, _)| *f == Failure::Unavailable).await {
+            Ok(body) => body,
+            Err((Failure::Unavailable, what)) => return Err(unavailable(what)),
+            Err((Failure::NotFound, _)) => return Err(BlobError::NotFound),
+            Err((Failure::Other, what)) => return Err(BlobError::Io(std::io::Error::other(format!("UploadPartCopy of {from} {source_range}: {what}")))),
         };
         let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| unavailable(format!("no ETag in the answer: {body}")))?;
         Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
@@ -89,28 +88,26 @@ impl Inner {
         let url = self.s3.signed_url_opts(http::Method::POST, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
         let lost = |what: String| BlobError::Lost { kept: 0, why: format!("S3 refused to complete its multipart upload: {what}") };
         let deadline = REQUEST_DEADLINE + Duration::from_millis(parts.len() as u64 * 5);
-        let mut attempt = 0;
-        loop {
+        let attempt = || async {
             let sent = tokio::time::timeout(deadline, async {
                 let r = self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone()).send().await?;
                 let status = r.status();
                 Ok::<_, reqwest::Error>((status, r.text().await?))
             })
             .await;
-            let failure = match sent {
+            Err(match sent {
                 Ok(Ok((status, body))) if status.is_success() && !body.contains("<Error>") => return Ok(()),
                 Ok(Ok((status, body))) if status.is_success() => (classify_message(&format!("Server returned error response: {body}")), body),
                 Ok(Ok((status, body))) => (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}")),
                 Ok(Err(e)) => (Failure::Unavailable, e.to_string()),
                 Err(_) => (Failure::Unavailable, format!("no answer within {} s", deadline.as_secs())),
-            };
-            attempt += 1;
-            match failure {
-                (Failure::Unavailable, _) if attempt <= retry_config().max_retries => tokio::time::sleep(Duration::from_millis(100 << attempt.min(3))).await,
-                (Failure::Unavailable, what) => return Err(BlobError::Unavailable(format!("CompleteMultipartUpload of {to}: {what}"))),
-                (Failure::NotFound, what) => return Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it): {what}"))),
-                (Failure::Other, what) => return Err(lost(what)),
-            }
+            })
+        };
+        match attempt.retry(own_retries()).when(|(f, _)| *f == Failure::Unavailable).await {
+            Ok(()) => Ok(()),
+            Err((Failure::Unavailable, what)) => Err(BlobError::Unavailable(format!("CompleteMultipartUpload of {to}: {what}"))),
+            Err((Failure::NotFound, what)) => Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it): {what}"))),
+            Err((Failure::Other, what)) => Err(lost(what)),
         }
     }
 
