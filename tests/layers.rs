@@ -39,8 +39,10 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
 /// `config` itself). `main.rs` and `lib.rs` belong to no layer and are not checked.
 const CONFIG_READERS: &[&str] = &["config", "serve", "check_command", "token_command"];
 
-/// Leaf modules: they name no module of the crate at all.
-const LEAVES: &[&str] = &["units"];
+/// Leaf modules: they name no module of the crate at all (each defines one concept every layer
+/// may use: sizes and durations, the clock, the backoff schedule, the error catalogue, framed
+/// blob states).
+const LEAVES: &[&str] = &["units", "clock", "retry", "error", "framed"];
 
 /// Layers that must not do file or SQL I/O themselves (text that would mean they do).
 const NO_STORAGE: &[&str] = &["http", "mcp", "app"];
@@ -242,6 +244,69 @@ fn config_is_on_no_import_cycle() {
     assert!(config_imports.contains("tasks") && config_imports.contains("events"), "config maps onto the engines' types: {config_imports:?}");
     let back: Vec<String> = tops_naming("config").intersection(&config_imports).cloned().collect();
     assert!(back.is_empty(), "config and these import each other: {back:?}");
+}
+
+/// Test-only top-level modules (`#[cfg(test)]` in lib.rs): checks that look at several layers
+/// at once; they are in no layer and on no cycle of the built crate.
+const TEST_ONLY: &[&str] = &["error_catalogue_tests"];
+
+/// Which top-level modules each top-level module of `src/` names (itself and [`TEST_ONLY`] left out).
+fn top_level_imports(files: &[(PathBuf, String)]) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for (rel, src) in files {
+        let module = module_path(rel);
+        let Some(top) = module.first().cloned() else { continue };
+        if top == "main" || top == "lib" || TEST_ONLY.contains(&top.as_str()) {
+            continue;
+        }
+        let names = imported_modules(&module, src);
+        graph.entry(top.clone()).or_default().extend(names.into_iter().filter(|n| *n != top && !TEST_ONLY.contains(&n.as_str())));
+    }
+    graph
+}
+
+/// Top-level modules that reach each other through imports (a cycle of any length), sorted.
+fn import_cycles(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let reach = |from: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.to_string()];
+        while let Some(m) = todo.pop() {
+            for n in graph.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut out = Vec::new();
+    for a in graph.keys() {
+        for b in reach(a) {
+            if a < &b && reach(&b).contains(a) {
+                out.push((a.clone(), b));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_folders_of_src_import_each_other() {
+    let cycles = import_cycles(&top_level_imports(&source_tree()));
+    assert!(cycles.is_empty(), "top-level modules that import each other (directly or around a cycle): {cycles:?}");
+}
+
+#[test]
+fn the_cycle_checker_catches_a_cycle_around_three_modules() {
+    let files: Vec<(PathBuf, String)> = vec![
+        (PathBuf::from("upload/mod.rs"), "use crate::catalog::Catalog;".into()),
+        (PathBuf::from("catalog/mod.rs"), "fn f() { crate::blob::g() }".into()),
+        (PathBuf::from("blob/mod.rs"), "use crate::upload::UploadEngine;".into()),
+        (PathBuf::from("http/mod.rs"), "use crate::upload::UploadEngine;".into()),
+    ];
+    let cycles = import_cycles(&top_level_imports(&files));
+    let pairs: Vec<(&str, &str)> = cycles.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    assert_eq!(pairs, vec![("blob", "catalog"), ("blob", "upload"), ("catalog", "upload")]);
 }
 
 #[test]

@@ -1,5 +1,9 @@
 //! The distributed [`Catalog`]: PostgreSQL (sqlx), shared by every replica.
 //!
+//! One file of ~700 lines because it is the upload half of the [`Catalog`] trait, one method per
+//! item; what both catalogs share is in `sql.rs`, tasks and events in `postgres_tasks.rs` and
+//! `postgres_events.rs`.
+//!
 //! The same rows as the SQLite catalog (migrations/postgres/ mirrors migrations/sqlite/), with
 //! the differences that matter across processes:
 //! - leases and claims compare against the **database's** clock (`ferry_now_ms()`), never a

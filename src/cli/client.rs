@@ -2,6 +2,9 @@
 //! client, the first contact with the server (fail fast when nothing or something else than ferry
 //! answers), RFC 9457 problem bodies, retry with exponential backoff, and the exit codes of
 //! every client command ([`EXIT_CODES`]).
+//!
+//! One file of ~790 lines because every client command shares this plumbing; the commands
+//! themselves live in their own files.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

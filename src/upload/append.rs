@@ -1,5 +1,9 @@
 //! Appending a chunk (TUS 1.0 §PATCH, §Checksum, checksum-trailer, creation-with-upload):
 //! stream the body into the blob while hashing, and checkpoint per DESIGN §2.
+//!
+//! One file of ~890 lines because it is one PATCH's state machine (open under the lease, stream,
+//! background checkpoints, the ways a body ends, completion); hashing is in `hash.rs`, the
+//! free-space watch in `exhausted.rs`.
 
 use std::fmt::Display;
 use std::sync::Arc;
