@@ -9,32 +9,22 @@ import { fileURLToPath } from 'node:url'
 const here = dirname(fileURLToPath(import.meta.url))
 const dist = join(here, 'dist')
 mkdirSync(dist, { recursive: true })
-await build({
-  entryPoints: [join(here, 'src/app.js')],
-  outfile: join(dist, 'app.js'),
-  bundle: true,
-  minify: true,
-  format: 'iife',
-  platform: 'browser',
-  target: ['chrome111', 'firefox115', 'safari16'],
-  legalComments: 'eof',
-  charset: 'utf8',
-  logLevel: 'warning',
-})
-// The request-a-file page's hashing worker (src/hash.js → /assets/hash.js): a classic worker
-// script, WebAssembly sha256 inline.
-await build({
-  entryPoints: [join(here, 'src/hash.js')],
-  outfile: join(dist, 'hash.js'),
-  bundle: true,
-  minify: true,
-  format: 'iife',
-  platform: 'browser',
-  target: ['chrome111', 'firefox115', 'safari16'],
-  legalComments: 'eof',
-  charset: 'utf8',
-  logLevel: 'warning',
-})
+// The page's script, and the request-a-file page's hashing worker (src/hash.js →
+// /assets/hash.js: a classic worker script, WebAssembly sha256 inline).
+for (const name of ['app.js', 'hash.js']) {
+  await build({
+    entryPoints: [join(here, 'src', name)],
+    outfile: join(dist, name),
+    bundle: true,
+    minify: true,
+    format: 'iife',
+    platform: 'browser',
+    target: ['chrome111', 'firefox115', 'safari16'],
+    legalComments: 'eof',
+    charset: 'utf8',
+    logLevel: 'warning',
+  })
+}
 await build({
   entryPoints: [join(here, 'src/app.css')],
   outfile: join(dist, 'app.css'),
