@@ -756,7 +756,7 @@ fn for_model(e: &Refusal, tool: &str) -> String {
         ErrorCode::NotFound | ErrorCode::UploadIncomplete => match &e.next {
             Next::UnknownFiles { ids, many } => {
                 let (what, them) = if *many { ("ids", "them") } else { ("id", "it") };
-                format!("No file of yours has the {what} {ids} (never created, deleted, or expired): check {them} with file_list (MCP) or GET /api/v1/files, and start the task again with ids of finished files.")
+                format!("No file of yours has the {what} {ids} (never created, deleted, or expired): check {them} with {}, and call {again} again with ids of finished files.", call("file_list"))
             }
             Next::UnfinishedFiles { ids } => format!(
                 "Finish uploading {ids} ({} shows the offset; {} sends the rest), then call {again} again.",
