@@ -8,7 +8,7 @@ mod common;
 use common::cli::*;
 use common::*;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -81,16 +81,10 @@ async fn stdin_from_a_real_program() {
 }
 
 /// Spawn `args` with stderr read line by line on a thread; returns the child and the lines.
-fn spawn_with_stderr(mut c: Command) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+fn spawn_with_stderr(mut c: Command) -> (std::process::Child, StderrLines) {
     let mut child = c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    (child, rx)
+    let lines = StderrLines::take(&mut child);
+    (child, lines)
 }
 
 /// Item 7, "what happens when the CLI dies mid-pipe": the server keeps what it acknowledged;
@@ -124,7 +118,7 @@ async fn pipe_killed_midway(s: &Server, cache: &Path, src: &Path, extra: &[&str]
     c.stdin(std::fs::File::open(src).unwrap());
     let (mut first, lines) = spawn_with_stderr(c);
     let url = tokio::task::block_in_place(|| loop {
-        let l = lines.recv_timeout(std::time::Duration::from_secs(60)).expect("the CLI names its upload");
+        let l = lines.next().expect("the CLI names its upload");
         if let Some(rest) = l.split("uploading into ").nth(1) {
             break rest.split_whitespace().next().unwrap().to_string();
         }

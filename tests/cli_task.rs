@@ -249,30 +249,10 @@ async fn bearer_token() {
 }
 
 /// Spawn `ferry task ARGS…` with stderr read line by line on a thread.
-fn spawn_task(server: &str, args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
-    use std::io::{BufRead, BufReader};
+fn spawn_task(server: &str, args: &[&str]) -> (std::process::Child, StderrLines) {
     let mut child = ferry_task(server, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    (child, rx)
-}
-
-/// Read stderr lines until one contains `needle`; returns them all.
-fn stderr_until(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    loop {
-        let l = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no stderr line with {needle:?}; so far: {seen:?}"));
-        let done = l.contains(needle);
-        seen.push(l);
-        if done {
-            return seen;
-        }
-    }
+    let lines = StderrLines::take(&mut child);
+    (child, lines)
 }
 
 /// Wait for the child (killed after 60 s) and return its output.
@@ -297,14 +277,14 @@ async fn get_wait_follows_live_events() {
     let id = api.start("external", "{}").await["id"].as_str().unwrap().to_string();
     let other = api.start("external", "{}").await["id"].as_str().unwrap().to_string();
     let (child, rx) = spawn_task(&s.base, &["get", "--wait", &id]);
-    tokio::task::block_in_place(|| stderr_until(&rx, "following live events"));
+    tokio::task::block_in_place(|| rx.until("following live events"));
     // Another task's status event does not end the wait.
     let r = client().post(s.url(&format!("/api/v1/tasks/{other}/cancel"))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let r = client().post(s.url(&format!("/api/v1/tasks/{id}/complete"))).body(r#"{"result":{"rows":3}}"#).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let o = finish(child).await;
-    let rest: Vec<String> = rx.try_iter().collect();
+    let rest = tokio::task::block_in_place(|| rx.rest());
     let v = ok_json(&o);
     assert_eq!((v["id"].as_str(), v["status"].as_str(), v["result"]["rows"].as_u64()), (Some(id.as_str()), Some("completed"), Some(3)));
     assert!(rest.iter().any(|l| l.contains(&format!("task {id} is completed (event evt_"))), "{rest:?}");
@@ -324,7 +304,7 @@ async fn get_wait_polls_without_the_stream() {
     proxy.set(Some(std::sync::Arc::new(|_: &http::Method, pq: &str| pq.starts_with("/api/v1/events"))));
     let id = Api::new(&s).start("external", "{}").await["id"].as_str().unwrap().to_string();
     let (child, rx) = spawn_task(&proxy.url, &["get", "--wait", &id]);
-    let seen = tokio::task::block_in_place(|| stderr_until(&rx, "polling task"));
+    let seen = tokio::task::block_in_place(|| rx.until("polling task"));
     assert!(seen.iter().any(|l| l.contains("no live events (GET /api/v1/events answered HTTP 503)")), "{seen:?}");
     let r = client().post(s.url(&format!("/api/v1/tasks/{id}/fail"))).body(r#"{"message":"no"}"#).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -12,9 +12,7 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::Duration;
 
 /// The ```LANG block of README.md's "### Waiting for a task from Python or JavaScript".
@@ -81,19 +79,13 @@ async fn run_block(s: &Server, lang: &str, id: &str, other: Option<&str>, finish
         (p, loopback_command(py))
     };
     let mut child = cmd.arg(&script).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let (tx, rx) = mpsc::channel::<String>();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = StderrLines::take(&mut child);
     let task_url = format!("{}/api/v1/tasks/{id}", s.base);
     let events_url = format!("{}/api/v1/events", s.base);
     let mut log = Vec::new();
     // Subscribed, then read the task: now only an event can tell it the task ended.
     while !log.iter().any(|l: &String| l == &format!("GOT {task_url}")) {
-        let line = tokio::task::block_in_place(|| rx.recv_timeout(Duration::from_secs(60))).unwrap_or_else(|_| panic!("{lang}: no read of the task; stderr so far: {log:?}"));
+        let line = tokio::task::block_in_place(|| rx.next()).unwrap_or_else(|| panic!("{lang}: no read of the task; stderr so far: {log:?}"));
         log.push(line);
     }
     assert_eq!(log.iter().find(|l| l.starts_with("GOT ")).map(String::as_str), Some(format!("GOT {events_url}").as_str()), "{lang}: subscribe first: {log:?}");
@@ -113,7 +105,7 @@ async fn run_block(s: &Server, lang: &str, id: &str, other: Option<&str>, finish
             panic!("{lang}: the README block did not end after the task did");
         }
     };
-    log.extend(rx.try_iter());
+    log.extend(tokio::task::block_in_place(|| rx.rest()));
     assert!(out.status.success(), "{lang}: {}\n{log:?}", out.status);
     let reads = log.iter().filter(|l| **l == format!("GOT {task_url}")).count();
     assert_eq!(reads, 2, "{lang}: one read after subscribing, one on the status event: {log:?}");

@@ -685,3 +685,45 @@ pub async fn assert_stored_sha256(server: &Server, url: &str, sha256_hex_want: &
     let want = format!("sha-256=:{}:", base64::engine::general_purpose::STANDARD.encode(hex::decode(sha256_hex_want).unwrap()));
     assert_eq!(digest.as_deref(), Some(want.as_str()), "GET {url}: Repr-Digest");
 }
+
+/// A child's stderr, read line by line on a thread so a test can wait for a line while the
+/// child runs and still see every line it wrote once it has exited.
+pub struct StderrLines(std::sync::mpsc::Receiver<String>);
+
+impl StderrLines {
+    /// Take `child`'s piped stderr. Panics if stderr was not `Stdio::piped()`.
+    pub fn take(child: &mut Child) -> StderrLines {
+        let err = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        StderrLines(rx)
+    }
+
+    /// The next line, waiting at most 60 s; `None` once stderr is closed or nothing came.
+    pub fn next(&self) -> Option<String> {
+        self.0.recv_timeout(Duration::from_secs(60)).ok()
+    }
+
+    /// Lines up to and including the first containing `needle`; panics after 60 s without one.
+    pub fn until(&self, needle: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let l = self.next().unwrap_or_else(|| panic!("no stderr line with {needle:?}; so far: {seen:?}"));
+            let done = l.contains(needle);
+            seen.push(l);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    /// Every line still to come, up to the end of stderr: call it once the child has exited,
+    /// so lines the reader thread has not passed on yet are not lost (at most 60 s).
+    pub fn rest(&self) -> Vec<String> {
+        std::iter::from_fn(|| self.next()).collect()
+    }
+}
