@@ -237,6 +237,9 @@ pub enum Next {
     UnknownFiles { ids: String, many: bool },
     /// A task's input files are not finished uploads yet (`ids`, comma-separated).
     UnfinishedFiles { ids: String },
+    /// A final upload (TUS 1.0 §Concatenation) is not built yet: it is built by the server once
+    /// each of its parts is uploaded; nothing is sent to the final itself.
+    AwaitParts,
 }
 
 /// What went wrong with a checksum trailer.
@@ -422,6 +425,7 @@ pub(crate) mod tests_support {
             Next::ArgsSchema { kind: "archive".into() },
             Next::UnknownFiles { ids: "aaaaaaaaaaaaaaaaaaaaaaaaaa".into(), many: false },
             Next::UnfinishedFiles { ids: "aaaaaaaaaaaaaaaaaaaaaaaaaa".into() },
+            Next::AwaitParts,
         ];
         all.iter().for_each(covered);
         all
@@ -441,7 +445,8 @@ pub(crate) mod tests_support {
             | Next::ListTasks
             | Next::ArgsSchema { .. }
             | Next::UnknownFiles { .. }
-            | Next::UnfinishedFiles { .. } => {}
+            | Next::UnfinishedFiles { .. }
+            | Next::AwaitParts => {}
         }
     }
 }

@@ -621,3 +621,31 @@ async fn serve_stdio_is_quiet_on_stderr() {
     assert!(err.contains("listening on http://127.0.0.1:"), "{err}");
     assert!(!err.contains(" INFO "), "no INFO lines under --stdio: {err}");
 }
+
+/// What the transport refuses before any tool runs is a JSON-RPC error a client can read
+/// (`id` null), not a line of text: a malformed body is a parse error (400, -32700); a wrong
+/// Content-Type or a call without a session keeps its status as an invalid request (-32600).
+#[tokio::test]
+async fn transport_refusals_are_json_rpc_errors() {
+    let s = Server::start(&[]);
+    let c = common::client();
+    let post = |ct: Option<&'static str>, body: &'static str| {
+        let mut r = c.post(s.url("/mcp")).header("Accept", "application/json, text/event-stream").body(body);
+        if let Some(ct) = ct {
+            r = r.header("Content-Type", ct);
+        }
+        r.send()
+    };
+    for (ct, body, status, code) in [
+        (Some("application/json"), "{not json", 400, -32700),
+        (None, r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#, 415, -32600),
+        (Some("application/json"), r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#, 400, -32600),
+    ] {
+        let r = post(ct, body).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        assert_eq!(common::header(&r, "content-type"), Some("application/json"), "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!((v["jsonrpc"].as_str(), v["id"].is_null(), v["error"]["code"].as_i64()), (Some("2.0"), true, Some(code)), "{v}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty(), "{v}");
+    }
+}

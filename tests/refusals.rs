@@ -183,6 +183,7 @@ async fn every_refused_creation_leaves_no_upload_blob_event_or_quota_use() {
     let refused = |what: &str, r: &reqwest::Response, status: u16| {
         assert_eq!(r.status().as_u16(), status, "{what}");
         assert!(header(r, "location").is_none(), "{what}: a refusal names no upload");
+        assert!(header(r, "upload-offset").is_none(), "{what}: nothing is left to resume");
     };
     let sha_of = |d: &[u8]| sha256_hex(d);
     fn ascii<'a>(h: &'a [(&'a str, String)]) -> Vec<(&'a str, &'a str)> {

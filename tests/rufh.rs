@@ -288,7 +288,14 @@ async fn digests_are_checked() {
     let r = create(&t, &[("Upload-Complete", "?0")], None).await;
     let url = location(&t, &r);
     let r = draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", &bad)], Some(data.clone())).await;
-    problem(r, 400, "checksum_mismatch").await;
+    let p = problem(r, 400, "checksum_mismatch").await;
+    assert!(p["detail"].as_str().unwrap().contains("Content-Digest"), "{p}");
+    assert_eq!(state(&t, &url).await, (0, false));
+    // A malformed Content-Digest is named as such.
+    let r =
+        draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", "sha-256=:AAAA:")], Some(data.clone())).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().starts_with("invalid Content-Digest"), "{p}");
     assert_eq!(state(&t, &url).await, (0, false));
     let r = draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", &good)], Some(data.clone())).await;
     assert_eq!(r.status(), 200);

@@ -81,6 +81,8 @@ async fn idempotency_key_rules() {
     assert_eq!(v["status"], "failed");
     assert_eq!(v["error"]["code"], "task_failed");
     assert_eq!(v["error"]["message"], "upstream said no");
+    assert_eq!(v["error"]["retryable"], false, "{v}");
+    assert!(v["error"]["recovery_hint"].as_str().unwrap().contains("POST /api/v1/tasks"), "{v}");
     let r = api.start_raw("external", args, Some("k-same"), None).await;
     assert_eq!(r.status(), 201, "a failed task is retried as a new one");
     let retry = json(r).await;

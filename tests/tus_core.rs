@@ -178,7 +178,15 @@ async fn finished_upload_accepts_an_empty_patch_and_refuses_more() {
     let r = t.patch(&url, 2, vec![], &[]).await;
     assert_eq!(r.status(), 204);
     assert_eq!(header(&r, "upload-offset"), Some("2"));
-    problem(t.patch(&url, 2, b"c".to_vec(), &[]).await, 413, "size_exceeded").await;
+    let v = problem(t.patch(&url, 2, b"c".to_vec(), &[]).await, 413, "size_exceeded").await;
+    assert_eq!(v["detail"], "the upload already holds all of its 2 bytes; nothing more can be appended", "{v}");
+    assert!(v["recovery_hint"].as_str().unwrap().starts_with("Nothing more can be sent to this upload"), "{v}");
+    // The same without a Content-Length (chunked): found while reading, told alike.
+    let body = reqwest::Body::wrap_stream(futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"c"))]));
+    let r = t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "2").body(body).send().await.unwrap();
+    let v = problem(r, 413, "size_exceeded").await;
+    assert!(v["detail"].as_str().unwrap().starts_with("the upload already holds all of its 2 bytes"), "{v}");
+    assert!(v["recovery_hint"].as_str().unwrap().starts_with("Nothing more can be sent to this upload"), "{v}");
     assert_eq!(t.download(&url).await, b"ab");
 }
 
@@ -189,10 +197,20 @@ async fn duplicated_headers_are_refused_not_guessed() {
     let url = t.create(10).await;
     let r =
         t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Upload-Offset", "5").body("abc").send().await.unwrap();
-    problem(r, 400, "invalid_argument").await;
+    let v = problem(r, 400, "invalid_argument").await;
+    assert_eq!(v["detail"], "the Upload-Offset header was sent 2 times; it carries one value", "{v}");
+    assert_eq!(v["recovery_hint"], "Send Upload-Offset once.");
     let r = t.c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "5").header("Upload-Length", "6").send().await.unwrap();
-    problem(r, 400, "invalid_argument").await;
+    let v = problem(r, 400, "invalid_argument").await;
+    assert!(v["detail"].as_str().unwrap().starts_with("the Upload-Length header was sent 2 times"), "{v}");
+    // The draft's headers too, on a creation that would carry bytes: nothing is created.
+    let r =
+        t.c.post(s.url("/files/")).header("Upload-Draft-Interop-Version", "6").header("Upload-Complete", "?1").header("Upload-Complete", "?0").body("abc").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(header(&r, "location").is_none());
     assert_eq!(t.offset(&url).await, 0);
+    let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    assert_eq!(files["files"].as_array().unwrap().len(), 1, "{files}");
 }
 
 #[tokio::test]

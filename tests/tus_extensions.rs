@@ -139,7 +139,10 @@ async fn a_wrong_length_digest_is_a_mismatch_everywhere_a_checksum_is_read() {
         .request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", "sha1 AAAA")], Some(b"hello".to_vec()))
         .await;
     assert!(header(&r, "location").is_none(), "a refused creation names no upload");
-    problem(r, 460, "checksum_mismatch").await;
+    assert!(header(&r, "upload-offset").is_none(), "nothing is left to resume");
+    let v = problem(r, 460, "checksum_mismatch").await;
+    assert_eq!(v["title"], "Checksum Mismatch", "TUS 1.0 §Checksum's name for 460");
+    assert!(v.get("partial").is_none() && v["recovery_hint"].as_str().unwrap().contains("send the creation request again"), "{v}");
     let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
     assert_eq!(files["files"].as_array().unwrap().len(), 1, "only the first upload: {files}");
 }
@@ -351,7 +354,11 @@ async fn concatenation_unfinished_completes_when_the_parts_do() {
     let h = t.head(&fin).await;
     assert!(header(&h, "upload-offset").is_none(), "no Upload-Offset before the concatenation finished");
     assert!(header(&h, "upload-length").is_none(), "length not computable yet");
-    problem(t.c.get(&fin).send().await.unwrap(), 409, "upload_incomplete").await;
+    // Nothing is sent to a final: its problem names its parts, with no offset to resume from.
+    let p = problem(t.c.get(&fin).send().await.unwrap(), 409, "upload_incomplete").await;
+    assert!(p["detail"].as_str().unwrap().contains("once each of its 2 parts is uploaded"), "{p}");
+    assert!(p["recovery_hint"].as_str().unwrap().contains("Finish the parts"), "{p}");
+    assert!(p.get("partial").is_none(), "{p}");
     assert_eq!(t.patch(&a, 0, b"abc".to_vec(), &[]).await.status(), 204);
     assert_eq!(t.patch(&b, 0, b"de".to_vec(), &[("Upload-Length", "2")]).await.status(), 204);
     let h = t.wait_complete(&fin).await;
@@ -410,7 +417,7 @@ async fn unannounced_or_conflicting_trailers_are_refused() {
 }
 
 #[tokio::test]
-async fn a_final_whose_part_is_terminated_expires() {
+async fn a_part_an_unfinished_final_waits_on_is_not_terminated() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let a = {
@@ -421,7 +428,15 @@ async fn a_final_whose_part_is_terminated_expires() {
         let r = t.post(&[("Upload-Concat", &format!("final;{a}"))]).await;
         t.abs(header(&r, "location").unwrap())
     };
+    // Terminating the part would leave the final waiting forever: refused, nothing deleted.
+    let p = problem(t.request("DELETE", &a, &[("Tus-Resumable", "1.0.0")], None).await, 409, "conflict").await;
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("is a part of final upload") && detail.contains(fin.rsplit('/').next().unwrap()), "{p}");
+    assert!(p["recovery_hint"].as_str().unwrap().contains("terminate the final upload first"), "{p}");
+    assert_eq!(header_u64(&t.head(&a).await, "upload-offset"), Some(0), "the part is still there");
+    // The part is finished: the final completes with its bytes, and now the part may go.
+    assert_eq!(t.patch(&a, 0, b"abc".to_vec(), &[]).await.status(), 204);
+    assert_eq!(t.wait_complete(&fin).await.status(), 200);
     assert_eq!(t.request("DELETE", &a, &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
-    assert_eq!(t.head(&fin).await.status(), 410, "the final can never complete");
-    problem(t.c.get(&fin).send().await.unwrap(), 410, "upload_expired").await;
+    assert_eq!(t.c.get(&fin).send().await.unwrap().bytes().await.unwrap().as_ref(), b"abc");
 }

@@ -74,7 +74,7 @@ pub struct ServeArgs {
     #[arg(long, env = "FERRY_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
     /// Task workers run at once [default: 4].
-    #[arg(long, env = "FERRY_TASK_WORKERS")]
+    #[arg(long, env = "FERRY_TASK_WORKERS", value_parser = super::parse_task_workers)]
     pub task_workers: Option<usize>,
     /// Task lease: a task whose worker died is resumed elsewhere after this long [default: 10s].
     #[arg(long, env = "FERRY_TASK_LEASE", value_parser = parse_interval)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Deserialize;
 
-use super::{is_valid_name, parse_expiry, parse_interval, Durability, LeaseMode, LogFormat, MAX_TASK_WORKERS};
+use super::{is_valid_name, parse_expiry, parse_interval, Durability, LeaseMode, LogFormat};
 use crate::app::principal::TokenEntry;
 use crate::events::settings::{check_webhook_secret, HookConfig, HookFailure, WebhookConfig, EVENT_TYPES};
 use crate::tasks::settings::{params_validator, CommandSpec, FetchConfig};
@@ -259,7 +259,7 @@ pub(super) struct TasksFileConfig {
 
 pub(super) fn size_value(v: toml::Value, key: &str) -> anyhow::Result<u64> {
     match v {
-        toml::Value::Integer(i) if i >= 1 => Ok(i as u64),
+        toml::Value::Integer(i) => parse_size(&i.to_string()).map_err(|e| anyhow::anyhow!("{key}: {e}")),
         toml::Value::String(s) => parse_size(&s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
         other => anyhow::bail!("{key}: expected a size, got {other}"),
     }
@@ -308,8 +308,11 @@ impl FileConfig {
                 params_validator(schema).map_err(|e| anyhow::anyhow!("[commands.{name}] params_schema: {e}"))?;
             }
         }
-        if self.tasks.workers.is_some_and(|w| w == 0 || w > MAX_TASK_WORKERS) {
-            anyhow::bail!("[tasks] workers must be 1 to {MAX_TASK_WORKERS}");
+        if let Some(w) = self.tasks.workers {
+            super::task_workers(w).map_err(|e| anyhow::anyhow!("[tasks] workers {e}"))?;
+        }
+        for entry in &self.fetch.allow_hosts {
+            crate::tasks::kinds::fetch::check_allow_entry(entry).map_err(|e| anyhow::anyhow!("[fetch] allow_hosts: {e}"))?;
         }
         Ok(())
     }

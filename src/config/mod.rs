@@ -284,7 +284,7 @@ impl Config {
                 }
                 file.fetch
             },
-            task_workers: args.task_workers.or(tasks.workers).unwrap_or(4).clamp(1, MAX_TASK_WORKERS),
+            task_workers: args.task_workers.or(tasks.workers).unwrap_or(4),
             task_lease: args.task_lease.or(dur(tasks.lease, "tasks.lease")?).unwrap_or(Duration::from_secs(10)),
             task_ttl: dur(tasks.default_ttl, "tasks.default_ttl")?.unwrap_or(Duration::from_secs(24 * 3600)),
             insecure_no_auth: args.insecure_no_auth,
@@ -366,3 +366,15 @@ pub fn is_valid_name(s: &str) -> bool {
 
 /// Most task workers one process runs.
 pub const MAX_TASK_WORKERS: usize = 256;
+
+/// The one range check of a task worker count, whatever its source (`--task-workers`,
+/// `FERRY_TASK_WORKERS`, `[tasks] workers`): 1 to [`MAX_TASK_WORKERS`].
+pub(crate) fn task_workers(n: usize) -> Result<usize, String> {
+    (1..=MAX_TASK_WORKERS).contains(&n).then_some(n).ok_or_else(|| format!("must be 1 to {MAX_TASK_WORKERS}, not {n}"))
+}
+
+/// `--task-workers` / `FERRY_TASK_WORKERS`: a whole number, then [`task_workers`].
+pub(crate) fn parse_task_workers(s: &str) -> Result<usize, String> {
+    let n = s.trim().parse::<usize>().map_err(|_| format!("{s:?} is not a whole number of workers (1 to {MAX_TASK_WORKERS})"))?;
+    task_workers(n)
+}

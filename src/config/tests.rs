@@ -153,3 +153,36 @@ fn catalog_from_flag_file_and_errors() {
     let e = format!("{:#}", Config::resolve(&args).unwrap_err());
     assert!(e.contains("sqlite:PATH") && !e.contains("hunter2"), "{e}");
 }
+
+/// One setting, one check, one sentence, whichever source it came from (file, flag, env):
+/// task workers, sizes, and `[fetch] allow_hosts`, which once took a URL and allowed nothing.
+#[test]
+fn every_source_of_a_setting_gets_the_same_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ferry.toml");
+    let refused = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        let e = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).map(|_| ()).unwrap_err();
+        let full = format!("{e:#}");
+        full.strip_prefix(&format!("in {}: ", path.display())).unwrap_or(&full).to_string()
+    };
+    let flag = parse_task_workers("0").unwrap_err();
+    assert_eq!(flag, "must be 1 to 256, not 0");
+    assert_eq!(refused("[tasks]\nworkers = 0\n"), format!("[tasks] workers {flag}"));
+    assert_eq!(parse_task_workers("257").unwrap_err(), "must be 1 to 256, not 257");
+    assert!(parse_task_workers("four").unwrap_err().contains("not a whole number"));
+    assert_eq!(parse_task_workers(" 256 "), Ok(256));
+
+    let flag = parse_size("0").unwrap_err();
+    assert_eq!(refused("max_size = 0\n"), format!("max_size: {flag}"));
+    assert_eq!(refused("max_size = \"0\"\n"), format!("max_size: {flag}"));
+
+    let e = refused("[fetch]\nallow_hosts = [\"https://files.example.com:8443/exports/\"]\n");
+    assert!(e.starts_with("[fetch] allow_hosts: ") && e.contains("is a URL") && e.contains("\"files.example.com:8443\""), "{e}");
+    for bad in ["", "files.example.com:99999", "files example.com", "/exports"] {
+        let e = refused(&format!("[fetch]\nallow_hosts = [{bad:?}]\n"));
+        assert!(e.contains("names no host"), "{bad:?}: {e}");
+    }
+    std::fs::write(&path, "[fetch]\nallow_hosts = [\"files.example.com\", \"10.0.0.5:8080\", \"[::1]:8443\", \"::1\", \"Files.Example.COM.\"]\n").unwrap();
+    Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+}

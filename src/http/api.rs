@@ -10,7 +10,7 @@
 //! The OpenAPI document (`GET /api/v1/openapi.json`) is generated from the annotations here
 //! ([`ApiDoc`]): keep every route in [`routes`] listed in `ApiDoc`'s `paths(...)`.
 
-use crate::error::Refusal;
+use crate::error::{ErrorCode, Refusal};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -280,6 +280,39 @@ struct TaskErrorDoc {
     #[schema(example = "task_failed")]
     code: ErrorCodeDoc,
     message: String,
+    /// Whether starting the task again as it was can succeed (the code's retryability).
+    retryable: bool,
+    /// The one next step, in HTTP terms.
+    #[schema(example = "Read message, fix the arguments or inputs it names, and start the task again (POST /api/v1/tasks; the same Idempotency-Key starts a new run).")]
+    recovery_hint: String,
+}
+
+/// A failed task's `error` as the REST API shows it: the transport-neutral code and message,
+/// with the code's retryability and the next step in HTTP terms (as every problem body has).
+#[derive(Serialize)]
+pub struct TaskErrorView {
+    #[serde(flatten)]
+    error: crate::app::views::TaskError,
+    retryable: bool,
+    recovery_hint: String,
+}
+
+impl TaskErrorView {
+    fn of(error: crate::app::views::TaskError) -> TaskErrorView {
+        let code = ErrorCode::ALL.into_iter().find(|k| k.as_str() == error.code).unwrap_or(ErrorCode::TaskFailed);
+        let again = "POST /api/v1/tasks; the same Idempotency-Key starts a new run";
+        let recovery_hint = match code {
+            ErrorCode::Internal => format!("Start the task again ({again}); the failure was on the server's side."),
+            ErrorCode::QuotaExceeded => {
+                format!("The task's output would exceed the storage quota; its partial output was removed. Delete files you no longer need (DELETE /files/ID), then start the task again ({again}).")
+            }
+            ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
+                format!("The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later ({again}).")
+            }
+            _ => format!("Read message, fix the arguments or inputs it names, and start the task again ({again})."),
+        };
+        TaskErrorView { error, retryable: code.retryable(), recovery_hint }
+    }
 }
 
 /// Largest JSON request body, in bytes (task arguments, results, answers).
@@ -413,7 +446,7 @@ pub struct TaskView<'a> {
     /// Why it failed (failed only).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<TaskErrorDoc>)]
-    pub error: Option<crate::app::views::TaskError>,
+    pub error: Option<TaskErrorView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<&'a str>,
     /// Id of the failed task this run retries (same idempotency key).
@@ -454,7 +487,7 @@ pub fn task_view(t: &TaskRecord) -> TaskView<'_> {
         progress: &t.progress,
         input_requests: requests,
         result: raw_ref(&t.result),
-        error: crate::app::views::task_error(t.error.as_deref()),
+        error: crate::app::views::task_error(t.error.as_deref()).map(TaskErrorView::of),
         idempotency_key: t.idempotency_key.as_deref(),
         prior_failure: t.prior_failure.as_deref(),
         created_at: t.created_at_ms,

@@ -110,16 +110,7 @@ pub async fn get(
         Err(e) => return Err(e.into()),
     };
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
-        let mut res = Problem(
-            Refusal::new(
-                409,
-                ErrorCode::UploadIncomplete,
-                format!("the upload is not complete: {} bytes of {} stored", rec.offset, rec.length.map_or("an unknown length".into(), |l| l.to_string())),
-                format!("Resume the upload at offset {} and download it when it is complete.", rec.offset),
-            )
-            .with_cursor(rec.offset),
-        )
-        .into_response();
+        let mut res = Problem(crate::upload::UploadEngine::not_complete(&rec)).into_response();
         super::tus::upload_headers(res.headers_mut(), &rec);
         return Ok(res);
     };

@@ -32,6 +32,9 @@ pub(crate) fn hint(e: &Refusal) -> String {
             format!("No file of yours has the {what} {ids} (never created, deleted, or expired): check {them} with file_list (MCP) or GET /api/v1/files, and start the task again with ids of finished files.")
         }
         Next::UnfinishedFiles { ids } => format!("Finish uploading {ids} (file_status or GET /api/v1/files/ID shows the offset), then start the task again."),
+        Next::AwaitParts => {
+            "Nothing is sent to a final upload: the server builds it once each of its parts is uploaded. Finish the parts (HEAD on each shows its offset), then ask again.".into()
+        }
     }
 }
 

@@ -152,7 +152,8 @@ where
     let files = Router::new()
         .route("/files", post(tus::create).options(tus::options))
         .route("/files/", post(tus::create).options(tus::options))
-        .route("/files/{id}", get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options));
+        .route("/files/{id}", get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options))
+        .route_layer(middleware::from_fn(tus::single_valued_headers));
     let pages = if state.http.web { web::routes() } else { Router::new() };
     let routes: Router = Router::new()
         .merge(files)
@@ -384,6 +385,15 @@ impl IntoResponse for Problem {
 /// draft's problem type (`type`, `title` and members such as `expected-offset`) when the
 /// refusal has one, no TUS headers, `Upload-Limit` on 413 (draft §Limits), and 400 for TUS's
 /// own 460 checksum status.
+/// A problem's `title` (RFC 9457 §3.1.4): the status's reason phrase (RFC 9110 §15), or TUS
+/// 1.0 §Checksum's name for its own 460.
+fn status_title(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        460 => "Checksum Mismatch",
+        _ => status.canonical_reason().unwrap_or("Error"),
+    }
+}
+
 pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadLimit>>) -> Response {
     let status = match (e.status, &draft) {
         (460, Some(_)) => StatusCode::BAD_REQUEST,
@@ -392,7 +402,7 @@ pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadL
     let draft_type = draft.as_ref().and(e.draft);
     let mut body = serde_json::json!({
         "type": draft_type.map_or_else(|| format!("urn:ferry:error:{}", e.code), |d| d.type_uri().to_string()),
-        "title": draft_type.map_or_else(|| status.canonical_reason().unwrap_or("Error"), |d| d.title()),
+        "title": draft_type.map_or_else(|| status_title(status), |d| d.title()),
         "status": status.as_u16(),
         "detail": e.detail,
         "code": e.code.as_str(),

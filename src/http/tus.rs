@@ -14,6 +14,44 @@ use crate::app::Principal;
 use crate::catalog::{Concat, UploadRecord};
 use axum::Extension;
 
+/// Headers of the upload routes that carry one value (TUS 1.0 §Headers, the IETF draft,
+/// RFC 9530, Idempotency-Key): sent twice, no copy may silently win.
+const SINGLE_VALUED: [&str; 14] = [
+    "tus-resumable",
+    "upload-offset",
+    "upload-length",
+    "upload-defer-length",
+    "upload-checksum",
+    "upload-metadata",
+    "upload-concat",
+    "upload-complete",
+    "upload-incomplete",
+    "upload-draft-interop-version",
+    "repr-digest",
+    "content-digest",
+    "idempotency-key",
+    "content-type",
+];
+
+/// Middleware of the upload routes: a header of [`SINGLE_VALUED`] sent more than once is
+/// refused with 400 `invalid_argument` naming it, before any handler reads it (and nothing is
+/// stored), rather than parsed as some malformed value.
+pub(super) async fn single_valued_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let h = req.headers();
+    if let Some(name) = SINGLE_VALUED.iter().find(|n| h.get_all(**n).iter().nth(1).is_some()) {
+        let times = h.get_all(*name).iter().count();
+        let canonical = name.split('-').map(|w| w[..1].to_ascii_uppercase() + &w[1..]).collect::<Vec<_>>().join("-");
+        return Problem(Refusal::new(
+            400,
+            crate::error::ErrorCode::InvalidArgument,
+            format!("the {canonical} header was sent {times} times; it carries one value"),
+            format!("Send {canonical} once."),
+        ))
+        .into_response();
+    }
+    next.run(req).await
+}
+
 /// The single value of header `name`. A value that is not visible ASCII, or a header sent
 /// more than once, is passed on as a placeholder no grammar accepts, so it is refused as
 /// malformed instead of one copy silently winning.

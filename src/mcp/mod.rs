@@ -31,6 +31,7 @@ mod request;
 pub mod results;
 pub mod sessions;
 mod tools;
+mod transport_errors;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,8 +61,11 @@ use tools::JobTool;
 
 /// rmcp's Streamable HTTP transport for `/mcp`: MCP 2026-07-28 stateless, and sessions for
 /// clients of older protocol versions whose state lives in the catalog ([`sessions`]), so
-/// every replica behind a load balancer serves every request.
-pub fn streamable_http_service(state: &AppState) -> rmcp::transport::StreamableHttpService<FerryMcp, LocalSessionManager> {
+/// every replica behind a load balancer serves every request. Its own refusals (a malformed
+/// body, no session) are JSON-RPC errors ([`transport_errors`]).
+pub fn streamable_http_service(
+    state: &AppState,
+) -> impl tower::Service<axum::extract::Request, Response = axum::response::Response, Error = std::convert::Infallible, Future: Send> + Clone + Send {
     let mcp = FerryMcp::new(state.clone(), (*state.mcp).clone());
     // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
     // from the tool rather than a bare 413 from the transport.
@@ -69,7 +73,8 @@ pub fn streamable_http_service(state: &AppState) -> rmcp::transport::StreamableH
     let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
     cfg.session_store = Some(Arc::new(sessions::CatalogSessions::new(state.engine.catalog.clone())));
     cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
-    rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg)
+    let rmcp = rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg);
+    transport_errors::json_rpc_refusals(rmcp)
 }
 
 /// Longest `task_get` long-poll, ms.
@@ -316,14 +321,7 @@ impl FerryMcp {
     async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, Refusal> {
         let r = self.state.engine.get_finished_or_finish(p, id).await?;
         if !r.is_finished() {
-            let of = r.length.map(|l| format!(" of {l}")).unwrap_or_default();
-            return Err(Refusal::new(
-                409,
-                ErrorCode::UploadIncomplete,
-                format!("the file is incomplete: {} bytes{of} received", r.offset),
-                "Finish the upload first (send the rest from partial.cursor), or wait for the task producing it; check with file_status.",
-            )
-            .with_cursor(r.offset));
+            return Err(crate::upload::UploadEngine::not_complete(&r));
         }
         Ok(r)
     }
@@ -760,6 +758,11 @@ fn for_model(e: &Refusal, tool: &str) -> String {
             }
             Next::UnfinishedFiles { ids } => format!(
                 "Finish uploading {ids} ({} shows the offset; {} sends the rest), then call {again} again.",
+                call("file_status"),
+                call("file_upload_chunk")
+            ),
+            Next::AwaitParts => format!(
+                "This file is a concatenation the server builds once each of its parts is uploaded: finish the parts ({} shows each one's offset; {} sends the rest), then call {again} again.",
                 call("file_status"),
                 call("file_upload_chunk")
             ),

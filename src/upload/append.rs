@@ -630,7 +630,11 @@ impl UploadEngine {
         let state = UploadState { offset: rec.offset, length: rec.length, is_final: matches!(rec.concat, Concat::Final { .. }) };
         let plan = decide(&state)?;
         if rec.is_finished() {
-            // Offset equals length: nothing more may arrive; an empty PATCH is a no-op.
+            // Offset equals length: nothing more may arrive; an empty PATCH is a no-op. A body
+            // whose size was not announced (chunked) is read to learn which this is.
+            if super::exhausted::drain_body(&mut body).await > 0 {
+                return Err(already_complete(rec.offset));
+            }
             return Ok(rec);
         }
         if let Err(e) = self.check_space(0, Some(rec.offset)) {
@@ -822,12 +826,16 @@ impl UploadEngine {
             End::TooLarge => {
                 app.discard().await?;
                 let kept = app.committed.0;
+                let room = plan.offset + plan.max_bytes - kept;
+                if room == 0 && plan.length == Some(kept) {
+                    return Err(already_complete(kept));
+                }
                 let limit = plan.length.map_or("the maximum upload size".to_string(), |l| format!("Upload-Length {l}"));
                 return Err(Refusal::new(
                     413,
                     crate::error::ErrorCode::SizeExceeded,
                     format!("the body ran past {limit}; bytes after offset {kept} were discarded"),
-                    Next::SendAtMost { bytes: plan.offset + plan.max_bytes - kept },
+                    Next::SendAtMost { bytes: room },
                 )
                 .with_cursor(kept));
             }
@@ -894,4 +902,16 @@ impl UploadEngine {
 fn trailer_checksum(v: &http::HeaderValue) -> Result<UploadChecksum, Refusal> {
     let s = v.to_str().map_err(|_| Refusal::bad_request("Upload-Checksum trailer is not ASCII", Next::Trailer(TrailerFault::NotAscii)))?;
     Ok(ferry_tus::parse_upload_checksum(s)?)
+}
+
+/// 413 `size_exceeded` for bytes sent to an upload that already holds all of its `length`
+/// bytes (TUS 1.0 §PATCH: nothing may be appended past Upload-Length); the body is dropped.
+fn already_complete(length: u64) -> Refusal {
+    Refusal::new(
+        413,
+        crate::error::ErrorCode::SizeExceeded,
+        format!("the upload already holds all of its {length} bytes; nothing more can be appended"),
+        "Nothing more can be sent to this upload: it is complete. Download it, or create a new upload for other bytes.",
+    )
+    .with_cursor(length)
 }

@@ -99,7 +99,8 @@ const DRAIN_IDLE: Duration = Duration::from_secs(5);
 /// Read and drop the rest of a request body that was refused part-way (507): a client still
 /// sending when the answer comes would otherwise see its connection reset and never read the
 /// answer with its cursor. Bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per read.
-pub(super) async fn drain_body<B>(body: &mut B)
+/// Returns how many bytes it dropped.
+pub(super) async fn drain_body<B>(body: &mut B) -> u64
 where
     B: http_body::Body<Data = Bytes> + Unpin,
 {
@@ -111,6 +112,7 @@ where
             _ => break,
         }
     }
+    dropped
 }
 
 /// One store's part of the readiness report.

@@ -114,6 +114,26 @@ impl UploadEngine {
         }
     }
 
+    /// The refusal for reading `rec` before it is finished (409 `upload_incomplete`), one for
+    /// every reader (downloads, MCP, signed links): an upload in progress has its offset as the
+    /// cursor, to resume from; a final upload (TUS 1.0 §Concatenation) has none, as it is
+    /// built once its parts are.
+    pub fn not_complete(rec: &UploadRecord) -> Refusal {
+        if let Concat::Final { parts, .. } = &rec.concat {
+            let n = parts.len();
+            let parts = if n == 1 { "its part is".to_string() } else { format!("each of its {n} parts is") };
+            return Refusal::new(409, ErrorCode::UploadIncomplete, format!("final upload {} is not built yet: that happens once {parts} uploaded", rec.id), Next::AwaitParts);
+        }
+        let of = rec.length.map_or_else(|| "an unknown length".to_string(), |l| l.to_string());
+        Refusal::new(
+            409,
+            ErrorCode::UploadIncomplete,
+            format!("the upload is not complete: {} bytes of {of} stored", rec.offset),
+            format!("Resume the upload at offset {} and download it once it is complete.", rec.offset),
+        )
+        .with_cursor(rec.offset)
+    }
+
     /// Upload `id` of `principal` as a reader sees it, finishing it first if every byte is
     /// stored but it is not finished (the lease is taken only if free: a reader never stops a
     /// writer). Errors: 404/410 as [`UploadEngine::get`]; [`finishing_error`] (423) while it

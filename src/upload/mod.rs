@@ -496,8 +496,13 @@ impl UploadEngine {
                 }
                 Err(RefusedCreation { error, kept: true })
             }
-            Err(error) => {
+            Err(mut error) => {
                 let kept = self.withdraw(id).await;
+                // Nothing is left to resume: no offset, and the step is the creation again.
+                if !kept && error.cursor.is_some() {
+                    error.cursor = None;
+                    error.next = Next::Say("Nothing of this upload was kept: send the creation request again, with a body that matches what it declares.".into());
+                }
                 Err(RefusedCreation { error, kept })
             }
         }
@@ -539,10 +544,23 @@ impl UploadEngine {
     }
 
     /// Terminate (TUS 1.0 §Termination): the record and bytes are gone; the id answers 404.
+    ///
+    /// Errors: 409 `conflict` for a partial upload that an unfinished final upload still
+    /// waits on (TUS 1.0 §Concatenation, `concatenation-unfinished`): terminating it would
+    /// leave the final unable to ever complete, so nothing is deleted. Once the final is
+    /// finished its parts may go.
     pub async fn terminate(&self, principal: &str, id: &str) -> Result<(), Refusal> {
         self.get(principal, id).await?;
         let _guard = self.take(id).await?;
         let rec = self.get(principal, id).await?;
+        if let Some(fin) = self.catalog.finals_waiting_on(id).await?.first() {
+            return Err(Refusal::new(
+                409,
+                ErrorCode::Conflict,
+                format!("upload {id} is a part of final upload {fin}, which is not finished yet: without it {fin} could never complete"),
+                "Finish sending this part (the final upload completes once every part has), or terminate the final upload first.",
+            ));
+        }
         self.fences.forget(id);
         self.delete_record_and_bytes(&rec).await?;
         self.metrics.uploads_terminated.inc();

@@ -346,6 +346,15 @@ fn unsupported_media() -> TusError {
 }
 
 fn past_length(offset: u64, length: u64) -> TusError {
+    if offset >= length {
+        return TusError::new(
+            413,
+            ErrorCode::SizeExceeded,
+            format!("the upload already holds all of its {length} bytes; nothing more can be appended"),
+            "Nothing more can be sent to this upload: it is complete. Download it with GET, or create a new upload for other bytes.",
+        )
+        .with_cursor(offset);
+    }
     TusError::new(
         413,
         ErrorCode::SizeExceeded,
@@ -514,7 +523,7 @@ pub fn chunk_checksum_mismatch(offset: u64) -> TusError {
     TusError::new(
         460,
         ErrorCode::ChecksumMismatch,
-        "the chunk's bytes do not match its Upload-Checksum; the chunk was discarded",
+        "the chunk's bytes do not match the checksum sent with it (Upload-Checksum, or the draft's Content-Digest); the chunk was discarded",
         format!("Re-send the chunk starting at offset {offset}."),
     )
     .with_cursor(offset)

@@ -5,7 +5,7 @@
 // innerHTML — so names and metadata always render as text.
 import Uppy from '@uppy/core'
 import Tus from '@uppy/tus'
-import { $, setText, setState, formatBytes, CHUNK_SIZE, HASH_SLICE } from './util.js'
+import { $, setText, setState, formatBytes, shortBytes, CHUNK_SIZE, HASH_SLICE } from './util.js'
 import { dashboard } from './dashboard.js'
 
 function formatTime(ms) {
@@ -255,18 +255,6 @@ function received(bytes, total) {
   const pct = total ? `${((bytes * 100) / total).toFixed(1)} %` : ''
   setText('up-received', total ? `${formatBytes(bytes)} of ${formatBytes(total)} (${pct})` : formatBytes(bytes))
   setText('pct', total ? `${pct} · ${shortBytes(bytes)} of ${shortBytes(total)}` : shortBytes(bytes))
-}
-
-/** Bytes in a few characters: `512 B`, `96.0 MiB`. */
-function shortBytes(n) {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB']
-  let v = n
-  let i = 0
-  while (v >= 1024 && i < units.length - 1) {
-    v /= 1024
-    i += 1
-  }
-  return i === 0 ? `${n} B` : `${v.toFixed(1)} ${units[i]}`
 }
 
 /** `45 s`, `3 min 20 s`, `2 h 05 min`. */

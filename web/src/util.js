@@ -15,16 +15,29 @@ export const CHUNK_SIZE = 64 * 1024 * 1024
 /** The local file is hashed in slices of this many bytes. */
 export const HASH_SLICE = 8 * 1024 * 1024
 
-export function formatBytes(n) {
-  if (n == null) return 'not known yet'
-  const units = ['bytes', 'KiB', 'MiB', 'GiB', 'TiB']
+/** `n` bytes in the largest binary unit it reaches: `[value, unit]`, unit `B` below 1 KiB. */
+function scaled(n) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB']
   let v = n
   let i = 0
   while (v >= 1024 && i < units.length - 1) {
     v /= 1024
     i += 1
   }
-  const exact = `${n.toLocaleString('en-US')} bytes`
-  return i === 0 ? exact : `${v.toFixed(v < 10 ? 2 : 1)} ${units[i]} (${exact})`
+  return [v, units[i]]
+}
+
+/** `512 bytes`, `1 byte`, `1.50 MiB (1,572,864 bytes)`: a size with its exact count. */
+export function formatBytes(n) {
+  if (n == null) return 'not known yet'
+  const exact = `${n.toLocaleString('en-US')} ${n === 1 ? 'byte' : 'bytes'}`
+  const [v, unit] = scaled(n)
+  return unit === 'B' ? exact : `${v.toFixed(v < 10 ? 2 : 1)} ${unit} (${exact})`
+}
+
+/** `812 B`, `3.4 MiB`: a size or a rate for a status line (never a fraction of a byte). */
+export function shortBytes(n) {
+  const [v, unit] = scaled(n)
+  return unit === 'B' ? `${Math.round(n)} B` : `${v.toFixed(1)} ${unit}`
 }
 

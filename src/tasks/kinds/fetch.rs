@@ -175,6 +175,23 @@ fn allow_entry(entry: &str) -> Option<(url::Host<String>, Option<u16>)> {
     Some((normal_host(url::Host::parse(&host).ok()?), port))
 }
 
+/// Check one `[fetch] allow_hosts` entry at start-up: `host`, `host:port`, an IPv4 address or
+/// an IPv6 one (`[::1]:8443`). Errors (a sentence naming the entry) for a URL, a path, an empty
+/// entry, a port above 65535 or anything else that names no host, which would otherwise allow
+/// nothing without a word.
+pub fn check_allow_entry(entry: &str) -> Result<(), String> {
+    if let Ok(u) = Url::parse(entry.trim()) {
+        if let Some(host) = u.host_str().filter(|h| !h.is_empty()) {
+            let hint = u.port().map_or_else(|| host.to_string(), |p| format!("{host}:{p}"));
+            return Err(format!("{entry:?} is a URL; write its host (and :port) only, e.g. {hint:?}"));
+        }
+    }
+    match allow_entry(entry) {
+        Some(_) => Ok(()),
+        None => Err(format!("{entry:?} names no host; write a host name, an IP address or host:port (e.g. \"files.example.com\" or \"10.0.0.5:8080\")")),
+    }
+}
+
 fn normal_host(h: url::Host<String>) -> url::Host<String> {
     match h {
         url::Host::Domain(d) => url::Host::Domain(d.trim_end_matches('.').to_ascii_lowercase()),

@@ -17,15 +17,60 @@ const NAME: &str = "Repr-Digest";
 /// Only `sha-256` is kept; other members (`sha-512`, unknown ones) are ignored as RFC 9530 §2
 /// allows. A `sha-256` member that is not a Byte Sequence of exactly 32 bytes is an error.
 /// `Display` writes `sha-256=:…:` (standard base64 with padding), or `""` when there is none.
-/// Errors name the header `Repr-Digest` for both uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ReprDigest {
     /// The `sha-256` digest, if present.
     pub sha256: Option<[u8; 32]>,
 }
 
-/// `Content-Digest` (RFC 9530 §2) has the same grammar as `Repr-Digest`.
-pub type ContentDigest = ReprDigest;
+/// `Content-Digest` (RFC 9530 §2): the grammar of [`ReprDigest`], over one message's content
+/// (the IETF draft's chunk checksum) rather than the whole representation; its errors name
+/// `Content-Digest`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ContentDigest {
+    /// The `sha-256` digest, if present.
+    pub sha256: Option<[u8; 32]>,
+}
+
+impl ContentDigest {
+    /// The canonical header name.
+    pub const NAME: &'static str = "Content-Digest";
+}
+
+/// The `sha-256` member of digest field `name` (RFC 9530 §2: other members are ignored).
+fn parse_sha256(s: &str, name: &'static str) -> Result<Option<[u8; 32]>, ParseError> {
+    let dict: Dictionary = Parser::new(s).parse_dictionary().map_err(|e| ParseError::from_sfv(name, &e))?;
+    match dict.get("sha-256") {
+        None => Ok(None),
+        Some(ListEntry::Item(Item { bare_item: BareItem::ByteSequence(b), .. })) => {
+            Ok(Some(<[u8; 32]>::try_from(b.as_slice()).map_err(|_| ParseError::syntax(name, 0, "sha-256 digest must be 32 bytes"))?))
+        }
+        Some(_) => Err(ParseError::syntax(name, 0, "sha-256 digest must be a byte sequence")),
+    }
+}
+
+/// `sha-256=:…:`, or nothing.
+fn write_sha256(sha256: Option<&[u8; 32]>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let mut ser = DictSerializer::new();
+    if let Some(d) = sha256 {
+        ser.bare_item(key_ref("sha-256"), RefBareItem::ByteSequence(d));
+    }
+    f.write_str(ser.finish().as_deref().unwrap_or(""))
+}
+
+impl FromStr for ContentDigest {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        Ok(ContentDigest { sha256: parse_sha256(s, Self::NAME)? })
+    }
+}
+
+impl fmt::Display for ContentDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_sha256(self.sha256.as_ref(), f)
+    }
+}
 
 impl ReprDigest {
     /// The canonical header name.
@@ -41,25 +86,13 @@ impl FromStr for ReprDigest {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        let dict: Dictionary = Parser::new(s).parse_dictionary().map_err(|e| ParseError::from_sfv(NAME, &e))?;
-        let sha256 = match dict.get("sha-256") {
-            None => None,
-            Some(ListEntry::Item(Item { bare_item: BareItem::ByteSequence(b), .. })) => {
-                Some(<[u8; 32]>::try_from(b.as_slice()).map_err(|_| ParseError::syntax(NAME, 0, "sha-256 digest must be 32 bytes"))?)
-            }
-            Some(_) => return Err(ParseError::syntax(NAME, 0, "sha-256 digest must be a byte sequence")),
-        };
-        Ok(ReprDigest { sha256 })
+        Ok(ReprDigest { sha256: parse_sha256(s, NAME)? })
     }
 }
 
 impl fmt::Display for ReprDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut ser = DictSerializer::new();
-        if let Some(d) = &self.sha256 {
-            ser.bare_item(key_ref("sha-256"), RefBareItem::ByteSequence(d));
-        }
-        f.write_str(ser.finish().as_deref().unwrap_or(""))
+        write_sha256(self.sha256.as_ref(), f)
     }
 }
 
@@ -81,7 +114,8 @@ mod tests {
         let none = ReprDigest::default();
         assert_eq!(none.to_string(), "");
         assert_eq!("".parse(), Ok(none));
-        let c: ContentDigest = d;
+        let c = ContentDigest { sha256: d.sha256 };
+        assert_eq!(c.to_string(), d.to_string());
         assert_eq!(c.to_string().parse::<ContentDigest>(), Ok(c));
     }
 
@@ -107,6 +141,8 @@ mod tests {
         ] {
             let e = s.parse::<ReprDigest>().unwrap_err();
             assert_eq!(e.header(), "Repr-Digest", "{s:?}");
+            let e = s.parse::<ContentDigest>().unwrap_err();
+            assert_eq!(e.header(), "Content-Digest", "{s:?}");
         }
     }
 }
