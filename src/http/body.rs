@@ -80,7 +80,11 @@ mod tests {
     fn body_with_trailer(trailer: &'static str) -> Body {
         let mut trailers = axum::http::HeaderMap::new();
         trailers.insert("upload-checksum", HeaderValue::from_static(trailer));
-        let frames = vec![Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(b"he"))), Ok(http_body::Frame::data(Bytes::from_static(b"llo"))), Ok(http_body::Frame::trailers(trailers))];
+        let frames = vec![
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(b"he"))),
+            Ok(http_body::Frame::data(Bytes::from_static(b"llo"))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
         Body::new(http_body_util::StreamBody::new(futures::stream::iter(frames)))
     }
 
