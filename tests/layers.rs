@@ -16,6 +16,10 @@
 //! `lib.rs`, which are not modules of any layer. Every other module naming `crate::config` fails.
 //! Durations and sizes as people read them live in the leaf `units`, which names no module of ours.
 //!
+//! The upload engine knows no transport ([`TRANSPORT_FREE`]): it names none of the HTTP
+//! crates (`http`, `http_body`, `axum`, `hyper`…); each transport adapts what it received into
+//! an `upload::ChunkStream`.
+//!
 //! An import is any path the code names — `use crate::x`, `crate::{x, y}`, `crate::x::f()` in an
 //! expression, or `super::super::x` climbing out of a module — with comments removed first.
 
@@ -43,6 +47,14 @@ const CONFIG_READERS: &[&str] = &["config", "serve", "check_command", "token_com
 /// may use: sizes and durations, the clock, the backoff schedule, the error catalogue, framed
 /// blob states).
 const LEAVES: &[&str] = &["units", "clock", "retry", "error", "framed"];
+
+/// Engines that know no transport (issue 25 item 3): the upload engine takes a chunk's bytes
+/// and its checksum (`upload::ChunkStream`), never an HTTP body or header, so TUS, the draft,
+/// MCP and tasks feed it the same way. These crates are the HTTP stack: naming any of them
+/// (`use http_body_util::BodyExt`, `http::HeaderValue`, `B: http_body::Body`, `axum::…`) in
+/// one of these layers fails.
+const TRANSPORT_FREE: &[&str] = &["upload"];
+const TRANSPORT_CRATES: &[&str] = &["http", "http_body", "http_body_util", "axum", "hyper", "tower_http"];
 
 /// Layers that must not do file or SQL I/O themselves (text that would mean they do).
 const NO_STORAGE: &[&str] = &["http", "mcp", "app"];
@@ -160,6 +172,43 @@ fn imported_modules(module: &[String], src: &str) -> BTreeSet<String> {
     found
 }
 
+/// The external crates of `crates` that `src` names as a path's first segment: `name::…`,
+/// `::name::…`, `use name;`, `use name as …`, `extern crate name`. A segment further along a
+/// path (`crate::http::…`, `tower_http::…` for `http`), an identifier of that name (`let http
+/// = …`), comments and strings are not.
+fn external_crates_named(src: &str, crates: &[&str]) -> BTreeSet<String> {
+    let code = strip_comments(src);
+    let bytes = code.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut found = BTreeSet::new();
+    for name in crates {
+        for (i, _) in code.match_indices(name) {
+            let end = i + name.len();
+            if end < bytes.len() && is_ident(bytes[end]) || i > 0 && is_ident(bytes[i - 1]) {
+                continue;
+            }
+            let before = code[..i].trim_end();
+            // `a::name`: a later segment of another path (a leading `::name` is the crate).
+            if let Some(b) = before.strip_suffix("::") {
+                let b = b.trim_end();
+                let word = &b[b.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |j| j + 1)..];
+                if !word.is_empty() && !KEYWORDS_BEFORE_A_PATH.contains(&word) {
+                    continue;
+                }
+            }
+            let after = code[end..].trim_start();
+            let used = before.ends_with("use") && (after.starts_with(';') || after.starts_with("as ")) || before.ends_with("extern crate");
+            if after.starts_with("::") || used {
+                found.insert(name.to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Keywords after which `::name` starts an absolute path (`use ::http::X`, `dyn ::hyper::Y`).
+const KEYWORDS_BEFORE_A_PATH: &[&str] = &["use", "dyn", "impl", "mut", "return", "in", "as", "for", "where"];
+
 /// Every forbidden import in the tree under `src/` given as (relative path, source) pairs.
 fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
     let mut out = Vec::new();
@@ -182,6 +231,11 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
         if LEAVES.contains(&top.as_str()) {
             for n in &names {
                 out.push(format!("src/{}: the leaf {top} imports crate::{n}", rel.display()));
+            }
+        }
+        if TRANSPORT_FREE.contains(&top.as_str()) {
+            for c in external_crates_named(src, TRANSPORT_CRATES) {
+                out.push(format!("src/{}: the {top} engine names the HTTP crate {c}; it takes bytes (upload::ChunkStream), and the transport adapts its body", rel.display()));
             }
         }
         if NO_STORAGE.contains(&top.as_str()) {
@@ -224,6 +278,36 @@ fn an_engine_importing_config_in_the_real_tree_is_caught() {
         assert_eq!(v.len(), 1, "{target}: {v:?}");
         assert!(v[0].starts_with(&format!("src/{target}: ")) && v[0].contains("imports crate::config"), "{}", v[0]);
     }
+}
+
+/// The real tree with the HTTP stack planted back into the upload engine, in each form it
+/// used to take there (a body type bound, a trailer's header value, the body extension
+/// trait) and in others: each is reported, by file, and nothing else is.
+#[test]
+fn the_upload_engine_naming_http_in_the_real_tree_is_caught() {
+    let clean = source_tree();
+    assert!(violations(&clean).iter().all(|v| !v.contains("HTTP crate")), "the real tree is clean");
+    let plants = [
+        ("upload/append.rs", "\nfn planted<B: http_body::Body>(_: B) {}\n", "http_body"),
+        ("upload/append.rs", "\nfn planted(v: &http::HeaderValue) -> bool { v.is_empty() }\n", "http"),
+        ("upload/exhausted.rs", "\nuse http_body_util::BodyExt;\n", "http_body_util"),
+        ("upload/mod.rs", "\nfn planted(_: axum::body::Body) {}\n", "axum"),
+        ("upload/chunk.rs", "\nuse ::hyper::body::Incoming;\n", "hyper"),
+        ("upload/files.rs", "\nuse http;\n", "http"),
+    ];
+    for (target, plant, name) in plants {
+        let mut files = clean.clone();
+        let (_, src) = files.iter_mut().find(|(p, _)| p == Path::new(target)).unwrap_or_else(|| panic!("src/{target} is in the tree"));
+        src.push_str(plant);
+        let v = violations(&files);
+        assert_eq!(v.len(), 1, "{target} {plant:?}: {v:?}");
+        assert!(v[0].starts_with(&format!("src/{target}: ")) && v[0].contains(&format!("HTTP crate {name};")), "{}", v[0]);
+    }
+    // The same text in the transport is no violation.
+    let mut files = clean.clone();
+    let (_, src) = files.iter_mut().find(|(p, _)| p == Path::new("http/tus.rs")).expect("src/http/tus.rs");
+    src.push_str("\nuse http_body_util::BodyExt;\n");
+    assert!(violations(&files).is_empty());
 }
 
 /// No two folders of `src/` import each other through `config`: nothing `config` imports
@@ -427,6 +511,23 @@ fn the_checker_catches_each_kind_of_crossing() {
     assert!(f("token_command.rs", "crate::config::file_tokens(path)").is_empty());
     assert!(f("config/file.rs", "use super::parse_interval; use crate::events::settings::WebhookConfig;").is_empty());
     assert!(f("events/webhooks.rs", "use super::settings::WebhookConfig; let t = hook.config.timeout;").is_empty());
+}
+
+/// The transport checker: a crate named as a path's start is caught; a later segment, an
+/// identifier, a comment or a string is not.
+#[test]
+fn the_transport_checker_tells_a_crate_from_a_segment() {
+    let f = |src: &str| external_crates_named(src, TRANSPORT_CRATES).into_iter().collect::<Vec<_>>();
+    assert_eq!(f("use http_body_util::BodyExt;"), ["http_body_util"]);
+    assert_eq!(f("fn f<B>(b: B) where B: http_body::Body<Data = Bytes> {}"), ["http_body"]);
+    assert_eq!(f("let v: &http :: HeaderValue = x;"), ["http"]);
+    assert_eq!(f("use ::axum::body::Body;"), ["axum"]);
+    assert_eq!(f("use {bytes::Bytes, hyper::body::Incoming};"), ["hyper"]);
+    assert_eq!(f("use http as h;"), ["http"]);
+    assert_eq!(f("extern crate http;"), ["http"]);
+    assert!(f("use crate::http::AppState; use tower::ServiceExt; let http = 1; ferry_tus::http_date(x);").is_empty());
+    assert!(f("// http::HeaderValue\nlet s = \"http://example.com\"; let t = \"axum::Body\";").is_empty());
+    assert!(f("use super::http; fn https() {} struct HttpBody; let a = my_http::X;").is_empty());
 }
 
 /// The protocol checker catches an application code re-added as a variant, a type or a word.

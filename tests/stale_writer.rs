@@ -19,7 +19,7 @@ use ferry::catalog::{Catalog, SqliteCatalog};
 use ferry::error::Refusal;
 use ferry::metrics::Metrics;
 use ferry::upload::locks::{CatalogLeaseConfig, CatalogLocker};
-use ferry::upload::{EngineConfig, UploadEngine};
+use ferry::upload::{ChunkError, ChunkStream, EngineConfig, UploadEngine, WholeChunk};
 use ferry_tus::{CreationPlan, PatchPlan, UploadState};
 use futures::TryStreamExt;
 
@@ -34,21 +34,22 @@ struct PausingBody {
     paused: Option<std::sync::mpsc::Sender<()>>,
 }
 
-impl http_body::Body for PausingBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
+impl futures::Stream for PausingBody {
+    type Item = Result<Bytes, ChunkError>;
 
-    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if let Some(b) = self.first.take() {
-            return Poll::Ready(Some(Ok(http_body::Frame::data(b))));
+            return Poll::Ready(Some(Ok(b)));
         }
         if let Some(tx) = self.paused.take() {
             let _ = tx.send(());
             std::thread::sleep(self.pause); // the process is "stopped"
         }
-        Poll::Ready(self.second.take().map(|b| Ok(http_body::Frame::data(b))))
+        Poll::Ready(self.second.take().map(Ok))
     }
 }
+
+impl ChunkStream for PausingBody {}
 
 async fn engine(dir: &std::path::Path, owner: &str) -> Arc<UploadEngine> {
     let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&dir.join("shared.db")).await.unwrap());
@@ -97,7 +98,7 @@ fn a_paused_writer_never_adds_bytes_after_losing_its_lease() {
     let mine = vec![b'B'; MIB];
     let mut refused = 0;
     let got = loop {
-        match rt.block_on(b.append("p".into(), id.clone(), at_durable_offset, http_body_util::Full::new(Bytes::from(mine.clone())))) {
+        match rt.block_on(b.append("p".into(), id.clone(), at_durable_offset, WholeChunk::from(mine.clone()))) {
             Ok(got) => break got,
             Err(e) if e.status == 503 || e.status == 423 => {
                 refused += u32::from(e.status == 503);
@@ -136,7 +137,7 @@ async fn a_kept_fence_saves_a_commit_per_patch_and_never_outlives_a_newer_fence(
     let e = UploadEngine::new(catalog.clone(), blobs, EngineConfig::default(), Arc::new(Metrics::default()));
     let plan = CreationPlan { length: Some(4 * MIB as u64), metadata: Default::default(), concat: None, expected_sha256: None, with_body: false, checksum: None };
     let id = e.create("p", &plan, "").await.unwrap().id;
-    let chunk = |b: u8| http_body_util::Full::new(Bytes::from(vec![b; MIB]));
+    let chunk = |b: u8| WholeChunk::from(vec![b; MIB]);
     for i in 0..3u8 {
         let rec = e.append("p".into(), id.clone(), at_durable_offset, chunk(i)).await.unwrap();
         assert_eq!(rec.offset, (i as u64 + 1) * MIB as u64);

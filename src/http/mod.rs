@@ -17,6 +17,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 pub(crate) mod api;
 pub mod auth;
+mod body;
 mod download;
 mod events;
 mod health;

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use ferry_tus::draft::{plan_draft_append, plan_draft_creation, DraftAppendHeaders, DraftCreationHeaders};
 use ferry_tus::{InteropVersion, UploadComplete, UploadLimit};
 
+use super::body::BodyChunk;
 use super::tus::{has_body, header, idempotency_key, location, set};
 use super::{render_problem, AppState};
 use crate::catalog::{Concat, UploadRecord};
@@ -116,7 +117,7 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
     let loc = location(&s, &h, &created.upload.id, upload_only);
     let rec = match (planned.body, created.existing) {
         (Some(plan), false) => {
-            let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), body).await;
+            let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), BodyChunk::new(body)).await;
             match s.engine.settle_creation(&p, &created.upload.id, appended).await {
                 Ok(rec) => rec,
                 Err(refused) => {
@@ -172,7 +173,7 @@ pub(super) async fn append(s: AppState, p: String, v: InteropVersion, id: String
         };
         plan_draft_append(v, state, &dh, max_size).map_err(Refusal::from)
     };
-    match s.engine.append(p, id, decide, body).await {
+    match s.engine.append(p, id, decide, BodyChunk::new(body)).await {
         Ok(rec) => {
             let mut res = if rec.is_finished() { completed(StatusCode::OK, &rec) } else { StatusCode::NO_CONTENT.into_response() };
             state_headers(&s, v, res.headers_mut(), &rec);

@@ -312,8 +312,7 @@ impl FerryMcp {
             };
             ferry_tus::plan_patch(state, &ph, max_size).map_err(Refusal::from)
         };
-        let body = http_body_util::Full::new(bytes::Bytes::from(data));
-        let rec = self.state.engine.append(p.to_string(), a.file_id, decide, body).await?;
+        let rec = self.state.engine.append(p.to_string(), a.file_id, decide, crate::upload::WholeChunk::from(data)).await?;
         Ok(file_out(&rec))
     }
 

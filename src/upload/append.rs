@@ -5,15 +5,15 @@
 //! background checkpoints, the ways a body ends, completion); hashing is in `hash.rs`, the
 //! free-space watch in `exhausted.rs`.
 
-use std::fmt::Display;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Next, Refusal, TrailerFault};
 use bytes::Bytes;
-use ferry_tus::{PatchPlan, UploadChecksum, UploadState};
-use http_body_util::BodyExt;
+use ferry_tus::{PatchPlan, UploadState};
+use futures::StreamExt;
 
+use super::chunk::ChunkStream;
 use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
 use super::locks::{Lease, Validity};
 use super::{internal, now_ms, UploadEngine};
@@ -600,28 +600,30 @@ impl Appender {
 }
 
 impl UploadEngine {
-    /// Append the body to the upload at the offset `decide` approves, given the stored state
+    /// Append `chunk` to the upload at the offset `decide` approves, given the stored state
     /// read under the writer slot (TUS 1.0 §PATCH). Runs on its own task, so a client that
     /// goes away mid-body still gets what arrived checkpointed.
+    ///
+    /// The chunk checksum is either announced before the bytes (the plan's `checksum`) or, when
+    /// the plan says one follows them (`checksum_in_trailer`), read from
+    /// [`ChunkStream::trailing_checksum`] once the stream has ended (TUS 1.0 §Checksum).
     ///
     /// Errors: everything [`ferry_tus::plan_patch`] decides; 413 when the body runs past the
     /// length (bytes since the last checkpoint are discarded); 460 for a chunk checksum
     /// mismatch (the chunk is discarded) or a whole-upload sha256 mismatch (reset to 0);
     /// 423/409 when another request takes the upload over mid-body (what arrived is kept).
-    pub async fn append<B, F>(self: &Arc<Self>, principal: String, id: String, decide: F, body: B) -> Result<AppendOutcome, Refusal>
+    pub async fn append<C, F>(self: &Arc<Self>, principal: String, id: String, decide: F, chunk: C) -> Result<AppendOutcome, Refusal>
     where
-        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-        B::Error: Display + Send + 'static,
+        C: ChunkStream + Send + 'static,
         F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal> + Send + 'static,
     {
         let me = self.clone();
-        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, body).await }).await.map_err(|e| internal("append task", e))?
+        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, chunk).await }).await.map_err(|e| internal("append task", e))?
     }
 
-    async fn append_owned<B, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: B) -> Result<AppendOutcome, Refusal>
+    async fn append_owned<C, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: C) -> Result<AppendOutcome, Refusal>
     where
-        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-        B::Error: Display + Send + 'static,
+        C: ChunkStream,
         F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal>,
     {
         self.get(principal, id).await?;
@@ -632,7 +634,7 @@ impl UploadEngine {
         if rec.is_finished() {
             // Offset equals length: nothing more may arrive; an empty PATCH is a no-op. A body
             // whose size was not announced (chunked) is read to learn which this is.
-            if super::exhausted::drain_body(&mut body).await > 0 {
+            if super::exhausted::drain(&mut body).await > 0 {
                 return Err(already_complete(rec.offset));
             }
             return Ok(rec);
@@ -640,16 +642,16 @@ impl UploadEngine {
         if let Err(e) = self.check_space(0, Some(rec.offset)) {
             // Refused before reading: take the body in anyway, so a client still sending
             // reads the 507 with its cursor instead of a reset connection.
-            super::exhausted::drain_body(&mut body).await;
+            super::exhausted::drain(&mut body).await;
             return Err(e);
         }
         // A deferred length grows the principal's use as bytes arrive: this PATCH may add at
         // most the quota's room (a length declared now is checked whole, before any byte).
-        let want = plan.max_bytes.min(http_body::Body::size_hint(&body).upper().unwrap_or(u64::MAX));
+        let want = plan.max_bytes.min(body.len_hint().unwrap_or(u64::MAX));
         let (room, _room_held) = match self.patch_room(&rec, plan.set_length, want).await {
             Ok(r) => r,
             Err(e) => {
-                super::exhausted::drain_body(&mut body).await;
+                super::exhausted::drain(&mut body).await;
                 return Err(e);
             }
         };
@@ -662,7 +664,7 @@ impl UploadEngine {
             Err(e) => {
                 // The blob could not be opened (the store is away, say): read the body anyway, so
                 // a client still sending gets the answer with its cursor, not a reset connection.
-                super::exhausted::drain_body(&mut body).await;
+                super::exhausted::drain(&mut body).await;
                 let retry_later = matches!(e.code, crate::error::ErrorCode::Unavailable | crate::error::ErrorCode::InsufficientStorage);
                 return Err(if retry_later && e.cursor.is_none() { e.with_cursor(durable) } else { e });
             }
@@ -678,9 +680,8 @@ impl UploadEngine {
         let mut space = super::exhausted::SpaceWatch::default();
         let mut received: u64 = 0;
         let mut since_checkpoint: u64 = 0;
-        let mut trailer: Option<Result<UploadChecksum, Refusal>> = None;
-        // The idle timeout counts from the last frame; bytes gathered for a batch are handed
-        // on once the oldest of them waited FLUSH_QUIET.
+        // The idle timeout counts from the last slice of bytes; bytes gathered for a batch are
+        // handed on once the oldest of them waited FLUSH_QUIET.
         let mut last_frame = tokio::time::Instant::now();
         let mut gathered_since: Option<tokio::time::Instant> = None;
         let end = loop {
@@ -692,31 +693,22 @@ impl UploadEngine {
                 _ = tokio::time::sleep_until(quiet.unwrap_or(last_frame)), if quiet.is_some() => {
                     gathered_since = None;
                     if let Err(e) = app.flush().await {
-                        super::exhausted::drain_body(&mut body).await;
+                        super::exhausted::drain(&mut body).await;
                         return Err(e);
                     }
                     continue;
                 }
-                f = tokio::time::timeout_at(last_frame + self.cfg.idle_timeout, body.frame()) => f,
+                f = tokio::time::timeout_at(last_frame + self.cfg.idle_timeout, body.next()) => f,
             };
             last_frame = tokio::time::Instant::now();
-            let frame = match frame {
+            let data = match frame {
                 Err(_) => break End::Idle,
                 Ok(None) => break End::Eof,
                 Ok(Some(Err(e))) => {
                     tracing::debug!(upload = id, error = %e, "PATCH body failed");
                     break End::Disconnected;
                 }
-                Ok(Some(Ok(f))) => f,
-            };
-            let data = match frame.into_data() {
-                Ok(d) => d,
-                Err(frame) => {
-                    if let Some(v) = frame.trailers_ref().and_then(|t| t.get("upload-checksum")) {
-                        trailer = Some(trailer_checksum(v));
-                    }
-                    continue;
-                }
+                Ok(Some(Ok(d))) => d,
             };
             received += data.len() as u64;
             if received > plan.max_bytes {
@@ -731,7 +723,7 @@ impl UploadEngine {
                     digests.update(&part);
                     let n = part.len() as u64;
                     if let Err(e) = app.write(part).await {
-                        super::exhausted::drain_body(&mut body).await;
+                        super::exhausted::drain(&mut body).await;
                         return Err(e);
                     }
                     self.metrics.bytes_received.inc_by(n);
@@ -742,7 +734,7 @@ impl UploadEngine {
             since_checkpoint += data.len() as u64;
             let n = data.len() as u64;
             if let Err(e) = app.write(data).await {
-                super::exhausted::drain_body(&mut body).await;
+                super::exhausted::drain(&mut body).await;
                 return Err(e);
             }
             gathered_since.get_or_insert(last_frame);
@@ -756,13 +748,13 @@ impl UploadEngine {
                 if since_checkpoint >= self.cfg.checkpoint_every {
                     // fsync + commit in the background while the body keeps streaming in
                     if let Err(e) = app.checkpoint_in_background().await {
-                        super::exhausted::drain_body(&mut body).await;
+                        super::exhausted::drain(&mut body).await;
                         return Err(e);
                     }
                     since_checkpoint = 0;
                 } else {
                     if let Err(e) = app.poll_checkpoint().await {
-                        super::exhausted::drain_body(&mut body).await;
+                        super::exhausted::drain(&mut body).await;
                         return Err(e);
                     }
                 }
@@ -771,6 +763,7 @@ impl UploadEngine {
 
         match end {
             End::Eof => {
+                let trailer = body.trailing_checksum();
                 if !verifying && trailer.is_some() {
                     app.discard().await?;
                     return Err(Refusal::bad_request(
@@ -855,7 +848,7 @@ impl UploadEngine {
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
                 if matches!(end, End::Reserve | End::Quota) {
-                    super::exhausted::drain_body(&mut body).await;
+                    super::exhausted::drain(&mut body).await;
                 }
                 return Err(match end {
                     End::Quota => self.quota_refusal(principal, kept, refused).await,
@@ -895,13 +888,6 @@ impl UploadEngine {
         // The row as the last commit left it (see `Appender::record`), as `get` would show it.
         Ok(self.with_retention(app.rec))
     }
-}
-
-/// The `Upload-Checksum` trailer, parsed as the header is (one parser: malformed or unknown
-/// algorithm → 400; a digest of the wrong length parses and then fails to match → 460).
-fn trailer_checksum(v: &http::HeaderValue) -> Result<UploadChecksum, Refusal> {
-    let s = v.to_str().map_err(|_| Refusal::bad_request("Upload-Checksum trailer is not ASCII", Next::Trailer(TrailerFault::NotAscii)))?;
-    Ok(ferry_tus::parse_upload_checksum(s)?)
 }
 
 /// 413 `size_exceeded` for bytes sent to an upload that already holds all of its `length`

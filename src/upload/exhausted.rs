@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::Refusal;
-use bytes::Bytes;
 use serde::Serialize;
 
 use super::append::SPACE_CHECK_EVERY;
+use super::chunk::ChunkStream;
 use super::{internal, UploadEngine};
 use crate::blob::BlobError;
 use crate::catalog::{CatalogError, UploadRecord};
@@ -96,19 +96,16 @@ const DRAIN_MAX: u64 = 1 << 30;
 /// Longest wait for the next piece of a refused body.
 const DRAIN_IDLE: Duration = Duration::from_secs(5);
 
-/// Read and drop the rest of a request body that was refused part-way (507): a client still
-/// sending when the answer comes would otherwise see its connection reset and never read the
-/// answer with its cursor. Bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per read.
-/// Returns how many bytes it dropped.
-pub(super) async fn drain_body<B>(body: &mut B) -> u64
-where
-    B: http_body::Body<Data = Bytes> + Unpin,
-{
-    use http_body_util::BodyExt;
+/// Read and drop the rest of a chunk that was refused part-way (507): a client still sending
+/// when the answer comes would otherwise see its connection reset and never read the answer
+/// with its cursor. Bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per read. Returns how
+/// many bytes it dropped.
+pub(super) async fn drain<C: ChunkStream>(chunk: &mut C) -> u64 {
+    use futures::StreamExt;
     let mut dropped = 0u64;
     while dropped < DRAIN_MAX {
-        match tokio::time::timeout(DRAIN_IDLE, body.frame()).await {
-            Ok(Some(Ok(f))) => dropped += f.data_ref().map_or(0, |d| d.len() as u64),
+        match tokio::time::timeout(DRAIN_IDLE, chunk.next()).await {
+            Ok(Some(Ok(b))) => dropped += b.len() as u64,
             _ => break,
         }
     }

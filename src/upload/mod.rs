@@ -3,7 +3,9 @@
 //! It owns the storage invariant of DESIGN §2 — the catalog's offset is the truth, bytes
 //! `[0, offset)` are durable, and the stored midstate hashes exactly them — and every TUS
 //! decision that needs stored state. The HTTP layer parses headers into `ferry_tus` plans and
-//! renders what this module returns; it never touches files or SQL.
+//! renders what this module returns; it never touches files or SQL. Nor does this module know
+//! HTTP: an append reads a [`ChunkStream`] (bytes, then perhaps a trailing checksum) that each
+//! transport builds from what it received.
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -17,6 +19,7 @@ use crate::catalog::{Catalog, CatalogError, Concat, CreationKey, KeyedCreate, Up
 use crate::metrics::Metrics;
 
 mod append;
+mod chunk;
 pub mod describe;
 mod exhausted;
 mod files;
@@ -28,6 +31,7 @@ mod maintenance;
 mod quota;
 
 pub use append::AppendOutcome;
+pub use chunk::{ChunkError, ChunkStream, WholeChunk};
 pub use describe::{check_metadata, describe, describe_raw, metadata_from_json, metadata_json, Description, MAX_METADATA_BYTES};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
