@@ -15,7 +15,7 @@ use futures::StreamExt;
 
 use super::chunk::ChunkStream;
 use super::hash::{ChunkDigests, PipelinedSha256, RunningSha256};
-use super::locks::{Lease, Validity};
+use super::locks::{Lease, LockError, Validity, Want};
 use super::{internal, now_ms, UploadEngine};
 use crate::blob::{BlobError, BlobState, BlobWriter, SyncFuture, WriteLease};
 use crate::catalog::{CatalogError, Checkpoint, Concat, UploadRecord};
@@ -626,11 +626,31 @@ impl UploadEngine {
         C: ChunkStream,
         F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal>,
     {
-        self.get(principal, id).await?;
-        let guard = self.take(id).await?;
+        // The lease first when it is free (the usual case: one client, one PATCH after
+        // another): the upload is read once, under it. When another request holds it, the
+        // owner is checked before that request is asked to stop, so a stranger's PATCH never
+        // disturbs a writer.
+        let guard = match self.locker.acquire(id, Want::IfFree, self.cfg.takeover_wait).await {
+            Ok(lease) => lease,
+            Err(LockError::Locked) => {
+                self.get(principal, id).await?;
+                self.take(id).await?
+            }
+            Err(LockError::Catalog(e)) => return Err(e.into()),
+        };
         let rec = self.get(principal, id).await?;
         let state = UploadState { offset: rec.offset, length: rec.length, is_final: matches!(rec.concat, Concat::Final { .. }) };
-        let plan = decide(&state)?;
+        let plan = match decide(&state) {
+            Ok(plan) => plan,
+            Err(e) => {
+                // Refused before reading (an offset that moved, a length that does not fit):
+                // the lease goes back at once, and the body is read anyway, so a client still
+                // sending reads the answer with its offset rather than a reset connection.
+                drop(guard);
+                super::exhausted::drain(&mut body).await;
+                return Err(e);
+            }
+        };
         if rec.is_finished() {
             // Offset equals length: nothing more may arrive; an empty PATCH is a no-op. A body
             // whose size was not announced (chunked) is read to learn which this is.
