@@ -21,6 +21,7 @@ pub mod conformance_events;
 pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
+mod dialect;
 pub mod events;
 pub mod hold;
 pub mod partials;
@@ -31,6 +32,7 @@ mod sql;
 pub mod sqlite;
 mod sqlite_events;
 mod sqlite_tasks;
+mod statements;
 pub mod tasks;
 
 pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
