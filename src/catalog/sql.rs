@@ -33,9 +33,6 @@ macro_rules! task_columns {
 }
 pub(super) use task_columns;
 
-/// The columns [`row_to_task`] reads, in `SELECT` order.
-pub(super) const TASK_COLUMNS: &str = task_columns!();
-
 /// A column value both drivers decode (text, integers, `bool` — SQLite's 0/1 integers too —,
 /// bytes, and `Option`s of them).
 pub(super) trait Value: for<'r> Decode<'r, Sqlite> + Type<Sqlite> + for<'r> Decode<'r, Postgres> + Type<Postgres> {}
@@ -102,7 +99,7 @@ pub(super) fn corrupt(what: &str) -> CatalogError {
     CatalogError::Backend(format!("stored task {what} is invalid").into())
 }
 
-/// A task row ([`TASK_COLUMNS`]).
+/// A task row ([`task_columns`]).
 pub(super) fn row_to_task(r: &impl Cols) -> CatalogResult<TaskRecord> {
     let status: String = r.col("status")?;
     let progress: String = r.col("progress")?;

@@ -52,9 +52,6 @@ impl From<sqlx::Error> for CatalogError {
     }
 }
 
-/// The database clock as Unix ms (SQLite: the host clock, read inside the statement).
-pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-
 /// How long release requests are kept for pollers, ms.
 const RELEASE_REQUEST_TTL_MS: i64 = 60_000;
 /// How often a [`Catalog::release_requests`] stream polls, on SQLite.
