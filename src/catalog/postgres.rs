@@ -1,7 +1,8 @@
 //! The distributed [`Catalog`]: PostgreSQL (sqlx), shared by every replica.
 //!
-//! One file of ~700 lines because it is the upload half of the [`Catalog`] trait, one method per
-//! item; what both catalogs share is in `sql.rs`, tasks and events in `postgres_tasks.rs` and
+//! The upload half of the [`Catalog`] trait, one method per item. The statements are written
+//! once for both catalogs in `statements.rs` (rendered for PostgreSQL by `dialect.rs`); decoders
+//! and the rest both share are in `sql.rs`; tasks and events in `postgres_tasks.rs` and
 //! `postgres_events.rs`.
 //!
 //! The same rows as the SQLite catalog (migrations/postgres/ mirrors migrations/sqlite/), with
@@ -18,9 +19,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
 
-use super::postgres_tasks::{settle, Tx};
 use super::sql::{row_to_record, to_i64};
 use super::statements as st;
 use super::Damage;
@@ -42,6 +42,34 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long start-up waits for the first connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a transaction body ends (see [`settle`]).
+pub(super) enum Tx<T> {
+    Commit(T),
+    Rollback(T),
+}
+
+/// End `tx` as `out` says, rolling back explicitly on every path that does not commit: the one
+/// way every PostgreSQL transaction of the catalog ends (`begin`, a body returning
+/// `CatalogResult<Tx<T>>`, then `settle`). A dropped transaction only *queues* its ROLLBACK
+/// until the connection is next used, and a pooled idle connection would keep its row locks
+/// (and advisory locks) until then: claims with SKIP LOCKED would pass the row over.
+pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogResult<Tx<T>>) -> CatalogResult<T> {
+    match out {
+        Ok(Tx::Commit(v)) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Ok(Tx::Rollback(v)) => {
+            tx.rollback().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
 
 /// A principal's quota lock (transaction-scoped advisory lock): creations and reservations
 /// of one principal, on every replica, are decided one after the other.

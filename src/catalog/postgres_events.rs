@@ -10,7 +10,7 @@ use super::dialect::sql;
 use super::event_statements::{self as st, deliveries_joined};
 use super::events::{row_to_delivery, row_to_event};
 use super::events::{Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
-use super::postgres_tasks::{settle, Tx};
+use super::postgres::{settle, Tx};
 use super::{CatalogResult, PostgresCatalog};
 
 async fn enqueue_in(tx: &mut Transaction<'static, Postgres>, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {

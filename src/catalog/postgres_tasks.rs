@@ -8,37 +8,11 @@ use sqlx::{Postgres, Transaction};
 
 use super::dialect::sql;
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
+use super::postgres::{settle, Tx};
 use super::sql::{corrupt, json_map, json_text, raw, row_to_task, task_columns};
 use super::task_statements as st;
 use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, PostgresCatalog};
-
-/// How a transaction body ends.
-pub(super) enum Tx<T> {
-    Commit(T),
-    Rollback(T),
-}
-
-/// End `tx` as `out` says, rolling back explicitly on every path that does not commit. A
-/// dropped transaction only *queues* its ROLLBACK until the connection is next used, and a
-/// pooled idle connection would keep its row locks (and advisory locks) until then: claims
-/// with SKIP LOCKED would pass the row over.
-pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogResult<Tx<T>>) -> CatalogResult<T> {
-    match out {
-        Ok(Tx::Commit(v)) => {
-            tx.commit().await?;
-            Ok(v)
-        }
-        Ok(Tx::Rollback(v)) => {
-            tx.rollback().await?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
-}
 
 /// The task row, locked for the rest of the transaction.
 async fn task_for_update(tx: &mut Transaction<'static, Postgres>, id: &str) -> CatalogResult<Option<TaskRecord>> {

@@ -1,9 +1,10 @@
 //! The embedded [`Catalog`]: one SQLite file (`DATA/ferry.db`) in WAL mode with
 //! `synchronous=FULL`, so a committed checkpoint survives power loss.
 //!
-//! Longer than most files (~790 lines) for a reason: it is the upload half of the [`Catalog`]
-//! trait, one method per trait item, plus opening the file and the read cache. What SQLite and
-//! PostgreSQL share is in `sql.rs`; tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
+//! The upload half of the [`Catalog`] trait, one method per trait item, plus opening the file
+//! and the read cache. The statements are written once for both catalogs in `statements.rs`
+//! (rendered for SQLite by `dialect.rs`); decoders and the rest both share are in `sql.rs`;
+//! tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
 
 use std::path::Path;
 use std::str::FromStr;
