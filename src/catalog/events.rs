@@ -143,12 +143,23 @@ impl AttemptOutcome {
     }
 }
 
-/// The columns [`row_to_event`] reads, from `events e` (both catalogs).
-pub(super) const EVENT_COLUMNS: &str = "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body";
-/// The columns [`row_to_delivery`] reads from `webhook_deliveries d` (with [`EVENT_COLUMNS`]).
-pub(super) const DELIVERY_COLUMNS: &str = "d.webhook, d.state, d.attempts, d.created_at_ms, d.next_attempt_ms, d.last_attempt_ms, d.last_status, d.last_error";
+/// The columns [`row_to_event`] reads, from `events e` (both catalogs; a literal, for `sql!`).
+macro_rules! event_columns {
+    () => {
+        "e.seq, e.id, e.type, e.principal, e.subject, e.at_ms, e.body"
+    };
+}
+pub(super) use event_columns;
 
-/// An event from a row of [`EVENT_COLUMNS`] (SQLite or PostgreSQL).
+/// The columns [`row_to_delivery`] reads from `webhook_deliveries d` (with [`event_columns`]).
+macro_rules! delivery_columns {
+    () => {
+        "d.webhook, d.state, d.attempts, d.created_at_ms, d.next_attempt_ms, d.last_attempt_ms, d.last_status, d.last_error"
+    };
+}
+pub(super) use delivery_columns;
+
+/// An event from a row of [`event_columns`] (SQLite or PostgreSQL).
 pub(super) fn row_to_event<R>(r: &R) -> CatalogResult<EventRecord>
 where
     R: sqlx::Row,
@@ -167,7 +178,7 @@ where
     })
 }
 
-/// A delivery from a row of [`DELIVERY_COLUMNS`] and [`EVENT_COLUMNS`] (SQLite or PostgreSQL).
+/// A delivery from a row of [`delivery_columns`] and [`event_columns`] (SQLite or PostgreSQL).
 pub(super) fn row_to_delivery<R>(r: &R) -> CatalogResult<Delivery>
 where
     R: sqlx::Row,

@@ -21,6 +21,8 @@ pub mod conformance_events;
 pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
+mod dialect;
+mod event_statements;
 pub mod events;
 pub mod hold;
 pub mod partials;
@@ -31,6 +33,8 @@ mod sql;
 pub mod sqlite;
 mod sqlite_events;
 mod sqlite_tasks;
+mod statements;
+mod task_statements;
 pub mod tasks;
 
 pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};

@@ -1,7 +1,8 @@
 //! The distributed [`Catalog`]: PostgreSQL (sqlx), shared by every replica.
 //!
-//! One file of ~700 lines because it is the upload half of the [`Catalog`] trait, one method per
-//! item; what both catalogs share is in `sql.rs`, tasks and events in `postgres_tasks.rs` and
+//! The upload half of the [`Catalog`] trait, one method per item. The statements are written
+//! once for both catalogs in `statements.rs` (rendered for PostgreSQL by `dialect.rs`); decoders
+//! and the rest both share are in `sql.rs`; tasks and events in `postgres_tasks.rs` and
 //! `postgres_events.rs`.
 //!
 //! The same rows as the SQLite catalog (migrations/postgres/ mirrors migrations/sqlite/), with
@@ -18,10 +19,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
 
-use super::postgres_tasks::{settle, Tx};
-use super::sql::{row_to_record, to_i64, COLUMNS};
+use super::sql::{row_to_record, to_i64};
+use super::statements as st;
 use super::Damage;
 use super::{
     join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
@@ -41,6 +42,38 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long start-up waits for the first connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a transaction body ends (see [`settle`]).
+pub(super) enum Tx<T> {
+    Commit(T),
+    Rollback(T),
+}
+
+/// End `tx` as `out` says, rolling back explicitly on every path that does not commit: the one
+/// way every PostgreSQL transaction of the catalog ends (`begin`, a body returning
+/// `CatalogResult<Tx<T>>`, then `settle`). A dropped transaction only *queues* its ROLLBACK
+/// until the connection is next used, and a pooled idle connection would keep its row locks
+/// (and advisory locks) until then: claims with SKIP LOCKED would pass the row over.
+pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogResult<Tx<T>>) -> CatalogResult<T> {
+    match out {
+        Ok(Tx::Commit(v)) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Ok(Tx::Rollback(v)) => {
+            tx.rollback().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// A principal's quota lock (transaction-scoped advisory lock): creations and reservations
+/// of one principal, on every replica, are decided one after the other.
+const QUOTA_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))";
 
 /// PostgreSQL-backed catalog.
 #[derive(Clone)]
@@ -157,78 +190,58 @@ async fn insert_on<'e>(exec: impl sqlx::PgExecutor<'e>, rec: &UploadRecord, key:
         Concat::Partial => ("partial", None, None),
         Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
     };
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20)"
-    )))
-    .bind(&rec.id)
-    .bind(&rec.principal)
-    .bind(rec.length.map(to_i64).transpose()?)
-    .bind(to_i64(rec.offset)?)
-    .bind(&rec.metadata)
-    .bind(&rec.hash_state)
-    .bind(rec.sha256.map(|d| d.to_vec()))
-    .bind(rec.expected_sha256.map(|d| d.to_vec()))
-    .bind(kind)
-    .bind(parts)
-    .bind(header)
-    .bind(rec.created_at_ms)
-    .bind(rec.updated_at_ms)
-    .bind(rec.expires_at_ms)
-    .bind(rec.finished_at_ms)
-    .bind(rec.expired)
-    .bind(&rec.blob_state)
-    .bind(!rec.provisional)
-    .bind(key.map(|k| k.key.as_str()))
-    .bind(key.map(|k| k.fingerprint.as_str()))
-    .execute(exec)
-    .await?;
+    sqlx::query(st::INSERT_UPLOAD.pg)
+        .bind(&rec.id)
+        .bind(&rec.principal)
+        .bind(rec.length.map(to_i64).transpose()?)
+        .bind(to_i64(rec.offset)?)
+        .bind(&rec.metadata)
+        .bind(&rec.hash_state)
+        .bind(rec.sha256.map(|d| d.to_vec()))
+        .bind(rec.expected_sha256.map(|d| d.to_vec()))
+        .bind(kind)
+        .bind(parts)
+        .bind(header)
+        .bind(rec.created_at_ms)
+        .bind(rec.updated_at_ms)
+        .bind(rec.expires_at_ms)
+        .bind(rec.finished_at_ms)
+        .bind(rec.expired)
+        .bind(&rec.blob_state)
+        .bind(!rec.provisional)
+        .bind(key.map(|k| k.key.as_str()))
+        .bind(key.map(|k| k.fingerprint.as_str()))
+        .execute(exec)
+        .await?;
     Ok(())
 }
 
 /// [`Catalog::usage`] through `exec`.
 async fn usage_on<'e>(exec: impl sqlx::PgExecutor<'e>, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
-    let row = sqlx::query(
-        "SELECT COALESCE(SUM(COALESCE(length, GREATEST(\"offset\", COALESCE(reserved_to, 0)))), 0)::BIGINT AS bytes, \
-         COUNT(*) FILTER (WHERE finished_at_ms IS NULL) AS open \
-         FROM uploads WHERE principal = $1 AND NOT expired \
-         AND (finished_at_ms IS NOT NULL OR expires_at_ms IS NULL OR expires_at_ms > $2)",
-    )
-    .bind(principal)
-    .bind(now_ms)
-    .fetch_one(exec)
-    .await?;
+    let row = sqlx::query(st::USAGE.pg).bind(principal).bind(now_ms).fetch_one(exec).await?;
     Ok(Usage { bytes: row.try_get::<i64, _>("bytes")?.max(0) as u64, uploads_in_progress: row.try_get::<i64, _>("open")?.max(0) as u64 })
 }
 
 impl PostgresCatalog {
-    /// Run fenced UPDATE `update_sql` of one upload's row (its `params` placeholders bound by
-    /// `bind`) and, when it changed the row and `from` says so ([`Checkpoint::blob_entries_from`]),
-    /// replace the entries kept beside it from `from` on with `entries[from..]` — in the same
-    /// statement (data-modifying CTEs: one round trip, one transaction; the rows it upserts and
-    /// the ones it deletes are disjoint). Returns the rows the UPDATE changed.
+    /// Run fenced update `sql.0` of one upload's row (its placeholders bound by `bind`) and,
+    /// when it changed the row and `from` says so ([`Checkpoint::blob_entries_from`]), replace
+    /// the entries kept beside it from `from` on with `entries[from..]` — in one statement,
+    /// `sql.1` (the update inside `statements::with_entries!`: one round trip, one
+    /// transaction). Returns the rows the update changed.
     async fn update_with_entries(
         &self,
-        update_sql: &str,
-        params: usize,
+        sql: (&'static str, &'static str),
         bind: impl FnOnce(sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
         from: Option<u32>,
         entries: &[&[u8]],
     ) -> CatalogResult<u64> {
         let Some(from) = from else {
-            return Ok(bind(sqlx::query(sqlx::AssertSqlSafe(update_sql.to_string()))).execute(&self.pool).await?.rows_affected());
+            return Ok(bind(sqlx::query(sql.0)).execute(&self.pool).await?.rows_affected());
         };
-        let (seq, entry, end) = (params + 1, params + 2, params + 3);
-        let sql = format!(
-            "WITH up AS ({update_sql} RETURNING id), \
-             put AS (INSERT INTO upload_blob_entries (upload_id, seq, entry) SELECT up.id, t.s, t.e FROM up, UNNEST(${seq}::int4[], ${entry}::bytea[]) AS t(s, e) \
-                     ON CONFLICT (upload_id, seq) DO UPDATE SET entry = EXCLUDED.entry), \
-             cut AS (DELETE FROM upload_blob_entries WHERE upload_id IN (SELECT id FROM up) AND seq >= ${end}) \
-             SELECT count(*) FROM up"
-        );
         let added = entries.get(from as usize..).unwrap_or_default();
         let seqs: Vec<i32> = (from as i32..).take(added.len()).collect();
         let bytes: Vec<Vec<u8>> = added.iter().map(|e| e.to_vec()).collect();
-        let row = bind(sqlx::query(sqlx::AssertSqlSafe(sql))).bind(seqs).bind(bytes).bind(entries.len() as i32).fetch_one(&self.pool).await?;
+        let row = bind(sqlx::query(sql.1)).bind(seqs).bind(bytes).bind(entries.len() as i32).fetch_one(&self.pool).await?;
         Ok(row.try_get::<i64, _>(0)? as u64)
     }
 
@@ -243,7 +256,7 @@ impl PostgresCatalog {
     async fn insert_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<()> {
         let mut tx = self.pool.begin().await?;
         let out: CatalogResult<Tx<_>> = async {
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&rec.principal).execute(&mut *tx).await?;
+            sqlx::query(QUOTA_LOCK).bind(&rec.principal).execute(&mut *tx).await?;
             insert_on(&mut *tx, rec, key).await?;
             let used = usage_on(&mut *tx, &rec.principal, rec.created_at_ms).await?;
             if let Some(q) = used.exceeds(quota, rec.length.unwrap_or(rec.offset), !rec.is_finished()) {
@@ -257,11 +270,7 @@ impl PostgresCatalog {
 
     /// The live upload of `principal` holding creation key `key`, with its fingerprint.
     async fn by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS}, creation_fingerprint FROM uploads WHERE principal = $1 AND creation_key = $2 AND NOT expired")))
-            .bind(principal)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(st::BY_CREATION_KEY.pg).bind(principal).bind(key).fetch_optional(&self.pool).await?;
         row.map(|r| Ok((row_to_record(&r)?, r.try_get::<Option<String>, _>("creation_fingerprint")?.unwrap_or_default()))).transpose()
     }
 }
@@ -299,12 +308,12 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET announced = TRUE WHERE id = $1 AND NOT announced").bind(id).execute(&self.pool).await?;
+        sqlx::query(st::ANNOUNCE.pg).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
-        let done = sqlx::query("DELETE FROM uploads WHERE id = $1 AND NOT announced").bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(st::WITHDRAW.pg).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -315,14 +324,14 @@ impl Catalog for PostgresCatalog {
         let out: CatalogResult<Tx<_>> = async {
             // The lock `insert_within` takes: creations and reservations of one principal, on
             // every replica, are decided one after the other.
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))").bind(&principal).execute(&mut *tx).await?;
-            let row = sqlx::query("SELECT length, \"offset\", reserved_to FROM uploads WHERE id = $1 AND NOT expired").bind(id).fetch_optional(&mut *tx).await?;
+            sqlx::query(QUOTA_LOCK).bind(&principal).execute(&mut *tx).await?;
+            let row = sqlx::query(st::RESERVATION_ROW.pg).bind(id).fetch_optional(&mut *tx).await?;
             let Some(row) = row else { return Err(CatalogError::NotFound) };
             let n = |v: i64| v.max(0) as u64;
             let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
             let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
             let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
-            sqlx::query("UPDATE uploads SET reserved_to = $1, reservation = $2 WHERE id = $3").bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
+            sqlx::query(st::SET_RESERVATION.pg).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
             Ok(Tx::Commit(r))
         }
         .await;
@@ -330,75 +339,42 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET reserved_to = NULL, reservation = NULL WHERE id = $1 AND reservation = $2").bind(id).bind(nonce).execute(&self.pool).await?;
+        sqlx::query(st::RELEASE_RESERVATION.pg).bind(id).bind(nonce).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        let base = "SELECT id FROM uploads WHERE finished_at_ms IS NOT NULL AND NOT expired AND finished_at_ms <= $1";
         let rows = match scope {
-            PrincipalScope::Only(p) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!("{base} AND principal = $2 ORDER BY finished_at_ms LIMIT $3")))
-                    .bind(finished_before_ms)
-                    .bind(p)
-                    .bind(limit as i64)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            PrincipalScope::AllExcept(ps) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!("{base} AND NOT (principal = ANY($2)) ORDER BY finished_at_ms LIMIT $3")))
-                    .bind(finished_before_ms)
-                    .bind(ps)
-                    .bind(limit as i64)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
+            PrincipalScope::Only(p) => sqlx::query(st::FINISHED_BEFORE_OF.pg).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?,
+            PrincipalScope::AllExcept(ps) => sqlx::query(st::FINISHED_BEFORE_EXCEPT_PG.pg).bind(finished_before_ms).bind(ps).bind(limit as i64).fetch_all(&self.pool).await?,
         };
         rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
     }
 
     async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(
-            "UPDATE uploads SET updated_at_ms = $1, expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
-             WHERE id = $2 AND finished_at_ms IS NOT NULL AND finished_at_ms <= $3 AND NOT expired",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .bind(finished_before_ms)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.pg).bind(now_ms).bind(id).bind(finished_before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id = $1"))).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::GET_UPLOAD.pg).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(row_to_record).transpose()
     }
 
     async fn upload_blob_state(&self, id: &str) -> CatalogResult<Option<Vec<u8>>> {
         // One statement, so the row and its entries come from one snapshot.
-        let rows = sqlx::query(
-            "SELECT blob_state, -1 AS seq FROM uploads WHERE id = $1 \
-             UNION ALL SELECT entry, seq FROM upload_blob_entries WHERE upload_id = $1 ORDER BY seq",
-        )
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::BLOB_STATE.pg).bind(id).fetch_all(&self.pool).await?;
         join_blob_state(rows.iter().map(|r| r.try_get::<Vec<u8>, _>(0)).collect::<Result<Vec<_>, _>>()?)
     }
 
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
-        let fence: Option<i64> = sqlx::query_scalar("UPDATE uploads SET fence = fence + 1 WHERE id = $1 RETURNING fence").bind(id).fetch_optional(&self.pool).await?;
+        let fence: Option<i64> = sqlx::query_scalar(st::ACQUIRE_FENCE.pg).bind(id).fetch_optional(&self.pool).await?;
         fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let (row, entries) = crate::framed::split(&cp.blob_state);
         let (offset, length, fence) = (to_i64(cp.offset)?, cp.length.map(to_i64).transpose()?, to_i64(fence)?);
-        let update = "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = COALESCE($4, length), \
-             sha256 = COALESCE($5, sha256), finished_at_ms = CASE WHEN $5::bytea IS NULL THEN finished_at_ms ELSE $6 END, \
-             expires_at_ms = CASE WHEN $5::bytea IS NULL THEN $7 ELSE NULL END, updated_at_ms = $6 \
-             WHERE id = $8 AND fence = $9";
         let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
             q.bind(offset)
                 .bind(cp.hash_state.clone())
@@ -410,19 +386,12 @@ impl Catalog for PostgresCatalog {
                 .bind(id.to_string())
                 .bind(fence)
         };
-        let changed = self.update_with_entries(update, 9, bind, cp.blob_entries_from, &entries).await?;
+        let changed = self.update_with_entries((st::CHECKPOINT.pg, st::CHECKPOINT_WITH_ENTRIES_PG.pg), bind, cp.blob_entries_from, &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(
-            "UPDATE uploads SET updated_at_ms = CASE WHEN expired THEN updated_at_ms ELSE $1 END, \
-             expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = $2 AND finished_at_ms IS NULL",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::MARK_EXPIRED.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
         if done.rows_affected() == 1 {
             return Ok(true);
         }
@@ -433,61 +402,38 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        // One statement: under READ COMMITTED a concurrent writer's update makes PostgreSQL
-        // re-check this WHERE against the new row, so a finish or a fresh lease wins cleanly.
-        let done = sqlx::query(
-            "UPDATE uploads SET updated_at_ms = $1, expired = TRUE, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
-             WHERE id = $2 AND finished_at_ms IS NULL AND NOT expired AND expires_at_ms <= $1 \
-             AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms())",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::EXPIRE_IF_DUE.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
-        let done = sqlx::query("DELETE FROM uploads WHERE id = $1").bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(st::DELETE_UPLOAD.pg).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query("DELETE FROM uploads WHERE id = $1 AND expired AND updated_at_ms < $2").bind(id).bind(before_ms).execute(&self.pool).await?;
+        let done = sqlx::query(st::DELETE_TOMBSTONE.pg).bind(id).bind(before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let (row, entries) = crate::framed::split(&cp.blob_state);
         let (offset, fence) = (to_i64(cp.offset)?, to_i64(fence)?);
-        let update = "UPDATE uploads SET \"offset\" = $1, hash_state = $2, blob_state = $3, length = NULL, sha256 = NULL, \
-             finished_at_ms = NULL, expires_at_ms = $4, updated_at_ms = $5 WHERE id = $6 AND fence = $7 AND NOT expired";
         let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
             q.bind(offset).bind(cp.hash_state.clone()).bind(row.to_vec()).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id.to_string()).bind(fence)
         };
-        let changed = self.update_with_entries(update, 7, bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+        let changed = self.update_with_entries((st::REOPEN.pg, st::REOPEN_WITH_ENTRIES_PG.pg), bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
-        // SET expressions read the row as it was (so `lease_takeovers` counts whether an
-        // expired owner was still named); RETURNING reads it as written. A concurrent taker
-        // waits for the row lock, then re-checks the WHERE against the winner's row: Held.
-        let row = sqlx::query(
-            "UPDATE uploads SET fence = fence + 1, lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, \
-             lease_takeovers = lease_takeovers + CASE WHEN lease_owner IS NOT NULL THEN 1 ELSE 0 END \
-             WHERE id = $3 AND NOT expired AND (lease_owner IS NULL OR lease_expires_ms <= ferry_now_ms()) \
-             RETURNING fence, lease_expires_ms, lease_takeovers",
-        )
-        .bind(owner)
-        .bind(ttl_ms)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
+        // A concurrent taker waits for the row lock, then re-checks the WHERE against the
+        // winner's row: Held.
+        let row = sqlx::query(st::ACQUIRE_LEASE.pg).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&self.pool).await?;
         if let Some(r) = row {
             return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
-        let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::LEASE_HOLDER.pg).bind(id).fetch_optional(&self.pool).await?;
         match row {
             Some(r) if !r.try_get::<bool, _>(2)? => {
                 Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
@@ -497,15 +443,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
-        let until: Option<i64> = sqlx::query_scalar(
-            "UPDATE uploads SET lease_expires_ms = ferry_now_ms() + $1 WHERE id = $2 AND fence = $3 AND NOT expired AND lease_owner IS NOT NULL \
-             RETURNING lease_expires_ms",
-        )
-        .bind(ttl_ms)
-        .bind(id)
-        .bind(to_i64(fence)?)
-        .fetch_optional(&self.pool)
-        .await?;
+        let until: Option<i64> = sqlx::query_scalar(st::RENEW_LEASE.pg).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
         match until {
             Some(t) => Ok(t),
             None => self.fenced_or_missing(id, 0).await.map(|_| 0),
@@ -513,37 +451,25 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
-        let done = sqlx::query(
-            "UPDATE uploads SET expires_at_ms = CASE WHEN finished_at_ms IS NULL AND expires_at_ms IS NOT NULL \
-             THEN GREATEST(expires_at_ms, $1) ELSE expires_at_ms END WHERE id = $2 AND fence = $3 AND NOT expired",
-        )
-        .bind(expires_at_ms)
-        .bind(id)
-        .bind(to_i64(fence)?)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::TOUCH.pg).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         self.fenced_or_missing(id, done.rows_affected()).await
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = $1 AND fence = $2").bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
+        sqlx::query(st::RELEASE_LEASE.pg).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
         let mut tx = self.pool.begin().await?;
         let out = async {
-            let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = $1").bind(owner).execute(&mut *tx).await?.rows_affected();
-            let tasks = sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = $1 AND status IN ('working', 'input_required')")
-                .bind(owner)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            sqlx::query("UPDATE webhook_deliveries SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = $1").bind(owner).execute(&mut *tx).await?;
-            Ok(super::postgres_tasks::Tx::Commit((uploads, tasks)))
+            let uploads = sqlx::query(st::RECLAIM_UPLOADS.pg).bind(owner).execute(&mut *tx).await?.rows_affected();
+            let tasks = sqlx::query(st::RECLAIM_TASKS.pg).bind(owner).execute(&mut *tx).await?.rows_affected();
+            sqlx::query(st::RECLAIM_DELIVERIES.pg).bind(owner).execute(&mut *tx).await?;
+            Ok(Tx::Commit((uploads, tasks)))
         }
         .await;
-        super::postgres_tasks::settle(tx, out).await
+        settle(tx, out).await
     }
 
     async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
@@ -577,43 +503,25 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>> {
-        sqlx::query("INSERT INTO shared_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING").bind(name).bind(candidate).execute(&self.pool).await?;
-        Ok(sqlx::query_scalar("SELECT value FROM shared_secrets WHERE name = $1").bind(name).fetch_one(&self.pool).await?)
+        sqlx::query(st::OFFER_SECRET.pg).bind(name).bind(candidate).execute(&self.pool).await?;
+        Ok(sqlx::query_scalar(st::SECRET.pg).bind(name).fetch_one(&self.pool).await?)
     }
 
     async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids(
-            "SELECT id FROM uploads WHERE finished_at_ms IS NULL AND NOT expired AND expires_at_ms <= $1 \
-             ORDER BY expires_at_ms LIMIT $2",
-            now_ms,
-            limit,
-        )
-        .await
+        self.ids(st::LIST_EXPIRED.pg, now_ms, limit).await
     }
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids("SELECT id FROM uploads WHERE expired AND updated_at_ms < $1 LIMIT $2", before_ms, limit).await
+        self.ids(st::LIST_TOMBSTONES.pg, before_ms, limit).await
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT id FROM uploads WHERE finished_at_ms IS NULL AND NOT expired \
-             AND ((length IS NOT NULL AND \"offset\" = length) OR concat_kind = 'final') ORDER BY concat_kind = 'final', updated_at_ms LIMIT $1",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::LIST_AWAITING_FINISH.pg).bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows.iter().map(|r| sqlx::Row::try_get::<String, _>(r, "id").map_err(Into::into)).collect()
     }
 
     async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT id, concat_parts FROM uploads WHERE concat_kind = 'final' AND finished_at_ms IS NULL \
-             AND NOT expired AND strpos(concat_parts, $1) > 0",
-        )
-        .bind(part_id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::FINALS_NAMING.pg).bind(part_id).fetch_all(&self.pool).await?;
         let mut out = Vec::new();
         for r in rows {
             let parts: String = r.try_get("concat_parts")?;
@@ -625,74 +533,48 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn list_uploads(&self, principal: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM uploads WHERE principal = $1 AND NOT expired \
-             ORDER BY created_at_ms DESC LIMIT $2"
-        )))
-        .bind(principal)
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::LIST_UPLOADS.pg).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_record).collect()
     }
 
     async fn ping(&self) -> CatalogResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query(st::PING.pg).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn put_mcp_session(&self, id: &str, state: &str, now_ms: i64) -> CatalogResult<()> {
-        sqlx::query("INSERT INTO mcp_sessions (id, state, used_at_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET state = excluded.state, used_at_ms = excluded.used_at_ms")
-            .bind(id)
-            .bind(state)
-            .bind(now_ms)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(st::PUT_MCP_SESSION.pg).bind(id).bind(state).bind(now_ms).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn get_mcp_session(&self, id: &str, now_ms: i64) -> CatalogResult<Option<String>> {
-        Ok(sqlx::query_scalar("UPDATE mcp_sessions SET used_at_ms = $1 WHERE id = $2 RETURNING state").bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
+        Ok(sqlx::query_scalar(st::GET_MCP_SESSION.pg).bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
     }
 
     async fn delete_mcp_session(&self, id: &str) -> CatalogResult<()> {
-        sqlx::query("DELETE FROM mcp_sessions WHERE id = $1").bind(id).execute(&self.pool).await?;
+        sqlx::query(st::DELETE_MCP_SESSION.pg).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
-        Ok(sqlx::query("DELETE FROM mcp_sessions WHERE used_at_ms < $1").bind(before_ms).execute(&self.pool).await?.rows_affected())
+        Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected())
     }
 
     async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id > $1 ORDER BY id LIMIT $2")))
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(st::LIST_UPLOADS_AFTER.pg).bind(after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_record).collect()
     }
 
     async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool> {
-        let done =
-            match damage {
-                Some(d) => sqlx::query(
-                    "INSERT INTO upload_damage (id, kind, detail, found_at_ms) SELECT id, $1, $2, $3 FROM uploads WHERE id = $4 AND finished_at_ms IS NOT NULL AND NOT expired \
-                     ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, detail = excluded.detail, found_at_ms = excluded.found_at_ms",
-                )
-                .bind(&d.kind)
-                .bind(&d.detail)
-                .bind(d.found_at_ms)
-                .bind(id)
-                .execute(&self.pool)
-                .await?,
-                None => sqlx::query("DELETE FROM upload_damage WHERE id = $1").bind(id).execute(&self.pool).await?,
-            };
+        let done = match damage {
+            Some(d) => sqlx::query(st::SET_DAMAGE.pg).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?,
+            None => sqlx::query(st::CLEAR_DAMAGE.pg).bind(id).execute(&self.pool).await?,
+        };
         Ok(done.rows_affected() > 0)
     }
 
     async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>> {
-        let row: Option<(String, String, i64)> = sqlx::query_as("SELECT kind, detail, found_at_ms FROM upload_damage WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        let row: Option<(String, String, i64)> = sqlx::query_as(st::DAMAGE.pg).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
     }
 }

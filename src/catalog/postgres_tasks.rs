@@ -6,59 +6,32 @@
 use async_trait::async_trait;
 use sqlx::{Postgres, Transaction};
 
+use super::dialect::sql;
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
-use super::sql::{corrupt, json_map, json_text, raw, row_to_task, TASK_COLUMNS};
+use super::postgres::{settle, Tx};
+use super::sql::{corrupt, json_map, json_text, raw, row_to_task, task_columns};
+use super::task_statements as st;
 use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, PostgresCatalog};
 
-/// How a transaction body ends.
-pub(super) enum Tx<T> {
-    Commit(T),
-    Rollback(T),
-}
-
-/// End `tx` as `out` says, rolling back explicitly on every path that does not commit. A
-/// dropped transaction only *queues* its ROLLBACK until the connection is next used, and a
-/// pooled idle connection would keep its row locks (and advisory locks) until then: claims
-/// with SKIP LOCKED would pass the row over.
-pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogResult<Tx<T>>) -> CatalogResult<T> {
-    match out {
-        Ok(Tx::Commit(v)) => {
-            tx.commit().await?;
-            Ok(v)
-        }
-        Ok(Tx::Rollback(v)) => {
-            tx.rollback().await?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
-}
-
 /// The task row, locked for the rest of the transaction.
 async fn task_for_update(tx: &mut Transaction<'static, Postgres>, id: &str) -> CatalogResult<Option<TaskRecord>> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"))).bind(id).fetch_optional(&mut **tx).await?;
+    let row = sqlx::query(st::TASK_FOR_UPDATE.pg).bind(id).fetch_optional(&mut **tx).await?;
     row.as_ref().map(row_to_task).transpose()
 }
 
 async fn insert_task(tx: &mut Transaction<'static, Postgres>, new: &NewTask, prior: Option<&str>) -> CatalogResult<TaskRecord> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO tasks (id, principal, kind, args, idempotency_key, status, prior_failure, created_at_ms, updated_at_ms, ttl_ms) \
-         VALUES ($1, $2, $3, $4, $5, 'working', $6, $7, $7, $8) RETURNING {TASK_COLUMNS}"
-    )))
-    .bind(&new.id)
-    .bind(&new.principal)
-    .bind(&new.kind)
-    .bind(&new.args)
-    .bind(&new.idempotency_key)
-    .bind(prior)
-    .bind(new.now_ms)
-    .bind(new.ttl_ms)
-    .fetch_one(&mut **tx)
-    .await?;
+    let row = sqlx::query(st::INSERT_TASK.pg)
+        .bind(&new.id)
+        .bind(&new.principal)
+        .bind(&new.kind)
+        .bind(&new.args)
+        .bind(&new.idempotency_key)
+        .bind(prior)
+        .bind(new.now_ms)
+        .bind(new.ttl_ms)
+        .fetch_one(&mut **tx)
+        .await?;
     row_to_task(&row)
 }
 
@@ -70,12 +43,7 @@ async fn start_in(tx: &mut Transaction<'static, Postgres>, new: &NewTask) -> Cat
     // collision only serialises two unrelated keys.
     let lock_key = serde_json::to_string(&[&new.principal, &new.kind, key]).expect("strings serialise");
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(&lock_key).execute(&mut **tx).await?;
-    let existing: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = $1 AND kind = $2 AND key = $3")
-        .bind(&new.principal)
-        .bind(&new.kind)
-        .bind(key)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let existing: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.pg).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut **tx).await?;
     let prior = match existing {
         None => None,
         Some(old_id) => match task_for_update(tx, &old_id).await? {
@@ -86,13 +54,7 @@ async fn start_in(tx: &mut Transaction<'static, Postgres>, new: &NewTask) -> Cat
         },
     };
     let task = insert_task(tx, new, prior.as_deref()).await?;
-    sqlx::query("INSERT INTO task_keys (principal, kind, key, task_id) VALUES ($1, $2, $3, $4) ON CONFLICT (principal, kind, key) DO UPDATE SET task_id = excluded.task_id")
-        .bind(&new.principal)
-        .bind(&new.kind)
-        .bind(key)
-        .bind(&new.id)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(st::PUT_TASK_KEY.pg).bind(&new.principal).bind(&new.kind).bind(key).bind(&new.id).execute(&mut **tx).await?;
     Ok(Tx::Commit(match prior {
         Some(prior) => StartOutcome::Retried { task, prior },
         None => StartOutcome::Created(task),
@@ -106,15 +68,7 @@ async fn park_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: u64, 
     }
     let mut requests = json_map(&task.input_requests)?;
     requests.insert(key.to_string(), raw(request)?);
-    sqlx::query(
-        "UPDATE tasks SET status = 'input_required', input_requests = $1, lease_owner = NULL, lease_expires_ms = NULL, \
-         updated_at_ms = $2 WHERE id = $3",
-    )
-    .bind(json_text(&requests))
-    .bind(now_ms)
-    .bind(id)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(st::PARK.pg).bind(json_text(&requests)).bind(now_ms).bind(id).execute(&mut **tx).await?;
     Ok(Tx::Commit(()))
 }
 
@@ -127,24 +81,14 @@ async fn append_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: Opt
     if seq <= task.partial_seq {
         return Ok(Tx::Rollback(Appended::Replayed(seq)));
     }
-    sqlx::query("INSERT INTO task_partials (task_id, seq, at_ms, value) VALUES ($1, $2, $3, $4)").bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut **tx).await?;
-    let sizes: Vec<(i64, i32)> = sqlx::query_as("SELECT seq, octet_length(value) FROM task_partials WHERE task_id = $1 ORDER BY seq DESC LIMIT $2")
-        .bind(id)
-        .bind(2 * MAX_FRAGMENTS as i64)
-        .fetch_all(&mut **tx)
-        .await?;
+    sqlx::query(st::INSERT_PARTIAL.pg).bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut **tx).await?;
+    let sizes: Vec<(i64, i64)> = sqlx::query_as(st::PARTIAL_SIZES.pg).bind(id).bind(2 * MAX_FRAGMENTS as i64).fetch_all(&mut **tx).await?;
     let sizes: Vec<(u64, usize)> = sizes.into_iter().map(|(s, n)| (s as u64, n.max(0) as usize)).collect();
     let dropped = match keep_from(&sizes) {
-        Some(from) => sqlx::query("DELETE FROM task_partials WHERE task_id = $1 AND seq < $2").bind(id).bind(from as i64).execute(&mut **tx).await?.rows_affected(),
+        Some(from) => sqlx::query(st::DROP_PARTIALS.pg).bind(id).bind(from as i64).execute(&mut **tx).await?.rows_affected(),
         None => 0,
     };
-    sqlx::query("UPDATE tasks SET partial_seq = $1, partial_dropped = partial_dropped + $2, updated_at_ms = $3 WHERE id = $4")
-        .bind(seq as i64)
-        .bind(dropped as i64)
-        .bind(now_ms)
-        .bind(id)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(st::SET_PARTIAL_SEQ.pg).bind(seq as i64).bind(dropped as i64).bind(now_ms).bind(id).execute(&mut **tx).await?;
     Ok(Tx::Commit(Appended::Stored(seq)))
 }
 
@@ -158,13 +102,7 @@ async fn respond_in(tx: &mut Transaction<'static, Postgres>, id: &str, key: &str
     responses.insert(key.to_string(), raw(response)?);
     let all_answered = requests.keys().all(|k| responses.contains_key(k));
     let status = if all_answered { "working" } else { task.status.as_str() };
-    sqlx::query("UPDATE tasks SET input_responses = $1, status = $2, updated_at_ms = $3 WHERE id = $4")
-        .bind(json_text(&responses))
-        .bind(status)
-        .bind(now_ms)
-        .bind(id)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(st::RESPOND.pg).bind(json_text(&responses)).bind(status).bind(now_ms).bind(id).execute(&mut **tx).await?;
     Ok(Tx::Commit(true))
 }
 
@@ -187,12 +125,7 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
-        let id: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = $1 AND kind = $2 AND key = $3")
-            .bind(principal)
-            .bind(kind)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
+        let id: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.pg).bind(principal).bind(kind).bind(key).fetch_optional(&self.pool).await?;
         match id {
             Some(id) => self.get_task(&id).await,
             None => Ok(None),
@@ -200,16 +133,12 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::GET_TASK.pg).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(row_to_task).transpose()
     }
 
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE principal = $1 ORDER BY created_at_ms DESC, id LIMIT $2")))
-            .bind(principal)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(st::LIST_TASKS.pg).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_task).collect()
     }
 
@@ -219,13 +148,17 @@ impl TaskCatalog for PostgresCatalog {
         }
         // The lease is measured on the database's clock, so replicas with skewed clocks agree
         // on when it expires. SKIP LOCKED: a row another replica is claiming is passed over.
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE tasks SET lease_owner = $1, lease_expires_ms = ferry_now_ms() + $2, fence = fence + 1, runs = runs + 1 \
-             WHERE id = (SELECT id FROM tasks WHERE status = 'working' \
-                 AND (lease_expires_ms IS NULL OR lease_expires_ms <= ferry_now_ms()) AND kind = ANY($3) \
-                 ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED) \
-             RETURNING {TASK_COLUMNS}"
-        )))
+        let row = sqlx::query(
+            sql!(
+                "UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 \
+                 WHERE id = (SELECT id FROM tasks WHERE status = 'working' \
+                     AND (lease_expires_ms IS NULL OR lease_expires_ms <= {now}) AND kind = ANY(?) \
+                     ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 RETURNING ",
+                task_columns!()
+            )
+            .pg,
+        )
         .bind(owner)
         .bind(lease_ms)
         .bind(kinds)
@@ -235,12 +168,7 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
-        let status: Option<String> = sqlx::query_scalar("UPDATE tasks SET lease_expires_ms = ferry_now_ms() + $1 WHERE id = $2 AND fence = $3 RETURNING status")
-            .bind(lease_ms)
-            .bind(id)
-            .bind(fence as i64)
-            .fetch_optional(&self.pool)
-            .await?;
+        let status: Option<String> = sqlx::query_scalar(st::RENEW_TASK_LEASE.pg).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
         match status {
             Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
             None => Err(CatalogError::Fenced),
@@ -249,19 +177,15 @@ impl TaskCatalog for PostgresCatalog {
 
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
         let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
-        let done = sqlx::query(
-            "UPDATE tasks SET progress = COALESCE($1, progress), checkpoint = COALESCE($2, checkpoint), updated_at_ms = $3, \
-             partial_mark = COALESCE($6, partial_mark) \
-             WHERE id = $4 AND status IN ('working', 'input_required') AND ($5::bigint IS NULL OR fence = $5)",
-        )
-        .bind(progress)
-        .bind(&u.checkpoint)
-        .bind(u.now_ms)
-        .bind(id)
-        .bind(fence.map(|f| f as i64))
-        .bind(u.partial_mark.map(|m| m as i64))
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::UPDATE_TASK.pg)
+            .bind(progress)
+            .bind(&u.checkpoint)
+            .bind(u.partial_mark.map(|m| m as i64))
+            .bind(u.now_ms)
+            .bind(id)
+            .bind(fence.map(|f| f as i64))
+            .execute(&self.pool)
+            .await?;
         if done.rows_affected() == 1 {
             Ok(())
         } else if self.get_task(id).await?.is_none() {
@@ -278,14 +202,7 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
-        let rows: Vec<super::partials::PageRow> = sqlx::query_as(
-            "SELECT t.partial_seq, t.partial_dropped, p.seq, p.at_ms, p.value FROM tasks t \
-             LEFT JOIN task_partials p ON p.task_id = t.id AND p.seq > $1 WHERE t.id = $2 ORDER BY p.seq",
-        )
-        .bind(after.min(i64::MAX as u64) as i64)
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<super::partials::PageRow> = sqlx::query_as(st::PARTIAL_PAGE.pg).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
         super::partials::page_of(rows).ok_or(CatalogError::NotFound)
     }
 
@@ -306,37 +223,19 @@ impl TaskCatalog for PostgresCatalog {
             TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
             TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
         };
-        let done = sqlx::query(
-            "UPDATE tasks SET status = $1, result = $2, error = $3, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $4 \
-             WHERE id = $5 AND status IN ('working', 'input_required') AND ($6::bigint IS NULL OR fence = $6)",
-        )
-        .bind(status)
-        .bind(result)
-        .bind(error)
-        .bind(now_ms)
-        .bind(id)
-        .bind(fence.map(|f| f as i64))
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::FINISH_TASK.pg).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
-        sqlx::query(
-            "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $1 \
-             WHERE id = $2 AND status IN ('working', 'input_required')",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(st::CANCEL_TASK.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
         // A statement of its own: it sees a finish that won the race (one statement would read
         // the snapshot from before it).
         self.get_task(id).await?.ok_or(CatalogError::NotFound)
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = $1 AND fence = $2").bind(id).bind(fence as i64).execute(&self.pool).await?;
+        sqlx::query(st::RELEASE_TASK.pg).bind(id).bind(fence as i64).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -347,13 +246,7 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
-        let rows = sqlx::query(
-            "SELECT kind, status, COUNT(*) AS n, \
-             COUNT(*) FILTER (WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= ferry_now_ms())) AS waiting \
-             FROM tasks GROUP BY kind, status",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::TASK_COUNTS.pg).fetch_all(&self.pool).await?;
         rows.iter().map(super::tasks::row_to_task_count).collect()
     }
 }

@@ -1,7 +1,7 @@
-//! What the SQLite and PostgreSQL catalogs share: the column lists, the row decoders (generic
-//! over the driver's row through [`Cols`]), value conversions, and the creation-key arbitration.
-//! Each backend keeps only the SQL that differs (placeholders `?` / `$n`, booleans, the
-//! database clock, locking, `SKIP LOCKED`, advisory locks, upserts).
+//! What the SQLite and PostgreSQL catalogs share besides their statements (those are written
+//! once in `statements.rs` and the like, rendered per database by `dialect.rs`): the column
+//! lists, the row decoders (generic over the driver's row through [`Cols`]), value
+//! conversions, and the creation-key arbitration.
 
 use std::collections::BTreeMap;
 
@@ -13,15 +13,25 @@ use sqlx::{Decode, Row, Type};
 use super::tasks::{Progress, TaskRecord, TaskStatus};
 use super::{CatalogError, CatalogResult, Concat, KeyedCreate, UploadRecord};
 
-/// The columns [`row_to_record`] reads, in `SELECT` order.
-pub(super) const COLUMNS: &str = "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
-     concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
-     finished_at_ms, expired, blob_state, announced";
+/// The columns [`row_to_record`] reads, in `SELECT` order (a literal, for `concat!` and `sql!`).
+macro_rules! upload_columns {
+    () => {
+        "id, principal, length, \"offset\", metadata, hash_state, sha256, expected_sha256, \
+         concat_kind, concat_parts, concat_header, created_at_ms, updated_at_ms, expires_at_ms, \
+         finished_at_ms, expired, blob_state, announced"
+    };
+}
+pub(super) use upload_columns;
 
-/// The columns [`row_to_task`] reads, in `SELECT` order.
-pub(super) const TASK_COLUMNS: &str = "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
-     input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
-     lease_owner, lease_expires_ms, fence, runs, partial_seq, partial_dropped, partial_mark";
+/// The columns [`row_to_task`] reads, in `SELECT` order (a literal, for `concat!` and `sql!`).
+macro_rules! task_columns {
+    () => {
+        "id, principal, kind, args, idempotency_key, status, status_message, progress, checkpoint, \
+         input_requests, input_responses, result, error, prior_failure, created_at_ms, updated_at_ms, ttl_ms, \
+         lease_owner, lease_expires_ms, fence, runs, partial_seq, partial_dropped, partial_mark"
+    };
+}
+pub(super) use task_columns;
 
 /// A column value both drivers decode (text, integers, `bool` — SQLite's 0/1 integers too —,
 /// bytes, and `Option`s of them).
@@ -54,7 +64,7 @@ pub(super) fn digest32(v: Option<Vec<u8>>) -> CatalogResult<Option<[u8; 32]>> {
     v.map(|b| <[u8; 32]>::try_from(b.as_slice()).map_err(|_| CatalogError::Backend("stored digest is not 32 bytes".into()))).transpose()
 }
 
-/// An upload row ([`COLUMNS`]).
+/// An upload row ([`upload_columns`]).
 pub(super) fn row_to_record(r: &impl Cols) -> CatalogResult<UploadRecord> {
     let kind: String = r.col("concat_kind")?;
     let concat = match kind.as_str() {
@@ -89,7 +99,7 @@ pub(super) fn corrupt(what: &str) -> CatalogError {
     CatalogError::Backend(format!("stored task {what} is invalid").into())
 }
 
-/// A task row ([`TASK_COLUMNS`]).
+/// A task row ([`task_columns`]).
 pub(super) fn row_to_task(r: &impl Cols) -> CatalogResult<TaskRecord> {
     let status: String = r.col("status")?;
     let progress: String = r.col("progress")?;

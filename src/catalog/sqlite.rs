@@ -1,9 +1,10 @@
 //! The embedded [`Catalog`]: one SQLite file (`DATA/ferry.db`) in WAL mode with
 //! `synchronous=FULL`, so a committed checkpoint survives power loss.
 //!
-//! Longer than most files (~790 lines) for a reason: it is the upload half of the [`Catalog`]
-//! trait, one method per trait item, plus opening the file and the read cache. What SQLite and
-//! PostgreSQL share is in `sql.rs`; tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
+//! The upload half of the [`Catalog`] trait, one method per trait item, plus opening the file
+//! and the read cache. The statements are written once for both catalogs in `statements.rs`
+//! (rendered for SQLite by `dialect.rs`); decoders and the rest both share are in `sql.rs`;
+//! tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -13,7 +14,9 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::sql::{row_to_record, to_i64, COLUMNS};
+use super::dialect::sql;
+use super::sql::{row_to_record, to_i64};
+use super::statements as st;
 use super::Damage;
 use super::{
     join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
@@ -49,9 +52,6 @@ impl From<sqlx::Error> for CatalogError {
         }
     }
 }
-
-/// The database clock as Unix ms (SQLite: the host clock, read inside the statement).
-pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 /// How long release requests are kept for pollers, ms.
 const RELEASE_REQUEST_TTL_MS: i64 = 60_000;
@@ -179,7 +179,7 @@ async fn insert_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, rec: &UploadRecord, 
         Concat::Partial => ("partial", None, None),
         Concat::Final { parts, header } => ("final", Some(parts.join(" ")), Some(header.clone())),
     };
-    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO uploads ({COLUMNS}, creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")))
+    sqlx::query(st::INSERT_UPLOAD.sqlite)
         .bind(&rec.id)
         .bind(&rec.principal)
         .bind(rec.length.map(to_i64).transpose()?)
@@ -195,9 +195,9 @@ async fn insert_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, rec: &UploadRecord, 
         .bind(rec.updated_at_ms)
         .bind(rec.expires_at_ms)
         .bind(rec.finished_at_ms)
-        .bind(rec.expired as i64)
+        .bind(rec.expired)
         .bind(&rec.blob_state)
-        .bind(!rec.provisional as i64)
+        .bind(!rec.provisional)
         .bind(key.map(|k| k.key.as_str()))
         .bind(key.map(|k| k.fingerprint.as_str()))
         .execute(exec)
@@ -207,16 +207,7 @@ async fn insert_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, rec: &UploadRecord, 
 
 /// [`Catalog::usage`] through `exec`.
 async fn usage_on<'e>(exec: impl sqlx::SqliteExecutor<'e>, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
-    let row = sqlx::query(
-        "SELECT COALESCE(SUM(COALESCE(length, MAX(\"offset\", COALESCE(reserved_to, 0)))), 0) AS bytes, \
-         COALESCE(SUM(CASE WHEN finished_at_ms IS NULL THEN 1 ELSE 0 END), 0) AS open \
-         FROM uploads WHERE principal = ? AND expired = 0 \
-         AND (finished_at_ms IS NOT NULL OR expires_at_ms IS NULL OR expires_at_ms > ?)",
-    )
-    .bind(principal)
-    .bind(now_ms)
-    .fetch_one(exec)
-    .await?;
+    let row = sqlx::query(st::USAGE.sqlite).bind(principal).bind(now_ms).fetch_one(exec).await?;
     Ok(Usage { bytes: row.try_get::<i64, _>("bytes")?.max(0) as u64, uploads_in_progress: row.try_get::<i64, _>("open")?.max(0) as u64 })
 }
 
@@ -258,11 +249,7 @@ impl SqliteCatalog {
 
     /// The live upload of `principal` holding creation key `key`, with its fingerprint.
     async fn by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS}, creation_fingerprint FROM uploads WHERE principal = ? AND creation_key = ? AND expired = 0")))
-            .bind(principal)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(st::BY_CREATION_KEY.sqlite).bind(principal).bind(key).fetch_optional(&self.pool).await?;
         row.map(|r| Ok((row_to_record(&r)?, r.try_get::<Option<String>, _>("creation_fingerprint")?.unwrap_or_default()))).transpose()
     }
 }
@@ -301,13 +288,13 @@ impl Catalog for SqliteCatalog {
 
     async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        sqlx::query("UPDATE uploads SET announced = 1 WHERE id = ? AND announced = 0").bind(id).execute(&self.pool).await?;
+        sqlx::query(st::ANNOUNCE.sqlite).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query("DELETE FROM uploads WHERE id = ? AND announced = 0").bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(st::WITHDRAW.sqlite).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -315,39 +302,31 @@ impl Catalog for SqliteCatalog {
         let _changed = self.upload_changed(id);
         // One writer at a time (BEGIN IMMEDIATE): no creation or reservation interleaves.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let row = sqlx::query("SELECT principal, length, \"offset\", reserved_to FROM uploads WHERE id = ? AND expired = 0").bind(id).fetch_optional(&mut *tx).await?;
+        let row = sqlx::query(st::RESERVATION_ROW.sqlite).bind(id).fetch_optional(&mut *tx).await?;
         let Some(row) = row else { return Err(CatalogError::NotFound) };
         let principal: String = row.try_get("principal")?;
         let n = |v: i64| v.max(0) as u64;
         let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
         let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
         let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
-        sqlx::query("UPDATE uploads SET reserved_to = ?, reservation = ? WHERE id = ?").bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
+        sqlx::query(st::SET_RESERVATION.sqlite).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(r)
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        sqlx::query("UPDATE uploads SET reserved_to = NULL, reservation = NULL WHERE id = ? AND reservation = ?").bind(id).bind(nonce).execute(&self.pool).await?;
+        sqlx::query(st::RELEASE_RESERVATION.sqlite).bind(id).bind(nonce).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        let base = "SELECT id FROM uploads WHERE finished_at_ms IS NOT NULL AND expired = 0 AND finished_at_ms <= ?";
         let rows = match scope {
-            PrincipalScope::Only(p) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!("{base} AND principal = ? ORDER BY finished_at_ms LIMIT ?")))
-                    .bind(finished_before_ms)
-                    .bind(p)
-                    .bind(limit as i64)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
+            PrincipalScope::Only(p) => sqlx::query(st::FINISHED_BEFORE_OF.sqlite).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?,
             PrincipalScope::AllExcept(ps) => {
                 let marks = vec!["?"; ps.len()].join(",");
                 let not_in = if ps.is_empty() { String::new() } else { format!(" AND principal NOT IN ({marks})") };
-                let sql = format!("{base}{not_in} ORDER BY finished_at_ms LIMIT ?");
+                let sql = format!("{}{not_in} ORDER BY finished_at_ms LIMIT ?", st::FINISHED_BEFORE_SQLITE);
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(finished_before_ms);
                 for p in ps {
                     q = q.bind(p);
@@ -359,15 +338,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(
-            "UPDATE uploads SET updated_at_ms = ?, expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
-             WHERE id = ? AND finished_at_ms IS NOT NULL AND finished_at_ms <= ? AND expired = 0",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .bind(finished_before_ms)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.sqlite).bind(now_ms).bind(id).bind(finished_before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -377,7 +348,7 @@ impl Catalog for SqliteCatalog {
             Some(Err(generation)) => Some(generation),
             None => None,
         };
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id = ?"))).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::GET_UPLOAD.sqlite).bind(id).fetch_optional(&self.pool).await?;
         let rec = row.as_ref().map(row_to_record).transpose()?;
         // Only finished uploads: their rows change again only by deletion or a reopen.
         if let (Some(c), Some(g), Some(r)) = (&self.upload_cache, generation, &rec) {
@@ -390,60 +361,35 @@ impl Catalog for SqliteCatalog {
 
     async fn upload_blob_state(&self, id: &str) -> CatalogResult<Option<Vec<u8>>> {
         // One statement, so the row and its entries come from one snapshot.
-        let rows = sqlx::query(
-            "SELECT blob_state, -1 AS seq FROM uploads WHERE id = ? \
-             UNION ALL SELECT entry, seq FROM upload_blob_entries WHERE upload_id = ? ORDER BY seq",
-        )
-        .bind(id)
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::BLOB_STATE.sqlite).bind(id).fetch_all(&self.pool).await?;
         join_blob_state(rows.iter().map(|r| r.try_get::<Vec<u8>, _>(0)).collect::<Result<Vec<_>, _>>()?)
     }
 
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
-        let row = sqlx::query("UPDATE uploads SET fence = fence + 1 WHERE id = ? RETURNING fence").bind(id).fetch_optional(&self.pool).await?;
-        match row {
-            Some(r) => Ok(r.try_get::<i64, _>(0)? as u64),
-            None => Err(CatalogError::NotFound),
-        }
+        let fence: Option<i64> = sqlx::query_scalar(st::ACQUIRE_FENCE.sqlite).bind(id).fetch_optional(&self.pool).await?;
+        fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
         let (row, entries) = crate::framed::split(&cp.blob_state);
-        let update = sqlx::query(
-            "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = COALESCE(?, length), \
-             sha256 = COALESCE(?, sha256), finished_at_ms = CASE WHEN ? IS NULL THEN finished_at_ms ELSE ? END, \
-             expires_at_ms = CASE WHEN ? IS NULL THEN ? ELSE NULL END, updated_at_ms = ? \
-             WHERE id = ? AND fence = ?",
-        )
-        .bind(to_i64(cp.offset)?)
-        .bind(&cp.hash_state)
-        .bind(row)
-        .bind(cp.length.map(to_i64).transpose()?)
-        .bind(cp.finished_sha256.map(|d| d.to_vec()))
-        .bind(cp.finished_sha256.map(|d| d.to_vec()))
-        .bind(cp.now_ms)
-        .bind(cp.finished_sha256.map(|d| d.to_vec()))
-        .bind(cp.expires_at_ms)
-        .bind(cp.now_ms)
-        .bind(id)
-        .bind(to_i64(fence)?);
+        let update = sqlx::query(st::CHECKPOINT.sqlite)
+            .bind(to_i64(cp.offset)?)
+            .bind(&cp.hash_state)
+            .bind(row)
+            .bind(cp.length.map(to_i64).transpose()?)
+            .bind(cp.finished_sha256.map(|d| d.to_vec()))
+            .bind(cp.now_ms)
+            .bind(cp.expires_at_ms)
+            .bind(id)
+            .bind(to_i64(fence)?);
         let changed = self.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query(
-            "UPDATE uploads SET updated_at_ms = CASE WHEN expired = 1 THEN updated_at_ms ELSE ? END, \
-             expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND finished_at_ms IS NULL",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::MARK_EXPIRED.sqlite).bind(now_ms).bind(id).execute(&self.pool).await?;
         if done.rows_affected() == 1 {
             return Ok(true);
         }
@@ -455,70 +401,39 @@ impl Catalog for SqliteCatalog {
 
     async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE uploads SET updated_at_ms = ?, expired = 1, fence = fence + 1, lease_owner = NULL, lease_expires_ms = NULL \
-             WHERE id = ? AND finished_at_ms IS NULL AND expired = 0 AND expires_at_ms <= ? \
-             AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW})"
-        )))
-        .bind(now_ms)
-        .bind(id)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::EXPIRE_IF_DUE.sqlite).bind(now_ms).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query("DELETE FROM uploads WHERE id = ?").bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(st::DELETE_UPLOAD.sqlite).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query("DELETE FROM uploads WHERE id = ? AND expired = 1 AND updated_at_ms < ?").bind(id).bind(before_ms).execute(&self.pool).await?;
+        let done = sqlx::query(st::DELETE_TOMBSTONE.sqlite).bind(id).bind(before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
         let (row, entries) = crate::framed::split(&cp.blob_state);
-        let update = sqlx::query(
-            "UPDATE uploads SET \"offset\" = ?, hash_state = ?, blob_state = ?, length = NULL, sha256 = NULL, \
-             finished_at_ms = NULL, expires_at_ms = ?, updated_at_ms = ? WHERE id = ? AND fence = ? AND expired = 0",
-        )
-        .bind(to_i64(cp.offset)?)
-        .bind(&cp.hash_state)
-        .bind(row)
-        .bind(cp.expires_at_ms)
-        .bind(cp.now_ms)
-        .bind(id)
-        .bind(to_i64(fence)?);
+        let update = sqlx::query(st::REOPEN.sqlite).bind(to_i64(cp.offset)?).bind(&cp.hash_state).bind(row).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id).bind(to_i64(fence)?);
         let changed = self.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
-        // One statement: the condition and the update are atomic (SQLite serialises writers).
-        // SET expressions read the row as it was, so `lease_takeovers` counts whether an
-        // (expired) owner was still named; RETURNING reads the row as written.
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE uploads SET fence = fence + 1, lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, \
-             lease_takeovers = lease_takeovers + (lease_owner IS NOT NULL) \
-             WHERE id = ? AND expired = 0 AND (lease_owner IS NULL OR lease_expires_ms <= {DB_NOW}) \
-             RETURNING fence, lease_expires_ms, lease_takeovers"
-        )))
-        .bind(owner)
-        .bind(ttl_ms)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
+        // One statement (SQLite serialises writers; see `statements::ACQUIRE_LEASE`).
+        let row = sqlx::query(st::ACQUIRE_LEASE.sqlite).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&self.pool).await?;
         if let Some(r) = row {
             return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
-        let row = sqlx::query("SELECT lease_owner, lease_expires_ms, expired FROM uploads WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::LEASE_HOLDER.sqlite).bind(id).fetch_optional(&self.pool).await?;
         match row {
-            Some(r) if r.try_get::<i64, _>(2)? == 0 => {
+            Some(r) if !r.try_get::<bool, _>(2)? => {
                 Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
             }
             _ => Err(CatalogError::NotFound),
@@ -526,37 +441,21 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE uploads SET lease_expires_ms = {DB_NOW} + ? WHERE id = ? AND fence = ? AND expired = 0 AND lease_owner IS NOT NULL \
-             RETURNING lease_expires_ms"
-        )))
-        .bind(ttl_ms)
-        .bind(id)
-        .bind(to_i64(fence)?)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            Some(r) => Ok(r.try_get(0)?),
+        let until: Option<i64> = sqlx::query_scalar(st::RENEW_LEASE.sqlite).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
+        match until {
+            Some(t) => Ok(t),
             None => self.fenced_or_missing(id, 0).await.map(|_| 0),
         }
     }
 
     async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
         let _changed = self.upload_changed(id);
-        let done = sqlx::query(
-            "UPDATE uploads SET expires_at_ms = CASE WHEN finished_at_ms IS NULL AND expires_at_ms IS NOT NULL \
-             THEN MAX(expires_at_ms, ?) ELSE expires_at_ms END WHERE id = ? AND fence = ? AND expired = 0",
-        )
-        .bind(expires_at_ms)
-        .bind(id)
-        .bind(to_i64(fence)?)
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::TOUCH.sqlite).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         self.fenced_or_missing(id, done.rows_affected()).await
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query("UPDATE uploads SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?").bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
+        sqlx::query(st::RELEASE_LEASE.sqlite).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -566,26 +465,18 @@ impl Catalog for SqliteCatalog {
 
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let uploads = sqlx::query("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = ?").bind(owner).execute(&mut *tx).await?.rows_affected();
+        let uploads = sqlx::query(st::RECLAIM_UPLOADS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
         let _changed = self.tasks_changed(None);
-        let tasks = sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ? AND status IN ('working', 'input_required')")
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        sqlx::query("UPDATE webhook_deliveries SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ?").bind(owner).execute(&mut *tx).await?;
+        let tasks = sqlx::query(st::RECLAIM_TASKS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
+        sqlx::query(st::RECLAIM_DELIVERIES.sqlite).bind(owner).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok((uploads, tasks))
     }
 
     async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM lease_requests WHERE at_ms < {DB_NOW} - ?"))).bind(RELEASE_REQUEST_TTL_MS).execute(&mut *tx).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO lease_requests (upload_id, from_owner, at_ms) VALUES (?, ?, {DB_NOW})")))
-            .bind(id)
-            .bind(from)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(sql!("DELETE FROM lease_requests WHERE at_ms < {now} - ?").sqlite).bind(RELEASE_REQUEST_TTL_MS).execute(&mut *tx).await?;
+        sqlx::query(sql!("INSERT INTO lease_requests (upload_id, from_owner, at_ms) VALUES (?, ?, {now})").sqlite).bind(id).bind(from).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -620,43 +511,25 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>> {
-        sqlx::query("INSERT INTO shared_secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING").bind(name).bind(candidate).execute(&self.pool).await?;
-        Ok(sqlx::query_scalar("SELECT value FROM shared_secrets WHERE name = ?").bind(name).fetch_one(&self.pool).await?)
+        sqlx::query(st::OFFER_SECRET.sqlite).bind(name).bind(candidate).execute(&self.pool).await?;
+        Ok(sqlx::query_scalar(st::SECRET.sqlite).bind(name).fetch_one(&self.pool).await?)
     }
 
     async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids(
-            "SELECT id FROM uploads WHERE finished_at_ms IS NULL AND expired = 0 AND expires_at_ms <= ? \
-             ORDER BY expires_at_ms LIMIT ?",
-            now_ms,
-            limit,
-        )
-        .await
+        self.ids(st::LIST_EXPIRED.sqlite, now_ms, limit).await
     }
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids("SELECT id FROM uploads WHERE expired = 1 AND updated_at_ms < ? LIMIT ?", before_ms, limit).await
+        self.ids(st::LIST_TOMBSTONES.sqlite, before_ms, limit).await
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT id FROM uploads WHERE finished_at_ms IS NULL AND expired = 0 \
-             AND ((length IS NOT NULL AND \"offset\" = length) OR concat_kind = 'final') ORDER BY concat_kind = 'final', updated_at_ms LIMIT ?",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::LIST_AWAITING_FINISH.sqlite).bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows.iter().map(|r| sqlx::Row::try_get::<String, _>(r, "id").map_err(Into::into)).collect()
     }
 
     async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT id, concat_parts FROM uploads WHERE concat_kind = 'final' AND finished_at_ms IS NULL \
-             AND expired = 0 AND instr(concat_parts, ?) > 0",
-        )
-        .bind(part_id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::FINALS_NAMING.sqlite).bind(part_id).fetch_all(&self.pool).await?;
         let mut out = Vec::new();
         for r in rows {
             let parts: String = r.try_get("concat_parts")?;
@@ -668,75 +541,48 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn list_uploads(&self, principal: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM uploads WHERE principal = ? AND expired = 0 \
-             ORDER BY created_at_ms DESC LIMIT ?"
-        )))
-        .bind(principal)
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::LIST_UPLOADS.sqlite).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_record).collect()
     }
 
     async fn ping(&self) -> CatalogResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query(st::PING.sqlite).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn put_mcp_session(&self, id: &str, state: &str, now_ms: i64) -> CatalogResult<()> {
-        sqlx::query("INSERT INTO mcp_sessions (id, state, used_at_ms) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, used_at_ms = excluded.used_at_ms")
-            .bind(id)
-            .bind(state)
-            .bind(now_ms)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(st::PUT_MCP_SESSION.sqlite).bind(id).bind(state).bind(now_ms).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn get_mcp_session(&self, id: &str, now_ms: i64) -> CatalogResult<Option<String>> {
-        Ok(sqlx::query_scalar("UPDATE mcp_sessions SET used_at_ms = ? WHERE id = ? RETURNING state").bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
+        Ok(sqlx::query_scalar(st::GET_MCP_SESSION.sqlite).bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
     }
 
     async fn delete_mcp_session(&self, id: &str) -> CatalogResult<()> {
-        sqlx::query("DELETE FROM mcp_sessions WHERE id = ?").bind(id).execute(&self.pool).await?;
+        sqlx::query(st::DELETE_MCP_SESSION.sqlite).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
-        Ok(sqlx::query("DELETE FROM mcp_sessions WHERE used_at_ms < ?").bind(before_ms).execute(&self.pool).await?.rows_affected())
+        Ok(sqlx::query(st::FORGET_MCP_SESSIONS.sqlite).bind(before_ms).execute(&self.pool).await?.rows_affected())
     }
 
     async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM uploads WHERE id > ? ORDER BY id LIMIT ?")))
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(st::LIST_UPLOADS_AFTER.sqlite).bind(after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_record).collect()
     }
 
     async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool> {
         let done = match damage {
-            Some(d) => {
-                sqlx::query(
-                    "INSERT INTO upload_damage (id, kind, detail, found_at_ms) SELECT id, ?, ?, ? FROM uploads WHERE id = ? AND finished_at_ms IS NOT NULL AND expired = 0 \
-                     ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, detail = excluded.detail, found_at_ms = excluded.found_at_ms",
-                )
-                .bind(&d.kind)
-                .bind(&d.detail)
-                .bind(d.found_at_ms)
-                .bind(id)
-                .execute(&self.pool)
-                .await?
-            }
-            None => sqlx::query("DELETE FROM upload_damage WHERE id = ?").bind(id).execute(&self.pool).await?,
+            Some(d) => sqlx::query(st::SET_DAMAGE.sqlite).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?,
+            None => sqlx::query(st::CLEAR_DAMAGE.sqlite).bind(id).execute(&self.pool).await?,
         };
         Ok(done.rows_affected() > 0)
     }
 
     async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>> {
-        let row: Option<(String, String, i64)> = sqlx::query_as("SELECT kind, detail, found_at_ms FROM upload_damage WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        let row: Option<(String, String, i64)> = sqlx::query_as(st::DAMAGE.sqlite).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
     }
 }

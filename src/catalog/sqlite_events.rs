@@ -3,27 +3,21 @@
 
 use async_trait::async_trait;
 
+use super::dialect::sql;
+use super::event_statements::{self as st, deliveries_joined};
+use super::events::{row_to_delivery, row_to_event};
 use super::events::{Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
-use super::sqlite::DB_NOW;
 use super::{CatalogResult, SqliteCatalog};
-
-use super::events::{row_to_delivery, row_to_event, DELIVERY_COLUMNS, EVENT_COLUMNS};
 
 #[async_trait]
 impl EventCatalog for SqliteCatalog {
     async fn list_events(&self, principal: Option<&str>, after_seq: i64, limit: u32) -> CatalogResult<Vec<EventRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq > ? AND (? IS NULL OR e.principal = ?) ORDER BY e.seq LIMIT ?")))
-            .bind(after_seq)
-            .bind(principal)
-            .bind(principal)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(st::LIST_EVENTS.sqlite).bind(after_seq).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_event).collect()
     }
 
     async fn event_by_id(&self, id: &str) -> CatalogResult<Option<EventRecord>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.id = ?"))).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::EVENT_BY_ID.sqlite).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(row_to_event).transpose()
     }
 
@@ -35,7 +29,7 @@ impl EventCatalog for SqliteCatalog {
 
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < ?").bind(before_ms).execute(&mut *tx).await?;
+        sqlx::query(st::PRUNE_DELIVERIES.sqlite).bind(before_ms).execute(&mut *tx).await?;
         // Never an event a webhook's cursor has not passed yet: it has no delivery row until
         // that webhook's worker (perhaps on a replica that is down) enqueues it.
         let done = sqlx::query(
@@ -57,64 +51,47 @@ impl EventCatalog for SqliteCatalog {
         .bind(webhook)
         .execute(&mut *tx)
         .await?;
-        let cursor: i64 = sqlx::query_scalar("SELECT last_seq FROM webhook_cursors WHERE webhook = ?").bind(webhook).fetch_one(&mut *tx).await?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq > ? ORDER BY e.seq LIMIT ?")))
-            .bind(cursor)
-            .bind(limit as i64)
-            .fetch_all(&mut *tx)
-            .await?;
+        let cursor: i64 = sqlx::query_scalar(st::CURSOR.sqlite).bind(webhook).fetch_one(&mut *tx).await?;
+        let rows = sqlx::query(st::EVENTS_AFTER.sqlite).bind(cursor).bind(limit as i64).fetch_all(&mut *tx).await?;
         let events = rows.iter().map(row_to_event).collect::<CatalogResult<Vec<_>>>()?;
         let Some(last) = events.last().map(|e| e.seq) else {
             tx.commit().await?;
             return Ok(0);
         };
         for e in events.iter().filter(|e| filter.matches(e)) {
-            sqlx::query(
-                "INSERT INTO webhook_deliveries (webhook, event_seq, subject, state, created_at_ms, next_attempt_ms) VALUES (?, ?, ?, 'pending', ?, ?) \
-                 ON CONFLICT (webhook, event_seq) DO NOTHING",
-            )
-            .bind(webhook)
-            .bind(e.seq)
-            .bind(&e.subject)
-            .bind(now_ms)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(st::INSERT_DELIVERY.sqlite).bind(webhook).bind(e.seq).bind(&e.subject).bind(now_ms).execute(&mut *tx).await?;
         }
-        sqlx::query("UPDATE webhook_cursors SET last_seq = ? WHERE webhook = ?").bind(last).bind(webhook).execute(&mut *tx).await?;
+        sqlx::query(st::SET_CURSOR.sqlite).bind(last).bind(webhook).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(events.len() as u32)
     }
 
     async fn claim_deliveries(&self, owner: &str, now_ms: i64, lease_ms: i64, limit: u32) -> CatalogResult<Vec<Delivery>> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let keys: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT d.webhook, d.event_seq FROM webhook_deliveries d WHERE d.state = 'pending' AND d.next_attempt_ms <= ? \
-             AND (d.lease_owner IS NULL OR d.lease_expires_ms <= {DB_NOW}) \
-             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p WHERE p.webhook = d.webhook AND p.subject = d.subject \
-                             AND p.state = 'pending' AND p.event_seq < d.event_seq) \
-             ORDER BY d.event_seq LIMIT ?"
-        )))
+        let keys: Vec<(String, i64)> = sqlx::query_as(
+            sql!(
+                "SELECT d.webhook, d.event_seq FROM webhook_deliveries d WHERE d.state = 'pending' AND d.next_attempt_ms <= ? \
+                 AND (d.lease_owner IS NULL OR d.lease_expires_ms <= {now}) \
+                 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p WHERE p.webhook = d.webhook AND p.subject = d.subject \
+                                 AND p.state = 'pending' AND p.event_seq < d.event_seq) \
+                 ORDER BY d.event_seq LIMIT ?"
+            )
+            .sqlite,
+        )
         .bind(now_ms)
         .bind(limit as i64)
         .fetch_all(&mut *tx)
         .await?;
         let mut out = Vec::with_capacity(keys.len());
         for (webhook, seq) in keys {
-            sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE webhook_deliveries SET lease_owner = ?, lease_expires_ms = {DB_NOW} + ? WHERE webhook = ? AND event_seq = ?")))
+            sqlx::query(sql!("UPDATE webhook_deliveries SET lease_owner = ?, lease_expires_ms = {now} + ? WHERE webhook = ? AND event_seq = ?").sqlite)
                 .bind(owner)
                 .bind(lease_ms)
                 .bind(&webhook)
                 .bind(seq)
                 .execute(&mut *tx)
                 .await?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT {DELIVERY_COLUMNS}, {EVENT_COLUMNS} FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq WHERE d.webhook = ? AND d.event_seq = ?"
-            )))
-            .bind(&webhook)
-            .bind(seq)
-            .fetch_optional(&mut *tx)
-            .await?;
+            let row = sqlx::query(st::DELIVERY.sqlite).bind(&webhook).bind(seq).fetch_optional(&mut *tx).await?;
             if let Some(r) = row {
                 out.push(row_to_delivery(&r)?);
             }
@@ -128,21 +105,17 @@ impl EventCatalog for SqliteCatalog {
         let mut out = Vec::with_capacity(settlements.len());
         for s in settlements {
             let (state, status, error, next) = s.outcome.columns();
-            let done = sqlx::query(
-                "UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1, last_attempt_ms = ?, last_status = ?, last_error = ?, \
-                 next_attempt_ms = COALESCE(?, next_attempt_ms), lease_owner = NULL, lease_expires_ms = NULL \
-                 WHERE webhook = ? AND event_seq = ? AND lease_owner = ? AND state = 'pending'",
-            )
-            .bind(state)
-            .bind(now_ms)
-            .bind(status.map(i64::from))
-            .bind(error)
-            .bind(next)
-            .bind(&s.webhook)
-            .bind(s.event_seq)
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
+            let done = sqlx::query(st::SETTLE_DELIVERY.sqlite)
+                .bind(state)
+                .bind(now_ms)
+                .bind(status.map(i64::from))
+                .bind(error)
+                .bind(next)
+                .bind(&s.webhook)
+                .bind(s.event_seq)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?;
             out.push(done.rows_affected() == 1);
         }
         tx.commit().await?;
@@ -151,12 +124,10 @@ impl EventCatalog for SqliteCatalog {
 
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {
         let states_json = serde_json::to_string(&states.iter().map(|s| s.as_str()).collect::<Vec<_>>()).expect("strings serialise");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {DELIVERY_COLUMNS}, {EVENT_COLUMNS} FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq \
-             WHERE d.state IN (SELECT value FROM json_each(?)) AND (? IS NULL OR e.principal = ?) ORDER BY d.event_seq DESC LIMIT ?"
-        )))
+        let rows = sqlx::query(
+            sql!(deliveries_joined!(), "WHERE d.state IN (SELECT value FROM json_each(?1)) AND (?2 IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3").sqlite,
+        )
         .bind(states_json)
-        .bind(principal)
         .bind(principal)
         .bind(limit as i64)
         .fetch_all(&self.pool)
@@ -165,10 +136,7 @@ impl EventCatalog for SqliteCatalog {
     }
 
     async fn delivery_backlog(&self) -> CatalogResult<(u64, u64)> {
-        let (pending, failed): (i64, i64) =
-            sqlx::query_as("SELECT COALESCE(SUM(state = 'pending'), 0), COALESCE(SUM(state = 'failed'), 0) FROM webhook_deliveries WHERE state <> 'delivered'")
-                .fetch_one(&self.pool)
-                .await?;
+        let (pending, failed): (i64, i64) = sqlx::query_as(st::DELIVERY_BACKLOG.sqlite).fetch_one(&self.pool).await?;
         Ok((pending as u64, failed as u64))
     }
 }

@@ -4,34 +4,31 @@
 use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 
+use super::dialect::sql;
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
-use super::sql::{corrupt, json_map, json_text, raw, row_to_task, TASK_COLUMNS};
-use super::sqlite::DB_NOW;
+use super::sql::{corrupt, json_map, json_text, raw, row_to_task};
+use super::task_statements as st;
 use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, SqliteCatalog};
 
 async fn task_in(tx: &mut Transaction<'static, Sqlite>, id: &str) -> CatalogResult<Option<TaskRecord>> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))).bind(id).fetch_optional(&mut **tx).await?;
+    let row = sqlx::query(st::TASK_FOR_UPDATE.sqlite).bind(id).fetch_optional(&mut **tx).await?;
     row.as_ref().map(row_to_task).transpose()
 }
 
 async fn insert_task(tx: &mut Transaction<'static, Sqlite>, new: &NewTask, prior: Option<&str>) -> CatalogResult<TaskRecord> {
-    sqlx::query(
-        "INSERT INTO tasks (id, principal, kind, args, idempotency_key, status, prior_failure, created_at_ms, updated_at_ms, ttl_ms) \
-         VALUES (?, ?, ?, ?, ?, 'working', ?, ?, ?, ?)",
-    )
-    .bind(&new.id)
-    .bind(&new.principal)
-    .bind(&new.kind)
-    .bind(&new.args)
-    .bind(&new.idempotency_key)
-    .bind(prior)
-    .bind(new.now_ms)
-    .bind(new.now_ms)
-    .bind(new.ttl_ms)
-    .execute(&mut **tx)
-    .await?;
-    task_in(tx, &new.id).await?.ok_or(CatalogError::NotFound)
+    let row = sqlx::query(st::INSERT_TASK.sqlite)
+        .bind(&new.id)
+        .bind(&new.principal)
+        .bind(&new.kind)
+        .bind(&new.args)
+        .bind(&new.idempotency_key)
+        .bind(prior)
+        .bind(new.now_ms)
+        .bind(new.ttl_ms)
+        .fetch_one(&mut **tx)
+        .await?;
+    row_to_task(&row)
 }
 
 impl SqliteCatalog {
@@ -146,12 +143,7 @@ impl TaskCatalog for SqliteCatalog {
             tx.commit().await?;
             return Ok(StartOutcome::Created(task));
         };
-        let existing: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = ? AND kind = ? AND key = ?")
-            .bind(&new.principal)
-            .bind(&new.kind)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let existing: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut *tx).await?;
         let prior = match existing {
             None => None,
             Some(old_id) => match task_in(&mut tx, &old_id).await? {
@@ -162,13 +154,7 @@ impl TaskCatalog for SqliteCatalog {
             },
         };
         let task = insert_task(&mut tx, new, prior.as_deref()).await?;
-        sqlx::query("INSERT INTO task_keys (principal, kind, key, task_id) VALUES (?, ?, ?, ?) ON CONFLICT (principal, kind, key) DO UPDATE SET task_id = excluded.task_id")
-            .bind(&new.principal)
-            .bind(&new.kind)
-            .bind(key)
-            .bind(&new.id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(st::PUT_TASK_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).bind(&new.id).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(match prior {
             Some(prior) => StartOutcome::Retried { task, prior },
@@ -177,12 +163,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
-        let id: Option<String> = sqlx::query_scalar("SELECT task_id FROM task_keys WHERE principal = ? AND kind = ? AND key = ?")
-            .bind(principal)
-            .bind(kind)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
+        let id: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.sqlite).bind(principal).bind(kind).bind(key).fetch_optional(&self.pool).await?;
         match id {
             Some(id) => self.get_task(&id).await,
             None => Ok(None),
@@ -195,7 +176,7 @@ impl TaskCatalog for SqliteCatalog {
             Some(Err(generation)) => Some(generation),
             None => None,
         };
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(st::GET_TASK.sqlite).bind(id).fetch_optional(&self.pool).await?;
         let task = row.as_ref().map(row_to_task).transpose()?;
         if let (Some(c), Some(g), Some(t)) = (&self.task_cache, generation, &task) {
             c.keep(g, &t.id, t);
@@ -204,11 +185,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE principal = ? ORDER BY created_at_ms DESC, id LIMIT ?")))
-            .bind(principal)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(st::LIST_TASKS.sqlite).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
         rows.iter().map(row_to_task).collect()
     }
 
@@ -221,10 +198,13 @@ impl TaskCatalog for SqliteCatalog {
         // error after the update (commit outcome unknown) still forgets them all.
         let mut changed = self.tasks_changed(None);
         let mut tx = self.immediate().await?;
-        let id: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {DB_NOW}) \
-             AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1"
-        )))
+        let id: Option<String> = sqlx::query_scalar(
+            sql!(
+                "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {now}) \
+                 AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1"
+            )
+            .sqlite,
+        )
         .bind(&kinds_json)
         .fetch_optional(&mut *tx)
         .await?;
@@ -233,7 +213,7 @@ impl TaskCatalog for SqliteCatalog {
             changed.narrow_to(None);
             return Ok(None);
         };
-        sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {DB_NOW} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?")))
+        sqlx::query(sql!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?").sqlite)
             .bind(owner)
             .bind(lease_ms)
             .bind(&id)
@@ -247,13 +227,7 @@ impl TaskCatalog for SqliteCatalog {
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
         let _changed = self.tasks_changed(Some(id));
-        let status: Option<String> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("UPDATE tasks SET lease_expires_ms = {DB_NOW} + ? WHERE id = ? AND fence = ? RETURNING status")))
-                .bind(lease_ms)
-                .bind(id)
-                .bind(fence as i64)
-                .fetch_optional(&self.pool)
-                .await?;
+        let status: Option<String> = sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
         match status {
             Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
             None => Err(CatalogError::Fenced),
@@ -263,20 +237,15 @@ impl TaskCatalog for SqliteCatalog {
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
         let _changed = self.tasks_changed(Some(id));
         let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
-        let done = sqlx::query(
-            "UPDATE tasks SET progress = COALESCE(?, progress), checkpoint = COALESCE(?, checkpoint), \
-             partial_mark = COALESCE(?, partial_mark), updated_at_ms = ? \
-             WHERE id = ? AND status IN ('working', 'input_required') AND (? IS NULL OR fence = ?)",
-        )
-        .bind(progress)
-        .bind(&u.checkpoint)
-        .bind(u.partial_mark.map(|m| m as i64))
-        .bind(u.now_ms)
-        .bind(id)
-        .bind(fence.map(|f| f as i64))
-        .bind(fence.map(|f| f as i64))
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::UPDATE_TASK.sqlite)
+            .bind(progress)
+            .bind(&u.checkpoint)
+            .bind(u.partial_mark.map(|m| m as i64))
+            .bind(u.now_ms)
+            .bind(id)
+            .bind(fence.map(|f| f as i64))
+            .execute(&self.pool)
+            .await?;
         if done.rows_affected() == 1 {
             Ok(())
         } else if self.get_task(id).await?.is_none() {
@@ -297,37 +266,20 @@ impl TaskCatalog for SqliteCatalog {
         if seq <= task.partial_seq {
             return Ok(Appended::Replayed(seq));
         }
-        sqlx::query("INSERT INTO task_partials (task_id, seq, at_ms, value) VALUES (?, ?, ?, ?)").bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut *tx).await?;
-        let sizes: Vec<(i64, i64)> = sqlx::query_as("SELECT seq, length(CAST(value AS BLOB)) FROM task_partials WHERE task_id = ? ORDER BY seq DESC LIMIT ?")
-            .bind(id)
-            .bind(2 * MAX_FRAGMENTS as i64)
-            .fetch_all(&mut *tx)
-            .await?;
+        sqlx::query(st::INSERT_PARTIAL.sqlite).bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut *tx).await?;
+        let sizes: Vec<(i64, i64)> = sqlx::query_as(st::PARTIAL_SIZES.sqlite).bind(id).bind(2 * MAX_FRAGMENTS as i64).fetch_all(&mut *tx).await?;
         let sizes: Vec<(u64, usize)> = sizes.into_iter().map(|(s, n)| (s as u64, n.max(0) as usize)).collect();
         let dropped = match keep_from(&sizes) {
-            Some(from) => sqlx::query("DELETE FROM task_partials WHERE task_id = ? AND seq < ?").bind(id).bind(from as i64).execute(&mut *tx).await?.rows_affected(),
+            Some(from) => sqlx::query(st::DROP_PARTIALS.sqlite).bind(id).bind(from as i64).execute(&mut *tx).await?.rows_affected(),
             None => 0,
         };
-        sqlx::query("UPDATE tasks SET partial_seq = ?, partial_dropped = partial_dropped + ?, updated_at_ms = ? WHERE id = ?")
-            .bind(seq as i64)
-            .bind(dropped as i64)
-            .bind(now_ms)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(st::SET_PARTIAL_SEQ.sqlite).bind(seq as i64).bind(dropped as i64).bind(now_ms).bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(Appended::Stored(seq))
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
-        let rows: Vec<super::partials::PageRow> = sqlx::query_as(
-            "SELECT t.partial_seq, t.partial_dropped, p.seq, p.at_ms, p.value FROM tasks t \
-             LEFT JOIN task_partials p ON p.task_id = t.id AND p.seq > ? WHERE t.id = ? ORDER BY p.seq",
-        )
-        .bind(after.min(i64::MAX as u64) as i64)
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<super::partials::PageRow> = sqlx::query_as(st::PARTIAL_PAGE.sqlite).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
         super::partials::page_of(rows).ok_or(CatalogError::NotFound)
     }
 
@@ -340,15 +292,7 @@ impl TaskCatalog for SqliteCatalog {
         }
         let mut requests = json_map(&task.input_requests)?;
         requests.insert(key.to_string(), raw(request)?);
-        sqlx::query(
-            "UPDATE tasks SET status = 'input_required', input_requests = ?, lease_owner = NULL, lease_expires_ms = NULL, \
-             updated_at_ms = ? WHERE id = ?",
-        )
-        .bind(json_text(&requests))
-        .bind(now_ms)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(st::PARK.sqlite).bind(json_text(&requests)).bind(now_ms).bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -365,13 +309,7 @@ impl TaskCatalog for SqliteCatalog {
         responses.insert(key.to_string(), raw(response)?);
         let all_answered = requests.keys().all(|k| responses.contains_key(k));
         let status = if all_answered { "working" } else { task.status.as_str() };
-        sqlx::query("UPDATE tasks SET input_responses = ?, status = ?, updated_at_ms = ? WHERE id = ?")
-            .bind(json_text(&responses))
-            .bind(status)
-            .bind(now_ms)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(st::RESPOND.sqlite).bind(json_text(&responses)).bind(status).bind(now_ms).bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -382,19 +320,7 @@ impl TaskCatalog for SqliteCatalog {
             TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
             TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
         };
-        let done = sqlx::query(
-            "UPDATE tasks SET status = ?, result = ?, error = ?, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = ? \
-             WHERE id = ? AND status IN ('working', 'input_required') AND (? IS NULL OR fence = ?)",
-        )
-        .bind(status)
-        .bind(result)
-        .bind(error)
-        .bind(now_ms)
-        .bind(id)
-        .bind(fence.map(|f| f as i64))
-        .bind(fence.map(|f| f as i64))
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(st::FINISH_TASK.sqlite).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -402,21 +328,14 @@ impl TaskCatalog for SqliteCatalog {
         {
             // Forgotten once the update committed, before the read below (which must see it).
             let _changed = self.tasks_changed(Some(id));
-            sqlx::query(
-                "UPDATE tasks SET status = 'cancelled', lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = ? \
-                 WHERE id = ? AND status IN ('working', 'input_required')",
-            )
-            .bind(now_ms)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+            sqlx::query(st::CANCEL_TASK.sqlite).bind(now_ms).bind(id).execute(&self.pool).await?;
         }
         self.get_task(id).await?.ok_or(CatalogError::NotFound)
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
         let _changed = self.tasks_changed(Some(id));
-        sqlx::query("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE id = ? AND fence = ?").bind(id).bind(fence as i64).execute(&self.pool).await?;
+        sqlx::query(st::RELEASE_TASK.sqlite).bind(id).bind(fence as i64).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -436,13 +355,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT kind, status, COUNT(*) AS n, \
-             SUM(CASE WHEN status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {DB_NOW}) THEN 1 ELSE 0 END) AS waiting \
-             FROM tasks GROUP BY kind, status"
-        )))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(st::TASK_COUNTS.sqlite).fetch_all(&self.pool).await?;
         rows.iter().map(super::tasks::row_to_task_count).collect()
     }
 }
