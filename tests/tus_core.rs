@@ -211,6 +211,26 @@ async fn duplicated_headers_are_refused_not_guessed() {
     assert_eq!(t.offset(&url).await, 0);
     let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
     assert_eq!(files["files"].as_array().unwrap().len(), 1, "{files}");
+    // The task API's Idempotency-Key, by the same words.
+    let r = t.c.post(s.url("/api/v1/tasks")).header("Idempotency-Key", "k1").header("Idempotency-Key", "k1").body(r#"{"kind":"external","args":{}}"#).send().await.unwrap();
+    let v = problem(r, 400, "invalid_argument").await;
+    assert_eq!(v["detail"], "the Idempotency-Key header was sent 2 times; it carries one value", "{v}");
+    // Host (RFC 9112 §3.2): none, or two, is 400 before anything reads it; nothing is listed
+    // or created.
+    use std::io::{Read, Write};
+    for req in [
+        "GET /api/v1/files HTTP/1.1\r\nConnection: close\r\n\r\n".to_string(),
+        format!("POST /files/ HTTP/1.1\r\nHost: {}\r\nHost: evil.example\r\nTus-Resumable: 1.0.0\r\nUpload-Length: 5\r\nConnection: close\r\n\r\n", s.addr()),
+    ] {
+        let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
+        sock.write_all(req.as_bytes()).unwrap();
+        let mut text = String::new();
+        sock.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 400"), "{req:?}: {text}");
+        assert!(text.contains("Host header") && !text.contains("\"files\""), "{text}");
+    }
+    let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    assert_eq!(files["files"].as_array().unwrap().len(), 1, "{files}");
 }
 
 #[tokio::test]

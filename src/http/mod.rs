@@ -210,9 +210,26 @@ where
     });
     Router::new()
         .fallback_service(edge)
+        .layer(middleware::from_fn(one_host))
         .layer(middleware::from_fn_with_state(state, count_status))
         // Outermost: `X-HTTP-Method-Override` is honoured before routing, auth and CORS.
         .layer(middleware::map_request(method_override))
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request without a `Host` header, or with more than one, is
+/// answered 400 before anything else reads it, so the checks on `Host` ([`guard_origin`])
+/// never meet a missing or ambiguous one.
+async fn one_host(req: Request, next: Next) -> Response {
+    let hosts = req.headers().get_all("host").iter().count();
+    if hosts > 1 || (hosts == 0 && req.version() == axum::http::Version::HTTP_11) {
+        let what = if hosts == 0 { "no Host header".to_string() } else { format!("{hosts} Host headers") };
+        return Problem(Refusal::bad_request(
+            format!("the request carries {what}; HTTP/1.1 requires exactly one (RFC 9112 §3.2)"),
+            "Send exactly one Host header naming this server.",
+        ))
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// Browser protections outside the TUS endpoints:

@@ -38,19 +38,25 @@ const SINGLE_VALUED: [&str; 14] = [
 /// refused with 400 `invalid_argument` naming it, before any handler reads it (and nothing is
 /// stored), rather than parsed as some malformed value.
 pub(super) async fn single_valued_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let h = req.headers();
-    if let Some(name) = SINGLE_VALUED.iter().find(|n| h.get_all(**n).iter().nth(1).is_some()) {
-        let times = h.get_all(*name).iter().count();
-        let canonical = name.split('-').map(|w| w[..1].to_ascii_uppercase() + &w[1..]).collect::<Vec<_>>().join("-");
-        return Problem(Refusal::new(
-            400,
-            crate::error::ErrorCode::InvalidArgument,
-            format!("the {canonical} header was sent {times} times; it carries one value"),
-            format!("Send {canonical} once."),
-        ))
-        .into_response();
+    if let Some(refused) = SINGLE_VALUED.iter().find_map(|n| repeated(req.headers(), n)) {
+        return refused.into_response();
     }
     next.run(req).await
+}
+
+/// 400 `invalid_argument` naming header `name` (lowercase) when it was sent more than once.
+fn repeated(h: &HeaderMap, name: &str) -> Option<Problem> {
+    let times = h.get_all(name).iter().count();
+    if times < 2 {
+        return None;
+    }
+    let canonical = name.split('-').map(|w| w[..1].to_ascii_uppercase() + &w[1..]).collect::<Vec<_>>().join("-");
+    Some(Problem(Refusal::new(
+        400,
+        crate::error::ErrorCode::InvalidArgument,
+        format!("the {canonical} header was sent {times} times; it carries one value"),
+        format!("Send {canonical} once."),
+    )))
 }
 
 /// The single value of header `name`. A value that is not visible ASCII, or a header sent
@@ -274,6 +280,9 @@ pub async fn create(
 /// The request's `Idempotency-Key`, if any (one parser for every route that takes one).
 /// Errors: 400 for a malformed key or one sent twice.
 pub(super) fn idempotency_key(h: &HeaderMap) -> Result<Option<ferry_tus::IdempotencyKey>, Problem> {
+    if let Some(refused) = repeated(h, "idempotency-key") {
+        return Err(refused);
+    }
     header(h, "idempotency-key")
         .map(|v| {
             v.parse::<ferry_tus::IdempotencyKey>().map_err(|e| {

@@ -71,6 +71,8 @@ pub fn select_range(if_none_match: Option<&str>, range: Option<&str>, if_range: 
             return RangeOutcome::Whole;
         }
     }
+    let Some(range) = lenient_range(range) else { return RangeOutcome::Whole };
+    let range = range.as_str();
     // The crate parses the syntax; RFC 9110 §14.1.2 semantics are applied here.
     // `bytes=-0` is a valid suffix range of length 0, which nothing satisfies (the crate
     // refuses it as syntax).
@@ -103,6 +105,27 @@ pub fn select_range(if_none_match: Option<&str>, range: Option<&str>, if_range: 
     }
 }
 
+/// `Range` as the range crate reads it, after what RFC 9110 allows a recipient to accept:
+/// the unit is case-insensitive (§14.1), empty list elements are ignored (§5.6.1), and a last
+/// position too large for any file is the end of the file (§14.1.2: it is clipped anyway).
+/// `None` when the unit is not `bytes`.
+fn lenient_range(range: &str) -> Option<String> {
+    let (unit, set) = range.trim().split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    let specs: Vec<String> = set
+        .split(',')
+        .map(str::trim)
+        .filter(|spec| !spec.is_empty())
+        .map(|spec| match spec.split_once('-') {
+            Some((first, last)) if !first.is_empty() && !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) && last.parse::<u64>().is_err() => format!("{first}-"),
+            _ => spec.to_string(),
+        })
+        .collect();
+    Some(format!("bytes={}", specs.join(", ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +146,13 @@ mod tests {
         assert_eq!(d(&[("range", "bytes=-1000")]), RangeOutcome::Partial { start: 0, end_inclusive: 99 });
         assert_eq!(d(&[("range", "bytes=-0")]), RangeOutcome::Unsatisfiable);
         assert_eq!(d(&[("range", "pages=1")]), RangeOutcome::Whole);
+        // What RFC 9110 lets a recipient accept: any case of the unit, empty list elements, a
+        // last position past any file.
+        assert_eq!(d(&[("range", "BYTES=1-2")]), RangeOutcome::Partial { start: 1, end_inclusive: 2 });
+        assert_eq!(d(&[("range", "bytes=1-2,")]), RangeOutcome::Partial { start: 1, end_inclusive: 2 });
+        assert_eq!(d(&[("range", "bytes=, 1-2")]), RangeOutcome::Partial { start: 1, end_inclusive: 2 });
+        assert_eq!(d(&[("range", "bytes=0-99999999999999999999999")]), RangeOutcome::Partial { start: 0, end_inclusive: 99 });
+        assert_eq!(d(&[("range", "bytes=")]), RangeOutcome::Whole);
         assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"abc\"")]), RangeOutcome::Partial { start: 0, end_inclusive: 9 });
         assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "\"old\"")]), RangeOutcome::Whole);
         assert_eq!(d(&[("range", "bytes=0-9"), ("if-range", "Sun, 06 Nov 1994 08:49:37 GMT")]), RangeOutcome::Partial { start: 0, end_inclusive: 9 });
