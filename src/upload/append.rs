@@ -636,7 +636,11 @@ impl UploadEngine {
                 self.get(principal, id).await?;
                 self.take(id).await?
             }
-            Err(LockError::Catalog(e)) => return Err(e.into()),
+            Err(LockError::Catalog(e)) => {
+                // An unknown, foreign or expired upload: the reader's answer (404 or 410).
+                self.get(principal, id).await?;
+                return Err(e.into());
+            }
         };
         let rec = self.get(principal, id).await?;
         let state = UploadState { offset: rec.offset, length: rec.length, is_final: matches!(rec.concat, Concat::Final { .. }) };

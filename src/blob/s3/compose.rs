@@ -13,7 +13,7 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 
-use super::state::{fixed_part_size, MAX_PARTS};
+use super::state::{fixed_part_size, MAX_PARTS, MIN_PART};
 use backon::Retryable;
 
 use super::{bounded, classify_message, deadline_for, io, own_retries, Failure, Inner, REQUEST_DEADLINE};
@@ -170,7 +170,9 @@ pub(crate) enum Piece {
 }
 
 /// How to compose sources of lengths `lens` (bytes) into parts of `part` bytes each but the
-/// last: a part inside one source is copied inside S3; a part that spans sources is streamed.
+/// last: a part inside one source is copied inside S3 unless it is shorter than a part and than
+/// [`MIN_PART`] (a short last part is streamed: Garage refuses smaller copies); a part
+/// that spans sources is streamed.
 /// `None` when nothing would be copied (streaming through a writer is as good), or the parts
 /// would exceed [`MAX_PARTS`].
 pub(crate) fn compose_plan(lens: &[u64], part: u64) -> Option<Vec<Piece>> {
@@ -206,7 +208,9 @@ pub(crate) fn compose_plan(lens: &[u64], part: u64) -> Option<Vec<Piece>> {
             ranges.push((i, start.max(s) - s..end.min(s + l) - s));
         }
         plan.push(match <[_; 1]>::try_from(ranges) {
-            Ok([(src, range)]) => Piece::Copy { src, range },
+            // Garage refuses an UploadPartCopy of less than 5 MiB, even as the last part.
+            Ok([(src, range)]) if range.end - range.start >= part.min(MIN_PART) => Piece::Copy { src, range },
+            Ok([one]) => Piece::Stream(vec![one]),
             Err(ranges) => Piece::Stream(ranges),
         });
         start = end;
@@ -221,7 +225,7 @@ pub(crate) fn plan_for(lens: &[u64], floor: u64) -> Option<Vec<Piece>> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::state::MIN_PART;
+
     use super::*;
 
     /// Each part: its byte count, and whether it is copied.
@@ -237,14 +241,18 @@ mod tests {
     #[test]
     fn compose_plans_copy_inside_sources_and_stream_across_them() {
         let c = |src, range| Piece::Copy { src, range };
-        assert_eq!(compose_plan(&[6], 5), Some(vec![c(0, 0..5), c(0, 5..6)]));
-        assert_eq!(compose_plan(&[3], 5), Some(vec![c(0, 0..3)]), "a single source is the last part: copied whatever its size");
+        let one = |src, range| Piece::Stream(vec![(src, range)]);
+        assert_eq!(compose_plan(&[6], 5), Some(vec![c(0, 0..5), one(0, 5..6)]), "a short last part is streamed (Garage refuses copies under 5 MiB)");
+        assert_eq!(compose_plan(&[3], 5), None, "a source shorter than a part is never copied");
         assert_eq!(compose_plan(&[10, 10], 5), Some(vec![c(0, 0..5), c(0, 5..10), c(1, 0..5), c(1, 5..10)]));
-        assert_eq!(compose_plan(&[1, 12], 5), Some(vec![Piece::Stream(vec![(0, 0..1), (1, 0..4)]), c(1, 4..9), c(1, 9..12)]));
+        assert_eq!(compose_plan(&[1, 12], 5), Some(vec![Piece::Stream(vec![(0, 0..1), (1, 0..4)]), c(1, 4..9), one(1, 9..12)]));
         assert_eq!(compose_plan(&[1, 1], 5), None, "nothing to copy: stream");
         assert_eq!(compose_plan(&[0, 0], 5), None);
         assert_eq!(compose_plan(&[], 5), None);
         assert_eq!(compose_plan(&vec![MIN_PART; 10_001], MIN_PART), None, "more than 10 000 parts: stream");
+        assert_eq!(compose_plan(&[3], MIN_PART), None, "a source under 5 MiB is never copied (Garage refuses it)");
+        let p = compose_plan(&[MIN_PART + 3], MIN_PART).unwrap();
+        assert!(matches!(p[0], Piece::Copy { .. }) && matches!(&p[1], Piece::Stream(r) if r.len() == 1), "a short last part is streamed");
         assert!(plan_for(&[3 << 40, 2 << 40], MIN_PART).is_some(), "5 TiB: parts sized to fit");
 
         // Any lengths: the parts cover every source in order, every part but the last has
@@ -264,7 +272,8 @@ mod tests {
                 let ranges = match p {
                     Piece::Copy { src, range } => vec![(*src, range.clone())],
                     Piece::Stream(rs) => {
-                        assert!(rs.len() > 1, "{lens:?} {plan:?}");
+                        let short = rs.iter().map(|(_, r)| r.end - r.start).sum::<u64>() < 5;
+                        assert!(rs.len() > 1 || short, "one source streamed only when short: {lens:?} {plan:?}");
                         rs.clone()
                     }
                 };
