@@ -19,7 +19,7 @@
 //! signature.
 //!
 //! Needs PostgreSQL (`FERRY_TEST_PG`, default the role `.ci/run` creates), and `moto_server` in
-//! tests/clients/python/.venv or the S3 of `FERRY_TEST_S3_*`. Results go to stdout;
+//! the test clients' venv (`FERRY_PY_VENV`) or the S3 of `FERRY_TEST_S3_*`. Results go to stdout;
 //! benches/RESULTS.md keeps a copy. Run:
 //!
 //! ```sh
@@ -34,6 +34,8 @@ mod moto;
 mod s3;
 #[path = "support/replicas.rs"]
 mod support;
+#[path = "../tests/common/venv.rs"]
+mod venv;
 
 use std::process::Child;
 use std::time::Instant;

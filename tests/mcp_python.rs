@@ -8,8 +8,8 @@
 //! as a subprocess; the test fails with the client's output when the script exits non-zero.
 //!
 //! The clients are installed by `.ci/run`. By hand:
-//!   python3 -m venv tests/clients/python/.venv
-//!   tests/clients/python/.venv/bin/pip install -r tests/clients/python/requirements-mcp.txt
+//!   python3 -m venv ${TMPDIR:-/tmp}/ferry-python-venv     (or $FERRY_PY_VENV)
+//!   ${TMPDIR:-/tmp}/ferry-python-venv/bin/pip install -r tests/clients/python/requirements-mcp.txt
 //!   (cd tests/clients/mcp-ts && npm ci)
 //! Overrides: `FERRY_PYTHON` (a python that can `import mcp`), `FERRY_NODE` (node executable).
 //! A missing client makes the test FAIL, never skip.
@@ -20,14 +20,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ferry_bin, sha256_hex, write_file, Server};
+use common::{ferry_bin, python_bin, sha256_hex, write_file, Server};
 use serde_json::Value;
 
 /// Per client run; a hung client must not hang the suite.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 
-const INSTALL_HINT: &str = "install the MCP clients with `bash .ci/run` or by hand: `python3 -m venv \
-    tests/clients/python/.venv && tests/clients/python/.venv/bin/pip install -r \
+const INSTALL_HINT: &str = "install the MCP clients with `bash .ci/run` or by hand: a venv at \
+    $FERRY_PY_VENV (default $TMPDIR/ferry-python-venv) with `pip install -r \
     tests/clients/python/requirements-mcp.txt`; `(cd tests/clients/mcp-ts && npm ci)`";
 
 /// `[commands.*]` and `[fetch]` for the scenarios that run export programs:
@@ -64,12 +64,6 @@ fn manifest_dir() -> PathBuf {
 
 fn python_dir() -> PathBuf {
     manifest_dir().join("tests/clients/python")
-}
-
-fn python_bin() -> PathBuf {
-    let py = std::env::var_os("FERRY_PYTHON").map(PathBuf::from).unwrap_or_else(|| python_dir().join(".venv/bin/python"));
-    assert!(py.exists(), "{} is missing: {INSTALL_HINT}", py.display());
-    py
 }
 
 /// A command with no proxy settings (everything here talks to loopback) and no stdin.

@@ -239,8 +239,7 @@ async fn schemathesis(s: &Server, token: Option<&str>) {
 
 async fn run_schemathesis(s: &Server, token: Option<&str>, extra: &[String]) {
     let dir = manifest_dir().join("tests/clients/python");
-    let st = dir.join(".venv/bin/st");
-    assert!(st.exists(), "{} is missing: run `bash .ci/run` (it installs tests/clients/python/requirements-openapi.txt)", st.display());
+    let st = venv_bin("st");
     let mut cmd = loopback_command(&st);
     // Its own working directory: schemathesis and Hypothesis keep state there (concurrent runs
     // must not share it, and the repository must not collect it).

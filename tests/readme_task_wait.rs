@@ -1,6 +1,6 @@
 //! README.md's "Waiting for a task from Python or JavaScript" blocks, run exactly as printed —
 //! only the `FERRY` and `TASK` lines are replaced — against the real binary (Python with
-//! `requests` from tests/clients/python/.venv, Node's own `fetch`). Each must subscribe to the
+//! `requests` from the test clients' venv, Node's own `fetch`). Each must subscribe to the
 //! live events stream, read the task, and end on the event that made the task terminal.
 //!
 //! To know when a block is waiting on the stream, a prelude that is not part of the block logs
@@ -74,9 +74,7 @@ async fn run_block(s: &Server, lang: &str, id: &str, other: Option<&str>, finish
     } else {
         let p = dir.path().join("wait.py");
         std::fs::write(&p, format!("{PY_PRELUDE}{block}")).unwrap();
-        let py = manifest_dir().join("tests/clients/python/.venv/bin/python");
-        assert!(py.exists(), "{} is missing: run `bash .ci/run`", py.display());
-        (p, loopback_command(py))
+        (p, loopback_command(python_bin()))
     };
     let mut child = cmd.arg(&script).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let rx = StderrLines::take(&mut child);

@@ -6,8 +6,8 @@
 //!
 //! The clients are installed by `.ci/run`. By hand:
 //!   (cd tests/clients/node && npm ci)
-//!   python3 -m venv tests/clients/python/.venv
-//!   tests/clients/python/.venv/bin/pip install -r tests/clients/python/requirements.txt
+//!   python3 -m venv ${TMPDIR:-/tmp}/ferry-python-venv     (or $FERRY_PY_VENV)
+//!   ${TMPDIR:-/tmp}/ferry-python-venv/bin/pip install -r tests/clients/python/requirements.txt
 //! Overrides: `FERRY_NODE_CLIENTS` (dir with the scripts and node_modules), `FERRY_NODE` (node
 //! executable), `FERRY_PYTHON` (python executable that can `import tusclient`).
 //! A missing client makes the test FAIL, never skip.
@@ -15,7 +15,7 @@
 mod common;
 
 use base64::Engine as _;
-use common::{client, pseudo_random, sha256_hex, Server, Tus};
+use common::{client, pseudo_random, python_bin, sha256_hex, Server, Tus};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -28,9 +28,9 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 const SRC_LEN: usize = 3 * 1024 * 1024 + 12_345;
 
 const INSTALL_HINT: &str = "install the real clients with `bash .ci/run` (it runs the tests \
-    too) or by hand: `(cd tests/clients/node && npm ci)`; `python3 -m venv \
-    tests/clients/python/.venv && tests/clients/python/.venv/bin/pip install -r \
-    tests/clients/python/requirements.txt`; `apt-get install -y curl`";
+    too) or by hand: `(cd tests/clients/node && npm ci)`; a venv at $FERRY_PY_VENV (default \
+    $TMPDIR/ferry-python-venv) with `pip install -r tests/clients/python/requirements.txt`; \
+    `apt-get install -y curl`";
 
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -42,10 +42,6 @@ fn node_dir() -> PathBuf {
 
 fn node_bin() -> PathBuf {
     std::env::var_os("FERRY_NODE").map(PathBuf::from).unwrap_or_else(|| "node".into())
-}
-
-fn python_bin() -> PathBuf {
-    std::env::var_os("FERRY_PYTHON").map(PathBuf::from).unwrap_or_else(|| manifest_dir().join("tests/clients/python/.venv/bin/python"))
 }
 
 fn python_dir() -> PathBuf {

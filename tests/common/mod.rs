@@ -10,6 +10,8 @@ pub mod pg;
 pub mod proxy;
 pub mod s3;
 pub mod s3proxy;
+pub mod venv;
+pub use venv::venv_bin;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -638,11 +640,15 @@ pub fn node_script(script: &str, args: &[&str]) -> Command {
     cmd
 }
 
-/// `tests/clients/python/.venv/bin/python SCRIPT ARGS…` (or `FERRY_PYTHON`).
+/// The Python that runs test clients: `FERRY_PYTHON`, else [`python_venv`]'s.
+pub fn python_bin() -> PathBuf {
+    std::env::var_os("FERRY_PYTHON").map(PathBuf::from).unwrap_or_else(|| venv_bin("python"))
+}
+
+/// `python tests/clients/python/SCRIPT ARGS…` with [`python_bin`].
 pub fn python_script(script: &str, args: &[&str]) -> Command {
     let dir = manifest_dir().join("tests/clients/python");
-    let py = std::env::var_os("FERRY_PYTHON").map(PathBuf::from).unwrap_or_else(|| dir.join(".venv/bin/python"));
-    assert!(py.exists(), "{} is missing: run `bash .ci/run` (it creates the venv from tests/clients/python/requirements.txt)", py.display());
+    let py = python_bin();
     let mut cmd = loopback_command(py);
     cmd.current_dir(&dir).arg(dir.join(script)).args(args);
     cmd

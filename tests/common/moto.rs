@@ -1,5 +1,5 @@
 //! A local S3 for tests: moto's server (`moto[server]` from PyPI, installed by `.ci/run` into
-//! tests/clients/python/.venv) on a free loopback port, one per test. Killed on drop.
+//! the test clients' venv, `common::python_venv`) on a free loopback port, one per test. Killed on drop.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -13,13 +13,7 @@ pub struct Moto {
 }
 
 fn moto_bin() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/python/.venv/bin/moto_server");
-    assert!(
-        bin.exists(),
-        "{} is missing: run .ci/run, or python3 -m venv tests/clients/python/.venv && tests/clients/python/.venv/bin/pip install -r tests/clients/python/requirements-s3.txt",
-        bin.display()
-    );
-    bin
+    super::venv::venv_bin("moto_server")
 }
 
 impl Moto {
