@@ -516,10 +516,12 @@ impl FsWriter {
 
     /// Hand the gathered bytes to the file (after the previous batch) without waiting.
     /// `writeback`: also start their writeback (durable mode) — not when an `fdatasync`
-    /// follows at once, which would submit the same pages a second time.
-    async fn flush_gathered(&mut self, writeback: bool) -> BlobResult<()> {
+    /// follows at once, which would submit the same pages a second time. `sync`: then
+    /// `fdatasync` on the same blocking thread (the end of a PATCH: one trip, not two), even
+    /// when nothing is gathered.
+    async fn flush_gathered(&mut self, writeback: bool, sync: bool) -> BlobResult<()> {
         self.settle().await?;
-        if self.gathered_len == 0 {
+        if self.gathered_len == 0 && !sync {
             return Ok(());
         }
         let bufs = std::mem::take(&mut self.gathered);
@@ -533,6 +535,9 @@ impl FsWriter {
             write_all_vectored(&file, &bufs)?;
             if writeback {
                 start_writeback(&file, start, n);
+            }
+            if sync {
+                file.sync_data()?;
             }
             Ok(())
         }));
@@ -557,7 +562,7 @@ impl BlobWriter for FsWriter {
         self.gathered_len += data.len();
         self.gathered.push(data);
         if self.gathered_len >= WRITE_BATCH {
-            self.flush_gathered(true).await?;
+            self.flush_gathered(true, false).await?;
         }
         Ok(())
     }
@@ -569,31 +574,17 @@ impl BlobWriter for FsWriter {
         if !self.durable {
             return self.start_sync().await?.await;
         }
+        self.flush_gathered(false, true).await?;
         self.settle().await?;
-        let bufs = std::mem::take(&mut self.gathered);
-        let n = std::mem::take(&mut self.gathered_len) as u64;
-        self.lease.check()?;
-        let (file, lease) = (self.file.clone(), self.lease.clone());
-        // Counted as handed to the file before the write, as `flush_gathered` does: a failed
-        // write is cut back by `rewind`, which truncates the file to what was committed.
-        self.flushed += n;
-        blocking(move || {
-            if !lease.holds() {
-                return Err(std::io::Error::other(BlobError::LeaseLost));
-            }
-            write_all_vectored(&file, &bufs)?;
-            file.sync_data()
-        })
-        .await?;
         Ok(BlobState::fs(self.flushed))
     }
 
     async fn flush(&mut self) -> BlobResult<()> {
-        self.flush_gathered(true).await
+        self.flush_gathered(true, false).await
     }
 
     async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
-        self.flush_gathered(false).await?;
+        self.flush_gathered(false, false).await?;
         self.settle().await?;
         let state = BlobState::fs(self.flushed);
         if !self.durable {
@@ -670,7 +661,7 @@ impl BlobWriter for FsWriter {
         if self.durable {
             return Ok(None);
         }
-        self.flush_gathered(false).await?;
+        self.flush_gathered(false, false).await?;
         self.settle().await?;
         let (file, path, lease) = (self.file.clone(), self.path.clone(), self.lease.clone());
         blocking(move || -> std::io::Result<()> {
