@@ -15,6 +15,9 @@
 //! Scenarios (per operation = the window's total ÷ operations):
 //! - `tus_patch_8mib`: 3 TUS PATCHes of 8 MiB each into one upload of 32 MiB (none completes
 //!   it): offset check, lease, sha256, write, fdatasync, catalog checkpoint.
+//! - `tus_patch_64kib`: 200 TUS PATCHes of 64 KiB each into one upload (issue 24's fixed cost
+//!   of a PATCH: its bytes are a small share; the rest is the lease, catalog reads and the
+//!   commit, the blob's open and fdatasync, HTTP and thread hand-offs).
 //! - `draft_append_8mib`: the same 3 × 8 MiB as IETF draft appends (interop version 8,
 //!   `application/partial-upload`, `Upload-Complete: ?0`).
 //! - `range_get_1mib`: 16 GETs of 1 MiB ranges at fixed, scattered offsets of a finished 64 MiB
@@ -230,6 +233,17 @@ fn measure(label: &str, binary: &Path, root: &Path) -> Vec<Row> {
             }
         });
         rows.push(("tus_patch_8mib", 3, 8 * MIB, ir));
+    }
+    if wanted("tus_patch_64kib") {
+        const N: usize = 200;
+        let url = tus_create(&mut c, (N + 1) * 64 * 1024);
+        tus_patch(&mut c, &url, 0, &chunk[..64 * 1024]);
+        let ir = s.count(|| {
+            for i in 1..=N {
+                tus_patch(&mut c, &url, i * 64 * 1024, &chunk[i * 4096..i * 4096 + 64 * 1024]);
+            }
+        });
+        rows.push(("tus_patch_64kib", N as u64, 64 * 1024, ir));
     }
     if wanted("draft_append_8mib") {
         let url = draft_create(&mut c);

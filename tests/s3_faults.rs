@@ -421,6 +421,45 @@ async fn a_part_upload_cut_mid_body_loses_nothing() {
     assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
 }
 
+/// `[s3] parts_in_flight` (issue 24 goal 4): in one long PATCH the next part is sent while the
+/// one before is still on its way — two UploadParts of the upload wait in a black-holed S3 at
+/// once while the body is still open. Neither is stored: the PATCH answers 503 with the
+/// durable offset (what the first PATCH stored, never a byte of the parts that failed), and a
+/// client resuming from HEAD once S3 is back finishes with the right sha256.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_in_flight_overlap_and_parts_lost_among_them_lose_nothing() {
+    let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
+    let tus = rig.tus(0);
+    let data = pseudo_random(16 * MIB + 3, 0x24);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    // Part 1 and a byte: the multipart upload exists before S3 goes silent.
+    let first = 5 * MIB + 1;
+    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
+    rig.proxies[0].set_black_hole(true);
+    // Parts 2 and 3 (bytes 5..15 MiB) fill, and some of part 4.
+    let (tx, pending) = streaming_patch(&url, first as u64);
+    let body = data[first..16 * MIB].to_vec();
+    for piece in body.chunks(256 << 10) {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    let both = eventually(30, || async { rig.proxies[0].in_hole(Some(Kind::UploadPart), &id) >= 2 }).await;
+    assert!(both, "two parts on their way at once: {:?}", rig.proxies[0].seen());
+    drop(tx);
+    let r = tokio::time::timeout(Duration::from_secs(90), pending).await.expect("the PATCH ends once S3 gives up").unwrap().unwrap();
+    let status = r.status().as_u16();
+    let at = header_u64(&r, "upload-offset");
+    let text = r.text().await.unwrap_or_default();
+    assert_eq!(status, 503, "a PATCH whose parts S3 never stored: {text}");
+    assert_eq!(at, Some(first as u64), "the durable offset is the first PATCH's: {text}");
+    rig.proxies[0].set_black_hole(false);
+    let head = offset_when_free(&tus, &url).await;
+    assert_eq!(head, first as u64);
+    patch_rest(&tus, &url, &data, head as usize, data.len()).await;
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+    assert_uniform_parts(&rig.proxies[0]);
+}
+
 /// Fault 6: a replica killed while finishing (after CompleteMultipartUpload, before its
 /// clean-up). The next touch of the upload (or a sweep) removes the `.created`, `.mpu/` and
 /// `.tail/` objects: only the finished object remains, and it reads back right.

@@ -10,6 +10,12 @@
 //! `fdatasync` on its own blocking thread while later batches keep being written; it covers
 //! every byte written before it started (POSIX), which is all the caller commits.
 //!
+//! **Direct writes** (the default on Linux; [`FsBlobStore::with_direct_writes`]): each batch
+//! goes to the disk with `O_DIRECT` from an aligned copy instead of through the page cache
+//! (`super::direct`): the kernel's copy into the page cache cost about as much CPU as the
+//! sha256. No writeback hint is needed then; the `fdatasync` still makes the blob's length and
+//! the disk's cache durable. A just-finished blob is then read from the disk, not the cache.
+//!
 //! A writer dropped with a batch still being written leaves that write in the store's list of
 //! stray writes; `create`, `open_writer`, `truncate` and `delete` of the same blob wait for
 //! them first, so a late write can never land after a newer writer cut the file.
@@ -34,6 +40,7 @@ use bytes::Bytes;
 use futures::{FutureExt, Stream};
 use tokio::task::JoinHandle;
 
+use super::direct::Direct;
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture, WriteLease};
 
 /// Bytes gathered before one `writev` is issued.
@@ -46,6 +53,8 @@ pub const READ_CHUNK: usize = 2 << 20;
 pub struct FsBlobStore {
     root: PathBuf,
     durable: bool,
+    /// Writers write with `O_DIRECT` where the filesystem takes it.
+    direct: bool,
     stray: Arc<StrayWrites>,
     /// Fan-out directories (`xx/`) whose entry in `root` this process made durable.
     synced_dirs: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
@@ -105,7 +114,14 @@ impl FsBlobStore {
     pub fn open(root: &Path, durable: bool) -> std::io::Result<Self> {
         // Also in relaxed mode: once per start, and finished blobs rely on it.
         create_dir_all_synced(root)?;
-        Ok(FsBlobStore { root: root.to_path_buf(), durable, stray: Arc::default(), synced_dirs: Arc::default() })
+        Ok(FsBlobStore { root: root.to_path_buf(), durable, direct: cfg!(target_os = "linux"), stray: Arc::default(), synced_dirs: Arc::default() })
+    }
+
+    /// The same store writing blobs with `O_DIRECT` (`true`, the default on Linux, where the
+    /// filesystem takes it) or through the page cache (`false`: `--buffered-writes`).
+    pub fn with_direct_writes(mut self, on: bool) -> Self {
+        self.direct = on && cfg!(target_os = "linux");
+        self
     }
 
     /// Path of the blob for `id`. Ids are validated by the caller; this rejects anything but
@@ -283,10 +299,11 @@ impl BlobStore for FsBlobStore {
         }
         let path = self.path(id)?;
         self.stray.settle(&path).await;
-        let durable = self.durable;
+        let (durable, want_direct) = (self.durable, self.direct);
         let p = path.clone();
-        let file = blocking(move || -> BlobResult<File> {
-            let mut f = OpenOptions::new().write(true).open(&p).map_err(not_found)?;
+        let (file, direct) = blocking(move || -> BlobResult<(File, Option<Direct>)> {
+            // Readable too: a direct writer reads back the partial block it continues.
+            let mut f = OpenOptions::new().read(true).write(true).open(&p).map_err(not_found)?;
             hold_writer_lock(&f)?;
             let len = f.metadata()?.len();
             if len < offset {
@@ -299,11 +316,14 @@ impl BlobStore for FsBlobStore {
                 }
             }
             f.seek(SeekFrom::Start(offset))?;
-            Ok(f)
+            let direct = if want_direct { Direct::open(&p, &f, offset)? } else { None };
+            Ok((f, direct))
         })
         .await?;
         Ok(Box::new(FsWriter {
             file: Arc::new(file),
+            direct: direct.map(|d| Arc::new(Mutex::new(d))),
+            carry_unwritten: false,
             path,
             stray: self.stray.clone(),
             gathered: Vec::new(),
@@ -495,6 +515,12 @@ struct FsWriter {
     gathered_len: usize,
     /// The batch being written.
     in_flight: Option<JoinHandle<std::io::Result<()>>>,
+    /// Direct writes (`O_DIRECT`) and their carry, used by one batch at a time; `None`:
+    /// writes go through the page cache.
+    direct: Option<Arc<Mutex<Direct>>>,
+    /// A direct writer's carry may hold bytes not yet in the file (a batch was written
+    /// without `whole`).
+    carry_unwritten: bool,
     /// Bytes handed to the file so far (written or in flight; excluding `gathered`).
     flushed: u64,
     durable: bool,
@@ -515,26 +541,41 @@ impl FsWriter {
     }
 
     /// Hand the gathered bytes to the file (after the previous batch) without waiting.
-    /// `writeback`: also start their writeback (durable mode) — not when an `fdatasync`
-    /// follows at once, which would submit the same pages a second time. `sync`: then
+    /// `writeback`: also start their writeback (durable mode, buffered writes) — not when an
+    /// `fdatasync` follows at once, which would submit the same pages a second time. `whole`:
+    /// every byte handed over is in the file once this batch is written (a direct writer's
+    /// carry too), as an `fdatasync` or a completion that follows needs. `sync`: then
     /// `fdatasync` on the same blocking thread (the end of a PATCH: one trip, not two), even
     /// when nothing is gathered.
-    async fn flush_gathered(&mut self, writeback: bool, sync: bool) -> BlobResult<()> {
+    async fn flush_gathered(&mut self, writeback: bool, whole: bool, sync: bool) -> BlobResult<()> {
         self.settle().await?;
-        if self.gathered_len == 0 && !sync {
+        let carry = whole && self.carry_unwritten;
+        if self.gathered_len == 0 && !sync && !carry {
             return Ok(());
         }
         let bufs = std::mem::take(&mut self.gathered);
         let n = std::mem::take(&mut self.gathered_len) as u64;
         self.lease.check()?;
-        let (file, start, writeback, lease) = (self.file.clone(), self.flushed, writeback && self.durable, self.lease.clone());
+        let (file, start, writeback, lease, direct) = (self.file.clone(), self.flushed, writeback && self.durable, self.lease.clone(), self.direct.clone());
         self.in_flight = Some(tokio::task::spawn_blocking(move || {
             if !lease.holds() {
                 return Err(std::io::Error::other(BlobError::LeaseLost));
             }
-            write_all_vectored(&file, &bufs)?;
-            if writeback {
-                start_writeback(&file, start, n);
+            match &direct {
+                Some(d) => {
+                    let mut d = d.lock().unwrap_or_else(|p| p.into_inner());
+                    d.write(&file, &bufs)?;
+                    drop(bufs);
+                    if whole || sync {
+                        d.write_carry(&file)?;
+                    }
+                }
+                None => {
+                    write_all_vectored(&file, &bufs)?;
+                    if writeback {
+                        start_writeback(&file, start, n);
+                    }
+                }
             }
             if sync {
                 file.sync_data()?;
@@ -542,6 +583,9 @@ impl FsWriter {
             Ok(())
         }));
         self.flushed += n;
+        if self.direct.is_some() {
+            self.carry_unwritten = !(whole || sync) && (n > 0 || self.carry_unwritten);
+        }
         Ok(())
     }
 }
@@ -562,7 +606,7 @@ impl BlobWriter for FsWriter {
         self.gathered_len += data.len();
         self.gathered.push(data);
         if self.gathered_len >= WRITE_BATCH {
-            self.flush_gathered(true, false).await?;
+            self.flush_gathered(true, false, false).await?;
         }
         Ok(())
     }
@@ -574,17 +618,19 @@ impl BlobWriter for FsWriter {
         if !self.durable {
             return self.start_sync().await?.await;
         }
-        self.flush_gathered(false, true).await?;
+        self.flush_gathered(false, true, true).await?;
         self.settle().await?;
         Ok(BlobState::fs(self.flushed))
     }
 
+    /// A quiet body: its bytes go to the file whole, a direct writer's carry too (a write of
+    /// at most 4 KiB through the page cache), so what the store holds is what was received.
     async fn flush(&mut self) -> BlobResult<()> {
-        self.flush_gathered(true, false).await
+        self.flush_gathered(true, true, false).await
     }
 
     async fn start_sync(&mut self) -> BlobResult<SyncFuture> {
-        self.flush_gathered(false, false).await?;
+        self.flush_gathered(false, true, false).await?;
         self.settle().await?;
         let state = BlobState::fs(self.flushed);
         if !self.durable {
@@ -618,17 +664,28 @@ impl BlobWriter for FsWriter {
         if let Err(e) = self.settle().await {
             tracing::debug!(error = %e, "discarding a failed write batch");
         }
-        let (file, durable) = (self.file.clone(), self.durable);
+        let (file, durable, direct) = (self.file.clone(), self.durable, self.direct.clone());
         blocking(move || -> std::io::Result<_> {
+            let direct = direct.as_ref().map(|d| d.lock().unwrap_or_else(|p| p.into_inner()));
+            if let Some(d) = &direct {
+                // Bytes before `len` may still be only in the carry: into the file first, so
+                // the cut below never extends the file with zeros.
+                d.write_carry(&file)?;
+            }
             file.set_len(len)?;
             (&*file).seek(SeekFrom::Start(len))?;
             if durable {
                 file.sync_data()?;
             }
+            if let Some(mut d) = direct {
+                d.restart(&file, len)?;
+            }
             Ok(())
         })
         .await?;
         self.flushed = len;
+        // A restarted direct writer's carry was read back from the file.
+        self.carry_unwritten = false;
         Ok(())
     }
 
@@ -639,17 +696,22 @@ impl BlobWriter for FsWriter {
         if let Err(e) = self.settle().await {
             tracing::debug!(error = %e, "salvaging after a failed write batch");
         }
-        let (file, durable) = (self.file.clone(), self.durable);
+        let (file, durable, direct) = (self.file.clone(), self.durable, self.direct.clone());
         let len = blocking(move || -> std::io::Result<u64> {
             let len = file.metadata()?.len();
             (&*file).seek(SeekFrom::Start(len))?;
             if durable {
                 file.sync_data()?;
             }
+            if let Some(d) = direct {
+                d.lock().unwrap_or_else(|p| p.into_inner()).restart(&file, len)?;
+            }
             Ok(len)
         })
         .await?;
         self.flushed = len;
+        // A restarted direct writer's carry was read back from the file.
+        self.carry_unwritten = false;
         Ok(Some(BlobState::fs(len)))
     }
 
@@ -661,7 +723,7 @@ impl BlobWriter for FsWriter {
         if self.durable {
             return Ok(None);
         }
-        self.flush_gathered(false, false).await?;
+        self.flush_gathered(false, true, false).await?;
         self.settle().await?;
         let (file, path, lease) = (self.file.clone(), self.path.clone(), self.lease.clone());
         blocking(move || -> std::io::Result<()> {

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures::Stream;
 
 pub mod conformance;
+mod direct;
 pub mod fs;
 pub mod s3;
 

@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// (`[s3] max_buffer`); writers wait beyond it [default: 512MiB].
     #[arg(long, env = "FERRY_S3_MAX_BUFFER", value_parser = parse_size)]
     pub s3_max_buffer: Option<u64>,
+    /// S3 blobs: full parts of one upload sent at once while its next part is received
+    /// (`[s3] parts_in_flight`), 1 to 16 [default: 2].
+    #[arg(long, env = "FERRY_S3_PARTS_IN_FLIGHT")]
+    pub s3_parts_in_flight: Option<u64>,
     /// Unfinished uploads expire after this long without progress, e.g. 7d, 12h, 30s;
     /// `never` disables expiry [default: 7d].
     #[arg(long, env = "FERRY_EXPIRE_AFTER", value_parser = parse_expiry)]
@@ -61,6 +65,11 @@ pub struct ServeArgs {
     /// their `/assets/`); share links then carry no `page_url`. For API-only deployments.
     #[arg(long, env = "FERRY_NO_WEB")]
     pub no_web: bool,
+    /// Blobs in a directory: write them through the page cache instead of with O_DIRECT (a
+    /// file just uploaded is then still in memory for its first download, at about twice the
+    /// server's CPU per uploaded byte).
+    #[arg(long, env = "FERRY_BUFFERED_WRITES")]
+    pub buffered_writes: bool,
     /// Checkpoint inside a long PATCH every this many bytes [default: 64MiB].
     #[arg(long, env = "FERRY_CHECKPOINT_EVERY", value_parser = parse_size)]
     pub checkpoint_every: Option<u64>,

@@ -28,6 +28,7 @@ pub(super) struct FileConfig {
     pub(super) durability: Option<Durability>,
     pub(super) behind_proxy: Option<bool>,
     pub(super) no_web: Option<bool>,
+    pub(super) buffered_writes: Option<bool>,
     pub(super) checkpoint_every: Option<toml::Value>,
     pub(super) idle_timeout: Option<String>,
     pub(super) sweep_interval: Option<String>,
@@ -65,6 +66,12 @@ pub(super) struct FileConfig {
     pub(super) s3: S3FileConfig,
 }
 
+/// `[s3] parts_in_flight` / `--s3-parts-in-flight`: 1..=16 parts of one upload on their way at once.
+pub(super) fn s3_parts_in_flight(v: u64) -> anyhow::Result<usize> {
+    anyhow::ensure!((1..=16).contains(&v), "[s3] parts_in_flight: {v} is outside 1 to 16 (parts of one upload sent at once)");
+    Ok(v as usize)
+}
+
 /// `[s3] part_size` / `--s3-part-size`, checked against S3's limits: 5 MiB..=5 GiB.
 pub(super) fn s3_part_size(v: u64) -> anyhow::Result<u64> {
     use crate::blob::s3::{MAX_PART, MIN_PART};
@@ -78,6 +85,7 @@ pub(super) fn s3_part_size(v: u64) -> anyhow::Result<u64> {
 pub(super) struct S3FileConfig {
     pub(super) part_size: Option<toml::Value>,
     pub(super) max_buffer: Option<toml::Value>,
+    pub(super) parts_in_flight: Option<u64>,
 }
 
 /// `[limits]` in ferry.toml: defaults for every principal, and `[limits.principals.NAME]`

@@ -32,7 +32,7 @@ mod file;
 mod tests;
 
 pub use args::ServeArgs;
-use file::{read_file, s3_part_size, size_value, WebhookFileConfig};
+use file::{read_file, s3_part_size, s3_parts_in_flight, size_value, WebhookFileConfig};
 
 /// How hard ferry works to keep acknowledged bytes across power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -147,7 +147,7 @@ pub struct Config {
     pub catalog: CatalogUrl,
     /// Where upload bytes live (default: the directory `DATA/blobs`).
     pub blobs: BlobLocation,
-    /// `[s3] part_size` and `max_buffer` (bytes).
+    /// `[s3] part_size` and `max_buffer` (bytes), `parts_in_flight`.
     pub s3: crate::blob::s3::S3Settings,
     pub max_size: u64,
     pub expire_after: Option<Duration>,
@@ -155,6 +155,8 @@ pub struct Config {
     pub behind_proxy: bool,
     /// Serve no web pages (`--no-web`).
     pub no_web: bool,
+    /// Write fs blobs through the page cache, not with O_DIRECT (`--buffered-writes`).
+    pub buffered_writes: bool,
     pub checkpoint_every: u64,
     pub idle_timeout: Duration,
     pub sweep_interval: Duration,
@@ -259,6 +261,7 @@ impl Config {
                     Some(v) => v,
                     None => file.s3.max_buffer.clone().map(|v| size_value(v, "[s3] max_buffer")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_MAX_BUFFER),
                 },
+                parts_in_flight: s3_parts_in_flight(args.s3_parts_in_flight.or(file.s3.parts_in_flight).unwrap_or(crate::blob::s3::DEFAULT_PARTS_IN_FLIGHT as u64))?,
             },
             max_size: match args.max_size {
                 Some(v) => v,
@@ -268,6 +271,7 @@ impl Config {
             durability: args.durability.or(file.durability).unwrap_or(Durability::Full),
             behind_proxy: args.behind_proxy || file.behind_proxy.unwrap_or(false),
             no_web: args.no_web || file.no_web.unwrap_or(false),
+            buffered_writes: args.buffered_writes || file.buffered_writes.unwrap_or(false),
             checkpoint_every: match args.checkpoint_every {
                 Some(v) => v,
                 None => file.checkpoint_every.map(|v| size_value(v, "checkpoint_every")).transpose()?.unwrap_or(64 << 20),

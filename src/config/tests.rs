@@ -186,3 +186,22 @@ fn every_source_of_a_setting_gets_the_same_check() {
     std::fs::write(&path, "[fetch]\nallow_hosts = [\"files.example.com\", \"10.0.0.5:8080\", \"[::1]:8443\", \"::1\", \"Files.Example.COM.\"]\n").unwrap();
     Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
 }
+
+#[test]
+fn s3_parts_in_flight_from_file_and_flag_within_one_to_sixteen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ferry.toml");
+    let resolve = |args: ServeArgs| Config::resolve(&ServeArgs { config: Some(path.clone()), ..args });
+    std::fs::write(&path, "").unwrap();
+    assert_eq!(resolve(ServeArgs::default()).unwrap().s3.parts_in_flight, crate::blob::s3::DEFAULT_PARTS_IN_FLIGHT);
+    std::fs::write(&path, "[s3]\nparts_in_flight = 4\n").unwrap();
+    assert_eq!(resolve(ServeArgs::default()).unwrap().s3.parts_in_flight, 4);
+    assert_eq!(resolve(ServeArgs { s3_parts_in_flight: Some(1), ..Default::default() }).unwrap().s3.parts_in_flight, 1, "the flag beats the file");
+    for bad in [0, 17] {
+        let e = resolve(ServeArgs { s3_parts_in_flight: Some(bad), ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("parts_in_flight") && e.contains("1 to 16"), "{bad}: {e}");
+        std::fs::write(&path, format!("[s3]\nparts_in_flight = {bad}\n")).unwrap();
+        assert!(resolve(ServeArgs::default()).is_err(), "file accepted {bad}");
+        std::fs::write(&path, "").unwrap();
+    }
+}

@@ -30,6 +30,8 @@ pub(super) struct Inner {
     pub(super) listing: Listing,
     /// Store-wide bound on the bytes of open parts (`[s3] max_buffer`).
     pub(super) budget: Budget,
+    /// Full parts of one writer sent at once (`[s3] parts_in_flight`).
+    pub(super) parts_in_flight: usize,
     /// Open parts of writers that ended, for the next writer of the same upload here.
     pub(super) parked: Parked,
 }

@@ -64,6 +64,9 @@ use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream,
 /// The default store-wide bound on buffered part bytes (`[s3] max_buffer`): 512 MiB.
 pub const DEFAULT_MAX_BUFFER: u64 = 512 << 20;
 
+/// The default number of one upload's full parts sent at once (`[s3] parts_in_flight`).
+pub const DEFAULT_PARTS_IN_FLIGHT: usize = 2;
+
 /// The S3 store's settings (`[s3]` in ferry.toml, `--s3-*` flags), in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct S3Settings {
@@ -71,11 +74,14 @@ pub struct S3Settings {
     pub part_size: u64,
     /// Most bytes of open parts buffered at once, across all uploads.
     pub max_buffer: u64,
+    /// Full parts of one upload on their way to S3 at once while the next one is received
+    /// (1..=16): receiving and sending overlap.
+    pub parts_in_flight: usize,
 }
 
 impl Default for S3Settings {
     fn default() -> Self {
-        S3Settings { part_size: DEFAULT_PART_FLOOR, max_buffer: DEFAULT_MAX_BUFFER }
+        S3Settings { part_size: DEFAULT_PART_FLOOR, max_buffer: DEFAULT_MAX_BUFFER, parts_in_flight: DEFAULT_PARTS_IN_FLIGHT }
     }
 }
 
@@ -134,9 +140,19 @@ impl S3BlobStore {
             floor: part_floor,
             listing,
             budget: Budget::new(DEFAULT_MAX_BUFFER),
+            parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
             parked: Parked::default(),
         };
         Ok(S3BlobStore { inner: Arc::new(inner) })
+    }
+
+    /// The same store sending up to `n` (at least 1) full parts of one upload at once
+    /// (`[s3] parts_in_flight`). Only before the store is shared.
+    pub fn with_parts_in_flight(mut self, n: usize) -> S3BlobStore {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.parts_in_flight = n.max(1);
+        }
+        self
     }
 
     /// The same store with open parts bounded to `bytes` store-wide (`[s3] max_buffer`; at

@@ -1,7 +1,8 @@
 //! The S3 writer: one upload's open part, under its lease (DESIGN §2 "S3 mapping").
 //!
 //! - **The open part stays in memory while this process holds the lease.** Bytes gather in the
-//!   part being filled; a full part is uploaded (UploadPart) at once. At a checkpoint
+//!   part being filled; a full part is sent (UploadPart) at once, in a task of its own, while
+//!   the next one fills (at most `[s3] parts_in_flight` on their way). At a checkpoint
 //!   ([`BlobWriter::sync`]) only the bytes new since the last one are written, as one tail
 //!   segment object, so the next holder can resume. When the writer ends (the PATCH is over),
 //!   its open part is **parked** in the store ([`Parked`]) with the state it last synced; the
@@ -18,13 +19,13 @@
 //!   a part whose upload returns after the lease ran out is not recorded. A writer cut or
 //!   fenced is broken: it changes nothing more and is never parked.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use object_store::multipart::MultipartStore;
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
@@ -35,6 +36,14 @@ use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 /// How long a parked open part waits for the next PATCH of its upload before it is dropped
 /// (its bytes are durable in tail segments; a later writer reads them back).
 const PARK_FOR: Duration = Duration::from_secs(60);
+
+/// A full part on its way to S3, in a task of its own.
+struct Sending {
+    number: u32,
+    /// The part's bytes, put back in front of the open part if it is not stored.
+    data: Bytes,
+    task: tokio::task::JoinHandle<BlobResult<PartId>>,
+}
 
 /// Store-wide bound on the bytes of open parts, in MiB permits.
 pub(super) struct Budget {
@@ -132,16 +141,68 @@ pub(super) struct S3Writer {
     pub completed_len: Option<u64>,
     /// The multipart upload was completed by this writer.
     pub completed: bool,
+    /// Full parts sent and not yet known to be stored, oldest first (at most `[s3]
+    /// parts_in_flight`); they follow `part.st.parts` and precede `part.buf`. A checkpoint, a
+    /// rewind and the completion wait for them first, so what those see is the state of a
+    /// writer that sent each part in turn.
+    sending: VecDeque<Sending>,
 }
 
 impl S3Writer {
     pub(super) fn new(store: Arc<Inner>, id: &str, st: S3State, buf: BytesMut, known: Vec<Segment>, lease: &WriteLease) -> S3Writer {
         let history = vec![known.clone()];
-        S3Writer { store, id: id.to_string(), part: OpenPart { st, buf, known, history, permit: None }, lease: lease.clone(), broken: false, completed_len: None, completed: false }
+        S3Writer {
+            store,
+            id: id.to_string(),
+            part: OpenPart { st, buf, known, history, permit: None },
+            lease: lease.clone(),
+            broken: false,
+            completed_len: None,
+            completed: false,
+            sending: VecDeque::new(),
+        }
     }
 
     fn parts_end(&self) -> u64 {
         self.part.st.parts_end()
+    }
+
+    /// Index of the part `part.buf` fills: after the stored parts and those on their way.
+    fn filling(&self) -> u64 {
+        (self.part.st.parts.len() + self.sending.len()) as u64
+    }
+
+    /// Wait until at most `keep` parts are still on their way to S3, recording each stored
+    /// one in order. A part that was not stored puts its bytes, and those of every part sent
+    /// after it (stopped; S3 replaces a part sent again under the same number), back in front
+    /// of the open part, as if none of them had been sent, and its error is returned.
+    async fn settle(&mut self, keep: usize) -> BlobResult<()> {
+        while self.sending.len() > keep {
+            let Some(next) = self.sending.pop_front() else { break };
+            let stored = match next.task.await {
+                Ok(r) => r,
+                Err(e) => Err(BlobError::Io(std::io::Error::other(format!("sending a part to S3 stopped: {e}")))),
+            };
+            match stored {
+                Ok(pid) => {
+                    self.part.st.parts.push((next.number, pid.content_id));
+                    self.part.st.tail.clear();
+                }
+                Err(e) => {
+                    let later: Vec<Sending> = self.sending.drain(..).collect();
+                    let mut back = BytesMut::with_capacity(next.data.len() + later.iter().map(|l| l.data.len()).sum::<usize>() + self.part.buf.len());
+                    back.extend_from_slice(&next.data);
+                    for l in later {
+                        l.task.abort();
+                        back.extend_from_slice(&l.data);
+                    }
+                    back.extend_from_slice(&self.part.buf);
+                    self.part.buf = back;
+                    return self.guard(Err(e));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn usable(&self) -> BlobResult<()> {
@@ -169,7 +230,7 @@ impl S3Writer {
             return Ok(());
         }
         let budget = &self.store.budget;
-        let want = (self.part.st.open_part_size().div_ceil(MIB) as u32).clamp(1, budget.mib);
+        let want = (self.part.st.schedule.size(self.filling()).div_ceil(MIB) as u32).clamp(1, budget.mib);
         loop {
             match budget.sem.clone().try_acquire_many_owned(want) {
                 Ok(p) => {
@@ -206,37 +267,39 @@ impl S3Writer {
         Ok(m)
     }
 
+    /// Send every full part gathered in `part.buf`, each in a task of its own, with at most
+    /// `[s3] parts_in_flight` on their way at once (waiting for the oldest beyond that), so the
+    /// next part is received while earlier ones are sent. A part's reservation in the budget
+    /// goes with it and is given back when S3 has answered.
     async fn upload_full_parts(&mut self) -> BlobResult<()> {
-        while self.part.buf.len() as u64 >= self.part.st.open_part_size() {
-            let idx = self.part.st.parts.len();
-            let number = part_number(self.part.st.schedule, idx as u64, self.lease.generation);
+        loop {
+            let idx = self.filling();
+            let size = self.part.st.schedule.size(idx);
+            if (self.part.buf.len() as u64) < size {
+                break;
+            }
+            let number = part_number(self.part.st.schedule, idx, self.lease.generation);
             if u64::from(number) > MAX_PARTS {
                 return Err(BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")));
             }
-            let size = self.part.st.open_part_size();
-            let mp = self.ensure_multipart().await?;
+            let most = self.store.parts_in_flight.max(1);
+            if self.sending.len() >= most {
+                self.settle(most - 1).await?;
+                continue;
+            }
+            let mp = MultipartId::from(self.ensure_multipart().await?);
+            let holds = self.lease.check();
+            self.guard(holds)?;
             let data = self.part.buf.split_to(size as usize).freeze();
-            let s = self.store.clone();
+            let (s, lease, permit) = (self.store.clone(), self.lease.clone(), self.part.permit.take());
             let path = s.object(&self.id);
             let payload = PutPayload::from(data.clone());
-            let sent =
-                self.lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &MultipartId::from(mp), number as usize - 1, payload)).await.map_err(part_error) }).await;
-            match self.guard(sent) {
-                Ok(pid) => {
-                    self.part.st.parts.push((number, pid.content_id));
-                    self.part.st.tail.clear();
-                    // The next part reserves its own bytes.
-                    self.part.permit = None;
-                }
-                Err(e) => {
-                    // Not sent: the bytes go back in front of the rest.
-                    let mut back = BytesMut::with_capacity(data.len() + self.part.buf.len());
-                    back.extend_from_slice(&data);
-                    back.extend_from_slice(&self.part.buf);
-                    self.part.buf = back;
-                    return Err(e);
-                }
-            }
+            let task = tokio::spawn(async move {
+                let sent = lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &mp, number as usize - 1, payload)).await.map_err(part_error) }).await;
+                drop(permit);
+                sent
+            });
+            self.sending.push_back(Sending { number, data, task });
         }
         if !self.part.buf.is_empty() {
             self.reserve().await?;
@@ -246,6 +309,7 @@ impl S3Writer {
 
     /// Make the blob whole (see [`BlobWriter::complete`]).
     async fn assemble(&mut self) -> BlobResult<()> {
+        self.settle(0).await?;
         let s = self.store.clone();
         let pos = self.position();
         let path = s.object(&self.id);
@@ -293,6 +357,9 @@ impl Drop for S3Writer {
     fn drop(&mut self) {
         // Park the open part for this upload's next writer in this process, if every byte it
         // holds is in the last synced state (which the engine commits or supersedes).
+        for s in self.sending.drain(..) {
+            s.task.abort();
+        }
         if self.broken || self.completed || self.completed_len.is_some() || self.position() != self.part.st.offset() {
             return;
         }
@@ -324,6 +391,7 @@ impl BlobWriter for S3Writer {
             return Err(BlobError::Cut);
         }
         self.lease.check()?;
+        self.settle(0).await?;
         let s = self.store.clone();
         let synced = self.part.st.offset();
         let pos = self.position();
@@ -363,6 +431,15 @@ impl BlobWriter for S3Writer {
         }
         if len > self.position() {
             return Err(BlobError::OutOfRange { start: len, end: len, len: self.position() });
+        }
+        // A part that failed on its way is back in the open part (`settle`), so the rewind goes
+        // on from there: it is how the engine releases what a failed PATCH wrote. Only a writer
+        // cut or fenced stops here.
+        if let Err(e) = self.settle(0).await {
+            if self.broken {
+                return Err(e);
+            }
+            tracing::debug!(upload = %self.id, error = %e, "a part on its way to S3 failed; rewinding over its bytes");
         }
         // Segments reaching past `len` hold bytes that are no longer the blob's.
         self.part.known.retain(|k| k.end <= len);
@@ -413,6 +490,6 @@ impl BlobWriter for S3Writer {
     }
 
     fn position(&self) -> u64 {
-        self.completed_len.unwrap_or_else(|| self.parts_end() + self.part.buf.len() as u64)
+        self.completed_len.unwrap_or_else(|| self.part.st.schedule.start(self.filling()) + self.part.buf.len() as u64)
     }
 }

@@ -1,0 +1,184 @@
+//! Direct writes for the fs blob store (issue 24): a blob's bytes go from an aligned buffer to
+//! the disk with `O_DIRECT` (Linux), not through the page cache. Copying a byte into the page
+//! cache costs the kernel about as much CPU as hashing it (`benches/RESULTS.md`, "Where an
+//! uploaded byte's CPU goes"); a copy into an aligned buffer in user space costs a fraction.
+//!
+//! `O_DIRECT` wants offsets, lengths and buffers aligned to the device's block ([`ALIGN`]
+//! covers 512-byte and 4 KiB blocks). A write covers whole blocks only: the bytes after the
+//! last whole block (the *carry*, fewer than [`ALIGN`]) stay in memory and begin the next
+//! write, which rewrites their block whole. Before anything that must find every byte in the
+//! file (an `fdatasync`, a completion) the carry is written through the page cache
+//! ([`Direct::write_carry`]); the next direct write over that block replaces the cached page
+//! (the kernel writes back and drops cached pages a direct write covers). A filesystem that
+//! refuses `O_DIRECT` (tmpfs, some FUSE filesystems) at open or at the first write gets
+//! buffered writes, with the same results.
+//!
+//! Every call here blocks: the fs writer runs them on a blocking thread.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use bytes::Bytes;
+
+/// Alignment of a direct write's offset, length and buffer, in bytes.
+pub(super) const ALIGN: usize = 4096;
+
+/// One writer's direct descriptor of its blob and the carry.
+pub(super) struct Direct {
+    /// The blob opened with `O_DIRECT`; `None` once the filesystem refused a direct write.
+    file: Option<File>,
+    /// Offset in the blob where `carry` starts: a multiple of [`ALIGN`].
+    base: u64,
+    /// The bytes from `base` on that no direct write has covered yet (fewer than [`ALIGN`]).
+    carry: Vec<u8>,
+}
+
+impl Direct {
+    /// Open the blob at `path` for direct writes that continue at byte `pos`; the partial
+    /// block before `pos` is read back through `buffered` (the blob's ordinary descriptor) to
+    /// begin the carry. `Ok(None)` when the filesystem refuses `O_DIRECT`.
+    pub(super) fn open(path: &Path, buffered: &File, pos: u64) -> io::Result<Option<Direct>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = match std::fs::OpenOptions::new().write(true).custom_flags(nix::fcntl::OFlag::O_DIRECT.bits()).open(path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut d = Direct { file: Some(file), base: 0, carry: Vec::new() };
+        d.restart(buffered, pos)?;
+        Ok(Some(d))
+    }
+
+    /// Continue at byte `pos` of a blob that was cut there or found that long (a rewind, a
+    /// salvage after a full disk): the carry is read back from the file through `buffered`.
+    pub(super) fn restart(&mut self, buffered: &File, pos: u64) -> io::Result<()> {
+        let base = pos - pos % ALIGN as u64;
+        let mut carry = vec![0; (pos - base) as usize];
+        buffered.read_exact_at(&mut carry, base)?;
+        (self.base, self.carry) = (base, carry);
+        Ok(())
+    }
+
+    /// Append `bufs` after every byte given so far: the whole blocks go to the disk in one
+    /// direct write from an aligned copy, the rest becomes the carry. Falls back to writing
+    /// through `buffered` for good when the filesystem refuses the direct write (`EINVAL`).
+    pub(super) fn write(&mut self, buffered: &File, bufs: &[Bytes]) -> io::Result<()> {
+        let total = self.carry.len() + bufs.iter().map(Bytes::len).sum::<usize>();
+        let whole = if self.file.is_some() { total - total % ALIGN } else { total };
+        if whole == 0 {
+            bufs.iter().for_each(|b| self.carry.extend_from_slice(b));
+            return Ok(());
+        }
+        // Room for the bytes and for the padding that aligns their start; filled without
+        // zeroing (only the padding is written), and never reallocated, so the start stays
+        // aligned.
+        let mut v: Vec<u8> = Vec::with_capacity(whole + ALIGN);
+        let pad = v.as_ptr().align_offset(ALIGN);
+        v.resize(pad, 0);
+        v.extend_from_slice(&self.carry);
+        let mut rest = Vec::new();
+        for b in bufs {
+            let room = whole - (v.len() - pad);
+            if b.len() <= room {
+                v.extend_from_slice(b);
+            } else {
+                v.extend_from_slice(&b[..room]);
+                rest.extend_from_slice(&b[room..]);
+            }
+        }
+        debug_assert_eq!(v.len() - pad, whole);
+        let data = &v[pad..];
+        let direct = match &self.file {
+            Some(f) => f.write_all_at(data, self.base),
+            None => buffered.write_all_at(data, self.base),
+        };
+        match direct {
+            Ok(()) => {}
+            Err(e) if self.file.is_some() && e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                tracing::debug!(error = %e, "the filesystem refused a direct write; writing through the page cache");
+                self.file = None;
+                buffered.write_all_at(data, self.base)?;
+            }
+            Err(e) => return Err(e),
+        }
+        self.base += whole as u64;
+        self.carry = rest;
+        Ok(())
+    }
+
+    /// Write the carry through `buffered`, so every byte given is in the file (before an
+    /// `fdatasync` or a completion). The carry stays: the next direct write begins with it.
+    pub(super) fn write_carry(&self, buffered: &File) -> io::Result<()> {
+        if self.carry.is_empty() {
+            return Ok(());
+        }
+        buffered.write_all_at(&self.carry, self.base)
+    }
+
+    /// Whether writes still bypass the page cache.
+    #[cfg(test)]
+    pub(super) fn is_direct(&self) -> bool {
+        self.file.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn pieces(data: &[u8], sizes: &[usize]) -> Vec<Bytes> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                let b = Bytes::copy_from_slice(&data[at..at + n]);
+                at += n;
+                b
+            })
+            .collect()
+    }
+
+    fn read_all(path: &Path) -> Vec<u8> {
+        let mut v = Vec::new();
+        File::open(path).unwrap().read_to_end(&mut v).unwrap();
+        v
+    }
+
+    /// Writes of every alignment, with the carry made whole before each read, and a restart
+    /// at an unaligned offset after a cut, give the file exactly the bytes given.
+    #[test]
+    fn unaligned_writes_carry_and_restart_keep_every_byte() {
+        // Under target/ (the disk), not /tmp, which may be a tmpfs without O_DIRECT.
+        let dir = tempfile::Builder::new().tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap();
+        let path = dir.path().join("blob");
+        let data: Vec<u8> = (0..3 * 1024 * 1024 + 77).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let buffered = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
+        let mut d = Direct::open(&path, &buffered, 0).unwrap().expect("this filesystem takes O_DIRECT");
+        let sizes = [1, 4095, 4096, 5000, 1 << 20, 123_457, 2 * 1024 * 1024 - 138_649 - 4096 + 77];
+        let given: usize = sizes.iter().sum();
+        assert!(given <= data.len());
+        let bufs = pieces(&data, &sizes);
+        for (i, b) in bufs.chunks(2).enumerate() {
+            d.write(&buffered, b).unwrap();
+            if i % 2 == 0 {
+                d.write_carry(&buffered).unwrap();
+                let at: usize = bufs.chunks(2).take(i + 1).flatten().map(Bytes::len).sum();
+                assert_eq!(read_all(&path), data[..at], "after write {i}");
+            }
+        }
+        d.write_carry(&buffered).unwrap();
+        assert_eq!(read_all(&path), data[..given]);
+        assert!(d.is_direct(), "the disk kept taking direct writes");
+
+        // Cut at an unaligned offset, restart there, and write the rest.
+        let cut = 1_000_003;
+        buffered.set_len(cut as u64).unwrap();
+        d.restart(&buffered, cut as u64).unwrap();
+        d.write(&buffered, &[Bytes::copy_from_slice(&data[cut..])]).unwrap();
+        d.write_carry(&buffered).unwrap();
+        assert_eq!(read_all(&path), data);
+    }
+}
