@@ -34,10 +34,12 @@ pub async fn drop_db(name: &str) {
     let _ = c.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))).await;
 }
 
-/// `ferry serve` (the bench profile's binary) on `data` with `args` and extra environment;
-/// returns the child and its base URL.
+/// `ferry serve` on `data` with `args` and extra environment; returns the child and its base
+/// URL. The binary is the bench profile's, or `FERRY_BENCH_BIN` (a release build measured by
+/// a bench built in the test profile, whose dependencies are already built by the tests).
 pub fn start_server(data: &Path, args: &[&str], env: &[(&'static str, String)]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+    let bin = std::env::var_os("FERRY_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_ferry").into());
+    let mut child = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
         .args(args)
