@@ -27,6 +27,10 @@
 //! eval "$(bash .ci/garage.sh)"                 # Garage on 127.0.0.1:3900, left running
 //! BENCH_S3_PID=$(cat "${TMPDIR:-/tmp}/ferry-ci-garage/pid") cargo bench --bench s3
 //! ```
+//!
+//! `FERRY_BENCH_BIN=target/release/ferry` measures that binary instead of the bench profile's:
+//! with `cargo test --bench s3 --no-run` the bench itself builds in seconds on the tests'
+//! dependencies (run the printed executable with `--bench`).
 
 #[path = "../tests/common/moto.rs"]
 mod moto;
