@@ -460,6 +460,40 @@ async fn parts_in_flight_overlap_and_parts_lost_among_them_lose_nothing() {
     assert_uniform_parts(&rig.proxies[0]);
 }
 
+/// A client gone mid-body while two of its parts wait in a black-holed S3: the checkpoint that
+/// would keep what arrived waits for those parts, S3 gives up on them (503 inside the server),
+/// and what the PATCH wrote is released: the upload stays at what the first PATCH stored, no
+/// byte of a part S3 never stored is counted, and a client resuming from HEAD finishes with
+/// the right sha256.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_parts_are_in_flight_loses_nothing() {
+    let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
+    let tus = rig.tus(0);
+    let data = pseudo_random(16 * MIB + 5, 0x25);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    let first = 5 * MIB + 3;
+    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
+    rig.proxies[0].set_black_hole(true);
+    let (tx, pending) = streaming_patch(&url, first as u64);
+    for piece in data[first..15 * MIB + 7].chunks(256 << 10) {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    let both = eventually(30, || async { rig.proxies[0].in_hole(Some(Kind::UploadPart), &id) >= 2 }).await;
+    assert!(both, "two parts on their way at once: {:?}", rig.proxies[0].seen());
+    // The client goes away with the body unfinished; the server gives up on the parts after
+    // their deadline (10 s + 1 s a MiB), with nobody asking it to let go meanwhile.
+    pending.abort();
+    drop(tx);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    rig.proxies[0].set_black_hole(false);
+    let head = offset_when_free(&tus, &url).await;
+    assert_eq!(head, first as u64, "what the first PATCH stored, nothing of the parts S3 never stored");
+    patch_rest(&tus, &url, &data, head as usize, data.len()).await;
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+    assert_uniform_parts(&rig.proxies[0]);
+}
+
 /// Fault 6: a replica killed while finishing (after CompleteMultipartUpload, before its
 /// clean-up). The next touch of the upload (or a sweep) removes the `.created`, `.mpu/` and
 /// `.tail/` objects: only the finished object remains, and it reads back right.
