@@ -494,6 +494,45 @@ async fn a_client_gone_while_parts_are_in_flight_loses_nothing() {
     assert_uniform_parts(&rig.proxies[0]);
 }
 
+/// A chunk whose `Upload-Checksum` does not match, sent while S3 is silent: its body fills two
+/// parts that wait in the black hole when the mismatch is found. Throwing the chunk away waits
+/// for them; once S3 gives up on them their bytes are back in the open part and the rewind goes
+/// on over them, so the client gets the checksum's 460 (not a 503 about S3) with the offset it
+/// had, and the upload finishes right once S3 answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checksum_mismatch_with_parts_in_flight_answers_460_and_keeps_the_offset() {
+    use base64::Engine;
+    use sha2::Digest;
+    let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
+    let tus = rig.tus(0);
+    let data = pseudo_random(16 * MIB + 9, 0x26);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    let first = 5 * MIB + 3;
+    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
+    rig.proxies[0].set_black_hole(true);
+    let wrong = format!("sha256 {}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(b"other bytes")));
+    let chunk = data[first..15 * MIB + 7].to_vec();
+    let patch = {
+        let (tus, url) = (rig.tus(0), url.clone());
+        tokio::spawn(async move { tus.patch(&url, first as u64, chunk, &[("Upload-Checksum", &wrong)]).await })
+    };
+    let both = eventually(30, || async { rig.proxies[0].in_hole(Some(Kind::UploadPart), &id) >= 2 }).await;
+    assert!(both, "two parts on their way at once: {:?}", rig.proxies[0].seen());
+    let r = tokio::time::timeout(Duration::from_secs(90), patch).await.expect("the PATCH ends once S3 gives up").unwrap();
+    let status = r.status().as_u16();
+    let at = header_u64(&r, "upload-offset");
+    let text = r.text().await.unwrap_or_default();
+    assert_eq!(status, 460, "the chunk's checksum did not match: {text}");
+    assert_eq!(at, Some(first as u64), "the offset the chunk was sent at: {text}");
+    rig.proxies[0].set_black_hole(false);
+    let head = offset_when_free(&tus, &url).await;
+    assert_eq!(head, first as u64);
+    patch_rest(&tus, &url, &data, head as usize, data.len()).await;
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+    assert_uniform_parts(&rig.proxies[0]);
+}
+
 /// Fault 6: a replica killed while finishing (after CompleteMultipartUpload, before its
 /// clean-up). The next touch of the upload (or a sweep) removes the `.created`, `.mpu/` and
 /// `.tail/` objects: only the finished object remains, and it reads back right.
