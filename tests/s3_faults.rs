@@ -421,6 +421,71 @@ async fn a_part_upload_cut_mid_body_loses_nothing() {
     assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
 }
 
+/// An upload for the parts-in-flight cases (`--s3-parts-in-flight 2`): `FIRST` bytes stored
+/// (part 1 and a few bytes, so its multipart upload exists), then S3 black-holed.
+struct InFlight {
+    rig: Rig,
+    tus: Tus,
+    data: Vec<u8>,
+    url: String,
+    id: String,
+}
+
+impl InFlight {
+    /// Where the first PATCH ends; the next body fills parts 2 and 3 (bytes 5..15 MiB).
+    const FIRST: usize = 5 * MIB + 3;
+
+    async fn start(seed: u64) -> InFlight {
+        let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
+        let tus = rig.tus(0);
+        let data = pseudo_random(16 * MIB + 9, seed);
+        let url = tus.create(data.len() as u64).await;
+        let id = id_of(&url);
+        assert_eq!(tus.patch(&url, 0, data[..Self::FIRST].to_vec(), &[]).await.status(), 204);
+        rig.proxies[0].set_black_hole(true);
+        InFlight { rig, tus, data, url, id }
+    }
+
+    /// The chunk sent after the first PATCH: two whole parts and a few bytes of a third.
+    fn chunk(&self) -> &[u8] {
+        &self.data[Self::FIRST..15 * MIB + 7]
+    }
+
+    /// Two UploadParts of the upload wait in the black hole at once.
+    async fn two_parts_in_the_hole(&self) {
+        let both = eventually(30, || async { self.rig.proxies[0].in_hole(Some(Kind::UploadPart), &self.id) >= 2 }).await;
+        assert!(both, "two parts on their way at once: {:?}", self.rig.proxies[0].seen());
+    }
+
+    /// `r` answered `status` with the first PATCH's offset.
+    async fn answered(r: reqwest::Response, status: u16, why: &str) {
+        let (got, at) = (r.status().as_u16(), header_u64(&r, "upload-offset"));
+        let text = r.text().await.unwrap_or_default();
+        assert_eq!(got, status, "{why}: {text}");
+        assert_eq!(at, Some(Self::FIRST as u64), "the durable offset is the first PATCH's: {text}");
+    }
+
+    /// S3 answers again: HEAD says the first PATCH's offset (nothing of the parts S3 never
+    /// stored), the rest goes from there, and the stored object's sha256 is the data's.
+    async fn resume_and_check(self) {
+        self.rig.proxies[0].set_black_hole(false);
+        let head = offset_when_free(&self.tus, &self.url).await;
+        assert_eq!(head, Self::FIRST as u64, "what the first PATCH stored, nothing of the parts S3 never stored");
+        patch_rest(&self.tus, &self.url, &self.data, head as usize, self.data.len()).await;
+        assert_stored_sha256(&self.rig.servers[0], &self.url, &sha256_hex(&self.data)).await;
+        assert_uniform_parts(&self.rig.proxies[0]);
+    }
+}
+
+/// Sends `chunk` as one streamed PATCH body at `offset`, in 256 KiB pieces, leaving it open.
+async fn stream_open(url: &str, offset: usize, chunk: &[u8]) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let (tx, pending) = streaming_patch(url, offset as u64);
+    for piece in chunk.chunks(256 << 10) {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    (tx, pending)
+}
+
 /// `[s3] parts_in_flight` (issue 24 goal 4): in one long PATCH the next part is sent while the
 /// one before is still on its way — two UploadParts of the upload wait in a black-holed S3 at
 /// once while the body is still open. Neither is stored: the PATCH answers 503 with the
@@ -428,36 +493,13 @@ async fn a_part_upload_cut_mid_body_loses_nothing() {
 /// client resuming from HEAD once S3 is back finishes with the right sha256.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parts_in_flight_overlap_and_parts_lost_among_them_lose_nothing() {
-    let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
-    let tus = rig.tus(0);
-    let data = pseudo_random(16 * MIB + 3, 0x24);
-    let url = tus.create(data.len() as u64).await;
-    let id = id_of(&url);
-    // Part 1 and a byte: the multipart upload exists before S3 goes silent.
-    let first = 5 * MIB + 1;
-    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
-    rig.proxies[0].set_black_hole(true);
-    // Parts 2 and 3 (bytes 5..15 MiB) fill, and some of part 4.
-    let (tx, pending) = streaming_patch(&url, first as u64);
-    let body = data[first..16 * MIB].to_vec();
-    for piece in body.chunks(256 << 10) {
-        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
-    }
-    let both = eventually(30, || async { rig.proxies[0].in_hole(Some(Kind::UploadPart), &id) >= 2 }).await;
-    assert!(both, "two parts on their way at once: {:?}", rig.proxies[0].seen());
+    let f = InFlight::start(0x24).await;
+    let (tx, pending) = stream_open(&f.url, InFlight::FIRST, f.chunk()).await;
+    f.two_parts_in_the_hole().await;
     drop(tx);
     let r = tokio::time::timeout(Duration::from_secs(90), pending).await.expect("the PATCH ends once S3 gives up").unwrap().unwrap();
-    let status = r.status().as_u16();
-    let at = header_u64(&r, "upload-offset");
-    let text = r.text().await.unwrap_or_default();
-    assert_eq!(status, 503, "a PATCH whose parts S3 never stored: {text}");
-    assert_eq!(at, Some(first as u64), "the durable offset is the first PATCH's: {text}");
-    rig.proxies[0].set_black_hole(false);
-    let head = offset_when_free(&tus, &url).await;
-    assert_eq!(head, first as u64);
-    patch_rest(&tus, &url, &data, head as usize, data.len()).await;
-    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
-    assert_uniform_parts(&rig.proxies[0]);
+    InFlight::answered(r, 503, "a PATCH whose parts S3 never stored").await;
+    f.resume_and_check().await;
 }
 
 /// A client gone mid-body while two of its parts wait in a black-holed S3: the checkpoint that
@@ -467,31 +509,15 @@ async fn parts_in_flight_overlap_and_parts_lost_among_them_lose_nothing() {
 /// the right sha256.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_while_parts_are_in_flight_loses_nothing() {
-    let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
-    let tus = rig.tus(0);
-    let data = pseudo_random(16 * MIB + 5, 0x25);
-    let url = tus.create(data.len() as u64).await;
-    let id = id_of(&url);
-    let first = 5 * MIB + 3;
-    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
-    rig.proxies[0].set_black_hole(true);
-    let (tx, pending) = streaming_patch(&url, first as u64);
-    for piece in data[first..15 * MIB + 7].chunks(256 << 10) {
-        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
-    }
-    let both = eventually(30, || async { rig.proxies[0].in_hole(Some(Kind::UploadPart), &id) >= 2 }).await;
-    assert!(both, "two parts on their way at once: {:?}", rig.proxies[0].seen());
+    let f = InFlight::start(0x25).await;
+    let (tx, pending) = stream_open(&f.url, InFlight::FIRST, f.chunk()).await;
+    f.two_parts_in_the_hole().await;
     // The client goes away with the body unfinished; the server gives up on the parts after
     // their deadline (10 s + 1 s a MiB), with nobody asking it to let go meanwhile.
     pending.abort();
     drop(tx);
     tokio::time::sleep(Duration::from_secs(20)).await;
-    rig.proxies[0].set_black_hole(false);
-    let head = offset_when_free(&tus, &url).await;
-    assert_eq!(head, first as u64, "what the first PATCH stored, nothing of the parts S3 never stored");
-    patch_rest(&tus, &url, &data, head as usize, data.len()).await;
-    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
-    assert_uniform_parts(&rig.proxies[0]);
+    f.resume_and_check().await;
 }
 
 /// A chunk whose `Upload-Checksum` does not match, sent while S3 is silent: its body fills two
@@ -503,34 +529,16 @@ async fn a_client_gone_while_parts_are_in_flight_loses_nothing() {
 async fn a_checksum_mismatch_with_parts_in_flight_answers_460_and_keeps_the_offset() {
     use base64::Engine;
     use sha2::Digest;
-    let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
-    let tus = rig.tus(0);
-    let data = pseudo_random(16 * MIB + 9, 0x26);
-    let url = tus.create(data.len() as u64).await;
-    let id = id_of(&url);
-    let first = 5 * MIB + 3;
-    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
-    rig.proxies[0].set_black_hole(true);
+    let f = InFlight::start(0x26).await;
     let wrong = format!("sha256 {}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(b"other bytes")));
-    let chunk = data[first..15 * MIB + 7].to_vec();
     let patch = {
-        let (tus, url) = (rig.tus(0), url.clone());
-        tokio::spawn(async move { tus.patch(&url, first as u64, chunk, &[("Upload-Checksum", &wrong)]).await })
+        let (tus, url, chunk) = (f.rig.tus(0), f.url.clone(), f.chunk().to_vec());
+        tokio::spawn(async move { tus.patch(&url, InFlight::FIRST as u64, chunk, &[("Upload-Checksum", &wrong)]).await })
     };
-    let both = eventually(30, || async { rig.proxies[0].in_hole(Some(Kind::UploadPart), &id) >= 2 }).await;
-    assert!(both, "two parts on their way at once: {:?}", rig.proxies[0].seen());
+    f.two_parts_in_the_hole().await;
     let r = tokio::time::timeout(Duration::from_secs(90), patch).await.expect("the PATCH ends once S3 gives up").unwrap();
-    let status = r.status().as_u16();
-    let at = header_u64(&r, "upload-offset");
-    let text = r.text().await.unwrap_or_default();
-    assert_eq!(status, 460, "the chunk's checksum did not match: {text}");
-    assert_eq!(at, Some(first as u64), "the offset the chunk was sent at: {text}");
-    rig.proxies[0].set_black_hole(false);
-    let head = offset_when_free(&tus, &url).await;
-    assert_eq!(head, first as u64);
-    patch_rest(&tus, &url, &data, head as usize, data.len()).await;
-    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
-    assert_uniform_parts(&rig.proxies[0]);
+    InFlight::answered(r, 460, "the chunk's checksum did not match").await;
+    f.resume_and_check().await;
 }
 
 /// Fault 6: a replica killed while finishing (after CompleteMultipartUpload, before its
