@@ -35,13 +35,18 @@ struct Rig {
 
 impl Rig {
     async fn start(replicas: usize, extra: &[&str]) -> Rig {
+        Rig::start_leased(replicas, LEASE, extra).await
+    }
+
+    /// As [`Rig::start`], with upload leases of `lease` (whole seconds).
+    async fn start_leased(replicas: usize, lease: Duration, extra: &[&str]) -> Rig {
         let db = TestDb::create().await;
         let s3 = TestS3::start(BUCKET, 5 * MIB as u64).await;
         s3.set_env();
         // S3's smallest parts, so a few MiB make a multipart upload of several parts.
         std::env::set_var("FERRY_S3_PART_SIZE", "5MiB");
         let blobs = s3.url(PREFIX);
-        let lease = format!("{}s", LEASE.as_secs());
+        let lease = format!("{}s", lease.as_secs());
         let mut args = vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", &lease, "--min-free-space", "0"];
         args.extend_from_slice(extra);
         let (mut servers, mut proxies) = (Vec::new(), Vec::new());
@@ -436,7 +441,10 @@ impl InFlight {
     const FIRST: usize = 5 * MIB + 3;
 
     async fn start(seed: u64) -> InFlight {
-        let rig = Rig::start(1, &["--s3-parts-in-flight", "2"]).await;
+        // A lease far longer than S3's deadline for a part (15 s), so the PATCH keeps it while
+        // it waits on the black hole even when the catalog is slow (a loaded CI: a renewal
+        // took 1.3 s and a 2 s lease ran out, answering 409 instead of S3's 503).
+        let rig = Rig::start_leased(1, Duration::from_secs(60), &["--s3-parts-in-flight", "2"]).await;
         let tus = rig.tus(0);
         let data = pseudo_random(16 * MIB + 9, seed);
         let url = tus.create(data.len() as u64).await;
