@@ -118,6 +118,8 @@ pub async fn check_retention(cat: &dyn Catalog, p: &str) {
     assert!(others.contains(&format!("{p}r3")) && !others.contains(&format!("{p}r1")), "{others:?}");
     // Compare-and-set: one winner, only when still due; the id is then a tombstone.
     let id = format!("{p}r1");
+    // Read once before it expires: a catalog that keeps finished rows in memory must forget it.
+    assert!(!cat.get_upload(&id).await.unwrap().unwrap().expired);
     assert!(!cat.expire_finished_if_due(&id, 500, 3_000).await.unwrap(), "not due before it finished");
     assert!(cat.expire_finished_if_due(&id, 2_000, 3_000).await.unwrap());
     assert!(!cat.expire_finished_if_due(&id, 2_000, 3_000).await.unwrap(), "once only");

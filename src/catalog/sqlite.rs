@@ -116,6 +116,11 @@ impl SqliteCatalog {
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
+            // A local file has no far end to lose: sqlx's ping before every acquire is one more
+            // round trip to the connection's thread per statement, for nothing (issue 24: the
+            // fixed cost of a PATCH). The ping on release, which sqlx always makes, still finds a
+            // connection whose thread died.
+            .test_before_acquire(false)
             // DESIGN §9: a connection whose transaction could not be rolled back is closed,
             // never handed out again (see `left_clean`).
             .before_acquire(|conn, _| Box::pin(async move { Ok(left_clean(conn)) }))
@@ -338,6 +343,8 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
+        // A finished row is what the read cache keeps: retention must make it forget it.
+        let _changed = self.upload_changed(id);
         let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.sqlite).bind(now_ms).bind(id).bind(finished_before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
