@@ -39,7 +39,7 @@ impl SqliteCatalog {
     /// Held by every task write: when dropped — after the write committed or failed — the
     /// read cache forgets task `id` (`None`: every task).
     pub(super) fn tasks_changed(&self, id: Option<&str>) -> Invalidate<TaskRecord> {
-        Invalidate { cache: self.task_cache.clone(), id: id.map(str::to_owned) }
+        Invalidate::new(self.task_cache.clone(), id)
     }
 }
 
@@ -51,18 +51,26 @@ impl SqliteCatalog {
 /// and stored under the lock). A writer bumps the generation and drops the entry after its
 /// commit (under the lock), so a row read before a commit is either never stored or dropped by
 /// that writer — never served afterwards.
+///
+/// A writer that read its row back from its own statement (`RETURNING`) may keep it instead of
+/// dropping it ([`Invalidate::wrote`]), only when no other write overlapped its own: none
+/// finished since it began (the generation is unchanged) and none is under way (`writing`
+/// counts the writes begun and not finished). So the row kept is the database's row as of the
+/// last commit, whatever the order the writes committed in.
 pub struct RowCache<T> {
     inner: std::sync::Mutex<CacheInner<T>>,
 }
 
 struct CacheInner<T> {
     generation: u64,
+    /// Writes begun ([`Invalidate`] made) and not finished (dropped).
+    writing: u64,
     rows: std::collections::HashMap<String, T>,
 }
 
 impl<T> Default for RowCache<T> {
     fn default() -> Self {
-        RowCache { inner: std::sync::Mutex::new(CacheInner { generation: 0, rows: std::collections::HashMap::new() }) }
+        RowCache { inner: std::sync::Mutex::new(CacheInner { generation: 0, writing: 0, rows: std::collections::HashMap::new() }) }
     }
 }
 
@@ -92,14 +100,36 @@ impl<T: Clone> RowCache<T> {
         g.rows.insert(id.to_owned(), row.clone());
     }
 
-    fn changed(&self, id: Option<&str>) {
+    /// A write begins: the generation to hand back to [`RowCache::changed`].
+    fn begin(&self) -> u64 {
         let mut g = self.lock();
+        g.writing += 1;
+        g.generation
+    }
+
+    /// A write that changed nothing ended.
+    fn unchanged(&self) {
+        self.lock().writing -= 1;
+    }
+
+    /// A write begun at generation `began` ended: forget `id` (`None`: every row), or keep
+    /// `written` as its row when no other write overlapped this one.
+    fn changed(&self, id: Option<&str>, began: u64, written: Option<T>) {
+        let mut g = self.lock();
+        g.writing -= 1;
+        let alone = g.writing == 0 && g.generation == began;
         g.generation += 1;
-        match id {
-            Some(id) => {
+        match (id, written) {
+            (Some(id), Some(row)) if alone => {
+                if g.rows.len() >= ROW_CACHE_MAX {
+                    g.rows.clear();
+                }
+                g.rows.insert(id.to_owned(), row);
+            }
+            (Some(id), _) => {
                 g.rows.remove(id);
             }
-            None => g.rows.clear(),
+            (None, _) => g.rows.clear(),
         }
     }
 }
@@ -109,25 +139,45 @@ pub type TaskReadCache = RowCache<TaskRecord>;
 
 /// Invalidates a read cache when dropped (see [`SqliteCatalog::tasks_changed`]).
 pub(super) struct Invalidate<T: Clone> {
-    pub(super) cache: Option<std::sync::Arc<RowCache<T>>>,
-    pub(super) id: Option<String>,
+    cache: Option<std::sync::Arc<RowCache<T>>>,
+    id: Option<String>,
+    /// The cache's generation when the write began.
+    began: u64,
+    /// The row as the write left it, to keep instead of forgetting ([`Invalidate::wrote`]).
+    written: Option<T>,
 }
 
 impl<T: Clone> Invalidate<T> {
+    /// A write to row `id` (`None`: any row) begins; it ends when this is dropped.
+    pub(super) fn new(cache: Option<std::sync::Arc<RowCache<T>>>, id: Option<&str>) -> Self {
+        let began = cache.as_ref().map_or(0, |c| c.begin());
+        Invalidate { cache, id: id.map(str::to_owned), began, written: None }
+    }
+
     /// Narrow to the row the write turned out to touch: `Some(id)` forgets only that row, `None`
     /// (the write changed nothing) forgets nothing.
     pub(super) fn narrow_to(&mut self, id: Option<&str>) {
         match id {
             Some(id) => self.id = Some(id.to_owned()),
-            None => self.cache = None,
+            None => {
+                if let Some(c) = self.cache.take() {
+                    c.unchanged();
+                }
+            }
         }
+    }
+
+    /// The write committed and left `row` (read back by its own statement): the cache keeps
+    /// it as the row's when no other write overlapped (see [`RowCache`]).
+    pub(super) fn wrote(&mut self, row: T) {
+        self.written = Some(row);
     }
 }
 
 impl<T: Clone> Drop for Invalidate<T> {
     fn drop(&mut self) {
-        if let Some(c) = &self.cache {
-            c.changed(self.id.as_deref());
+        if let Some(c) = self.cache.take() {
+            c.changed(self.id.as_deref(), self.began, self.written.take());
         }
     }
 }
@@ -357,5 +407,54 @@ impl TaskCatalog for SqliteCatalog {
     async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
         let rows = sqlx::query(st::TASK_COUNTS.sqlite).fetch_all(&self.pool).await?;
         rows.iter().map(super::tasks::row_to_task_count).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn cache() -> Arc<RowCache<u32>> {
+        Arc::new(RowCache::default())
+    }
+
+    /// A write alone keeps the row it read back; a reader that began before it cannot replace
+    /// that row with what it read.
+    #[test]
+    fn a_write_alone_keeps_its_row_and_an_older_read_cannot_replace_it() {
+        let c = cache();
+        let generation = c.get("a").unwrap_err();
+        let mut w = Invalidate::new(Some(c.clone()), Some("a"));
+        w.wrote(2);
+        drop(w);
+        c.keep(generation, "a", &1);
+        assert_eq!(c.get("a"), Ok(2));
+    }
+
+    /// Overlapping writes keep nothing: neither the one that ends while another is under way,
+    /// nor the one that began before another finished.
+    #[test]
+    fn overlapping_writes_forget_the_row() {
+        let c = cache();
+        let mut first = Invalidate::new(Some(c.clone()), Some("a"));
+        let mut second = Invalidate::new(Some(c.clone()), Some("a"));
+        first.wrote(1);
+        drop(first);
+        assert!(c.get("a").is_err(), "kept while another write was under way");
+        second.wrote(2);
+        drop(second);
+        assert!(c.get("a").is_err(), "kept although a write finished after it began");
+
+        let mut w = Invalidate::new(Some(c.clone()), Some("a"));
+        w.wrote(3);
+        drop(w);
+        assert_eq!(c.get("a"), Ok(3), "alone again: kept");
+        let mut unchanged = Invalidate::new(Some(c.clone()), None);
+        unchanged.narrow_to(None);
+        drop(unchanged);
+        assert_eq!(c.get("a"), Ok(3), "a write that changed nothing forgets nothing");
+        drop(Invalidate::new(Some(c.clone()), Some("a")));
+        assert!(c.get("a").is_err(), "a write without its row forgets it");
     }
 }

@@ -107,6 +107,8 @@ macro_rules! with_entries {
 }
 
 pub(super) const CHECKPOINT: Stmt = sql!(checkpoint_update!());
+/// [`CHECKPOINT`] returning the row as written (SQLite's read cache keeps it).
+pub(super) const CHECKPOINT_RETURNING_SQLITE: &str = sql!(checkpoint_update!(), " RETURNING ", upload_columns!()).sqlite;
 /// [`CHECKPOINT`] and its blob entries (`with_entries!`; PostgreSQL only).
 pub(super) const CHECKPOINT_WITH_ENTRIES_PG: Stmt = sql!(with_entries!(checkpoint_update!(), "10", "11", "12"));
 pub(super) const REOPEN: Stmt = sql!(reopen_update!());
