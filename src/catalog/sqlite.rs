@@ -35,8 +35,25 @@ pub struct SqliteCatalog {
     /// Task rows as last read, for [`super::TaskCatalog::get_task`] (see
     /// [`SqliteCatalog::with_read_cache`]); `None` = every read goes to the database.
     pub(super) task_cache: Option<std::sync::Arc<super::sqlite_tasks::TaskReadCache>>,
-    /// Finished upload rows as last read, for [`Catalog::get_upload`] (downloads, HEAD).
+    /// Finished upload rows as last read, and unfinished ones as their last checkpoint wrote
+    /// them, for [`Catalog::get_upload`] (downloads, HEAD, the next PATCH).
     pub(super) upload_cache: Option<std::sync::Arc<super::sqlite_tasks::RowCache<UploadRecord>>>,
+    /// A connection kept out of the pool for checkpoints, the statement every PATCH ends with
+    /// (`None` for an in-memory database, whose pool holds its only connection). sqlx pings a
+    /// pooled connection's thread each time it goes back to the pool: one round trip more per
+    /// PATCH (issue 24). A checkpoint takes the connection out and puts it back once its
+    /// statement succeeded; one that failed or was cut short drops it, and the next checkpoint
+    /// takes a fresh one from the pool.
+    checkpointer: Option<std::sync::Arc<tokio::sync::Mutex<Option<sqlx::SqliteConnection>>>>,
+}
+
+/// The first row a writing statement with `RETURNING` gave, read with `fetch_all`. Outside a
+/// transaction such a statement commits when it steps to its end; sqlx's `fetch_optional` and
+/// `fetch_one` stop at the first row and reset the statement, which commits there and drops the
+/// commit's error (the WAL's fsync failing, a full disk): the caller would take a write that
+/// did not last for one that did (a power-cut test caught a checkpoint acknowledged this way).
+pub(super) fn first<T>(rows: Vec<T>) -> Option<T> {
+    rows.into_iter().next()
 }
 
 impl From<sqlx::Error> for CatalogError {
@@ -129,7 +146,7 @@ impl SqliteCatalog {
         if in_memory {
             sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         }
-        Ok(SqliteCatalog { pool, task_cache: None, upload_cache: None })
+        Ok(SqliteCatalog { pool, task_cache: None, upload_cache: None, checkpointer: (!in_memory).then(Default::default) })
     }
 
     /// Serve [`super::TaskCatalog::get_task`] and, for finished uploads, [`Catalog::get_upload`]
@@ -373,18 +390,18 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
-        let fence: Option<i64> = sqlx::query_scalar(st::ACQUIRE_FENCE.sqlite).bind(id).fetch_optional(&self.pool).await?;
+        let fence: Option<i64> = first(sqlx::query_scalar(st::ACQUIRE_FENCE.sqlite).bind(id).fetch_all(&self.pool).await?);
         fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
         let mut changed = self.upload_changed(id);
         let (row, entries) = crate::framed::split(&cp.blob_state);
-        if self.upload_cache.is_some() && cp.blob_entries_from.is_none() {
+        if let (Some(slot), None) = (&self.checkpointer, cp.blob_entries_from) {
             // The row as written comes back from the statement itself, and the read cache keeps
             // it: the next PATCH of this upload reads it from memory (issue 24: one query less
             // per PATCH).
-            let written = sqlx::query(st::CHECKPOINT_RETURNING_SQLITE)
+            let update = sqlx::query(st::CHECKPOINT_RETURNING_SQLITE)
                 .bind(to_i64(cp.offset)?)
                 .bind(&cp.hash_state)
                 .bind(row)
@@ -393,10 +410,16 @@ impl Catalog for SqliteCatalog {
                 .bind(cp.now_ms)
                 .bind(cp.expires_at_ms)
                 .bind(id)
-                .bind(to_i64(fence)?)
-                .fetch_optional(&self.pool)
-                .await?;
-            if let Some(r) = &written {
+                .bind(to_i64(fence)?);
+            let mut slot = slot.lock().await;
+            let mut conn = match slot.take() {
+                Some(c) => c,
+                None => self.pool.acquire().await?.detach(),
+            };
+            let written = first(update.fetch_all(&mut conn).await?);
+            *slot = Some(conn);
+            drop(slot);
+            if let (Some(r), Some(_)) = (&written, &self.upload_cache) {
                 changed.wrote(row_to_record(r)?);
             }
             return self.fenced_or_missing(id, u64::from(written.is_some())).await;
@@ -455,7 +478,7 @@ impl Catalog for SqliteCatalog {
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
         // One statement (SQLite serialises writers; see `statements::ACQUIRE_LEASE`).
-        let row = sqlx::query(st::ACQUIRE_LEASE.sqlite).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&self.pool).await?;
+        let row = first(sqlx::query(st::ACQUIRE_LEASE.sqlite).bind(owner).bind(ttl_ms).bind(id).fetch_all(&self.pool).await?);
         if let Some(r) = row {
             return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
         }
@@ -469,7 +492,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
-        let until: Option<i64> = sqlx::query_scalar(st::RENEW_LEASE.sqlite).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
+        let until: Option<i64> = first(sqlx::query_scalar(st::RENEW_LEASE.sqlite).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_all(&self.pool).await?);
         match until {
             Some(t) => Ok(t),
             None => self.fenced_or_missing(id, 0).await.map(|_| 0),
@@ -488,6 +511,11 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn close(&self) {
+        if let Some(slot) = &self.checkpointer {
+            if let Some(conn) = slot.lock().await.take() {
+                let _ = conn.close().await;
+            }
+        }
         self.pool.close().await;
     }
 
@@ -584,7 +612,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn get_mcp_session(&self, id: &str, now_ms: i64) -> CatalogResult<Option<String>> {
-        Ok(sqlx::query_scalar(st::GET_MCP_SESSION.sqlite).bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
+        Ok(first(sqlx::query_scalar(st::GET_MCP_SESSION.sqlite).bind(now_ms).bind(id).fetch_all(&self.pool).await?))
     }
 
     async fn delete_mcp_session(&self, id: &str) -> CatalogResult<()> {

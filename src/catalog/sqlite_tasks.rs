@@ -277,7 +277,7 @@ impl TaskCatalog for SqliteCatalog {
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
         let _changed = self.tasks_changed(Some(id));
-        let status: Option<String> = sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
+        let status: Option<String> = super::sqlite::first(sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_all(&self.pool).await?);
         match status {
             Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
             None => Err(CatalogError::Fenced),
