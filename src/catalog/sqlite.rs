@@ -395,7 +395,6 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let mut changed = self.upload_changed(id);
         let (row, entries) = crate::framed::split(&cp.blob_state);
         if let (Some(slot), None) = (&self.checkpointer, cp.blob_entries_from) {
             // The row as written comes back from the statement itself, and the read cache keeps
@@ -412,18 +411,33 @@ impl Catalog for SqliteCatalog {
                 .bind(id)
                 .bind(to_i64(fence)?);
             let mut slot = slot.lock().await;
+            if self.pool.is_closed() {
+                return Err(sqlx::Error::PoolClosed.into());
+            }
+            // Checkpoints take turns on the connection, and the write begins once this one's turn
+            // came: two uploads' checkpoints never overlap, so each may keep its row.
+            let mut changed = self.upload_changed(id);
             let mut conn = match slot.take() {
                 Some(c) => c,
                 None => self.pool.acquire().await?.detach(),
             };
             let written = first(update.fetch_all(&mut conn).await?);
             *slot = Some(conn);
-            drop(slot);
-            if let (Some(r), Some(_)) = (&written, &self.upload_cache) {
-                changed.wrote(row_to_record(r)?);
+            match &written {
+                // Committed: a row that does not decode is read again from the database later.
+                Some(r) => {
+                    if let (Some(_), Ok(rec)) = (&self.upload_cache, row_to_record(r)) {
+                        changed.wrote(rec);
+                    }
+                }
+                // Fenced or gone: the statement changed nothing.
+                None => changed.narrow_to(None),
             }
+            drop(changed);
+            drop(slot);
             return self.fenced_or_missing(id, u64::from(written.is_some())).await;
         }
+        let _changed = self.upload_changed(id);
         let update = sqlx::query(st::CHECKPOINT.sqlite)
             .bind(to_i64(cp.offset)?)
             .bind(&cp.hash_state)
@@ -511,12 +525,14 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn close(&self) {
+        // The pool first: a checkpoint that gets the connection's turn afterwards finds it closed
+        // and neither opens another connection nor puts one back.
+        self.pool.close().await;
         if let Some(slot) = &self.checkpointer {
             if let Some(conn) = slot.lock().await.take() {
                 let _ = conn.close().await;
             }
         }
-        self.pool.close().await;
     }
 
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
