@@ -47,6 +47,27 @@ pub struct SqliteCatalog {
     checkpointer: Option<std::sync::Arc<tokio::sync::Mutex<Option<sqlx::SqliteConnection>>>>,
 }
 
+/// `sql` (the checkpoint update, with or without `RETURNING`) bound to checkpoint `cp` of upload
+/// `id` under `fence`, `row` being the blob state's row part.
+fn checkpoint_query<'q>(
+    sql: &'static str,
+    id: &'q str,
+    fence: u64,
+    cp: &'q Checkpoint,
+    row: &'q [u8],
+) -> CatalogResult<sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>> {
+    Ok(sqlx::query(sql)
+        .bind(to_i64(cp.offset)?)
+        .bind(&cp.hash_state)
+        .bind(row)
+        .bind(cp.length.map(to_i64).transpose()?)
+        .bind(cp.finished_sha256.map(|d| d.to_vec()))
+        .bind(cp.now_ms)
+        .bind(cp.expires_at_ms)
+        .bind(id)
+        .bind(to_i64(fence)?))
+}
+
 /// The first row a writing statement with `RETURNING` gave, read with `fetch_all`. Outside a
 /// transaction such a statement commits when it steps to its end; sqlx's `fetch_optional` and
 /// `fetch_one` stop at the first row and reset the statement, which commits there and drops the
@@ -400,16 +421,7 @@ impl Catalog for SqliteCatalog {
             // The row as written comes back from the statement itself, and the read cache keeps
             // it: the next PATCH of this upload reads it from memory (issue 24: one query less
             // per PATCH).
-            let update = sqlx::query(st::CHECKPOINT_RETURNING_SQLITE)
-                .bind(to_i64(cp.offset)?)
-                .bind(&cp.hash_state)
-                .bind(row)
-                .bind(cp.length.map(to_i64).transpose()?)
-                .bind(cp.finished_sha256.map(|d| d.to_vec()))
-                .bind(cp.now_ms)
-                .bind(cp.expires_at_ms)
-                .bind(id)
-                .bind(to_i64(fence)?);
+            let update = checkpoint_query(st::CHECKPOINT_RETURNING_SQLITE, id, fence, cp, row)?;
             let mut slot = slot.lock().await;
             if self.pool.is_closed() {
                 return Err(sqlx::Error::PoolClosed.into());
@@ -438,16 +450,7 @@ impl Catalog for SqliteCatalog {
             return self.fenced_or_missing(id, u64::from(written.is_some())).await;
         }
         let _changed = self.upload_changed(id);
-        let update = sqlx::query(st::CHECKPOINT.sqlite)
-            .bind(to_i64(cp.offset)?)
-            .bind(&cp.hash_state)
-            .bind(row)
-            .bind(cp.length.map(to_i64).transpose()?)
-            .bind(cp.finished_sha256.map(|d| d.to_vec()))
-            .bind(cp.now_ms)
-            .bind(cp.expires_at_ms)
-            .bind(id)
-            .bind(to_i64(fence)?);
+        let update = checkpoint_query(st::CHECKPOINT.sqlite, id, fence, cp, row)?;
         let changed = self.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
         self.fenced_or_missing(id, changed).await
     }
