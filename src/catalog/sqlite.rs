@@ -421,7 +421,10 @@ impl Catalog for SqliteCatalog {
             // The row as written comes back from the statement itself, and the read cache keeps
             // it: the next PATCH of this upload reads it from memory (issue 24: one query less
             // per PATCH).
-            let update = checkpoint_query(st::CHECKPOINT_RETURNING_SQLITE, id, fence, cp, row)?;
+            // Only a process with a read cache needs the row back.
+            let keeping = self.upload_cache.is_some();
+            let sql = if keeping { st::CHECKPOINT_RETURNING_SQLITE } else { st::CHECKPOINT.sqlite };
+            let update = checkpoint_query(sql, id, fence, cp, row)?;
             let mut slot = slot.lock().await;
             if self.pool.is_closed() {
                 return Err(sqlx::Error::PoolClosed.into());
@@ -433,21 +436,24 @@ impl Catalog for SqliteCatalog {
                 Some(c) => c,
                 None => self.pool.acquire().await?.detach(),
             };
-            let written = first(update.fetch_all(&mut conn).await?);
-            *slot = Some(conn);
-            match &written {
+            let rows = if keeping {
+                let written = first(update.fetch_all(&mut conn).await?);
                 // Committed: a row that does not decode is read again from the database later.
-                Some(r) => {
-                    if let (Some(_), Ok(rec)) = (&self.upload_cache, row_to_record(r)) {
-                        changed.wrote(rec);
-                    }
+                if let Some(rec) = written.as_ref().and_then(|r| row_to_record(r).ok()) {
+                    changed.wrote(rec);
                 }
+                u64::from(written.is_some())
+            } else {
+                update.execute(&mut conn).await?.rows_affected()
+            };
+            *slot = Some(conn);
+            if rows == 0 {
                 // Fenced or gone: the statement changed nothing.
-                None => changed.narrow_to(None),
+                changed.narrow_to(None);
             }
             drop(changed);
             drop(slot);
-            return self.fenced_or_missing(id, u64::from(written.is_some())).await;
+            return self.fenced_or_missing(id, rows).await;
         }
         let _changed = self.upload_changed(id);
         let update = checkpoint_query(st::CHECKPOINT.sqlite, id, fence, cp, row)?;

@@ -68,6 +68,16 @@ struct CacheInner<T> {
     rows: std::collections::HashMap<String, T>,
 }
 
+impl<T> CacheInner<T> {
+    /// Keep `row` as `id`'s; the cache starts over beyond [`ROW_CACHE_MAX`] rows.
+    fn insert(&mut self, id: &str, row: T) {
+        if self.rows.len() >= ROW_CACHE_MAX {
+            self.rows.clear();
+        }
+        self.rows.insert(id.to_owned(), row);
+    }
+}
+
 impl<T> Default for RowCache<T> {
     fn default() -> Self {
         RowCache { inner: std::sync::Mutex::new(CacheInner { generation: 0, writing: 0, rows: std::collections::HashMap::new() }) }
@@ -94,10 +104,7 @@ impl<T: Clone> RowCache<T> {
         if g.generation != generation {
             return;
         }
-        if g.rows.len() >= ROW_CACHE_MAX {
-            g.rows.clear();
-        }
-        g.rows.insert(id.to_owned(), row.clone());
+        g.insert(id, row.clone());
     }
 
     /// A write begins: the generation to hand back to [`RowCache::changed`].
@@ -120,12 +127,7 @@ impl<T: Clone> RowCache<T> {
         let alone = g.writing == 0 && g.generation == began;
         g.generation += 1;
         match (id, written) {
-            (Some(id), Some(row)) if alone => {
-                if g.rows.len() >= ROW_CACHE_MAX {
-                    g.rows.clear();
-                }
-                g.rows.insert(id.to_owned(), row);
-            }
+            (Some(id), Some(row)) if alone => g.insert(id, row),
             (Some(id), _) => {
                 g.rows.remove(id);
             }
