@@ -197,7 +197,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     let stdio_done = tokio_util::sync::CancellationToken::new();
     if cfg.stdio {
-        let mcp = FerryMcp::new(state.clone(), (*state.mcp).clone());
+        let mcp = crate::mcp::FerryService(FerryMcp::new(state.clone(), (*state.mcp).clone()));
         let done = stdio_done.clone();
         tokio::spawn(async move {
             use rmcp::ServiceExt;

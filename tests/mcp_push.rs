@@ -108,3 +108,55 @@ async fn python_client_listening_on_one_replica_is_told_the_changes_made_on_anot
     let v = run_json_client(cmd, CLIENT_SECS).await;
     check_pushed(&v);
 }
+
+/// rmcp acknowledges a `subscriptions/listen` before ferry's handler runs, and a client may
+/// start a task the moment it reads that acknowledgment. So the stream's start in the outbox must
+/// be known before the acknowledgment: here the outbox is locked (`LOCK TABLE events`: even a
+/// read of its head waits) when the client listens, and the acknowledgment must not arrive
+/// until it is released. The client then creates its task at once and must be told all four
+/// statuses (a start read after the acknowledgment could skip the first of them).
+async fn listen_is_acknowledged_only_once_its_start_is_known(http: bool) {
+    use sqlx::{Connection, Executor};
+    let (_cfg, path) = config();
+    let db = TestDb::create().await;
+    let gate = tempfile::tempdir().unwrap();
+    let gate_arg = gate.path().to_str().unwrap().to_string();
+    let server = http.then(|| Server::start(&["--catalog", db.url.as_str(), "--config", &path]));
+    let tmp = tempfile::tempdir().unwrap();
+    let cmd = match &server {
+        Some(s) => push_script(&s.data, &["--url", &s.url("/mcp"), "--gate", &gate_arg, "--hold"]),
+        None => {
+            let data = tmp.path().join("data");
+            let ferry = ferry_bin();
+            push_script(&data, &["--gate", &gate_arg, "--hold", "--ferry", ferry.to_str().unwrap(), "--", "--catalog", db.url.as_str(), "--config", &path])
+        }
+    };
+    let client = tokio::spawn(run_json_client(cmd, CLIENT_SECS));
+    let deadline = std::time::Instant::now() + Duration::from_secs(CLIENT_SECS);
+    while !gate.path().join("hold").exists() {
+        assert!(!client.is_finished(), "the client ended before asking for the hold");
+        assert!(std::time::Instant::now() < deadline, "the client never asked for the hold");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut pg = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    pg.execute("BEGIN").await.unwrap();
+    pg.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    std::fs::write(gate.path().join("hold.done"), b"").unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let acked_while_held = gate.path().join("acked").exists();
+    pg.execute("COMMIT").await.unwrap();
+    assert!(!acked_while_held, "the listen was acknowledged while its start in the outbox could not be read");
+    let v = client.await.expect("client task");
+    assert!(gate.path().join("acked").exists(), "{v}");
+    check_pushed(&v);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_listen_is_acknowledged_only_once_its_start_is_known() {
+    listen_is_acknowledged_only_once_its_start_is_known(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_listen_is_acknowledged_only_once_its_start_is_known() {
+    listen_is_acknowledged_only_once_its_start_is_known(false).await;
+}

@@ -170,6 +170,9 @@ pub enum Cursor {
     Now,
     /// After the event with this id (`Last-Event-ID`).
     After(String),
+    /// After outbox position `seq`, as [`Events::position`] read it: the events committed
+    /// since that read, none skipped however late the follow starts.
+    Position(i64),
 }
 
 /// Why a follow could not start.
@@ -191,6 +194,13 @@ impl Events {
     /// A receiver of the outbox head (the last event seq seen by the head watcher).
     pub fn head(&self) -> tokio::sync::watch::Receiver<i64> {
         self.head.subscribe()
+    }
+
+    /// The outbox's position now: the seq of the last event committed (any principal's), read
+    /// from the catalog. [`Cursor::Position`] of it follows the events committed after this call.
+    /// Errors: the catalog's.
+    pub async fn position(&self) -> Result<i64, CatalogError> {
+        self.catalog.last_event_seq().await
     }
 
     /// A subscription to "something changed": woken when any event commits, on any replica
@@ -246,6 +256,7 @@ impl Events {
     pub async fn follow(&self, principal: &str, cursor: Cursor) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
         let after = match cursor {
             Cursor::Now => self.catalog.last_event_seq().await?,
+            Cursor::Position(seq) => seq,
             Cursor::After(id) => match self.catalog.event_by_id(&id).await? {
                 Some(e) if e.principal == principal => e.seq,
                 _ => return Err(FollowError::UnknownEvent(id, crate::units::human_duration(self.retention))),

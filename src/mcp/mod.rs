@@ -27,6 +27,7 @@
 mod args;
 pub mod envelope;
 mod push;
+pub use push::FerryService;
 mod request;
 pub mod results;
 pub mod sessions;
@@ -74,6 +75,7 @@ pub fn streamable_http_service(
     cfg.session_store = Some(Arc::new(sessions::CatalogSessions::new(state.engine.catalog.clone())));
     cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
     let rmcp = rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg);
+    let rmcp = tower::Layer::layer(&axum::middleware::from_fn_with_state(state.events.clone(), push::note_listen_start), rmcp);
     transport_errors::json_rpc_refusals(rmcp)
 }
 

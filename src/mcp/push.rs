@@ -3,7 +3,7 @@
 //!
 //! A client that declares the tasks extension (`io.modelcontextprotocol/tasks`) on its
 //! `subscriptions/listen` request gets, on that stream, one `notifications/tasks` for every
-//! status change of its principal's tasks committed after the stream was acknowledged —
+//! status change of its principal's tasks committed after the listen request arrived —
 //! `working` (created), `input_required`, `working` (answered), and the terminal one — each
 //! carrying the task as `tasks/get` shows it in that status (a completed task inlines its
 //! `CallToolResult`), with `_meta` `io.modelcontextprotocol/subscriptionId` (the listen
@@ -23,20 +23,97 @@
 //! subscription id in `_meta`. On Streamable HTTP that peer is the listen request's own
 //! response stream; on stdio, the connection. A client without the extension gets an open
 //! stream that carries nothing ferry-specific.
+//!
+//! rmcp acknowledges a listen before it calls [`rmcp::ServerHandler::listen`], and a client may
+//! change a task the moment it reads the acknowledgment. So the stream's start is read from the
+//! outbox when the request arrives, before the acknowledgment ([`ListenStart`]), not when
+//! `listen` runs: a change made after the acknowledgment is always after that start. A listen
+//! whose start could not be read ends with an error (`unavailable`, retryable) right after its
+//! acknowledgment, rather than following from a later start.
 
 use std::time::Duration;
 
 use futures::StreamExt;
-use rmcp::model::{NotificationMetaObject, RequestId, ServerNotification, TaskStatusNotification, TaskStatusNotificationParams};
-use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
-use rmcp::ErrorData as McpError;
+use std::borrow::Cow;
+
+use rmcp::model::{
+    ClientNotification, ClientRequest, NotificationMetaObject, ProtocolVersion, RequestId, ServerConfig, ServerNotification, ServerResult, TaskStatusNotification,
+    TaskStatusNotificationParams,
+};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, SubscriptionContext};
+use rmcp::{ErrorData as McpError, ServerHandler};
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::middleware::Next;
 
 use super::FerryMcp;
 use crate::catalog::TaskStatus;
-use crate::events::{Cursor, EventView};
+use crate::error::Refusal;
+use crate::events::{Cursor, EventView, Events};
 
 /// Pause before following the outbox again after a read failed.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// Where a `subscriptions/listen` request arrived in the outbox: the position
+/// ([`Events::position`]) read before rmcp acknowledges the request, or why it could not be
+/// read. Put in the request's extensions by [`FerryService`] (stdio) and by
+/// [`note_listen_start`] (Streamable HTTP, into the HTTP request rmcp hands on).
+#[derive(Debug, Clone)]
+pub(super) struct ListenStart(Result<i64, Refusal>);
+
+impl ListenStart {
+    async fn read(events: &Events) -> ListenStart {
+        ListenStart(events.position().await.map_err(Refusal::from))
+    }
+
+    /// The listen request's start, from its context: `None` when nothing noted it (a handler
+    /// served without [`FerryService`] or the HTTP layer).
+    fn of(ctx: &RequestContext<RoleServer>) -> Option<&ListenStart> {
+        ctx.extensions.get::<ListenStart>().or_else(|| ctx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<ListenStart>()))
+    }
+}
+
+/// [`FerryMcp`] as rmcp serves it on stdio: every request and notification goes to the
+/// handler unchanged, except that a `subscriptions/listen` first notes its [`ListenStart`].
+/// (rmcp's Streamable HTTP service takes a [`ServerHandler`] only; there
+/// [`note_listen_start`] does this.)
+#[derive(Clone)]
+pub struct FerryService(pub FerryMcp);
+
+impl Service<RoleServer> for FerryService {
+    async fn handle_request(&self, request: ClientRequest, mut context: RequestContext<RoleServer>) -> Result<ServerResult, McpError> {
+        if matches!(request, ClientRequest::SubscriptionsListenRequest(_)) {
+            context.extensions.insert(ListenStart::read(&self.0.state.events).await);
+        }
+        Service::handle_request(&self.0, request, context).await
+    }
+
+    async fn handle_notification(&self, notification: ClientNotification, context: NotificationContext<RoleServer>) -> Result<(), McpError> {
+        Service::handle_notification(&self.0, notification, context).await
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerHandler::get_info(&self.0)
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        ServerHandler::supported_protocol_versions(&self.0)
+    }
+}
+
+/// Middleware before rmcp's Streamable HTTP service: a request sent with `Mcp-Method:
+/// subscriptions/listen` (SEP-2243; required from MCP 2026-07-28, the first version with
+/// `subscriptions/listen`, and checked by rmcp against the body) gets its [`ListenStart`] in
+/// its extensions. Other requests pass untouched, at no cost.
+pub(super) async fn note_listen_start(State(events): State<Arc<Events>>, mut req: axum::extract::Request, next: Next) -> axum::response::Response {
+    if req.headers().get("mcp-method").is_some_and(|m| m.as_bytes() == b"subscriptions/listen") {
+        let start = ListenStart::read(&events).await;
+        req.extensions_mut().insert(start);
+    }
+    next.run(req).await
+}
 
 impl FerryMcp {
     /// Serve one `subscriptions/listen` stream until the client cancels it or the server shuts
@@ -51,7 +128,13 @@ impl FerryMcp {
             return Ok(());
         }
         let p = Self::principal(ctx);
-        let mut cursor = Cursor::Now;
+        // Where the request arrived, read before the acknowledgment: a change the client made
+        // after reading it is after this. `Now` only for a handler served bare.
+        let mut cursor = match ListenStart::of(ctx) {
+            Some(ListenStart(Ok(at))) => Cursor::Position(*at),
+            Some(ListenStart(Err(e))) => return Err(super::mcp_err(e.clone())),
+            None => Cursor::Now,
+        };
         loop {
             let events = match self.state.events.follow(&p, cursor.clone()).await {
                 Ok(s) => s,

@@ -82,6 +82,7 @@ class Args:
     token2: str | None
     ferry: str | None
     gate: str | None
+    hold: bool
     server_args: list[str]
 
 
@@ -1018,13 +1019,19 @@ async def scenario_task_push() -> dict[str, Any]:
 
     --url2: the listen stream is on that replica, the calls on --url. --gate DIR: after
     input_required, the server is restarted (GATE/restart → GATE/restart.done) and the client
-    listens again; the answer's transitions arrive on the new stream.
+    listens again; the answer's transitions arrive on the new stream. --gate DIR --hold: before
+    listening, the client asks the test to hold the outbox (GATE/hold → GATE/hold.done) and
+    marks the acknowledgment's arrival (GATE/acked); the task is created the moment it arrives.
     """
     listen_url = ARGS.url2 or ARGS.url
     async with contextlib.AsyncExitStack() as stack:
         c = await stack.enter_async_context(connect(extensions=[PushedTasksExtension()]))
         lc = c if listen_url == ARGS.url else await stack.enter_async_context(connect_to(listen_url, extensions=[PushedTasksExtension()]))
+        if ARGS.hold:
+            await wait_gate("hold")
         sub = await stack.enter_async_context(lc.listen())
+        if ARGS.hold:
+            open(os.path.join(ARGS.gate, "acked"), "w").close()
         check(sub.honored is not None, "listen acknowledged")
         if ARGS.url and not ARGS.url2 and not ARGS.gate:
             # A client of the same principal without the tasks extension, listening too.
@@ -1036,7 +1043,7 @@ async def scenario_task_push() -> dict[str, Any]:
         first = await pushed_until(tid, ["working", "input_required"])
         req = first[1].get("inputRequests", {}).get("name")
         check(req and req.get("method") == "elicitation/create", "input_required notification carries the form", first[1])
-        if ARGS.gate:
+        if ARGS.gate and not ARGS.hold:
             # The stream dies with the server; re-listen on the new one (no replay, as the SDK says).
             try:
                 await stack.aclose()
@@ -1091,12 +1098,14 @@ def parse_args() -> None:
     p.add_argument("--token2")
     p.add_argument("--ferry")
     p.add_argument("--gate")
+    p.add_argument("--hold", action="store_true")
     ns = p.parse_args(argv)
     if bool(ns.url) == bool(ns.ferry):
         p.error("give exactly one of --url and --ferry")
     ARGS.scenario, ARGS.data, ARGS.url, ARGS.token, ARGS.token2, ARGS.ferry = ns.scenario, ns.data, ns.url, ns.token, ns.token2, ns.ferry
     ARGS.server_args = server_args
     ARGS.gate = ns.gate
+    ARGS.hold = ns.hold
     ARGS.url2 = ns.url2
 
 
