@@ -74,6 +74,51 @@ async fn task_read_cache_never_serves_a_row_older_than_a_finished_write() {
     assert_eq!(cat.get_task(&id).await.unwrap().unwrap().status, ferry::catalog::TaskStatus::Cancelled);
 }
 
+/// A write whose caller stops waiting after one poll (a client gone mid-request drops the
+/// handler's future) still runs to its end, and the read cache forgets the row only after it
+/// landed: readers spinning on the same tasks throughout never get to keep the row as it was
+/// before, so every task reads as cancelled once the write is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_cache_sees_a_write_whose_caller_stopped_waiting() {
+    use ferry::catalog::{NewTask, TaskCatalog, TaskStatus};
+    let dir = tempfile::tempdir().unwrap();
+    let cat = Arc::new(SqliteCatalog::open(&dir.path().join("ferry.db")).await.unwrap().with_read_cache());
+    let ids: Vec<String> = (0..40).map(|i| format!("{i:0>26}")).collect();
+    for id in &ids {
+        let new = NewTask { id: id.clone(), principal: "p".into(), kind: "k".into(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 0 };
+        cat.start_task(&new).await.unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (cat, ids, stop) = (cat.clone(), ids.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for id in &ids {
+                        cat.get_task(id).await.unwrap().unwrap();
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for id in &ids {
+        // Polled once, then dropped.
+        let _ = tokio::time::timeout(std::time::Duration::ZERO, cat.cancel_task(id, 1_000)).await;
+    }
+    for id in &ids {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while cat.get_task(id).await.unwrap().unwrap().status != TaskStatus::Cancelled {
+            assert!(std::time::Instant::now() < deadline, "task {id}: the abandoned cancel never showed");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_catalog_two_handles_on_one_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -186,6 +186,26 @@ impl SqliteCatalog {
         self
     }
 
+    /// Run `write` to its end in a task of its own when a read cache exists, and return its
+    /// outcome. A caller that stops waiting (a client gone mid-request drops the handler's
+    /// future) would otherwise end the write's cache guard ([`Invalidate`]) while sqlx's
+    /// connection thread still runs the statement it was handed: a read in between could keep
+    /// the row as it was before, and serve it after the write landed. Without a read cache the
+    /// write runs in the caller's task. A write cut short by the runtime shutting down is
+    /// `Unavailable`.
+    ///
+    /// [`Invalidate`]: super::sqlite_tasks::Invalidate
+    pub(super) async fn to_end<T: Send + 'static>(&self, write: impl std::future::Future<Output = CatalogResult<T>> + Send + 'static) -> CatalogResult<T> {
+        if self.upload_cache.is_none() && self.task_cache.is_none() {
+            return write.await;
+        }
+        match tokio::spawn(write).await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(CatalogError::Unavailable(Box::new(e))),
+        }
+    }
+
     /// Held by every write to upload `id`'s row: when dropped — after the write committed or
     /// failed — the read cache forgets it.
     fn upload_changed(&self, id: &str) -> super::sqlite_tasks::Invalidate<UploadRecord> {
@@ -330,37 +350,63 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
-        let _changed = self.upload_changed(id);
-        sqlx::query(st::ANNOUNCE.sqlite).bind(id).execute(&self.pool).await?;
-        Ok(())
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            sqlx::query(st::ANNOUNCE.sqlite).bind(id).execute(&this.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::WITHDRAW.sqlite).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::WITHDRAW.sqlite).bind(id).execute(&this.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<super::Reservation> {
-        let _changed = self.upload_changed(id);
-        // One writer at a time (BEGIN IMMEDIATE): no creation or reservation interleaves.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let row = sqlx::query(st::RESERVATION_ROW.sqlite).bind(id).fetch_optional(&mut *tx).await?;
-        let Some(row) = row else { return Err(CatalogError::NotFound) };
-        let principal: String = row.try_get("principal")?;
-        let n = |v: i64| v.max(0) as u64;
-        let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
-        let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
-        let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
-        sqlx::query(st::SET_RESERVATION.sqlite).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(r)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            // One writer at a time (BEGIN IMMEDIATE): no creation or reservation interleaves.
+            let mut tx = this.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let row = sqlx::query(st::RESERVATION_ROW.sqlite).bind(id).fetch_optional(&mut *tx).await?;
+            let Some(row) = row else { return Err(CatalogError::NotFound) };
+            let principal: String = row.try_get("principal")?;
+            let n = |v: i64| v.max(0) as u64;
+            let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
+            let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
+            let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
+            sqlx::query(st::SET_RESERVATION.sqlite).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(r)
+        })
+        .await
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
-        let _changed = self.upload_changed(id);
-        sqlx::query(st::RELEASE_RESERVATION.sqlite).bind(id).bind(nonce).execute(&self.pool).await?;
-        Ok(())
+        let this = self.clone();
+        let id = id.to_owned();
+        let nonce = nonce.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let nonce: &str = &nonce;
+            let _changed = this.upload_changed(id);
+            sqlx::query(st::RELEASE_RESERVATION.sqlite).bind(id).bind(nonce).execute(&this.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
@@ -381,10 +427,16 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
-        // A finished row is what the read cache keeps: retention must make it forget it.
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.sqlite).bind(now_ms).bind(id).bind(finished_before_ms).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            // A finished row is what the read cache keeps: retention must make it forget it.
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.sqlite).bind(now_ms).bind(id).bind(finished_before_ms).execute(&this.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
@@ -416,87 +468,128 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let (row, entries) = crate::framed::split(&cp.blob_state);
-        if let (Some(slot), None) = (&self.checkpointer, cp.blob_entries_from) {
-            // The row as written comes back from the statement itself, and the read cache keeps
-            // it: the next PATCH of this upload reads it from memory (issue 24: one query less
-            // per PATCH).
-            // Only a process with a read cache needs the row back.
-            let keeping = self.upload_cache.is_some();
-            let sql = if keeping { st::CHECKPOINT_RETURNING_SQLITE } else { st::CHECKPOINT.sqlite };
-            let update = checkpoint_query(sql, id, fence, cp, row)?;
-            let mut slot = slot.lock().await;
-            if self.pool.is_closed() {
-                return Err(sqlx::Error::PoolClosed.into());
-            }
-            // Checkpoints take turns on the connection, and the write begins once this one's turn
-            // came: two uploads' checkpoints never overlap, so each may keep its row.
-            let mut changed = self.upload_changed(id);
-            let mut conn = match slot.take() {
-                Some(c) => c,
-                None => self.pool.acquire().await?.detach(),
-            };
-            let rows = if keeping {
-                let written = first(update.fetch_all(&mut conn).await?);
-                // Committed: a row that does not decode is read again from the database later.
-                if let Some(rec) = written.as_ref().and_then(|r| row_to_record(r).ok()) {
-                    changed.wrote(rec);
+        let this = self.clone();
+        let id = id.to_owned();
+        let cp = cp.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let cp: &Checkpoint = &cp;
+            let (row, entries) = crate::framed::split(&cp.blob_state);
+            if let (Some(slot), None) = (&this.checkpointer, cp.blob_entries_from) {
+                // The row as written comes back from the statement itself, and the read cache keeps
+                // it: the next PATCH of this upload reads it from memory (issue 24: one query less
+                // per PATCH).
+                // Only a process with a read cache needs the row back.
+                let keeping = this.upload_cache.is_some();
+                let sql = if keeping { st::CHECKPOINT_RETURNING_SQLITE } else { st::CHECKPOINT.sqlite };
+                let update = checkpoint_query(sql, id, fence, cp, row)?;
+                let mut slot = slot.lock().await;
+                if this.pool.is_closed() {
+                    return Err(sqlx::Error::PoolClosed.into());
                 }
-                u64::from(written.is_some())
-            } else {
-                update.execute(&mut conn).await?.rows_affected()
-            };
-            *slot = Some(conn);
-            if rows == 0 {
-                // Fenced or gone: the statement changed nothing.
-                changed.narrow_to(None);
+                // Checkpoints take turns on the connection, and the write begins once this one's turn
+                // came: two uploads' checkpoints never overlap, so each may keep its row.
+                let mut changed = this.upload_changed(id);
+                let mut conn = match slot.take() {
+                    Some(c) => c,
+                    None => this.pool.acquire().await?.detach(),
+                };
+                let rows = if keeping {
+                    let written = first(update.fetch_all(&mut conn).await?);
+                    // Committed: a row that does not decode is read again from the database later.
+                    if let Some(rec) = written.as_ref().and_then(|r| row_to_record(r).ok()) {
+                        changed.wrote(rec);
+                    }
+                    u64::from(written.is_some())
+                } else {
+                    update.execute(&mut conn).await?.rows_affected()
+                };
+                *slot = Some(conn);
+                if rows == 0 {
+                    // Fenced or gone: the statement changed nothing.
+                    changed.narrow_to(None);
+                }
+                drop(changed);
+                drop(slot);
+                return this.fenced_or_missing(id, rows).await;
             }
-            drop(changed);
-            drop(slot);
-            return self.fenced_or_missing(id, rows).await;
-        }
-        let _changed = self.upload_changed(id);
-        let update = checkpoint_query(st::CHECKPOINT.sqlite, id, fence, cp, row)?;
-        let changed = self.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
-        self.fenced_or_missing(id, changed).await
+            let _changed = this.upload_changed(id);
+            let update = checkpoint_query(st::CHECKPOINT.sqlite, id, fence, cp, row)?;
+            let changed = this.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
+            this.fenced_or_missing(id, changed).await
+        })
+        .await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::MARK_EXPIRED.sqlite).bind(now_ms).bind(id).execute(&self.pool).await?;
-        if done.rows_affected() == 1 {
-            return Ok(true);
-        }
-        match self.get_upload(id).await? {
-            None => Err(CatalogError::NotFound),
-            Some(_) => Ok(false),
-        }
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::MARK_EXPIRED.sqlite).bind(now_ms).bind(id).execute(&this.pool).await?;
+            if done.rows_affected() == 1 {
+                return Ok(true);
+            }
+            match this.get_upload(id).await? {
+                None => Err(CatalogError::NotFound),
+                Some(_) => Ok(false),
+            }
+        })
+        .await
     }
 
     async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::EXPIRE_IF_DUE.sqlite).bind(now_ms).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::EXPIRE_IF_DUE.sqlite).bind(now_ms).bind(id).execute(&this.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::DELETE_UPLOAD.sqlite).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::DELETE_UPLOAD.sqlite).bind(id).execute(&this.pool).await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::DELETE_TOMBSTONE.sqlite).bind(id).bind(before_ms).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::DELETE_TOMBSTONE.sqlite).bind(id).bind(before_ms).execute(&this.pool).await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let _changed = self.upload_changed(id);
-        let (row, entries) = crate::framed::split(&cp.blob_state);
-        let update = sqlx::query(st::REOPEN.sqlite).bind(to_i64(cp.offset)?).bind(&cp.hash_state).bind(row).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id).bind(to_i64(fence)?);
-        let changed = self.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
-        self.fenced_or_missing(id, changed).await
+        let this = self.clone();
+        let id = id.to_owned();
+        let cp = cp.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let cp: &Checkpoint = &cp;
+            let _changed = this.upload_changed(id);
+            let (row, entries) = crate::framed::split(&cp.blob_state);
+            let update =
+                sqlx::query(st::REOPEN.sqlite).bind(to_i64(cp.offset)?).bind(&cp.hash_state).bind(row).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id).bind(to_i64(fence)?);
+            let changed = this.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+            this.fenced_or_missing(id, changed).await
+        })
+        .await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
@@ -523,9 +616,15 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
-        let _changed = self.upload_changed(id);
-        let done = sqlx::query(st::TOUCH.sqlite).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
-        self.fenced_or_missing(id, done.rows_affected()).await
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.upload_changed(id);
+            let done = sqlx::query(st::TOUCH.sqlite).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&this.pool).await?;
+            this.fenced_or_missing(id, done.rows_affected()).await
+        })
+        .await
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
@@ -545,13 +644,19 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let uploads = sqlx::query(st::RECLAIM_UPLOADS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
-        let _changed = self.tasks_changed(None);
-        let tasks = sqlx::query(st::RECLAIM_TASKS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
-        sqlx::query(st::RECLAIM_DELIVERIES.sqlite).bind(owner).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok((uploads, tasks))
+        let this = self.clone();
+        let owner = owner.to_owned();
+        self.to_end(async move {
+            let owner: &str = &owner;
+            let mut tx = this.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let uploads = sqlx::query(st::RECLAIM_UPLOADS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
+            let _changed = this.tasks_changed(None);
+            let tasks = sqlx::query(st::RECLAIM_TASKS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
+            sqlx::query(st::RECLAIM_DELIVERIES.sqlite).bind(owner).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok((uploads, tasks))
+        })
+        .await
     }
 
     async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {

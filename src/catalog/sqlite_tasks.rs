@@ -187,31 +187,37 @@ impl<T: Clone> Drop for Invalidate<T> {
 #[async_trait]
 impl TaskCatalog for SqliteCatalog {
     async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
-        // A retry's new run replaces the key of an earlier task: forget every row.
-        let _changed = self.tasks_changed(None);
-        let mut tx = self.immediate().await?;
-        let Some(key) = &new.idempotency_key else {
-            let task = insert_task(&mut tx, new, None).await?;
+        let this = self.clone();
+        let new = new.to_owned();
+        self.to_end(async move {
+            let new: &NewTask = &new;
+            // A retry's new run replaces the key of an earlier task: forget every row.
+            let _changed = this.tasks_changed(None);
+            let mut tx = this.immediate().await?;
+            let Some(key) = &new.idempotency_key else {
+                let task = insert_task(&mut tx, new, None).await?;
+                tx.commit().await?;
+                return Ok(StartOutcome::Created(task));
+            };
+            let existing: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut *tx).await?;
+            let prior = match existing {
+                None => None,
+                Some(old_id) => match task_in(&mut tx, &old_id).await? {
+                    None => None, // swept: the key is free again
+                    Some(old) if !super::tasks::same_args(&old.args, &new.args) => return Ok(StartOutcome::Conflict(old.id)),
+                    Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
+                    Some(old) => return Ok(StartOutcome::Existing(old)),
+                },
+            };
+            let task = insert_task(&mut tx, new, prior.as_deref()).await?;
+            sqlx::query(st::PUT_TASK_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).bind(&new.id).execute(&mut *tx).await?;
             tx.commit().await?;
-            return Ok(StartOutcome::Created(task));
-        };
-        let existing: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut *tx).await?;
-        let prior = match existing {
-            None => None,
-            Some(old_id) => match task_in(&mut tx, &old_id).await? {
-                None => None, // swept: the key is free again
-                Some(old) if !super::tasks::same_args(&old.args, &new.args) => return Ok(StartOutcome::Conflict(old.id)),
-                Some(old) if matches!(old.status, TaskStatus::Failed | TaskStatus::Cancelled) => Some(old.id),
-                Some(old) => return Ok(StartOutcome::Existing(old)),
-            },
-        };
-        let task = insert_task(&mut tx, new, prior.as_deref()).await?;
-        sqlx::query(st::PUT_TASK_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).bind(&new.id).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(match prior {
-            Some(prior) => StartOutcome::Retried { task, prior },
-            None => StartOutcome::Created(task),
+            Ok(match prior {
+                Some(prior) => StartOutcome::Retried { task, prior },
+                None => StartOutcome::Created(task),
+            })
         })
+        .await
     }
 
     async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
@@ -242,92 +248,123 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>> {
-        if kinds.is_empty() {
-            return Ok(None);
-        }
-        let kinds_json = serde_json::to_string(kinds).expect("strings serialise");
-        // Which row changes is known only inside the transaction: every row until then, so an
-        // error after the update (commit outcome unknown) still forgets them all.
-        let mut changed = self.tasks_changed(None);
-        let mut tx = self.immediate().await?;
-        let id: Option<String> = sqlx::query_scalar(
-            sql!(
-                "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {now}) \
-                 AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1"
+        let this = self.clone();
+        let owner = owner.to_owned();
+        let kinds = kinds.to_owned();
+        self.to_end(async move {
+            let owner: &str = &owner;
+            let kinds: &[String] = &kinds;
+            if kinds.is_empty() {
+                return Ok(None);
+            }
+            let kinds_json = serde_json::to_string(kinds).expect("strings serialise");
+            // Which row changes is known only inside the transaction: every row until then, so an
+            // error after the update (commit outcome unknown) still forgets them all.
+            let mut changed = this.tasks_changed(None);
+            let mut tx = this.immediate().await?;
+            let id: Option<String> = sqlx::query_scalar(
+                sql!(
+                    "SELECT id FROM tasks WHERE status = 'working' AND (lease_expires_ms IS NULL OR lease_expires_ms <= {now}) \
+                     AND kind IN (SELECT value FROM json_each(?)) ORDER BY created_at_ms LIMIT 1"
+                )
+                .sqlite,
             )
-            .sqlite,
-        )
-        .bind(&kinds_json)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(id) = id else {
-            // Nothing claimed, nothing written: an idle worker's polls keep the cache.
-            changed.narrow_to(None);
-            return Ok(None);
-        };
-        sqlx::query(sql!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?").sqlite)
-            .bind(owner)
-            .bind(lease_ms)
-            .bind(&id)
-            .execute(&mut *tx)
+            .bind(&kinds_json)
+            .fetch_optional(&mut *tx)
             .await?;
-        let task = task_in(&mut tx, &id).await?;
-        tx.commit().await?;
-        changed.narrow_to(Some(&id));
-        Ok(task)
+            let Some(id) = id else {
+                // Nothing claimed, nothing written: an idle worker's polls keep the cache.
+                changed.narrow_to(None);
+                return Ok(None);
+            };
+            sqlx::query(sql!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?").sqlite)
+                .bind(owner)
+                .bind(lease_ms)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+            let task = task_in(&mut tx, &id).await?;
+            tx.commit().await?;
+            changed.narrow_to(Some(&id));
+            Ok(task)
+        })
+        .await
     }
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
-        let _changed = self.tasks_changed(Some(id));
-        let status: Option<String> = super::sqlite::first(sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_all(&self.pool).await?);
-        match status {
-            Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
-            None => Err(CatalogError::Fenced),
-        }
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.tasks_changed(Some(id));
+            let status: Option<String> =
+                super::sqlite::first(sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_all(&this.pool).await?);
+            match status {
+                Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
+                None => Err(CatalogError::Fenced),
+            }
+        })
+        .await
     }
 
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
-        let _changed = self.tasks_changed(Some(id));
-        let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
-        let done = sqlx::query(st::UPDATE_TASK.sqlite)
-            .bind(progress)
-            .bind(&u.checkpoint)
-            .bind(u.partial_mark.map(|m| m as i64))
-            .bind(u.now_ms)
-            .bind(id)
-            .bind(fence.map(|f| f as i64))
-            .execute(&self.pool)
-            .await?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else if self.get_task(id).await?.is_none() {
-            Err(CatalogError::NotFound)
-        } else {
-            Err(CatalogError::Fenced)
-        }
+        let this = self.clone();
+        let id = id.to_owned();
+        let u = u.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let u: &TaskUpdate = &u;
+            let _changed = this.tasks_changed(Some(id));
+            let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
+            let done = sqlx::query(st::UPDATE_TASK.sqlite)
+                .bind(progress)
+                .bind(&u.checkpoint)
+                .bind(u.partial_mark.map(|m| m as i64))
+                .bind(u.now_ms)
+                .bind(id)
+                .bind(fence.map(|f| f as i64))
+                .execute(&this.pool)
+                .await?;
+            if done.rows_affected() == 1 {
+                Ok(())
+            } else if this.get_task(id).await?.is_none() {
+                Err(CatalogError::NotFound)
+            } else {
+                Err(CatalogError::Fenced)
+            }
+        })
+        .await
     }
 
     async fn append_partial(&self, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Appended> {
-        let _changed = self.tasks_changed(Some(id));
-        let mut tx = self.immediate().await?;
-        let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
-        if task.status.is_terminal() || fence.is_some_and(|f| f != task.fence) {
-            return Err(CatalogError::Fenced);
-        }
-        let seq = if fence.is_some() { seq } else { task.partial_seq + 1 };
-        if seq <= task.partial_seq {
-            return Ok(Appended::Replayed(seq));
-        }
-        sqlx::query(st::INSERT_PARTIAL.sqlite).bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut *tx).await?;
-        let sizes: Vec<(i64, i64)> = sqlx::query_as(st::PARTIAL_SIZES.sqlite).bind(id).bind(2 * MAX_FRAGMENTS as i64).fetch_all(&mut *tx).await?;
-        let sizes: Vec<(u64, usize)> = sizes.into_iter().map(|(s, n)| (s as u64, n.max(0) as usize)).collect();
-        let dropped = match keep_from(&sizes) {
-            Some(from) => sqlx::query(st::DROP_PARTIALS.sqlite).bind(id).bind(from as i64).execute(&mut *tx).await?.rows_affected(),
-            None => 0,
-        };
-        sqlx::query(st::SET_PARTIAL_SEQ.sqlite).bind(seq as i64).bind(dropped as i64).bind(now_ms).bind(id).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(Appended::Stored(seq))
+        let this = self.clone();
+        let id = id.to_owned();
+        let value = value.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let value: &str = &value;
+            let _changed = this.tasks_changed(Some(id));
+            let mut tx = this.immediate().await?;
+            let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
+            if task.status.is_terminal() || fence.is_some_and(|f| f != task.fence) {
+                return Err(CatalogError::Fenced);
+            }
+            let seq = if fence.is_some() { seq } else { task.partial_seq + 1 };
+            if seq <= task.partial_seq {
+                return Ok(Appended::Replayed(seq));
+            }
+            sqlx::query(st::INSERT_PARTIAL.sqlite).bind(id).bind(seq as i64).bind(now_ms).bind(value).execute(&mut *tx).await?;
+            let sizes: Vec<(i64, i64)> = sqlx::query_as(st::PARTIAL_SIZES.sqlite).bind(id).bind(2 * MAX_FRAGMENTS as i64).fetch_all(&mut *tx).await?;
+            let sizes: Vec<(u64, usize)> = sizes.into_iter().map(|(s, n)| (s as u64, n.max(0) as usize)).collect();
+            let dropped = match keep_from(&sizes) {
+                Some(from) => sqlx::query(st::DROP_PARTIALS.sqlite).bind(id).bind(from as i64).execute(&mut *tx).await?.rows_affected(),
+                None => 0,
+            };
+            sqlx::query(st::SET_PARTIAL_SEQ.sqlite).bind(seq as i64).bind(dropped as i64).bind(now_ms).bind(id).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(Appended::Stored(seq))
+        })
+        .await
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
@@ -336,74 +373,118 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
-        let _changed = self.tasks_changed(Some(id));
-        let mut tx = self.immediate().await?;
-        let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
-        if task.fence != fence || task.status != TaskStatus::Working {
-            return Err(CatalogError::Fenced);
-        }
-        let mut requests = json_map(&task.input_requests)?;
-        requests.insert(key.to_string(), raw(request)?);
-        sqlx::query(st::PARK.sqlite).bind(json_text(&requests)).bind(now_ms).bind(id).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(())
+        let this = self.clone();
+        let id = id.to_owned();
+        let key = key.to_owned();
+        let request = request.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let key: &str = &key;
+            let request: &str = &request;
+            let _changed = this.tasks_changed(Some(id));
+            let mut tx = this.immediate().await?;
+            let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
+            if task.fence != fence || task.status != TaskStatus::Working {
+                return Err(CatalogError::Fenced);
+            }
+            let mut requests = json_map(&task.input_requests)?;
+            requests.insert(key.to_string(), raw(request)?);
+            sqlx::query(st::PARK.sqlite).bind(json_text(&requests)).bind(now_ms).bind(id).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
-        let _changed = self.tasks_changed(Some(id));
-        let mut tx = self.immediate().await?;
-        let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
-        let requests = json_map(&task.input_requests)?;
-        let mut responses = json_map(&task.input_responses)?;
-        if task.status.is_terminal() || !requests.contains_key(key) || responses.contains_key(key) {
-            return Ok(false);
-        }
-        responses.insert(key.to_string(), raw(response)?);
-        let all_answered = requests.keys().all(|k| responses.contains_key(k));
-        let status = if all_answered { "working" } else { task.status.as_str() };
-        sqlx::query(st::RESPOND.sqlite).bind(json_text(&responses)).bind(status).bind(now_ms).bind(id).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(true)
+        let this = self.clone();
+        let id = id.to_owned();
+        let key = key.to_owned();
+        let response = response.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let key: &str = &key;
+            let response: &str = &response;
+            let _changed = this.tasks_changed(Some(id));
+            let mut tx = this.immediate().await?;
+            let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
+            let requests = json_map(&task.input_requests)?;
+            let mut responses = json_map(&task.input_responses)?;
+            if task.status.is_terminal() || !requests.contains_key(key) || responses.contains_key(key) {
+                return Ok(false);
+            }
+            responses.insert(key.to_string(), raw(response)?);
+            let all_answered = requests.keys().all(|k| responses.contains_key(k));
+            let status = if all_answered { "working" } else { task.status.as_str() };
+            sqlx::query(st::RESPOND.sqlite).bind(json_text(&responses)).bind(status).bind(now_ms).bind(id).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
     }
 
     async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
-        let _changed = self.tasks_changed(Some(id));
-        let (status, result, error) = match end {
-            TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
-            TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
-        };
-        let done = sqlx::query(st::FINISH_TASK.sqlite).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        let this = self.clone();
+        let id = id.to_owned();
+        let end = end.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let end: &TaskEnd = &end;
+            let _changed = this.tasks_changed(Some(id));
+            let (status, result, error) = match end {
+                TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
+                TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
+            };
+            let done = sqlx::query(st::FINISH_TASK.sqlite).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&this.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
-        {
-            // Forgotten once the update committed, before the read below (which must see it).
-            let _changed = self.tasks_changed(Some(id));
-            sqlx::query(st::CANCEL_TASK.sqlite).bind(now_ms).bind(id).execute(&self.pool).await?;
-        }
-        self.get_task(id).await?.ok_or(CatalogError::NotFound)
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            {
+                // Forgotten once the update committed, before the read below (which must see it).
+                let _changed = this.tasks_changed(Some(id));
+                sqlx::query(st::CANCEL_TASK.sqlite).bind(now_ms).bind(id).execute(&this.pool).await?;
+            }
+            this.get_task(id).await?.ok_or(CatalogError::NotFound)
+        })
+        .await
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        let _changed = self.tasks_changed(Some(id));
-        sqlx::query(st::RELEASE_TASK.sqlite).bind(id).bind(fence as i64).execute(&self.pool).await?;
-        Ok(())
+        let this = self.clone();
+        let id = id.to_owned();
+        self.to_end(async move {
+            let id: &str = &id;
+            let _changed = this.tasks_changed(Some(id));
+            sqlx::query(st::RELEASE_TASK.sqlite).bind(id).bind(fence as i64).execute(&this.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
-        let _changed = self.tasks_changed(None);
-        let mut tx = self.immediate().await?;
-        sqlx::query(
-            "DELETE FROM task_keys WHERE task_id IN (SELECT id FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') \
-             AND updated_at_ms + ttl_ms <= ?)",
-        )
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?").bind(now_ms).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        let this = self.clone();
+        self.to_end(async move {
+            let _changed = this.tasks_changed(None);
+            let mut tx = this.immediate().await?;
+            sqlx::query(
+                "DELETE FROM task_keys WHERE task_id IN (SELECT id FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') \
+                 AND updated_at_ms + ttl_ms <= ?)",
+            )
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+            let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?").bind(now_ms).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(done.rows_affected())
+        })
+        .await
     }
 
     async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
