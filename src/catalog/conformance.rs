@@ -348,6 +348,7 @@ pub async fn check_upload_lease(cat: &dyn Catalog, p: &str) {
     let g = granted(cat.acquire_upload_lease(&id, "a", 3_600_000).await.unwrap());
     assert!(g.fence > before, "a lease grant grows the fence");
     assert_eq!(g.takeovers, 0, "a free lease is not a takeover");
+    assert_eq!(g.row.as_deref(), cat.get_upload(&id).await.unwrap().as_ref(), "the grant reads the row as it stands");
     match cat.acquire_upload_lease(&id, "b", 3_600_000).await.unwrap() {
         LeaseOutcome::Held { owner, expires_at_ms } => assert_eq!((owner.as_str(), expires_at_ms), ("a", g.expires_at_ms)),
         other => panic!("a held lease must answer Held, got {other:?}"),
@@ -364,6 +365,7 @@ pub async fn check_upload_lease(cat: &dyn Catalog, p: &str) {
     assert!(matches!(cat.renew_upload_lease(&id, g.fence, 1_000).await, Err(CatalogError::Fenced)), "a released lease cannot be renewed");
     let h = granted(cat.acquire_upload_lease(&id, "b", 3_600_000).await.unwrap());
     assert!(h.fence > g.fence && h.takeovers == g.takeovers, "after a release: granted, nothing to repair");
+    assert_eq!(h.row.map(|r| r.offset), Some(5), "the next holder's grant reads the checkpoint");
     assert!(matches!(cat.checkpoint(&id, g.fence, &cp(6, 2_100)).await, Err(CatalogError::Fenced)), "the old holder is fenced out");
     assert!(matches!(cat.acquire_upload_lease(&format!("{p}nolease"), "a", 1_000).await, Err(CatalogError::NotFound)));
     // A tombstone has no lease to give.

@@ -270,6 +270,10 @@ pub struct LeaseGrant {
     /// one taken from did not know), so stores that must keep their writes apart use it (S3:
     /// the parity picks the part numbers, DESIGN §2).
     pub takeovers: u64,
+    /// The upload's row as the grant left it, read by the granting statement itself: the
+    /// holder's first read of the upload costs no statement of its own. `None` when the row did
+    /// not decode (the holder reads it again).
+    pub row: Option<Box<UploadRecord>>,
 }
 
 /// The whole blob state from the rows of a catalog's [`Catalog::upload_blob_state`] query:

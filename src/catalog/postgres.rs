@@ -75,6 +75,9 @@ pub(super) async fn settle<T>(tx: Transaction<'static, Postgres>, out: CatalogRe
 /// of one principal, on every replica, are decided one after the other.
 const QUOTA_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended('ferry.quota:' || $1, 0))";
 
+/// How long a pooled connection may sit idle before it is pinged on acquire.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 /// PostgreSQL-backed catalog.
 #[derive(Clone)]
 pub struct PostgresCatalog {
@@ -124,7 +127,20 @@ impl PostgresCatalog {
             .min_connections(0)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .idle_timeout(Duration::from_secs(300))
-            .test_before_acquire(true)
+            // A connection idle for a while is pinged before use, so one the server dropped
+            // meanwhile (a restart, `pg_terminate_backend`) is replaced without failing a
+            // request; one in steady use is not (issue 24: the ping was a round trip before every
+            // statement of every PATCH). A connection dropped within that while fails its next
+            // statement once (`Unavailable`, retryable), and sqlx discards it.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IDLE_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(opts)
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to the catalog {shown}: {}", scrub(&describe(&e), url)))?;
@@ -431,7 +447,12 @@ impl Catalog for PostgresCatalog {
         // winner's row: Held.
         let row = sqlx::query(st::ACQUIRE_LEASE.pg).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&self.pool).await?;
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant {
+                fence: r.try_get::<i64, _>(0)? as u64,
+                expires_at_ms: r.try_get(1)?,
+                takeovers: r.try_get::<i64, _>(2)? as u64,
+                row: row_to_record(&r).ok().map(Box::new),
+            }));
         }
         let row = sqlx::query(st::LEASE_HOLDER.pg).bind(id).fetch_optional(&self.pool).await?;
         match row {

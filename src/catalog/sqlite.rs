@@ -596,7 +596,12 @@ impl Catalog for SqliteCatalog {
         // One statement (SQLite serialises writers; see `statements::ACQUIRE_LEASE`).
         let row = first(sqlx::query(st::ACQUIRE_LEASE.sqlite).bind(owner).bind(ttl_ms).bind(id).fetch_all(&self.pool).await?);
         if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant { fence: r.try_get::<i64, _>(0)? as u64, expires_at_ms: r.try_get(1)?, takeovers: r.try_get::<i64, _>(2)? as u64 }));
+            return Ok(LeaseOutcome::Granted(LeaseGrant {
+                fence: r.try_get::<i64, _>(0)? as u64,
+                expires_at_ms: r.try_get(1)?,
+                takeovers: r.try_get::<i64, _>(2)? as u64,
+                row: row_to_record(&r).ok().map(Box::new),
+            }));
         }
         let row = sqlx::query(st::LEASE_HOLDER.sqlite).bind(id).fetch_optional(&self.pool).await?;
         match row {

@@ -134,14 +134,17 @@ pub(super) const DELETE_UPLOAD: Stmt = sql!("DELETE FROM uploads WHERE id = ?");
 /// (id, before_ms).
 pub(super) const DELETE_TOMBSTONE: Stmt = sql!("DELETE FROM uploads WHERE id = ? AND expired = {true} AND updated_at_ms < ?");
 
-/// (owner, ttl_ms, id) → fence, lease_expires_ms, lease_takeovers. One statement: the condition
-/// and the update are atomic. SET expressions read the row as it was, so `lease_takeovers`
-/// counts whether an (expired) owner was still named; RETURNING reads the row as written.
+/// (owner, ttl_ms, id) → fence, lease_expires_ms, lease_takeovers, then the [`upload_columns`]
+/// (the holder's first read of the upload, without a statement of its own). One statement: the
+/// condition and the update are atomic. SET expressions read the row as it was, so
+/// `lease_takeovers` counts whether an (expired) owner was still named; RETURNING reads the row
+/// as written.
 pub(super) const ACQUIRE_LEASE: Stmt = sql!(
     "UPDATE uploads SET fence = fence + 1, lease_owner = ?, lease_expires_ms = {now} + ?, \
      lease_takeovers = lease_takeovers + CASE WHEN lease_owner IS NOT NULL THEN 1 ELSE 0 END \
      WHERE id = ? AND expired = {false} AND (lease_owner IS NULL OR lease_expires_ms <= {now}) \
-     RETURNING fence, lease_expires_ms, lease_takeovers"
+     RETURNING fence, lease_expires_ms, lease_takeovers, ",
+    upload_columns!()
 );
 
 /// id → lease_owner, lease_expires_ms, expired.

@@ -105,6 +105,9 @@ pub struct Lease {
     /// Takeovers of the upload's catalog lease, this one included (`None` for in-process leases).
     takeovers: Option<u64>,
     validity: Validity,
+    /// The upload's row as the catalog lease's grant read it ([`crate::catalog::LeaseGrant::row`]),
+    /// until [`Lease::take_row`]; `None` for in-process leases.
+    row: Option<Box<crate::catalog::UploadRecord>>,
     /// Releases on drop (the in-process slot, the catalog lease and its heartbeat).
     _hold: Box<dyn Send + Sync>,
 }
@@ -132,6 +135,13 @@ impl Lease {
     pub fn validity(&self) -> Validity {
         self.validity.clone()
     }
+
+    /// The upload's row as it stood when this lease was granted, once: what a holder would read
+    /// first, without another catalog statement. `None` for in-process leases, and after the
+    /// first call.
+    pub fn take_row(&mut self) -> Option<crate::catalog::UploadRecord> {
+        self.row.take().map(|r| *r)
+    }
 }
 
 /// The in-process locker of a single server.
@@ -150,7 +160,7 @@ impl LocalLocker {
 impl Locker for LocalLocker {
     async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError> {
         let g = self.table.take(id, want, wait).await.ok_or(LockError::Locked)?;
-        Ok(Lease { stop: g.stop.clone(), fence: None, takeovers: None, validity: Validity::default(), _hold: Box::new(g) })
+        Ok(Lease { stop: g.stop.clone(), fence: None, takeovers: None, validity: Validity::default(), row: None, _hold: Box::new(g) })
     }
 
     fn fences(&self) -> bool {
@@ -297,7 +307,7 @@ impl Locker for CatalogLocker {
                     let heartbeat = spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
                     let stop = local.stop.clone();
                     let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, heartbeat, local: Some(local) };
-                    return Ok(Lease { stop, fence: Some(g.fence), takeovers: Some(g.takeovers), validity, _hold: Box::new(hold) });
+                    return Ok(Lease { stop, fence: Some(g.fence), takeovers: Some(g.takeovers), validity, row: g.row, _hold: Box::new(hold) });
                 }
                 LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
                 LeaseOutcome::Held { .. } => {

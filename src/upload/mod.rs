@@ -246,7 +246,14 @@ impl UploadEngine {
         if !is_valid_id(id) {
             return Err(Refusal::not_found());
         }
-        let rec = self.catalog.get_upload(id).await?.filter(|r| r.principal == principal).ok_or_else(Refusal::not_found)?;
+        let rec = self.catalog.get_upload(id).await?;
+        self.admit(principal, rec)
+    }
+
+    /// Upload row `rec` as [`UploadEngine::get`] answers it to `principal`: 404 when there is
+    /// none or it is another principal's, 410 when it expired (retention included).
+    pub(crate) fn admit(&self, principal: &str, rec: Option<UploadRecord>) -> Result<UploadRecord, Refusal> {
+        let rec = rec.filter(|r| r.principal == principal).ok_or_else(Refusal::not_found)?;
         let rec = self.with_retention(rec);
         if is_expired(&rec, now_ms()) {
             return Err(Refusal::expired());
