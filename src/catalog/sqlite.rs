@@ -194,12 +194,17 @@ impl SqliteCatalog {
     /// write runs in the caller's task. A write cut short by the runtime shutting down is
     /// `Unavailable`.
     ///
+    /// So a write once begun is carried out even for a caller that left (before, it was rolled
+    /// back or committed depending on how far it got): a task started for a client that
+    /// disconnected runs (a retry with the same idempotency key finds it), and quota room
+    /// reserved for a request that ended is given back by the upload's next PATCH or its expiry.
+    ///
     /// [`Invalidate`]: super::sqlite_tasks::Invalidate
     pub(super) async fn to_end<T: Send + 'static>(&self, write: impl std::future::Future<Output = CatalogResult<T>> + Send + 'static) -> CatalogResult<T> {
         if self.upload_cache.is_none() && self.task_cache.is_none() {
             return write.await;
         }
-        match tokio::spawn(write).await {
+        match tokio::spawn(tracing::Instrument::in_current_span(write)).await {
             Ok(outcome) => outcome,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => Err(CatalogError::Unavailable(Box::new(e))),

@@ -69,6 +69,10 @@ pub struct EventView {
     pub timestamp: String,
     /// The event body (handles, sizes, hashes; never bytes) plus `principal`.
     pub data: serde_json::Value,
+    /// The event's position in the outbox (not shown: ids are what clients hold), for a
+    /// follower that starts again after it ([`Cursor::Position`]).
+    #[serde(skip)]
+    pub seq: i64,
 }
 
 impl EventView {
@@ -78,7 +82,7 @@ impl EventView {
             obj.insert("principal".into(), e.principal.clone().into());
         }
         let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms.max(0) as u64);
-        EventView { id: e.id.clone(), event_type: e.event_type.clone(), timestamp: humantime::format_rfc3339_millis(at).to_string(), data }
+        EventView { id: e.id.clone(), event_type: e.event_type.clone(), timestamp: humantime::format_rfc3339_millis(at).to_string(), data, seq: e.seq }
     }
 
     /// The webhook payload: `{"type", "timestamp", "data"}` (the id travels in `webhook-id`).

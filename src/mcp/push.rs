@@ -3,7 +3,7 @@
 //!
 //! A client that declares the tasks extension (`io.modelcontextprotocol/tasks`) on its
 //! `subscriptions/listen` request gets, on that stream, one `notifications/tasks` for every
-//! status change of its principal's tasks committed after the listen request arrived —
+//! status change of its principal's tasks committed after its start was noted (before the acknowledgment) —
 //! `working` (created), `input_required`, `working` (answered), and the terminal one — each
 //! carrying the task as `tasks/get` shows it in that status (a completed task inlines its
 //! `CallToolResult`), with `_meta` `io.modelcontextprotocol/subscriptionId` (the listen
@@ -65,7 +65,7 @@ pub(super) struct ListenStart(Result<i64, Refusal>);
 
 impl ListenStart {
     async fn read(events: &Events) -> ListenStart {
-        ListenStart(events.position().await.map_err(Refusal::from))
+        ListenStart(events.position().await.map_err(|e| Refusal::unavailable(format!("the event outbox could not be read to start this stream ({e}); listen again"))))
     }
 
     /// The listen request's start, from its context: `None` when nothing noted it (a handler
@@ -156,7 +156,9 @@ impl FerryMcp {
                 };
                 match next {
                     Some(Ok(ev)) => {
-                        cursor = Cursor::After(ev.id.clone());
+                        // By position: a follow started again after a read error does not depend on
+                        // this event still being kept.
+                        cursor = Cursor::Position(ev.seq);
                         if ev.event_type != "task.status_changed" {
                             continue;
                         }

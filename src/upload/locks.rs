@@ -283,7 +283,7 @@ impl Drop for CatalogHold {
         let (catalog, id, fence, local) = (self.catalog.clone(), std::mem::take(&mut self.id), self.fence, self.local.take());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = catalog.release_upload_lease(&id, fence).await {
+                if let Err(e) = crate::catalog::retry_transient(|| catalog.release_upload_lease(&id, fence)).await {
                     tracing::warn!(upload = id, error = %e, "releasing an upload lease (it will expire)");
                 }
                 drop(local);

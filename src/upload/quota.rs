@@ -71,7 +71,7 @@ impl Drop for RoomHeld {
         let (catalog, id, nonce) = (self.catalog.clone(), std::mem::take(&mut self.id), std::mem::take(&mut self.nonce));
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         rt.spawn(async move {
-            if let Err(e) = catalog.release_upload_bytes(&id, &nonce).await {
+            if let Err(e) = crate::catalog::retry_transient(|| catalog.release_upload_bytes(&id, &nonce)).await {
                 // The row keeps counting the reserved room until its next PATCH or its expiry.
                 tracing::warn!(upload = id, error = %e, "could not give back the quota room a PATCH held");
             }
