@@ -53,30 +53,41 @@ pub fn classify_chain(e: &(dyn std::error::Error + 'static)) -> Option<Exhausted
 
 /// What a database error says about resources. SQLite result codes (primary code = low byte
 /// of the extended one): 13 `SQLITE_FULL`; 5 `BUSY`, 6 `LOCKED`, 7 `NOMEM`, 10 `IOERR`,
-/// 14 `CANTOPEN` (often `EMFILE`). PostgreSQL SQLSTATE class 53 (insufficient resources):
-/// `53100` disk full, the rest transient; `57P03` cannot connect now.
+/// 14 `CANTOPEN` (often `EMFILE`). PostgreSQL's SQLSTATEs: see [`classify_sqlstate`].
 pub fn classify_sqlx(e: &sqlx::Error) -> Option<Exhausted> {
     match e {
         sqlx::Error::Io(io) => classify_io(io).or(Some(Exhausted::Transient)),
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_) => Some(Exhausted::Transient),
         sqlx::Error::Database(d) => {
             let code = d.code()?;
-            if let Ok(n) = code.parse::<i32>() {
+            // SQLite's codes are numbers; PostgreSQL's SQLSTATEs may be all digits too (`53300`,
+            // `55000`), so the backend decides how the code is read, not its shape.
+            if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                let Ok(n) = code.parse::<i32>() else { return None };
                 return match n & 0xff {
                     13 => Some(Exhausted::Space),
                     5 | 6 | 7 | 10 | 14 => Some(Exhausted::Transient),
                     _ => None,
                 };
             }
-            match &*code {
-                "53100" => Some(Exhausted::Space),
-                // Class 53 (insufficient resources), class 08 (connection exception), and the
-                // server shutting down or not yet accepting (57P01–57P03): the database is away
-                // for now, the request can be retried (PostgreSQL Appendix A).
-                c if c.starts_with("53") || c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => Some(Exhausted::Transient),
-                _ => None,
-            }
+            classify_sqlstate(&code)
         }
+        _ => None,
+    }
+}
+
+/// What a PostgreSQL error code (SQLSTATE, PostgreSQL Appendix A) says about retrying: `53100`
+/// (disk full) is [`Exhausted::Space`]; these are [`Exhausted::Transient`], the database being
+/// away or busy for now: class 53 (insufficient resources: too many connections, out of
+/// memory), class 08 (connection exception), class 40 (the transaction was rolled back:
+/// serialization failure, deadlock), `55000` (among others, "database is not currently
+/// accepting connections"), `55P03` (lock not available), `57014` (statement cancelled or timed
+/// out), `57P01`–`57P03` (the server shutting down or not yet accepting). Anything else: `None`.
+pub fn classify_sqlstate(code: &str) -> Option<Exhausted> {
+    match code {
+        "53100" => Some(Exhausted::Space),
+        c if c.starts_with("53") || c.starts_with("08") || c.starts_with("40") => Some(Exhausted::Transient),
+        "55000" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" => Some(Exhausted::Transient),
         _ => None,
     }
 }
@@ -196,6 +207,17 @@ pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_codes_that_say_try_again_are_transient() {
+        for c in ["53300", "08006", "40001", "40P01", "55000", "55P03", "57014", "57P01", "57P03"] {
+            assert_eq!(classify_sqlstate(c), Some(Exhausted::Transient), "{c}");
+        }
+        assert_eq!(classify_sqlstate("53100"), Some(Exhausted::Space));
+        for c in ["23505", "42P01", "3D000", "28P01", "22001"] {
+            assert_eq!(classify_sqlstate(c), None, "{c}");
+        }
+    }
 
     #[test]
     fn io_errors_are_classified() {

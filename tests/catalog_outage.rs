@@ -53,3 +53,58 @@ async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns()
     assert_eq!(tus.download(&upload).await, data);
     assert_eq!(tus.post(&[("Upload-Length", "10")]).await.status(), 201);
 }
+
+/// The database itself refuses ferry (`ALLOW_CONNECTIONS false`, its connections ended: "database
+/// … is not currently accepting connections", SQLSTATE 55000) — as an administrator closing it
+/// for maintenance does. Requests get `503 unavailable`, retryable, not `500 internal`; once it
+/// accepts connections again the upload resumes from the acknowledged offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_refuses_connections_gives_503_and_ferry_recovers() {
+    use sqlx::{Connection, Executor};
+    let db = TestDb::create().await;
+    let s = Server::start(&["--catalog", db.url.as_str()]);
+    let tus = Tus::new(&s);
+    let data = pseudo_random(1 << 20, 22);
+    let upload = tus.create(data.len() as u64).await;
+    assert_eq!(tus.patch(&upload, 0, data[..400_000].to_vec(), &[]).await.status(), 204);
+
+    let mut admin = sqlx::PgConnection::connect(&common::pg::admin_url()).await.unwrap();
+    admin.execute(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS false", db.name))).await.unwrap();
+    assert!(common::pg::terminate_backends(&db.name).await >= 1, "ferry had connections");
+    // The first requests may meet the pool's ended connections; the later ones open new ones,
+    // which the database refuses: every answer is a 503.
+    for i in 0..12 {
+        let r = tus.head(&upload).await;
+        assert_eq!(r.status(), 503, "HEAD {i} while the database refuses connections");
+        assert!(r.headers().contains_key("retry-after"), "{:?}", r.headers());
+    }
+    let r = tus.patch(&upload, 400_000, data[400_000..].to_vec(), &[]).await;
+    let p = problem(r, 503, "unavailable").await;
+    assert_eq!(p["retryable"], true, "{p}");
+    let p = problem(tus.post(&[("Upload-Length", "10")]).await, 503, "unavailable").await;
+    assert_eq!(p["retryable"], true, "{p}");
+
+    admin.execute(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true", db.name))).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let offset = loop {
+        let r = tus.head(&upload).await;
+        if r.status() == 200 {
+            break header_u64(&r, "upload-offset").unwrap();
+        }
+        assert!(Instant::now() < deadline, "ferry never recovered: HEAD answers {}", r.status());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(offset, 400_000, "no acknowledged byte lost, nothing unacknowledged kept");
+    // The refused PATCH's lease is given back or runs out: the upload completes.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let st = tus.patch(&upload, 400_000, data[400_000..].to_vec(), &[]).await.status();
+        if st == 204 {
+            break;
+        }
+        assert!(st == 423 || st == 503, "PATCH after the database came back: {st}");
+        assert!(Instant::now() < deadline, "the upload never resumed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(tus.download(&upload).await, data);
+}

@@ -5,7 +5,9 @@
 //! leases — and refuses to start when it cannot get it:
 //! - SQLite: `flock` on a lock file beside the database (`ferry.db` → `ferry.db.lock`);
 //! - PostgreSQL: a session advisory lock (`ferry.catalog`) on a connection of its own, checked
-//!   every 30 s and taken again if the connection was lost.
+//!   every second and taken again if the connection was lost (a database restart, an
+//!   administrator's `pg_terminate_backend`), so a wrongly configured server finds it held again
+//!   within about a second.
 
 use anyhow::Context;
 
@@ -15,8 +17,8 @@ use super::CatalogUrl;
 const PG_LOCK: &str = "ferry.catalog";
 
 /// How often the PostgreSQL lock's connection is checked (and, if it was lost, the lock taken
-/// again).
-const PG_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
+/// again): one ping a second per server.
+const PG_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a start waits for the PostgreSQL lock before refusing.
 const PG_RESTART_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -69,14 +71,24 @@ async fn keep_pg_lock(mut conn: sqlx::PgConnection, url: String, shown: String, 
             continue;
         }
         tracing::warn!(catalog = shown, "the connection holding the catalog lock was lost; taking the lock again");
+        // Each outcome is logged when it first happens, not at every attempt.
+        let mut last: Option<bool> = None;
         loop {
             match pg_lock(&url, &shown, exclusive).await {
                 Ok(Some(c)) => {
                     conn = c;
+                    tracing::info!(catalog = shown, "the catalog lock is held again");
                     break;
                 }
-                Ok(None) => tracing::error!(catalog = shown, "{:#}", refusal(&shown, exclusive, "it took the lock while this server's connection was lost")),
-                Err(e) => tracing::warn!(catalog = shown, error = %format!("{e:#}"), "cannot take the catalog lock again yet"),
+                Ok(None) if last != Some(true) => {
+                    last = Some(true);
+                    tracing::error!(catalog = shown, "{:#}", refusal(&shown, exclusive, "it took the lock while this server's connection was lost"));
+                }
+                Err(e) if last != Some(false) => {
+                    last = Some(false);
+                    tracing::warn!(catalog = shown, error = %format!("{e:#}"), "cannot take the catalog lock again yet; trying every second");
+                }
+                _ => {}
             }
             tokio::time::sleep(PG_CHECK).await;
         }

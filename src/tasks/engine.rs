@@ -325,9 +325,12 @@ impl Engine {
         let mut handles: Vec<_> = (0..self.cfg.workers.max(1)).map(|_| tokio::spawn(self.clone().worker())).collect();
         let me = self.clone();
         handles.push(tokio::spawn(async move {
+            let mut failing = false;
             loop {
-                if let Err(e) = me.catalog.sweep_tasks(now_ms()).await {
-                    tracing::error!(error = %e, "task sweep failed");
+                match me.catalog.sweep_tasks(now_ms()).await {
+                    Ok(_) => failing = false,
+                    Err(e) if !std::mem::replace(&mut failing, true) => log_catalog_failure(&e, "task sweep failed; trying again"),
+                    Err(_) => {}
                 }
                 tokio::select! {
                     _ = me.shutdown.cancelled() => break,
@@ -349,8 +352,15 @@ impl Engine {
 
     async fn worker(self: Arc<Self>) {
         let runnable: Vec<String> = self.jobs.values().filter(|j| j.runnable()).map(|j| j.kind().to_string()).collect();
+        // A catalog that is away fails every poll: said once per streak, at warn when it passes.
+        let mut failing = false;
         while !self.shutdown.is_cancelled() {
-            match self.catalog.claim_task(&self.owner, &runnable, self.cfg.lease.as_millis() as i64).await {
+            let claimed = self.catalog.claim_task(&self.owner, &runnable, self.cfg.lease.as_millis() as i64).await;
+            if failing && claimed.is_ok() {
+                failing = false;
+                tracing::info!("claiming tasks works again");
+            }
+            match claimed {
                 Ok(Some(task)) => self.run(task).await,
                 Ok(None) => {
                     tokio::select! {
@@ -360,7 +370,9 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "claiming a task failed");
+                    if !std::mem::replace(&mut failing, true) {
+                        log_catalog_failure(&e, "claiming a task failed; trying again every poll");
+                    }
                     tokio::time::sleep(self.cfg.poll).await;
                 }
             }
@@ -519,4 +531,14 @@ fn check_response(task: &TaskRecord, key: &str, response: &str) -> Result<(), Re
             format!("Send a response that fits input_requests[{key:?}].schema (the places that do not fit are named in detail)."),
         )
     })
+}
+
+/// Log a background catalog failure once: at warn when it passes by itself (the catalog is away
+/// for now), at error otherwise.
+fn log_catalog_failure(e: &crate::catalog::CatalogError, what: &str) {
+    if matches!(e, crate::catalog::CatalogError::Unavailable(_)) {
+        tracing::warn!(error = %e, "{what}");
+    } else {
+        tracing::error!(error = %e, "{what}");
+    }
 }

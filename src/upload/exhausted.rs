@@ -83,9 +83,9 @@ pub(super) fn catalog_error(e: CatalogError) -> Refusal {
             Refusal::insufficient_storage("the server's disk is full: the change could not be recorded and was rolled back", None)
         }
         Some(Exhausted::Transient) => {
-            tracing::warn!(error = %e, "catalog unavailable; the write was rolled back");
-            note_catalog_trouble("the catalog failed a write (busy, or out of connections or file descriptors)");
-            Refusal::unavailable("the server's catalog could not record the change; nothing was changed")
+            tracing::warn!(error = %e, "catalog unavailable; nothing was changed");
+            note_catalog_trouble("the catalog failed a request (busy, restarting, or out of connections or file descriptors)");
+            Refusal::unavailable("the server's catalog is unavailable for a moment (busy, restarting, or out of connections); nothing was changed")
         }
         None => internal("catalog", e),
     }
