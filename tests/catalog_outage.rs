@@ -39,15 +39,7 @@ async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns()
 
     proxy.restore().await;
     // Back by itself: the offset is what was acknowledged, and the upload completes.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let offset = loop {
-        let r = tus.head(&upload).await;
-        if r.status() == 200 {
-            break header_u64(&r, "upload-offset").unwrap();
-        }
-        assert!(Instant::now() < deadline, "ferry never recovered: HEAD answers {}", r.status());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let offset = offset_once_back(&tus, &upload).await;
     assert_eq!(offset, 400_000, "no acknowledged byte lost, nothing unacknowledged kept");
     assert_eq!(tus.patch(&upload, 400_000, data[400_000..].to_vec(), &[]).await.status(), 204);
     assert_eq!(tus.download(&upload).await, data);
@@ -85,15 +77,7 @@ async fn a_database_that_refuses_connections_gives_503_and_ferry_recovers() {
     assert_eq!(p["retryable"], true, "{p}");
 
     admin.execute(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true", db.name))).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let offset = loop {
-        let r = tus.head(&upload).await;
-        if r.status() == 200 {
-            break header_u64(&r, "upload-offset").unwrap();
-        }
-        assert!(Instant::now() < deadline, "ferry never recovered: HEAD answers {}", r.status());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let offset = offset_once_back(&tus, &upload).await;
     assert_eq!(offset, 400_000, "no acknowledged byte lost, nothing unacknowledged kept");
     // The refused PATCH's lease is given back or runs out: the upload completes.
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -107,4 +91,17 @@ async fn a_database_that_refuses_connections_gives_503_and_ferry_recovers() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(tus.download(&upload).await, data);
+}
+
+/// The upload's offset from the first HEAD answered 200 once the catalog is back (90 s at most).
+async fn offset_once_back(tus: &Tus, upload: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let r = tus.head(upload).await;
+        if r.status() == 200 {
+            return header_u64(&r, "upload-offset").unwrap();
+        }
+        assert!(Instant::now() < deadline, "ferry never recovered: HEAD answers {}", r.status());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -23,6 +23,23 @@ use super::{
     ReleaseRequests, UploadRecord, Usage,
 };
 
+/// `to_end!(self, this, [id: &str, …], { body })`: run a write's `body` to its end
+/// ([`SqliteCatalog::to_end`]), with `this` the catalog inside it, and each listed borrowed
+/// argument carried in owned and lent to the body again under its own name and type.
+macro_rules! to_end {
+    ($self:ident, $this:ident, [$($arg:ident: $ty:ty),* $(,)?], $body:block) => {{
+        let $this = $self.clone();
+        $(let $arg = $arg.to_owned();)*
+        $self
+            .to_end(async move {
+                $(let $arg: $ty = &$arg;)*
+                $body
+            })
+            .await
+    }};
+}
+pub(super) use to_end;
+
 /// A receiver as a stream (what `tokio_stream::wrappers::ReceiverStream` does).
 fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<ReleaseRequest>) -> impl futures::Stream<Item = ReleaseRequest> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
@@ -355,34 +372,23 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             sqlx::query(st::ANNOUNCE.sqlite).bind(id).execute(&this.pool).await?;
             Ok(())
         })
-        .await
     }
 
     async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::WITHDRAW.sqlite).bind(id).execute(&this.pool).await?;
             Ok(done.rows_affected() == 1)
         })
-        .await
     }
 
     async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<super::Reservation> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             // One writer at a time (BEGIN IMMEDIATE): no creation or reservation interleaves.
             let mut tx = this.pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -397,21 +403,14 @@ impl Catalog for SqliteCatalog {
             tx.commit().await?;
             Ok(r)
         })
-        .await
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let nonce = nonce.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let nonce: &str = &nonce;
+        to_end!(self, this, [id: &str, nonce: &str], {
             let _changed = this.upload_changed(id);
             sqlx::query(st::RELEASE_RESERVATION.sqlite).bind(id).bind(nonce).execute(&this.pool).await?;
             Ok(())
         })
-        .await
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
@@ -432,16 +431,12 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             // A finished row is what the read cache keeps: retention must make it forget it.
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.sqlite).bind(now_ms).bind(id).bind(finished_before_ms).execute(&this.pool).await?;
             Ok(done.rows_affected() == 1)
         })
-        .await
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
@@ -473,12 +468,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let cp = cp.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let cp: &Checkpoint = &cp;
+        to_end!(self, this, [id: &str, cp: &Checkpoint], {
             let (row, entries) = crate::framed::split(&cp.blob_state);
             if let (Some(slot), None) = (&this.checkpointer, cp.blob_entries_from) {
                 // The row as written comes back from the statement itself, and the read cache keeps
@@ -523,14 +513,10 @@ impl Catalog for SqliteCatalog {
             let changed = this.update_with_entries(update, id, cp.blob_entries_from, &entries).await?;
             this.fenced_or_missing(id, changed).await
         })
-        .await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::MARK_EXPIRED.sqlite).bind(now_ms).bind(id).execute(&this.pool).await?;
             if done.rows_affected() == 1 {
@@ -541,52 +527,34 @@ impl Catalog for SqliteCatalog {
                 Some(_) => Ok(false),
             }
         })
-        .await
     }
 
     async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::EXPIRE_IF_DUE.sqlite).bind(now_ms).bind(id).execute(&this.pool).await?;
             Ok(done.rows_affected() == 1)
         })
-        .await
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::DELETE_UPLOAD.sqlite).bind(id).execute(&this.pool).await?;
             Ok(done.rows_affected() > 0)
         })
-        .await
     }
 
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::DELETE_TOMBSTONE.sqlite).bind(id).bind(before_ms).execute(&this.pool).await?;
             Ok(done.rows_affected() > 0)
         })
-        .await
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let cp = cp.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let cp: &Checkpoint = &cp;
+        to_end!(self, this, [id: &str, cp: &Checkpoint], {
             let _changed = this.upload_changed(id);
             let (row, entries) = crate::framed::split(&cp.blob_state);
             let update =
@@ -594,7 +562,6 @@ impl Catalog for SqliteCatalog {
             let changed = this.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
             this.fenced_or_missing(id, changed).await
         })
-        .await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
@@ -626,15 +593,11 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);
             let done = sqlx::query(st::TOUCH.sqlite).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&this.pool).await?;
             this.fenced_or_missing(id, done.rows_affected()).await
         })
-        .await
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
@@ -654,10 +617,7 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
-        let this = self.clone();
-        let owner = owner.to_owned();
-        self.to_end(async move {
-            let owner: &str = &owner;
+        to_end!(self, this, [owner: &str], {
             let mut tx = this.pool.begin_with("BEGIN IMMEDIATE").await?;
             let uploads = sqlx::query(st::RECLAIM_UPLOADS.sqlite).bind(owner).execute(&mut *tx).await?.rows_affected();
             let _changed = this.tasks_changed(None);
@@ -666,7 +626,6 @@ impl Catalog for SqliteCatalog {
             tx.commit().await?;
             Ok((uploads, tasks))
         })
-        .await
     }
 
     async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {

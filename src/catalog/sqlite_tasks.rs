@@ -7,6 +7,7 @@ use sqlx::{Sqlite, Transaction};
 use super::dialect::sql;
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
 use super::sql::{corrupt, json_map, json_text, raw, row_to_task};
+use super::sqlite::to_end;
 use super::task_statements as st;
 use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
 use super::{CatalogError, CatalogResult, SqliteCatalog};
@@ -187,10 +188,7 @@ impl<T: Clone> Drop for Invalidate<T> {
 #[async_trait]
 impl TaskCatalog for SqliteCatalog {
     async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
-        let this = self.clone();
-        let new = new.to_owned();
-        self.to_end(async move {
-            let new: &NewTask = &new;
+        to_end!(self, this, [new: &NewTask], {
             // A retry's new run replaces the key of an earlier task: forget every row.
             let _changed = this.tasks_changed(None);
             let mut tx = this.immediate().await?;
@@ -217,7 +215,6 @@ impl TaskCatalog for SqliteCatalog {
                 None => StartOutcome::Created(task),
             })
         })
-        .await
     }
 
     async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
@@ -248,12 +245,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>> {
-        let this = self.clone();
-        let owner = owner.to_owned();
-        let kinds = kinds.to_owned();
-        self.to_end(async move {
-            let owner: &str = &owner;
-            let kinds: &[String] = &kinds;
+        to_end!(self, this, [owner: &str, kinds: &[String]], {
             if kinds.is_empty() {
                 return Ok(None);
             }
@@ -288,14 +280,10 @@ impl TaskCatalog for SqliteCatalog {
             changed.narrow_to(Some(&id));
             Ok(task)
         })
-        .await
     }
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.tasks_changed(Some(id));
             let status: Option<String> =
                 super::sqlite::first(sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_all(&this.pool).await?);
@@ -304,16 +292,10 @@ impl TaskCatalog for SqliteCatalog {
                 None => Err(CatalogError::Fenced),
             }
         })
-        .await
     }
 
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let u = u.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let u: &TaskUpdate = &u;
+        to_end!(self, this, [id: &str, u: &TaskUpdate], {
             let _changed = this.tasks_changed(Some(id));
             let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
             let done = sqlx::query(st::UPDATE_TASK.sqlite)
@@ -333,16 +315,10 @@ impl TaskCatalog for SqliteCatalog {
                 Err(CatalogError::Fenced)
             }
         })
-        .await
     }
 
     async fn append_partial(&self, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Appended> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let value = value.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let value: &str = &value;
+        to_end!(self, this, [id: &str, value: &str], {
             let _changed = this.tasks_changed(Some(id));
             let mut tx = this.immediate().await?;
             let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
@@ -364,7 +340,6 @@ impl TaskCatalog for SqliteCatalog {
             tx.commit().await?;
             Ok(Appended::Stored(seq))
         })
-        .await
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
@@ -373,14 +348,7 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let key = key.to_owned();
-        let request = request.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let key: &str = &key;
-            let request: &str = &request;
+        to_end!(self, this, [id: &str, key: &str, request: &str], {
             let _changed = this.tasks_changed(Some(id));
             let mut tx = this.immediate().await?;
             let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
@@ -393,18 +361,10 @@ impl TaskCatalog for SqliteCatalog {
             tx.commit().await?;
             Ok(())
         })
-        .await
     }
 
     async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let key = key.to_owned();
-        let response = response.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let key: &str = &key;
-            let response: &str = &response;
+        to_end!(self, this, [id: &str, key: &str, response: &str], {
             let _changed = this.tasks_changed(Some(id));
             let mut tx = this.immediate().await?;
             let task = task_in(&mut tx, id).await?.ok_or(CatalogError::NotFound)?;
@@ -420,16 +380,10 @@ impl TaskCatalog for SqliteCatalog {
             tx.commit().await?;
             Ok(true)
         })
-        .await
     }
 
     async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
-        let this = self.clone();
-        let id = id.to_owned();
-        let end = end.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
-            let end: &TaskEnd = &end;
+        to_end!(self, this, [id: &str, end: &TaskEnd], {
             let _changed = this.tasks_changed(Some(id));
             let (status, result, error) = match end {
                 TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
@@ -438,14 +392,10 @@ impl TaskCatalog for SqliteCatalog {
             let done = sqlx::query(st::FINISH_TASK.sqlite).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&this.pool).await?;
             Ok(done.rows_affected() == 1)
         })
-        .await
     }
 
     async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             {
                 // Forgotten once the update committed, before the read below (which must see it).
                 let _changed = this.tasks_changed(Some(id));
@@ -453,24 +403,18 @@ impl TaskCatalog for SqliteCatalog {
             }
             this.get_task(id).await?.ok_or(CatalogError::NotFound)
         })
-        .await
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        let this = self.clone();
-        let id = id.to_owned();
-        self.to_end(async move {
-            let id: &str = &id;
+        to_end!(self, this, [id: &str], {
             let _changed = this.tasks_changed(Some(id));
             sqlx::query(st::RELEASE_TASK.sqlite).bind(id).bind(fence as i64).execute(&this.pool).await?;
             Ok(())
         })
-        .await
     }
 
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
-        let this = self.clone();
-        self.to_end(async move {
+        to_end!(self, this, [], {
             let _changed = this.tasks_changed(None);
             let mut tx = this.immediate().await?;
             sqlx::query(
@@ -484,7 +428,6 @@ impl TaskCatalog for SqliteCatalog {
             tx.commit().await?;
             Ok(done.rows_affected())
         })
-        .await
     }
 
     async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
