@@ -160,3 +160,46 @@ async fn http_listen_is_acknowledged_only_once_its_start_is_known() {
 async fn stdio_listen_is_acknowledged_only_once_its_start_is_known() {
     listen_is_acknowledged_only_once_its_start_is_known(false).await;
 }
+
+/// A listen whose start in the outbox cannot be read — the database closed to connections
+/// (`ALLOW_CONNECTIONS false`, its connections ended) — is acknowledged and then ends with an
+/// error carrying `unavailable`, retryable; once the database is open again, listening works and
+/// carries a task's statuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_is_told_to_listen_again_when_the_start_cannot_be_read() {
+    use sqlx::{Connection, Executor};
+    let (_cfg, path) = config();
+    let db = TestDb::create().await;
+    let s = Server::start(&["--catalog", db.url.as_str(), "--config", &path]);
+    let gate = tempfile::tempdir().unwrap();
+    let mut args = vec!["listen_refused", "--data", s.data.to_str().unwrap()];
+    let url = s.url("/mcp");
+    args.extend_from_slice(&["--url", &url, "--gate", gate.path().to_str().unwrap()]);
+    let mut cmd = python_script("mcp_ferry.py", &args);
+    cmd.env("PYTHONUNBUFFERED", "1");
+    let client = tokio::spawn(run_json_client(cmd, CLIENT_SECS));
+    let mut admin = sqlx::PgConnection::connect(&common::pg::admin_url()).await.unwrap();
+    let allow = |on: bool| sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS {on}", db.name));
+    let mut closed = false;
+    while !client.is_finished() {
+        if !closed && gate.path().join("close").exists() {
+            admin.execute(allow(false)).await.unwrap();
+            common::pg::terminate_backends(&db.name).await;
+            std::fs::write(gate.path().join("close.done"), b"").unwrap();
+            closed = true;
+        }
+        if closed && gate.path().join("reopen").exists() && !gate.path().join("reopen.done").exists() {
+            admin.execute(allow(true)).await.unwrap();
+            // Past a second idle, ferry pings a pooled connection before use: the ones the
+            // database ended are replaced rather than failing the client's next requests.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            std::fs::write(gate.path().join("reopen.done"), b"").unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin.execute(allow(true)).await.unwrap();
+    let v = client.await.expect("client task");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["result"]["error"]["code"], "unavailable", "{v}");
+    assert_eq!(v["result"]["statuses"], serde_json::json!(["working", "input_required"]), "{v}");
+}

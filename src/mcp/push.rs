@@ -132,7 +132,7 @@ impl FerryMcp {
         // after reading it is after this. `Now` only for a handler served bare.
         let mut cursor = match ListenStart::of(ctx) {
             Some(ListenStart(Ok(at))) => Cursor::Position(*at),
-            Some(ListenStart(Err(e))) => return Err(super::mcp_err(e.clone())),
+            Some(ListenStart(Err(e))) => return Err(listen_refused(e)),
             None => Cursor::Now,
         };
         loop {
@@ -207,6 +207,15 @@ impl FerryMcp {
         let n = ServerNotification::TaskStatusNotification(TaskStatusNotification::new(TaskStatusNotificationParams::new(detailed)));
         send(ctx, n, ctx.id.clone(), &ev.id).await
     }
+}
+
+/// The error that ends a listen whose start could not be read: ferry's envelope of `e`, with a
+/// hint that fits a listen (not a tool call).
+fn listen_refused(e: &Refusal) -> McpError {
+    use super::results::{ErrorObject, FailedStatus, Failure};
+    let hint = "Listen again (subscriptions/listen) in a few seconds; meanwhile tasks/get shows each task's status.".to_string();
+    let data = serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(e, hint) }).expect("an error envelope serialises");
+    McpError::internal_error(e.detail.clone(), Some(data))
 }
 
 /// `ev`'s commit time, Unix ms.

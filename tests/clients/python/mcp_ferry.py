@@ -1071,6 +1071,53 @@ async def scenario_task_push() -> dict[str, Any]:
     return {"task": tid, "statuses": [n["status"] for n in got], "events": ids}
 
 
+async def scenario_listen_refused() -> dict[str, Any]:
+    """A listen whose start in the outbox cannot be read (--gate DIR: the test closes the
+    database at GATE/close and opens it again at GATE/reopen): acknowledged, then ended with an
+    error carrying ferry's envelope, `unavailable` and retryable; once the database is back, a
+    listen is acknowledged and carries a task's statuses."""
+    from mcp.client.subscriptions import SubscriptionLost
+
+    async with contextlib.AsyncExitStack() as stack:
+        c = await stack.enter_async_context(connect(extensions=[PushedTasksExtension()]))
+        await wait_gate("close")
+        lost: BaseException | None = None
+        async with c.listen() as sub:
+            try:
+                async for _ in sub:
+                    pass
+            except SubscriptionLost as e:
+                lost = e
+        check(lost is not None, "the listen ended with an error")
+        cause = lost.__cause__ if lost is not None else None
+        check(isinstance(cause, MCPError), "the error is the server's", repr(cause))
+        err = ((cause.data if isinstance(cause, MCPError) else None) or {}).get("error", {})
+        check(err.get("code") == "unavailable" and err.get("retryable") is True, "unavailable, retryable", err)
+        check("subscriptions/listen" in err.get("recoveryHint", ""), "the hint says to listen again", err)
+        await wait_gate("reopen")
+        # As the error says: listen again, and retry what is refused as retryable (each pooled
+        # connection the database ended fails one request, then is replaced).
+        for _ in range(POLL_ROUNDS):
+            try:
+                async with c.listen() as sub:
+                    created = await c.session.call_tool("export_ask", {}, allow_claimed=True)
+                    if not isinstance(created, TaskCreated):
+                        refused = (getattr(created, "structured_content", None) or {}).get("error", {})
+                        check(refused.get("retryable") is True, "only a retryable refusal after the database is back", created.model_dump(by_alias=True))
+                        await asyncio.sleep(0.5)
+                        continue
+                    got = await pushed_until(created.task_id, ["working", "input_required"])
+                    break
+            except SubscriptionLost as e:
+                cause = e.__cause__
+                again = ((cause.data if isinstance(cause, MCPError) else None) or {}).get("error", {})
+                check(again.get("retryable") is True, "only a retryable end after the database is back", again)
+                await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("never listened again")
+    return {"error": err, "statuses": [n["status"] for n in got]}
+
+
 SCENARIOS = {
     "export": scenario_export,
     "receive": scenario_receive,
@@ -1080,6 +1127,7 @@ SCENARIOS = {
     "native_tasks": scenario_native_tasks,
     "task_output_locked": scenario_task_output_locked,
     "task_push": scenario_task_push,
+    "listen_refused": scenario_listen_refused,
 }
 
 
