@@ -3,12 +3,12 @@
 //!
 //! A client that declares the tasks extension (`io.modelcontextprotocol/tasks`) on its
 //! `subscriptions/listen` request gets, on that stream, one `notifications/tasks` for every
-//! status change of its principal's tasks committed after its start was noted (before the acknowledgment) —
-//! `working` (created), `input_required`, `working` (answered), and the terminal one — each
-//! carrying the task as `tasks/get` shows it in that status (a completed task inlines its
-//! `CallToolResult`), with `_meta` `io.modelcontextprotocol/subscriptionId` (the listen
-//! request's id) and `io.ferry/event` (the outbox event id; the same change seen twice, e.g.
-//! after re-listening, has the same id).
+//! status change of its principal's tasks committed after its start was noted (before the
+//! acknowledgment, below) — `working` (created), `input_required`, `working` (answered), and
+//! the terminal one — each carrying the task as `tasks/get` shows it in that status (a
+//! completed task inlines its `CallToolResult`), with `_meta`
+//! `io.modelcontextprotocol/subscriptionId` (the listen request's id) and `io.ferry/event` (the
+//! outbox event id; the same change seen twice, e.g. after re-listening, has the same id).
 //!
 //! The changes come from the outbox ([`crate::events::Events::follow`]), which every replica
 //! writes in the transaction that makes the change and the head watcher reads: a stream open on
@@ -31,22 +31,19 @@
 //! whose start could not be read ends with an error (`unavailable`, retryable) right after its
 //! acknowledgment, rather than following from a later start.
 
+use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::middleware::Next;
 use futures::StreamExt;
-use std::borrow::Cow;
-
 use rmcp::model::{
     ClientNotification, ClientRequest, NotificationMetaObject, ProtocolVersion, RequestId, ServerConfig, ServerNotification, ServerResult, TaskStatusNotification,
     TaskStatusNotificationParams,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
-
-use std::sync::Arc;
-
-use axum::extract::State;
-use axum::middleware::Next;
 
 use super::FerryMcp;
 use crate::catalog::TaskStatus;
