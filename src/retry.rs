@@ -1,8 +1,9 @@
 //! One retry schedule for every place ferry tries again by itself (a leaf module): backon's
 //! exponential backoff, doubling, capped, without jitter so waits are predictable. Its users:
 //! webhook deliveries ([`crate::events::webhooks::backoff`]), the background finisher
-//! (`upload/finishing.rs`) and the S3 requests object_store does not send itself
-//! (`blob/s3/compose.rs`, with backon's `Retryable`).
+//! (`upload/finishing.rs`), the S3 requests object_store does not send itself
+//! (`blob/s3/compose.rs`, with backon's `Retryable`), and the lease and quota releases that run
+//! after a request ended (`catalog::retry_transient`).
 
 use std::time::Duration;
 

@@ -259,7 +259,7 @@ impl Events {
     /// at start: [`FollowError::UnknownEvent`].
     pub async fn follow(&self, principal: &str, cursor: Cursor) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
         let after = match cursor {
-            Cursor::Now => self.catalog.last_event_seq().await?,
+            Cursor::Now => self.position().await?,
             Cursor::Position(seq) => seq,
             Cursor::After(id) => match self.catalog.event_by_id(&id).await? {
                 Some(e) if e.principal == principal => e.seq,
