@@ -211,9 +211,9 @@ async fn postgres_catalog_reconnects_after_its_connections_are_terminated() {
 
 #[tokio::test]
 async fn fs_blob_store_conformance() {
-    for durable in [true, false] {
+    for (durable, direct) in [(true, true), (false, true), (true, false)] {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsBlobStore::open(dir.path(), durable).unwrap();
+        let store = FsBlobStore::open(dir.path(), durable).unwrap().with_direct_writes(direct);
         ferry::blob::conformance::run_all(&store, "ab").await;
         ferry::blob::conformance::run_unfinished_reads(&store, "ab").await;
     }

@@ -25,41 +25,65 @@ use bytes::Bytes;
 /// Alignment of a direct write's offset, length and buffer, in bytes.
 pub(super) const ALIGN: usize = 4096;
 
+/// Size of a transparent huge page with 4 KiB base pages (x86-64, arm64), in bytes: staging
+/// buffers for a batch start on such a boundary so the kernel can back them with huge pages.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A staging buffer: bytes on their way to a direct write, starting at an [`ALIGN`] boundary
+/// (a [`HUGE_PAGE`] one when it holds a batch).
+type Stage = aligned_vec::AVec<u8, aligned_vec::RuntimeAlign>;
+
 /// Staging buffers of direct writes, kept for the next batch of any writer (issue 24). A
 /// fresh allocation of a batch's size (2 MiB) is often fresh memory from the kernel: every
 /// 4 KiB page of it costs a fault and the kernel's zeroing before the copy fills it. Kept
 /// buffers halved the server's page faults of one 512 MiB PATCH (≈ 6 500 → 3 500) and cut
-/// those of 64 uploads at once by a fifth (`benches/RESULTS.md`). At most [`Staging::KEPT`]
-/// buffers of at most [`Staging::MAX_BYTES`] wait here: idle memory stays under 64 MiB.
+/// those of 64 uploads at once by a fifth (`benches/RESULTS.md`). A new buffer for a batch is
+/// offered to the kernel for transparent huge pages (`madvise(MADV_HUGEPAGE)`, which takes effect where
+/// `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` or `always`): one fault and one
+/// TLB entry per 2 MiB, and `O_DIRECT`'s pinning of the buffer's pages walks one entry per
+/// 2 MiB instead of 512 (`benches/RESULTS.md`, round 3 session 6). A smaller write (a short
+/// PATCH, a quiet body's flush) gets ordinary pages, so it holds only the memory it touches.
+/// At most [`Staging::KEPT`] buffers of at most [`Staging::MAX_BYTES`]
+/// wait here: idle memory stays at most 64 MiB.
 struct Staging;
 
-static STAGING: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+static STAGING: std::sync::Mutex<Vec<Stage>> = std::sync::Mutex::new(Vec::new());
 
 impl Staging {
     /// Buffers kept at most.
     const KEPT: usize = 16;
     /// Capacity of a kept buffer at most, in bytes: a batch (2 MiB) plus a receive buffer's
-    /// overshoot, rounded up.
+    /// overshoot, rounded up to huge pages.
     const MAX_BYTES: usize = 4 << 20;
 
-    fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
+    fn pool() -> std::sync::MutexGuard<'static, Vec<Stage>> {
         STAGING.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// An empty buffer with room for `bytes`: a kept one when one is large enough.
-    fn take(bytes: usize) -> Vec<u8> {
+    fn take(bytes: usize) -> Stage {
         let mut pool = Self::pool();
         if let Some(i) = pool.iter().position(|v| v.capacity() >= bytes) {
             return pool.swap_remove(i);
         }
         drop(pool);
-        // Round up to 1 MiB, so a batch that overshoots by a little still finds a kept buffer.
-        Vec::with_capacity(bytes.next_multiple_of(1 << 20))
+        if bytes < HUGE_PAGE {
+            // Rounded up to 1 MiB, so the next short write finds it big enough.
+            return Stage::with_capacity(ALIGN, bytes.next_multiple_of(1 << 20));
+        }
+        // Whole huge pages, so a batch that overshoots by a little still finds a kept buffer.
+        let v = Stage::with_capacity(HUGE_PAGE, bytes.next_multiple_of(HUGE_PAGE));
+        if let Some(start) = std::ptr::NonNull::new(v.as_ptr().cast_mut().cast()) {
+            // SAFETY: the range is this buffer's own allocation, which lives on; the advice
+            // only changes how the kernel backs it. Refused advice (no THP support) is fine.
+            let _ = unsafe { nix::sys::mman::madvise(start, v.capacity(), nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
+        }
+        v
     }
 
     /// Keep `v` for a later write: in a free place, else instead of a smaller kept buffer (so
     /// small PATCHes' buffers do not crowd out a batch's). Dropped when larger than a batch.
-    fn give(mut v: Vec<u8>) {
+    fn give(mut v: Stage) {
         if v.capacity() > Self::MAX_BYTES {
             return;
         }
@@ -119,25 +143,17 @@ impl Direct {
             bufs.iter().for_each(|b| self.carry.extend_from_slice(b));
             return Ok(());
         }
-        // Room for the bytes and for the padding that aligns their start; filled without
-        // zeroing (only the padding is written), and never reallocated, so the start stays
-        // aligned.
-        let mut v = Staging::take(whole + ALIGN);
-        let pad = v.as_ptr().align_offset(ALIGN);
-        v.resize(pad, 0);
+        // Filled without zeroing, and never reallocated past its room.
+        let mut v = Staging::take(whole);
         v.extend_from_slice(&self.carry);
         let mut rest = Vec::new();
         for b in bufs {
-            let room = whole - (v.len() - pad);
-            if b.len() <= room {
-                v.extend_from_slice(b);
-            } else {
-                v.extend_from_slice(&b[..room]);
-                rest.extend_from_slice(&b[room..]);
-            }
+            let (now, later) = b.split_at(b.len().min(whole - v.len()));
+            v.extend_from_slice(now);
+            rest.extend_from_slice(later);
         }
-        debug_assert_eq!(v.len() - pad, whole);
-        let data = &v[pad..];
+        debug_assert_eq!(v.len(), whole);
+        let data = &v[..];
         let direct = match &self.file {
             Some(f) => f.write_all_at(data, self.base),
             None => buffered.write_all_at(data, self.base),
@@ -178,6 +194,9 @@ mod tests {
     use super::*;
     use std::io::Read;
 
+    /// A batch and a receive buffer's overshoot.
+    const WRITE_BYTES: usize = (2 << 20) + 300_000;
+
     fn pieces(data: &[u8], sizes: &[usize]) -> Vec<Bytes> {
         let mut at = 0;
         sizes
@@ -194,6 +213,21 @@ mod tests {
         let mut v = Vec::new();
         File::open(path).unwrap().read_to_end(&mut v).unwrap();
         v
+    }
+
+    /// A batch's staging buffer starts on a huge-page boundary, a short write's on a block
+    /// boundary; both have the room asked for.
+    #[test]
+    fn staging_buffers_are_aligned_and_kept() {
+        let batch = Staging::take(WRITE_BYTES);
+        assert_eq!(batch.as_ptr().align_offset(HUGE_PAGE), 0);
+        assert!(batch.capacity() >= WRITE_BYTES);
+        let short = Staging::take(70_000);
+        assert_eq!(short.as_ptr().align_offset(ALIGN), 0);
+        assert!(short.capacity() >= 70_000);
+        Staging::give(batch);
+        let again = Staging::take(WRITE_BYTES);
+        assert_eq!(again.as_ptr().align_offset(HUGE_PAGE), 0, "a kept or new batch buffer");
     }
 
     /// Writes of every alignment, with the carry made whole before each read, and a restart
