@@ -37,14 +37,14 @@ type Stage = aligned_vec::AVec<u8, aligned_vec::RuntimeAlign>;
 /// fresh allocation of a batch's size (2 MiB) is often fresh memory from the kernel: every
 /// 4 KiB page of it costs a fault and the kernel's zeroing before the copy fills it. Kept
 /// buffers halved the server's page faults of one 512 MiB PATCH (≈ 6 500 → 3 500) and cut
-/// those of 64 uploads at once by a fifth (`benches/RESULTS.md`). A new buffer for a batch is
-/// offered to the kernel for transparent huge pages (`madvise(MADV_HUGEPAGE)`, which takes effect where
+/// those of 64 uploads at once by a fifth (`benches/RESULTS.md`). A batch's buffer is one huge
+/// page, offered to the kernel as such (`madvise(MADV_HUGEPAGE)`; it takes effect where
 /// `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` or `always`): one fault and one
-/// TLB entry per 2 MiB, and `O_DIRECT`'s pinning of the buffer's pages walks one entry per
-/// 2 MiB instead of 512 (`benches/RESULTS.md`, round 3 session 6). A smaller write (a short
-/// PATCH, a quiet body's flush) gets ordinary pages, so it holds only the memory it touches.
-/// At most [`Staging::KEPT`] buffers of at most [`Staging::MAX_BYTES`]
-/// wait here: idle memory stays at most 64 MiB.
+/// TLB entry per 2 MiB, and `O_DIRECT`'s pinning of the buffer walks one entry instead of 512
+/// (`benches/RESULTS.md`, round 3 session 6: 3.2 % of a large upload's CPU samples → 0.2 %).
+/// A shorter write (a short PATCH, a quiet body's flush) gets ordinary pages, so it holds only
+/// the memory it touches. At most [`Staging::KEPT`] buffers of at most [`Staging::MAX_BYTES`]
+/// wait here: idle memory stays at most 32 MiB.
 struct Staging;
 
 static STAGING: std::sync::Mutex<Vec<Stage>> = std::sync::Mutex::new(Vec::new());
@@ -52,16 +52,18 @@ static STAGING: std::sync::Mutex<Vec<Stage>> = std::sync::Mutex::new(Vec::new())
 impl Staging {
     /// Buffers kept at most.
     const KEPT: usize = 16;
-    /// Capacity of a kept buffer at most, in bytes: a batch (2 MiB) plus a receive buffer's
-    /// overshoot, rounded up to huge pages.
-    const MAX_BYTES: usize = 4 << 20;
+    /// Capacity of a kept buffer at most, in bytes: one huge page (a batch's bytes go out
+    /// through it a huge page at a time).
+    const MAX_BYTES: usize = HUGE_PAGE;
 
     fn pool() -> std::sync::MutexGuard<'static, Vec<Stage>> {
         STAGING.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An empty buffer with room for `bytes`: a kept one when one is large enough.
+    /// An empty buffer with room for `bytes` (at most [`HUGE_PAGE`]): a kept one when one is
+    /// large enough.
     fn take(bytes: usize) -> Stage {
+        debug_assert!(bytes <= HUGE_PAGE);
         let mut pool = Self::pool();
         if let Some(i) = pool.iter().position(|v| v.capacity() >= bytes) {
             return pool.swap_remove(i);
@@ -71,8 +73,7 @@ impl Staging {
             // Rounded up to 1 MiB, so the next short write finds it big enough.
             return Stage::with_capacity(ALIGN, bytes.next_multiple_of(1 << 20));
         }
-        // Whole huge pages, so a batch that overshoots by a little still finds a kept buffer.
-        let v = Stage::with_capacity(HUGE_PAGE, bytes.next_multiple_of(HUGE_PAGE));
+        let v = Stage::with_capacity(HUGE_PAGE, HUGE_PAGE);
         if let Some(start) = std::ptr::NonNull::new(v.as_ptr().cast_mut().cast()) {
             // SAFETY: the range is this buffer's own allocation, which lives on; the advice
             // only changes how the kernel backs it. Refused advice (no THP support) is fine.
@@ -94,6 +95,21 @@ impl Staging {
         } else if let Some(small) = pool.iter_mut().filter(|k| k.capacity() < v.capacity()).min_by_key(|k| k.capacity()) {
             *small = v;
         }
+    }
+}
+
+/// Write `data` at byte `at` of the blob: directly through `direct` while the filesystem
+/// takes it, through `buffered` for good once it refuses a direct write (`EINVAL`, which
+/// clears `direct`).
+fn write_staged(direct: &mut Option<File>, buffered: &File, data: &[u8], at: u64) -> io::Result<()> {
+    let Some(f) = direct else { return buffered.write_all_at(data, at) };
+    match f.write_all_at(data, at) {
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
+            tracing::debug!(error = %e, "the filesystem refused a direct write; writing through the page cache");
+            *direct = None;
+            buffered.write_all_at(data, at)
+        }
+        r => r,
     }
 }
 
@@ -143,33 +159,29 @@ impl Direct {
             bufs.iter().for_each(|b| self.carry.extend_from_slice(b));
             return Ok(());
         }
-        // Filled without zeroing, and never reallocated past its room.
-        let mut v = Staging::take(whole);
-        v.extend_from_slice(&self.carry);
-        let mut rest = Vec::new();
-        for b in bufs {
-            let (now, later) = b.split_at(b.len().min(whole - v.len()));
-            v.extend_from_slice(now);
-            rest.extend_from_slice(later);
-        }
-        debug_assert_eq!(v.len(), whole);
-        let data = &v[..];
-        let direct = match &self.file {
-            Some(f) => f.write_all_at(data, self.base),
-            None => buffered.write_all_at(data, self.base),
-        };
-        match direct {
-            Ok(()) => {}
-            Err(e) if self.file.is_some() && e.raw_os_error() == Some(nix::libc::EINVAL) => {
-                tracing::debug!(error = %e, "the filesystem refused a direct write; writing through the page cache");
-                self.file = None;
-                buffered.write_all_at(data, self.base)?;
+        // The whole blocks go out through one staging buffer of at most a huge page (filled
+        // without zeroing, never reallocated), a write per fill; the carry and `base` change
+        // only once all of them are written.
+        let Direct { file, base, carry } = self;
+        let room = whole.min(HUGE_PAGE);
+        let mut v = Staging::take(room);
+        let (mut at, mut left, mut rest) = (*base, whole, Vec::new());
+        for mut src in std::iter::once(carry.as_slice()).chain(bufs.iter().map(|b| &b[..])) {
+            while left > 0 && !src.is_empty() {
+                let n = src.len().min(left).min(room - v.len());
+                v.extend_from_slice(&src[..n]);
+                (src, left) = (&src[n..], left - n);
+                if v.len() == room || left == 0 {
+                    write_staged(file, buffered, &v, at)?;
+                    at += v.len() as u64;
+                    v.clear();
+                }
             }
-            Err(e) => return Err(e),
+            rest.extend_from_slice(src);
         }
         Staging::give(v);
-        self.base += whole as u64;
-        self.carry = rest;
+        *base += whole as u64;
+        *carry = rest;
         Ok(())
     }
 
@@ -194,9 +206,6 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    /// A batch and a receive buffer's overshoot.
-    const WRITE_BYTES: usize = (2 << 20) + 300_000;
-
     fn pieces(data: &[u8], sizes: &[usize]) -> Vec<Bytes> {
         let mut at = 0;
         sizes
@@ -219,14 +228,14 @@ mod tests {
     /// boundary; both have the room asked for.
     #[test]
     fn staging_buffers_are_aligned_and_kept() {
-        let batch = Staging::take(WRITE_BYTES);
+        let batch = Staging::take(HUGE_PAGE);
         assert_eq!(batch.as_ptr().align_offset(HUGE_PAGE), 0);
-        assert!(batch.capacity() >= WRITE_BYTES);
+        assert!(batch.capacity() >= HUGE_PAGE);
         let short = Staging::take(70_000);
         assert_eq!(short.as_ptr().align_offset(ALIGN), 0);
         assert!(short.capacity() >= 70_000);
         Staging::give(batch);
-        let again = Staging::take(WRITE_BYTES);
+        let again = Staging::take(HUGE_PAGE);
         assert_eq!(again.as_ptr().align_offset(HUGE_PAGE), 0, "a kept or new batch buffer");
     }
 
@@ -237,7 +246,7 @@ mod tests {
         // Under target/ (the disk), not /tmp, which may be a tmpfs without O_DIRECT.
         let dir = tempfile::Builder::new().tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap();
         let path = dir.path().join("blob");
-        let data: Vec<u8> = (0..3 * 1024 * 1024 + 77).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..7 * 1024 * 1024 + 77).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let buffered = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
         let mut d = Direct::open(&path, &buffered, 0).unwrap().expect("this filesystem takes O_DIRECT");
         let sizes = [1, 4095, 4096, 5000, 1 << 20, 123_457, 2 * 1024 * 1024 - 138_649 - 4096 + 77];
@@ -256,7 +265,8 @@ mod tests {
         assert_eq!(read_all(&path), data[..given]);
         assert!(d.is_direct(), "the disk kept taking direct writes");
 
-        // Cut at an unaligned offset, restart there, and write the rest.
+        // Cut at an unaligned offset, restart there, and write the rest: more than one
+        // staging buffer's worth in one write.
         let cut = 1_000_003;
         buffered.set_len(cut as u64).unwrap();
         d.restart(&buffered, cut as u64).unwrap();
