@@ -239,6 +239,27 @@ mod tests {
         assert_eq!(again.as_ptr().align_offset(HUGE_PAGE), 0, "a kept or new batch buffer");
     }
 
+    /// A direct write the filesystem refuses (`EINVAL`: here a buffer off the alignment
+    /// `O_DIRECT` needs) is written through the page cache instead, and every later write too.
+    #[test]
+    fn a_refused_direct_write_falls_back_to_the_page_cache_for_good() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::Builder::new().tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap();
+        let path = dir.path().join("blob");
+        let buffered = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
+        let mut direct = Some(std::fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_DIRECT).open(&path).unwrap());
+        let data: Vec<u8> = (0..3 * ALIGN + 1).map(|i| (i % 251) as u8).collect();
+        // One byte past an aligned start: the kernel refuses this buffer for a direct write.
+        let unaligned = &data[1..1 + 2 * ALIGN];
+        assert_ne!(unaligned.as_ptr().align_offset(512), 0);
+        write_staged(&mut direct, &buffered, unaligned, 0).unwrap();
+        assert!(direct.is_none(), "the refusal switched this writer to the page cache");
+        write_staged(&mut direct, &buffered, &data[..ALIGN], 2 * ALIGN as u64).unwrap();
+        let mut want = unaligned.to_vec();
+        want.extend_from_slice(&data[..ALIGN]);
+        assert_eq!(read_all(&path), want);
+    }
+
     /// Writes of every alignment, with the carry made whole before each read, and a restart
     /// at an unaligned offset after a cut, give the file exactly the bytes given.
     #[test]
