@@ -227,7 +227,7 @@ mod tests {
     /// A batch's staging buffer starts on a huge-page boundary, a short write's on a block
     /// boundary; both have the room asked for.
     #[test]
-    fn staging_buffers_are_aligned_and_kept() {
+    fn staging_buffers_are_aligned() {
         let batch = Staging::take(HUGE_PAGE);
         assert_eq!(batch.as_ptr().align_offset(HUGE_PAGE), 0);
         assert!(batch.capacity() >= HUGE_PAGE);
