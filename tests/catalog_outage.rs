@@ -75,6 +75,7 @@ async fn a_database_that_refuses_connections_gives_503_and_ferry_recovers() {
     assert_eq!(p["retryable"], true, "{p}");
     let p = problem(tus.post(&[("Upload-Length", "10")]).await, 503, "unavailable").await;
     assert_eq!(p["retryable"], true, "{p}");
+    assert!(catalog_reason(&s).await.contains("not currently accepting connections"));
 
     admin.execute(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true", db.name))).await.unwrap();
     let offset = offset_once_back(&tus, &upload).await;
@@ -91,6 +92,41 @@ async fn a_database_that_refuses_connections_gives_503_and_ferry_recovers() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(tus.download(&upload).await, data);
+}
+
+/// A database at its connection limit (`CONNECTION LIMIT 0`, SQLSTATE 53300): the pool keeps
+/// retrying such a refusal until its wait runs out, so its own error only says it timed out.
+/// `/readyz` names the cause all the same, within its 3 s bound, and ferry recovers once the
+/// limit is lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_connection_limit_the_database_enforces() {
+    use sqlx::{Connection, Executor};
+    let db = TestDb::create().await;
+    let s = Server::start(&["--catalog", db.url.as_str()]);
+    let tus = Tus::new(&s);
+    let upload = tus.create(10).await;
+    let mut admin = sqlx::PgConnection::connect(&common::pg::admin_url()).await.unwrap();
+    admin.execute(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" CONNECTION LIMIT 0", db.name))).await.unwrap();
+    assert!(common::pg::terminate_backends(&db.name).await >= 1, "ferry had connections");
+    // Every probe names the limit, the first ones too (which meet pooled connections the
+    // termination ended), each within readyz's bound.
+    for probe in 0..4 {
+        let asked = Instant::now();
+        let reason = catalog_reason(&s).await;
+        assert!(reason.contains("too many connections"), "probe {probe}: {reason}");
+        assert!(asked.elapsed() < Duration::from_secs(4), "probe {probe} answered within readyz's bound: {:?}", asked.elapsed());
+    }
+    admin.execute(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" CONNECTION LIMIT -1", db.name))).await.unwrap();
+    assert_eq!(offset_once_back(&tus, &upload).await, 0);
+}
+
+/// `/readyz` answers 503, and the reason its catalog check gives.
+async fn catalog_reason(s: &Server) -> String {
+    let ready = client().get(s.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503, "readyz while the database refuses connections");
+    let body: serde_json::Value = ready.json().await.unwrap();
+    let check = body["checks"].as_array().unwrap().iter().find(|c| c["store"] == "catalog").cloned().unwrap_or_default();
+    check["reason"].as_str().unwrap_or_else(|| panic!("no catalog reason in {body}")).to_string()
 }
 
 /// The upload's offset from the first HEAD answered 200 once the catalog is back (90 s at most).

@@ -43,6 +43,11 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long start-up waits for the first connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest a readiness ping waits for a pooled connection before it opens one of its own
+/// (`Catalog::ping`): well inside `/readyz`'s 3 s bound, so the reason a refused connection
+/// gives reaches the prober.
+const PING_POOL_WAIT: Duration = Duration::from_secs(1);
+
 /// How a transaction body ends (see [`settle`]).
 pub(super) enum Tx<T> {
     Commit(T),
@@ -558,8 +563,23 @@ impl Catalog for PostgresCatalog {
         rows.iter().map(row_to_record).collect()
     }
 
+    /// Readiness (`/readyz`): a pooled connection runs the ping. When none comes within
+    /// [`PING_POOL_WAIT`], or the one that came fails (the server ended it: a restart,
+    /// `pg_terminate_backend`), a connection of its own runs it instead and its outcome is
+    /// the answer: the pool's error would only say that its wait timed out or that an old
+    /// connection was ended, where a fresh connection says why the database refuses now (closed
+    /// to connections, too many clients, a refused login) — or that it answers, and the pool
+    /// replaces what it lost.
     async fn ping(&self) -> CatalogResult<()> {
-        sqlx::query(st::PING.pg).execute(&self.pool).await?;
+        match tokio::time::timeout(PING_POOL_WAIT, sqlx::query(st::PING.pg).execute(&self.pool)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => tracing::debug!(error = %e, "a pooled connection failed the readiness ping; asking a connection of its own"),
+            Err(_) => tracing::debug!("no pooled connection for the readiness ping within a second; asking a connection of its own"),
+        }
+        let mut own = self.pool.connect_options().connect().await?;
+        let pinged = sqlx::query(st::PING.pg).execute(&mut own).await;
+        let _ = own.close().await;
+        pinged?;
         Ok(())
     }
 
