@@ -836,10 +836,18 @@ fn tool_failure(e: &Refusal, tool: &str) -> CallToolResult {
 }
 
 fn mcp_err(e: Refusal) -> McpError {
-    let data = Some(serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(&e, for_model(&e, "task_get")) }).expect("serialises"));
+    let hint = for_model(&e, "task_get");
+    mcp_err_with_hint(&e, hint)
+}
+
+/// A JSON-RPC error for `e` carrying ferry's failure envelope (`code`, `retryable`,
+/// `recoveryHint` = `hint`) as its `data`: `invalid_params` for a missing or malformed
+/// argument, `internal_error` otherwise.
+fn mcp_err_with_hint(e: &Refusal, hint: String) -> McpError {
+    let data = Some(serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(e, hint) }).expect("serialises"));
     match e.code {
-        ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail, data),
-        _ => McpError::internal_error(e.detail, data),
+        ErrorCode::NotFound | ErrorCode::InvalidArgument => McpError::invalid_params(e.detail.clone(), data),
+        _ => McpError::internal_error(e.detail.clone(), data),
     }
 }
 

@@ -209,10 +209,8 @@ impl FerryMcp {
 /// The error that ends a listen whose start could not be read: ferry's envelope of `e`, with a
 /// hint that fits a listen (not a tool call).
 fn listen_refused(e: &Refusal) -> McpError {
-    use super::results::{ErrorObject, FailedStatus, Failure};
-    let hint = "Listen again (subscriptions/listen) in a few seconds; meanwhile tasks/get shows each task's status.".to_string();
-    let data = serde_json::to_value(Failure { status: FailedStatus::Failed, error: ErrorObject::of(e, hint) }).expect("an error envelope serialises");
-    McpError::internal_error(e.detail.clone(), Some(data))
+    let hint = "Listen again (subscriptions/listen) in a few seconds; meanwhile tasks/get shows each task's status.";
+    super::mcp_err_with_hint(e, hint.to_string())
 }
 
 /// `ev`'s commit time, Unix ms.
