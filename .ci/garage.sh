@@ -30,7 +30,12 @@ garage_install() {
   fi
   garage_log "installing garage 2.5.0 (not found; about 20 minutes on 2 cores)"
   local t0=$SECONDS
-  cargo install garage@2.5.0 --locked --no-default-features --features bundled-libs,sqlite --target-dir "${TMPDIR:-/tmp}/garage-target"
+  # The build directory survives a cut-off install (the next one resumes from it) and goes once
+  # the binary is in place: it holds gigabytes the tests then lack (`cargo install` keeps a
+  # --target-dir it is given).
+  local target="${TMPDIR:-/tmp}/garage-target"
+  cargo install garage@2.5.0 --locked --no-default-features --features bundled-libs,sqlite --target-dir "$target"
+  rm -rf "$target"
   garage_log "installed in $((SECONDS - t0)) s"
   export PATH="$HOME/.cargo/bin:$PATH"
 }

@@ -36,7 +36,11 @@ async fn http_client(server: &Server, token: Option<&str>, tasks: bool) -> Clien
 /// `ferry serve --stdio` as a child process of the client, on a fresh data dir.
 async fn stdio_client(data: &std::path::Path, tasks: bool) -> Client {
     let mut cmd = tokio::process::Command::new(common::ferry_bin());
-    cmd.args(["serve", "--stdio", "--listen", "127.0.0.1:0", "--data"]).arg(data).env("RUST_LOG", "warn").env_remove("FERRY_LISTEN");
+    cmd.args(["serve", "--stdio", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .env_remove("FERRY_LISTEN")
+        .env(common::TEST_MIN_FREE_SPACE.0, common::TEST_MIN_FREE_SPACE.1);
     let transport = TokioChildProcess::new(cmd).expect("spawn ferry --stdio");
     client_info(tasks).serve(transport).await.expect("MCP over stdio connects")
 }

@@ -66,14 +66,11 @@ fn python_dir() -> PathBuf {
     manifest_dir().join("tests/clients/python")
 }
 
-/// A command with no proxy settings (everything here talks to loopback) and no stdin.
+/// [`common::loopback_command`] with its output captured, unbuffered and uncoloured.
 fn loopback(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new(program);
-    for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-        cmd.env_remove(var);
-    }
-    cmd.env("NO_PROXY", "*").env("no_proxy", "*").env("NO_COLOR", "1").env("PYTHONUNBUFFERED", "1");
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut cmd = common::loopback_command(program);
+    cmd.env("NO_COLOR", "1").env("PYTHONUNBUFFERED", "1");
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
 }
 

@@ -203,6 +203,7 @@ impl Rig {
             .args(&self.args)
             .env_remove("FERRY_CATALOG")
             .env_remove("FERRY_BLOBS")
+            .env(common::TEST_MIN_FREE_SPACE.0, common::TEST_MIN_FREE_SPACE.1)
             .env("RUST_LOG", "error")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

@@ -31,6 +31,7 @@ impl LoggedServer {
             .env_remove("FERRY_LISTEN")
             .env_remove("FERRY_CATALOG")
             .env_remove("FERRY_CONFIG")
+            .env(super::TEST_MIN_FREE_SPACE.0, super::TEST_MIN_FREE_SPACE.1)
             .env("RUST_LOG", "info")
             .env("FERRY_LOG_FORMAT", "text")
             .env("NO_COLOR", "1")

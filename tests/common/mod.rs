@@ -118,6 +118,13 @@ fn test_catalog(data: &Path, args: &[&str]) -> Option<(String, String)> {
     Some(out)
 }
 
+/// The free-space reserve of every server the tests start (`FERRY_MIN_FREE_SPACE`, which a
+/// `--min-free-space` flag overrides): the tests share a disk with the rest of the machine,
+/// whose free space is not theirs to count on. ferry's default (5 %, at most 1 GiB) made 30
+/// tests answer 507 once a CI machine had 1.0 GiB free. tests/exhaustion.rs fills a disk of
+/// its own to test the reserve itself.
+pub const TEST_MIN_FREE_SPACE: (&str, &str) = ("FERRY_MIN_FREE_SPACE", "32MiB");
+
 /// Path of the compiled `ferry` binary under test.
 pub fn ferry_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferry"))
@@ -171,6 +178,7 @@ impl Server {
             .arg(data)
             .args(args)
             .env_remove("FERRY_LISTEN")
+            .env(TEST_MIN_FREE_SPACE.0, TEST_MIN_FREE_SPACE.1)
             .env("RUST_LOG", std::env::var("FERRY_TEST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -616,13 +624,14 @@ pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A command with no proxy settings (everything talks to loopback) and no stdin.
+/// A command with no proxy settings (everything talks to loopback) and no stdin; a `ferry
+/// serve` it starts (a Python or Node MCP client does) keeps [`TEST_MIN_FREE_SPACE`].
 pub fn loopback_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
     for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         cmd.env_remove(var);
     }
-    cmd.env("NO_PROXY", "*").env("no_proxy", "*").stdin(Stdio::null());
+    cmd.env("NO_PROXY", "*").env("no_proxy", "*").env(TEST_MIN_FREE_SPACE.0, TEST_MIN_FREE_SPACE.1).stdin(Stdio::null());
     cmd
 }
 
