@@ -18,6 +18,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
 
@@ -87,6 +88,66 @@ const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct PostgresCatalog {
     pub(super) pool: PgPool,
+    hot: std::sync::Arc<HotConnections>,
+}
+
+/// Most pooled connections kept aside by [`HotConnections`] (at most half the pool's).
+const HOT_CONNECTIONS: usize = 4;
+
+/// Pooled connections kept aside for the statements every PATCH runs (the lease's grant, the
+/// checkpoint, the release): sqlx pings a connection that goes back to its pool, a round trip
+/// and a task per statement (issue 24: the fixed cost of a PATCH). The ones kept here are still
+/// the pool's, so the catalog never holds more than its `max_connections`, and others always
+/// have at least half of them. One idle for [`PING_IDLE_AFTER`] is pinged before use, as the
+/// pool does; a statement that fails gives its connection back to the pool (which tests it)
+/// and lets go of every other one kept here, which a restarted or lost database broke alike.
+struct HotConnections {
+    pool: PgPool,
+    idle: std::sync::Mutex<Vec<(PoolConnection<Postgres>, std::time::Instant)>>,
+    keep: usize,
+}
+
+impl HotConnections {
+    fn new(pool: PgPool, max_connections: u32) -> Self {
+        HotConnections { pool, idle: Default::default(), keep: HOT_CONNECTIONS.min(max_connections as usize / 2) }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(PoolConnection<Postgres>, std::time::Instant)>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A kept connection, else one from the pool.
+    async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        loop {
+            let kept = self.idle().pop();
+            let Some((mut conn, since)) = kept else { return self.pool.acquire().await };
+            if since.elapsed() < PING_IDLE_AFTER || conn.ping().await.is_ok() {
+                return Ok(conn);
+            }
+            conn.close_on_drop();
+        }
+    }
+
+    /// Keep `conn` for the next statement when its statement's `outcome` left it usable (an
+    /// answer, or an error the database sent) and there is room; else it goes back to the pool
+    /// (and, when it failed otherwise, so does every connection kept). Once the pool is closing
+    /// nothing is kept: its `close` waits for every connection to come back.
+    fn give_back<T>(&self, conn: PoolConnection<Postgres>, outcome: &Result<T, sqlx::Error>) {
+        if matches!(outcome, Err(e) if !matches!(e, sqlx::Error::Database(_))) || self.pool.is_closed() {
+            self.let_go();
+            return;
+        }
+        let mut idle = self.idle();
+        if idle.len() < self.keep {
+            idle.push((conn, std::time::Instant::now()));
+        }
+    }
+
+    /// Give every kept connection back to the pool.
+    fn let_go(&self) {
+        let kept = std::mem::take(&mut *self.idle());
+        drop(kept);
+    }
 }
 
 /// A `postgres://` URL with its password (in the user info or a `password=` parameter)
@@ -150,7 +211,7 @@ impl PostgresCatalog {
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to the catalog {shown}: {}", scrub(&describe(&e), url)))?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await.map_err(|e| anyhow::anyhow!("migrating the catalog {shown}: {e}"))?;
-        Ok(PostgresCatalog { pool })
+        Ok(PostgresCatalog { hot: std::sync::Arc::new(HotConnections::new(pool.clone(), max_connections.max(1))), pool })
     }
 
     /// The connection pool (tests and benchmarks).
@@ -256,14 +317,18 @@ impl PostgresCatalog {
         from: Option<u32>,
         entries: &[&[u8]],
     ) -> CatalogResult<u64> {
+        let mut conn = self.hot.take().await?;
         let Some(from) = from else {
-            return Ok(bind(sqlx::query(sql.0)).execute(&self.pool).await?.rows_affected());
+            let done = bind(sqlx::query(sql.0)).execute(&mut *conn).await;
+            self.hot.give_back(conn, &done);
+            return Ok(done?.rows_affected());
         };
         let added = entries.get(from as usize..).unwrap_or_default();
         let seqs: Vec<i32> = (from as i32..).take(added.len()).collect();
         let bytes: Vec<Vec<u8>> = added.iter().map(|e| e.to_vec()).collect();
-        let row = bind(sqlx::query(sql.1)).bind(seqs).bind(bytes).bind(entries.len() as i32).fetch_one(&self.pool).await?;
-        Ok(row.try_get::<i64, _>(0)? as u64)
+        let row = bind(sqlx::query(sql.1)).bind(seqs).bind(bytes).bind(entries.len() as i32).fetch_one(&mut *conn).await;
+        self.hot.give_back(conn, &row);
+        Ok(row?.try_get::<i64, _>(0)? as u64)
     }
 
     /// INSERT `rec`, holding `key` when given.
@@ -450,7 +515,10 @@ impl Catalog for PostgresCatalog {
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
         // A concurrent taker waits for the row lock, then re-checks the WHERE against the
         // winner's row: Held.
-        let row = sqlx::query(st::ACQUIRE_LEASE.pg).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&self.pool).await?;
+        let mut conn = self.hot.take().await?;
+        let row = sqlx::query(st::ACQUIRE_LEASE.pg).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&mut *conn).await;
+        self.hot.give_back(conn, &row);
+        let row = row?;
         if let Some(r) = row {
             return Ok(LeaseOutcome::Granted(LeaseGrant {
                 fence: r.try_get::<i64, _>(0)? as u64,
@@ -482,7 +550,10 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query(st::RELEASE_LEASE.pg).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
+        let mut conn = self.hot.take().await?;
+        let done = sqlx::query(st::RELEASE_LEASE.pg).bind(id).bind(to_i64(fence)?).execute(&mut *conn).await;
+        self.hot.give_back(conn, &done);
+        done?;
         Ok(())
     }
 
@@ -570,6 +641,12 @@ impl Catalog for PostgresCatalog {
     /// connection was ended, where a fresh connection says why the database refuses now (closed
     /// to connections, too many clients, a refused login) — or that it answers, and the pool
     /// replaces what it lost.
+    async fn close(&self) {
+        // The kept connections first: the pool's close waits for every connection it lent.
+        self.hot.let_go();
+        self.pool.close().await;
+    }
+
     async fn ping(&self) -> CatalogResult<()> {
         match tokio::time::timeout(PING_POOL_WAIT, sqlx::query(st::PING.pg).execute(&self.pool)).await {
             Ok(Ok(_)) => return Ok(()),
