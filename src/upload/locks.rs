@@ -280,6 +280,9 @@ struct CatalogHold {
 impl Drop for CatalogHold {
     fn drop(&mut self) {
         self.heartbeat.abort();
+        if let Some(local) = &self.local {
+            local.letting_go();
+        }
         let (catalog, id, fence, local) = (self.catalog.clone(), std::mem::take(&mut self.id), self.fence, self.local.take());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -356,6 +359,9 @@ struct Slot {
     stop: Mutex<CancellationToken>,
     /// The holder does not give the slot up on request.
     pinned: AtomicBool,
+    /// The holder is letting go already: its catalog lease's release is on its way, and the slot
+    /// follows once the catalog has it ([`CatalogHold`]).
+    releasing: AtomicBool,
 }
 
 /// The in-process table of upload slots.
@@ -380,6 +386,12 @@ impl WriteGuard {
     pub fn stop(&self) -> &CancellationToken {
         &self.stop
     }
+
+    /// The holder is letting go (what keeps it is on its way): a request that wants the slot
+    /// only if free waits for it instead of being refused.
+    fn letting_go(&self) {
+        self.slot.releasing.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for WriteGuard {
@@ -387,6 +399,7 @@ impl Drop for WriteGuard {
         if self.pinned {
             self.slot.pinned.store(false, Ordering::SeqCst);
         }
+        self.slot.releasing.store(false, Ordering::SeqCst);
         drop(self._guard.take());
         let mut slots = self.table.slots.lock().unwrap();
         // The map and this guard hold the only references: nobody waits, drop the slot.
@@ -405,7 +418,7 @@ impl WriterLocks {
     /// `None` when the holder did not let go in time.
     pub async fn take(self: &Arc<Self>, id: &str, want: Want, wait: Duration) -> Option<WriteGuard> {
         let mut g = match want {
-            Want::IfFree => self.try_acquire(id)?,
+            Want::IfFree => self.acquire_if_free(id, wait).await?,
             Want::Takeover | Want::Pinned => self.acquire(id, wait).await?,
         };
         if want == Want::Pinned {
@@ -433,6 +446,23 @@ impl WriterLocks {
             Ok(g) => Some(self.granted(id, slot, g)),
             Err(_) => self.refuse(id, slot),
         }
+    }
+
+    /// [`WriterLocks::try_acquire`], except that a holder already letting go is waited for (at
+    /// most `wait`), not refused: the next PATCH of an upload on a catalog lease usually
+    /// arrives while the previous one's release is still on its way to the catalog (issue 24:
+    /// it took the takeover path, a catalog read more).
+    async fn acquire_if_free(self: &Arc<Self>, id: &str, wait: Duration) -> Option<WriteGuard> {
+        let slot = self.slots.lock().unwrap().entry(id.to_string()).or_default().clone();
+        let guard = match slot.lock.clone().try_lock_owned() {
+            Ok(g) => g,
+            Err(_) if slot.releasing.load(Ordering::SeqCst) => match tokio::time::timeout(wait, slot.lock.clone().lock_owned()).await {
+                Ok(g) => g,
+                Err(_) => return self.refuse(id, slot),
+            },
+            Err(_) => return self.refuse(id, slot),
+        };
+        Some(self.granted(id, slot, guard))
     }
 
     /// Take the slot of `id`, asking a current holder to stop and waiting at most `wait`.
@@ -510,6 +540,24 @@ mod tests {
         drop(pinned);
         let next = locks.acquire("a", Duration::from_millis(50)).await.expect("free after the pin drops");
         drop(next);
+        assert!(locks.is_empty());
+    }
+
+    #[tokio::test]
+    async fn if_free_waits_for_a_holder_letting_go_and_refuses_one_that_is_not() {
+        let locks = Arc::new(WriterLocks::default());
+        let first = locks.take("a", Want::IfFree, Duration::from_secs(1)).await.unwrap();
+        assert!(locks.take("a", Want::IfFree, Duration::from_secs(3600)).await.is_none(), "a working holder: refused at once");
+        assert!(!first.stop().is_cancelled(), "and not asked to stop");
+        first.letting_go();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(first);
+        });
+        let second = locks.take("a", Want::IfFree, Duration::from_secs(5)).await.expect("waits for the holder letting go");
+        release.await.unwrap();
+        assert!(!second.slot.releasing.load(Ordering::SeqCst), "the new holder is not letting go");
+        drop(second);
         assert!(locks.is_empty());
     }
 
