@@ -634,6 +634,12 @@ impl Catalog for PostgresCatalog {
         rows.iter().map(row_to_record).collect()
     }
 
+    async fn close(&self) {
+        // The kept connections first: the pool's close waits for every connection it lent.
+        self.hot.let_go();
+        self.pool.close().await;
+    }
+
     /// Readiness (`/readyz`): a pooled connection runs the ping. When none comes within
     /// [`PING_POOL_WAIT`], or the one that came fails (the server ended it: a restart,
     /// `pg_terminate_backend`), a connection of its own runs it instead and its outcome is
@@ -641,12 +647,6 @@ impl Catalog for PostgresCatalog {
     /// connection was ended, where a fresh connection says why the database refuses now (closed
     /// to connections, too many clients, a refused login) — or that it answers, and the pool
     /// replaces what it lost.
-    async fn close(&self) {
-        // The kept connections first: the pool's close waits for every connection it lent.
-        self.hot.let_go();
-        self.pool.close().await;
-    }
-
     async fn ping(&self) -> CatalogResult<()> {
         match tokio::time::timeout(PING_POOL_WAIT, sqlx::query(st::PING.pg).execute(&self.pool)).await {
             Ok(Ok(_)) => return Ok(()),
