@@ -149,6 +149,33 @@ async fn postgres_catalog_two_handles_on_one_database() {
     b.close().await;
 }
 
+/// The connections kept aside for the statements every PATCH runs are closed once idle, as
+/// the pool's own are: a replica without traffic does not hold them.
+#[tokio::test]
+async fn postgres_kept_connections_close_when_idle() {
+    let db = TestDb::create().await;
+    let cat = PostgresCatalog::connect(&db.url).await.unwrap();
+    let backends = || async {
+        let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&common::pg::admin_url()).await.unwrap();
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'ferry'").bind(&db.name).fetch_one(&mut admin).await.unwrap();
+        n
+    };
+    // A release is one of those statements; its connection is kept afterwards.
+    cat.release_upload_lease("nosuchupload", 1).await.unwrap();
+    let before = backends().await;
+    assert!(before >= 1, "the kept connection is open");
+    cat.close_idle_kept(std::time::Duration::ZERO);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while backends().await >= before {
+        assert!(std::time::Instant::now() < deadline, "the kept connection was never closed ({before} backends)");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The next statement takes a connection from the pool again.
+    cat.release_upload_lease("nosuchupload", 1).await.unwrap();
+    cat.close().await;
+}
+
 /// Replicas starting together on an empty database migrate it once (sqlx's advisory lock)
 /// and all come up; a second start finds the schema current.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
