@@ -439,19 +439,10 @@ impl WriterLocks {
         WriteGuard { table: self.clone(), id: id.to_string(), slot, stop, _guard: Some(guard), pinned: false }
     }
 
-    /// Take the slot of `id` only if nobody holds it; never asks a holder to stop.
-    pub fn try_acquire(self: &Arc<Self>, id: &str) -> Option<WriteGuard> {
-        let slot = self.slots.lock().unwrap().entry(id.to_string()).or_default().clone();
-        match slot.lock.clone().try_lock_owned() {
-            Ok(g) => Some(self.granted(id, slot, g)),
-            Err(_) => self.refuse(id, slot),
-        }
-    }
-
-    /// [`WriterLocks::try_acquire`], except that a holder already letting go is waited for (at
-    /// most `wait`), not refused: the next PATCH of an upload on a catalog lease usually
-    /// arrives while the previous one's release is still on its way to the catalog (issue 24:
-    /// it took the takeover path, a catalog read more).
+    /// Take the slot of `id` only if nobody holds it, never asking a holder to stop; a holder
+    /// already letting go is waited for (at most `wait`), not refused: the next PATCH of an
+    /// upload on a catalog lease usually arrives while the previous one's release is still on
+    /// its way to the catalog (issue 24: it took the takeover path, a catalog read more).
     async fn acquire_if_free(self: &Arc<Self>, id: &str, wait: Duration) -> Option<WriteGuard> {
         let slot = self.slots.lock().unwrap().entry(id.to_string()).or_default().clone();
         let guard = match slot.lock.clone().try_lock_owned() {
