@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::app::{AppState, HttpConfig, McpConfig, Tokens};
+use crate::app::{AppParts, AppState, HttpConfig, McpConfig, Tokens};
 use crate::blob::{BlobStore, FsBlobStore, S3BlobStore};
 use crate::config::{BlobLocation, Config, Durability, LeaseMode};
 use crate::http::app;
@@ -151,7 +151,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("{scheme}://{addr}")), signer).with_pages(!cfg.no_web);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let state = AppState {
+    let state = AppState::new(AppParts {
         engine: engine.clone(),
         tasks: tasks.clone(),
         events,
@@ -175,7 +175,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 .map(|(n, c)| crate::app::CommandTool { name: n.clone(), description: c.description.clone(), params_schema: c.params_schema.clone() })
                 .collect(),
         }),
-    };
+    });
     // The MCP service is built here, once, and nested at `/mcp`: http and mcp never import
     // each other (DESIGN §1).
     let router = app(state.clone(), crate::mcp::streamable_http_service(&state));

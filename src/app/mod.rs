@@ -71,11 +71,29 @@ pub struct CommandTool {
     pub params_schema: Option<serde_json::Value>,
 }
 
-/// Shared state of every transport: cheap to clone (handles only — axum clones it several
-/// times per request, once per middleware layer and handler, so every field is an `Arc` or a
-/// `Copy` value, never a map or a list).
+/// Shared state of every transport: one `Arc`, since axum clones it several times per request
+/// (once per middleware layer and handler): a clone is one reference count, not one per part
+/// (issue 24: the fixed CPU of a request). Reads its parts through `Deref` (`state.engine`).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl AppState {
+    pub fn new(parts: AppParts) -> Self {
+        AppState(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds: handles each transport shares with the others (the engines, the
+/// outbox, the configuration).
+pub struct AppParts {
     pub engine: Arc<UploadEngine>,
     pub tasks: Arc<crate::tasks::Engine>,
     /// The outbox's readers: SSE, webhook deliveries (DESIGN §8).
