@@ -321,13 +321,7 @@ async fn reload_on_sighup(_: std::io::Result<()>, _: Config, _: Tokens, _: Optio
 pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     match &cfg.blobs {
         BlobLocation::Dir(dir) => {
-            Ok(Arc::new(
-                FsBlobStore::open(dir, cfg.durability == Durability::Full)
-                    .context("opening the blob store")?
-                    .with_direct_writes(!cfg.buffered_writes)
-                    // In-process leases: no other process writes this directory.
-                    .with_inline_opens(cfg.leases == LeaseMode::Local),
-            ))
+            Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?.with_direct_writes(!cfg.buffered_writes)))
         }
         BlobLocation::S3(url) => {
             let store = S3BlobStore::from_url(url, cfg.s3.part_size)?.with_max_buffer(cfg.s3.max_buffer).with_parts_in_flight(cfg.s3.parts_in_flight);

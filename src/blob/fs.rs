@@ -117,7 +117,14 @@ impl FsBlobStore {
     pub fn open(root: &Path, durable: bool) -> std::io::Result<Self> {
         // Also in relaxed mode: once per start, and finished blobs rely on it.
         create_dir_all_synced(root)?;
-        Ok(FsBlobStore { root: root.to_path_buf(), durable, direct: cfg!(target_os = "linux"), open_inline: false, stray: Arc::default(), synced_dirs: Arc::default() })
+        Ok(FsBlobStore {
+            root: root.to_path_buf(),
+            durable,
+            direct: cfg!(target_os = "linux"),
+            open_inline: on_local_disk(root),
+            stray: Arc::default(),
+            synced_dirs: Arc::default(),
+        })
     }
 
     /// The same store writing blobs with `O_DIRECT` (`true`, the default on Linux, where the
@@ -129,10 +136,11 @@ impl FsBlobStore {
 
     /// Open writers' files on the request's own thread when the open cannot wait (`true`):
     /// the file's writer lock is free and nothing past the offset needs cutting, else the open
-    /// goes to a blocking thread as always. For a directory only this process writes (in-process
-    /// leases), where an open is a few local system calls: it saves a PATCH a hand-off to the
-    /// blocking pool and back (issue 24: 0.05 ms of CPU and 3 context switches per PATCH). Not
-    /// for a directory replicas share, which may be remote (NFS) and slow to open.
+    /// goes to a blocking thread as always. Where an open is a few local system calls, this saves
+    /// a PATCH a hand-off to the blocking pool and back (issue 24: 0.03–0.1 ms of CPU and 3
+    /// context switches per PATCH). [`FsBlobStore::open`] turns it on for a root on a local disk
+    /// filesystem ([`on_local_disk`]), never for a network one (NFS, SMB, FUSE…), whose opens
+    /// are round trips.
     pub fn with_inline_opens(mut self, on: bool) -> Self {
         self.open_inline = on;
         self
@@ -480,6 +488,23 @@ impl Stream for ReadAhead {
     }
 }
 
+/// Whether `root` lies on a filesystem of a local disk or of memory (ext2/3/4, XFS, Btrfs,
+/// F2FS, tmpfs), where opening a file is a few system calls that do not wait on a network:
+/// anything else, or a `statfs` that fails, is treated as remote.
+fn on_local_disk(root: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
+        // ext2, ext3 and ext4 share one magic number.
+        statfs(root).is_ok_and(|s| [EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC].contains(&s.filesystem_type()))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = root;
+        false
+    }
+}
+
 /// Open the blob file at `p` to write from byte `offset`: its writer lock taken
 /// ([`hold_writer_lock`]), anything past `offset` cut (and the cut synced when `durable`), and a
 /// direct writer set up at `offset` when `want_direct`. `quick`: run on an async thread, so
@@ -794,6 +819,14 @@ mod tests {
         for inline in [false, true] {
             a_second_writer_waits_with(inline).await;
         }
+    }
+
+    /// Only a local filesystem opens writers on the async thread: not a pseudo or network one,
+    /// nor a path `statfs` cannot read.
+    #[test]
+    fn inline_opens_only_on_a_local_disk() {
+        assert!(!on_local_disk(Path::new("/proc")));
+        assert!(!on_local_disk(Path::new("/no/such/directory")));
     }
 
     async fn a_second_writer_waits_with(inline: bool) {
