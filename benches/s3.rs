@@ -61,7 +61,9 @@ async fn tus_upload(c: &reqwest::Client, base: &str, len: u64, fill: u8) -> (Str
     assert_eq!(r.status(), 201);
     let loc = r.headers()["location"].to_str().unwrap().to_string();
     let url = if loc.starts_with("http") { loc } else { format!("{base}{loc}") };
-    let chunk = bytes::Bytes::from(vec![fill; env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB) as usize]);
+    // No bigger than the upload: 64 concurrent uploads with `BENCH_S3_PATCH_BYTES` of 1 GiB
+    // would otherwise hold 64 GiB of PATCH bodies.
+    let chunk = bytes::Bytes::from(vec![fill; env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB).min(len) as usize]);
     let t0 = Instant::now();
     let mut off = 0u64;
     while off < len {

@@ -97,6 +97,20 @@ fn streaming_patch(url: &str, offset: u64) -> (tokio::sync::mpsc::Sender<Bytes>,
     (tx, tokio::spawn(req.send()))
 }
 
+/// As [`streaming_patch`], with the body's length declared (`Content-Length: len`).
+fn declared_patch(url: &str, offset: u64, len: usize) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
+    let req = client()
+        .patch(url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", offset.to_string())
+        .header("Content-Length", len.to_string())
+        .body(body);
+    (tx, tokio::spawn(req.send()))
+}
+
 /// HEAD until it answers 200 (423 while another replica holds the upload); returns the offset.
 async fn offset_when_free(tus: &Tus, url: &str) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -424,6 +438,44 @@ async fn a_part_upload_cut_mid_body_loses_nothing() {
     }
     patch_rest(&tus, &url, &data, head as usize, 4 * MIB).await;
     assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+}
+
+/// Streamed parts (issue 24 goal 4): when a PATCH's declared length covers a whole part, the
+/// part's UploadPart begins while the part is still being received — S3 sees it with 2 of its
+/// 5 MiB in — and each part is sent once. A streamed part S3 cuts mid-body is sent again whole
+/// and the PATCH is still acknowledged; the file reads back right and every completion had
+/// parts of one size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_is_sent_while_it_is_received_and_again_whole_if_its_stream_is_cut() {
+    let rig = Rig::start(1, &[]).await;
+    let tus = rig.tus(0);
+    let data = pseudo_random(17 * MIB + 5, 0x27);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    let parts = |status: u16| rig.proxies[0].seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id) && s.status == status).count();
+    let (tx, pending) = declared_patch(&url, 0, 10 * MIB);
+    let mut pieces = data[..10 * MIB].chunks(MIB);
+    for piece in pieces.by_ref().take(2) {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    let early = eventually(10, || async { rig.proxies[0].count(Kind::UploadPart, &id) >= 1 }).await;
+    assert!(early, "part 1's UploadPart began with 2 of its 5 MiB received: {:?}", rig.proxies[0].seen());
+    for piece in pieces {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    drop(tx);
+    let r = pending.await.unwrap().unwrap();
+    assert_eq!((r.status().as_u16(), header_u64(&r, "upload-offset")), (204, Some(10 * MIB as u64)));
+    assert_eq!(parts(200), 2, "two parts, each sent once: {:?}", rig.proxies[0].seen());
+
+    // The next part's stream is cut 1 MiB in: the part goes again whole.
+    rig.proxies[0].cut_next_part(MIB as u64);
+    let r = tus.patch(&url, 10 * MIB as u64, data[10 * MIB..15 * MIB].to_vec(), &[]).await;
+    assert_eq!((r.status().as_u16(), header_u64(&r, "upload-offset")), (204, Some(15 * MIB as u64)), "{:?}", rig.proxies[0].seen());
+    assert_eq!((parts(0), parts(200)), (1, 3), "one stream cut, its part then stored whole: {:?}", rig.proxies[0].seen());
+    patch_rest(&tus, &url, &data, 15 * MIB, 4 * MIB).await;
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+    assert_uniform_parts(&rig.proxies[0]);
 }
 
 /// An upload for the parts-in-flight cases (`--s3-parts-in-flight 2`): `FIRST` bytes stored

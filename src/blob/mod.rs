@@ -406,4 +406,13 @@ pub trait BlobWriter: Send {
 
     /// Bytes written so far, counted from the start of the blob.
     fn position(&self) -> u64;
+
+    /// A hint: the bytes this writer is about to be given run up to byte `end` of the blob (the
+    /// request body's declared length, `Content-Length`). A store may then begin sending a
+    /// piece whose bytes have not all arrived yet (S3: a part streamed while it is received);
+    /// a hint that proves wrong (the body stops short) costs that work again, never a byte.
+    /// Default: ignored.
+    fn expecting(&mut self, end: u64) {
+        let _ = end;
+    }
 }

@@ -189,6 +189,11 @@ impl Appender {
         self.writer.position()
     }
 
+    /// The request's bytes will run up to byte `end` of the blob ([`BlobWriter::expecting`]).
+    pub(crate) fn expecting(&mut self, end: u64) {
+        self.writer.expecting(end);
+    }
+
     /// Bytes written since the last commit (not yet durable, perhaps not yet on the disk).
     pub(crate) fn unsynced(&self) -> u64 {
         self.writer.position().saturating_sub(self.committed.0)
@@ -698,6 +703,10 @@ impl UploadEngine {
             }
         };
 
+        if let Some(declared) = body.len_hint() {
+            // What this body will add, within its plan and the quota's room.
+            app.expecting(plan.offset.saturating_add(declared.min(plan.max_bytes).min(room.unwrap_or(u64::MAX))));
+        }
         let mut digests = match (&plan.checksum, plan.checksum_in_trailer) {
             (Some(c), _) => ChunkDigests::for_header(c.algorithm),
             (None, true) => ChunkDigests::for_trailer(),

@@ -32,6 +32,12 @@ pub(super) struct Inner {
     pub(super) budget: Budget,
     /// Full parts of one writer sent at once (`[s3] parts_in_flight`).
     pub(super) parts_in_flight: usize,
+    /// Whether a part may be sent while it is still being received ([`Inner::stream_part`]):
+    /// only where its unsigned body cannot be changed on the way — an `https` endpoint, or
+    /// one on this machine (a loopback address or `localhost`) — or where
+    /// `AWS_UNSIGNED_PAYLOAD=true` asks for unsigned bodies. Elsewhere object_store sends
+    /// whole parts with their sha256 under the signature.
+    pub(super) stream_parts: bool,
     /// Open parts of writers that ended, for the next writer of the same upload here.
     pub(super) parked: Parked,
 }
@@ -205,6 +211,19 @@ impl Inner {
     }
 }
 
+/// Whether parts may be streamed to `endpoint` ([`Inner::stream_parts`]): `https`, or a
+/// loopback host.
+pub(super) fn may_stream_parts(endpoint: &str) -> bool {
+    let Ok(url) = url::Url::parse(endpoint) else { return false };
+    url.scheme() == "https"
+        || match url.host() {
+            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            None => false,
+        }
+}
+
 /// `(Key, UploadId)` of each `<Upload>` in a ListMultipartUploads answer (XML entities of the
 /// five predefined kinds decoded).
 pub(super) fn parse_uploads(xml: &str) -> Vec<(String, String)> {
@@ -226,5 +245,16 @@ mod tests {
                    <Initiated>2026</Initiated></Upload><Upload><Key>up/c</Key><UploadId>Y2</UploadId></Upload></ListMultipartUploadsResult>";
         assert_eq!(parse_uploads(xml), vec![("up/a&b".to_string(), "X1".to_string()), ("up/c".to_string(), "Y2".to_string())]);
         assert_eq!(parse_uploads("<ListMultipartUploadsResult/>"), vec![]);
+    }
+
+    #[test]
+    fn parts_stream_only_over_tls_or_loopback() {
+        for yes in ["https://s3.eu-west-1.amazonaws.com", "https://10.0.0.5:3900", "http://127.0.0.1:3900", "http://127.1.2.3:9000/", "http://[::1]:9000", "http://localhost:9000"]
+        {
+            assert!(may_stream_parts(yes), "{yes}");
+        }
+        for no in ["http://10.0.0.5:3900", "http://s3.internal:9000", "http://localhost.example.com", "not a url", ""] {
+            assert!(!may_stream_parts(no), "{no}");
+        }
     }
 }

@@ -29,14 +29,13 @@ impl Inner {
     /// the signature) — no signing code of ferry's own. Errors are classified as object_store's
     /// are ([`classify_message`]); S3 may answer 200 with an `<Error>` body, which is one too.
     async fn copy_part(&self, to: &Path, mp: &str, idx: usize, from: &Path, range: Range<u64>) -> BlobResult<PartId> {
-        use object_store::signer::{SignedUrlOptions, Signer};
+        use object_store::signer::Signer;
         const KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
         let source = format!("{}/{}", self.bucket, percent_encoding::utf8_percent_encode(from.as_ref(), KEY));
         let source_range = format!("bytes={}-{}", range.start, range.end - 1);
         let header = |v: &str| http::HeaderValue::from_str(v).map_err(|e| BlobError::Io(std::io::Error::other(e)));
         let (src_h, range_h) = (header(&source)?, header(&source_range)?);
-        let opts = SignedUrlOptions::new()
-            .with_query([("partNumber", (idx + 1).to_string()), ("uploadId", mp.to_string())])
+        let opts = part_query(mp, idx + 1)
             .with_signed_header(http::HeaderName::from_static("x-amz-copy-source"), src_h.clone())
             .with_signed_header(http::HeaderName::from_static("x-amz-copy-source-range"), range_h.clone());
         let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
@@ -65,6 +64,34 @@ impl Inner {
         };
         let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| unavailable(format!("no ETag in the answer: {body}")))?;
         Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
+    }
+
+    /// UploadPart (S3 API reference) of part number `number` of multipart upload `mp` on `to`,
+    /// its body exactly `size` bytes taken from `body` as they arrive, so a part is on its way
+    /// while it is still being received. object_store 0.14's `put_part` takes a whole part in
+    /// memory, so this request goes to a URL object_store signs (`partNumber` and `uploadId`
+    /// under the signature; the body is an unsigned payload, as presigned requests' are — the
+    /// caller streams only over TLS or loopback, see [`Inner::stream_parts`]). Not retried
+    /// (its body is gone once sent) and not bounded in time here: the caller bounds the wait
+    /// for S3's answer once the body is whole. Errors: a body that ends short of `size` (the
+    /// sender went away) or any refusal, as [`BlobError::Unavailable`] with S3's words; the
+    /// caller then sends the part whole.
+    pub(super) async fn stream_part(&self, to: &Path, mp: &str, number: u32, size: u64, mut body: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> BlobResult<PartId> {
+        use object_store::signer::Signer;
+        let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &part_query(mp, number as usize)).await.map_err(io)?;
+        let unavailable = |what: String| BlobError::Unavailable(format!("UploadPart {number} of {to}, streamed: {what}"));
+        let feed = futures::stream::poll_fn(move |cx| body.poll_recv(cx).map(|b| b.map(Ok::<_, std::io::Error>)));
+        let sent = async {
+            let r = streamed_put(&self.http, url, size, feed).send().await?;
+            let etag = r.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let status = r.status();
+            Ok::<_, reqwest::Error>((status, etag, r.text().await?))
+        };
+        match sent.await {
+            Ok((status, Some(etag), _)) if status.is_success() => Ok(PartId { content_id: etag }),
+            Ok((status, _, body)) => Err(unavailable(format!("{status}: {}", body.chars().take(300).collect::<String>()))),
+            Err(e) => Err(unavailable(e.to_string())),
+        }
     }
 
     /// CompleteMultipartUpload (S3 API reference) of multipart upload `mp` on `to` from
@@ -160,6 +187,21 @@ impl Inner {
     }
 }
 
+/// A PUT of exactly `size` bytes taken from `feed` as they come: `Content-Length: size`, not
+/// chunked (S3 refuses an UploadPart without a length: 411 `MissingContentLength`).
+fn streamed_put<S>(http: &reqwest::Client, url: url::Url, size: u64, feed: S) -> reqwest::RequestBuilder
+where
+    S: futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + Sync + 'static,
+{
+    http.put(url).header(http::header::CONTENT_LENGTH, size).body(reqwest::Body::wrap_stream(feed))
+}
+
+/// Presigning options of a request on part number `number` (1-based) of multipart upload `mp`
+/// (UploadPart, UploadPartCopy): both under the signature.
+fn part_query(mp: &str, number: usize) -> object_store::signer::SignedUrlOptions {
+    object_store::signer::SignedUrlOptions::new().with_query([("partNumber", number.to_string()), ("uploadId", mp.to_string())])
+}
+
 /// One part of a composed blob.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Piece {
@@ -225,6 +267,34 @@ pub(crate) fn plan_for(lens: &[u64], floor: u64) -> Option<Vec<Piece>> {
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn a_streamed_part_goes_with_its_length_not_chunked() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = url::Url::parse(&format!("http://{}/b/k?partNumber=1&uploadId=u", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(5).any(|w| w == b"world") {
+                let n = sock.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the body ended early: {}", String::from_utf8_lossy(&got));
+                got.extend_from_slice(&buf[..n]);
+            }
+            sock.write_all(b"HTTP/1.1 200 OK\r\netag: \"e\"\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+            String::from_utf8_lossy(&got).to_ascii_lowercase()
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(2);
+        let feed = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(Ok::<_, std::io::Error>)));
+        let sending = tokio::spawn(super::streamed_put(&reqwest::Client::new(), url, 10, feed).send());
+        tx.send(bytes::Bytes::from_static(b"hel")).await.unwrap();
+        tx.send(bytes::Bytes::from_static(b"lo")).await.unwrap();
+        tx.send(bytes::Bytes::from_static(b"world")).await.unwrap();
+        drop(tx);
+        let head = server.await.unwrap();
+        assert!(head.contains("content-length: 10\r\n") && !head.contains("transfer-encoding"), "{head}");
+        assert_eq!(sending.await.unwrap().unwrap().status(), 200);
+    }
 
     use super::*;
 

@@ -130,6 +130,15 @@ impl S3BlobStore {
         let allow_http = b.get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp)).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let listing_http = ReqwestConnector::default().connect(&ClientOptions::new().with_allow_http(allow_http)).map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
         let listing = Listing { bucket_url: format!("{}/{bucket}", endpoint.trim_end_matches('/')), region, http: listing_http };
+        // Bodies go unsigned (and parts may be streamed, which needs it) where nothing on the
+        // way can change them — TLS or loopback — unless `AWS_UNSIGNED_PAYLOAD` says otherwise:
+        // object_store then need not hash every body into its signature (a sha256 of every
+        // byte sent, ≈ 0.7 s of CPU per GiB).
+        let unsigned = std::env::var("AWS_UNSIGNED_PAYLOAD").ok().map(|v| v.trim().eq_ignore_ascii_case("true"));
+        let stream_parts = unsigned.unwrap_or_else(|| client::may_stream_parts(&endpoint));
+        if unsigned.is_none() && stream_parts {
+            b = b.with_unsigned_payload(true);
+        }
         let s3 = b.with_retry(retry_config()).build().map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().map_err(|e| anyhow::anyhow!("HTTP client for {url}: {e}"))?;
         let inner = Inner {
@@ -141,6 +150,7 @@ impl S3BlobStore {
             listing,
             budget: Budget::new(DEFAULT_MAX_BUFFER),
             parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
+            stream_parts,
             parked: Parked::default(),
         };
         Ok(S3BlobStore { inner: Arc::new(inner) })

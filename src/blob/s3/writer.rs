@@ -4,7 +4,12 @@
 //!   part being filled; a full part is sent (UploadPart) at once, in a task of its own, while
 //!   the next one fills (at most `[s3] parts_in_flight` on their way). At a checkpoint
 //!   ([`BlobWriter::sync`]) only the bytes new since the last one are written, as one tail
-//!   segment object, so the next holder can resume. When the writer ends (the PATCH is over),
+//!   segment object, so the next holder can resume. When the request's declared length says
+//!   a part will fill within it ([`BlobWriter::expecting`]), the part is **streamed**: its
+//!   UploadPart starts with its first byte and is fed as bytes arrive ([`Streaming`]), so
+//!   a PATCH that ends on a part's boundary waits only for S3's answer, not for the whole
+//!   part to be sent after it was received; the open part still gathers every byte, and a
+//!   stream that fails is replaced by the whole part sent as before. When the writer ends (the PATCH is over),
 //!   its open part is **parked** in the store ([`Parked`]) with the state it last synced; the
 //!   next PATCH of the same upload in this process, at that committed state, takes it back and
 //!   reads nothing from S3. Only a new holder (another process, or after eviction) reads the
@@ -36,6 +41,25 @@ use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 /// How long a parked open part waits for the next PATCH of its upload before it is dropped
 /// (its bytes are durable in tail segments; a later writer reads them back).
 const PARK_FOR: Duration = Duration::from_secs(60);
+
+/// How many received slices a streamed part's body may queue before a write waits for S3 to
+/// take them (hyper hands over slices of up to a few hundred KiB).
+const FEED_DEPTH: usize = 16;
+
+/// Longest a write waits for a streamed part's request to take its bytes before the stream is
+/// given up (S3 stopped reading): the part is then gathered and sent whole, as without one.
+const FEED_WAIT: Duration = Duration::from_secs(5);
+
+/// A part sent while its bytes arrive: an UploadPart of the part's full size whose body is fed
+/// by [`BlobWriter::write`] ([`Inner::stream_part`]).
+struct Streaming {
+    /// Index (0-based) of the part it sends: always the open part's.
+    idx: u64,
+    /// Feeds the request's body; `None` once the request stopped taking bytes (it failed: the
+    /// part is then sent whole when full).
+    feed: Option<tokio::sync::mpsc::Sender<Bytes>>,
+    task: tokio::task::JoinHandle<BlobResult<PartId>>,
+}
 
 /// A full part on its way to S3, in a task of its own.
 struct Sending {
@@ -146,6 +170,13 @@ pub(super) struct S3Writer {
     /// rewind and the completion wait for them first, so what those see is the state of a
     /// writer that sent each part in turn.
     sending: VecDeque<Sending>,
+    /// The open part, streamed as it fills.
+    streaming: Option<Streaming>,
+    /// Where this request's bytes end, by its declared length (0: unknown).
+    expected: u64,
+    /// The first part this writer may still stream: one whose stream was given up is not
+    /// streamed again.
+    stream_from: u64,
 }
 
 impl S3Writer {
@@ -160,6 +191,65 @@ impl S3Writer {
             completed_len: None,
             completed: false,
             sending: VecDeque::new(),
+            streaming: None,
+            expected: 0,
+            stream_from: 0,
+        }
+    }
+
+    /// Stop streaming the open part (its request is dropped mid-body, so S3 stores nothing of
+    /// it); its bytes stay in the open part.
+    fn stop_streaming(&mut self) {
+        if let Some(s) = self.streaming.take() {
+            s.task.abort();
+            self.stream_from = s.idx + 1;
+        }
+    }
+
+    /// Start streaming the open part if this request's bytes will fill it: the multipart upload
+    /// is created if needed, and the bytes the part already holds go first.
+    async fn start_streaming(&mut self) -> BlobResult<()> {
+        let schedule = self.part.st.schedule;
+        let idx = self.filling();
+        let size = schedule.size(idx);
+        let number = part_number(schedule, idx, self.lease.generation);
+        let fills = schedule.start(idx).saturating_add(size) <= self.expected;
+        if !self.store.stream_parts || self.streaming.is_some() || idx < self.stream_from || !fills || u64::from(number) > MAX_PARTS {
+            return Ok(());
+        }
+        let mp = self.ensure_multipart().await?;
+        let holds = self.lease.check();
+        self.guard(holds)?;
+        let (feed, body) = tokio::sync::mpsc::channel(FEED_DEPTH);
+        if !self.part.buf.is_empty() {
+            // Room for it: the channel is new.
+            let _ = feed.try_send(Bytes::copy_from_slice(&self.part.buf));
+        }
+        let (s, lease) = (self.store.clone(), self.lease.clone());
+        let path = s.object(&self.id);
+        let task = tokio::spawn(async move { lease.run(s.stream_part(&path, &mp, number, size, body)).await });
+        self.streaming = Some(Streaming { idx, feed: Some(feed), task });
+        Ok(())
+    }
+
+    /// Hand the open part's share of `data` (received next) to its stream, waiting while S3
+    /// is behind, at most [`FEED_WAIT`]: a stream S3 stopped reading is given up. One whose
+    /// request ended is left to report its failure when the part is whole.
+    async fn feed(&mut self, data: &Bytes) {
+        let room = self.part.st.schedule.size(self.filling()).saturating_sub(self.part.buf.len() as u64);
+        let Some(s) = self.streaming.as_mut() else { return };
+        let Some(feed) = s.feed.as_ref() else { return };
+        let n = (data.len() as u64).min(room) as usize;
+        if n == 0 {
+            return;
+        }
+        match tokio::time::timeout(FEED_WAIT, feed.send(data.slice(..n))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => s.feed = None,
+            Err(_) => {
+                tracing::debug!(upload = %self.id, part = s.idx, "S3 stopped reading a streamed part; gathering it to send whole");
+                self.stop_streaming();
+            }
         }
     }
 
@@ -189,6 +279,8 @@ impl S3Writer {
                     self.part.st.tail.clear();
                 }
                 Err(e) => {
+                    // The open part moves up behind the returned bytes: its stream is stale.
+                    self.stop_streaming();
                     let later: Vec<Sending> = self.sending.drain(..).collect();
                     let mut back = BytesMut::with_capacity(next.data.len() + later.iter().map(|l| l.data.len()).sum::<usize>() + self.part.buf.len());
                     back.extend_from_slice(&next.data);
@@ -294,8 +386,45 @@ impl S3Writer {
             let (s, lease, permit) = (self.store.clone(), self.lease.clone(), self.part.permit.take());
             let path = s.object(&self.id);
             let payload = PutPayload::from(data.clone());
+            // The part's stream has had every byte: its body ends here (the sender goes).
+            let streamed = match self.streaming.take() {
+                Some(st) if st.idx == idx => Some(st.task),
+                other => {
+                    if let Some(st) = other {
+                        st.task.abort();
+                    }
+                    None
+                }
+            };
             let task = tokio::spawn(async move {
-                let sent = lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &mp, number as usize - 1, payload)).await.map_err(part_error) }).await;
+                // S3's answer to a streamed part is awaited as long as a whole part's would be,
+                // from its last byte; one that fails otherwise is sent again whole.
+                let streamed = match streamed {
+                    None => None,
+                    Some(stream) => {
+                        let abort = stream.abort_handle();
+                        match tokio::time::timeout(deadline_for(size), stream).await {
+                            Ok(Ok(Ok(pid))) => Some(Ok(pid)),
+                            Ok(Ok(Err(e @ (BlobError::Cut | BlobError::LeaseLost)))) => Some(Err(e)),
+                            Ok(Ok(Err(e))) => {
+                                tracing::debug!(part = number, error = %e, "a streamed part failed; sending it whole");
+                                None
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(part = number, error = %e, "a streamed part stopped; sending it whole");
+                                None
+                            }
+                            Err(_) => {
+                                abort.abort();
+                                Some(Err(BlobError::Unavailable(format!("S3 did not answer part {number} within {} s", deadline_for(size).as_secs()))))
+                            }
+                        }
+                    }
+                };
+                let sent = match streamed {
+                    Some(done) => done,
+                    None => lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &mp, number as usize - 1, payload)).await.map_err(part_error) }).await,
+                };
                 drop(permit);
                 sent
             });
@@ -310,6 +439,8 @@ impl S3Writer {
     /// Make the blob whole (see [`BlobWriter::complete`]).
     async fn assemble(&mut self) -> BlobResult<()> {
         self.settle(0).await?;
+        // The open part is the last one, shorter than a streamed part's declared size.
+        self.stop_streaming();
         let s = self.store.clone();
         let pos = self.position();
         let path = s.object(&self.id);
@@ -360,6 +491,7 @@ impl Drop for S3Writer {
         for s in self.sending.drain(..) {
             s.task.abort();
         }
+        self.stop_streaming();
         if self.broken || self.completed || self.completed_len.is_some() || self.position() != self.part.st.offset() {
             return;
         }
@@ -379,6 +511,10 @@ impl BlobWriter for S3Writer {
     async fn write(&mut self, data: Bytes) -> BlobResult<()> {
         self.usable()?;
         self.reserve().await?;
+        if self.streaming.is_none() {
+            self.start_streaming().await?;
+        }
+        self.feed(&data).await;
         self.part.buf.extend_from_slice(&data);
         self.upload_full_parts().await
     }
@@ -441,6 +577,8 @@ impl BlobWriter for S3Writer {
             }
             tracing::debug!(upload = %self.id, error = %e, "a part on its way to S3 failed; rewinding over its bytes");
         }
+        // What the open part's stream sent may be past `len`; the part is sent again later.
+        self.stop_streaming();
         // Segments reaching past `len` hold bytes that are no longer the blob's.
         self.part.known.retain(|k| k.end <= len);
         let parts_end = self.parts_end();
@@ -491,5 +629,9 @@ impl BlobWriter for S3Writer {
 
     fn position(&self) -> u64 {
         self.completed_len.unwrap_or_else(|| self.part.st.schedule.start(self.filling()) + self.part.buf.len() as u64)
+    }
+
+    fn expecting(&mut self, end: u64) {
+        self.expected = end;
     }
 }
