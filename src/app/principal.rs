@@ -108,8 +108,26 @@ impl TokenScope {
     }
 }
 
+/// Token hashes → grants. Errors: an `expires` that is not an RFC 3339 time, or one token
+/// listed twice — each token names exactly one principal, scope and expiry, so a second entry
+/// (a copy under another principal, say) is refused rather than one of them silently winning.
 fn grants(entries: &[TokenEntry]) -> anyhow::Result<HashMap<String, Grant>> {
-    entries.iter().map(|e| Ok((e.sha256.to_ascii_lowercase(), Grant { principal: e.principal.clone(), scope: e.scope.unwrap_or_default(), expires_ms: e.expires_ms()? }))).collect()
+    let mut out = HashMap::with_capacity(entries.len());
+    for e in entries {
+        let grant = Grant { principal: e.principal.clone(), scope: e.scope.unwrap_or_default(), expires_ms: e.expires_ms()? };
+        let hash = e.sha256.to_ascii_lowercase();
+        if let Some(first) = out.get(&hash) {
+            let first: &Grant = first;
+            anyhow::bail!(
+                "[[tokens]]: the token whose sha256 starts {} is listed twice (for {:?} and {:?}); a token names one principal — remove one entry, or create a new token for the second (`ferry token create NAME`)",
+                &hash[..hash.len().min(12)],
+                first.principal,
+                e.principal
+            );
+        }
+        out.insert(hash, grant);
+    }
+    Ok(out)
 }
 
 impl Tokens {
@@ -180,5 +198,17 @@ mod tests {
         assert_eq!(other.grant("b", 0).unwrap().principal, "bob");
         assert!(t.replace(&[entry("x", "x", None, Some("soon"))]).is_err());
         assert_eq!(other.grant("b", 0).unwrap().principal, "bob", "a refused replacement keeps the old set");
+    }
+
+    #[test]
+    fn one_token_listed_twice_is_refused_whatever_the_principals() {
+        let mut copied = entry("mallory", "b", None, None);
+        copied.sha256 = copied.sha256.to_ascii_uppercase();
+        let e = Tokens::new(&[entry("bob", "b", None, None), copied]).unwrap_err().to_string();
+        assert!(e.contains("listed twice") && e.contains("\"bob\"") && e.contains("\"mallory\""), "{e}");
+        assert!(Tokens::new(&[entry("bob", "b", None, None), entry("bob", "b", Some(TokenScope::Upload), None)]).is_err(), "same principal, another scope");
+        let t = Tokens::new(&[entry("bob", "b", None, None)]).unwrap();
+        assert!(t.replace(&[entry("bob", "b", None, None), entry("mallory", "b", None, None)]).is_err());
+        assert_eq!(t.grant("b", 0).unwrap().principal, "bob", "the reload is refused and bob stays bob");
     }
 }

@@ -622,16 +622,22 @@ impl Catalog for PostgresCatalog {
         // holder then lets go when its lease expires instead.
         let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
         listener.listen(RELEASE_CHANNEL).await?;
-        let stream = futures::stream::unfold(listener, |mut listener| async move {
-            loop {
-                match listener.recv().await {
-                    Ok(n) => match release_request(n.payload()) {
-                        Some(r) => return Some((r, listener)),
-                        None => tracing::warn!(payload = n.payload(), "ignoring a malformed release request"),
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+        let pool = self.pool.clone();
+        let stream = futures::stream::unfold(listener, move |mut listener| {
+            let pool = pool.clone();
+            async move {
+                loop {
+                    match listener.recv().await {
+                        Ok(n) => match release_request(n.payload()) {
+                            Some(r) => return Some((r, listener)),
+                            None => tracing::warn!(payload = n.payload(), "ignoring a malformed release request"),
+                        },
+                        // The server is shutting down (its pool closed): nothing to reconnect to.
+                        Err(_) if pool.is_closed() => return None,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
                     }
                 }
             }

@@ -259,6 +259,7 @@ impl CliError {
         let detail = match (&problem.detail, &problem.code) {
             (Some(d), Some(c)) => format!("{d} ({c})"),
             (Some(d), None) => d.clone(),
+            _ if body.trim().is_empty() && what.starts_with("HEAD ") => String::from("no details (a HEAD answer has no body)"),
             _ if body.trim().is_empty() => String::from("no details"),
             // A page (a proxy's or another server's error page) is not a message: never
             // print its markup.
@@ -269,7 +270,10 @@ impl CliError {
         e.server_code = problem.code.clone();
         e.server_retryable = problem.retryable;
         let cli_auth = "Pass a token with --token or FERRY_TOKEN (see `ferry token create`).";
+        // A signed link (`…?exp=…&sig=…`) is its own credential: a token would not help.
+        let signed = what.split_once('?').is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("sig=")));
         e.hint = match status {
+            401 | 403 if signed => Some("This signed link was refused: it has expired, was changed (copied incompletely?), or belongs to another server. Ask whoever sent it for a new one (`ferry share ID` makes one).".into()),
             // The server's hint for 401 speaks HTTP (`Authorization: Bearer`).
             401 => Some(cli_auth.into()),
             _ => problem.recovery_hint.filter(|h| !h.is_empty()).map(|h| cli_words(&h)).or_else(|| (code == EXIT_AUTH).then(|| cli_auth.into())),
@@ -541,6 +545,28 @@ impl Client {
         Ok(self.url(&format!("/files/{}", id_segment(link)?)))
     }
 
+    /// The client for the server a file link names, and the file's id (see
+    /// [`Client::file_id`]): a URL's own server — what precedes its `/files/ID` — so `status`,
+    /// `share` and `rm` act on the file the link names, as `download` does; a bare id on this
+    /// client's server. The bearer token still goes only to the configured server's origin
+    /// ([`Client::request`]).
+    pub fn at_link(&self, link: &str) -> Result<(Client, String), CliError> {
+        let id = self.file_id(link)?;
+        if !(link.starts_with("http://") || link.starts_with("https://")) {
+            return Ok((self.clone(), id));
+        }
+        let url = self.file_url(link)?;
+        let mut base = url.clone();
+        let prefix = url.path().strip_suffix(&format!("/files/{id}")).unwrap_or("").to_string();
+        base.set_path(&format!("{prefix}/"));
+        base.set_query(None);
+        base.set_fragment(None);
+        let token = if base.origin() == self.base.origin() { self.token.clone() } else { None };
+        let mut c = Client { base, token, contact: Default::default(), ..self.clone() };
+        c.discovery = c.url("/files/");
+        Ok((c, id))
+    }
+
     /// The file id a ferry link names (see [`Client::file_url`]); a bare id as it is.
     pub fn file_id(&self, link: &str) -> Result<String, CliError> {
         if !(link.starts_with("http://") || link.starts_with("https://")) {
@@ -740,6 +766,32 @@ pub fn describe(method: &reqwest::Method, url: &reqwest::Url) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_signed_link_is_not_told_to_use_a_token() {
+        let e = CliError::from_status("HEAD /files/abc?exp=1&sig=AAAA", 403, "");
+        assert_eq!(e.code, EXIT_AUTH);
+        assert!(e.hint.as_deref().is_some_and(|h| h.contains("signed link") && !h.contains("--token")), "{:?}", e.hint);
+        assert!(e.message.contains("a HEAD answer has no body"), "{}", e.message);
+        let e = CliError::from_status("GET /api/v1/files", 401, "");
+        assert!(e.hint.as_deref().is_some_and(|h| h.contains("--token")), "{:?}", e.hint);
+    }
+
+    #[test]
+    fn a_link_names_its_own_server_and_the_token_stays_home() {
+        let conn = Connection { server: Some("http://127.0.0.1:8080".into()), token: Some("secret".into()), cacert: None };
+        let c = Client::with_http(&conn, reqwest::Client::new()).unwrap();
+        let (other, id) = c.at_link("http://10.0.0.9:18084/ferry/files/abc123").unwrap();
+        assert_eq!((other.base.as_str(), id.as_str()), ("http://10.0.0.9:18084/ferry/", "abc123"));
+        assert_eq!(other.url("/api/v1/files/abc123").as_str(), "http://10.0.0.9:18084/ferry/api/v1/files/abc123");
+        let sent = other.request(reqwest::Method::GET, &other.url("/api/v1/files/abc123")).build().unwrap();
+        assert!(sent.headers().get("authorization").is_none(), "the token goes to the configured server only");
+        let (home, id) = c.at_link("http://127.0.0.1:8080/share/xyz").unwrap();
+        assert_eq!((home.base.as_str(), id.as_str()), ("http://127.0.0.1:8080/", "xyz"));
+        assert!(home.request(reqwest::Method::GET, &home.url("/api/v1/files/xyz")).build().unwrap().headers().get("authorization").is_some());
+        let (same, id) = c.at_link("abc").unwrap();
+        assert_eq!((same.base.as_str(), id.as_str()), (c.base.as_str(), "abc"));
+    }
 
     #[test]
     fn digest_and_sizes() {

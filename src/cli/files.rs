@@ -220,8 +220,8 @@ fn status_lines(f: &FileInfo, client: &Client) -> Vec<String> {
 
 pub fn status(args: StatusArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
-        let client = Client::new(&args.conn, READ_TIMEOUT)?;
-        let path = format!("/files/{}", super::client::id_segment(&client.file_id(&args.id)?)?);
+        let (client, id) = Client::new(&args.conn, READ_TIMEOUT)?.at_link(&args.id)?;
+        let path = format!("/files/{}", super::client::id_segment(&id)?);
         let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &path, &[], None).await?;
         if args.json {
             return print_line(body.trim_end());
@@ -283,12 +283,12 @@ async fn rm_one(client: &Client, store: Option<&super::store::Store>, id: &str, 
 
 pub fn share(args: ShareArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
-        let client = Client::new(&args.conn, READ_TIMEOUT)?;
+        let (client, id) = Client::new(&args.conn, READ_TIMEOUT)?.at_link(&args.id)?;
         let ttl_ms = u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX);
         if ttl_ms == 0 {
             return Err(CliError::usage("--ttl must be positive"));
         }
-        let path = format!("/files/{}/share", super::client::id_segment(&client.file_id(&args.id)?)?);
+        let path = format!("/files/{}/share", super::client::id_segment(&id)?);
         let req = serde_json::json!({ "scope": args.scope, "ttl_ms": ttl_ms }).to_string();
         let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::POST, &path, &[], Some(req)).await?;
         if args.json {
@@ -306,7 +306,7 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         }
         if args.scope == "download" {
             // A download link of an upload still in progress works only once it is complete.
-            let info = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &format!("/files/{}", super::client::id_segment(&args.id)?), &[], None).await;
+            let info = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &format!("/files/{}", super::client::id_segment(&id)?), &[], None).await;
             if let Some(f) = info.ok().and_then(|b| serde_json::from_str::<FileInfo>(&b).ok()).filter(|f| !f.complete) {
                 eprintln!(
                     "ferry: note: {} is not complete yet ({}); this download link works once it is. To let someone send the rest, use --scope upload.",

@@ -38,7 +38,7 @@ pub struct ServeArgs {
     #[arg(long, env = "FERRY_MAX_SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
     /// S3 blobs: the smallest part size (`[s3] part_size`), 5MiB to 5GiB; each upload's parts
-    /// are this size, or larger so 10 000 parts hold the upload [default: 16MiB].
+    /// are this size, or larger so 5 000 parts hold the upload (each part has two part numbers of S3's 10 000) [default: 16MiB].
     #[arg(long, env = "FERRY_S3_PART_SIZE", value_parser = parse_size)]
     pub s3_part_size: Option<u64>,
     /// S3 blobs: most bytes of open parts buffered in memory at once, across all uploads

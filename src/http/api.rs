@@ -331,6 +331,35 @@ pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, P
     })
 }
 
+/// Deepest nesting of arrays and objects a JSON request body may have (the body object is
+/// level 1).
+pub const MAX_JSON_NESTING: usize = 64;
+
+/// The nesting depth of arrays and objects in JSON text `body` once it passes `most`, or
+/// `None` when it stays within (brackets inside strings do not count; the text need not be
+/// valid JSON: the parser judges that afterwards).
+fn nesting_beyond(body: &[u8], most: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in body {
+        match (in_string, b) {
+            (true, _) if escaped => escaped = false,
+            (true, b'\\') => escaped = true,
+            (true, b'"') => in_string = false,
+            (true, _) => {}
+            (false, b'"') => in_string = true,
+            (false, b'[' | b'{') => {
+                depth += 1;
+                if depth > most {
+                    return Some(depth);
+                }
+            }
+            (false, b']' | b'}') => depth = depth.saturating_sub(1),
+            (false, _) => {}
+        }
+    }
+    None
+}
+
 /// Most items one list answer holds (`limit` ≤ this); the OpenAPI document states it.
 pub const MAX_LIST_LIMIT: u32 = 1000;
 /// Items a list answer holds without `limit`.
@@ -388,6 +417,15 @@ pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str)
     let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
     if !body.trim_ascii_start().starts_with(b"{") {
         return Err(Problem(Refusal::bad_request("the request body must be a JSON object", hint)));
+    }
+    // Members kept as written (`args`, a fragment, a result) are stored and served again: a
+    // nesting no reader of ferry's JSON can take (SQLite's JSON stops at 1 000, serde_json at
+    // 128) is refused here, before anything is stored.
+    if let Some(depth) = nesting_beyond(body, MAX_JSON_NESTING) {
+        return Err(Problem(Refusal::bad_request(
+            format!("the JSON body nests arrays and objects {depth} deep; at most {MAX_JSON_NESTING} levels are accepted"),
+            "Flatten the value, or put it in a file (TUS upload) and pass its id instead.",
+        )));
     }
     // A body serde_json cannot hold as a value (a number past f64, kept exact in `args`) is
     // read as it is: the members the schemas constrain are never such numbers.
@@ -895,6 +933,15 @@ mod schema_tests {
     use crate::app::arb;
     use proptest::prelude::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn nesting_counts_brackets_outside_strings() {
+        assert_eq!(nesting_beyond(br#"{"a":[1,{"b":2}]}"#, 3), None);
+        assert_eq!(nesting_beyond(br#"{"a":[1,{"b":[2]}]}"#, 3), Some(4));
+        assert_eq!(nesting_beyond(br#"{"a":"[[[[[[\"[[[["}"#, 1), None, "brackets in strings, an escaped quote");
+        let deep = format!("{{\"f\":{}{}}}", "[".repeat(1001), "]".repeat(1001));
+        assert_eq!(nesting_beyond(deep.as_bytes(), 64), Some(65));
+    }
 
     /// A validator for `#/components/schemas/{name}` of the served document.
     fn component(name: &str) -> jsonschema::Validator {

@@ -222,6 +222,13 @@ impl FerryMcp {
             // The same check as metadata `sha256` on POST /files/ (not hex vs. the wrong length).
             ferry_tus::parse_declared_sha256(h)?;
         }
+        if let Some(t) = media_type.filter(|t| t.trim().parse::<mime::Mime>().is_err()) {
+            // A value the file's views would silently replace with application/octet-stream.
+            return Err(invalid(
+                format!("media_type {t:?} is not a media type (RFC 9110 §8.3.1: type/subtype)"),
+                "Pass e.g. application/pdf or text/csv, or leave media_type out.",
+            ));
+        }
         let mut md = UploadMetadata::new();
         let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");
         md.insert("filename", Some(name.to_string().into_bytes())).map_err(bad)?;
