@@ -51,7 +51,7 @@ pub enum Concat {
     /// `Upload-Concat: partial`.
     Partial,
     /// `Upload-Concat: final;…`: the ids of the partial uploads in order, and the header
-    /// value as received (echoed on HEAD).
+    /// value as received (kept; HEAD answers the parts by id, as `/files/ID`).
     Final { parts: Vec<String>, header: String },
 }
 
