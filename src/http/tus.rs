@@ -167,6 +167,9 @@ pub(super) fn location(s: &AppState, h: &HeaderMap, id: &str, upload_only: Optio
     }
 }
 
+/// Longest forwarded host `Location` echoes (a DNS name's 253 characters, `:` and a port).
+const MAX_HOST_LEN: usize = 259;
+
 fn location_unsigned(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let path = format!("{FILES_PATH}{id}");
     if !s.http.behind_proxy {
@@ -191,7 +194,9 @@ fn location_unsigned(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let first = |name| header(h, name).and_then(|v| v.split(',').next()).map(|v| v.trim().to_string());
     let proto = proto.or_else(|| first("x-forwarded-proto")).filter(|p| p == "http" || p == "https");
     let host = host.or_else(|| first("x-forwarded-host")).or_else(|| first("host"));
-    let valid_host = |h: &String| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
+    // A host name is at most 253 characters, and a port 6 more: a longer "host" is not one, and
+    // echoing it would let a request grow the answer's headers past what proxies are told.
+    let valid_host = |h: &String| !h.is_empty() && h.len() <= MAX_HOST_LEN && h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
     match host.filter(valid_host) {
         Some(host) => format!("{}://{host}{path}", proto.unwrap_or_else(|| "http".into())),
         None => path,
