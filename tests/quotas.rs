@@ -118,6 +118,38 @@ async fn a_declared_part_length_cannot_make_a_final_that_never_fits_the_bytes_qu
     assert_eq!(f["size"], 750, "{f}");
 }
 
+/// A final that passed every check but can never fit beside its parts (the quota was lowered
+/// since) fails for good: 409 `quota_exceeded`, not retryable, and its part can be deleted.
+#[tokio::test]
+async fn a_final_that_can_never_fit_the_lowered_quota_fails_for_good() {
+    let (d, mut s) = server_with("[limits]\nmax_bytes = 5000\n", &[]);
+    let api = Api::new(&s);
+    let part = id_of(&create(&api, &[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await);
+    let fin = id_of(&create(&api, &[("Upload-Concat", &format!("final;/files/{part} /files/{part}"))]).await);
+    assert_eq!(patch(&api, &part, 0, vec![3; 300], &[("Upload-Length", "600")]).await.status(), 204);
+    let lower = write_file(d.path(), "lower.toml", "[limits]\nmax_bytes = 1500\n");
+    s.restart_with(&["--config", lower.to_str().unwrap()]);
+    let api = Api::new(&s);
+    assert_eq!(patch(&api, &part, 300, vec![3; 300], &[]).await.status(), 204);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let r = api.get(&format!("/files/{fin}")).await;
+        let status = r.status().as_u16();
+        let v = json(r).await;
+        if v["code"] != "upload_incomplete" {
+            assert_eq!(status, 409, "{v}");
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "the final never failed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(v["code"], "quota_exceeded", "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("1200 bytes") && v["detail"].as_str().unwrap().contains("1500"), "{v}");
+    assert_eq!(v["retryable"], false, "{v}");
+    let r = api.send("DELETE", &format!("/files/{part}"), &[("Tus-Resumable", "1.0.0")], None).await;
+    assert_eq!(r.status(), 204);
+}
+
 /// A final that fits the quota beside its parts but not beside the principal's other files
 /// waits for room (its task's error says the true use), and is built once room returns.
 #[tokio::test]
