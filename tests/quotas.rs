@@ -166,6 +166,9 @@ async fn a_final_waiting_for_quota_room_says_the_true_use_and_is_built_once_room
     let task = api.wait_status(task["id"].as_str().unwrap(), "failed", 10).await;
     let msg = task["error"]["message"].as_str().unwrap();
     assert!(msg.contains("850 of 1000 bytes stored; this needs 300 more"), "{task}");
+    // Its parts are all uploaded: the final says it is being built, not that it waits for them.
+    let v = problem(api.get(&format!("/files/{fin}")).await, 409, "upload_incomplete").await;
+    assert!(v["detail"].as_str().unwrap().contains("all 2 of its parts are uploaded"), "{v}");
 
     let r = api.send("DELETE", &format!("/files/{other}"), &[("Tus-Resumable", "1.0.0")], None).await;
     assert_eq!(r.status(), 204);
