@@ -135,6 +135,20 @@ async fn forwarded_headers_are_ignored_unless_behind_proxy() {
     assert!(header(&r, "location").unwrap().starts_with("https://up.example:8443/files/"));
     let r = t.post(&[("Upload-Length", "1"), ("X-Forwarded-Host", "bad host/x")]).await;
     assert!(!header(&r, "location").unwrap().contains("bad"), "an invalid host is not echoed");
+    let long = format!("{}.example", "a".repeat(5000));
+    let r = t.post(&[("Upload-Length", "1"), ("X-Forwarded-Host", &long)]).await;
+    assert!(header(&r, "location").unwrap().starts_with("/files/"), "a host longer than a host name is not echoed");
+
+    // Behind the proxy, a final may name its parts by the forwarded host's URLs, not another's.
+    let r = t.post(&[("Upload-Length", "1"), ("Upload-Concat", "partial"), ("X-Forwarded-Host", "files.example"), ("X-Forwarded-Proto", "https")]).await;
+    let part = header(&r, "location").unwrap().to_string();
+    assert!(part.starts_with("https://files.example/files/"), "{part}");
+    let fwd = [("X-Forwarded-Host", "files.example"), ("X-Forwarded-Proto", "https")];
+    let r = t.post(&[&[("Upload-Concat", format!("final;{part}").as_str())][..], &fwd[..]].concat()).await;
+    assert_eq!(r.status(), 201);
+    let other = part.replace("files.example", "evil.example");
+    let r = t.post(&[&[("Upload-Concat", format!("final;{other}").as_str())][..], &fwd[..]].concat()).await;
+    problem(r, 400, "invalid_argument").await;
 }
 
 #[tokio::test]

@@ -88,6 +88,102 @@ async fn bytes_quota_refuses_a_creation_that_does_not_fit_and_says_limit_and_use
     assert_eq!(quota(&v), ("bytes".into(), 1000, 600, 600), "{v}");
 }
 
+/// A final over deferred-length parts (concatenation-unfinished) is stored beside its parts:
+/// declaring a part's length that makes them never fit the bytes quota together is refused (507,
+/// nothing stored), rather than leaving a final that can never be built and a part that cannot
+/// be deleted.
+#[tokio::test]
+async fn a_declared_part_length_cannot_make_a_final_that_never_fits_the_bytes_quota() {
+    let (_d, s) = server_with("[limits]\nmax_bytes = 1000\n", &[]);
+    let api = Api::new(&s);
+    let d = id_of(&create(&api, &[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await);
+    let r = create(&api, &[("Upload-Concat", &format!("final;/files/{d} /files/{d} /files/{d}"))]).await;
+    assert_eq!(r.status(), 201);
+    let fin = id_of(&r);
+    let v = problem(patch(&api, &d, 0, vec![0; 400], &[("Upload-Length", "400")]).await, 507, "quota_exceeded").await;
+    let detail = v["detail"].as_str().unwrap();
+    assert!(detail.contains(&fin) && detail.contains("1200 bytes") && detail.contains("quota of 1000 bytes"), "{v}");
+    assert_eq!((v["retryable"].as_bool(), v["partial"]["cursor"].as_u64()), (Some(false), Some(0)), "{v}");
+    assert_eq!(quota(&v), ("bytes".into(), 1000, 0, 400), "{v}");
+    // 250 × 3 beside 250 fits.
+    assert_eq!(patch(&api, &d, 0, vec![1; 250], &[("Upload-Length", "250")]).await.status(), 204);
+    let f = api.file(&fin).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut f = f;
+    while f["complete"] != true {
+        assert!(std::time::Instant::now() < deadline, "never built: {f}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        f = api.file(&fin).await;
+    }
+    assert_eq!(f["size"], 750, "{f}");
+}
+
+/// A final that passed every check but can never fit beside its parts (the quota was lowered
+/// since) fails for good: 409 `quota_exceeded`, not retryable, and its part can be deleted.
+#[tokio::test]
+async fn a_final_that_can_never_fit_the_lowered_quota_fails_for_good() {
+    let (d, mut s) = server_with("[limits]\nmax_bytes = 5000\n", &[]);
+    let api = Api::new(&s);
+    let part = id_of(&create(&api, &[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await);
+    let fin = id_of(&create(&api, &[("Upload-Concat", &format!("final;/files/{part} /files/{part}"))]).await);
+    assert_eq!(patch(&api, &part, 0, vec![3; 300], &[("Upload-Length", "600")]).await.status(), 204);
+    let lower = write_file(d.path(), "lower.toml", "[limits]\nmax_bytes = 1500\n");
+    s.restart_with(&["--config", lower.to_str().unwrap()]);
+    let api = Api::new(&s);
+    assert_eq!(patch(&api, &part, 300, vec![3; 300], &[]).await.status(), 204);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let r = api.get(&format!("/files/{fin}")).await;
+        let status = r.status().as_u16();
+        let v = json(r).await;
+        if v["code"] != "upload_incomplete" {
+            assert_eq!(status, 409, "{v}");
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "the final never failed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(v["code"], "quota_exceeded", "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("1200 bytes") && v["detail"].as_str().unwrap().contains("1500"), "{v}");
+    assert_eq!(v["retryable"], false, "{v}");
+    let r = api.send("DELETE", &format!("/files/{part}"), &[("Tus-Resumable", "1.0.0")], None).await;
+    assert_eq!(r.status(), 204);
+}
+
+/// A final that fits the quota beside its parts but not beside the principal's other files
+/// waits for room (its task's error says the true use), and is built once room returns.
+#[tokio::test]
+async fn a_final_waiting_for_quota_room_says_the_true_use_and_is_built_once_room_returns() {
+    let (_d, s) = server_with("[limits]\nmax_bytes = 1000\n", &[]);
+    let api = Api::new(&s);
+    let other = id_of(&create(&api, &[("Upload-Length", "700")]).await);
+    let d = id_of(&create(&api, &[("Upload-Defer-Length", "1"), ("Upload-Concat", "partial")]).await);
+    let r = create(&api, &[("Upload-Concat", &format!("final;/files/{d} /files/{d}"))]).await;
+    let fin = id_of(&r);
+    assert_eq!(patch(&api, &d, 0, vec![2; 150], &[("Upload-Length", "150")]).await.status(), 204);
+    let tasks = json(api.get("/api/v1/tasks").await).await;
+    let task = tasks["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "concat").cloned().expect("a concat task");
+    let task = api.wait_status(task["id"].as_str().unwrap(), "failed", 10).await;
+    let msg = task["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("850 of 1000 bytes stored; this needs 300 more"), "{task}");
+    // Its parts are all uploaded: the final says it is being built, not that it waits for them.
+    let v = problem(api.get(&format!("/files/{fin}")).await, 409, "upload_incomplete").await;
+    assert!(v["detail"].as_str().unwrap().contains("all 2 of its parts are uploaded"), "{v}");
+
+    let r = api.send("DELETE", &format!("/files/{other}"), &[("Tus-Resumable", "1.0.0")], None).await;
+    assert_eq!(r.status(), 204);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let f = api.file(&fin).await;
+        if f["complete"] == true {
+            assert_eq!(f["size"], 300, "{f}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never built: {f}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn uploads_in_progress_quota_answers_429_until_one_finishes() {
     let (_d, s) = server_with("[limits]\nmax_uploads_in_progress = 2\n", &[]);

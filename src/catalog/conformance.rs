@@ -65,6 +65,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_finish_and_large_values(cat, prefix).await;
     check_expiry_and_tombstones(cat, prefix).await;
     check_concat_lookup(cat, prefix).await;
+    check_final_failures(cat, prefix).await;
     check_listing_is_per_principal(cat, prefix).await;
     check_creation_keys(cat, prefix).await;
     check_blob_state_in_checkpoint(cat, prefix).await;
@@ -197,6 +198,27 @@ pub async fn check_concat_lookup(cat: &dyn Catalog, p: &str) {
     cat.create_upload(&record(&fin, "alice", Concat::Final { parts, header: "final;x".into() })).await.unwrap();
     assert_eq!(cat.finals_waiting_on(&a).await.unwrap(), vec![fin.clone()]);
     assert!(cat.finals_waiting_on(&format!("{p}part")).await.unwrap().is_empty(), "exact id match only");
+}
+
+/// Why a final upload can never be built: kept for unfinished finals only (the first one
+/// recorded stays), readable once the final is a tombstone, gone with the row.
+pub async fn check_final_failures(cat: &dyn Catalog, p: &str) {
+    let part = format!("{p}ffpart");
+    let fin = format!("{p}fffinal");
+    cat.create_upload(&record(&part, "alice", Concat::Partial)).await.unwrap();
+    cat.create_upload(&record(&fin, "alice", Concat::Final { parts: vec![part.clone()], header: "final;x".into() })).await.unwrap();
+    let f = super::FinalFailure { code: "size_exceeded".into(), detail: "its parts add up to 1800 bytes".into(), failed_at_ms: 5 };
+    assert!(!cat.set_final_failure(&part, &f).await.unwrap(), "only a final upload is marked");
+    assert!(!cat.set_final_failure(&format!("{p}ffnone"), &f).await.unwrap(), "an unknown id is never marked");
+    assert_eq!(cat.final_failure(&part).await.unwrap(), None);
+    assert!(cat.set_final_failure(&fin, &f).await.unwrap());
+    let later = super::FinalFailure { code: "quota_exceeded".into(), detail: "later".into(), failed_at_ms: 6 };
+    assert!(!cat.set_final_failure(&fin, &later).await.unwrap(), "the first failure stays");
+    assert!(cat.mark_expired(&fin, 7).await.unwrap());
+    assert_eq!(cat.final_failure(&fin).await.unwrap(), Some(f));
+    assert!(cat.finals_waiting_on(&part).await.unwrap().is_empty(), "a failed final waits on nothing");
+    assert!(cat.delete_upload(&fin).await.unwrap());
+    assert_eq!(cat.final_failure(&fin).await.unwrap(), None, "the failure goes with its upload");
 }
 
 pub async fn check_listing_is_per_principal(cat: &dyn Catalog, p: &str) {

@@ -51,7 +51,7 @@ pub enum Concat {
     /// `Upload-Concat: partial`.
     Partial,
     /// `Upload-Concat: final;…`: the ids of the partial uploads in order, and the header
-    /// value as received (echoed on HEAD).
+    /// value as received (kept; HEAD answers the parts by id, as `/files/ID`).
     Final { parts: Vec<String>, header: String },
 }
 
@@ -543,6 +543,27 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// The damage mark of upload `id`, if `ferry check --repair-catalog` left one.
     async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>>;
+
+    /// Record why unfinished final upload `id` can never be built ([`FinalFailure`]). A no-op
+    /// (returns `false`) unless the upload exists, is a final upload and is not finished; the
+    /// first failure recorded stays. The record goes with the upload's row (delete, or the
+    /// sweep forgetting its tombstone). The caller tombstones the final
+    /// ([`Catalog::mark_expired`]) afterwards, which frees its parts.
+    async fn set_final_failure(&self, id: &str, failure: &FinalFailure) -> CatalogResult<bool>;
+
+    /// Why final upload `id` could not be built, if [`Catalog::set_final_failure`] recorded it.
+    async fn final_failure(&self, id: &str) -> CatalogResult<Option<FinalFailure>>;
+}
+
+/// Why a final upload of a concatenation can never be built, as the catalog keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalFailure {
+    /// The error code of the failure (`size_exceeded`, `quota_exceeded`).
+    pub code: String,
+    /// For the client: what was too large, and by how much.
+    pub detail: String,
+    /// Unix ms the build failed.
+    pub failed_at_ms: i64,
 }
 
 /// What `ferry check` found wrong with a finished upload's stored bytes, as the catalog keeps

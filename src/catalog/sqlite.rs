@@ -17,11 +17,11 @@ use sqlx::{ConnectOptions, Connection, Row};
 use super::dialect::sql;
 use super::sql::{row_to_record, to_i64};
 use super::statements as st;
-use super::Damage;
 use super::{
     join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
     ReleaseRequests, UploadRecord, Usage,
 };
+use super::{Damage, FinalFailure};
 
 /// `to_end!(self, this, [id: &str, …], { body })`: run a write's `body` to its end
 /// ([`SqliteCatalog::to_end`]), with `this` the catalog inside it, and each listed borrowed
@@ -739,6 +739,16 @@ impl Catalog for SqliteCatalog {
     async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>> {
         let row: Option<(String, String, i64)> = sqlx::query_as(st::DAMAGE.sqlite).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
+    }
+
+    async fn set_final_failure(&self, id: &str, failure: &FinalFailure) -> CatalogResult<bool> {
+        let done = sqlx::query(st::SET_FINAL_FAILURE.sqlite).bind(&failure.code).bind(&failure.detail).bind(failure.failed_at_ms).bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn final_failure(&self, id: &str) -> CatalogResult<Option<FinalFailure>> {
+        let row: Option<(String, String, i64)> = sqlx::query_as(st::FINAL_FAILURE.sqlite).bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.map(|(code, detail, failed_at_ms)| FinalFailure { code, detail, failed_at_ms }))
     }
 }
 

@@ -224,3 +224,12 @@ pub(super) const SET_DAMAGE: Stmt = sql!(
 pub(super) const CLEAR_DAMAGE: Stmt = sql!("DELETE FROM upload_damage WHERE id = ?");
 /// id → kind, detail, found_at_ms.
 pub(super) const DAMAGE: Stmt = sql!("SELECT kind, detail, found_at_ms FROM upload_damage WHERE id = ?");
+
+/// (code, detail, failed_at_ms, id): only an unfinished final upload is marked; the first
+/// failure recorded stays.
+pub(super) const SET_FINAL_FAILURE: Stmt = sql!(
+    "INSERT INTO final_failures (id, code, detail, failed_at_ms) SELECT id, ?, ?, ? FROM uploads WHERE id = ? AND concat_kind = 'final' \
+     AND finished_at_ms IS NULL ON CONFLICT (id) DO NOTHING"
+);
+/// id → code, detail, failed_at_ms.
+pub(super) const FINAL_FAILURE: Stmt = sql!("SELECT code, detail, failed_at_ms FROM final_failures WHERE id = ?");

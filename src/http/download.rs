@@ -110,7 +110,7 @@ pub async fn get(
         Err(e) => return Err(e.into()),
     };
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
-        let mut res = Problem(crate::upload::UploadEngine::not_complete(&rec)).into_response();
+        let mut res = Problem(s.engine.not_complete_now(&rec).await).into_response();
         super::tus::upload_headers(res.headers_mut(), &rec);
         return Ok(res);
     };

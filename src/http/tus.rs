@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, PatchHeaders, Verb, TUS_EXTENSIONS, TUS_VERSION};
+use ferry_tus::{check_version, plan_creation, plan_patch, CreationHeaders, PatchHeaders, UploadConcat, Verb, TUS_EXTENSIONS, TUS_VERSION};
 
 use super::body::BodyChunk;
 use super::{rufh, tus_headers, AppState, Problem, FILES_PATH};
@@ -117,7 +117,13 @@ pub(super) fn upload_headers(h: &mut HeaderMap, rec: &UploadRecord) {
     match &rec.concat {
         Concat::None => {}
         Concat::Partial => set(h, "upload-concat", "partial"),
-        Concat::Final { header, .. } => set(h, "upload-concat", header),
+        // The parts as this server's relative URLs, not the header as received: its length
+        // then depends only on the number of parts (at most `MAX_PARTS`), so the response
+        // headers stay within what the README promises proxies.
+        Concat::Final { parts, .. } => {
+            let urls: Vec<String> = parts.iter().map(|p| format!("{FILES_PATH}{p}")).collect();
+            set(h, "upload-concat", format!("final;{}", urls.join(" ")));
+        }
     }
     if let (Some(exp), false) = (rec.expires_at_ms, rec.is_finished()) {
         set(h, "upload-expires", http_date(exp));
@@ -161,6 +167,9 @@ pub(super) fn location(s: &AppState, h: &HeaderMap, id: &str, upload_only: Optio
     }
 }
 
+/// Longest forwarded host `Location` echoes (a DNS name's 253 characters, `:` and a port).
+const MAX_HOST_LEN: usize = 259;
+
 fn location_unsigned(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let path = format!("{FILES_PATH}{id}");
     if !s.http.behind_proxy {
@@ -185,7 +194,9 @@ fn location_unsigned(s: &AppState, h: &HeaderMap, id: &str) -> String {
     let first = |name| header(h, name).and_then(|v| v.split(',').next()).map(|v| v.trim().to_string());
     let proto = proto.or_else(|| first("x-forwarded-proto")).filter(|p| p == "http" || p == "https");
     let host = host.or_else(|| first("x-forwarded-host")).or_else(|| first("host"));
-    let valid_host = |h: &String| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
+    // A host name is at most 253 characters, and a port 6 more: a longer "host" is not one, and
+    // echoing it would let a request grow the answer's headers past what proxies are told.
+    let valid_host = |h: &String| !h.is_empty() && h.len() <= MAX_HOST_LEN && h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
     match host.filter(valid_host) {
         Some(host) => format!("{}://{host}{path}", proto.unwrap_or_else(|| "http".into())),
         None => path,
@@ -204,6 +215,7 @@ pub async fn create(
     State(s): State<AppState>,
     Extension(Principal(p)): Extension<Principal>,
     upload_only: Option<Extension<crate::app::UploadOnly>>,
+    uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
@@ -223,6 +235,10 @@ pub async fn create(
     };
     let limits = crate::app::limits::creation_limits(&s.engine);
     let plan = plan_creation(&ch, &limits)?;
+    if let Some(UploadConcat::Final(urls)) = &plan.concat {
+        check_part_count(urls.len(), header(&h, "upload-metadata").map_or(0, str::len))?;
+        check_part_urls(&s, &h, &uri, urls)?;
+    }
     let key = idempotency_key(&h)?;
     let created = s.engine.create_keyed(&p, &plan, header(&h, "upload-metadata").unwrap_or(""), key.as_ref()).await?;
     let rec = created.upload;
@@ -275,6 +291,102 @@ pub async fn create(
     hm.remove("upload-metadata");
     set(hm, "location", loc);
     Ok(res)
+}
+
+/// Bytes of the `Upload-Concat` value answered for a final upload of `parts` parts
+/// (`final;/files/ID /files/ID…`, see [`upload_headers`]).
+fn concat_answer_len(parts: usize) -> usize {
+    "final;".len() + parts * (FILES_PATH.len() + 26 + 1) - 1
+}
+
+/// A final upload names at most [`crate::upload::MAX_PARTS`] parts, and its `Upload-Metadata`
+/// and the part list it answers in `Upload-Concat` share the metadata's 4 KiB: every HEAD
+/// answers both, and the README promises proxies response headers under 6 KiB. 400
+/// `invalid_argument` naming the limit otherwise.
+fn check_part_count(parts: usize, metadata_len: usize) -> Result<(), Problem> {
+    use crate::upload::{MAX_METADATA_BYTES, MAX_PARTS};
+    if parts > MAX_PARTS {
+        return Err(Problem(Refusal::bad_request(
+            format!("a final upload may name at most {MAX_PARTS} partial uploads; this one names {parts}"),
+            format!("Upload the file in at most {MAX_PARTS} parts, or concatenate in stages (a final upload cannot be a part, so join fewer, larger parts)."),
+        )));
+    }
+    let answered = concat_answer_len(parts);
+    if metadata_len + answered > MAX_METADATA_BYTES {
+        return Err(Problem(Refusal::bad_request(
+            format!(
+                "a final upload's Upload-Metadata ({metadata_len} bytes) and the part list it answers in Upload-Concat ({answered} bytes for {parts} parts, {} per part) may take at most {MAX_METADATA_BYTES} bytes together",
+                FILES_PATH.len() + 27
+            ),
+            "Send less metadata with the final upload, or join fewer parts.",
+        )));
+    }
+    Ok(())
+}
+
+/// The parts a final upload names must be uploads of this server (TUS 1.0 §Concatenation): a
+/// relative URL (`/files/ID`, or the bare id) always is; an absolute one (or a scheme-relative
+/// `//host/…`) must name the host the request was sent to (`Host`, or with `--behind-proxy`
+/// the forwarded host) or the public URL's (`--public-url`). Otherwise 400 `invalid_argument`
+/// naming the URL, rather than joining whatever local upload has that URL's last path segment
+/// as its id.
+fn check_part_urls(s: &AppState, h: &HeaderMap, uri: &axum::http::Uri, urls: &[String]) -> Result<(), Problem> {
+    let mut ours: Vec<String> = Vec::new();
+    ours.extend(header(h, "host").map(str::to_owned));
+    // HTTP/2 sends `:authority` instead of `Host`.
+    ours.extend(uri.authority().map(|a| a.as_str().to_owned()));
+    if s.http.behind_proxy {
+        let first = |name| header(h, name).and_then(|v| v.split(',').next()).map(|v| v.trim().to_string());
+        ours.extend(first("x-forwarded-host"));
+        if let Some(fwd) = header(h, "forwarded") {
+            for pair in fwd.split(',').next().unwrap_or("").split(';') {
+                if let Some((k, v)) = pair.trim().split_once('=') {
+                    if k.trim().eq_ignore_ascii_case("host") {
+                        ours.push(v.trim().trim_matches('"').to_string());
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(public) = url::Url::parse(&s.links.file_url("x")) {
+        ours.extend(public.host_str().map(|host| match public.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_string(),
+        }));
+    }
+    for u in urls {
+        let absolute = if u.starts_with("//") { url::Url::parse(&format!("http:{u}")) } else { url::Url::parse(u) };
+        let Ok(abs) = absolute else { continue };
+        let Some(host) = abs.host_str() else {
+            return Err(foreign_part(u, "it names no host"));
+        };
+        if !matches!(abs.scheme(), "http" | "https") {
+            return Err(foreign_part(u, "it is not an http(s) URL"));
+        }
+        let same = ours.iter().any(|a| {
+            let (ah, ap) = split_authority(a);
+            ah.eq_ignore_ascii_case(host) && (ap == abs.port() || ap == abs.port_or_known_default())
+        });
+        if !same {
+            return Err(foreign_part(u, &format!("it names another server ({host})")));
+        }
+    }
+    Ok(())
+}
+
+/// `host[:port]` (IPv6 in brackets) → host (brackets kept, as `Url::host_str` gives it) and port.
+fn split_authority(a: &str) -> (&str, Option<u16>) {
+    match a.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => (host, port.parse().ok()),
+        _ => (a, None),
+    }
+}
+
+fn foreign_part(url: &str, why: &str) -> Problem {
+    Problem(Refusal::bad_request(
+        format!("Upload-Concat names {url:?}, which is not a partial upload of this server: {why}"),
+        "Name each partial upload by the URL this server answered in its Location (a relative /files/ID is enough).",
+    ))
 }
 
 /// The request's `Idempotency-Key`, if any (one parser for every route that takes one).

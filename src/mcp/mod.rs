@@ -329,7 +329,7 @@ impl FerryMcp {
     async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, Refusal> {
         let r = self.state.engine.get_finished_or_finish(p, id).await?;
         if !r.is_finished() {
-            return Err(crate::upload::UploadEngine::not_complete(&r));
+            return Err(self.state.engine.not_complete_now(&r).await);
         }
         Ok(r)
     }

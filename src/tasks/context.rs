@@ -204,6 +204,15 @@ impl JobContext {
         Ok(w)
     }
 
+    /// The job completed: a fraction it reported reads 1.0 (a finished task never shows
+    /// work left to do, whatever its last report said).
+    pub(super) fn progress_done(&self) {
+        let mut g = self.progress.lock().unwrap();
+        if g.0.fraction.is_some() {
+            g.0.fraction = Some(1.0);
+        }
+    }
+
     /// Persist the latest progress (reports are throttled; the engine calls this when the
     /// job returns so the final counters are never lost).
     pub(super) async fn flush_progress(&self) -> Result<(), JobError> {

@@ -438,6 +438,9 @@ impl Engine {
         let out = AssertUnwindSafe(job.run(&ctx, &args, checkpoint)).catch_unwind().await;
         heartbeat.abort();
         self.running.lock().unwrap().remove(&task.id);
+        if matches!(out, Ok(Ok(_))) {
+            ctx.progress_done();
+        }
         if matches!(out, Ok(Ok(_)) | Ok(Err(JobError::Failed { .. })) | Ok(Err(JobError::Parked))) {
             let _ = ctx.flush_progress().await;
         }

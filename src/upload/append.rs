@@ -678,6 +678,14 @@ impl UploadEngine {
             super::exhausted::drain(&mut body).await;
             return Err(e);
         }
+        if let Some(len) = plan.set_length {
+            // A part's length declared now must not make a pending final too large (`concat`).
+            if let Err(e) = self.check_part_length(&rec, len).await {
+                drop(guard);
+                super::exhausted::drain(&mut body).await;
+                return Err(e);
+            }
+        }
         // A deferred length grows the principal's use as bytes arrive: this PATCH may add at
         // most the quota's room (a length declared now is checked whole, before any byte).
         let want = plan.max_bytes.min(body.len_hint().unwrap_or(u64::MAX));

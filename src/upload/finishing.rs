@@ -134,6 +134,27 @@ impl UploadEngine {
         .with_cursor(rec.offset)
     }
 
+    /// [`UploadEngine::not_complete`], told apart for a final upload whose parts are all
+    /// uploaded: it is not waiting for them but being built (or waiting for room to be, retried
+    /// in the background), and the client has nothing to send.
+    pub async fn not_complete_now(&self, rec: &UploadRecord) -> Refusal {
+        let Concat::Final { parts, .. } = &rec.concat else { return Self::not_complete(rec) };
+        if !self.final_ready(&rec.id).await.unwrap_or(false) {
+            return Self::not_complete(rec);
+        }
+        let n = parts.len();
+        Refusal::new(
+            409,
+            ErrorCode::UploadIncomplete,
+            format!(
+                "final upload {} is not built yet; all {n} of its parts are uploaded and the server is building it (a build that a limit or a store stopped is retried in the background)",
+                rec.id
+            ),
+            "Nothing more is needed from you: ask again in a moment. The final's concat task says what the build waits for.",
+        )
+        .with_retry_after(FINISH_RETRY_AFTER_SECS)
+    }
+
     /// Upload `id` of `principal` as a reader sees it, finishing it first if every byte is
     /// stored but it is not finished (the lease is taken only if free: a reader never stops a
     /// writer). Errors: 404/410 as [`UploadEngine::get`]; [`finishing_error`] (423) while it

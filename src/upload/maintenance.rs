@@ -78,7 +78,9 @@ impl UploadEngine {
 
     /// Build final upload `id` (TUS 1.0 §Concatenation) if every part is complete, then commit
     /// it finished with its sha256. A no-op while parts are unfinished or once built. A
-    /// declared sha256 that does not match deletes the final (460). Restartable: a crash
+    /// declared sha256 that does not match deletes the final (460). Parts that add up past the
+    /// maximum upload size or the principal's bytes quota fail the final for good
+    /// ([`super::failed_final`], 409; see `super::concat`). Restartable: a crash
     /// mid-way builds it again.
     ///
     /// Where the blob store can compose inside itself ([`crate::blob::BlobStore::compose`];
@@ -89,8 +91,14 @@ impl UploadEngine {
     pub async fn build_final(self: &Arc<Self>, id: &str) -> Result<(), Refusal> {
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(()) };
         let Concat::Final { parts, .. } = &rec.concat else { return Ok(()) };
-        if rec.is_finished() || rec.expired {
+        if rec.is_finished() {
             return Ok(());
+        }
+        if rec.expired {
+            return match self.failure_of(&rec).await? {
+                Some(f) => Err(super::failed_final(id, &f)),
+                None => Ok(()),
+            };
         }
         let mut sources = Vec::with_capacity(parts.len());
         for p in parts {
@@ -103,11 +111,23 @@ impl UploadEngine {
                 }
             }
         }
-        let total: u64 = sources.iter().filter_map(|r| r.length).sum();
+        let total = sources.iter().filter_map(|r| r.length).fold(0u64, u64::saturating_add);
         let guard = self.take(id).await?;
         let Some(rec) = self.catalog.get_upload(id).await? else { return Ok(()) };
         if rec.is_finished() {
             return Ok(());
+        }
+        if let Some(f) = self.failure_of(&rec).await? {
+            return Err(super::failed_final(id, &f));
+        }
+        if rec.expired {
+            return Ok(());
+        }
+        // Parts whose lengths were declared after the final's creation may add up past a limit
+        // the declarations could not see (two at once, a limit lowered since): that build can
+        // never succeed, and the final says so for good (see `super::concat`).
+        if let Some(refused) = self.final_over_limit(&rec, &sources).await {
+            return Err(refused);
         }
         let length_unset = rec.length.is_none();
         // A final whose parts' lengths were not all known at its creation (concatenation of

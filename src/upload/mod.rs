@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 
 mod append;
 mod chunk;
+mod concat;
 pub mod describe;
 mod exhausted;
 mod files;
@@ -32,6 +33,7 @@ mod quota;
 
 pub use append::AppendOutcome;
 pub use chunk::{ChunkError, ChunkStream, WholeChunk};
+pub use concat::failed_final;
 pub use describe::{check_metadata, describe, describe_raw, metadata_from_json, metadata_json, Description, MAX_METADATA_BYTES};
 pub use files::{FileCursor, FileHandle, FileWriter};
 use hash::RunningSha256;
@@ -75,8 +77,10 @@ fn creation_fingerprint(plan: &CreationPlan, metadata_raw: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.to_string().as_bytes()))
 }
 
-/// Most partial uploads one final upload may name.
-pub const MAX_PARTS: usize = 10_000;
+/// Most partial uploads one final upload may name. Its HEAD answers them all in
+/// `Upload-Concat` (`/files/ID`, 34 bytes each, sharing the metadata's 4 KiB: see
+/// `http::tus`), so the response headers stay under the 6 KiB the README promises proxies.
+pub const MAX_PARTS: usize = 100;
 
 /// Engine settings (see `ferry serve --help` for the user-facing names).
 #[derive(Debug, Clone)]
@@ -247,6 +251,12 @@ impl UploadEngine {
             return Err(Refusal::not_found());
         }
         let rec = self.catalog.get_upload(id).await?;
+        if let Some(r) = rec.as_ref().filter(|r| r.principal == principal) {
+            // A final whose build failed for good says why, not just "expired".
+            if let Some(f) = self.failure_of(r).await? {
+                return Err(failed_final(id, &f));
+            }
+        }
         self.admit(principal, rec)
     }
 
@@ -373,7 +383,10 @@ impl UploadEngine {
             Some(fin @ UploadConcat::Final(_)) => {
                 let parts = fin.final_ids();
                 if parts.len() > MAX_PARTS {
-                    return Err(Refusal::bad_request(format!("a final upload may name at most {MAX_PARTS} partial uploads"), "Concatenate in stages."));
+                    return Err(Refusal::bad_request(
+                        format!("a final upload may name at most {MAX_PARTS} partial uploads; this one names {}", parts.len()),
+                        format!("Upload the file in at most {MAX_PARTS} parts."),
+                    ));
                 }
                 let mut seen = Vec::with_capacity(parts.len());
                 for part in &parts {
@@ -560,8 +573,23 @@ impl UploadEngine {
     /// waits on (TUS 1.0 §Concatenation, `concatenation-unfinished`): terminating it would
     /// leave the final unable to ever complete, so nothing is deleted. Once the final is
     /// finished its parts may go.
+    ///
+    /// A final upload whose build failed for good ([`failed_final`]) is deleted too: its row
+    /// goes, and the id answers 404.
     pub async fn terminate(&self, principal: &str, id: &str) -> Result<(), Refusal> {
-        self.get(principal, id).await?;
+        if let Err(e) = self.get(principal, id).await {
+            return match self.catalog.get_upload(id).await? {
+                Some(r) if r.principal == principal && self.failure_of(&r).await?.is_some() => {
+                    self.catalog.delete_upload(id).await?;
+                    if let Err(e) = self.blobs.abort(id).await {
+                        tracing::warn!(upload = id, error = %e, "could not remove what a failed final upload left in the blob store");
+                    }
+                    self.metrics.uploads_terminated.inc();
+                    Ok(())
+                }
+                _ => Err(e),
+            };
+        }
         let _guard = self.take(id).await?;
         let rec = self.get(principal, id).await?;
         if let Some(fin) = self.catalog.finals_waiting_on(id).await?.first() {

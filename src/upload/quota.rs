@@ -124,6 +124,11 @@ impl UploadEngine {
         let held = RoomHeld { catalog: self.catalog.clone(), id: rec.id.clone(), nonce: r.nonce };
         match set_length {
             Some(len) if r.granted_to < len => {
+                // Given back before the use is read, so the refusal counts what is stored, not
+                // the room just granted (a release left to `Drop` runs later).
+                if let Err(e) = crate::catalog::retry_transient(|| self.catalog.release_upload_bytes(&rec.id, &held.nonce)).await {
+                    tracing::warn!(upload = rec.id, error = %e, "could not give back the quota room of a refused length");
+                }
                 drop(held);
                 let used = self.catalog.usage(&rec.principal, now_ms()).await.map(|u| u.bytes).unwrap_or(limit);
                 Err(Refusal::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: len.saturating_sub(rec.offset) }, Some(rec.offset)))

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::error::ErrorCode;
 use crate::tasks::{Job, JobContext, JobError};
 
 /// The `concat` kind: args `{"final": "<upload id>"}`.
@@ -35,11 +36,20 @@ impl Job for ConcatJob {
         // Ownership: the final must belong to the task's principal.
         uploads.get(ctx.principal(), &a.final_id).await?;
         ctx.progress(Some(0.0), Some("concatenating"), &[]).await?;
-        uploads.build_final(&a.final_id).await?;
-        let rec = uploads.get(ctx.principal(), &a.final_id).await?;
+        match uploads.build_final(&a.final_id).await {
+            // Built never (too large for a limit): the final says so too (`failed_final`).
+            Err(e) if e.status == 409 && matches!(e.code, ErrorCode::SizeExceeded | ErrorCode::QuotaExceeded) => return Err(JobError::failed(e.detail)),
+            r => r?,
+        }
+        let rec = match uploads.get(ctx.principal(), &a.final_id).await {
+            Err(e) if e.status == 409 && matches!(e.code, ErrorCode::SizeExceeded | ErrorCode::QuotaExceeded) => return Err(JobError::failed(e.detail)),
+            r => r?,
+        };
         if !rec.is_finished() {
             return Err(JobError::failed("a partial upload of this final is not complete"));
         }
+        let size = rec.length.unwrap_or(0);
+        ctx.progress(Some(1.0), Some(&format!("concatenated {size} bytes")), &[("bytes", size)]).await?;
         Ok(serde_json::json!({
             "file": { "id": rec.id, "size": rec.length, "sha256": rec.sha256.map(hex::encode) }
         }))

@@ -1,0 +1,15 @@
+-- A final upload of a concatenation (TUS 1.0 §Concatenation) whose build failed for good (the
+-- concatenation is larger than the maximum upload size, or than its principal's bytes quota):
+-- the final is tombstoned (its parts are free again) and this row says why, so HEAD, GET and
+-- the files API answer that instead of "not built yet". The row goes with its upload.
+CREATE TABLE final_failures (
+    id TEXT PRIMARY KEY NOT NULL,
+    code TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    failed_at_ms INTEGER NOT NULL
+);
+
+CREATE TRIGGER final_failures_gone AFTER DELETE ON uploads
+BEGIN
+    DELETE FROM final_failures WHERE id = OLD.id;
+END;
