@@ -514,6 +514,12 @@ async fn a_declared_sha256_is_checked_as_tus_checks_it() {
         assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
         assert!(v["error"]["message"].as_str().unwrap_or("").contains(detail), "{v}");
     }
+    // A media_type that is none is refused rather than stored as application/octet-stream.
+    let (v, err, _) = call(&c, "file_upload_begin", json!({ "name": "a.txt", "size": 1, "media_type": "not a type" })).await;
+    assert!(err && v["error"]["code"] == "invalid_argument" && v["error"]["retryable"] == false, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("not a media type"), "{v}");
+    let (v, err, _) = call(&c, "file_upload_begin", json!({ "name": "a.txt", "size": 1, "media_type": "text/csv; charset=utf-8" })).await;
+    assert!(!err, "{v}");
     c.cancel().await.unwrap();
 }
 

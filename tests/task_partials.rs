@@ -227,8 +227,20 @@ async fn a_thousand_external_fragments_keep_the_view_within_64_kib() {
     problem(api.post(&url, r#"{"fragment": "#).await, 400, "invalid_argument").await;
     problem(api.post(&url, r#"{"value": 1}"#).await, 400, "invalid_argument").await;
     problem(api.post(&url, &json!({ "fragment": "y".repeat(17 * 1024) }).to_string()).await, 413, "size_exceeded").await;
+    // Nesting no reader of stored JSON takes (SQLite's JSON stops at 1 000 levels): 400 naming
+    // the limit, for fragments, results and start args alike; 64 levels are fine.
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    for body in [format!("{{\"fragment\":{}}}", nested(1001)), format!("{{\"result\":{}}}", nested(1001))] {
+        let to = if body.contains("fragment") { url.clone() } else { format!("/api/v1/tasks/{tid}/complete") };
+        let p = problem(api.post(&to, &body).await, 400, "invalid_argument").await;
+        assert!(p["detail"].as_str().unwrap().contains("at most 64 levels"), "{p}");
+    }
+    let p = problem(api.post("/api/v1/tasks", &format!("{{\"kind\":\"external\",\"args\":{}}}", nested(100_000))).await, 400, "invalid_argument").await;
+    assert!(p["detail"].as_str().unwrap().contains("nests"), "{p}");
+    assert_eq!(api.post(&url, &format!("{{\"fragment\":{}}}", nested(63))).await.status(), 200, "63 levels inside the body's own");
+    assert_eq!(api.task(&tid).await["partial"]["next"], 1001);
     problem(api.post("/api/v1/tasks/aaaaaaaaaaaaaaaaaaaaaaaaaa/partial", r#"{"fragment": 1}"#).await, 404, "not_found").await;
-    assert_eq!(api.task(&tid).await["partial"]["next"], 1000);
+    assert_eq!(api.task(&tid).await["partial"]["next"], 1001);
     // Only an external task takes fragments from outside.
     let archive_input = api.upload(b"abc", "a.txt").await;
     let r = api.start_raw("archive", &json!({ "file_ids": [archive_input], "format": "tar" }).to_string(), None, None).await;
@@ -240,7 +252,7 @@ async fn a_thousand_external_fragments_keep_the_view_within_64_kib() {
     assert_eq!(api.post(&format!("/api/v1/tasks/{tid}/complete"), r#"{"result":{"rows":1000}}"#).await.status(), 200);
     problem(api.post(&url, r#"{"fragment": 1}"#).await, 409, "conflict").await;
     let v = api.task(&tid).await;
-    assert_eq!((v["status"].as_str(), v["result"]["rows"].as_u64(), v["partial"]["next"].as_u64()), (Some("completed"), Some(1000), Some(1000)));
+    assert_eq!((v["status"].as_str(), v["result"]["rows"].as_u64(), v["partial"]["next"].as_u64()), (Some("completed"), Some(1000), Some(1001)));
 
     // MCP: a task_get result carries at most 4 KiB of fragments and says there are more.
     let c = mcp_client(&s).await;
