@@ -117,9 +117,14 @@ impl Connection {
     pub fn base(&self) -> Result<reqwest::Url, CliError> {
         let server = self.server();
         let base = server.trim_end_matches('/');
-        let url = reqwest::Url::parse(base).map_err(|e| CliError::usage(format!("--server {base:?} is not a URL: {e}")))?;
+        let mut url = reqwest::Url::parse(base).map_err(|e| CliError::usage(format!("--server {base:?} is not a URL: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(CliError::usage(format!("--server must be an http:// or https:// URL, got {base:?}")));
+        }
+        // The TUS endpoint (what tus clients are given) names the same server: its base is what
+        // precedes `/files`.
+        if let Some(prefix) = url.path().strip_suffix("/files").map(str::to_string) {
+            url.set_path(&prefix);
         }
         Ok(url)
     }
@@ -766,6 +771,19 @@ pub fn describe(method: &reqwest::Method, url: &reqwest::Url) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_given_as_its_tus_endpoint_is_its_base() {
+        for (given, base) in [
+            ("http://127.0.0.1:8080/files/", "http://127.0.0.1:8080/"),
+            ("http://h/app/files", "http://h/app"),
+            ("http://h:1/", "http://h:1/"),
+            ("https://h/filesystem", "https://h/filesystem"),
+        ] {
+            let conn = Connection { server: Some(given.into()), token: None, cacert: None };
+            assert_eq!(conn.base().unwrap().as_str(), base, "{given}");
+        }
+    }
 
     #[test]
     fn a_refused_signed_link_is_not_told_to_use_a_token() {

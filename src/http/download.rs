@@ -24,18 +24,27 @@ pub fn etag(sha256: &[u8; 32]) -> String {
     format!("\"{}\"", hex::encode(sha256))
 }
 
-/// Media types a browser would execute or render actively: always served as attachments.
+/// Whether a browser would execute or render `m` actively (or as anything but a passive
+/// view): every type but those known to be shown passively — raster images, audio, video,
+/// plain text, CSV, JSON and PDF — is served as an attachment. An allowlist: a type this list
+/// does not know (`multipart/x-mixed-replace`, `message/rfc822`, `text/css`, `image/svg`
+/// without `+xml`, …) is an attachment rather than a page of the server's origin.
 fn is_active(m: &mime::Mime) -> bool {
+    const PASSIVE: &[&str] = &[
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "image/avif",
+        "image/bmp",
+        "text/plain",
+        "text/csv",
+        "application/json",
+        "application/pdf",
+        "application/octet-stream",
+    ];
     let essence = m.essence_str();
-    matches!(m.type_(), mime::TEXT | mime::APPLICATION | mime::IMAGE)
-        && (essence == "text/html"
-            || essence == "application/xhtml+xml"
-            || essence == "image/svg+xml"
-            || essence.ends_with("/xml")
-            || m.suffix() == Some(mime::XML)
-            || essence.contains("script")
-            || essence.contains("xml")
-            || essence == "text/xsl")
+    !(PASSIVE.contains(&essence) || matches!(m.type_(), mime::AUDIO | mime::VIDEO))
 }
 
 /// RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~".
@@ -65,7 +74,7 @@ fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
 
 /// Content-Type, Content-Disposition and the validators of a finished upload. `attachment`
 /// forces `Content-Disposition: attachment` (the download page's button asks for it with
-/// `?download=1`); otherwise only active types are attachments.
+/// `?download=1`); otherwise every type but the passive ones ([`is_active`]).
 pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord, attachment: bool) {
     // The same description `GET /api/v1/files/{id}` and MCP handles show.
     let crate::upload::Description { name, media_type: media } = crate::upload::describe_raw(&rec.metadata);
@@ -199,7 +208,10 @@ mod tests {
         ] {
             assert!(is_active(&t.parse().unwrap()), "{t}");
         }
-        for t in ["image/png", "text/plain", "application/pdf"] {
+        for t in ["multipart/x-mixed-replace; boundary=x", "message/rfc822", "text/css", "image/svg", "application/x-shockwave-flash", "text/vtt", "font/woff2"] {
+            assert!(is_active(&t.parse().unwrap()), "{t}: not known to be passive");
+        }
+        for t in ["image/png", "image/jpeg", "text/plain; charset=utf-8", "text/csv", "application/pdf", "application/json", "video/mp4", "audio/mpeg"] {
             assert!(!is_active(&t.parse().unwrap()), "{t}");
         }
     }
