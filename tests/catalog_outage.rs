@@ -141,3 +141,27 @@ async fn offset_once_back(tus: &Tus, upload: &str) -> u64 {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A server stopped by SIGTERM lets PostgreSQL go quietly: its release-request listener (the
+/// `LISTEN` connection of catalog leases) ends with the pool instead of reconnecting to a pool
+/// that is closing — which held the exit for ≈ 5 s and logged "lost its connection;
+/// reconnecting" every 500 ms until shutdown's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_release_listener_without_reconnecting() {
+    let db = TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = common::logged::LoggedServer::start(&dir.path().join("data"), &["--catalog", db.url.as_str()]);
+    // Serving: an upload written through a catalog lease, so the listener is in use.
+    let c = client();
+    let r = c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "3").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let upload = r.headers()["location"].to_str().unwrap().to_string();
+    let upload = if upload.starts_with("http") { upload } else { s.url(&upload) };
+    let r = c.patch(&upload).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body("abc").send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let before = s.log().len();
+    let (status, log) = s.terminate();
+    assert!(status.success(), "exit {status}; log:\n{}", log.join("\n"));
+    let noisy: Vec<&String> = log[before..].iter().filter(|l| l.contains("reconnecting") || l.contains("WARN") || l.contains("ERROR")).collect();
+    assert!(noisy.is_empty(), "warnings at shutdown: {noisy:#?}");
+}

@@ -689,6 +689,7 @@ async fn cli_messages_speak_cli() {
     assert_eq!(v["scope"], "upload", "{v}");
     let f = Api::with_token(&s, token).file(id).await;
     assert!(f["size"].is_null() && f["name"] == "report.pdf", "{f}");
+    assert_eq!(f["media_type"], "application/pdf", "guessed from the name, as `ferry upload` does: {f}");
     let before = Api::with_token(&s, token).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
     let o = out(&mut with_token(&["request", "x.bin", "--ttl", "8d"]));
     assert_eq!(code(&o), 2, "{}", stderr(&o));

@@ -244,9 +244,11 @@ async fn postgres_catalog_reconnects_after_its_connections_are_terminated() {
 
 #[tokio::test]
 async fn fs_blob_store_conformance() {
-    for (durable, direct) in [(true, true), (false, true), (true, false)] {
+    // `inline`: opens (and reads from the page cache) on the async thread, as on a local disk,
+    // or always on blocking threads, as on a network filesystem.
+    for (durable, direct, inline) in [(true, true, true), (false, true, true), (true, false, true), (true, true, false)] {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsBlobStore::open(dir.path(), durable).unwrap().with_direct_writes(direct);
+        let store = FsBlobStore::open(dir.path(), durable).unwrap().with_direct_writes(direct).with_inline_opens(inline);
         ferry::blob::conformance::run_all(&store, "ab").await;
         ferry::blob::conformance::run_unfinished_reads(&store, "ab").await;
     }

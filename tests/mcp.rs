@@ -315,9 +315,13 @@ async fn principals_are_isolated_and_signed_urls_open_one_file() {
     // The same signature on bob's file id does not open it.
     let forged = url.replace(&fa, &fb);
     common::problem(reqwest::get(&forged).await.unwrap(), 403, "unauthorized").await;
-    // An upload-scope URL does not download.
-    let up = Api::with_token(&server, alice).post(&format!("/api/v1/files/{fa}/share"), r#"{"scope":"upload"}"#).await;
-    let up = common::json(up).await["url"].as_str().unwrap().to_string();
+    // An upload-scope URL does not download (a file with bytes still to come: a complete
+    // one gets no upload link).
+    let api = Api::with_token(&server, alice);
+    let r = api.send("POST", "/files/", &[("tus-resumable", "1.0.0"), ("upload-length", "10")], None).await;
+    assert_eq!(r.status(), 201);
+    let open = r.headers()["location"].to_str().unwrap().rsplit('/').next().unwrap().to_string();
+    let up = common::json(api.post(&format!("/api/v1/files/{open}/share"), r#"{"scope":"upload"}"#).await).await["url"].as_str().unwrap().to_string();
     common::problem(reqwest::get(&up).await.unwrap(), 403, "unauthorized").await;
     a.cancel().await.unwrap();
     b.cancel().await.unwrap();
@@ -579,6 +583,7 @@ async fn file_request_makes_a_page_link_for_a_file_of_any_size() {
     assert_eq!(res.status(), 204);
     let status = ok(&c, "file_status", json!({ "file_id": id })).await;
     assert_eq!((status["file"]["size"].as_u64(), status["file"]["sha256"].as_str()), (Some(123_457), Some(sha256_hex(&data).as_str())), "{status}");
+    assert_eq!(status["file"]["media_type"], "application/pdf", "guessed from the name: {status}");
     // A refused call leaves no upload behind.
     let before = Api::new(&server).get("/api/v1/files").await.json::<Value>().await.unwrap()["files"].as_array().unwrap().len();
     for bad in [json!({ "name": "" }), json!({ "name": "x", "ttl_ms": 0 }), json!({ "name": "x", "size": 5 })] {

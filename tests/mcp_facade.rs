@@ -421,6 +421,13 @@ async fn arguments_outside_the_input_schema_are_refused_before_anything_is_store
         assert_eq!(e["retryable"], false, "{e}");
         assert!(e["recoveryHint"].as_str().unwrap().contains(tool), "{e}");
     }
+    // A JSON integer past 64 bits fits `"type": "integer"` but no field: named by its
+    // pointer, not by serde's "invalid type: floating point" (break-it, session 9).
+    let huge: Value = serde_json::from_str(r#"{ "name": "a.bin", "size": 18446744073709551616 }"#).unwrap();
+    let e = failed(&c, "file_upload_begin", huge, "invalid_argument").await;
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("arguments/size") && m.contains("outside the whole numbers") && !m.contains("floating point"), "{e}");
+    assert!(e["recoveryHint"].as_str().unwrap().contains("file_upload_begin"), "{e}");
     assert_eq!(ok(&c, "file_list", json!({})).await["files"], json!([]), "nothing was stored");
     assert_eq!(ok(&c, "task_list", json!({})).await["tasks"], json!([]), "no task was started");
 

@@ -493,6 +493,10 @@ async fn the_share_page_info_is_byte_exact() {
     let (_, query) = page.split_once('?').expect("a signed query");
     let info = json(client().get(s.url(&format!("/share/{id}/info?{query}"))).send().await.unwrap()).await;
     assert_eq!(info["file"]["metadata"], want_json(), "{info}");
+    // The file is complete: an upload link to it could take nothing and is refused, naming
+    // the download share instead.
+    let p = common::problem(api.post(&format!("/api/v1/files/{id}/share"), r#"{"scope":"upload"}"#).await, 409, "conflict").await;
+    assert!(p["recovery_hint"].as_str().unwrap().contains(r#""scope":"download""#), "{p}");
 }
 
 /// Events (SSE, and the webhook body, which is the same JSON): the metadata is the

@@ -747,4 +747,9 @@ async fn oversized_bodies_and_bad_limits_get_problems() {
     let tid = id(&api.start("external", "{}").await);
     let answer = format!(r#"{{"key":"k","response":"{}"}}"#, "a".repeat(100_000));
     problem(api.post(&format!("/api/v1/tasks/{tid}/input"), &answer).await, 413, "size_exceeded").await;
+    // A counter past 64 bits is named by its pointer, not by serde's "floating point".
+    let r = api.post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"counters":{"rows":18446744073709551616}}"#).await;
+    let p = problem(r, 400, "invalid_argument").await;
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("body/counters/rows") && !detail.contains("floating point"), "{p}");
 }

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use base64::Engine as _;
 use clap::Args;
 use serde::Deserialize;
 
@@ -81,12 +80,13 @@ pub fn run(args: RequestArgs) -> std::process::ExitCode {
     })
 }
 
-/// `POST /files/` with `Upload-Defer-Length: 1` and `filename` NAME; the new upload's id. An
-/// `Idempotency-Key` makes a retried creation the same upload, not a second one.
+/// `POST /files/` with `Upload-Defer-Length: 1`, `filename` NAME and the `filetype` its
+/// extension suggests (as `ferry upload` sends); the new upload's id. An `Idempotency-Key`
+/// makes a retried creation the same upload, not a second one.
 async fn create_deferred(client: &Client, name: &str, retry_for: Duration) -> Result<String, CliError> {
     let endpoint = client.url("/files/");
     let what = describe(&reqwest::Method::POST, &endpoint);
-    let meta = format!("filename {}", base64::engine::general_purpose::STANDARD.encode(name));
+    let meta = super::upload::metadata_header(Some(name), &[]);
     let key = format!("ferry-request-{:032x}", rand::random::<u128>());
     let res = client
         .send_retrying(&mut Retry::new(retry_for), &what, || {

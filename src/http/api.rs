@@ -381,7 +381,10 @@ fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
     if !body.trim_ascii_start().starts_with(b"{") {
         return Err(Problem(Refusal::bad_request("the request body must be a JSON object", hint)));
     }
-    serde_json::from_slice(body).map_err(|e| Problem(Refusal::bad_request(format!("invalid JSON body: {e}"), hint)))
+    serde_json::from_slice(body).map_err(|e| {
+        let past = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| crate::app::schema_check::number_past_64_bits(&v));
+        Problem(Refusal::bad_request(format!("invalid JSON body: {}", past.map_or_else(|| e.to_string(), |m| format!("body{m}"))), hint))
+    })
 }
 
 /// The request bodies the document describes, compiled from the document itself, by
@@ -896,6 +899,7 @@ pub const DEFAULT_SHARE_TTL_MS: u64 = 3_600_000;
         (status = 200, description = "The signed URL.", body = ShareView),
         (status = 400, description = "Bad scope or ttl_ms (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
         (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "Scope `upload` for a file that is already complete (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn share_file(
     State(s): State<AppState>,
@@ -912,8 +916,18 @@ async fn share_file(
             format!("Send a ttl_ms in that range, e.g. {DEFAULT_SHARE_TTL_MS} for one hour."),
         )));
     }
-    s.engine.get(&p, &id).await?;
-    let signed = s.links.signed(req.scope.unwrap_or(crate::signing::Scope::Download), &id, ttl, crate::upload::now_ms());
+    let rec = s.engine.get(&p, &id).await?;
+    let scope = req.scope.unwrap_or(crate::signing::Scope::Download);
+    if scope == crate::signing::Scope::Upload && rec.is_finished() {
+        // An upload link to a file that can take no more bytes would only ever answer 409.
+        return Err(Problem(Refusal::new(
+            409,
+            crate::error::ErrorCode::Conflict,
+            format!("file {id} is complete ({} bytes): an upload link would have nothing to take", rec.offset),
+            r#"Share it with {"scope":"download"} for someone to fetch it, or ask for a new file (ferry request NAME, MCP file_request)."#,
+        )));
+    }
+    let signed = s.links.signed(scope, &id, ttl, crate::upload::now_ms());
     let expires_at = crate::upload::rfc3339(signed.expires_at_ms);
     let mut view = serde_json::json!({
         "url": signed.url, "scope": signed.scope, "expires_at_ms": signed.expires_at_ms, "expires_at": expires_at,

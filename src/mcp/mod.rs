@@ -112,10 +112,16 @@ fn invalid(detail: impl Into<String>, hint: impl Into<String>) -> Refusal {
     Refusal::bad_request(detail, hint.into())
 }
 
-/// Deserialize tool arguments, or `invalid_argument` naming what is wrong.
+/// Deserialize tool arguments, or `invalid_argument` naming what is wrong. Every number a
+/// tool takes is a whole number (bytes, ms, counts) that fits 64 bits; JSON allows larger
+/// ones, which arrive as floating point, and such a one is named by its path rather than by
+/// serde's "invalid type: floating point" (break-it, session 9).
 fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, Refusal> {
-    serde_json::from_value(Value::Object(a.clone().unwrap_or_default()))
-        .map_err(|e| invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")))
+    let v = Value::Object(a.clone().unwrap_or_default());
+    serde_json::from_value(v.clone()).map_err(|e| match crate::app::schema_check::number_past_64_bits(&v) {
+        Some(m) => invalid(format!("{tool}: arguments{m}"), format!("Call {tool} with a whole number within the range its inputSchema gives there.")),
+        None => invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")),
+    })
 }
 
 /// A compact file handle (≈200 bytes) and its `resource_link`, from one view of the record.
@@ -232,7 +238,9 @@ impl FerryMcp {
         let mut md = UploadMetadata::new();
         let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");
         md.insert("filename", Some(name.to_string().into_bytes())).map_err(bad)?;
-        md.insert("filetype", Some(media_type.map(str::to_string).unwrap_or_else(|| "application/octet-stream".into()).into_bytes())).map_err(bad)?;
+        // None given: guessed from the name (`report.csv` → text/csv), as `ferry upload` does.
+        let media_type = media_type.map(str::to_string).unwrap_or_else(|| crate::upload::describe::guess_media_type(name).to_string());
+        md.insert("filetype", Some(media_type.into_bytes())).map_err(bad)?;
         if let Some(h) = &sha256 {
             md.insert("sha256", Some(h.to_ascii_lowercase().into_bytes())).map_err(bad)?;
         }

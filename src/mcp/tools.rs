@@ -90,7 +90,7 @@ pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<T
             object(json!({
                 "name": { "type": "string", "minLength": 1, "maxLength": 255, "description": "File name." },
                 "size": { "type": "integer", "minimum": 0, "description": "Total bytes; omit if unknown (then the first chunk sender declares it)." },
-                "media_type": { "type": "string", "description": "e.g. application/pdf (default application/octet-stream)." },
+                "media_type": { "type": "string", "description": "e.g. application/pdf (default: guessed from name's extension, else application/octet-stream)." },
                 "sha256": { "type": "string", "pattern": "^[0-9a-fA-F]{64}$", "description": "Expected sha256 of the whole file (hex); a mismatch at completion resets the upload." },
                 "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the signed upload URL, ms (default 24 h)." },
                 "url_ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "deprecated": true, "description": "Deprecated name of ttl_ms." }

@@ -15,6 +15,8 @@ pub struct LoggedServer {
     /// `http://127.0.0.1:PORT` or `https://127.0.0.1:PORT`, from the `listening on` line.
     pub base: String,
     lines: Arc<Mutex<Vec<String>>>,
+    /// Set once stderr is closed and every line of it is in `lines`.
+    closed: Arc<std::sync::atomic::AtomicBool>,
     /// Lines already matched by [`LoggedServer::wait_log`] (each wait looks past them).
     seen: usize,
 }
@@ -42,12 +44,14 @@ impl LoggedServer {
             .expect("spawn ferry");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().unwrap();
-        let sink = lines.clone();
+        let (sink, closed) = (lines.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let eof = closed.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("ferry: {line}");
                 sink.lock().unwrap().push(line);
             }
+            eof.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
         let base = loop {
@@ -65,7 +69,7 @@ impl LoggedServer {
             }
         };
         std::thread::spawn(move || for _ in out.by_ref() {});
-        LoggedServer { child, base, lines, seen: 0 }
+        LoggedServer { child, base, lines, closed, seen: 0 }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -80,6 +84,19 @@ impl LoggedServer {
     pub fn sighup(&self) {
         let st = Command::new("kill").arg("-HUP").arg(self.child.id().to_string()).status().unwrap();
         assert!(st.success());
+    }
+
+    /// `kill -TERM`, wait for the process to exit, and return its status with every line it
+    /// logged (stderr read to its end, at most 10 s after the exit).
+    pub fn terminate(&mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let st = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        assert!(st.success());
+        let status = self.child.wait().expect("wait");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.closed.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (status, self.log())
     }
 
     /// Every log line so far.
