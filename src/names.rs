@@ -13,6 +13,14 @@
 //! systems allow: 255 on Linux, Windows and macOS), and wherever ferry puts a name into a
 //! response header, [`shorten`] keeps it within a byte budget with its extension intact.
 
+/// The media type a file name's extension suggests (`report.csv` → `text/csv`, from
+/// mime_guess's table), else `application/octet-stream`. For clients that create an upload
+/// from a name and were given no type (`ferry upload`, `ferry request`, MCP
+/// `file_upload_begin` and `file_request`); metadata that names no type is not guessed at.
+pub fn guess_media_type(name: &str) -> mime::Mime {
+    mime_guess::from_path(name).first().unwrap_or(mime::APPLICATION_OCTET_STREAM)
+}
+
 /// Most characters (Unicode scalar values) a file name in `Upload-Metadata` may have: 255, the
 /// longest name Linux (bytes), Windows and macOS (UTF-16 units) store.
 pub const MAX_NAME_CHARS: usize = 255;

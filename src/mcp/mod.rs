@@ -239,7 +239,7 @@ impl FerryMcp {
         let bad = |e: ferry_tus::ParseError| invalid(e.to_string(), "Use a plain file name and media type.");
         md.insert("filename", Some(name.to_string().into_bytes())).map_err(bad)?;
         // None given: guessed from the name (`report.csv` → text/csv), as `ferry upload` does.
-        let media_type = media_type.map(str::to_string).unwrap_or_else(|| crate::upload::describe::guess_media_type(name).to_string());
+        let media_type = media_type.map(str::to_string).unwrap_or_else(|| crate::names::guess_media_type(name).to_string());
         md.insert("filetype", Some(media_type.into_bytes())).map_err(bad)?;
         if let Some(h) = &sha256 {
             md.insert("sha256", Some(h.to_ascii_lowercase().into_bytes())).map_err(bad)?;

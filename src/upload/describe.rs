@@ -16,14 +16,6 @@ pub const MEDIA_TYPE_KEYS: &[&str] = &["filetype", "contentType", "content-type"
 /// The media type of a file whose metadata names none (or none that parses).
 pub const DEFAULT_MEDIA_TYPE: &str = "application/octet-stream";
 
-/// The media type a file name's extension suggests (`report.csv` → `text/csv`, from
-/// mime_guess's table), else [`DEFAULT_MEDIA_TYPE`]. For clients that create an upload from a
-/// name and were given no type (`ferry upload`, `ferry request`, MCP `file_upload_begin` and
-/// `file_request`); metadata that names no type is not guessed at.
-pub fn guess_media_type(name: &str) -> mime::Mime {
-    mime_guess::from_path(name).first().unwrap_or(mime::APPLICATION_OCTET_STREAM)
-}
-
 /// A file's name and media type, as its metadata gives them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Description {

@@ -253,7 +253,7 @@ pub(super) fn metadata_header(name: Option<&str>, pairs: &[(String, String)]) ->
         }
     }
     if !pairs.iter().any(|(k, _)| MEDIA_TYPE_KEYS.contains(&k.as_str())) {
-        if let Some(guess) = given_name.or(name).map(crate::upload::describe::guess_media_type).filter(|m| m.essence_str() != crate::upload::describe::DEFAULT_MEDIA_TYPE) {
+        if let Some(guess) = given_name.or(name).map(crate::names::guess_media_type).filter(|m| *m != mime::APPLICATION_OCTET_STREAM) {
             let _ = md.insert("filetype", Some(guess.essence_str().as_bytes().to_vec()));
         }
     }
