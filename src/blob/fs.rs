@@ -305,9 +305,9 @@ struct Reading {
 
 /// `len` (≤ [`READ_CHUNK`]) bytes at `pos` of `r` into a pooled buffer. What the page cache
 /// holds is copied at once; when the rest is not cached and less than half of [`READ_AHEAD`]
-/// past it has been asked for, the kernel is first asked to read up to [`READ_AHEAD`] bytes ahead in the
-/// background ([`will_need`]); then `pread` waits for this chunk's bytes. Errors: I/O, and
-/// `UnexpectedEof` when the file is shorter than the bytes its record counts.
+/// past it has been asked for, the kernel is first asked to read up to [`READ_AHEAD`] bytes
+/// ahead in the background ([`will_need`]); then `pread` waits for this chunk's bytes. Errors:
+/// I/O, and `UnexpectedEof` when the file is shorter than the bytes its record counts.
 fn read_chunk(r: &Reading, pos: u64, len: usize) -> std::io::Result<Bytes> {
     use std::os::unix::fs::FileExt;
     let mut buf = pooled_buffer();
