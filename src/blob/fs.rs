@@ -487,7 +487,7 @@ impl BlobStore for FsBlobStore {
             .await?;
             (Arc::new(r), chunk)
         };
-        let mut s = ReadAhead { pos: start + chunk.len() as u64, end: range.end, reading, ready: None, next: None };
+        let mut s = ReadAhead { pos: start + chunk.len() as u64, reading, ready: None, next: None };
         if !chunk.is_empty() {
             s.ready = Some(chunk);
             s.spawn_next();
@@ -539,10 +539,10 @@ impl BlobStore for FsBlobStore {
 
 /// A byte stream that keeps one read ahead of its consumer.
 struct ReadAhead {
+    /// The file and the range's end.
     reading: Arc<Reading>,
-    /// Next byte to read, and the end of the range.
+    /// Next byte to read.
     pos: u64,
-    end: u64,
     /// A chunk read and not yet yielded.
     ready: Option<Bytes>,
     next: Option<JoinHandle<std::io::Result<Bytes>>>,
@@ -550,10 +550,10 @@ struct ReadAhead {
 
 impl ReadAhead {
     fn spawn_next(&mut self) {
-        if self.pos >= self.end || self.next.is_some() {
+        if self.pos >= self.reading.end || self.next.is_some() {
             return;
         }
-        let (pos, len) = (self.pos, (self.end - self.pos).min(READ_CHUNK as u64) as usize);
+        let (pos, len) = (self.pos, (self.reading.end - self.pos).min(READ_CHUNK as u64) as usize);
         self.pos += len as u64;
         let r = self.reading.clone();
         self.next = Some(tokio::task::spawn_blocking(move || read_chunk(&r, pos, len)));
@@ -579,11 +579,11 @@ impl Stream for ReadAhead {
                 Poll::Ready(Some(Ok(chunk)))
             }
             Ok(Err(e)) => {
-                self.pos = self.end;
+                self.pos = self.reading.end;
                 Poll::Ready(Some(Err(e)))
             }
             Err(join) => {
-                self.pos = self.end;
+                self.pos = self.reading.end;
                 Poll::Ready(Some(Err(std::io::Error::other(join))))
             }
         }

@@ -118,7 +118,7 @@ fn invalid(detail: impl Into<String>, hint: impl Into<String>) -> Refusal {
 /// serde's "invalid type: floating point" (break-it, session 9).
 fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, Refusal> {
     let v = Value::Object(a.clone().unwrap_or_default());
-    serde_json::from_value(v.clone()).map_err(|e| match crate::app::schema_check::number_past_64_bits(&v) {
+    T::deserialize(&v).map_err(|e| match crate::app::schema_check::number_past_64_bits(&v) {
         Some(m) => invalid(format!("{tool}: arguments{m}"), format!("Call {tool} with a whole number within the range its inputSchema gives there.")),
         None => invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")),
     })
