@@ -321,6 +321,32 @@ async fn curl(args: &[&str], body_out: Option<&Path>) -> (u16, HashMap<String, S
     (code, headers)
 }
 
+/// curl sends `Expect: 100-continue` before a body over 1 MiB and waits for the `100` (RFC 9110
+/// §10.1.1). A PATCH the server refuses from its headers — an offset that moved, a body past
+/// the upload's length, an upload already complete — is answered without asking for the body:
+/// curl uploads none of its 8 MiB (`%{size_upload}` = 0) and the upload is as it was.
+#[tokio::test]
+async fn curl_is_not_asked_for_a_body_that_is_refused() {
+    require_curl();
+    let server = Server::start(&[]);
+    let src = source(8 << 20, 33);
+    let t = Tus::new(&server);
+    let url = t.create(1000).await;
+    let done = t.create(3).await;
+    assert_eq!(t.patch(&done, 0, b"abc".to_vec(), &[]).await.status(), 204);
+    let body = format!("@{}", src.path.display());
+    for (what, target, offset, status) in [("an offset that moved", &url, "7", "409"), ("past the length", &url, "0", "413"), ("a complete upload", &done, "3", "413")] {
+        let mut cmd = command("curl");
+        cmd.args(["-sS", "--noproxy", "*", "--max-time", "120", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}", "-X", "PATCH"])
+            .args(["-H", "Tus-Resumable: 1.0.0", "-H", "Content-Type: application/offset+octet-stream", "-H", &format!("Upload-Offset: {offset}")])
+            .args(["--data-binary", &body, target]);
+        let out = run(cmd).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{status} 0"), "{what}: status and bytes curl uploaded ({})", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(t.offset(&url).await, 0);
+    assert_eq!(t.download(&done).await, b"abc");
+}
+
 #[tokio::test]
 async fn curl_create_two_patches_and_range_download() {
     require_curl();

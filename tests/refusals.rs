@@ -532,3 +532,78 @@ async fn mcp_file_handles_are_never_lossy() {
     }
     let _ = c.cancel().await;
 }
+
+/// One HTTP/1.1 response read from `r`: (status, lower-cased headers, body by Content-Length;
+/// none for an answer to HEAD).
+async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R, to_head: bool) -> (u16, std::collections::HashMap<String, String>, Vec<u8>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut line = String::new();
+    r.read_line(&mut line).await.unwrap();
+    let status = line.split(' ').nth(1).unwrap_or_else(|| panic!("no status line: {line:?}")).parse().unwrap();
+    let mut headers = std::collections::HashMap::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).await.unwrap();
+        let Some((k, v)) = line.trim_end().split_once(':') else { break };
+        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+    }
+    let mut body = vec![0; if to_head { 0 } else { headers.get("content-length").map_or(0, |n| n.parse().unwrap()) }];
+    r.read_exact(&mut body).await.unwrap();
+    (status, headers, body)
+}
+
+/// A PATCH refused from its headers alone (an offset that moved, a body past the upload's
+/// length, an upload already complete) is answered before its body arrives: a client that
+/// trickles its 32 MiB body (never idle long enough for a server to give up waiting) reads the
+/// answer while it has sent almost nothing, then sends the rest, which the server reads and
+/// drops, so the connection serves the next request; nothing of the body is stored. (A client
+/// that waits for `100 Continue` is not asked for its body at all:
+/// `real_clients.rs::curl_is_not_asked_for_a_body_that_is_refused`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_refused_from_its_headers_is_answered_before_its_body() {
+    use tokio::io::AsyncWriteExt;
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let url = t.create(1000).await;
+    let done = t.create(3).await;
+    assert_eq!(t.patch(&done, 0, b"abc".to_vec(), &[]).await.status(), 204);
+    const LEN: usize = 32 << 20;
+    let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = tokio::io::BufReader::new(rd);
+    for (what, target, offset, status) in [("an offset that moved", &url, 7, 409), ("past the length", &url, 0, 413), ("a complete upload", &done, 3, 413)] {
+        let path = target.strip_prefix(&s.base).unwrap().to_string();
+        let head = format!("PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: {offset}\r\nContent-Length: {LEN}\r\n\r\n", s.addr());
+        wr.write_all(head.as_bytes()).await.unwrap();
+        // The body trickles (1 KiB every 100 ms) until the answer is read, then the rest goes.
+        let answered = tokio_util::sync::CancellationToken::new();
+        let sender = {
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let mut sent = 0;
+                while sent < LEN && !answered.is_cancelled() {
+                    wr.write_all(&[b'x'; 1024]).await.unwrap();
+                    sent += 1024;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                wr.write_all(&vec![b'x'; LEN - sent]).await.unwrap();
+                (wr, sent)
+            })
+        };
+        // A hang guard, not a timing check: a server that waits for the body never answers here.
+        let (code, h, problem) = tokio::time::timeout(std::time::Duration::from_secs(120), read_response(&mut rd, false)).await.unwrap_or_else(|_| panic!("{what}: no answer before the body"));
+        answered.cancel();
+        assert_eq!(code, status, "{what}: {}", String::from_utf8_lossy(&problem));
+        let expected_offset = if target == &done { "3" } else { "0" };
+        if status == 409 {
+            assert_eq!(h.get("upload-offset").map(String::as_str), Some(expected_offset), "{what}: the answer names the offset to resume from");
+        }
+        let (back, trickled) = sender.await.unwrap();
+        wr = back;
+        assert!(trickled < LEN, "{what}: answered only after the whole body");
+        wr.write_all(format!("HEAD {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\n\r\n", s.addr()).as_bytes()).await.unwrap();
+        let (code, h, _) = read_response(&mut rd, true).await;
+        assert_eq!((code, h.get("upload-offset").map(String::as_str)), (200, Some(expected_offset)), "{what}: nothing of the body was kept");
+    }
+    assert_eq!(t.download(&done).await, b"abc");
+}

@@ -23,11 +23,16 @@ use crate::upload::{ChunkError, ChunkStream};
 pub(super) struct BodyChunk {
     body: Body,
     trailer: Option<Result<UploadChecksum, Refusal>>,
+    /// The client waits for `100 Continue` before it sends the body (`Expect: 100-continue`,
+    /// RFC 9110 §10.1.1) and nothing was read yet: hyper sends the `100` on the first read.
+    unasked: bool,
 }
 
 impl BodyChunk {
-    pub(super) fn new(body: Body) -> Self {
-        BodyChunk { body, trailer: None }
+    /// The body of a request with headers `h`.
+    pub(super) fn new(body: Body, h: &axum::http::HeaderMap) -> Self {
+        let unasked = h.get_all(axum::http::header::EXPECT).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        BodyChunk { body, trailer: None, unasked }
     }
 }
 
@@ -35,6 +40,7 @@ impl futures::Stream for BodyChunk {
     type Item = Result<Bytes, ChunkError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.unasked = false;
         loop {
             let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
                 None => return Poll::Ready(None),
@@ -61,6 +67,10 @@ impl ChunkStream for BodyChunk {
 
     fn trailing_checksum(&mut self) -> Option<Result<UploadChecksum, Refusal>> {
         self.trailer.take()
+    }
+
+    fn waits_to_send(&self) -> bool {
+        self.unasked
     }
 }
 
@@ -90,7 +100,7 @@ mod tests {
 
     #[tokio::test]
     async fn data_frames_are_the_bytes_and_the_trailer_is_read_after_them() {
-        let mut c = BodyChunk::new(body_with_trailer("sha1 qvTGHdzF6KLavt4PO0gs2a6pQ00="));
+        let mut c = BodyChunk::new(body_with_trailer("sha1 qvTGHdzF6KLavt4PO0gs2a6pQ00="), &Default::default());
         let mut got = Vec::new();
         while let Some(b) = c.next().await {
             got.extend_from_slice(&b.unwrap());
@@ -103,11 +113,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_malformed_trailer_is_a_400_and_a_plain_body_has_none() {
-        let mut c = BodyChunk::new(body_with_trailer("crc32 AAAA"));
+        let mut c = BodyChunk::new(body_with_trailer("crc32 AAAA"), &Default::default());
         while c.next().await.is_some() {}
         assert_eq!(c.trailing_checksum().unwrap().unwrap_err().status, 400);
 
-        let mut c = BodyChunk::new(Body::from("abc"));
+        let mut c = BodyChunk::new(Body::from("abc"), &Default::default());
         assert_eq!(c.len_hint(), Some(3), "the exact length of a body that has one");
         assert_eq!(c.next().await.unwrap().unwrap(), Bytes::from_static(b"abc"));
         assert!(c.next().await.is_none());

@@ -117,7 +117,7 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
     let loc = location(&s, &h, &created.upload.id, upload_only);
     let rec = match (planned.body, created.existing) {
         (Some(plan), false) => {
-            let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), BodyChunk::new(body)).await;
+            let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), BodyChunk::new(body, &h)).await;
             match s.engine.settle_creation(&p, &created.upload.id, appended).await {
                 Ok(rec) => rec,
                 Err(refused) => {
@@ -173,7 +173,7 @@ pub(super) async fn append(s: AppState, p: String, v: InteropVersion, id: String
         };
         plan_draft_append(v, state, &dh, max_size).map_err(Refusal::from)
     };
-    match s.engine.append(p, id, decide, BodyChunk::new(body)).await {
+    match s.engine.append(p, id, decide, BodyChunk::new(body, &h)).await {
         Ok(rec) => {
             let mut res = if rec.is_finished() { completed(StatusCode::OK, &rec) } else { StatusCode::NO_CONTENT.into_response() };
             state_headers(&s, v, res.headers_mut(), &rec);

@@ -269,7 +269,7 @@ pub async fn create(
     // learns the offset from the answer (or HEAD) and resumes from there.
     let rec = if plan.with_body && !created.existing {
         let body_plan = s.engine.creation_body_plan(&plan);
-        let appended = s.engine.append(p.clone(), rec.id.clone(), move |_| Ok(body_plan), BodyChunk::new(body)).await;
+        let appended = s.engine.append(p.clone(), rec.id.clone(), move |_| Ok(body_plan), BodyChunk::new(body, &h)).await;
         match s.engine.settle_creation(&p, &rec.id, appended).await {
             Ok(rec) => rec,
             Err(refused) => {
@@ -468,7 +468,7 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
         };
         plan_patch(state, &ph, max_size).map_err(Refusal::from)
     };
-    let rec = s.engine.append(p.clone(), id, decide, BodyChunk::new(body)).await?;
+    let rec = s.engine.append(p.clone(), id, decide, BodyChunk::new(body, &h)).await?;
     if rec.concat == Concat::Partial && rec.is_finished() {
         for f in s.engine.finals_ready(&rec.id).await? {
             start_concat(&s, &p, &f).await?;

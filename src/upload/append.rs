@@ -628,7 +628,7 @@ impl UploadEngine {
 
     async fn append_owned<C, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: C) -> Result<AppendOutcome, Refusal>
     where
-        C: ChunkStream,
+        C: ChunkStream + Send + 'static,
         F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal>,
     {
         // The lease first when it is free (the usual case: one client, one PATCH after
@@ -657,32 +657,33 @@ impl UploadEngine {
             Ok(plan) => plan,
             Err(e) => {
                 // Refused before reading (an offset that moved, a length that does not fit):
-                // the lease goes back at once, and the body is read anyway, so a client still
-                // sending reads the answer with its offset rather than a reset connection.
+                // the lease goes back and the answer goes out at once; a client that waits for
+                // `100 Continue` sends nothing, one still sending is read in the background.
                 drop(guard);
-                super::exhausted::drain(&mut body).await;
+                super::exhausted::let_go(body);
                 return Err(e);
             }
         };
         if rec.is_finished() {
             // Offset equals length: nothing more may arrive; an empty PATCH is a no-op. A body
-            // whose size was not announced (chunked) is read to learn which this is.
-            if super::exhausted::drain(&mut body).await > 0 {
+            // whose size was not announced (chunked) is read up to its first byte to learn
+            // which this is.
+            if super::exhausted::has_bytes(&mut body).await {
+                super::exhausted::let_go(body);
                 return Err(already_complete(rec.offset));
             }
             return Ok(rec);
         }
         if let Err(e) = self.check_space(0, Some(rec.offset)) {
-            // Refused before reading: take the body in anyway, so a client still sending
-            // reads the 507 with its cursor instead of a reset connection.
-            super::exhausted::drain(&mut body).await;
+            // Refused before reading: the 507 with its cursor goes out at once (`let_go`).
+            super::exhausted::let_go(body);
             return Err(e);
         }
         if let Some(len) = plan.set_length {
             // A part's length declared now must not make a pending final too large (`concat`).
             if let Err(e) = self.check_part_length(&rec, len).await {
                 drop(guard);
-                super::exhausted::drain(&mut body).await;
+                super::exhausted::let_go(body);
                 return Err(e);
             }
         }
@@ -692,7 +693,7 @@ impl UploadEngine {
         let (room, _room_held) = match self.patch_room(&rec, plan.set_length, want).await {
             Ok(r) => r,
             Err(e) => {
-                super::exhausted::drain(&mut body).await;
+                super::exhausted::let_go(body);
                 return Err(e);
             }
         };
@@ -703,9 +704,9 @@ impl UploadEngine {
         let mut app = match Appender::open(self, rec, plan.offset, plan.length, plan.set_length, &guard).await {
             Ok(app) => app,
             Err(e) => {
-                // The blob could not be opened (the store is away, say): read the body anyway, so
-                // a client still sending gets the answer with its cursor, not a reset connection.
-                super::exhausted::drain(&mut body).await;
+                // The blob could not be opened (the store is away, say): the answer with its
+                // cursor goes out at once (`let_go`).
+                super::exhausted::let_go(body);
                 let retry_later = matches!(e.code, crate::error::ErrorCode::Unavailable | crate::error::ErrorCode::InsufficientStorage);
                 return Err(if retry_later && e.cursor.is_none() { e.with_cursor(durable) } else { e });
             }
@@ -738,7 +739,7 @@ impl UploadEngine {
                 _ = tokio::time::sleep_until(quiet.unwrap_or(last_frame)), if quiet.is_some() => {
                     gathered_since = None;
                     if let Err(e) = app.flush().await {
-                        super::exhausted::drain(&mut body).await;
+                        super::exhausted::let_go(body);
                         return Err(e);
                     }
                     continue;
@@ -768,7 +769,7 @@ impl UploadEngine {
                     digests.update(&part);
                     let n = part.len() as u64;
                     if let Err(e) = app.write(part).await {
-                        super::exhausted::drain(&mut body).await;
+                        super::exhausted::let_go(body);
                         return Err(e);
                     }
                     self.metrics.bytes_received.inc_by(n);
@@ -779,7 +780,7 @@ impl UploadEngine {
             since_checkpoint += data.len() as u64;
             let n = data.len() as u64;
             if let Err(e) = app.write(data).await {
-                super::exhausted::drain(&mut body).await;
+                super::exhausted::let_go(body);
                 return Err(e);
             }
             gathered_since.get_or_insert(last_frame);
@@ -793,13 +794,13 @@ impl UploadEngine {
                 if since_checkpoint >= self.cfg.checkpoint_every {
                     // fsync + commit in the background while the body keeps streaming in
                     if let Err(e) = app.checkpoint_in_background().await {
-                        super::exhausted::drain(&mut body).await;
+                        super::exhausted::let_go(body);
                         return Err(e);
                     }
                     since_checkpoint = 0;
                 } else {
                     if let Err(e) = app.poll_checkpoint().await {
-                        super::exhausted::drain(&mut body).await;
+                        super::exhausted::let_go(body);
                         return Err(e);
                     }
                 }
@@ -893,7 +894,7 @@ impl UploadEngine {
                 let kept = app.committed.0;
                 tracing::debug!(upload = id, kept, "PATCH ended early");
                 if matches!(end, End::Reserve | End::Quota) {
-                    super::exhausted::drain(&mut body).await;
+                    super::exhausted::let_go(body);
                 }
                 return Err(match end {
                     End::Quota => self.quota_refusal(principal, kept, refused).await,

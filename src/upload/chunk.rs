@@ -42,6 +42,13 @@ pub trait ChunkStream: Stream<Item = Result<Bytes, ChunkError>> + Unpin {
     fn trailing_checksum(&mut self) -> Option<Result<UploadChecksum, Refusal>> {
         None
     }
+
+    /// True while the client has sent none of the bytes and waits to be told to (HTTP
+    /// `Expect: 100-continue`, RFC 9110 §10.1.1, before the first read): a refusal now costs
+    /// it nothing, and the stream is dropped unread. Default: false.
+    fn waits_to_send(&self) -> bool {
+        false
+    }
 }
 
 /// Why a chunk's bytes stopped arriving before their end: the client went away, its framing

@@ -96,11 +96,44 @@ const DRAIN_MAX: u64 = 1 << 30;
 /// Longest wait for the next piece of a refused body.
 const DRAIN_IDLE: Duration = Duration::from_secs(5);
 
-/// Read and drop the rest of a chunk that was refused part-way (507): a client still sending
-/// when the answer comes would otherwise see its connection reset and never read the answer
-/// with its cursor. Bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per read. Returns how
-/// many bytes it dropped.
-pub(super) async fn drain<C: ChunkStream>(chunk: &mut C) -> u64 {
+/// Let go of a chunk refused before or while its bytes were read, without holding the answer
+/// back:
+/// - a client that waits for `100 Continue` and was sent none ([`ChunkStream::waits_to_send`])
+///   is answered at once and sends nothing: the chunk is dropped unread;
+/// - a client still sending reads the answer (with its cursor) now, while the rest of its
+///   body is read and dropped in the background ([`drain`]); closing the connection instead
+///   would reset it, and the answer could be lost with the unread bytes.
+///
+/// Must be called from within a tokio runtime.
+pub(super) fn let_go<C: ChunkStream + Send + 'static>(mut chunk: C) {
+    if chunk.waits_to_send() {
+        return;
+    }
+    tokio::spawn(async move {
+        drain(&mut chunk).await;
+    });
+}
+
+/// Whether a chunk brings any byte: by its announced length when it has one (HTTP
+/// `Content-Length`), else by reading up to its first non-empty piece (at most [`DRAIN_IDLE`]
+/// per read; a stream that fails or goes quiet first counts as empty).
+pub(super) async fn has_bytes<C: ChunkStream>(chunk: &mut C) -> bool {
+    use futures::StreamExt;
+    if let Some(n) = chunk.len_hint() {
+        return n > 0;
+    }
+    loop {
+        match tokio::time::timeout(DRAIN_IDLE, chunk.next()).await {
+            Ok(Some(Ok(b))) if b.is_empty() => continue,
+            Ok(Some(Ok(_))) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Read and drop the rest of a chunk, bounded by [`DRAIN_MAX`] bytes and [`DRAIN_IDLE`] per
+/// read. Returns how many bytes it dropped.
+async fn drain<C: ChunkStream>(chunk: &mut C) -> u64 {
     use futures::StreamExt;
     let mut dropped = 0u64;
     while dropped < DRAIN_MAX {
