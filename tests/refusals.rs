@@ -573,7 +573,8 @@ async fn a_patch_refused_from_its_headers_is_answered_before_its_body() {
     let mut rd = tokio::io::BufReader::new(rd);
     for (what, target, offset, status) in [("an offset that moved", &url, 7, 409), ("past the length", &url, 0, 413), ("a complete upload", &done, 3, 413)] {
         let path = target.strip_prefix(&s.base).unwrap().to_string();
-        let head = format!("PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: {offset}\r\nContent-Length: {LEN}\r\n\r\n", s.addr());
+        let head =
+            format!("PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: {offset}\r\nContent-Length: {LEN}\r\n\r\n", s.addr());
         wr.write_all(head.as_bytes()).await.unwrap();
         // The body trickles (1 KiB every 100 ms) until the answer is read, then the rest goes.
         let answered = tokio_util::sync::CancellationToken::new();
@@ -591,7 +592,8 @@ async fn a_patch_refused_from_its_headers_is_answered_before_its_body() {
             })
         };
         // A hang guard, not a timing check: a server that waits for the body never answers here.
-        let (code, h, problem) = tokio::time::timeout(std::time::Duration::from_secs(120), read_response(&mut rd, false)).await.unwrap_or_else(|_| panic!("{what}: no answer before the body"));
+        let (code, h, problem) =
+            tokio::time::timeout(std::time::Duration::from_secs(120), read_response(&mut rd, false)).await.unwrap_or_else(|_| panic!("{what}: no answer before the body"));
         answered.cancel();
         assert_eq!(code, status, "{what}: {}", String::from_utf8_lossy(&problem));
         let expected_offset = if target == &done { "3" } else { "0" };

@@ -209,11 +209,14 @@ pub struct CliError {
     /// The problem's `retryable` when the server said: [`Retry::wait`] gives up at once on
     /// `false`, whatever the status.
     pub server_retryable: Option<bool>,
+    /// The answer's `Retry-After`, as a wait from when it arrived: [`Retry::wait`] pauses at
+    /// least this long.
+    pub retry_after: Option<Duration>,
 }
 
 impl CliError {
     pub fn new(code: u8, message: impl Into<String>) -> CliError {
-        CliError { code, message: message.into(), hint: None, server_code: None, server_retryable: None }
+        CliError { code, message: message.into(), hint: None, server_code: None, server_retryable: None, retry_after: None }
     }
 
     /// Stop quietly with exit code 0: stdout was closed by its reader (`ferry ls | head`).
@@ -287,6 +290,16 @@ impl CliError {
     }
 
     /// A request that never got an answer.
+    /// [`CliError::from_status`] of answer `r` (its body read here), keeping its `Retry-After`.
+    pub async fn from_response(what: &str, r: reqwest::Response) -> CliError {
+        let status = r.status().as_u16();
+        let after = retry_after(r.headers(), std::time::SystemTime::now());
+        let body = r.text().await.unwrap_or_default();
+        let mut e = CliError::from_status(what, status, &body);
+        e.retry_after = after;
+        e
+    }
+
     pub fn network(what: &str, e: &reqwest::Error) -> CliError {
         let err = CliError::new(EXIT_NETWORK, format!("{what}: {}", error_chain(e)));
         match super::tls::tls_cause(e) {
@@ -346,6 +359,16 @@ pub fn cli_words(hint: &str) -> String {
     SAME.iter().fold(hint.to_string(), |h, (http, cli)| h.replace(http, cli))
 }
 
+/// `Retry-After` of an answer received at `now`, as a wait: delay-seconds or an HTTP-date
+/// (RFC 9110 §10.2.3). `None` when absent, malformed or already past.
+fn retry_after(h: &reqwest::header::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let v = h.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    httpdate::parse_http_date(v).ok()?.duration_since(now).ok()
+}
+
 pub fn retryable_status(status: u16) -> bool {
     matches!(status, 423 | 429 | 500..=599)
 }
@@ -377,6 +400,13 @@ impl Retry {
         self.attempts = 0;
     }
 
+    /// The pause before the next attempt after `err`, `spent` into the budget: the backoff's,
+    /// or the server's `Retry-After` when that is longer (RFC 9110 §10.2.3), never past the
+    /// budget's end.
+    fn pause(&self, err: &CliError, spent: Duration) -> Duration {
+        self.next.max(err.retry_after.unwrap_or_default()).min(self.budget.saturating_sub(spent))
+    }
+
     /// After a retryable failure `err`: sleep and return `Ok`, or return the error (with a
     /// "gave up" message) once the budget is spent.
     pub async fn wait(&mut self, err: CliError) -> Result<(), CliError> {
@@ -394,9 +424,10 @@ impl Retry {
             e.hint = err.hint.or_else(|| Some("Re-run the same command to resume where it stopped; --retry-for sets how long to keep trying.".into()));
             return Err(e);
         }
-        let pause = self.next.min(self.budget - spent);
+        let pause = self.pause(&err, spent);
         self.attempts += 1;
-        eprintln!("ferry: {} (retry {} in {} ms)", err.message, self.attempts, pause.as_millis());
+        let asked = if err.retry_after.is_some_and(|a| a > self.next) { ", as the server asked" } else { "" };
+        eprintln!("ferry: {} (retry {} in {} ms{asked})", err.message, self.attempts, pause.as_millis());
         tokio::time::sleep(pause).await;
         self.next = (self.next * 2).min(BACKOFF_MAX);
         Ok(())
@@ -590,11 +621,7 @@ impl Client {
         self.contact().await?;
         loop {
             match build().send().await {
-                Ok(r) if retryable_status(r.status().as_u16()) => {
-                    let status = r.status().as_u16();
-                    let body = r.text().await.unwrap_or_default();
-                    retry.wait(CliError::from_status(what, status, &body)).await?;
-                }
+                Ok(r) if retryable_status(r.status().as_u16()) => retry.wait(CliError::from_response(what, r).await).await?,
                 // An answer is not progress: only the caller knows whether bytes moved (and
                 // calls `Retry::success`), so a PATCH that keeps failing between successful
                 // HEADs still runs out of `--retry-for` (issue 9, item 6).
@@ -771,6 +798,34 @@ pub fn describe(method: &reqwest::Method, url: &reqwest::Url) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date_to_come() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let with = |v: &str| {
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(reqwest::header::RETRY_AFTER, v.parse().unwrap());
+            retry_after(&h, now)
+        };
+        assert_eq!(with("30"), Some(Duration::from_secs(30)));
+        assert_eq!(with(&httpdate::fmt_http_date(now + Duration::from_secs(90))), Some(Duration::from_secs(90)));
+        assert_eq!(with(&httpdate::fmt_http_date(now - Duration::from_secs(5))), None, "a date gone by");
+        assert_eq!(with("soon"), None);
+        assert_eq!(with("-3"), None);
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn a_retry_waits_as_long_as_the_server_asks_within_the_budget() {
+        let r = Retry::new(Duration::from_secs(120));
+        let mut e = CliError::from_status("PATCH /files/x", 507, r#"{"code":"insufficient_storage","retryable":true}"#);
+        assert_eq!(r.pause(&e, Duration::ZERO), BACKOFF_START, "no Retry-After: the backoff");
+        e.retry_after = Some(Duration::from_secs(30));
+        assert_eq!(r.pause(&e, Duration::ZERO), Duration::from_secs(30));
+        assert_eq!(r.pause(&e, Duration::from_secs(100)), Duration::from_secs(20), "never past the budget");
+        e.retry_after = Some(Duration::from_millis(10));
+        assert_eq!(r.pause(&e, Duration::ZERO), BACKOFF_START, "a shorter Retry-After does not hurry the backoff");
+    }
 
     #[test]
     fn a_server_given_as_its_tus_endpoint_is_its_base() {

@@ -246,8 +246,8 @@ impl Sender<'_> {
                             }
                             CliError::new(super::client::EXIT_NETWORK, format!("{what}: HTTP {status}, and the server kept none of it"))
                         }
-                        (s, _) if super::client::retryable_status(s) => CliError::from_status(&what, s, &r.text().await.unwrap_or_default()),
-                        (s, _) => return Err(CliError::from_status(&what, s, &r.text().await.unwrap_or_default())),
+                        (s, _) if super::client::retryable_status(s) => CliError::from_response(&what, r).await,
+                        _ => return Err(CliError::from_response(&what, r).await),
                     }
                 }
                 Err(e) => CliError::network(&what, &e),

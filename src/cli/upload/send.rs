@@ -128,14 +128,8 @@ pub(super) async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64,
                         job.progress.set(job.progress_pos(base, offset), false);
                         continue;
                     }
-                    (s, _) if crate::cli::client::retryable_status(s) => {
-                        let body = r.text().await.unwrap_or_default();
-                        CliError::from_status(&what, s, &body)
-                    }
-                    (s, _) => {
-                        let body = r.text().await.unwrap_or_default();
-                        return Err(CliError::from_status(&what, s, &body));
-                    }
+                    (s, _) if crate::cli::client::retryable_status(s) => CliError::from_response(&what, r).await,
+                    _ => return Err(CliError::from_response(&what, r).await),
                 }
             }
             Err(e) => CliError::network(&what, &e),
