@@ -325,17 +325,11 @@ pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result
 pub fn parse_declared_sha256(hexed: &str) -> Result<[u8; 32], TusError> {
     let hint = "Send the expected sha256 of the whole file as 64 hex digits (0-9, a-f), or omit it.";
     if let Some((i, c)) = hexed.chars().enumerate().find(|(_, c)| !c.is_ascii_hexdigit()) {
-        return Err(TusError::bad_request(
-            format!("the declared sha256 is not hexadecimal: character {} is {c:?}; a sha256 is 64 hexadecimal digits", i + 1),
-            hint,
-        ));
+        return Err(TusError::bad_request(format!("the declared sha256 is not hexadecimal: character {} is {c:?}; a sha256 is 64 hexadecimal digits", i + 1), hint));
     }
     let digits = hexed.len();
     if digits != 64 {
-        return Err(TusError::bad_request(
-            format!("the declared sha256 has {digits} hex digits; a sha256 is 64 hexadecimal digits, so no file could match it"),
-            hint,
-        ));
+        return Err(TusError::bad_request(format!("the declared sha256 has {digits} hex digits; a sha256 is 64 hexadecimal digits, so no file could match it"), hint));
     }
     let mut out = [0u8; 32];
     for (o, pair) in out.iter_mut().zip(hexed.as_bytes().chunks(2)) {

@@ -66,7 +66,7 @@ fn parse_sha256(s: &str, name: &'static str) -> Result<Option<[u8; 32]>, ParseEr
 /// already parsed as an RFC 9651 Dictionary) when its value is a Byte Sequence; `None` otherwise.
 fn last_byte_sequence<'a>(s: &'a str, key: &str) -> Option<&'a str> {
     let (mut found, mut start, mut quoted, mut escaped, mut depth) = (None, 0, false, false, 0u32);
-    let mut member = |m: &'a str| {
+    let member = |m: &'a str| {
         let (k, v) = m.trim().split_once('=')?;
         let v = v.strip_prefix(':')?;
         (k == key).then(|| v.split(':').next()).flatten()
