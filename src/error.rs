@@ -240,6 +240,9 @@ pub enum Next {
     /// A final upload (TUS 1.0 §Concatenation) is not built yet: it is built by the server once
     /// each of its parts is uploaded; nothing is sent to the final itself.
     AwaitParts,
+    /// The upload already holds all of its bytes: nothing more is sent; read, share or
+    /// download the finished file.
+    AlreadyComplete,
 }
 
 /// What went wrong with a checksum trailer.
@@ -426,6 +429,7 @@ pub(crate) mod tests_support {
             Next::UnknownFiles { ids: "aaaaaaaaaaaaaaaaaaaaaaaaaa".into(), many: false },
             Next::UnfinishedFiles { ids: "aaaaaaaaaaaaaaaaaaaaaaaaaa".into() },
             Next::AwaitParts,
+            Next::AlreadyComplete,
         ];
         all.iter().for_each(covered);
         all
@@ -446,7 +450,8 @@ pub(crate) mod tests_support {
             | Next::ArgsSchema { .. }
             | Next::UnknownFiles { .. }
             | Next::UnfinishedFiles { .. }
-            | Next::AwaitParts => {}
+            | Next::AwaitParts
+            | Next::AlreadyComplete => {}
         }
     }
 }

@@ -61,6 +61,16 @@ pub fn shorten(name: &str, max_bytes: usize) -> String {
     format!("{}{ELLIPSIS}{ext}", &stem[..cut])
 }
 
+/// `Upload-Metadata` key that marks an upload a person was asked to send through a link
+/// (`file_request`, `ferry request`), value `1`: a reader of such an unfinished upload is told
+/// to wait for the person and poll, not to send the bytes itself.
+pub const REQUESTED_METADATA_KEY: &str = "requested";
+
+/// Whether `metadata` (an `Upload-Metadata` value as stored) marks a requested upload.
+pub fn is_requested(metadata: &str) -> bool {
+    metadata.parse::<ferry_tus::UploadMetadata>().is_ok_and(|m| m.get(REQUESTED_METADATA_KEY).is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,10 @@ pub enum SignatureError {
     Expired(i64),
     #[error("this URL is signed for {0}; it does not allow {1}")]
     WrongScope(&'static str, Method),
+    /// A signed parameter (`scope`, `expires`, `sig`) appears more than once: which value the
+    /// signature covers would depend on the reader, so the URL is refused whole.
+    #[error("the signed URL repeats its {0} parameter; a signed URL has each of scope, expires and sig once (use the URL exactly as it was given)")]
+    Repeated(&'static str),
 }
 
 /// The three signature parameters of a URL's query string.
@@ -75,20 +79,26 @@ pub struct SignedQuery {
     pub scope: Option<String>,
     pub expires: Option<String>,
     pub sig: Option<String>,
+    /// The first signed parameter that appeared more than once, if any.
+    pub repeated: Option<&'static str>,
 }
 
 impl SignedQuery {
     /// Pick `scope`, `expires` and `sig` out of a raw query string; `None` when none is present.
+    /// A parameter given twice is noted in `repeated` (the verification refuses it).
     pub fn from_query(query: Option<&str>) -> Option<SignedQuery> {
         let mut q = SignedQuery::default();
         for pair in query?.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned();
-            match k {
-                "scope" => q.scope = Some(v),
-                "expires" => q.expires = Some(v),
-                "sig" => q.sig = Some(v),
-                _ => {}
+            let (slot, name) = match k {
+                "scope" => (&mut q.scope, "scope"),
+                "expires" => (&mut q.expires, "expires"),
+                "sig" => (&mut q.sig, "sig"),
+                _ => continue,
+            };
+            if slot.replace(v).is_some() {
+                q.repeated = q.repeated.or(Some(name));
             }
         }
         (q != SignedQuery::default()).then_some(q)
@@ -168,6 +178,9 @@ impl UrlSigner {
     /// for: the MAC (constant time) and the expiry. Returns the scope and the expiry (unix
     /// seconds). The page of a link (`/share/{id}`) uses this to say what the link is for.
     pub fn verify_link(&self, q: &SignedQuery, id: &str, now: i64) -> Result<(Scope, i64), SignatureError> {
+        if let Some(name) = q.repeated {
+            return Err(SignatureError::Repeated(name));
+        }
         let (Some(scope), Some(expires), Some(sig)) = (&q.scope, &q.expires, &q.sig) else {
             return Err(SignatureError::Incomplete);
         };
@@ -272,6 +285,27 @@ mod tests {
         let up = s.sign(Scope::Upload, "abc", 2_000);
         assert_eq!(s.verify(&q(&up), "abc", &Method::PATCH, 1_000), Ok(Scope::Upload));
         assert!(s.verify(&q(&up), "abc", &Method::GET, 1_000).is_err());
+        // A signed parameter given twice is refused whole, whichever copy is the signed one.
+        for extra in ["scope=download", "scope=upload", "expires=2000", "sig=AA"] {
+            let e = s.verify(&q(&format!("{up}&{extra}")), "abc", &Method::PATCH, 1_000).unwrap_err();
+            assert_eq!(
+                e,
+                SignatureError::Repeated(
+                    extra
+                        .split('=')
+                        .next()
+                        .map(|n| if n == "scope" {
+                            "scope"
+                        } else if n == "expires" {
+                            "expires"
+                        } else {
+                            "sig"
+                        })
+                        .unwrap()
+                )
+            );
+            assert!(e.to_string().contains("repeats its"), "{e}");
+        }
     }
 
     #[test]

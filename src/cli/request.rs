@@ -86,7 +86,7 @@ pub fn run(args: RequestArgs) -> std::process::ExitCode {
 async fn create_deferred(client: &Client, name: &str, retry_for: Duration) -> Result<String, CliError> {
     let endpoint = client.url("/files/");
     let what = describe(&reqwest::Method::POST, &endpoint);
-    let meta = super::upload::metadata_header(Some(name), &[]);
+    let meta = super::upload::metadata_header(Some(name), &[(crate::names::REQUESTED_METADATA_KEY.to_string(), "1".to_string())]);
     let key = format!("ferry-request-{:032x}", rand::random::<u128>());
     let res = client
         .send_retrying(&mut Retry::new(retry_for), &what, || {

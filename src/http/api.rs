@@ -140,6 +140,21 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
             p["description"] = json!(format!("1 to {max} characters (visible ASCII, or an RFC 9651 string \"…\"); makes the start safe to retry."));
         }
     }
+    // Every request body is an object of the members its schema lists: any other member is
+    // refused by name (400), as a misspelt optional member would otherwise be ignored.
+    for name in ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody", "AppendPartial"] {
+        if let Some(body) = doc.pointer_mut(&format!("/components/schemas/{name}")).and_then(Value::as_object_mut) {
+            body.insert("additionalProperties".into(), json!(false));
+        }
+    }
+    if let Some(files) = doc.pointer_mut("/components/schemas/CompleteTask/properties") {
+        files["files"] = json!({ "type": "array", "items": { "type": "string" }, "deprecated": true, "description": "Deprecated name of file_ids." });
+    }
+    if let Some(ttl) = doc.pointer_mut("/components/schemas/StartTask/properties/ttl_ms") {
+        ttl["minimum"] = json!(1);
+        ttl["maximum"] = json!(crate::tasks::MAX_TASK_TTL_MS);
+        ttl["description"] = json!(format!("Keep the task this long after it finishes, ms: 1 to {} (366 days; default 24 h).", crate::tasks::MAX_TASK_TTL_MS));
+    }
     if let Some(share) = doc.pointer_mut("/components/schemas/ShareBody") {
         share["required"] = json!([]);
         share["properties"]["scope"] = json!({ "type": ["string", "null"], "enum": ["download", "upload", null], "description": "`download` (GET/HEAD of the finished file, the default) or `upload` (TUS HEAD/PATCH to finish it)." });
@@ -376,22 +391,28 @@ fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
 
 /// A request body: every one this API takes is a JSON object (serde would also read a struct
 /// from an array, which the document does not allow).
-fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Problem> {
+/// `schema`: the component whose bounds a number past 64 bits is named with.
+fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: Option<&str>) -> Result<T, Problem> {
     let hint = "Send a JSON object as documented in /api/v1/openapi.json.";
     if !body.trim_ascii_start().starts_with(b"{") {
         return Err(Problem(Refusal::bad_request("the request body must be a JSON object", hint)));
     }
     serde_json::from_slice(body).map_err(|e| {
-        let past = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| crate::app::schema_check::number_past_64_bits(&v));
+        let past = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| crate::app::schema_check::number_past_64_bits(&v, schema.and_then(|name| BODY_DOC.pointer(&format!("/components/schemas/{name}")))));
         Problem(Refusal::bad_request(format!("invalid JSON body: {}", past.map_or_else(|| e.to_string(), |m| format!("body{m}"))), hint))
     })
 }
+
+/// The document the body schemas come from (for the bounds a refusal names).
+static BODY_DOC: std::sync::LazyLock<serde_json::Value> = std::sync::LazyLock::new(|| document(true, &[]));
 
 /// The request bodies the document describes, compiled from the document itself, by
 /// component name. `StartTask` without its per-kind variants and kind list: the kind's own
 /// check holds a start to those (`Job::args_schema`, in [`crate::tasks::Engine::start`]).
 static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str, jsonschema::Validator>> = std::sync::LazyLock::new(|| {
-    let mut doc = document(true, &[]);
+    let mut doc = BODY_DOC.clone();
     if let Some(start) = doc.pointer_mut("/components/schemas/StartTask").and_then(serde_json::Value::as_object_mut) {
         start.remove("oneOf");
         if let Some(kind) = start.get_mut("properties").and_then(|p| p.get_mut("kind")).and_then(serde_json::Value::as_object_mut) {
@@ -430,6 +451,11 @@ pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str)
             "Flatten the value, or put it in a file (TUS upload) and pass its id instead.",
         )));
     }
+    // Members kept as written must be JSON every reader takes alike: no lone surrogate, no
+    // number past a double (issue: `"\ud800"`, `1e999` were stored verbatim).
+    if let Some(m) = std::str::from_utf8(body).ok().and_then(crate::app::schema_check::unportable_json) {
+        return Err(Problem(Refusal::bad_request(format!("the JSON body cannot be stored as sent: body{m}"), "Fix the value at that place, then send the request again.")));
+    }
     // A body serde_json cannot hold as a value (a number past f64, kept exact in `args`) is
     // read as it is: the members the schemas constrain are never such numbers.
     if let (Some(v), Ok(value)) = (BODY_SCHEMAS.get(schema), serde_json::from_slice::<serde_json::Value>(body)) {
@@ -437,7 +463,7 @@ pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str)
             Problem(Refusal::bad_request(format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"), format!("Fix the places named in detail ({hint})")))
         })?;
     }
-    json_body(body)
+    json_body(body, Some(schema))
 }
 
 /// An optional whole number (`ttl_ms`), also written with a zero fraction (`3600000.0`), as
@@ -447,13 +473,14 @@ fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::E
     n.map(|n| crate::catalog::tasks::whole_number(&n).ok_or_else(|| serde::de::Error::custom(format!("expected a whole number ≥ 0, got {n}")))).transpose()
 }
 
-/// [`opt_whole`] for a signed field: values past `i64::MAX` are refused.
+/// [`opt_whole`] for a task's `ttl_ms` (signed in the catalog): values past `i64::MAX` are
+/// refused naming the bound [`crate::tasks::MAX_TASK_TTL_MS`] (the start checks it too).
 fn opt_whole_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     let n: Option<serde_json::Number> = Option::deserialize(d)?;
     n.map(|n| {
         n.as_i64()
             .or_else(|| crate::catalog::tasks::whole_number(&n).and_then(|v| i64::try_from(v).ok()))
-            .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, got {n}")))
+            .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number from 1 to {}, got {n}", crate::tasks::MAX_TASK_TTL_MS)))
     })
     .transpose()
 }
@@ -540,6 +567,33 @@ pub fn task_view(t: &TaskRecord) -> TaskView<'_> {
     }
 }
 
+/// A start's `ttl_ms`, when it is a number, is 1 to [`crate::tasks::MAX_TASK_TTL_MS`]: every
+/// number outside — 0, negative, past 64 bits, past f64 (`1e999`) — gets the one refusal
+/// [`crate::tasks::ttl_out_of_range`] with the value as written, before the schema check
+/// (whose words differ with the number's size).
+fn ttl_in_range(body: &[u8]) -> Result<(), Problem> {
+    #[derive(Deserialize)]
+    struct Ttl<'a> {
+        #[serde(borrow)]
+        ttl_ms: Option<&'a RawValue>,
+    }
+    let Ok(Ttl { ttl_ms: Some(raw) }) = serde_json::from_slice::<Ttl>(body) else { return Ok(()) };
+    let text = raw.get();
+    if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        return Ok(()); // not a number: the schema names its type
+    }
+    let ok = serde_json::from_str::<serde_json::Number>(text)
+        .ok()
+        .and_then(|n| crate::catalog::tasks::whole_number(&n))
+        .and_then(|v| i64::try_from(v).ok())
+        .is_some_and(|v| (1..=crate::tasks::MAX_TASK_TTL_MS).contains(&v));
+    if ok {
+        Ok(())
+    } else {
+        Err(Problem(crate::tasks::ttl_out_of_range(text)))
+    }
+}
+
 /// Start a task.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -583,6 +637,7 @@ struct StartBody<'a> {
     ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
+    ttl_in_range(&body)?;
     let b: StartBody = checked_body(&body, "StartTask")?;
     let key = super::tus::idempotency_key(&h)?;
     if b.kind == "concat" {
@@ -656,6 +711,7 @@ async fn task_args(State(s): State<AppState>, Extension(Principal(p)): Extension
 
 /// An answer to one of the task's `input_requests`.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = InputResponse)]
 struct InputBody<'a> {
     /// The request's key (a key of `input_requests`).
@@ -738,6 +794,7 @@ async fn report_progress(
 
 /// Complete an `external` task.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = CompleteTask)]
 struct CompleteBody<'a> {
     /// The result, any JSON (default `null`).
@@ -801,6 +858,7 @@ async fn complete(
 
 /// Fail an `external` task.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = FailTask)]
 struct FailBody {
     /// Shown to the task's owner as `error.message` (no secrets).

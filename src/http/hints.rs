@@ -32,6 +32,7 @@ pub(crate) fn hint(e: &Refusal) -> String {
             format!("No file of yours has the {what} {ids} (never created, deleted, or expired): check {them} with file_list (MCP) or GET /api/v1/files, and start the task again with ids of finished files.")
         }
         Next::UnfinishedFiles { ids } => format!("Finish uploading {ids} (file_status or GET /api/v1/files/ID shows the offset), then start the task again."),
+        Next::AlreadyComplete => "Nothing more can be sent to this upload: it is complete. Download it with GET, or create a new upload for other bytes.".into(),
         Next::AwaitParts => {
             "Nothing is sent to a final upload: the server builds it once each of its parts is uploaded. Finish the parts (HEAD on each shows its offset), then ask again.".into()
         }

@@ -213,7 +213,7 @@ where
         .layer(middleware::from_fn(one_host))
         .layer(middleware::from_fn_with_state(state, count_status))
         // Outermost: `X-HTTP-Method-Override` is honoured before routing, auth and CORS.
-        .layer(middleware::map_request(method_override))
+        .layer(middleware::from_fn(method_override))
 }
 
 /// RFC 9112 §3.2: an HTTP/1.1 request without a `Host` header, or with more than one, is
@@ -281,16 +281,39 @@ fn host_without_port(host: &str) -> &str {
     host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map(|(h, _)| h).unwrap_or(host)
 }
 
-/// `X-HTTP-Method-Override` (TUS 1.0 §Protocol): replace the method before routing.
-async fn method_override(mut req: Request) -> Request {
-    if let Some(m) = req.headers().get("x-http-method-override").and_then(|v| v.to_str().ok()) {
-        if let Ok(m) = Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()) {
-            if [Method::GET, Method::HEAD, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS].contains(&m) {
-                *req.method_mut() = m;
-            }
-        }
+/// The methods `X-HTTP-Method-Override` may name: those the TUS routes serve (PATCH and
+/// DELETE for clients that cannot send them, TUS 1.0 §X-HTTP-Method-Override; HEAD and GET,
+/// which `/files/{id}` serves too; POST, the creation).
+const OVERRIDABLE: [Method; 5] = [Method::PATCH, Method::DELETE, Method::HEAD, Method::GET, Method::POST];
+
+/// `X-HTTP-Method-Override` (TUS 1.0 §X-HTTP-Method-Override): on the TUS endpoints
+/// (`/files`, `/files/…`; the IETF draft's uploads share them) its value replaces the method
+/// before routing, auth and CORS. Elsewhere (`/api/v1/…`, `/mcp`, pages, health) it has no
+/// meaning and is refused (400 `invalid_argument`) rather than ignored: a client relying on it
+/// there would act with another method than it believes. A value that is not one of
+/// [`OVERRIDABLE`] is refused the same way.
+async fn method_override(mut req: Request, next: Next) -> Response {
+    let Some(value) = req.headers().get("x-http-method-override") else { return next.run(req).await };
+    let path = req.uri().path();
+    if path != "/files" && !path.starts_with("/files/") {
+        return Problem(Refusal::bad_request(
+            format!("X-HTTP-Method-Override is honoured only on the TUS endpoints (/files/…), not on {path}"),
+            "Send the request with its real method and without X-HTTP-Method-Override.",
+        ))
+        .into_response();
     }
-    req
+    let named = value.to_str().ok().and_then(|m| Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()).ok());
+    match named.filter(|m| OVERRIDABLE.contains(m)) {
+        Some(m) => {
+            *req.method_mut() = m;
+            next.run(req).await
+        }
+        None => Problem(Refusal::bad_request(
+            "X-HTTP-Method-Override must name PATCH, DELETE, HEAD, GET or POST",
+            "Send X-HTTP-Method-Override: PATCH (or DELETE) with a POST to the upload's URL.",
+        ))
+        .into_response(),
+    }
 }
 
 /// Inside the router, where the match is known: put the matched route template on the

@@ -86,6 +86,7 @@ pub(crate) fn with_partial<'a>(mut view: TaskView<'a>, page: &'a crate::catalog:
 
 /// Append a partial result.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = AppendPartial)]
 pub(super) struct AppendBody<'a> {
     /// The fragment: any JSON value of at most 16 KiB (rows so far, a first finding).

@@ -118,7 +118,10 @@ fn invalid(detail: impl Into<String>, hint: impl Into<String>) -> Refusal {
 /// serde's "invalid type: floating point" (break-it, session 9).
 fn args<T: DeserializeOwned>(tool: &str, a: &Option<JsonObject>) -> Result<T, Refusal> {
     let v = Value::Object(a.clone().unwrap_or_default());
-    T::deserialize(&v).map_err(|e| match crate::app::schema_check::number_past_64_bits(&v) {
+    // The call's arguments already passed the tool's `inputSchema` (`check_arguments`), which
+    // states every bound smaller than 64 bits: a number past 64 bits here is in a field whose
+    // bound is the 64-bit range.
+    T::deserialize(&v).map_err(|e| match crate::app::schema_check::number_past_64_bits(&v, None) {
         Some(m) => invalid(format!("{tool}: arguments{m}"), format!("Call {tool} with a whole number within the range its inputSchema gives there.")),
         None => invalid(format!("{tool}: {e}"), format!("Call {tool} with the arguments its inputSchema lists.")),
     })
@@ -197,6 +200,9 @@ impl FerryMcp {
             "task_respond" => {
                 let RespondArg { task_id, key, response } = args(&req.name, a)?;
                 let (accepted, t) = self.state.tasks.respond(p, &task_id, &key, &response.to_string()).await?;
+                if !accepted {
+                    return Err(not_outstanding(&t, &key));
+                }
                 Ok(result(&RespondOut { status: t.status.into(), task_id: t.id, accepted }, vec![], false))
             }
             "task_cancel" => {
@@ -220,7 +226,9 @@ impl FerryMcp {
 
     /// A new upload of `size` bytes (`None`: deferred length, declared by the first chunk
     /// sender) named `name`: the one creation of `file_upload_begin` and `file_request`.
-    async fn create_named(&self, p: &str, name: &str, size: Option<u64>, media_type: Option<&str>, sha256: Option<&str>) -> Result<UploadRecord, Refusal> {
+    /// `requested`: a person will send it through a link (`file_request`), marked in its metadata
+    /// ([`crate::names::REQUESTED_METADATA_KEY`]).
+    async fn create_named(&self, p: &str, name: &str, size: Option<u64>, media_type: Option<&str>, sha256: Option<&str>, requested: bool) -> Result<UploadRecord, Refusal> {
         if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Err(invalid("name must be 1 to 255 bytes without control characters", "Pass a plain file name such as report.pdf."));
         }
@@ -243,6 +251,9 @@ impl FerryMcp {
         md.insert("filetype", Some(media_type.into_bytes())).map_err(bad)?;
         if let Some(h) = &sha256 {
             md.insert("sha256", Some(h.to_ascii_lowercase().into_bytes())).map_err(bad)?;
+        }
+        if requested {
+            md.insert(crate::names::REQUESTED_METADATA_KEY, Some(b"1".to_vec())).map_err(bad)?;
         }
         let md_raw = md.to_string();
         let length = size.map(|s| s.to_string());
@@ -267,7 +278,7 @@ impl FerryMcp {
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for 24 hours."));
         }
-        let rec = self.create_named(p, &a.name, a.size, a.media_type.as_deref(), a.sha256.as_deref()).await?;
+        let rec = self.create_named(p, &a.name, a.size, a.media_type.as_deref(), a.sha256.as_deref(), false).await?;
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let mut headers: BTreeMap<String, String> =
             [("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "<current offset, 0 at first>")]
@@ -329,7 +340,18 @@ impl FerryMcp {
             };
             ferry_tus::plan_patch(state, &ph, max_size).map_err(Refusal::from)
         };
-        let rec = self.state.engine.append(p.to_string(), a.file_id, decide, crate::upload::WholeChunk::from(data)).await?;
+        let rec = self.state.engine.append(p.to_string(), a.file_id, decide, crate::upload::WholeChunk::from(data)).await.map_err(|mut e| {
+            // TUS answers bytes sent to a complete upload 413 (nothing may pass Upload-Length);
+            // to a model it is the state of the file, not the size of the chunk: `conflict`.
+            // (The protocol crate's decision says the same in words: `plan_patch`'s past_length.)
+            if matches!(e.next, Next::AlreadyComplete) || (e.code == ErrorCode::SizeExceeded && e.detail.starts_with("the upload already holds all of its")) {
+                e.next = Next::AlreadyComplete;
+                e.code = ErrorCode::Conflict;
+                e.status = 409;
+                e.detail = format!("{}; the upload is complete", e.detail);
+            }
+            e
+        })?;
         Ok(file_out(&rec))
     }
 
@@ -337,7 +359,22 @@ impl FerryMcp {
     async fn finished(&self, p: &str, id: &str) -> Result<UploadRecord, Refusal> {
         let r = self.state.engine.get_finished_or_finish(p, id).await?;
         if !r.is_finished() {
-            return Err(self.state.engine.not_complete_now(&r).await);
+            let mut e = self.state.engine.not_complete_now(&r).await;
+            if crate::names::is_requested(&r.metadata) && matches!(e.next, Next::Say(_)) {
+                // A person sends it through the link file_request gave: nothing for the model
+                // to send; wait and poll.
+                e.next = Next::Say(
+                    format!(
+                        "A person is sending this file through the link from file_request ({} of {} bytes so far): wait, and poll {} (every 30 s or so) until its status is complete; then call this again.",
+                        r.offset,
+                        r.length.map_or_else(|| "an unknown number of".to_string(), |l| l.to_string()),
+                        call("file_status")
+                    )
+                    .into(),
+                );
+                e.retry_after = Some(30);
+            }
+            return Err(e);
         }
         Ok(r)
     }
@@ -575,6 +612,30 @@ impl FerryMcp {
     }
 }
 
+/// `invalid_argument` (not retryable as it was sent) for an answer to `key`, which is not an
+/// input request task `t` is waiting for: the hint names the keys it waits for (or says there
+/// is none, and whether `key` was answered already), so the next call can be the right one.
+fn not_outstanding(t: &TaskRecord, key: &str) -> Refusal {
+    let open = crate::tasks::outstanding_input_keys(t);
+    let answered = serde_json::from_str::<serde_json::Map<String, Value>>(&t.input_responses).is_ok_and(|m| m.contains_key(key));
+    let why = if answered { "was answered already" } else { "is not one of its input requests" };
+    let detail = format!("task {} is not waiting for input {key:?}: that key {why}", t.id);
+    let hint = match open.as_slice() {
+        [] => format!("Task {} waits for no input now (status {}): nothing to answer; poll it with {}.", t.id, t.status.as_str(), call("task_get")),
+        keys => {
+            let list = keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ");
+            format!(
+                "Call task_respond with task_id {:?} and key {} (the outstanding input request{}; {} shows its message and schema).",
+                t.id,
+                list,
+                if keys.len() > 1 { "s, one call each" } else { "" },
+                call("task_get")
+            )
+        }
+    };
+    invalid(detail, hint)
+}
+
 /// How a hint names the call that starts task `t` again: its job tool and arguments, or, for
 /// kinds no tool starts (`external`, an embedder's), the REST call.
 fn restart(t: &TaskRecord) -> String {
@@ -797,6 +858,13 @@ fn for_model(e: &Refusal, tool: &str) -> String {
         ErrorCode::SizeExceeded if tool == "task_respond" => {
             format!("Call {again} with a shorter response, or upload the data as a file ({}) and answer with its file_id.", call("file_upload_begin"))
         }
+        ErrorCode::SizeExceeded | ErrorCode::Conflict if matches!(e.next, Next::AlreadyComplete) => format!(
+            "The upload is complete: every byte is stored and nothing more is sent. {} shows its size and sha256; read it with {} or share it with {}; for other bytes begin a new upload ({}).",
+            call("file_status"),
+            call("file_read_chunk"),
+            call("file_download_url"),
+            call("file_upload_begin")
+        ),
         ErrorCode::SizeExceeded => {
             format!("Send no more than the declared size, or begin a new upload with the right size ({}), within the server's limit.", call("file_upload_begin"))
         }
@@ -875,6 +943,36 @@ impl ServerHandler for FerryMcp {
     fn get_info(&self) -> ServerConfig {
         let caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build();
         ServerConfig::new(caps).with_server_info(Implementation::new("ferry", env!("CARGO_PKG_VERSION"))).with_instructions(INSTRUCTIONS)
+    }
+
+    /// rmcp reads a request whose method it knows but whose `params` do not fit that method's
+    /// shape (`tools/call` with `"arguments":"str"`) as a custom request, whose default answer
+    /// is -32601 method not found. A method MCP defines is found: its params are what is wrong,
+    /// so the answer is -32602 invalid params (JSON-RPC 2.0 §5.1) saying so.
+    async fn on_custom_request(&self, request: CustomRequest, _ctx: RequestContext<RoleServer>) -> Result<CustomResult, McpError> {
+        const KNOWN: [&str; 11] = [
+            "initialize",
+            "ping",
+            "tools/call",
+            "tools/list",
+            "resources/list",
+            "resources/read",
+            "resources/templates/list",
+            "tasks/get",
+            "tasks/list",
+            "tasks/cancel",
+            "tasks/result",
+        ];
+        let method = request.method.clone();
+        if KNOWN.contains(&method.as_str()) {
+            let what = if method == "tools/call" {
+                "params of tools/call must be an object {\"name\": string, \"arguments\": object}: arguments is a JSON object of the tool's inputSchema"
+            } else {
+                "params do not fit this method (see the MCP schema)"
+            };
+            return Err(McpError::invalid_params(format!("{method}: {what}"), Some(json!({ "method": method }))));
+        }
+        Err(McpError::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, method, None))
     }
 
     async fn list_tools(&self, _r: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListToolsResult, McpError> {

@@ -81,7 +81,7 @@ impl FerryMcp {
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for 7 days."));
         }
-        let rec = self.create_named(p, &a.name, None, a.media_type.as_deref(), None).await?;
+        let rec = self.create_named(p, &a.name, None, a.media_type.as_deref(), None, true).await?;
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let (file, link) = handle(&rec);
         let out = RequestOut { status: OkStatus::Ok, file, page_url: signed.page_url, upload_url: signed.url, expires_at: crate::upload::rfc3339(signed.expires_at_ms) };

@@ -150,6 +150,9 @@ impl Engine {
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, Refusal> {
         let job = self.jobs.get(kind).ok_or_else(|| Refusal::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
         let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+        if let Some(m) = super::schema_check::unportable_json(raw.get()) {
+            return Err(Refusal::bad_request(format!("args{m}"), "Fix args at that place (JSON every reader takes alike), then start the task again."));
+        }
         if let Some(k) = idempotency_key {
             // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
             ferry_tus::IdempotencyKey::new(k).map_err(|e| {
@@ -177,8 +180,8 @@ impl Engine {
         job.check(&raw)?;
         job.check_inputs(principal, &raw, &self.uploads).await?;
         let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
-        if ttl <= 0 {
-            return Err(Refusal::bad_request("ttl_ms must be positive", "Omit ttl_ms for the default of 24 h."));
+        if !(1..=super::MAX_TASK_TTL_MS).contains(&ttl) {
+            return Err(super::ttl_out_of_range(&ttl.to_string()));
         }
         let new = NewTask {
             id: new_id(),

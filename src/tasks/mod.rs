@@ -26,6 +26,20 @@ pub use engine::{Engine, Started, TaskConfig};
 /// `poll_after_ms`, MCP `poll_after_ms` and `pollIntervalMs`).
 pub const POLL_AFTER_MS: u64 = 1_000;
 
+/// The longest a finished task may be kept, ms: 366 days (`ttl_ms` of a start, REST or the
+/// library API, is 1 to this). A task is a status to poll, not an archive: its files outlive it
+/// (they are kept until deleted), and a year and a day covers a yearly job's result.
+pub const MAX_TASK_TTL_MS: i64 = 366 * 24 * 3600 * 1000;
+
+/// The one refusal of a `ttl_ms` outside 1 to [`MAX_TASK_TTL_MS`], whatever its size (400
+/// `invalid_argument`); `got` is the value as sent.
+pub fn ttl_out_of_range(got: &str) -> crate::error::Refusal {
+    crate::error::Refusal::bad_request(
+        format!("ttl_ms must be a whole number of milliseconds from 1 to {MAX_TASK_TTL_MS} (366 days); got {got}"),
+        "Send a ttl_ms in that range, or omit it for the server's default (24 h unless configured).",
+    )
+}
+
 /// How a job run ended other than with a result.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -122,4 +136,15 @@ pub trait Job: Send + Sync + 'static {
     /// Run the job, or resume it from `checkpoint` (the last value given to
     /// [`JobContext::checkpoint`]). Returns the task's result.
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError>;
+}
+
+/// The keys of the input requests task `t` waits for (asked, not answered), in key order;
+/// empty unless it is `input_required`.
+pub fn outstanding_input_keys(t: &TaskRecord) -> Vec<String> {
+    if t.status != TaskStatus::InputRequired {
+        return Vec::new();
+    }
+    let requests: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&t.input_requests).unwrap_or_default();
+    let answered: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&t.input_responses).unwrap_or_default();
+    requests.keys().filter(|k| !answered.contains_key(*k)).cloned().collect()
 }

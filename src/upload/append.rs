@@ -943,7 +943,7 @@ fn already_complete(length: u64) -> Refusal {
         413,
         crate::error::ErrorCode::SizeExceeded,
         format!("the upload already holds all of its {length} bytes; nothing more can be appended"),
-        "Nothing more can be sent to this upload: it is complete. Download it, or create a new upload for other bytes.",
+        crate::error::Next::AlreadyComplete,
     )
     .with_cursor(length)
 }

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use sfv::{key_ref, BareItem, DictSerializer, Dictionary, Item, ListEntry, Parser, RefBareItem};
 
 use crate::error::ParseError;
@@ -42,11 +44,50 @@ fn parse_sha256(s: &str, name: &'static str) -> Result<Option<[u8; 32]>, ParseEr
     let dict: Dictionary = Parser::new(s).parse_dictionary().map_err(|e| ParseError::from_sfv(name, &e))?;
     match dict.get("sha-256") {
         None => Ok(None),
-        Some(ListEntry::Item(Item { bare_item: BareItem::ByteSequence(b), .. })) => {
-            Ok(Some(<[u8; 32]>::try_from(b.as_slice()).map_err(|_| ParseError::syntax(name, 0, "sha-256 digest must be 32 bytes"))?))
-        }
+        Some(ListEntry::Item(Item { bare_item: BareItem::ByteSequence(b), .. })) => match <[u8; 32]>::try_from(b.as_slice()) {
+            Ok(d) => Ok(Some(d)),
+            // RFC 9651 §4.2.7 has parsers accept base64 without padding or with stray pad bits,
+            // so `:garbage:` reads as 5 bytes: when the length is wrong, say first whether the
+            // text was base64 at all, the likelier fault.
+            Err(_) => match last_byte_sequence(s, "sha-256") {
+                Some(raw) if STANDARD.decode(raw).is_err() => Err(ParseError::syntax(
+                    name,
+                    raw.as_ptr() as usize - s.as_ptr() as usize,
+                    "the sha-256 value is not base64 (RFC 4648 §4, padded): a sha-256 digest is 32 bytes, 44 base64 characters ending in '=' between colons",
+                )),
+                _ => Err(ParseError::syntax(name, 0, "sha-256 digest must be 32 bytes (44 base64 characters); this base64 decodes to another length")),
+            },
+        },
         Some(_) => Err(ParseError::syntax(name, 0, "sha-256 digest must be a byte sequence")),
     }
+}
+
+/// The text between the colons of the last top-level member `key` of dictionary `s` (which
+/// already parsed as an RFC 9651 Dictionary) when its value is a Byte Sequence; `None` otherwise.
+fn last_byte_sequence<'a>(s: &'a str, key: &str) -> Option<&'a str> {
+    let (mut found, mut start, mut quoted, mut escaped, mut depth) = (None, 0, false, false, 0u32);
+    let member = |m: &'a str| {
+        let (k, v) = m.trim().split_once('=')?;
+        let v = v.strip_prefix(':')?;
+        (k == key).then(|| v.split(':').next()).flatten()
+    };
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '(' if !quoted => depth += 1,
+            ')' if !quoted => depth = depth.saturating_sub(1),
+            ',' if !quoted && depth == 0 => {
+                if let Some(v) = member(&s[start..i]) {
+                    found = Some(v);
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    member(&s[start..]).or(found)
 }
 
 /// `sha-256=:…:`, or nothing.
@@ -144,5 +185,20 @@ mod tests {
             let e = s.parse::<ContentDigest>().unwrap_err();
             assert_eq!(e.header(), "Content-Digest", "{s:?}");
         }
+    }
+
+    #[test]
+    fn text_that_is_not_base64_is_said_to_be_so() {
+        // sfv reads `:garbage:` leniently (RFC 9651 §4.2.7) as 5 bytes; the fault is the base64.
+        let e = "sha-256=:garbage:".parse::<ContentDigest>().unwrap_err();
+        assert!(e.reason().contains("not base64"), "{e}");
+        assert_eq!(e.index(), 9);
+        let e = "foo=\",\", sha-256=:garbage:;p".parse::<ReprDigest>().unwrap_err();
+        assert!(e.reason().contains("not base64"), "{e}");
+        // Valid base64 of the wrong length keeps the length message.
+        let e = "sha-256=:AAAA:".parse::<ContentDigest>().unwrap_err();
+        assert!(e.reason().starts_with("sha-256 digest must be 32 bytes"), "{e}");
+        assert_eq!(last_byte_sequence("a=(1 2), sha-256=:AA==:, b=?1", "sha-256"), Some("AA=="));
+        assert_eq!(last_byte_sequence("sha-256=1", "sha-256"), None);
     }
 }
