@@ -11,7 +11,7 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use crate::{
-    ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion, UploadExpires,
+    ByteRanges, ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion, UploadExpires,
     UploadLength, UploadLimit, UploadMetadata, UploadOffset,
 };
 
@@ -31,6 +31,7 @@ pub const TARGETS: &[&str] = &[
     "rufh_length",
     "upload_draft_interop_version",
     "content_digest",
+    "byte_ranges",
     "draft_append",
     "plan_patch",
     "plan_creation",
@@ -125,6 +126,19 @@ pub fn check(target: &str, data: &[u8]) {
         "upload_draft_interop_version" => {
             roundtrip::<UploadDraftInteropVersion>(s);
             let _ = crate::InteropVersion::from_header(s);
+        }
+        "byte_ranges" => {
+            roundtrip::<ByteRanges>(s);
+            if let Ok(r) = s.parse::<ByteRanges>() {
+                assert!(!r.specs.is_empty());
+                for spec in r.specs {
+                    for len in [0, 1, 100, u64::MAX] {
+                        if let Some((first, last)) = spec.resolve(len) {
+                            assert!(first <= last && last < len, "{spec} of {len}: {first}-{last}");
+                        }
+                    }
+                }
+            }
         }
         "content_digest" => {
             roundtrip::<ContentDigest>(s);
