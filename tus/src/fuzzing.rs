@@ -11,8 +11,8 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use crate::{
-    ByteRanges, ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion, UploadExpires,
-    UploadLength, UploadLimit, UploadMetadata, UploadOffset,
+    ByteRanges, ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion,
+    UploadExpires, UploadLength, UploadLimit, UploadMetadata, UploadOffset,
 };
 
 /// Every target name, one per parser; each is a `[[bin]]` in `fuzz/Cargo.toml`.
