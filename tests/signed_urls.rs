@@ -35,6 +35,13 @@ async fn signed_urls_open_one_file_for_one_scope_until_they_expire() {
     assert_eq!(r.status(), 206);
     assert_eq!(&r.bytes().await.unwrap()[..], &data[10..20]);
     assert_eq!(http.head(&url).send().await.unwrap().status(), 200);
+    // HEAD answers what GET does (RFC 9110 §9.3.2), preconditions and ranges included.
+    for (name, value, status) in [("if-none-match", "*", 304), ("if-match", "\"x\"", 412), ("range", "bytes=00-01", 206), ("range", "bytes=18446744073709551616-", 416)] {
+        let get = http.get(&url).header(name, value).send().await.unwrap();
+        let head = http.head(&url).header(name, value).send().await.unwrap();
+        assert_eq!((get.status().as_u16(), head.status().as_u16()), (status, status), "{name}: {value}");
+        assert_eq!(common::header(&head, "content-range"), common::header(&get, "content-range"));
+    }
 
     // Wrong method for the scope, another file, a tampered signature or expiry.
     let patch =

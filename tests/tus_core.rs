@@ -44,15 +44,24 @@ async fn missing_version_is_412_on_writes_but_plain_http_on_reads() {
     problem(t.request("POST", "/files/", &[("Upload-Length", "5")], None).await, 412, "invalid_argument").await;
     problem(t.request("PATCH", &url, &[("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await, 412, "invalid_argument").await;
     problem(t.request("DELETE", &url, &[], None).await, 412, "invalid_argument").await;
-    let r = t.request("HEAD", &url, &[], None).await;
+    // HEAD with Tus-Resumable: TUS 1.0 §HEAD, the offset.
+    let r = t.head(&url).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "upload-offset"), Some("0"));
-    assert_eq!(header(&r, "tus-resumable"), Some("1.0.0"));
     assert_eq!(header(&r, "cache-control"), Some("no-store"));
     // GET without Tus-Resumable: a plain download (here: still incomplete → 409).
     let r = t.request("GET", &url, &[], None).await;
     assert_eq!(header(&r, "tus-resumable"), Some("1.0.0"));
+    assert_eq!(header(&r, "upload-offset"), Some("0"));
     problem(r, 409, "upload_incomplete").await;
+    // HEAD without it is a plain HTTP HEAD of that download: what GET answers, no body
+    // (RFC 9110 §9.3.2), the TUS headers still there.
+    let r = t.request("HEAD", &url, &[], None).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(header(&r, "content-type"), Some("application/problem+json"));
+    assert_eq!(header(&r, "upload-offset"), Some("0"));
+    assert_eq!(header(&r, "tus-resumable"), Some("1.0.0"));
+    assert!(r.bytes().await.unwrap().is_empty());
 }
 
 #[tokio::test]

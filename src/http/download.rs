@@ -24,27 +24,20 @@ pub fn etag(sha256: &[u8; 32]) -> String {
     format!("\"{}\"", hex::encode(sha256))
 }
 
-/// Whether a browser would execute or render `m` actively (or as anything but a passive
-/// view): every type but those known to be shown passively — raster images, audio, video,
-/// plain text, CSV, JSON and PDF — is served as an attachment. An allowlist: a type this list
-/// does not know (`multipart/x-mixed-replace`, `message/rfc822`, `text/css`, `image/svg`
-/// without `+xml`, …) is an attachment rather than a page of the server's origin.
-fn is_active(m: &mime::Mime) -> bool {
-    const PASSIVE: &[&str] = &[
-        "image/png",
-        "image/jpeg",
-        "image/gif",
-        "image/webp",
-        "image/avif",
-        "image/bmp",
-        "text/plain",
-        "text/csv",
-        "application/json",
-        "application/pdf",
-        "application/octet-stream",
-    ];
-    let essence = m.essence_str();
-    !(PASSIVE.contains(&essence) || matches!(m.type_(), mime::AUDIO | mime::VIDEO))
+/// Whether a download of media type `m` may be shown by the browser (`inline`): only types a
+/// browser shows passively — raster images (PNG, JPEG, GIF, WebP, AVIF, BMP), audio, video,
+/// `text/plain`, `text/csv`, JSON and PDF. An allowlist: every other type is an attachment —
+/// active ones (HTML, SVG, XML, JavaScript), ones this list does not know
+/// (`multipart/x-mixed-replace`, `message/rfc822`, `text/css`, `image/svg` without `+xml`, …),
+/// and `application/octet-stream`, which is also what a media type ferry cannot parse falls
+/// back to ([`crate::upload::describe_raw`]). A text type is inline only with no `charset` or
+/// `charset` `utf-8` / `us-ascii` (case-insensitive, RFC 2046 §4.1.2): another charset
+/// (`utf-7`, …) is one a browser might decode into markup.
+fn is_inline(m: &mime::Mime) -> bool {
+    const PASSIVE: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/bmp", "text/plain", "text/csv", "application/json", "application/pdf"];
+    let passive = PASSIVE.contains(&m.essence_str()) || matches!(m.type_(), mime::AUDIO | mime::VIDEO);
+    let charset_ok = m.type_() != mime::TEXT || m.get_param(mime::CHARSET).is_none_or(|c| c.as_str().eq_ignore_ascii_case("utf-8") || c.as_str().eq_ignore_ascii_case("us-ascii"));
+    passive && charset_ok
 }
 
 /// RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~".
@@ -74,11 +67,11 @@ fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
 
 /// Content-Type, Content-Disposition and the validators of a finished upload. `attachment`
 /// forces `Content-Disposition: attachment` (the download page's button asks for it with
-/// `?download=1`); otherwise every type but the passive ones ([`is_active`]).
+/// `?download=1`); otherwise every type but the passive ones ([`is_inline`]).
 pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord, attachment: bool) {
     // The same description `GET /api/v1/files/{id}` and MCP handles show.
     let crate::upload::Description { name, media_type: media } = crate::upload::describe_raw(&rec.metadata);
-    let disposition = if attachment || is_active(&media) { "attachment" } else { "inline" };
+    let disposition = if !attachment && is_inline(&media) { "inline" } else { "attachment" };
     let cd = content_disposition(disposition, name.as_deref());
     let pairs = [
         ("content-type", media.to_string()),
@@ -95,8 +88,18 @@ pub(super) fn representation_headers(h: &mut HeaderMap, rec: &UploadRecord, atta
     }
 }
 
+/// Every field line of `name` joined with `", "` (RFC 9110 §5.3), bytes outside visible ASCII
+/// as U+FFFD (they match no tag, date or range); `None` when the request has none.
+fn combined(h: &HeaderMap, name: &str) -> Option<String> {
+    let mut lines = h.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let first = lines.next()?;
+    Some(lines.fold(first, |all, line| all + ", " + &line))
+}
+
 /// `GET /files/{id}`. Errors: 404/410; 409 `upload_incomplete` with `Upload-Offset` while the
-/// upload is unfinished; 416 with `Content-Range: bytes */N` for an unsatisfiable range.
+/// upload is unfinished; 412 `conflict` when `If-Match`/`If-Unmodified-Since` do not hold; 416
+/// with `Content-Range: bytes */N` for an unsatisfiable range. 304 as `If-None-Match` /
+/// `If-Modified-Since` say; which of these, and 200 or 206, is [`ferry_tus::select_range`]'s.
 /// `?download=1` asks for `Content-Disposition: attachment` whatever the media type.
 pub async fn get(
     State(s): State<AppState>,
@@ -105,11 +108,26 @@ pub async fn get(
     uri: axum::http::Uri,
     h: HeaderMap,
 ) -> Result<Response, Problem> {
+    answer(&s, &p, &id, &uri, &h, false).await
+}
+
+/// A plain HTTP `HEAD /files/{id}` (no `Tus-Resumable`: curl -I, a browser, a download
+/// manager): exactly the status and header fields [`get`] would send, without the body (RFC
+/// 9110 §9.3.2) and without reading a byte — preconditions, `Range` (206, 416) and the 409 of an
+/// unfinished upload included. RFC 9110 §14.2 defines range handling for GET only; ferry
+/// mirrors the GET, as nginx does, so a HEAD learns what the GET would answer.
+pub(super) async fn head(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &HeaderMap) -> Result<Response, Problem> {
+    answer(s, p, id, uri, h, true).await
+}
+
+/// The one decision path of [`get`] and [`head`]: the same status and headers; the body (the
+/// bytes) only for a GET.
+async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &HeaderMap, head: bool) -> Result<Response, Problem> {
     let attachment = uri.query().is_some_and(|q| q.split('&').any(|pair| pair == "download=1"));
-    ferry_tus::check_version(Verb::Get, super::tus::header(&h, "tus-resumable"))?;
+    ferry_tus::check_version(Verb::Get, super::tus::header(h, "tus-resumable"))?;
     // An upload whose bytes are all stored but that is not finished is finished first; while
     // it cannot be, 503 + Retry-After (what download clients retry on), not 409.
-    let rec = match s.engine.get_finished_or_finish(&p, &id).await {
+    let rec = match s.engine.get_finished_or_finish(p, id).await {
         Ok(rec) => rec,
         Err(mut e) if e.code == ErrorCode::Locked => {
             e.status = 503;
@@ -118,6 +136,10 @@ pub async fn get(
         }
         Err(e) => return Err(e.into()),
     };
+    if rec.concat == crate::catalog::Concat::Partial && rec.is_finished() {
+        // Finished just now, perhaps: build the finals it completes, as its last PATCH would.
+        super::tus::start_ready_finals(s, p, &rec.id).await?;
+    }
     let (Some(sha), Some(len)) = (rec.sha256.filter(|_| rec.is_finished()), rec.length) else {
         let mut res = Problem(s.engine.not_complete_now(&rec).await).into_response();
         super::tus::upload_headers(res.headers_mut(), &rec);
@@ -128,14 +150,35 @@ pub async fn get(
     super::tus::upload_headers(&mut headers, &rec);
     representation_headers(&mut headers, &rec, attachment);
     let last_modified = headers.get("last-modified").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
-    let outcome = ferry_tus::select_range(get("if-none-match"), get("range"), get("if-range"), len, &tag, &last_modified);
+    let fields = ["if-match", "if-unmodified-since", "if-none-match", "if-modified-since", "range", "if-range"].map(|n| combined(h, n));
+    let [if_match, if_unmodified_since, if_none_match, if_modified_since, range, if_range] = fields.each_ref().map(Option::as_deref);
+    let conditions = ferry_tus::Conditions { if_match, if_unmodified_since, if_none_match, if_modified_since, range, if_range };
+    let outcome = ferry_tus::select_range(&conditions, len, &tag, &last_modified);
     let status = StatusCode::from_u16(outcome.status()).expect("a valid status");
     let range = outcome.bytes(len);
     match outcome {
         RangeOutcome::NotModified => {
-            let mut res = StatusCode::NOT_MODIFIED.into_response();
+            // A 304 sends no Content-Length (hyper drops it on a GET); a HEAD's would be sent,
+            // and axum would set it to 0 for an empty body of known size — which RFC 9110
+            // §8.6 forbids (only the 200's length may be). A body of unknown size gets none.
+            let body = if head { Body::from_stream(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>()) } else { Body::empty() };
+            let mut res = (StatusCode::NOT_MODIFIED, body).into_response();
             res.headers_mut().extend(headers);
+            return Ok(res);
+        }
+        RangeOutcome::PreconditionFailed => {
+            let mut res = Problem(Refusal::new(
+                412,
+                ErrorCode::Conflict,
+                format!("the file is not the one If-Match or If-Unmodified-Since names: its ETag is {tag}, last modified {last_modified}"),
+                "Send the request without If-Match and If-Unmodified-Since to get the file as it is now (its ETag and Last-Modified are in this answer's headers).",
+            ))
+            .into_response();
+            for name in ["etag", "last-modified", "repr-digest"] {
+                if let Some(v) = headers.get(name) {
+                    res.headers_mut().insert(name, v.clone());
+                }
+            }
             return Ok(res);
         }
         RangeOutcome::Unsatisfiable => {
@@ -157,14 +200,19 @@ pub async fn get(
             }
         }
     }
+    headers.insert("content-length", HeaderValue::from(range.end - range.start));
+    tus_headers(&mut headers);
+    if head {
+        let mut res = status.into_response();
+        res.headers_mut().extend(headers);
+        return Ok(res);
+    }
     let stream = s.engine.read(&rec, range.clone()).await?;
     // `ferry_bytes_sent_total`: counted as the server hands each chunk to the connection.
     let sent = s.metrics.bytes_sent.clone();
     let stream = futures::TryStreamExt::inspect_ok(stream, move |chunk| {
         sent.inc_by(chunk.len() as u64);
     });
-    headers.insert("content-length", HeaderValue::from(range.end - range.start));
-    tus_headers(&mut headers);
     let mut res = (status, Body::from_stream(stream)).into_response();
     res.headers_mut().extend(headers);
     Ok(res)
@@ -194,7 +242,7 @@ mod tests {
     }
 
     #[test]
-    fn active_types() {
+    fn only_passive_types_are_inline() {
         for t in [
             "text/html",
             "image/svg+xml",
@@ -206,13 +254,48 @@ mod tests {
             "text/xsl",
             "text/xml-external-parsed-entity",
         ] {
-            assert!(is_active(&t.parse().unwrap()), "{t}");
+            assert!(!is_inline(&t.parse().unwrap()), "{t}");
         }
-        for t in ["multipart/x-mixed-replace; boundary=x", "message/rfc822", "text/css", "image/svg", "application/x-shockwave-flash", "text/vtt", "font/woff2"] {
-            assert!(is_active(&t.parse().unwrap()), "{t}: not known to be passive");
+        for t in [
+            "multipart/x-mixed-replace; boundary=x",
+            "message/rfc822",
+            "text/css",
+            "image/svg",
+            "application/x-shockwave-flash",
+            "text/vtt",
+            "font/woff2",
+            "application/octet-stream",
+        ] {
+            assert!(!is_inline(&t.parse().unwrap()), "{t}: not known to be passive");
         }
-        for t in ["image/png", "image/jpeg", "text/plain; charset=utf-8", "text/csv", "application/pdf", "application/json", "video/mp4", "audio/mpeg"] {
-            assert!(!is_active(&t.parse().unwrap()), "{t}");
+        // A text type with a charset other than UTF-8 or US-ASCII could decode into markup.
+        for t in ["text/plain; charset=utf-7", "text/csv; charset=UTF-16", "text/plain; charset=iso-2022-jp", "text/plain; charset=\"utf-7\""] {
+            assert!(!is_inline(&t.parse().unwrap()), "{t}");
         }
+        for t in [
+            "image/png",
+            "image/jpeg",
+            "text/plain",
+            "text/plain; charset=utf-8",
+            "text/plain; charset=UTF-8",
+            "text/csv; charset=US-ASCII",
+            "text/plain; format=flowed",
+            "application/pdf",
+            "application/json",
+            "video/mp4",
+            "audio/mpeg",
+        ] {
+            assert!(is_inline(&t.parse().unwrap()), "{t}");
+        }
+    }
+
+    #[test]
+    fn field_lines_join_into_one_list() {
+        let mut h = HeaderMap::new();
+        assert_eq!(combined(&h, "range"), None);
+        h.append("range", HeaderValue::from_static("bytes=0-1"));
+        assert_eq!(combined(&h, "range").as_deref(), Some("bytes=0-1"));
+        h.append("range", HeaderValue::from_static("bytes=5-6"));
+        assert_eq!(combined(&h, "range").as_deref(), Some("bytes=0-1, bytes=5-6"));
     }
 }

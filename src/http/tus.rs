@@ -417,27 +417,42 @@ async fn start_concat(s: &AppState, principal: &str, id: &str) -> Result<String,
 /// How long a POST creating a ready final upload waits for its concatenation.
 const CONCAT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// `HEAD /files/{id}`: the durable offset (an in-flight PATCH is asked to checkpoint first).
+/// Start the `concat` tasks of the finals that finished partial upload `id` completes (it was
+/// finished just now, perhaps, by a reader), as its last PATCH would.
+pub(super) async fn start_ready_finals(s: &AppState, principal: &str, id: &str) -> Result<(), Refusal> {
+    for f in s.engine.finals_ready(id).await? {
+        start_concat(s, principal, &f).await?;
+    }
+    Ok(())
+}
+
+/// `HEAD /files/{id}`. With `Tus-Resumable` (every TUS client sends it: tus-js-client, tuspy,
+/// `ferry upload`), TUS 1.0 §HEAD: the durable offset (an in-flight PATCH is asked to
+/// checkpoint first), 200 whether or not the upload is finished. Without it, a plain HTTP HEAD
+/// of the download (curl -I, a browser): exactly what `GET` would answer, minus the body
+/// (RFC 9110 §9.3.2; see [`super::download::head`]) — 409 for an unfinished upload.
 pub async fn head(
     State(s): State<AppState>,
     Extension(Principal(p)): Extension<Principal>,
     scope: Option<Extension<crate::signing::Scope>>,
     Path(id): Path<String>,
+    uri: axum::http::Uri,
     h: HeaderMap,
 ) -> Result<Response, Problem> {
     draft_or_tus!(s, h, |v| rufh::head(s.clone(), p, v, id));
+    if !h.contains_key("tus-resumable") {
+        return super::download::head(&s, &p, &id, &uri, &h).await;
+    }
     version(Verb::Head, &h)?;
-    // A plain HTTP HEAD (no Tus-Resumable: a download client) or one with a signed download
-    // URL reads the record without asking an in-flight PATCH to stop.
-    let reader = !h.contains_key("tus-resumable") || scope.is_some_and(|Extension(sc)| sc == crate::signing::Scope::Download);
+    // A TUS HEAD with a signed download URL reads the record without asking an in-flight
+    // PATCH to stop.
+    let reader = scope.is_some_and(|Extension(sc)| sc == crate::signing::Scope::Download);
     // Either way an upload whose bytes are all stored but that is not finished is finished
     // first; while it cannot be, the answer is 423 + Retry-After, never offset = length.
     let rec = if reader { s.engine.get_finished_or_finish(&p, &id).await? } else { s.engine.head(&p, &id).await? };
     if rec.concat == Concat::Partial && rec.is_finished() {
         // Finished just now, perhaps: build the finals it completes, as its last PATCH would.
-        for f in s.engine.finals_ready(&rec.id).await? {
-            start_concat(&s, &p, &f).await?;
-        }
+        start_ready_finals(&s, &p, &rec.id).await?;
     }
     let mut res = StatusCode::OK.into_response();
     let hm = res.headers_mut();
@@ -470,9 +485,7 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
     };
     let rec = s.engine.append(p.clone(), id, decide, BodyChunk::new(body, &h)).await?;
     if rec.concat == Concat::Partial && rec.is_finished() {
-        for f in s.engine.finals_ready(&rec.id).await? {
-            start_concat(&s, &p, &f).await?;
-        }
+        start_ready_finals(&s, &p, &rec.id).await?;
     }
     let mut res = StatusCode::NO_CONTENT.into_response();
     let hm = res.headers_mut();

@@ -11,8 +11,8 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use crate::{
-    ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion, UploadExpires,
-    UploadLength, UploadLimit, UploadMetadata, UploadOffset,
+    ByteRanges, ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion,
+    UploadExpires, UploadLength, UploadLimit, UploadMetadata, UploadOffset,
 };
 
 /// Every target name, one per parser; each is a `[[bin]]` in `fuzz/Cargo.toml`.
@@ -31,6 +31,7 @@ pub const TARGETS: &[&str] = &[
     "rufh_length",
     "upload_draft_interop_version",
     "content_digest",
+    "byte_ranges",
     "draft_append",
     "plan_patch",
     "plan_creation",
@@ -126,6 +127,19 @@ pub fn check(target: &str, data: &[u8]) {
             roundtrip::<UploadDraftInteropVersion>(s);
             let _ = crate::InteropVersion::from_header(s);
         }
+        "byte_ranges" => {
+            roundtrip::<ByteRanges>(s);
+            if let Ok(r) = s.parse::<ByteRanges>() {
+                assert!(!r.specs.is_empty());
+                for spec in r.specs {
+                    for len in [0, 1, 100, u64::MAX] {
+                        if let Some((first, last)) = spec.resolve(len) {
+                            assert!(first <= last && last < len, "{spec} of {len}: {first}-{last}");
+                        }
+                    }
+                }
+            }
+        }
         "content_digest" => {
             roundtrip::<ContentDigest>(s);
             let _ = crate::draft::content_digest_checksum(Some(s));
@@ -140,7 +154,9 @@ mod decisions {
     use arbitrary::{Result, Unstructured};
 
     use crate::draft::{plan_draft_append, plan_draft_creation, DraftAppendHeaders, DraftCreationHeaders, InteropVersion};
-    use crate::{plan_concatenation, plan_creation, plan_patch, select_range, ConcatPart, CreationHeaders, CreationLimits, PatchHeaders, RangeOutcome, TusError, UploadState};
+    use crate::{
+        plan_concatenation, plan_creation, plan_patch, select_range, ConcatPart, Conditions, CreationHeaders, CreationLimits, PatchHeaders, RangeOutcome, TusError, UploadState,
+    };
 
     /// A number near the interesting ones (0, `near`, its neighbours, `u64::MAX`) or any.
     fn num(u: &mut Unstructured<'_>, near: u64) -> Result<u64> {
@@ -392,7 +408,21 @@ mod decisions {
                     2 => Some(format!("bytes={a}-")),
                     3 => Some(format!("bytes=-{a}")),
                     4 => Some(format!("bytes={a}-{b},{b}-")),
-                    5 => Some((*u.choose(&["bytes=-0", "bytes=-00", "bytes=", "bytes=0-0", "pages=1-2", "bytes=--1"])?).to_string()),
+                    5 => Some(
+                        (*u.choose(&[
+                            "bytes=-0",
+                            "bytes=-00",
+                            "bytes=",
+                            "bytes=0-0",
+                            "pages=1-2",
+                            "bytes=--1",
+                            "bytes=00-01",
+                            "bytes=-99999999999999999999",
+                            "bytes=18446744073709551616-",
+                            "bytes=0-1, bytes=2-3",
+                        ])?)
+                        .to_string(),
+                    ),
                     _ => Some(<&str as TakeStr>::arbitrary_take(u)?.to_string()),
                 };
                 let if_range = match u.int_in_range(0..=3u8)? {
@@ -401,8 +431,14 @@ mod decisions {
                     2 => Some(date),
                     _ => Some("\"old\""),
                 };
-                let inm = if u.ratio(1, 6)? { Some(*u.choose(&["*", etag, "W/\"abc\"", "\"x\""])?) } else { None };
-                let o = select_range(inm, range.as_deref(), if_range, len, etag, date);
+                let tags = ["*", etag, "W/\"abc\"", "\"x\"", "\"x\", \"abc\"", "abc"];
+                let dates = [date, "Sat, 05 Nov 1994 08:49:37 GMT", "Mon, 07 Nov 1994 08:49:37 GMT", "soon"];
+                let inm = if u.ratio(1, 6)? { Some(*u.choose(&tags)?) } else { None };
+                let im = if u.ratio(1, 6)? { Some(*u.choose(&tags)?) } else { None };
+                let ims = if u.ratio(1, 6)? { Some(*u.choose(&dates)?) } else { None };
+                let ius = if u.ratio(1, 6)? { Some(*u.choose(&dates)?) } else { None };
+                let c = Conditions { if_match: im, if_unmodified_since: ius, if_none_match: inm, if_modified_since: ims, range: range.as_deref(), if_range };
+                let o = select_range(&c, len, etag, date);
                 let cr = o.content_range(len);
                 match o {
                     RangeOutcome::Partial { start, end_inclusive } => {
@@ -415,12 +451,13 @@ mod decisions {
                         assert_eq!(cr, None);
                         assert_eq!(o.bytes(len), 0..len);
                     }
-                    RangeOutcome::NotModified => assert!(inm.is_some()),
+                    RangeOutcome::NotModified => assert!(inm.is_some() || ims.is_some()),
+                    RangeOutcome::PreconditionFailed => assert!(im.is_some() || ius.is_some()),
                 }
                 if o.status() == 416 {
                     assert!(cr.as_deref().is_some_and(|c| c.starts_with("bytes */")));
                 }
-                if range.is_none() && inm.is_none() {
+                if range.is_none() && [im, ius, inm, ims].iter().all(Option::is_none) {
                     assert_eq!(o, RangeOutcome::Whole);
                 }
             }

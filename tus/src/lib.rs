@@ -32,7 +32,7 @@ pub use headers::expires::UploadExpires;
 pub use headers::idempotency::IdempotencyKey;
 pub use headers::metadata::UploadMetadata;
 pub use headers::parse_u64_digits;
-pub use headers::range::ContentRange;
+pub use headers::range::{ByteRangeSpec, ByteRanges, ContentRange};
 pub use headers::rufh::{RufhLength, RufhOffset, UploadComplete, UploadDraftInteropVersion, UploadLimit};
 
 /// The TUS extensions ferry implements, in the order advertised in `Tus-Extension`
@@ -46,4 +46,4 @@ pub use protocol::*;
 pub mod draft;
 pub mod selection;
 pub use draft::{DraftProblem, InteropVersion};
-pub use selection::{select_range, RangeOutcome};
+pub use selection::{select_range, Conditions, RangeOutcome};

@@ -10,6 +10,7 @@
 //! | [`concat`] | `Upload-Concat` | TUS 1.0 §Concatenation |
 //! | [`expires`] | `Upload-Expires` | TUS 1.0 §Expiration, RFC 9110 §5.6.7 |
 //! | [`rufh`] | `Upload-Complete`, `Upload-Limit` | draft-ietf-httpbis-resumable-upload |
+//! | [`range`] | `Range`, `Content-Range` | RFC 9110 §14.1.1, §14.2, §14.4 |
 //! | [`digest`] | `Repr-Digest`, `Content-Digest` | RFC 9530 |
 //! | [`idempotency`] | `Idempotency-Key` | draft-ietf-httpapi-idempotency-key-header |
 //!
