@@ -65,7 +65,7 @@ async fn task_ttl_has_one_bound_and_one_message() {
         let body = format!(r#"{{"kind":"external","args":null,"ttl_ms":{ttl}}}"#);
         let r = api.send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(body.into_bytes())).await;
         let v = problem(r, 400, "invalid_argument").await;
-        assert_eq!(v["detail"], format!("ttl_ms must be a whole number of milliseconds from 1 to 31622400000 (366 days); got {ttl}"), "{v}");
+        assert_eq!(v["detail"], format!("body/ttl_ms must be a whole number of milliseconds from 1 to 31622400000 (366 days); got {ttl}"), "{v}");
     }
     let r = api.send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(br#"{"kind":"external","ttl_ms":31622400000}"#.to_vec())).await;
     assert_eq!(r.status(), 201);

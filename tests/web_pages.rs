@@ -301,11 +301,22 @@ async fn download_page_tampered_and_expired_links_and_names_with_markup() {
 #[tokio::test]
 async fn page_headers_attachment_and_assets() {
     let s = Server::start(&[]);
-    let id = Api::new(&s).upload(b"plain text", "notes.txt").await;
+    // Without a media type the file is application/octet-stream: an attachment either way.
+    let untyped = Api::new(&s).upload(b"bytes", "blob.bin").await;
+    let untyped = share(&s, &untyped, "download", 60_000).await;
+    let plain = client().get(untyped["url"].as_str().unwrap()).send().await.unwrap();
+    assert!(header(&plain, "content-disposition").unwrap().starts_with("attachment"));
+    let created = Api::new(&s)
+        .send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "10"), ("Upload-Metadata", "filename bm90ZXMudHh0,filetype dGV4dC9wbGFpbg==")], None)
+        .await;
+    assert_eq!(created.status(), 201);
+    let id = header(&created, "location").unwrap().rsplit('/').next().unwrap().to_string();
+    let r = Api::new(&s).send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"plain text".to_vec())).await;
+    assert_eq!(r.status(), 204);
     let shared = share(&s, &id, "download", 60_000).await;
     let url = shared["url"].as_str().unwrap();
     let plain = client().get(url).send().await.unwrap();
-    assert!(header(&plain, "content-disposition").unwrap().starts_with("inline"));
+    assert!(header(&plain, "content-disposition").unwrap().starts_with("inline"), "text/plain is shown");
     let button = client().get(format!("{url}&download=1")).send().await.unwrap();
     assert_eq!(button.status(), 200);
     assert!(header(&button, "content-disposition").unwrap().starts_with("attachment; filename=\"notes.txt\""));
@@ -599,6 +610,7 @@ async fn a_request_for_a_file_of_any_size_from_the_cli_and_the_dashboard() {
     let dash_id = made["id"].as_str().unwrap();
     let f = Api::new(&s).file(dash_id).await;
     assert_eq!((f["size"].as_u64(), f["name"].as_str(), f["sha256"].as_str()), (Some(small.len() as u64), Some("contract scan.pdf"), Some(sha256_hex(&small).as_str())), "{f}");
+    assert_eq!(f["metadata"]["requested"], "1", "marked as a requested upload, as `ferry request` marks them: {f}");
     assert!(made["row"].as_str().unwrap().contains("contract scan.pdf"), "{made}");
     assert_eq!(out["dialogs"], serde_json::json!([]));
     assert!(out["errors"].as_array().unwrap().is_empty(), "{out}");

@@ -590,7 +590,7 @@ fn ttl_in_range(body: &[u8]) -> Result<(), Problem> {
     if ok {
         Ok(())
     } else {
-        Err(Problem(crate::tasks::ttl_out_of_range(text)))
+        Err(Problem(crate::tasks::ttl_out_of_range("body/ttl_ms", text)))
     }
 }
 

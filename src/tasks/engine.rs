@@ -181,7 +181,7 @@ impl Engine {
         job.check_inputs(principal, &raw, &self.uploads).await?;
         let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
         if !(1..=super::MAX_TASK_TTL_MS).contains(&ttl) {
-            return Err(super::ttl_out_of_range(&ttl.to_string()));
+            return Err(super::ttl_out_of_range("ttl_ms", &ttl.to_string()));
         }
         let new = NewTask {
             id: new_id(),

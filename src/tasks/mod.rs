@@ -32,10 +32,11 @@ pub const POLL_AFTER_MS: u64 = 1_000;
 pub const MAX_TASK_TTL_MS: i64 = 366 * 24 * 3600 * 1000;
 
 /// The one refusal of a `ttl_ms` outside 1 to [`MAX_TASK_TTL_MS`], whatever its size (400
-/// `invalid_argument`); `got` is the value as sent.
-pub fn ttl_out_of_range(got: &str) -> crate::error::Refusal {
+/// `invalid_argument`); `place` names it where it was sent (`body/ttl_ms`, a JSON pointer in a
+/// REST body; `ttl_ms`), `got` is the value as sent.
+pub fn ttl_out_of_range(place: &str, got: &str) -> crate::error::Refusal {
     crate::error::Refusal::bad_request(
-        format!("ttl_ms must be a whole number of milliseconds from 1 to {MAX_TASK_TTL_MS} (366 days); got {got}"),
+        format!("{place} must be a whole number of milliseconds from 1 to {MAX_TASK_TTL_MS} (366 days); got {got}"),
         "Send a ttl_ms in that range, or omit it for the server's default (24 h unless configured).",
     )
 }

@@ -302,11 +302,13 @@ export async function dashboard() {
   }
 
   // "Request a file": an upload of any size (deferred length, TUS creation-defer-length) named
-  // NAME, and its upload page for the person asked.
+  // NAME and marked `requested` (as `ferry request` and MCP file_request mark theirs: a model
+  // reading it before it is sent is told to wait for the person), and its upload page for the
+  // person asked.
   const request = async (name) => {
     const res = await fetch('/files/', {
       method: 'POST',
-      headers: { 'tus-resumable': '1.0.0', 'upload-defer-length': '1', 'upload-metadata': `filename ${base64Utf8(name)}`, ...authHeaders() },
+      headers: { 'tus-resumable': '1.0.0', 'upload-defer-length': '1', 'upload-metadata': `filename ${base64Utf8(name)},requested ${btoa('1')}`, ...authHeaders() },
     })
     if (res.status === 401) return showLogin()
     if (res.status !== 201) throw new Error(`${res.status} ${await problemText(res)}`.trim())
