@@ -165,3 +165,71 @@ async fn sigterm_ends_the_release_listener_without_reconnecting() {
     let noisy: Vec<&String> = log[before..].iter().filter(|l| l.contains("reconnecting") || l.contains("WARN") || l.contains("ERROR")).collect();
     assert!(noisy.is_empty(), "warnings at shutdown: {noisy:#?}");
 }
+
+/// A task whose run meets the catalog away for a moment (DESIGN §9: a database restart, a
+/// network blip) is not failed for good: it keeps its output file and checkpoint, pauses, and
+/// runs again from its checkpoint once the catalog answers. (Three replicas on a database that
+/// went away for 1.5–3 s saw compress and archive tasks fail for good.) The command below writes
+/// a line and a checkpoint, waits for the test to cut the catalog, then stores a partial result
+/// — a catalog write that fails — and ends with a second line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waits_out_a_catalog_that_is_away_for_a_moment() {
+    let db = TestDb::create().await;
+    let mut url = url::Url::parse(&db.url).unwrap();
+    let target: SocketAddr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432)).parse().expect("FERRY_TEST_PG names an IP address");
+    let mut proxy = TcpProxy::start(target).await;
+    url.set_port(Some(proxy.port)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (waiting, go) = (dir.path().join("waiting"), dir.path().join("go"));
+    let script = write_script(
+        dir.path(),
+        "two_lines.sh",
+        &format!(
+            r#"if [ -z "$FERRY_CHECKPOINT" ]; then
+  echo "line 1"
+  echo "checkpoint 7 one" >&2
+  touch '{waiting}'
+  while [ ! -f '{go}' ]; do sleep 0.05; done
+fi
+echo 'partial {{"after":"line 1"}}' >&2
+echo "line 2"
+"#,
+            waiting = waiting.display(),
+            go = go.display()
+        ),
+    );
+    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.two]\nprogram = \"{}\"\noutput_name = \"two.txt\"\n", script.display()));
+    let mut s = common::logged::LoggedServer::start(&dir.path().join("data"), &["--catalog", url.as_str(), "--config", cfg.to_str().unwrap()]);
+    let c = client();
+    let t: serde_json::Value =
+        c.post(s.url("/api/v1/tasks")).json(&serde_json::json!({ "kind": "command", "args": { "command": "two" } })).send().await.unwrap().json().await.unwrap();
+    let tid = t["id"].as_str().unwrap_or_else(|| panic!("{t}")).to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !waiting.exists() {
+        assert!(Instant::now() < deadline, "the command did not reach its wait in 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The checkpoint line was read before the wait began; give ferry a moment to store it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.cut().await;
+    std::fs::write(&go, b"").unwrap();
+    s.wait_log(&["task paused", "catalog or a store is unavailable"], 120);
+    proxy.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let v = loop {
+        if let Ok(r) = c.get(s.url(&format!("/api/v1/tasks/{tid}"))).send().await {
+            if let Ok(v) = r.json::<serde_json::Value>().await {
+                if ["completed", "failed", "cancelled"].contains(&v["status"].as_str().unwrap_or("")) {
+                    break v;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "task {tid} not finished within 120 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(v["status"], "completed", "{v}");
+    assert!(v["runs"].as_u64().unwrap() >= 2, "it ran again after the pause: {v}");
+    let out = v["result"]["file"]["id"].as_str().unwrap_or_else(|| panic!("{v}"));
+    let body = c.get(s.url(&format!("/files/{out}"))).send().await.unwrap().bytes().await.unwrap();
+    assert_eq!(&body[..], b"line 1\nline 2\n", "the second run went on from the checkpoint");
+}

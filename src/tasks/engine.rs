@@ -16,6 +16,14 @@ use super::{Job, JobContext, JobError};
 /// How long a run that found its file held by an earlier run waits before releasing the task
 /// ([`JobError::Busy`]).
 const BUSY_PAUSE: Duration = Duration::from_millis(500);
+/// Runs of one task after which a store that is still unavailable fails it (DESIGN §9: the
+/// catalog or the blob store away for a moment is waited out, one that stays away is not).
+const UNAVAILABLE_RUNS: u64 = 12;
+/// The pause before a task whose run met an unavailable store is let go to run again, times
+/// the runs so far (capped at [`UNAVAILABLE_PAUSE_MAX`]): ≈ 5 minutes over
+/// [`UNAVAILABLE_RUNS`] runs, each also waiting for its claim.
+const UNAVAILABLE_PAUSE: Duration = Duration::from_secs(1);
+const UNAVAILABLE_PAUSE_MAX: Duration = Duration::from_secs(30);
 use crate::catalog::{Catalog, CatalogError, NewTask, StartOutcome, TaskEnd, TaskRecord, TaskStatus};
 use crate::upload::{internal, new_id, now_ms, UploadEngine};
 
@@ -448,13 +456,30 @@ impl Engine {
             let _ = ctx.flush_progress().await;
         }
         let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled))) && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
-        if user_cancelled || matches!(out, Ok(Err(JobError::Failed { .. } | JobError::Exhausted(_))) | Err(_)) {
+        // The catalog or a store away for a moment (503 `unavailable`: a restart, a network
+        // blip, out of file descriptors) is no fault of the task: it keeps its files and its
+        // checkpoint and runs again, here or on another replica — unless it has met one on
+        // every run for too long.
+        let waits_out = matches!(&out, Ok(Err(JobError::Exhausted(e))) if e.code == ErrorCode::Unavailable) && task.runs < UNAVAILABLE_RUNS;
+        if user_cancelled || (matches!(out, Ok(Err(JobError::Failed { .. } | JobError::Exhausted(_))) | Err(_)) && !waits_out) {
             ctx.discard_unfinished_files().await;
         }
         let now = now_ms();
         let end = match out {
             Ok(Ok(value)) => Some(TaskEnd::Completed(value.to_string())),
             Ok(Err(JobError::Failed { message })) => Some(TaskEnd::Failed(error_json(ErrorCode::TaskFailed, &message))),
+            Ok(Err(JobError::Exhausted(e))) if waits_out => {
+                let pause = (UNAVAILABLE_PAUSE * task.runs.max(1) as u32).min(UNAVAILABLE_PAUSE_MAX);
+                tracing::warn!(task = task.id, run = task.runs, error = %e, pause_ms = pause.as_millis() as u64, "task paused: the catalog or a store is unavailable; it runs again from its checkpoint");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = self.shutdown.cancelled() => {}
+                }
+                // If the catalog is still away this fails too: the lease then runs out and the
+                // task is claimed again all the same.
+                let _ = self.catalog.release_task(&task.id, task.fence).await;
+                None
+            }
             Ok(Err(JobError::Exhausted(e))) => {
                 tracing::warn!(task = task.id, error = %e, "task failed: a resource ran out; its unfinished files were removed");
                 Some(TaskEnd::Failed(error_json(e.code, &format!("{}; the task's unfinished files were removed — start it again once the server has room", e.detail))))
