@@ -70,6 +70,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
     }
     let blobs = open_blobs(&cfg).await?;
+    let store = match &cfg.blobs {
+        BlobLocation::Dir(dir) => dir.display().to_string(),
+        BlobLocation::S3(url) => url.to_string(),
+    };
+    check_store_mark(catalog.as_ref(), blobs.as_ref(), &store).await?;
     let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
     let metrics = Arc::new(Metrics::for_replica(&replica));
     let locker: Arc<dyn Locker> = match cfg.leases {
@@ -329,6 +334,67 @@ pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
             Ok(Arc::new(store))
         }
     }
+}
+
+/// The catalog's name for the mark of its blob store ([`check_store_mark`]).
+const STORE_MARK_NAME: &str = "blob-store-mark-v1";
+
+/// Uploads with bytes whose blobs [`check_store_mark`] looks for in an unmarked store.
+const MARK_SAMPLE: usize = 20;
+
+/// One catalog, one blob store: every server of a catalog must keep the bytes where the others
+/// do, or one of them would find an upload's bytes "gone" and take it back to 0 (a replica
+/// started with another `--blobs` prefix did, in a test of three replicas). The catalog keeps a
+/// random mark (created once, atomically, by the first server to start); the store keeps the
+/// same text ([`BlobStore::mark`]). At start:
+/// - a store marked with the catalog's mark: go on;
+/// - a store marked with another: refuse (it is another catalog's store);
+/// - an unmarked store (a new deployment, a store from before marks, or a server that stopped
+///   between the catalog's write and the store's): it is the catalog's store if it holds the
+///   bytes of the catalog's uploads — of up to [`MARK_SAMPLE`] uploads with bytes, not all may
+///   be missing — and is then marked; else refuse.
+///
+/// Errors: the refusals above (naming `store` and what to do), a catalog or store failure.
+async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blobs: &dyn BlobStore, store: &str) -> anyhow::Result<()> {
+    let here = blobs.mark().await.map_err(|e| anyhow::anyhow!("reading the mark of the blob store {store}: {e}"))?;
+    let candidate = hex::encode(rand::random::<[u8; 16]>());
+    let offered = here.clone().unwrap_or(candidate);
+    let theirs = catalog.shared_secret(STORE_MARK_NAME, offered.as_bytes()).await.context("reading the blob store's mark from the catalog")?;
+    let theirs = String::from_utf8_lossy(&theirs).into_owned();
+    match here {
+        Some(mark) if mark == theirs => return Ok(()),
+        Some(mark) => anyhow::bail!(
+            "the blob store {store} belongs to another catalog (its {} is {mark}, this catalog's store is marked {theirs}): every server of one catalog must use the same blob store (--blobs, bucket and prefix); give this catalog its own store, or this server the catalog that store belongs to",
+            crate::blob::STORE_MARK
+        ),
+        None => {}
+    }
+    let (mut checked, mut missing) = (0usize, 0usize);
+    let mut after = String::new();
+    'pages: loop {
+        let page = catalog.list_uploads_after(&after, 500).await.context("listing uploads to check the blob store")?;
+        let Some(last) = page.last() else { break };
+        after = last.id.clone();
+        for rec in page.iter().filter(|r| r.offset > 0 && !r.expired && r.concat == crate::catalog::Concat::None) {
+            checked += 1;
+            if blobs.len(&rec.id).await.map_err(|e| anyhow::anyhow!("reading the blob store {store}: {e}"))?.is_none() {
+                missing += 1;
+            }
+            if checked >= MARK_SAMPLE {
+                break 'pages;
+            }
+        }
+    }
+    if checked > 0 && missing == checked {
+        anyhow::bail!(
+            "the blob store {store} is not the one this catalog's uploads are in: none of the {checked} uploads with bytes looked up is in it, and it lacks the catalog's mark ({} = {theirs}). Every server of one catalog must use the same blob store (--blobs, bucket and prefix); if the bytes were moved on purpose, copy {} with them",
+            crate::blob::STORE_MARK,
+            crate::blob::STORE_MARK
+        );
+    }
+    blobs.set_mark(&theirs).await.map_err(|e| anyhow::anyhow!("marking the blob store {store}: {e}"))?;
+    tracing::info!(store, "blob store marked as this catalog's");
+    Ok(())
 }
 
 /// Hold `DATA/lock` exclusively for the life of the process: two servers on one data dir

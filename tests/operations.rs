@@ -254,3 +254,68 @@ async fn two_servers_with_local_leases_cannot_share_one_catalog() {
         drop((second, third));
     }
 }
+
+/// `ferry serve` on `data` with `args` (SQLite catalog in `data`), expected to refuse to start:
+/// its stderr.
+fn refused_start(data: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .args(args)
+        .env_remove("FERRY_CATALOG")
+        .env_remove("FERRY_BLOBS")
+        .env_remove("FERRY_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One catalog, one blob store (a replica started with another `--blobs` prefix took an upload
+/// of the shared catalog back to 0): a server whose blob store is not its catalog's refuses to
+/// start, naming the store and the fix — an unmarked store that holds none of the catalog's
+/// uploads, or a store marked by another catalog. The catalog's own store is marked on the
+/// first start, and again if its mark was lost (it holds the uploads' bytes).
+#[tokio::test]
+async fn a_server_refuses_a_blob_store_that_is_not_its_catalogs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, other) = (dir.path().join("data"), dir.path().join("other"));
+    let mark = data.join("blobs").join(".ferry-store-mark");
+    let mut s = common::logged::LoggedServer::start(&data, &[]);
+    assert!(mark.exists(), "the first start marks the store");
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = pseudo_random(1000, 7);
+    let r = c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "1000").send().await.unwrap();
+    let path = r.headers()["location"].to_str().unwrap().to_string();
+    let r = c
+        .patch(s.url(&path))
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", "application/offset+octet-stream")
+        .header("Upload-Offset", "0")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(s.terminate().0.success());
+
+    // Another, empty directory as the blob store: none of the catalog's uploads is there.
+    let err = refused_start(&data, &["--blobs", other.to_str().unwrap()]);
+    assert!(err.contains(other.to_str().unwrap()) && err.contains("is not the one this catalog's uploads are in") && err.contains("--blobs"), "{err}");
+    assert!(!other.join(".ferry-store-mark").exists(), "a refused store is not marked");
+
+    // Another catalog's store: refused by its mark alone.
+    let elsewhere = dir.path().join("elsewhere");
+    let mut e = common::logged::LoggedServer::start(&elsewhere, &[]);
+    assert!(e.terminate().0.success());
+    let err = refused_start(&data, &["--blobs", elsewhere.join("blobs").to_str().unwrap()]);
+    assert!(err.contains("belongs to another catalog"), "{err}");
+
+    // The catalog's own store, its mark lost: the uploads' bytes are there, so it is marked again.
+    std::fs::remove_file(&mark).unwrap();
+    let mut s = common::logged::LoggedServer::start(&data, &[]);
+    assert!(mark.exists(), "marked again");
+    assert_eq!(c.get(s.url(&path)).send().await.unwrap().bytes().await.unwrap().as_ref(), &body[..]);
+    assert!(s.terminate().0.success());
+}

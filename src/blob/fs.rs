@@ -526,6 +526,28 @@ impl BlobStore for FsBlobStore {
         .await
     }
 
+    async fn mark(&self) -> BlobResult<Option<String>> {
+        match tokio::fs::read_to_string(self.root.join(super::STORE_MARK)).await {
+            Ok(text) => Ok(Some(text.trim().to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn set_mark(&self, mark: &str) -> BlobResult<()> {
+        let (root, mark) = (self.root.clone(), mark.to_string());
+        blocking(move || -> std::io::Result<()> {
+            // Written beside, synced, then renamed over: a crash leaves the old mark or the new.
+            let tmp = root.join(format!("{}.new", super::STORE_MARK));
+            let mut f = File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, format!("{mark}\n").as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, root.join(super::STORE_MARK))?;
+            sync_dir(&root)
+        })
+        .await
+    }
+
     async fn delete(&self, id: &str) -> BlobResult<()> {
         let path = self.path(id)?;
         self.stray.settle(&path).await;

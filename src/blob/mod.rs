@@ -313,6 +313,16 @@ pub trait BlobStore: Send + Sync + 'static {
     /// Whether the store answers and accepts writes (for `/readyz`).
     async fn ping(&self) -> BlobResult<()>;
 
+    /// The mark that ties this store to one catalog (`serve::check_store_mark`): the text
+    /// kept under the store's root as [`STORE_MARK`] (fs: a file beside the blob directories;
+    /// S3: an object under the prefix), `None` when there is none. Errors: I/O, an unreachable
+    /// store.
+    async fn mark(&self) -> BlobResult<Option<String>>;
+
+    /// Keep `mark` as this store's mark (durably, replacing any). Errors: I/O, an unreachable
+    /// store.
+    async fn set_mark(&self, mark: &str) -> BlobResult<()>;
+
     /// Stored length in bytes, garbage past the catalog offset included; `None` if absent.
     async fn len(&self, id: &str) -> BlobResult<Option<u64>>;
 
@@ -342,6 +352,10 @@ pub struct Inventory {
     /// under the prefix, first 1000; fs: none).
     pub multiparts: Vec<(String, String)>,
 }
+
+/// The name of a store's mark ([`BlobStore::mark`]) under its root: never a blob id (it starts
+/// with a dot), so `ferry check` never counts it as an orphan.
+pub const STORE_MARK: &str = ".ferry-store-mark";
 
 /// Whether `name` can be a blob id: 3 or more of `[a-z0-9_-]` (the only names stores use).
 pub fn is_blob_id(name: &str) -> bool {

@@ -91,11 +91,12 @@ impl Moto {
         body.split("<UploadId>").nth(1).and_then(|s| s.split("</UploadId>").next()).unwrap_or_else(|| panic!("CreateMultipartUpload: {body}")).to_string()
     }
 
-    /// ListObjectsV2: every key in the bucket.
+    /// ListObjectsV2: every key in the bucket but the stores' marks (`.ferry-store-mark`, one
+    /// per prefix a server started on).
     pub async fn keys(&self, bucket: &str) -> Vec<String> {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let body = http.get(format!("{}/{bucket}?list-type=2", self.endpoint)).send().await.unwrap().text().await.unwrap();
-        body.split("<Key>").skip(1).filter_map(|s| s.split("</Key>").next()).map(str::to_string).collect()
+        body.split("<Key>").skip(1).filter_map(|s| s.split("</Key>").next()).filter(|k| !super::is_store_mark(k)).map(str::to_string).collect()
     }
 }
 

@@ -169,10 +169,11 @@ impl TestS3 {
         }
     }
 
-    /// The test's keys, relative to its root (as [`TestS3::url`]'s prefix names them).
+    /// The test's keys, relative to its root (as [`TestS3::url`]'s prefix names them), but the
+    /// store's mark (`.ferry-store-mark`, written at a server's first start).
     pub async fn keys(&self) -> Vec<String> {
         let keys = self.config.keys(&self.bucket, &self.root).await;
-        keys.into_iter().map(|k| k.strip_prefix(&self.root).expect("listed under the root").to_string()).collect()
+        keys.into_iter().filter(|k| !super::is_store_mark(k)).map(|k| k.strip_prefix(&self.root).expect("listed under the root").to_string()).collect()
     }
 
     /// The test's unfinished multipart uploads.

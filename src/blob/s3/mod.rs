@@ -359,6 +359,21 @@ impl BlobStore for S3BlobStore {
         s.delete_quiet(&probe).await
     }
 
+    async fn mark(&self) -> BlobResult<Option<String>> {
+        let s = &self.inner;
+        match bounded(REQUEST_DEADLINE, async { s.s3.get(&s.key(super::STORE_MARK)).await?.bytes().await }).await {
+            Ok(b) => Ok(Some(String::from_utf8_lossy(&b).trim().to_string())),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    async fn set_mark(&self, mark: &str) -> BlobResult<()> {
+        let s = &self.inner;
+        bounded(REQUEST_DEADLINE, s.s3.put(&s.key(super::STORE_MARK), PutPayload::from(format!("{mark}\n").into_bytes()))).await.map_err(io)?;
+        Ok(())
+    }
+
     async fn len(&self, id: &str) -> BlobResult<Option<u64>> {
         let s = &self.inner;
         if let Some(n) = s.exists(&s.object(id)).await? {
