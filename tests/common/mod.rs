@@ -330,12 +330,6 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// Whether an S3 key is a store's mark (`PREFIX/.ferry-store-mark`), which every server puts
-/// under its blob prefix at its first start: listings of what uploads left skip it.
-pub fn is_store_mark(key: &str) -> bool {
-    key.rsplit('/').next() == Some(".ferry-store-mark")
-}
-
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(data))

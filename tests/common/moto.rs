@@ -96,7 +96,7 @@ impl Moto {
     pub async fn keys(&self, bucket: &str) -> Vec<String> {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let body = http.get(format!("{}/{bucket}?list-type=2", self.endpoint)).send().await.unwrap().text().await.unwrap();
-        body.split("<Key>").skip(1).filter_map(|s| s.split("</Key>").next()).filter(|k| !super::is_store_mark(k)).map(str::to_string).collect()
+        body.split("<Key>").skip(1).filter_map(|s| s.split("</Key>").next()).filter(|k| !super::s3::is_store_mark(k)).map(str::to_string).collect()
     }
 }
 

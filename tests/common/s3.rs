@@ -173,7 +173,7 @@ impl TestS3 {
     /// store's mark (`.ferry-store-mark`, written at a server's first start).
     pub async fn keys(&self) -> Vec<String> {
         let keys = self.config.keys(&self.bucket, &self.root).await;
-        keys.into_iter().filter(|k| !super::is_store_mark(k)).map(|k| k.strip_prefix(&self.root).expect("listed under the root").to_string()).collect()
+        keys.into_iter().filter(|k| !is_store_mark(k)).map(|k| k.strip_prefix(&self.root).expect("listed under the root").to_string()).collect()
     }
 
     /// The test's unfinished multipart uploads.
@@ -196,4 +196,10 @@ fn xml_values(body: &str, tag: &str) -> Vec<String> {
         .filter_map(|s| s.split(close.as_str()).next())
         .map(|v| v.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&"))
         .collect()
+}
+
+/// Whether an S3 key is a store's mark (`PREFIX/.ferry-store-mark`), which every server puts
+/// under its blob prefix at its first start: listings of what uploads left skip it.
+pub fn is_store_mark(key: &str) -> bool {
+    key.rsplit('/').next() == Some(".ferry-store-mark")
 }
