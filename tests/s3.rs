@@ -123,9 +123,21 @@ async fn serve_refuses_a_bucket_it_cannot_write() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot write to the blob store s3://missing-bucket/x"), "{err}");
+    assert!(err.contains("cannot write to the blob store s3://missing-bucket/x: its bucket does not exist"), "{err}");
     assert!(!err.contains("s3cr3t"), "{err}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    // A plain-http endpoint without AWS_ALLOW_HTTP=true: said at once, with the fix.
+    let out = std::process::Command::new(ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path())
+        .args(["--blobs", "s3://exists/x"])
+        .envs(moto.env())
+        .env("AWS_ALLOW_HTTP", "false")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is plain http: set AWS_ALLOW_HTTP=true"), "{err}");
 }
 
 /// TUS concatenation on S3: the final's parts all have one size (R2's rule); a part inside one

@@ -45,8 +45,8 @@ fn by_code(e: &Refusal) -> String {
         ErrorCode::NotFound => "Check the id (uploads of other principals, deleted ones and long-expired ones do not exist); to upload anew, POST to the upload collection.".into(),
         ErrorCode::UploadExpired => "Create a new upload with POST and send the file again.".into(),
         ErrorCode::Locked => "Wait a moment, send HEAD to learn the offset, then resume from it.".into(),
-        ErrorCode::Internal => "Retry after a moment; send HEAD first to learn the offset.".into(),
-        ErrorCode::Unavailable => "Retry after Retry-After seconds; send HEAD first to learn the offset.".into(),
+        ErrorCode::Internal => "Retry after a moment (an upload: send HEAD first to learn the offset to resume from).".into(),
+        ErrorCode::Unavailable => "Retry after Retry-After seconds (an upload: send HEAD first to learn the offset to resume from).".into(),
         ErrorCode::InsufficientStorage => match e.cursor {
             Some(c) => {
                 format!("Nothing acknowledged was lost: the upload is kept at offset {c}. Retry from offset {c} later (after Retry-After), once the server has free space again.")

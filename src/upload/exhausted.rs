@@ -38,7 +38,7 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
         BlobError::Io(io) => classify_io(io),
         BlobError::Unavailable(why) => {
             tracing::warn!(error = %why, "blob store unavailable");
-            return Refusal::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing acknowledged was lost");
+            return Refusal::unavailable("the server's blob store (S3) is unreachable or refused the request; nothing stored was lost");
         }
         BlobError::Lost { kept, why } => {
             tracing::warn!(kept, error = %why, "blob store lost an unfinished upload's bytes; rolled back");

@@ -128,6 +128,11 @@ impl S3BlobStore {
         let region = b.get_config_value(&AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".to_string());
         let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
         let allow_http = b.get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp)).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        // object_store would only say "builder error" at the first request.
+        anyhow::ensure!(
+            allow_http || !endpoint.to_ascii_lowercase().starts_with("http://"),
+            "the S3 endpoint {endpoint} is plain http: set AWS_ALLOW_HTTP=true to use it (only on a network you trust), or give an https:// endpoint"
+        );
         let listing_http = ReqwestConnector::default().connect(&ClientOptions::new().with_allow_http(allow_http)).map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
         let listing = Listing { bucket_url: format!("{}/{bucket}", endpoint.trim_end_matches('/')), region, http: listing_http };
         // Bodies go unsigned (and parts may be streamed, which needs it) where nothing on the
