@@ -387,10 +387,12 @@ impl Refusal {
 }
 
 /// A refusal the protocol decided keeps its status, code, cursor and draft problem type, and
-/// its hint in the protocol's words ([`Next::Say`]).
+/// its hint in the protocol's words ([`Next::Say`]) — or, for bytes sent to a complete upload,
+/// [`Next::AlreadyComplete`], which each transport words.
 impl From<ferry_tus::TusError> for Refusal {
     fn from(e: ferry_tus::TusError) -> Self {
-        Refusal { cursor: e.cursor, draft: e.draft, ..Refusal::new(e.status, e.code.into(), e.detail, e.recovery_hint) }
+        let next = if e.complete { Next::AlreadyComplete } else { Next::Say(e.recovery_hint.into()) };
+        Refusal { cursor: e.cursor, draft: e.draft, ..Refusal::new(e.status, e.code.into(), e.detail, next) }
     }
 }
 

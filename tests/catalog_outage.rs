@@ -13,13 +13,20 @@ use common::pg::TestDb;
 use common::proxy::TcpProxy;
 use common::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns() {
+/// A fresh test database reached through a loopback proxy the test can cut: (the database,
+/// kept alive by the caller; the proxy; the catalog URL through it).
+async fn proxied_catalog() -> (TestDb, TcpProxy, url::Url) {
     let db = TestDb::create().await;
     let mut url = url::Url::parse(&db.url).unwrap();
     let target: SocketAddr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432)).parse().expect("FERRY_TEST_PG names an IP address");
-    let mut proxy = TcpProxy::start(target).await;
+    let proxy = TcpProxy::start(target).await;
     url.set_port(Some(proxy.port)).unwrap();
+    (db, proxy, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns() {
+    let (_db, mut proxy, url) = proxied_catalog().await;
     let s = Server::start(&["--catalog", url.as_str()]);
     let tus = Tus::new(&s);
     let data = pseudo_random(1 << 20, 21);
@@ -174,11 +181,7 @@ async fn sigterm_ends_the_release_listener_without_reconnecting() {
 /// — a catalog write that fails — and ends with a second line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_waits_out_a_catalog_that_is_away_for_a_moment() {
-    let db = TestDb::create().await;
-    let mut url = url::Url::parse(&db.url).unwrap();
-    let target: SocketAddr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432)).parse().expect("FERRY_TEST_PG names an IP address");
-    let mut proxy = TcpProxy::start(target).await;
-    url.set_port(Some(proxy.port)).unwrap();
+    let (_db, mut proxy, url) = proxied_catalog().await;
     let dir = tempfile::tempdir().unwrap();
     let (waiting, go) = (dir.path().join("waiting"), dir.path().join("go"));
     let script = write_script(

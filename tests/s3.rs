@@ -113,30 +113,26 @@ async fn upload_kill9_resume_download_terminate_on_s3() {
 async fn serve_refuses_a_bucket_it_cannot_write() {
     let moto = moto::Moto::start("exists", 5 * MIB as u64).await;
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(ferry_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(dir.path())
-        .args(["--blobs", "s3://missing-bucket/x"])
-        .envs(moto.env())
-        .env("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-printed")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // `ferry serve` on `blobs` with moto's environment and `env` on top: (stdout, stderr) of a
+    // start that must fail.
+    let refused = |blobs: &str, env: (&str, &str)| {
+        let out = std::process::Command::new(ferry_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(dir.path())
+            .args(["--blobs", blobs])
+            .envs(moto.env())
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (stdout, err) = refused("s3://missing-bucket/x", ("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-printed"));
     assert!(err.contains("cannot write to the blob store s3://missing-bucket/x: its bucket does not exist"), "{err}");
     assert!(!err.contains("s3cr3t"), "{err}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    assert!(!stdout.contains("listening on"));
     // A plain-http endpoint without AWS_ALLOW_HTTP=true: said at once, with the fix.
-    let out = std::process::Command::new(ferry_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(dir.path())
-        .args(["--blobs", "s3://exists/x"])
-        .envs(moto.env())
-        .env("AWS_ALLOW_HTTP", "false")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, err) = refused("s3://exists/x", ("AWS_ALLOW_HTTP", "false"));
     assert!(err.contains("is plain http: set AWS_ALLOW_HTTP=true"), "{err}");
 }
 

@@ -343,9 +343,7 @@ impl FerryMcp {
         let rec = self.state.engine.append(p.to_string(), a.file_id, decide, crate::upload::WholeChunk::from(data)).await.map_err(|mut e| {
             // TUS answers bytes sent to a complete upload 413 (nothing may pass Upload-Length);
             // to a model it is the state of the file, not the size of the chunk: `conflict`.
-            // (The protocol crate's decision says the same in words: `plan_patch`'s past_length.)
-            if matches!(e.next, Next::AlreadyComplete) || (e.code == ErrorCode::SizeExceeded && e.detail.starts_with("the upload already holds all of its")) {
-                e.next = Next::AlreadyComplete;
+            if matches!(e.next, Next::AlreadyComplete) {
                 e.code = ErrorCode::Conflict;
                 e.status = 409;
                 e.detail = format!("{}; the upload is complete", e.detail);

@@ -936,14 +936,8 @@ impl UploadEngine {
     }
 }
 
-/// 413 `size_exceeded` for bytes sent to an upload that already holds all of its `length`
-/// bytes (TUS 1.0 §PATCH: nothing may be appended past Upload-Length); the body is dropped.
+/// The protocol's refusal of bytes sent to an upload that already holds all of its `length`
+/// bytes ([`ferry_tus::TusError::already_complete`]); the body is dropped.
 fn already_complete(length: u64) -> Refusal {
-    Refusal::new(
-        413,
-        crate::error::ErrorCode::SizeExceeded,
-        format!("the upload already holds all of its {length} bytes; nothing more can be appended"),
-        crate::error::Next::AlreadyComplete,
-    )
-    .with_cursor(length)
+    ferry_tus::TusError::already_complete(length).into()
 }

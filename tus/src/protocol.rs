@@ -89,11 +89,28 @@ pub struct TusError {
     /// HTTP layer renders it for requests that speak the draft (TUS requests keep ferry's own
     /// `type`). See [`crate::draft`].
     pub draft: Option<crate::draft::DraftProblem>,
+    /// The refusal is of bytes sent to an upload that already holds all of them
+    /// ([`TusError::already_complete`]): a state of the upload, which a transport may word in
+    /// its own terms.
+    pub complete: bool,
 }
 
 impl TusError {
     pub fn new(status: u16, code: ErrorCode, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None }
+        TusError { status, code, detail: detail.into(), recovery_hint: hint.into(), cursor: None, draft: None, complete: false }
+    }
+
+    /// 413 `size_exceeded` for bytes sent to an upload that already holds all of its `length`
+    /// bytes (TUS 1.0 §PATCH: nothing may be appended past `Upload-Length`); the cursor is
+    /// `length`, [`TusError::complete`] is set.
+    pub fn already_complete(length: u64) -> Self {
+        let e = TusError::new(
+            413,
+            ErrorCode::SizeExceeded,
+            format!("the upload already holds all of its {length} bytes; nothing more can be appended"),
+            "Nothing more can be sent to this upload: it is complete. Download it with GET, or create a new upload for other bytes.",
+        );
+        TusError { complete: true, ..e.with_cursor(length) }
     }
 
     /// Attach the draft problem type this refusal is an instance of.
@@ -349,13 +366,7 @@ fn unsupported_media() -> TusError {
 
 fn past_length(offset: u64, length: u64) -> TusError {
     if offset >= length {
-        return TusError::new(
-            413,
-            ErrorCode::SizeExceeded,
-            format!("the upload already holds all of its {length} bytes; nothing more can be appended"),
-            "Nothing more can be sent to this upload: it is complete. Download it with GET, or create a new upload for other bytes.",
-        )
-        .with_cursor(offset);
+        return TusError::already_complete(offset);
     }
     TusError::new(
         413,
