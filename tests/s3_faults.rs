@@ -411,6 +411,56 @@ async fn fault5_a_writer_that_lost_its_lease_changes_nothing_in_the_bucket() {
     t.finish_on_b().await;
 }
 
+/// A part number is sent once (the three-replica break-it run's rollback to 0). The client's
+/// PATCH is writing part 2 when its UploadPart is held in the network; the client sends the
+/// same range again, the first PATCH's writer is asked to let go and is cut while its part is
+/// still on its way, and the second PATCH sends part 2 again (204). Only then does the first
+/// part reach S3 (in the old numbering, under the number the second one used: S3 keeps the
+/// last upload of a number, so the completion failed with `InvalidPart` or held stale
+/// bytes). The upload finishes with exactly the bytes acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_that_lands_after_its_writer_let_go_never_replaces_the_part_sent_again() {
+    let rig = Rig::start(1, &[]).await;
+    let tus = rig.tus(0);
+    let proxy = &rig.proxies[0];
+    let len = 14 * MIB + 99;
+    let (good, stale) = (pseudo_random(len, 0x61), pseudo_random(len, 0x62));
+    let url = tus.create(len as u64).await;
+    let id = id_of(&url);
+    let first = 6 * MIB + 7;
+    assert_eq!(tus.patch(&url, 0, good[..first].to_vec(), &[]).await.status(), 204);
+    // The first PATCH fills part 2 (bytes 5..10 MiB) with other bytes; its UploadPart is held.
+    let until = 10 * MIB + 300_000;
+    let hold = proxy.hold(Kind::UploadPart, &id, HoldAt::Request);
+    let (tx, pending) = streaming_patch(&url, first as u64);
+    for piece in stale[first..until].chunks(256 << 10) {
+        tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("the first PATCH uploads part 2");
+    // The client sends the range again: the first writer is cut, its part still on its way.
+    let r = tus.patch(&url, first as u64, good[first..until].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "the second PATCH: {:?}", r.text().await);
+    drop(tx);
+    let late = tokio::time::timeout(Duration::from_secs(60), pending).await.expect("the first PATCH ends").unwrap();
+    if let Ok(r) = late {
+        assert!(!r.status().is_success(), "the writer that was cut had its PATCH acknowledged: {}", r.status());
+    }
+    // Now the first writer's part reaches S3.
+    let sent_parts = || proxy.seen().into_iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id)).collect::<Vec<_>>();
+    hold.release();
+    let landed = eventually(60, || async { sent_parts().iter().all(|s| s.status != 0) }).await;
+    assert!(landed, "the held part reached S3: {:?}", sent_parts());
+    let numbers: Vec<String> = sent_parts().iter().map(|s| s.query.clone()).collect();
+    eprintln!("UploadParts: {numbers:?}");
+    // The upload finishes with the bytes acknowledged, and reads back as them.
+    let off = offset_when_free(&tus, &url).await;
+    assert_eq!(off, until as u64, "the second PATCH's commit stands");
+    let r = tus.patch(&url, off, good[until..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
+    let got = client().get(&url).send().await.unwrap().bytes().await.unwrap();
+    assert!(got.len() == good.len() && sha256_hex(&got) == sha256_hex(&good), "the finished file holds the stale part's bytes");
+}
+
 /// S3's connection dropped in the middle of an UploadPart (issue 22, "bad input stays as it
 /// is"): the PATCH is either acknowledged (object_store retried the part) or refused with a
 /// retryable 503 naming the durable offset; nothing acknowledged is lost and the upload

@@ -118,6 +118,7 @@ impl Appender {
         let under = WriteLease {
             // S3 sizes the upload's parts from it (fixed at the first writer).
             size_hint: length.or(rec.length).unwrap_or(engine.cfg.max_size),
+            commit_every: engine.cfg.checkpoint_every,
             fence: lease.fence().unwrap_or(0),
             generation: lease.generation(),
             valid_until: Arc::new(move || validity.deadline()),
@@ -260,6 +261,9 @@ impl Appender {
     /// longer this writer's to cut.
     async fn released(&mut self, e: Refusal) -> Refusal {
         use crate::error::ErrorCode::{InsufficientStorage, Internal, Unavailable};
+        if self.lost.is_none() {
+            self.note_in_transit().await;
+        }
         if self.broken {
             // Cut or fenced: the blob is no longer this writer's to touch; the next holder
             // repairs it from the committed state.
@@ -308,6 +312,32 @@ impl Appender {
             e.with_cursor(keep)
         } else {
             e
+        }
+    }
+
+    /// After a failure, before the lease goes: commit the last committed state amended with
+    /// what the writer sent that may still be on its way to the store ([`crate::blob::BlobWriter::amend`]:
+    /// S3 part numbers a later writer must not use again), at the same offset and midstate,
+    /// under this writer's fence — also when it was cut, since its lease is still held then.
+    /// A commit that fails (fenced, catalog away) changes nothing: the lease was taken, or it
+    /// runs out unreleased, and the next holder then counts as a takeover, which the store
+    /// allows for ([`crate::blob::WriteLease::generation`]).
+    async fn note_in_transit(&mut self) {
+        let Some(blob) = self.writer.amend(&self.committed_blob) else { return };
+        let now = now_ms();
+        let cp = Checkpoint {
+            offset: self.committed.0,
+            hash_state: self.committed.1.state(),
+            blob_state: blob.0.clone(),
+            blob_entries_from: blob.entries_from(&self.committed_blob),
+            length: None,
+            finished_sha256: None,
+            expires_at_ms: self.engine.expiry_from(now),
+            now_ms: now,
+        };
+        match self.record(&cp).await {
+            Ok(()) => self.committed_blob = blob,
+            Err(e) => tracing::info!(upload = self.rec.id, error = %e, "could not note the store requests still on their way; the next writer takes the upload over"),
         }
     }
 

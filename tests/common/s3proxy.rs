@@ -12,7 +12,8 @@
 //!   ferry's back: they are aborted upstream and every later request naming one gets
 //!   `404 NoSuchUpload`.
 //! - [`S3Proxy::hold`]: the next matching request is held (before it is forwarded, or after,
-//!   with its response held) until the test releases it.
+//!   with its response held) until the test releases it — and forwarded then even if ferry
+//!   gave up on it meanwhile (every request runs to its end, as bytes in the network do).
 //! - [`S3Proxy::cut_next_part`]: the next UploadPart's connection is dropped after part of its
 //!   body was read.
 //! - [`S3Proxy::set_black_hole`] / [`S3Proxy::black_hole_after_complete`]: requests are
@@ -169,7 +170,7 @@ impl S3Proxy {
                 while conns.try_join_next().is_some() {}
                 let st = st.clone();
                 conns.spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
+                    let svc = hyper::service::service_fn(move |req| handle_to_end(st.clone(), req));
                     let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
                 });
             }
@@ -309,6 +310,16 @@ fn strict_refusal(sizes: &[u64]) -> Option<(&'static str, String)> {
         return Some(("InvalidPart", format!("All non-trailing parts must have the same length ({init:?}).")));
     }
     None
+}
+
+/// [`handle`] `req` in a task of its own, so it runs to its end even when its client goes away,
+/// as bytes already in the network do: a held request still reaches S3 once released.
+async fn handle_to_end(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, std::io::Error> {
+    match tokio::spawn(handle(st, req)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+        Err(e) => Err(std::io::Error::other(e)),
+    }
 }
 
 async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, BoxError> {

@@ -96,8 +96,8 @@ impl Inner {
 
     /// CompleteMultipartUpload (S3 API reference) of multipart upload `mp` on `to` from
     /// `parts` (`(part number, content id)`, ascending). object_store 0.14 numbers the parts it
-    /// completes 1, 2, 3… by position, and ferry's parts have numbers of their own (two per
-    /// part, by fence parity: [`super::state::part_number`]), so this request goes to a URL
+    /// completes 1, 2, 3… by position, and ferry's parts have numbers of their own (each
+    /// attempt at a part a new one: [`super::state::Numbering`]), so this request goes to a URL
     /// object_store signs (`uploadId` under the signature; the body is sent as an unsigned
     /// payload, as presigned requests are). Errors: `NoSuchUpload` and refusals that repeating
     /// cannot change (`InvalidPart`, `EntityTooSmall`, …) are [`BlobError::Lost`]; a store that

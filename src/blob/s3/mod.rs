@@ -55,8 +55,8 @@ use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreEx
 use client::{Inner, Listing};
 use errors::{bounded, classify_message, deadline_for, io, is_gone, is_not_found, own_retries, Failure};
 pub use errors::{retry_config, REQUEST_DEADLINE};
+use state::S3State;
 pub use state::{fixed_part_size, DEFAULT_PART_FLOOR, MAX_PART, MAX_PARTS, MIN_PART};
-use state::{S3State, Schedule};
 use writer::{Budget, Parked, S3Writer};
 
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, WriteLease};
@@ -198,13 +198,13 @@ impl S3BlobStore {
         if len == offset && decoded.as_ref().is_none_or(|st| st.offset() == offset) {
             // Completed already, at exactly the committed offset (a finish that stopped before
             // its commit): nothing to copy; completing again only cleans up.
-            let st = decoded.unwrap_or_else(|| S3State::new(Schedule::Fixed(fixed_part_size(len, s.floor))));
+            let st = decoded.unwrap_or_else(|| S3State::fixed(fixed_part_size(len, s.floor), lease.commit_every));
             let mut w = S3Writer::new(s.clone(), id, st, BytesMut::new(), Vec::new(), lease);
             w.completed_len = Some(len);
             return Ok(Box::new(w));
         }
         lease.run(async { bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io) }).await?;
-        let fresh = S3State::new(Schedule::Fixed(fixed_part_size(lease.size_hint.max(offset), s.floor)));
+        let fresh = S3State::fixed(fixed_part_size(lease.size_hint.max(offset), s.floor), lease.commit_every);
         let mut w = S3Writer::new(s.clone(), id, fresh, BytesMut::new(), Vec::new(), lease);
         if offset > 0 {
             let mut stream = self.read(id, 0..offset).await?;
@@ -228,9 +228,14 @@ impl S3BlobStore {
                 let mpid = MultipartId::from(mp.clone());
                 let mut parts = st.parts.clone();
                 if !tail.is_empty() {
-                    // The tail becomes the last part (S3 allows the last one to be short); the
-                    // number of a part no writer used for it (fence parity 0 after one of 1).
-                    let number = state::part_number(st.schedule, st.parts.len() as u64, st.parts.last().map_or(0, |p| u64::from(p.0) + 1));
+                    // The tail becomes the last part (S3 allows the last one to be short), under
+                    // a number no writer used (versions 3–4: fence parity 0 after one of 1).
+                    let idx = st.parts.len() as u64;
+                    let after = st.parts.last().map_or(0, |p| p.0);
+                    let number = match st.numbering {
+                        Some(mut n) => n.take(idx, idx + 1, after).ok_or(BlobError::BadState)?,
+                        None => state::part_number(st.schedule, idx, u64::from(after) + 1),
+                    };
                     let deadline = deadline_for(tail.len() as u64);
                     let pid = bounded(deadline, s.s3.put_part(&s.object(id), &mpid, number as usize - 1, PutPayload::from(tail.freeze()))).await.map_err(io)?;
                     parts.push((number, pid.content_id));
@@ -273,16 +278,14 @@ impl BlobStore for S3BlobStore {
         if let Some(part) = s.parked.take(id, state) {
             // This process wrote the committed state and kept its open part: no request at all.
             if part.st.offset() == offset {
-                let mut w = S3Writer::new(s.clone(), id, part.st.clone(), BytesMut::new(), Vec::new(), lease);
-                w.part = part;
-                return Ok(Box::new(w));
+                return Ok(Box::new(S3Writer::with_part(s.clone(), id, part, lease)));
             }
         }
         if s.exists(&s.created(id)).await?.is_none() {
             return self.reopen_finished(id, offset, state, lease).await;
         }
         let st = match S3State::decode(state)? {
-            None if offset == 0 => S3State::new(Schedule::Fixed(fixed_part_size(lease.size_hint, s.floor))),
+            None if offset == 0 => S3State::fixed(fixed_part_size(lease.size_hint, s.floor), lease.commit_every),
             None => return Err(BlobError::BadState),
             Some(st) if st.offset() == offset => st,
             Some(_) => return Err(BlobError::BadState),
@@ -309,7 +312,7 @@ impl BlobStore for S3BlobStore {
 
     async fn finish(&self, id: &str, state: &BlobState) -> BlobResult<()> {
         let s = &self.inner;
-        let st = S3State::decode(state)?.unwrap_or(S3State::new(Schedule::Fixed(s.floor)));
+        let st = S3State::decode(state)?.unwrap_or(S3State::fixed(s.floor, 0));
         let len = st.offset();
         if s.exists(&s.created(id)).await?.is_none() {
             // Finished already (idempotent) or never created.

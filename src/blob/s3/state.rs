@@ -3,22 +3,34 @@
 //! An upload's bytes are cut into parts by a [`Schedule`] that is a pure function of the offset
 //! and is recorded in the state, so every holder of the upload cuts it the same way:
 //!
-//! - [`Schedule::Fixed`] (state version 3, every upload created since round 3): one part size,
-//!   fixed when the first writer opens the blob, from the upload's length (or the largest size
-//!   a deferred-length upload may reach) so that [`PART_SLOTS`] parts hold it, never below the
+//! - [`Schedule::Fixed`] (every upload created since round 3): one part size, fixed when the
+//!   first writer opens the blob, from the upload's length (or the largest size a
+//!   deferred-length upload may reach) so that [`PART_SLOTS`] parts hold it, never below the
 //!   store's floor. Every part but the last has that size: what every S3-compatible store
-//!   accepts (Cloudflare R2 refuses CompleteMultipartUpload otherwise). Part `i` has two part
-//!   numbers, `2i + 1` and `2i + 2`, and a writer uses the one its generation's parity picks
-//!   ([`part_number`]; a catalog lease's generation counts takeovers from holders that never
-//!   let go): a writer that lost its lease and the one that took over from it never upload
-//!   the same part number, so a stale part that lands late cannot replace the taker's.
+//!   accepts (Cloudflare R2 refuses CompleteMultipartUpload otherwise).
 //! - [`Schedule::Doubling`] (version 2): 5 MiB parts doubling every 1 000; read so that uploads
 //!   begun before round 3 still resume and finish.
 //!
-//! The state (version 4; version 3 held the same inline) holds the schedule, the multipart
-//! id, each uploaded part's number and `PartId.content_id` (verbatim) — as the entries of a
-//! framed state ([`BlobState::framed`]), which the catalog keeps beside the upload's row — and
-//! the tail segments — bytes of the open part made durable
+//! **A part number is sent once** (version 5, [`Numbering`]). An UploadPart whose outcome is
+//! unknown — cut by a deadline, dropped when its writer let go, a streamed part given up —
+//! may still be on its way and reach S3 later, and S3 keeps the *last* upload of a part
+//! number (Garage even as soon as its first block arrives, a part that then fails included):
+//! had anyone uploaded that number again, the late one would replace it and the completion
+//! would fail (`InvalidPart`) or hold the wrong bytes. So every attempt at a part takes a
+//! number never used before in the multipart upload: the state keeps the next unused one,
+//! a failed writer commits it ([`super::super::BlobWriter::amend`]), and a writer that took
+//! the upload over from holders that never let go skips a window of numbers per such holder,
+//! past whatever they sent since their last commit ([`stale_window`], recorded with the
+//! numbering). The 5 000 numbers S3 has beyond [`PART_SLOTS`] parts pay for it; when they run
+//! short the numbers stay within S3's 10 000 by leaving room for the parts still to come
+//! ([`Numbering::take`]), and the protection wears thin.
+//! States of versions 3 and 4 number part `i` `2i + 1 + (generation mod 2)` ([`part_number`]):
+//! uploads begun with them finish that way.
+//!
+//! The state (version 5; 4 held the same without the numbering, 3 inline) holds the schedule,
+//! the multipart id, the numbering, each uploaded part's number and `PartId.content_id`
+//! (verbatim) — as the entries of a framed state ([`BlobState::framed`]), which the catalog
+//! keeps beside the upload's row — and the tail segments — bytes of the open part made durable
 //! at checkpoints, each an object named by its range and by the fence of the writer that wrote
 //! it, so two writers of one upload (a paused one that lost its lease and the one that took
 //! over) never write the same key.
@@ -31,8 +43,24 @@ pub const MIN_PART: u64 = 5 * MIB;
 pub const MAX_PART: u64 = 5 << 30;
 /// S3's largest part number.
 pub const MAX_PARTS: u64 = 10_000;
-/// Parts of one version-3 upload: two part numbers each ([`part_number`]).
+/// Most parts of one upload: half of S3's part numbers, so the other half is left for parts
+/// sent again ([`Numbering`]; versions 3 and 4: two numbers per part, [`part_number`]).
 pub const PART_SLOTS: u64 = MAX_PARTS / 2;
+/// The fewest part numbers a writer that took an upload over skips for each holder before it
+/// that never let go ([`stale_window`]).
+pub const MIN_STALE_WINDOW: u32 = 100;
+
+/// Part numbers a writer that took an upload over skips for each holder before it that never
+/// let go ([`Numbering::open`]): four for each part a writer may send between two commits
+/// (`commit_every` bytes, its caller's checkpoint interval, 0 for the default 64 MiB, in
+/// parts of `part_size` bytes; a streamed part takes two numbers, and a part may straddle each
+/// end), never fewer than [`MIN_STALE_WINDOW`], at most S3's 10 000. Recorded in the state
+/// when the upload's first writer opens it, so every writer skips alike.
+pub(crate) fn stale_window(part_size: u64, commit_every: u64) -> u32 {
+    let commit_every = if commit_every == 0 { 64 * MIB } else { commit_every };
+    let parts = commit_every.div_ceil(part_size.max(1)).saturating_add(2);
+    u32::try_from(parts.saturating_mul(4)).unwrap_or(u32::MAX).clamp(MIN_STALE_WINDOW, MAX_PARTS as u32)
+}
 /// The default floor of [`fixed_part_size`]: 16 MiB (one request per 16 MiB on S3; measured in
 /// benches/RESULTS.md against 5 MiB and 64 MiB).
 pub const DEFAULT_PART_FLOOR: u64 = 16 * MIB;
@@ -62,9 +90,10 @@ pub fn part_start(base: u64, idx: u64) -> u64 {
     PARTS_PER_STEP * base * ((1u64 << step) - 1) + (idx % PARTS_PER_STEP) * part_size(base, idx)
 }
 
-/// The S3 part number (1-based) of part `idx` (0-based) uploaded under `schedule` by a writer
-/// of `generation` ([`crate::blob::WriteLease::generation`]): `2 idx + 1 + (generation mod 2)`
-/// for fixed parts; `idx + 1` for version 2 (whose states predate two numbers per part).
+/// The S3 part number (1-based) of part `idx` (0-based) of a version 2–4 state, uploaded under
+/// `schedule` by a writer of `generation` ([`crate::blob::WriteLease::generation`]):
+/// `2 idx + 1 + (generation mod 2)` for fixed parts; `idx + 1` for version 2 (whose states
+/// predate two numbers per part). Version 5 states number parts by [`Numbering`].
 pub(crate) fn part_number(schedule: Schedule, idx: u64, generation: u64) -> u32 {
     match schedule {
         Schedule::Fixed(_) => (2 * idx + 1 + (generation & 1)) as u32,
@@ -113,6 +142,51 @@ impl Schedule {
     }
 }
 
+/// How a version-5 state numbers parts (see the module docs): every number below `next` may
+/// have been sent by some writer of the multipart upload; `generation` is that of the writer
+/// that committed it ([`crate::blob::WriteLease::generation`]); `window` is what a taker skips
+/// per holder that never let go ([`stale_window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Numbering {
+    pub next: u32,
+    pub generation: u64,
+    pub window: u32,
+}
+
+impl Numbering {
+    /// The numbering of a fresh multipart upload whose writers send at most `window` numbers
+    /// between two commits ([`stale_window`]).
+    pub(crate) fn new(window: u32) -> Numbering {
+        Numbering { next: 1, generation: 0, window }
+    }
+
+    /// The numbering a writer of `generation` starts from: past a window for each holder since
+    /// this state's writer that lost its lease without letting go (each may have sent parts
+    /// after its last commit, and may still have some on their way).
+    pub(crate) fn open(self, generation: u64) -> Numbering {
+        let behind = generation.saturating_sub(self.generation);
+        let skip = u32::try_from(behind.saturating_mul(u64::from(self.window))).unwrap_or(u32::MAX);
+        let next = self.next.saturating_add(skip).min(MAX_PARTS as u32 + 1);
+        Numbering { next, generation: generation.max(self.generation), window: self.window }
+    }
+
+    /// The number for the next attempt at part `idx` of an upload of at most `most_parts`
+    /// parts, after the part before it numbered `after` (0: none). Normally `next`; never past
+    /// the room the parts still to come need in S3's 10 000 (numbers may then be used again:
+    /// the protection above wears thin only after many takeovers), and always above `after`.
+    /// `None` when S3's 10 000 numbers cannot hold the part.
+    pub(crate) fn take(&mut self, idx: u64, most_parts: u64, after: u32) -> Option<u32> {
+        let to_come = most_parts.max(idx + 1).min(MAX_PARTS).saturating_sub(idx + 1);
+        let room = MAX_PARTS.saturating_sub(to_come) as u32;
+        let n = self.next.min(room).max(after + 1).max(1);
+        if u64::from(n) > MAX_PARTS {
+            return None;
+        }
+        self.next = self.next.max(n + 1);
+        Some(n)
+    }
+}
+
 /// One tail segment: bytes `start..end` of part `part`, written by the writer with fence
 /// `fence` (`None`: a version-2 segment, named without a fence).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,14 +221,23 @@ pub(crate) struct S3State {
     pub parts: Vec<(u32, String)>,
     /// Tail segments, in order: `(fence, end)`; the first starts where the parts end.
     pub tail: Vec<(Option<u64>, u64)>,
+    /// Version 5; `None` for states of versions 2–4, numbered by [`part_number`].
+    pub numbering: Option<Numbering>,
 }
 
 /// The version-3 byte that stands for "no fence" (a version-2 segment).
 const NO_FENCE: u64 = u64::MAX;
 
 impl S3State {
-    pub(crate) fn new(schedule: Schedule) -> S3State {
-        S3State { schedule, multipart: None, parts: Vec::new(), tail: Vec::new() }
+    /// The state of a blob with no part yet, cut by `schedule`, numbered by `numbering`.
+    pub(crate) fn new(schedule: Schedule, numbering: Numbering) -> S3State {
+        S3State { schedule, multipart: None, parts: Vec::new(), tail: Vec::new(), numbering: Some(numbering) }
+    }
+
+    /// A new blob in fixed parts of `size` bytes, whose writers commit every `commit_every`
+    /// bytes ([`crate::blob::WriteLease::commit_every`]).
+    pub(crate) fn fixed(size: u64, commit_every: u64) -> S3State {
+        S3State::new(Schedule::Fixed(size), Numbering::new(stale_window(size, commit_every)))
     }
 
     pub(crate) fn parts_end(&self) -> u64 {
@@ -183,12 +266,13 @@ impl S3State {
             .collect()
     }
 
-    /// Version 4, framed ([`BlobState::framed`]): the head holds the schedule, the multipart
-    /// id and the tail; each uploaded part is an entry (`number` u32 LE, then its content id),
-    /// so the catalog keeps the part list beside the upload's row and a checkpoint appends the
-    /// parts it added.
+    /// Version 5 (4 without a numbering), framed ([`BlobState::framed`]): the head holds the
+    /// schedule, the multipart id, the numbering (`next` u32 LE, `generation` u64 LE, `window`
+    /// u32 LE; version 5 only) and the tail; each uploaded part is an entry (`number` u32 LE, then its content
+    /// id), so the catalog keeps the part list beside the upload's row and a checkpoint
+    /// appends the parts it added.
     pub(crate) fn encode(&self) -> BlobState {
-        let mut head = vec![4u8];
+        let mut head = vec![if self.numbering.is_some() { 5u8 } else { 4u8 }];
         let (tag, size) = match self.schedule {
             Schedule::Doubling(b) => (0u8, b),
             Schedule::Fixed(s) => (1u8, s),
@@ -196,6 +280,11 @@ impl S3State {
         head.push(tag);
         head.extend_from_slice(&size.to_le_bytes());
         put_str(&mut head, self.multipart.as_deref().unwrap_or(""));
+        if let Some(n) = self.numbering {
+            head.extend_from_slice(&n.next.to_le_bytes());
+            head.extend_from_slice(&n.generation.to_le_bytes());
+            head.extend_from_slice(&n.window.to_le_bytes());
+        }
         head.extend_from_slice(&(self.tail.len() as u32).to_le_bytes());
         for (fence, end) in &self.tail {
             head.extend_from_slice(&fence.unwrap_or(NO_FENCE).to_le_bytes());
@@ -216,14 +305,14 @@ impl S3State {
 
     /// Decode and check a state: `None` for the empty state, `BadState` for anything this
     /// store did not write or that breaks its schedule, or a row read without its entries
-    /// ([`BlobState::lacks_entries`]). Reads versions 2, 3 and 4.
+    /// ([`BlobState::lacks_entries`]). Reads versions 2 to 5.
     pub(crate) fn decode(state: &BlobState) -> BlobResult<Option<S3State>> {
         let b = state.as_bytes();
         if b.is_empty() {
             return Ok(None);
         }
         if let Some((head, entries)) = state.unframe()? {
-            return Self::checked(Self::decode_v4(head, &entries)?).map(Some);
+            return Self::checked(Self::decode_framed(head, &entries)?).map(Some);
         }
         let mut r = Reader(b);
         let s = match r.take(1)?[0] {
@@ -247,7 +336,7 @@ impl S3State {
                 if base == 0 {
                     return Err(BlobError::BadState);
                 }
-                S3State { schedule: Schedule::Doubling(base), multipart: (!mp.is_empty()).then_some(mp), parts, tail }
+                S3State { schedule: Schedule::Doubling(base), multipart: (!mp.is_empty()).then_some(mp), parts, tail, numbering: None }
             }
             3 => {
                 let tag = r.take(1)?[0];
@@ -265,7 +354,7 @@ impl S3State {
                     parts.push((number, r.string()?));
                 }
                 let tail = Self::read_tail(&mut r)?;
-                S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail }
+                S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail, numbering: None }
             }
             _ => return Err(BlobError::BadState),
         };
@@ -275,15 +364,18 @@ impl S3State {
         Self::checked(s).map(Some)
     }
 
-    fn decode_v4(head: &[u8], entries: &[&[u8]]) -> BlobResult<S3State> {
+    /// Versions 4 and 5.
+    fn decode_framed(head: &[u8], entries: &[&[u8]]) -> BlobResult<S3State> {
         let mut r = Reader(head);
-        if r.take(1)?[0] != 4 {
+        let version = r.take(1)?[0];
+        if !matches!(version, 4 | 5) {
             return Err(BlobError::BadState);
         }
         let tag = r.take(1)?[0];
         let size = r.u64()?;
         let schedule = Self::schedule(tag, size)?;
         let mp = r.string()?;
+        let numbering = if version == 5 { Some(Numbering { next: r.u32()?, generation: r.u64()?, window: r.u32()? }) } else { None };
         let tail = Self::read_tail(&mut r)?;
         if !r.0.is_empty() || entries.len() as u64 > MAX_PARTS {
             return Err(BlobError::BadState);
@@ -295,7 +387,11 @@ impl S3State {
             Self::check_number(&parts, number)?;
             parts.push((number, String::from_utf8(cid.to_vec()).map_err(|_| BlobError::BadState)?));
         }
-        Ok(S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail })
+        if numbering.is_some_and(|n| parts.last().is_some_and(|p| p.0 >= n.next)) {
+            // Every number a part has was taken from the numbering.
+            return Err(BlobError::BadState);
+        }
+        Ok(S3State { schedule, multipart: (!mp.is_empty()).then_some(mp), parts, tail, numbering })
     }
 
     fn schedule(tag: u8, size: u64) -> BlobResult<Schedule> {
@@ -402,6 +498,44 @@ mod tests {
     }
 
     #[test]
+    fn every_attempt_at_a_part_takes_a_number_never_sent_before() {
+        let mut n = Numbering::new(MIN_STALE_WINDOW);
+        // Part 0, its stream given up and sent whole; part 1 sent once.
+        assert_eq!((n.take(0, 64, 0), n.take(0, 64, 0), n.take(1, 64, 2)), (Some(1), Some(2), Some(3)));
+        assert_eq!(n.next, 4);
+        // A writer of the same generation goes on from the committed numbering.
+        assert_eq!(n.open(0), n);
+        // Two holders that never let go since: two windows skipped, the generation recorded.
+        let taker = n.open(2);
+        assert_eq!(taker, Numbering { next: 4 + 2 * MIN_STALE_WINDOW, generation: 2, window: MIN_STALE_WINDOW });
+        // An older writer's view never moves the numbering back.
+        assert_eq!(taker.open(1), taker);
+    }
+
+    #[test]
+    fn a_taker_skips_four_numbers_for_each_part_a_writer_sends_between_two_commits() {
+        assert_eq!(stale_window(16 * MIB, 0), MIN_STALE_WINDOW, "64 MiB in 16 MiB parts: 6 parts, 24 numbers");
+        assert_eq!(stale_window(5 * MIB, 1 << 30), 4 * (205 + 2));
+        assert_eq!(stale_window(MIB, u64::MAX), MAX_PARTS as u32);
+    }
+
+    #[test]
+    fn numbers_stay_within_ten_thousand_and_ascending_when_windows_run_short() {
+        // Many takeovers: the next number is past what the parts still to come allow.
+        let mut n = Numbering::new(500).open(30);
+        assert_eq!(n.next, MAX_PARTS as u32 + 1);
+        // 5 000 parts: part 0 may take at most 5 001, leaving 4 999 for the rest; the last
+        // part takes S3's last number.
+        assert_eq!(n.take(0, PART_SLOTS, 0), Some(5_001));
+        assert_eq!(n.take(1, PART_SLOTS, 5_001), Some(5_002));
+        assert_eq!(n.take(PART_SLOTS - 1, PART_SLOTS, 9_999), Some(MAX_PARTS as u32));
+        // Always above the part before, and never past S3's last number.
+        let mut m = Numbering { next: 3, ..Numbering::new(100) };
+        assert_eq!(m.take(5, 10, 40), Some(41));
+        assert_eq!(m.take(9_999, MAX_PARTS, MAX_PARTS as u32), None);
+    }
+
+    #[test]
     fn doubling_schedule_of_version_two_is_kept() {
         let tib = 1u64 << 40;
         let s = Schedule::Doubling(MIN_PART);
@@ -418,9 +552,18 @@ mod tests {
     #[test]
     fn state_round_trips_and_rejects_foreign_states() {
         let sched = Schedule::Fixed(16 * MIB);
-        let st =
-            S3State { schedule: sched, multipart: Some("abc/def+==".into()), parts: vec![(2, "\"etag1\"".into())], tail: vec![(Some(7), 16 * MIB + 3), (None, 16 * MIB + 10)] };
+        let st = S3State {
+            schedule: sched,
+            multipart: Some("abc/def+==".into()),
+            parts: vec![(2, "\"etag1\"".into())],
+            tail: vec![(Some(7), 16 * MIB + 3), (None, 16 * MIB + 10)],
+            numbering: Some(Numbering { next: 9, generation: 3, window: 100 }),
+        };
         assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st.clone()));
+        let v4 = S3State { numbering: None, ..st.clone() };
+        assert_eq!(S3State::decode(&v4.encode()).unwrap(), Some(v4), "a version-4 state stays one");
+        let numbered_past_next = S3State { numbering: Some(Numbering { next: 2, generation: 3, window: 100 }), ..st.clone() };
+        assert!(matches!(S3State::decode(&numbered_past_next.encode()), Err(BlobError::BadState)), "a part numbered past the numbering");
         assert_eq!(st.offset(), 16 * MIB + 10);
         assert_eq!(st.segments()[0].name(), format!("1-{}-{}.7", 16 * MIB, 16 * MIB + 3));
         assert_eq!(S3State::decode(&BlobState::default()).unwrap(), None);
@@ -446,7 +589,10 @@ mod tests {
         v.extend_from_slice(&1u32.to_le_bytes());
         v.extend_from_slice(&(MIN_PART + 3).to_le_bytes());
         let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
-        assert_eq!(st, S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec![(1, "e".into())], tail: vec![(None, MIN_PART + 3)] });
+        assert_eq!(
+            st,
+            S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec![(1, "e".into())], tail: vec![(None, MIN_PART + 3)], numbering: None }
+        );
         assert_eq!(st.segments()[0].name(), format!("1-{MIN_PART}-{}", MIN_PART + 3), "version-2 keys have no fence");
         // Re-encoded as version 4 and back, unchanged.
         assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(st));
@@ -467,21 +613,31 @@ mod tests {
         v.extend_from_slice(&7u64.to_le_bytes());
         v.extend_from_slice(&(32 * MIB + 5).to_le_bytes());
         let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
-        let want =
-            S3State { schedule: Schedule::Fixed(16 * MIB), multipart: Some("m".into()), parts: vec![(2, "e1".into()), (4, "e2".into())], tail: vec![(Some(7), 32 * MIB + 5)] };
+        let want = S3State {
+            schedule: Schedule::Fixed(16 * MIB),
+            multipart: Some("m".into()),
+            parts: vec![(2, "e1".into()), (4, "e2".into())],
+            tail: vec![(Some(7), 32 * MIB + 5)],
+            numbering: None,
+        };
         assert_eq!(st, want);
         assert_eq!(S3State::decode(&st.encode()).unwrap(), Some(want));
     }
 
     #[test]
     fn the_part_list_is_kept_beside_the_row_and_a_checkpoint_appends_to_it() {
-        let mut st = S3State { schedule: Schedule::Fixed(16 * MIB), multipart: Some("m".into()), parts: vec![(1, "e1".into())], tail: vec![] };
+        let mut st = S3State { multipart: Some("m".into()), parts: vec![(1, "e1".into())], ..S3State::fixed(16 * MIB, 0) };
+        st.numbering = Some(Numbering { next: 5, ..Numbering::new(100) });
         let one = st.encode();
         st.parts.push((4, "e2".into()));
         st.tail.push((Some(3), 32 * MIB + 9));
         let two = st.encode();
         // The row keeps no part; it grows with neither parts nor their content ids.
         assert_eq!(one.row().len(), two.row().len() - 16, "only the tail segment adds to the row");
+        // A numbering moved on (a failed writer's, [`crate::blob::BlobWriter::amend`]) changes the row only.
+        let mut moved = st.clone();
+        moved.numbering = Some(Numbering { next: 7, ..Numbering::new(100) });
+        assert_eq!(moved.encode().entries_from(&two), None);
         assert!(BlobState(two.row().to_vec()).lacks_entries());
         assert!(matches!(S3State::decode(&BlobState(two.row().to_vec())), Err(BlobError::BadState)), "a row alone is not a state");
         // What the catalog keeps beside the row joins back to the whole state.
@@ -490,7 +646,7 @@ mod tests {
         // The second checkpoint appends one entry; a rollback to no part replaces them all.
         assert_eq!(two.entries_from(&one), Some(1));
         assert_eq!(two.entries_from(&two), None);
-        let none = S3State::new(Schedule::Fixed(16 * MIB)).encode();
+        let none = S3State::fixed(16 * MIB, 0).encode();
         assert_eq!(none.entries_from(&two), Some(0));
         assert_eq!(BlobState::default().entries_from(&two), Some(0));
         // Cut or overlong framed states are refused.

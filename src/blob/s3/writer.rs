@@ -34,7 +34,7 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB};
+use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS};
 use super::{bounded, deadline_for, io, is_not_found, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 
@@ -55,18 +55,22 @@ const FEED_WAIT: Duration = Duration::from_secs(5);
 struct Streaming {
     /// Index (0-based) of the part it sends: always the open part's.
     idx: u64,
+    /// Its part number, and the one kept for sending the part whole should the stream fail
+    /// (a number is sent once: [`super::state::Numbering`]).
+    number: u32,
+    fallback: u32,
     /// Feeds the request's body; `None` once the request stopped taking bytes (it failed: the
     /// part is then sent whole when full).
     feed: Option<tokio::sync::mpsc::Sender<Bytes>>,
     task: tokio::task::JoinHandle<BlobResult<PartId>>,
 }
 
-/// A full part on its way to S3, in a task of its own.
+/// A full part on its way to S3, in a task of its own, which answers with the number the part
+/// was stored under (its stream's, or the whole part's after a stream failed).
 struct Sending {
-    number: u32,
     /// The part's bytes, put back in front of the open part if it is not stored.
     data: Bytes,
-    task: tokio::task::JoinHandle<BlobResult<PartId>>,
+    task: tokio::task::JoinHandle<BlobResult<(u32, PartId)>>,
 }
 
 /// Store-wide bound on the bytes of open parts, in MiB permits.
@@ -182,10 +186,18 @@ pub(super) struct S3Writer {
 impl S3Writer {
     pub(super) fn new(store: Arc<Inner>, id: &str, st: S3State, buf: BytesMut, known: Vec<Segment>, lease: &WriteLease) -> S3Writer {
         let history = vec![known.clone()];
+        S3Writer::with_part(store, id, OpenPart { st, buf, known, history, permit: None }, lease)
+    }
+
+    /// A writer of `part` (opened from a committed state, or parked by an earlier writer of
+    /// this process): its numbering skips what holders that never let go may have sent
+    /// ([`super::state::Numbering::open`]).
+    pub(super) fn with_part(store: Arc<Inner>, id: &str, mut part: OpenPart, lease: &WriteLease) -> S3Writer {
+        part.st.numbering = part.st.numbering.map(|n| n.open(lease.generation));
         S3Writer {
             store,
             id: id.to_string(),
-            part: OpenPart { st, buf, known, history, permit: None },
+            part,
             lease: lease.clone(),
             broken: false,
             completed_len: None,
@@ -212,12 +224,12 @@ impl S3Writer {
         let schedule = self.part.st.schedule;
         let idx = self.filling();
         let size = schedule.size(idx);
-        let number = part_number(schedule, idx, self.lease.generation);
         let fills = schedule.start(idx).saturating_add(size) <= self.expected;
-        if !self.store.stream_parts || self.streaming.is_some() || idx < self.stream_from || !fills || u64::from(number) > MAX_PARTS {
+        if !self.store.stream_parts || self.streaming.is_some() || idx < self.stream_from || !fills || !self.numbers_to_spare(idx) {
             return Ok(());
         }
         let mp = self.ensure_multipart().await?;
+        let (number, fallback) = (self.take_number(idx)?, self.take_number(idx)?);
         let holds = self.lease.check();
         self.guard(holds)?;
         let (feed, body) = tokio::sync::mpsc::channel(FEED_DEPTH);
@@ -228,7 +240,7 @@ impl S3Writer {
         let (s, lease) = (self.store.clone(), self.lease.clone());
         let path = s.object(&self.id);
         let task = tokio::spawn(async move { lease.run(s.stream_part(&path, &mp, number, size, body)).await });
-        self.streaming = Some(Streaming { idx, feed: Some(feed), task });
+        self.streaming = Some(Streaming { idx, number, fallback, feed: Some(feed), task });
         Ok(())
     }
 
@@ -257,6 +269,40 @@ impl S3Writer {
         self.part.st.parts_end()
     }
 
+    /// Most parts this upload can have: its size hint in parts of its size (every part but the
+    /// last has it), or [`PART_SLOTS`] when unknown.
+    fn most_parts(&self) -> u64 {
+        let size = self.part.st.schedule.size(self.filling()).max(1);
+        match self.lease.size_hint {
+            0 => PART_SLOTS,
+            hint => hint.div_ceil(size).clamp(1, MAX_PARTS),
+        }
+    }
+
+    /// The number of the next attempt at part `idx`, never sent before ([`super::state::Numbering::take`];
+    /// states of versions 2–4: [`part_number`]). Errors when S3's 10 000 numbers cannot hold it.
+    fn take_number(&mut self, idx: u64) -> BlobResult<u32> {
+        let most = self.most_parts();
+        let after = self.part.st.parts.last().map_or(0, |p| p.0);
+        let number = match self.part.st.numbering.as_mut() {
+            Some(n) => n.take(idx, most, after),
+            None => Some(part_number(self.part.st.schedule, idx, self.lease.generation)).filter(|&n| u64::from(n) <= MAX_PARTS),
+        };
+        number.ok_or_else(|| BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")))
+    }
+
+    /// Whether part `idx` can be streamed: a stream takes two numbers (its own and the whole
+    /// part's, should it fail), which must leave room for the parts after it.
+    fn numbers_to_spare(&self, idx: u64) -> bool {
+        match self.part.st.numbering {
+            Some(n) => {
+                let to_come = self.most_parts().max(idx + 1).min(MAX_PARTS) - idx - 1;
+                u64::from(n.next) + 1 + to_come <= MAX_PARTS
+            }
+            None => u64::from(part_number(self.part.st.schedule, idx, self.lease.generation)) <= MAX_PARTS,
+        }
+    }
+
     /// Index of the part `part.buf` fills: after the stored parts and those on their way.
     fn filling(&self) -> u64 {
         (self.part.st.parts.len() + self.sending.len()) as u64
@@ -274,8 +320,8 @@ impl S3Writer {
                 Err(e) => Err(BlobError::Io(std::io::Error::other(format!("sending a part to S3 stopped: {e}")))),
             };
             match stored {
-                Ok(pid) => {
-                    self.part.st.parts.push((next.number, pid.content_id));
+                Ok((number, pid)) => {
+                    self.part.st.parts.push((number, pid.content_id));
                     self.part.st.tail.clear();
                 }
                 Err(e) => {
@@ -370,10 +416,6 @@ impl S3Writer {
             if (self.part.buf.len() as u64) < size {
                 break;
             }
-            let number = part_number(self.part.st.schedule, idx, self.lease.generation);
-            if u64::from(number) > MAX_PARTS {
-                return Err(BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")));
-            }
             let most = self.store.parts_in_flight.max(1);
             if self.sending.len() >= most {
                 self.settle(most - 1).await?;
@@ -382,13 +424,10 @@ impl S3Writer {
             let mp = MultipartId::from(self.ensure_multipart().await?);
             let holds = self.lease.check();
             self.guard(holds)?;
-            let data = self.part.buf.split_to(size as usize).freeze();
-            let (s, lease, permit) = (self.store.clone(), self.lease.clone(), self.part.permit.take());
-            let path = s.object(&self.id);
-            let payload = PutPayload::from(data.clone());
-            // The part's stream has had every byte: its body ends here (the sender goes).
+            // The part's stream has had every byte: its body ends here (the sender goes), and
+            // should it fail the part goes whole under the number kept for that.
             let streamed = match self.streaming.take() {
-                Some(st) if st.idx == idx => Some(st.task),
+                Some(st) if st.idx == idx => Some(st),
                 other => {
                     if let Some(st) = other {
                         st.task.abort();
@@ -396,6 +435,18 @@ impl S3Writer {
                     None
                 }
             };
+            let (number, whole) = match &streamed {
+                Some(st) => (st.number, st.fallback),
+                None => {
+                    let n = self.take_number(idx)?;
+                    (n, n)
+                }
+            };
+            let data = self.part.buf.split_to(size as usize).freeze();
+            let (s, lease, permit) = (self.store.clone(), self.lease.clone(), self.part.permit.take());
+            let path = s.object(&self.id);
+            let payload = PutPayload::from(data.clone());
+            let streamed = streamed.map(|st| st.task);
             let task = tokio::spawn(async move {
                 // S3's answer to a streamed part is awaited as long as a whole part's would be,
                 // from its last byte; one that fails otherwise is sent again whole.
@@ -404,7 +455,7 @@ impl S3Writer {
                     Some(stream) => {
                         let abort = stream.abort_handle();
                         match tokio::time::timeout(deadline_for(size), stream).await {
-                            Ok(Ok(Ok(pid))) => Some(Ok(pid)),
+                            Ok(Ok(Ok(pid))) => Some(Ok((number, pid))),
                             Ok(Ok(Err(e @ (BlobError::Cut | BlobError::LeaseLost)))) => Some(Err(e)),
                             Ok(Ok(Err(e))) => {
                                 tracing::debug!(part = number, error = %e, "a streamed part failed; sending it whole");
@@ -423,12 +474,15 @@ impl S3Writer {
                 };
                 let sent = match streamed {
                     Some(done) => done,
-                    None => lease.run(async { bounded(deadline_for(size), s.s3.put_part(&path, &mp, number as usize - 1, payload)).await.map_err(part_error) }).await,
+                    None => lease
+                        .run(async { bounded(deadline_for(size), s.s3.put_part(&path, &mp, whole as usize - 1, payload)).await.map_err(part_error) })
+                        .await
+                        .map(|pid| (whole, pid)),
                 };
                 drop(permit);
                 sent
             });
-            self.sending.push_back(Sending { number, data, task });
+            self.sending.push_back(Sending { data, task });
         }
         if !self.part.buf.is_empty() {
             self.reserve().await?;
@@ -461,7 +515,7 @@ impl S3Writer {
         if !self.part.buf.is_empty() {
             // The open part becomes the last one (S3 allows the last part to be short).
             let data = self.part.buf.clone().freeze();
-            let number = part_number(self.part.st.schedule, parts.len() as u64, self.lease.generation);
+            let number = self.take_number(parts.len() as u64)?;
             let sent = self
                 .lease
                 .run(async { bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone()))).await.map_err(part_error) })
@@ -625,6 +679,23 @@ impl BlobWriter for S3Writer {
         self.guard(cleaned)?;
         // The completed object is all a reader needs: no part list in the finished row.
         Ok(Some(BlobState::default()))
+    }
+
+    fn amend(&self, committed: &BlobState) -> Option<BlobState> {
+        let mine = self.part.st.numbering?;
+        let mut st = S3State::decode(committed).ok()??;
+        // Numbers count within one multipart upload: parts of one this writer created (the
+        // committed state has none yet) are never completed, and the next writer makes its own.
+        if st.multipart.is_none() || st.multipart != self.part.st.multipart {
+            return None;
+        }
+        let n = st.numbering.as_mut()?;
+        if mine.next <= n.next && mine.generation <= n.generation {
+            return None;
+        }
+        n.next = n.next.max(mine.next);
+        n.generation = n.generation.max(mine.generation);
+        Some(st.encode())
     }
 
     fn position(&self) -> u64 {
