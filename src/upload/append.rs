@@ -315,7 +315,7 @@ impl Appender {
         }
     }
 
-    /// After a failure, before the lease goes: commit the last committed state amended with
+    /// After a failure or a discard, before the lease goes: commit the last committed state amended with
     /// what the writer sent that may still be on its way to the store ([`crate::blob::BlobWriter::amend`]:
     /// S3 part numbers a later writer must not use again), at the same offset and midstate,
     /// under this writer's fence — also when it was cut, since its lease is still held then.
@@ -504,6 +504,9 @@ impl Appender {
             return Err(self.released(e).await);
         }
         self.hasher.reset(self.committed.1.clone());
+        // What was sent of the discarded bytes (a streamed part given up may still be on its
+        // way) keeps its store names from the next writer.
+        self.note_in_transit().await;
         Ok(())
     }
 

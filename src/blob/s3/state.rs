@@ -234,6 +234,15 @@ impl S3State {
         S3State { schedule, multipart: None, parts: Vec::new(), tail: Vec::new(), numbering: Some(numbering) }
     }
 
+    /// Ready the numbering for a writer of `generation` ([`Numbering::open`]). Numbers count
+    /// within one multipart upload: before there is one, no stale writer's part can collide
+    /// with this writer's (a multipart upload a writer created without committing it is never
+    /// completed), so the numbering starts afresh under this generation.
+    pub(crate) fn open_numbering(&mut self, generation: u64) {
+        let fresh = self.multipart.is_none();
+        self.numbering = self.numbering.map(|n| if fresh { Numbering { generation, ..Numbering::new(n.window) } } else { n.open(generation) });
+    }
+
     /// A new blob in fixed parts of `size` bytes, whose writers commit every `commit_every`
     /// bytes ([`crate::blob::WriteLease::commit_every`]).
     pub(crate) fn fixed(size: u64, commit_every: u64) -> S3State {
@@ -510,6 +519,16 @@ mod tests {
         assert_eq!(taker, Numbering { next: 4 + 2 * MIN_STALE_WINDOW, generation: 2, window: MIN_STALE_WINDOW });
         // An older writer's view never moves the numbering back.
         assert_eq!(taker.open(1), taker);
+    }
+
+    #[test]
+    fn a_writer_before_the_multipart_upload_exists_skips_nothing() {
+        let mut st = S3State::fixed(16 * MIB, 0);
+        st.open_numbering(7);
+        assert_eq!(st.numbering, Some(Numbering { next: 1, generation: 7, window: MIN_STALE_WINDOW }));
+        st.multipart = Some("m".into());
+        st.open_numbering(8);
+        assert_eq!(st.numbering.map(|n| n.next), Some(1 + MIN_STALE_WINDOW), "one holder since never let go");
     }
 
     #[test]

@@ -191,9 +191,9 @@ impl S3Writer {
 
     /// A writer of `part` (opened from a committed state, or parked by an earlier writer of
     /// this process): its numbering skips what holders that never let go may have sent
-    /// ([`super::state::Numbering::open`]).
+    /// ([`S3State::open_numbering`]).
     pub(super) fn with_part(store: Arc<Inner>, id: &str, mut part: OpenPart, lease: &WriteLease) -> S3Writer {
-        part.st.numbering = part.st.numbering.map(|n| n.open(lease.generation));
+        part.st.open_numbering(lease.generation);
         S3Writer {
             store,
             id: id.to_string(),
