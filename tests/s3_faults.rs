@@ -411,6 +411,74 @@ async fn fault5_a_writer_that_lost_its_lease_changes_nothing_in_the_bucket() {
     t.finish_on_b().await;
 }
 
+/// A stale writer on replica `i`: its PATCH of `url` from `from` carries `bytes` (other than
+/// the client's) until its UploadPart is held in the network; then the replica is frozen
+/// (SIGSTOP). Returns the hold, the PATCH and its feeder.
+async fn frozen_with_a_part_held(
+    rig: &Rig,
+    i: usize,
+    url: &str,
+    from: usize,
+    bytes: Vec<u8>,
+) -> (Hold, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>, tokio::task::JoinHandle<()>) {
+    let hold = rig.proxies[i].hold(Kind::UploadPart, &id_of(url), HoldAt::Request);
+    let (tx, pending) = streaming_patch(url, from as u64);
+    let feeder = tokio::spawn(async move {
+        for piece in bytes.chunks(256 << 10) {
+            if tx.send(Bytes::copy_from_slice(piece)).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("the stale writer uploads part 2");
+    rig.signal(i, "STOP");
+    (hold, pending, feeder)
+}
+
+/// Fault 5 twice in a row (the chain two numbers per part could not cover): replica A's
+/// UploadPart of part 2 is held in the network while A is frozen past its lease; replica B
+/// takes over and does the same; replica C takes over and writes the client's bytes (204).
+/// Then both stale parts reach S3 and A and B wake: neither PATCH is acknowledged, and the
+/// file holds exactly what C was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault5_a_chain_of_two_takeovers_with_parts_on_their_way_never_mixes_parts() {
+    let rig = Rig::start(3, &[]).await;
+    let (a, b, c) = (rig.tus(0), rig.tus(1), rig.tus(2));
+    let len = 14 * MIB + 99;
+    let good = pseudo_random(len, 0x71);
+    let url = a.create(len as u64).await;
+    let id = id_of(&url);
+    let (url_b, url_c) = (b.abs(&format!("/files/{id}")), c.abs(&format!("/files/{id}")));
+    let first = 6 * MIB + 7;
+    assert_eq!(a.patch(&url, 0, good[..first].to_vec(), &[]).await.status(), 204);
+    let until = 10 * MIB + 300_000;
+    let stale_a = frozen_with_a_part_held(&rig, 0, &url, first, pseudo_random(len, 0x72)[first..until].to_vec()).await;
+    assert_eq!(offset_when_free(&b, &url_b).await, first as u64, "B resumes from A's last commit");
+    let stale_b = frozen_with_a_part_held(&rig, 1, &url_b, first, pseudo_random(len, 0x73)[first..until].to_vec()).await;
+    assert_eq!(offset_when_free(&c, &url_c).await, first as u64, "C resumes from A's last commit");
+    assert_eq!(c.patch(&url_c, first as u64, good[first..until].to_vec(), &[]).await.status(), 204);
+    // Both stale parts reach S3, and A and B run again.
+    for (i, (hold, pending, feeder)) in [stale_a, stale_b].into_iter().enumerate() {
+        hold.release();
+        rig.signal(i, "CONT");
+        let late = tokio::time::timeout(Duration::from_secs(60), pending).await.expect("the stale PATCH ends").unwrap();
+        feeder.abort();
+        if let Ok(r) = late {
+            assert!(!r.status().is_success(), "a writer that lost its lease had its PATCH acknowledged: {}", r.status());
+        }
+    }
+    for proxy in &rig.proxies[..2] {
+        let landed = eventually(60, || async { proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id)).all(|s| s.status != 0) }).await;
+        assert!(landed, "the held parts reached S3: {:?}", proxy.seen());
+    }
+    let off = offset_when_free(&c, &url_c).await;
+    assert_eq!(off, until as u64, "C's commit stands");
+    let r = c.patch(&url_c, off, good[until..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
+    let got = client().get(&url_c).send().await.unwrap().bytes().await.unwrap();
+    assert!(got.len() == good.len() && sha256_hex(&got) == sha256_hex(&good), "the finished file holds a stale writer's bytes");
+}
+
 /// A part number is sent once (the three-replica break-it run's rollback to 0). The client's
 /// PATCH is writing part 2 when its UploadPart is held in the network; the client sends the
 /// same range again, the first PATCH's writer is asked to let go and is cut while its part is
