@@ -53,6 +53,66 @@ async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns()
     assert_eq!(tus.post(&[("Upload-Length", "10")]).await.status(), 201);
 }
 
+/// A database that stops answering without closing its connections (a partition where packets
+/// vanish, a stalled proxy; a three-replica break-it run saw requests held 25 and 90 s). A PATCH
+/// is checkpointing every 64 KiB when the database goes silent, so its next statements go to a
+/// connection in use, with no ping before them: it is answered `503 unavailable` (retryable)
+/// while the database is still silent — every catalog call has a deadline — not held for the
+/// outage. Once the database answers again (the statements held meanwhile reach it then), the
+/// upload resumes from the offset HEAD gives and the file is exactly what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_that_stops_answering_is_reported_not_waited_out() {
+    let (_db, proxy, url) = proxied_catalog().await;
+    let s = Server::start(&["--catalog", url.as_str(), "--checkpoint-every", "64KiB"]);
+    let tus = Tus::new(&s);
+    let data = pseudo_random(1 << 20, 25);
+    let upload = tus.create(data.len() as u64).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
+    let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
+    let patch = client()
+        .patch(&upload)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", "0")
+        .header("Content-Length", data.len().to_string())
+        .body(body)
+        .send();
+    let patch = tokio::spawn(patch);
+    let sender = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            for (i, piece) in data.chunks(64 << 10).enumerate() {
+                if i == 6 {
+                    // The database goes silent while the PATCH checkpoints.
+                    proxy.hang(true);
+                }
+                if tx.send(bytes::Bytes::copy_from_slice(piece)).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            proxy
+        })
+    };
+    // The database stays silent for up to 120 s; the PATCH must be answered before that.
+    let answered = match tokio::time::timeout(Duration::from_secs(120), patch).await {
+        Ok(r) => r.unwrap().unwrap_or_else(|e| panic!("the PATCH was not answered while the database was silent: {e}")),
+        Err(_) => panic!("the PATCH was held for the whole outage"),
+    };
+    let proxy = sender.await.unwrap();
+    let p = problem(answered, 503, "unavailable").await;
+    assert_eq!(p["retryable"], true, "{p}");
+    let create = tokio::time::timeout(Duration::from_secs(120), tus.post(&[("Upload-Length", "10")])).await.expect("a creation was held for the whole outage");
+    problem(create, 503, "unavailable").await;
+    proxy.hang(false);
+    let offset = offset_once_back(&tus, &upload).await;
+    assert!(offset <= data.len() as u64, "HEAD after the outage: {offset}");
+    if offset < data.len() as u64 {
+        assert_eq!(tus.patch(&upload, offset, data[offset as usize..].to_vec(), &[]).await.status(), 204);
+    }
+    assert_eq!(tus.download(&upload).await, data);
+}
+
 /// The database itself refuses ferry (`ALLOW_CONNECTIONS false`, its connections ended: "database
 /// … is not currently accepting connections", SQLSTATE 55000) — as an administrator closing it
 /// for maintenance does. Requests get `503 unavailable`, retryable, not `500 internal`; once it

@@ -41,6 +41,22 @@ const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 /// `retryable: true`) instead of hanging while the database is away.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Longest one catalog call (a statement or a transaction, with the wait for its connection)
+/// may take before it fails `Unavailable` (503, `retryable: true`): a database that stops
+/// answering without closing its connections — a network partition, a stalled proxy — is
+/// reported to the client rather than waited out. Its connection goes back to the pool, which
+/// pings it before reuse (sqlx), so one that answers again later is kept. Statements here take
+/// milliseconds; the bound is for outages, not for load.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
+
+/// `call` within [`CALL_DEADLINE`].
+pub(super) async fn within<T>(call: impl std::future::Future<Output = CatalogResult<T>>) -> CatalogResult<T> {
+    match tokio::time::timeout(CALL_DEADLINE, call).await {
+        Ok(r) => r,
+        Err(_) => Err(CatalogError::Unavailable(format!("PostgreSQL did not answer within {} s", CALL_DEADLINE.as_secs()).into())),
+    }
+}
+
 /// How long start-up waits for the first connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -404,280 +420,365 @@ impl PostgresCatalog {
 #[async_trait]
 impl Catalog for PostgresCatalog {
     async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()> {
-        self.insert(rec, None).await
+        within(async { self.insert(rec, None).await }).await
     }
 
     async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
-        // The unique index decides between concurrent holders of the key (`sql::create_keyed`).
-        super::sql::create_keyed(|| self.insert(rec, Some(key)), || self.by_creation_key(&rec.principal, &key.key), || async { Ok(self.get_upload(&rec.id).await?.is_some()) })
-            .await
+        within(async {
+            // The unique index decides between concurrent holders of the key (`sql::create_keyed`).
+            super::sql::create_keyed(|| self.insert(rec, Some(key)), || self.by_creation_key(&rec.principal, &key.key), || async { Ok(self.get_upload(&rec.id).await?.is_some()) })
+                .await
+        })
+        .await
     }
 
     async fn create_upload_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<KeyedCreate> {
-        let Some(key) = key else {
-            return self.insert_within(rec, None, quota).await.map(|()| KeyedCreate::Created);
-        };
-        super::sql::create_keyed(
-            || self.insert_within(rec, Some(key), quota),
-            || self.by_creation_key(&rec.principal, &key.key),
-            || async { Ok(self.get_upload(&rec.id).await?.is_some()) },
-        )
+        within(async {
+            let Some(key) = key else {
+                return self.insert_within(rec, None, quota).await.map(|()| KeyedCreate::Created);
+            };
+            super::sql::create_keyed(
+                || self.insert_within(rec, Some(key), quota),
+                || self.by_creation_key(&rec.principal, &key.key),
+                || async { Ok(self.get_upload(&rec.id).await?.is_some()) },
+            )
+            .await
+        })
         .await
     }
 
     async fn usage(&self, principal: &str, now_ms: i64) -> CatalogResult<Usage> {
-        usage_on(&self.pool, principal, now_ms).await
+        within(async { usage_on(&self.pool, principal, now_ms).await }).await
     }
 
     async fn upload_by_creation_key(&self, principal: &str, key: &str) -> CatalogResult<Option<(UploadRecord, String)>> {
-        self.by_creation_key(principal, key).await
+        within(async { self.by_creation_key(principal, key).await }).await
     }
 
     async fn announce_upload(&self, id: &str) -> CatalogResult<()> {
-        sqlx::query(st::ANNOUNCE.pg).bind(id).execute(&self.pool).await?;
-        Ok(())
+        within(async {
+            sqlx::query(st::ANNOUNCE.pg).bind(id).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn withdraw_upload(&self, id: &str) -> CatalogResult<bool> {
-        let done = sqlx::query(st::WITHDRAW.pg).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        within(async {
+            let done = sqlx::query(st::WITHDRAW.pg).bind(id).execute(&self.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<super::Reservation> {
-        let principal: Option<String> = sqlx::query_scalar("SELECT principal FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
-        let Some(principal) = principal else { return Err(CatalogError::NotFound) };
-        let mut tx = self.pool.begin().await?;
-        let out: CatalogResult<Tx<_>> = async {
-            // The lock `insert_within` takes: creations and reservations of one principal, on
-            // every replica, are decided one after the other.
-            sqlx::query(QUOTA_LOCK).bind(&principal).execute(&mut *tx).await?;
-            let row = sqlx::query(st::RESERVATION_ROW.pg).bind(id).fetch_optional(&mut *tx).await?;
-            let Some(row) = row else { return Err(CatalogError::NotFound) };
-            let n = |v: i64| v.max(0) as u64;
-            let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
-            let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
-            let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
-            sqlx::query(st::SET_RESERVATION.pg).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
-            Ok(Tx::Commit(r))
-        }
-        .await;
-        settle(tx, out).await
+        within(async {
+            let principal: Option<String> = sqlx::query_scalar("SELECT principal FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+            let Some(principal) = principal else { return Err(CatalogError::NotFound) };
+            let mut tx = self.pool.begin().await?;
+            let out: CatalogResult<Tx<_>> = async {
+                // The lock `insert_within` takes: creations and reservations of one principal, on
+                // every replica, are decided one after the other.
+                sqlx::query(QUOTA_LOCK).bind(&principal).execute(&mut *tx).await?;
+                let row = sqlx::query(st::RESERVATION_ROW.pg).bind(id).fetch_optional(&mut *tx).await?;
+                let Some(row) = row else { return Err(CatalogError::NotFound) };
+                let n = |v: i64| v.max(0) as u64;
+                let (offset, length, reserved_to) =
+                    (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
+                let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
+                let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
+                sqlx::query(st::SET_RESERVATION.pg).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
+                Ok(Tx::Commit(r))
+            }
+            .await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn release_upload_bytes(&self, id: &str, nonce: &str) -> CatalogResult<()> {
-        sqlx::query(st::RELEASE_RESERVATION.pg).bind(id).bind(nonce).execute(&self.pool).await?;
-        Ok(())
+        within(async {
+            sqlx::query(st::RELEASE_RESERVATION.pg).bind(id).bind(nonce).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        let rows = match scope {
-            PrincipalScope::Only(p) => sqlx::query(st::FINISHED_BEFORE_OF.pg).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?,
-            PrincipalScope::AllExcept(ps) => sqlx::query(st::FINISHED_BEFORE_EXCEPT_PG.pg).bind(finished_before_ms).bind(ps).bind(limit as i64).fetch_all(&self.pool).await?,
-        };
-        rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
+        within(async {
+            let rows = match scope {
+                PrincipalScope::Only(p) => sqlx::query(st::FINISHED_BEFORE_OF.pg).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?,
+                PrincipalScope::AllExcept(ps) => sqlx::query(st::FINISHED_BEFORE_EXCEPT_PG.pg).bind(finished_before_ms).bind(ps).bind(limit as i64).fetch_all(&self.pool).await?,
+            };
+            rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
+        })
+        .await
     }
 
     async fn expire_finished_if_due(&self, id: &str, finished_before_ms: i64, now_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.pg).bind(now_ms).bind(id).bind(finished_before_ms).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        within(async {
+            let done = sqlx::query(st::EXPIRE_FINISHED_IF_DUE.pg).bind(now_ms).bind(id).bind(finished_before_ms).execute(&self.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn get_upload(&self, id: &str) -> CatalogResult<Option<UploadRecord>> {
-        let row = sqlx::query(st::GET_UPLOAD.pg).bind(id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(row_to_record).transpose()
+        within(async {
+            let row = sqlx::query(st::GET_UPLOAD.pg).bind(id).fetch_optional(&self.pool).await?;
+            row.as_ref().map(row_to_record).transpose()
+        })
+        .await
     }
 
     async fn upload_blob_state(&self, id: &str) -> CatalogResult<Option<Vec<u8>>> {
-        // One statement, so the row and its entries come from one snapshot.
-        let rows = sqlx::query(st::BLOB_STATE.pg).bind(id).fetch_all(&self.pool).await?;
-        join_blob_state(rows.iter().map(|r| r.try_get::<Vec<u8>, _>(0)).collect::<Result<Vec<_>, _>>()?)
+        within(async {
+            // One statement, so the row and its entries come from one snapshot.
+            let rows = sqlx::query(st::BLOB_STATE.pg).bind(id).fetch_all(&self.pool).await?;
+            join_blob_state(rows.iter().map(|r| r.try_get::<Vec<u8>, _>(0)).collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
     }
 
     async fn acquire_fence(&self, id: &str) -> CatalogResult<u64> {
-        let fence: Option<i64> = sqlx::query_scalar(st::ACQUIRE_FENCE.pg).bind(id).fetch_optional(&self.pool).await?;
-        fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
+        within(async {
+            let fence: Option<i64> = sqlx::query_scalar(st::ACQUIRE_FENCE.pg).bind(id).fetch_optional(&self.pool).await?;
+            fence.map(|f| f as u64).ok_or(CatalogError::NotFound)
+        })
+        .await
     }
 
     async fn checkpoint(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let (row, entries) = crate::framed::split(&cp.blob_state);
-        let (offset, length, fence) = (to_i64(cp.offset)?, cp.length.map(to_i64).transpose()?, to_i64(fence)?);
-        let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-            q.bind(offset)
-                .bind(cp.hash_state.clone())
-                .bind(row.to_vec())
-                .bind(length)
-                .bind(cp.finished_sha256.map(|d| d.to_vec()))
-                .bind(cp.now_ms)
-                .bind(cp.expires_at_ms)
-                .bind(id.to_string())
-                .bind(fence)
-        };
-        let changed = self.update_with_entries((st::CHECKPOINT.pg, st::CHECKPOINT_WITH_ENTRIES_PG.pg), bind, cp.blob_entries_from, &entries).await?;
-        self.fenced_or_missing(id, changed).await
+        within(async {
+            let (row, entries) = crate::framed::split(&cp.blob_state);
+            let (offset, length, fence) = (to_i64(cp.offset)?, cp.length.map(to_i64).transpose()?, to_i64(fence)?);
+            let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+                q.bind(offset)
+                    .bind(cp.hash_state.clone())
+                    .bind(row.to_vec())
+                    .bind(length)
+                    .bind(cp.finished_sha256.map(|d| d.to_vec()))
+                    .bind(cp.now_ms)
+                    .bind(cp.expires_at_ms)
+                    .bind(id.to_string())
+                    .bind(fence)
+            };
+            let changed = self.update_with_entries((st::CHECKPOINT.pg, st::CHECKPOINT_WITH_ENTRIES_PG.pg), bind, cp.blob_entries_from, &entries).await?;
+            self.fenced_or_missing(id, changed).await
+        })
+        .await
     }
 
     async fn mark_expired(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(st::MARK_EXPIRED.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
-        if done.rows_affected() == 1 {
-            return Ok(true);
-        }
-        match self.get_upload(id).await? {
-            None => Err(CatalogError::NotFound),
-            Some(_) => Ok(false),
-        }
+        within(async {
+            let done = sqlx::query(st::MARK_EXPIRED.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
+            if done.rows_affected() == 1 {
+                return Ok(true);
+            }
+            match self.get_upload(id).await? {
+                None => Err(CatalogError::NotFound),
+                Some(_) => Ok(false),
+            }
+        })
+        .await
     }
 
     async fn expire_if_due(&self, id: &str, now_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(st::EXPIRE_IF_DUE.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        within(async {
+            let done = sqlx::query(st::EXPIRE_IF_DUE.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool> {
-        let done = sqlx::query(st::DELETE_UPLOAD.pg).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
+        within(async {
+            let done = sqlx::query(st::DELETE_UPLOAD.pg).bind(id).execute(&self.pool).await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
-        let done = sqlx::query(st::DELETE_TOMBSTONE.pg).bind(id).bind(before_ms).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
+        within(async {
+            let done = sqlx::query(st::DELETE_TOMBSTONE.pg).bind(id).bind(before_ms).execute(&self.pool).await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn reopen_upload(&self, id: &str, fence: u64, cp: &Checkpoint) -> CatalogResult<()> {
-        let (row, entries) = crate::framed::split(&cp.blob_state);
-        let (offset, fence) = (to_i64(cp.offset)?, to_i64(fence)?);
-        let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-            q.bind(offset).bind(cp.hash_state.clone()).bind(row.to_vec()).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id.to_string()).bind(fence)
-        };
-        let changed = self.update_with_entries((st::REOPEN.pg, st::REOPEN_WITH_ENTRIES_PG.pg), bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
-        self.fenced_or_missing(id, changed).await
+        within(async {
+            let (row, entries) = crate::framed::split(&cp.blob_state);
+            let (offset, fence) = (to_i64(cp.offset)?, to_i64(fence)?);
+            let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+                q.bind(offset).bind(cp.hash_state.clone()).bind(row.to_vec()).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id.to_string()).bind(fence)
+            };
+            let changed = self.update_with_entries((st::REOPEN.pg, st::REOPEN_WITH_ENTRIES_PG.pg), bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+            self.fenced_or_missing(id, changed).await
+        })
+        .await
     }
 
     async fn acquire_upload_lease(&self, id: &str, owner: &str, ttl_ms: i64) -> CatalogResult<LeaseOutcome> {
-        // A concurrent taker waits for the row lock, then re-checks the WHERE against the
-        // winner's row: Held.
-        let mut conn = self.hot.take().await?;
-        let row = sqlx::query(st::ACQUIRE_LEASE.pg).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&mut *conn).await;
-        self.hot.give_back(conn, &row);
-        let row = row?;
-        if let Some(r) = row {
-            return Ok(LeaseOutcome::Granted(LeaseGrant {
-                fence: r.try_get::<i64, _>(0)? as u64,
-                expires_at_ms: r.try_get(1)?,
-                takeovers: r.try_get::<i64, _>(2)? as u64,
-                row: row_to_record(&r).ok().map(Box::new),
-            }));
-        }
-        let row = sqlx::query(st::LEASE_HOLDER.pg).bind(id).fetch_optional(&self.pool).await?;
-        match row {
-            Some(r) if !r.try_get::<bool, _>(2)? => {
-                Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
+        within(async {
+            // A concurrent taker waits for the row lock, then re-checks the WHERE against the
+            // winner's row: Held.
+            let mut conn = self.hot.take().await?;
+            let row = sqlx::query(st::ACQUIRE_LEASE.pg).bind(owner).bind(ttl_ms).bind(id).fetch_optional(&mut *conn).await;
+            self.hot.give_back(conn, &row);
+            let row = row?;
+            if let Some(r) = row {
+                return Ok(LeaseOutcome::Granted(LeaseGrant {
+                    fence: r.try_get::<i64, _>(0)? as u64,
+                    expires_at_ms: r.try_get(1)?,
+                    takeovers: r.try_get::<i64, _>(2)? as u64,
+                    row: row_to_record(&r).ok().map(Box::new),
+                }));
             }
-            _ => Err(CatalogError::NotFound),
-        }
+            let row = sqlx::query(st::LEASE_HOLDER.pg).bind(id).fetch_optional(&self.pool).await?;
+            match row {
+                Some(r) if !r.try_get::<bool, _>(2)? => {
+                    Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
+                }
+                _ => Err(CatalogError::NotFound),
+            }
+        })
+        .await
     }
 
     async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
-        let until: Option<i64> = sqlx::query_scalar(st::RENEW_LEASE.pg).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
-        match until {
-            Some(t) => Ok(t),
-            None => self.fenced_or_missing(id, 0).await.map(|_| 0),
-        }
+        within(async {
+            let until: Option<i64> = sqlx::query_scalar(st::RENEW_LEASE.pg).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
+            match until {
+                Some(t) => Ok(t),
+                None => self.fenced_or_missing(id, 0).await.map(|_| 0),
+            }
+        })
+        .await
     }
 
     async fn touch_upload(&self, id: &str, fence: u64, expires_at_ms: i64) -> CatalogResult<()> {
-        let done = sqlx::query(st::TOUCH.pg).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
-        self.fenced_or_missing(id, done.rows_affected()).await
+        within(async {
+            let done = sqlx::query(st::TOUCH.pg).bind(expires_at_ms).bind(id).bind(to_i64(fence)?).execute(&self.pool).await?;
+            self.fenced_or_missing(id, done.rows_affected()).await
+        })
+        .await
     }
 
     async fn release_upload_lease(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        let mut conn = self.hot.take().await?;
-        let done = sqlx::query(st::RELEASE_LEASE.pg).bind(id).bind(to_i64(fence)?).execute(&mut *conn).await;
-        self.hot.give_back(conn, &done);
-        done?;
-        Ok(())
+        within(async {
+            let mut conn = self.hot.take().await?;
+            let done = sqlx::query(st::RELEASE_LEASE.pg).bind(id).bind(to_i64(fence)?).execute(&mut *conn).await;
+            self.hot.give_back(conn, &done);
+            done?;
+            Ok(())
+        })
+        .await
     }
 
     async fn reclaim_owner(&self, owner: &str) -> CatalogResult<(u64, u64)> {
-        let mut tx = self.pool.begin().await?;
-        let out = async {
-            let uploads = sqlx::query(st::RECLAIM_UPLOADS.pg).bind(owner).execute(&mut *tx).await?.rows_affected();
-            let tasks = sqlx::query(st::RECLAIM_TASKS.pg).bind(owner).execute(&mut *tx).await?.rows_affected();
-            sqlx::query(st::RECLAIM_DELIVERIES.pg).bind(owner).execute(&mut *tx).await?;
-            Ok(Tx::Commit((uploads, tasks)))
-        }
-        .await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = async {
+                let uploads = sqlx::query(st::RECLAIM_UPLOADS.pg).bind(owner).execute(&mut *tx).await?.rows_affected();
+                let tasks = sqlx::query(st::RECLAIM_TASKS.pg).bind(owner).execute(&mut *tx).await?.rows_affected();
+                sqlx::query(st::RECLAIM_DELIVERIES.pg).bind(owner).execute(&mut *tx).await?;
+                Ok(Tx::Commit((uploads, tasks)))
+            }
+            .await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
-        let payload = serde_json::json!({ "upload_id": id, "from": from }).to_string();
-        sqlx::query("SELECT pg_notify($1, $2)").bind(RELEASE_CHANNEL).bind(payload).execute(&self.pool).await?;
-        Ok(())
+        within(async {
+            let payload = serde_json::json!({ "upload_id": id, "from": from }).to_string();
+            sqlx::query("SELECT pg_notify($1, $2)").bind(RELEASE_CHANNEL).bind(payload).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn release_requests(&self) -> CatalogResult<ReleaseRequests> {
-        // LISTEN before returning: every request made after this call is delivered. The
-        // listener has its own connection (not one of the pool's) and reconnects by itself
-        // when the database restarts; requests sent while it was away are lost, and the
-        // holder then lets go when its lease expires instead.
-        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
-        listener.listen(RELEASE_CHANNEL).await?;
-        let pool = self.pool.clone();
-        let stream = futures::stream::unfold(listener, move |mut listener| {
-            let pool = pool.clone();
-            async move {
-                loop {
-                    match listener.recv().await {
-                        Ok(n) => match release_request(n.payload()) {
-                            Some(r) => return Some((r, listener)),
-                            None => tracing::warn!(payload = n.payload(), "ignoring a malformed release request"),
-                        },
-                        // The server is shutting down (its pool closed): nothing to reconnect to.
-                        Err(_) if pool.is_closed() => return None,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
+        within(async {
+            // LISTEN before returning: every request made after this call is delivered. The
+            // listener has its own connection (not one of the pool's) and reconnects by itself
+            // when the database restarts; requests sent while it was away are lost, and the
+            // holder then lets go when its lease expires instead.
+            let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+            listener.listen(RELEASE_CHANNEL).await?;
+            let pool = self.pool.clone();
+            let stream = futures::stream::unfold(listener, move |mut listener| {
+                let pool = pool.clone();
+                async move {
+                    loop {
+                        match listener.recv().await {
+                            Ok(n) => match release_request(n.payload()) {
+                                Some(r) => return Some((r, listener)),
+                                None => tracing::warn!(payload = n.payload(), "ignoring a malformed release request"),
+                            },
+                            // The server is shutting down (its pool closed): nothing to reconnect to.
+                            Err(_) if pool.is_closed() => return None,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "release-request listener lost its connection; reconnecting");
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
                         }
                     }
                 }
-            }
-        });
-        Ok(Box::pin(stream))
+            });
+            Ok(Box::pin(stream) as ReleaseRequests)
+        })
+        .await
     }
 
     async fn shared_secret(&self, name: &str, candidate: &[u8]) -> CatalogResult<Vec<u8>> {
-        sqlx::query(st::OFFER_SECRET.pg).bind(name).bind(candidate).execute(&self.pool).await?;
-        Ok(sqlx::query_scalar(st::SECRET.pg).bind(name).fetch_one(&self.pool).await?)
+        within(async {
+            sqlx::query(st::OFFER_SECRET.pg).bind(name).bind(candidate).execute(&self.pool).await?;
+            Ok(sqlx::query_scalar(st::SECRET.pg).bind(name).fetch_one(&self.pool).await?)
+        })
+        .await
     }
 
     async fn list_expired(&self, now_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids(st::LIST_EXPIRED.pg, now_ms, limit).await
+        within(async { self.ids(st::LIST_EXPIRED.pg, now_ms, limit).await }).await
     }
 
     async fn list_tombstones(&self, before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
-        self.ids(st::LIST_TOMBSTONES.pg, before_ms, limit).await
+        within(async { self.ids(st::LIST_TOMBSTONES.pg, before_ms, limit).await }).await
     }
 
     async fn list_awaiting_finish(&self, limit: u32) -> CatalogResult<Vec<String>> {
-        let rows = sqlx::query(st::LIST_AWAITING_FINISH.pg).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        rows.iter().map(|r| sqlx::Row::try_get::<String, _>(r, "id").map_err(Into::into)).collect()
+        within(async {
+            let rows = sqlx::query(st::LIST_AWAITING_FINISH.pg).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            rows.iter().map(|r| sqlx::Row::try_get::<String, _>(r, "id").map_err(Into::into)).collect()
+        })
+        .await
     }
 
     async fn finals_waiting_on(&self, part_id: &str) -> CatalogResult<Vec<String>> {
-        let rows = sqlx::query(st::FINALS_NAMING.pg).bind(part_id).fetch_all(&self.pool).await?;
-        let mut out = Vec::new();
-        for r in rows {
-            let parts: String = r.try_get("concat_parts")?;
-            if parts.split_whitespace().any(|p| p == part_id) {
-                out.push(r.try_get("id")?);
+        within(async {
+            let rows = sqlx::query(st::FINALS_NAMING.pg).bind(part_id).fetch_all(&self.pool).await?;
+            let mut out = Vec::new();
+            for r in rows {
+                let parts: String = r.try_get("concat_parts")?;
+                if parts.split_whitespace().any(|p| p == part_id) {
+                    out.push(r.try_get("id")?);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
+        .await
     }
 
     async fn list_uploads(&self, principal: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(st::LIST_UPLOADS.pg).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_record).collect()
+        within(async {
+            let rows = sqlx::query(st::LIST_UPLOADS.pg).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
+            rows.iter().map(row_to_record).collect()
+        })
+        .await
     }
 
     async fn close(&self) {
@@ -694,62 +795,86 @@ impl Catalog for PostgresCatalog {
     /// to connections, too many clients, a refused login) — or that it answers, and the pool
     /// replaces what it lost.
     async fn ping(&self) -> CatalogResult<()> {
-        match tokio::time::timeout(PING_POOL_WAIT, sqlx::query(st::PING.pg).execute(&self.pool)).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => tracing::debug!(error = %e, "a pooled connection failed the readiness ping; asking a connection of its own"),
-            Err(_) => tracing::debug!("no pooled connection for the readiness ping within a second; asking a connection of its own"),
-        }
-        let mut own = self.pool.connect_options().connect().await?;
-        let pinged = sqlx::query(st::PING.pg).execute(&mut own).await;
-        let _ = own.close().await;
-        pinged?;
-        Ok(())
+        within(async {
+            match tokio::time::timeout(PING_POOL_WAIT, sqlx::query(st::PING.pg).execute(&self.pool)).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => tracing::debug!(error = %e, "a pooled connection failed the readiness ping; asking a connection of its own"),
+                Err(_) => tracing::debug!("no pooled connection for the readiness ping within a second; asking a connection of its own"),
+            }
+            let mut own = self.pool.connect_options().connect().await?;
+            let pinged = sqlx::query(st::PING.pg).execute(&mut own).await;
+            let _ = own.close().await;
+            pinged?;
+            Ok(())
+        })
+        .await
     }
 
     async fn put_mcp_session(&self, id: &str, state: &str, now_ms: i64) -> CatalogResult<()> {
-        sqlx::query(st::PUT_MCP_SESSION.pg).bind(id).bind(state).bind(now_ms).execute(&self.pool).await?;
-        Ok(())
+        within(async {
+            sqlx::query(st::PUT_MCP_SESSION.pg).bind(id).bind(state).bind(now_ms).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn get_mcp_session(&self, id: &str, now_ms: i64) -> CatalogResult<Option<String>> {
-        Ok(sqlx::query_scalar(st::GET_MCP_SESSION.pg).bind(now_ms).bind(id).fetch_optional(&self.pool).await?)
+        within(async { Ok(sqlx::query_scalar(st::GET_MCP_SESSION.pg).bind(now_ms).bind(id).fetch_optional(&self.pool).await?) }).await
     }
 
     async fn delete_mcp_session(&self, id: &str) -> CatalogResult<()> {
-        sqlx::query(st::DELETE_MCP_SESSION.pg).bind(id).execute(&self.pool).await?;
-        Ok(())
+        within(async {
+            sqlx::query(st::DELETE_MCP_SESSION.pg).bind(id).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
-        Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected())
+        within(async { Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected()) }).await
     }
 
     async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
-        let rows = sqlx::query(st::LIST_UPLOADS_AFTER.pg).bind(after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_record).collect()
+        within(async {
+            let rows = sqlx::query(st::LIST_UPLOADS_AFTER.pg).bind(after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            rows.iter().map(row_to_record).collect()
+        })
+        .await
     }
 
     async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool> {
-        let done = match damage {
-            Some(d) => sqlx::query(st::SET_DAMAGE.pg).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?,
-            None => sqlx::query(st::CLEAR_DAMAGE.pg).bind(id).execute(&self.pool).await?,
-        };
-        Ok(done.rows_affected() > 0)
+        within(async {
+            let done = match damage {
+                Some(d) => sqlx::query(st::SET_DAMAGE.pg).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?,
+                None => sqlx::query(st::CLEAR_DAMAGE.pg).bind(id).execute(&self.pool).await?,
+            };
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>> {
-        let row: Option<(String, String, i64)> = sqlx::query_as(st::DAMAGE.pg).bind(id).fetch_optional(&self.pool).await?;
-        Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
+        within(async {
+            let row: Option<(String, String, i64)> = sqlx::query_as(st::DAMAGE.pg).bind(id).fetch_optional(&self.pool).await?;
+            Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
+        })
+        .await
     }
 
     async fn set_final_failure(&self, id: &str, failure: &FinalFailure) -> CatalogResult<bool> {
-        let done = sqlx::query(st::SET_FINAL_FAILURE.pg).bind(&failure.code).bind(&failure.detail).bind(failure.failed_at_ms).bind(id).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
+        within(async {
+            let done = sqlx::query(st::SET_FINAL_FAILURE.pg).bind(&failure.code).bind(&failure.detail).bind(failure.failed_at_ms).bind(id).execute(&self.pool).await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn final_failure(&self, id: &str) -> CatalogResult<Option<FinalFailure>> {
-        let row: Option<(String, String, i64)> = sqlx::query_as(st::FINAL_FAILURE.pg).bind(id).fetch_optional(&self.pool).await?;
-        Ok(row.map(|(code, detail, failed_at_ms)| FinalFailure { code, detail, failed_at_ms }))
+        within(async {
+            let row: Option<(String, String, i64)> = sqlx::query_as(st::FINAL_FAILURE.pg).bind(id).fetch_optional(&self.pool).await?;
+            Ok(row.map(|(code, detail, failed_at_ms)| FinalFailure { code, detail, failed_at_ms }))
+        })
+        .await
     }
 }
 

@@ -10,7 +10,7 @@ use super::dialect::sql;
 use super::event_statements::{self as st, deliveries_joined};
 use super::events::{row_to_delivery, row_to_event};
 use super::events::{Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
-use super::postgres::{settle, Tx};
+use super::postgres::{settle, within, Tx};
 use super::{CatalogResult, PostgresCatalog};
 
 async fn enqueue_in(tx: &mut Transaction<'static, Postgres>, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
@@ -65,88 +65,112 @@ async fn claim_in(tx: &mut Transaction<'static, Postgres>, owner: &str, now_ms: 
 #[async_trait]
 impl EventCatalog for PostgresCatalog {
     async fn list_events(&self, principal: Option<&str>, after_seq: i64, limit: u32) -> CatalogResult<Vec<EventRecord>> {
-        let rows = sqlx::query(st::LIST_EVENTS.pg).bind(after_seq).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_event).collect()
+        within(async {
+            let rows = sqlx::query(st::LIST_EVENTS.pg).bind(after_seq).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
+            rows.iter().map(row_to_event).collect()
+        })
+        .await
     }
 
     async fn event_by_id(&self, id: &str) -> CatalogResult<Option<EventRecord>> {
-        let row = sqlx::query(st::EVENT_BY_ID.pg).bind(id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(row_to_event).transpose()
+        within(async {
+            let row = sqlx::query(st::EVENT_BY_ID.pg).bind(id).fetch_optional(&self.pool).await?;
+            row.as_ref().map(row_to_event).transpose()
+        })
+        .await
     }
 
     async fn last_event_seq(&self) -> CatalogResult<i64> {
-        Ok(sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0)::BIGINT FROM events").fetch_one(&self.pool).await?)
+        within(async { Ok(sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0)::BIGINT FROM events").fetch_one(&self.pool).await?) }).await
     }
 
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
-        let mut tx = self.pool.begin().await?;
-        let out: CatalogResult<Tx<_>> = async {
-            sqlx::query(st::PRUNE_DELIVERIES.pg).bind(before_ms).execute(&mut *tx).await?;
-            // Never an event a webhook's cursor has not passed yet: it has no delivery row until
-            // that webhook's worker (perhaps on a replica that is down) enqueues it.
-            let done = sqlx::query(
-                "DELETE FROM events e WHERE e.at_ms < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq) \
-             AND e.seq <= (SELECT COALESCE(MIN(last_seq), 9223372036854775807) FROM webhook_cursors)",
-            )
-            .bind(before_ms)
-            .execute(&mut *tx)
-            .await?;
-            Ok(Tx::Commit(done.rows_affected()))
-        }
-        .await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out: CatalogResult<Tx<_>> = async {
+                sqlx::query(st::PRUNE_DELIVERIES.pg).bind(before_ms).execute(&mut *tx).await?;
+                // Never an event a webhook's cursor has not passed yet: it has no delivery row until
+                // that webhook's worker (perhaps on a replica that is down) enqueues it.
+                let done = sqlx::query(
+                    "DELETE FROM events e WHERE e.at_ms < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq) \
+                 AND e.seq <= (SELECT COALESCE(MIN(last_seq), 9223372036854775807) FROM webhook_cursors)",
+                )
+                .bind(before_ms)
+                .execute(&mut *tx)
+                .await?;
+                Ok(Tx::Commit(done.rows_affected()))
+            }
+            .await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn enqueue_deliveries(&self, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
-        let mut tx = self.pool.begin().await?;
-        let out = enqueue_in(&mut tx, webhook, filter, now_ms, limit).await.map(Tx::Commit);
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = enqueue_in(&mut tx, webhook, filter, now_ms, limit).await.map(Tx::Commit);
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn claim_deliveries(&self, owner: &str, now_ms: i64, lease_ms: i64, limit: u32) -> CatalogResult<Vec<Delivery>> {
-        let mut tx = self.pool.begin().await?;
-        let out = claim_in(&mut tx, owner, now_ms, lease_ms, limit).await.map(Tx::Commit);
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = claim_in(&mut tx, owner, now_ms, lease_ms, limit).await.map(Tx::Commit);
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn settle_deliveries(&self, owner: &str, settlements: &[Settlement], now_ms: i64) -> CatalogResult<Vec<bool>> {
-        let mut tx = self.pool.begin().await?;
-        let out: CatalogResult<Tx<_>> = async {
-            let mut applied = Vec::with_capacity(settlements.len());
-            for s in settlements {
-                let (state, status, error, next) = s.outcome.columns();
-                let done = sqlx::query(st::SETTLE_DELIVERY.pg)
-                    .bind(state)
-                    .bind(now_ms)
-                    .bind(status.map(i64::from))
-                    .bind(error)
-                    .bind(next)
-                    .bind(&s.webhook)
-                    .bind(s.event_seq)
-                    .bind(owner)
-                    .execute(&mut *tx)
-                    .await?;
-                applied.push(done.rows_affected() == 1);
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out: CatalogResult<Tx<_>> = async {
+                let mut applied = Vec::with_capacity(settlements.len());
+                for s in settlements {
+                    let (state, status, error, next) = s.outcome.columns();
+                    let done = sqlx::query(st::SETTLE_DELIVERY.pg)
+                        .bind(state)
+                        .bind(now_ms)
+                        .bind(status.map(i64::from))
+                        .bind(error)
+                        .bind(next)
+                        .bind(&s.webhook)
+                        .bind(s.event_seq)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?;
+                    applied.push(done.rows_affected() == 1);
+                }
+                Ok(Tx::Commit(applied))
             }
-            Ok(Tx::Commit(applied))
-        }
-        .await;
-        settle(tx, out).await
+            .await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {
-        let states: Vec<String> = states.iter().map(|s| s.as_str().to_string()).collect();
-        let rows = sqlx::query(sql!(deliveries_joined!(), "WHERE d.state = ANY(?1) AND (?2::TEXT IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3").pg)
-            .bind(states)
-            .bind(principal)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(row_to_delivery).collect()
+        within(async {
+            let states: Vec<String> = states.iter().map(|s| s.as_str().to_string()).collect();
+            let rows = sqlx::query(sql!(deliveries_joined!(), "WHERE d.state = ANY(?1) AND (?2::TEXT IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3").pg)
+                .bind(states)
+                .bind(principal)
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter().map(row_to_delivery).collect()
+        })
+        .await
     }
 
     async fn delivery_backlog(&self) -> CatalogResult<(u64, u64)> {
-        let (pending, failed): (i64, i64) = sqlx::query_as(st::DELIVERY_BACKLOG.pg).fetch_one(&self.pool).await?;
-        Ok((pending as u64, failed as u64))
+        within(async {
+            let (pending, failed): (i64, i64) = sqlx::query_as(st::DELIVERY_BACKLOG.pg).fetch_one(&self.pool).await?;
+            Ok((pending as u64, failed as u64))
+        })
+        .await
     }
 }

@@ -8,7 +8,7 @@ use sqlx::{Postgres, Transaction};
 
 use super::dialect::sql;
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
-use super::postgres::{settle, Tx};
+use super::postgres::{settle, within, Tx};
 use super::sql::{corrupt, json_map, json_text, raw, row_to_task, task_columns};
 use super::task_statements as st;
 use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
@@ -119,134 +119,182 @@ async fn sweep_in(tx: &mut Transaction<'static, Postgres>, now_ms: i64) -> Catal
 #[async_trait]
 impl TaskCatalog for PostgresCatalog {
     async fn start_task(&self, new: &NewTask) -> CatalogResult<StartOutcome> {
-        let mut tx = self.pool.begin().await?;
-        let out = start_in(&mut tx, new).await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = start_in(&mut tx, new).await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn task_by_key(&self, principal: &str, kind: &str, key: &str) -> CatalogResult<Option<TaskRecord>> {
-        let id: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.pg).bind(principal).bind(kind).bind(key).fetch_optional(&self.pool).await?;
-        match id {
-            Some(id) => self.get_task(&id).await,
-            None => Ok(None),
-        }
+        within(async {
+            let id: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.pg).bind(principal).bind(kind).bind(key).fetch_optional(&self.pool).await?;
+            match id {
+                Some(id) => self.get_task(&id).await,
+                None => Ok(None),
+            }
+        })
+        .await
     }
 
     async fn get_task(&self, id: &str) -> CatalogResult<Option<TaskRecord>> {
-        let row = sqlx::query(st::GET_TASK.pg).bind(id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(row_to_task).transpose()
+        within(async {
+            let row = sqlx::query(st::GET_TASK.pg).bind(id).fetch_optional(&self.pool).await?;
+            row.as_ref().map(row_to_task).transpose()
+        })
+        .await
     }
 
     async fn list_tasks(&self, principal: &str, limit: u32) -> CatalogResult<Vec<TaskRecord>> {
-        let rows = sqlx::query(st::LIST_TASKS.pg).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
-        rows.iter().map(row_to_task).collect()
+        within(async {
+            let rows = sqlx::query(st::LIST_TASKS.pg).bind(principal).bind(limit as i64).fetch_all(&self.pool).await?;
+            rows.iter().map(row_to_task).collect()
+        })
+        .await
     }
 
     async fn claim_task(&self, owner: &str, kinds: &[String], lease_ms: i64) -> CatalogResult<Option<TaskRecord>> {
-        if kinds.is_empty() {
-            return Ok(None);
-        }
-        // The lease is measured on the database's clock, so replicas with skewed clocks agree
-        // on when it expires. SKIP LOCKED: a row another replica is claiming is passed over.
-        let row = sqlx::query(
-            sql!(
-                "UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 \
-                 WHERE id = (SELECT id FROM tasks WHERE status = 'working' \
-                     AND (lease_expires_ms IS NULL OR lease_expires_ms <= {now}) AND kind = ANY(?) \
-                     ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED) \
-                 RETURNING ",
-                task_columns!()
+        within(async {
+            if kinds.is_empty() {
+                return Ok(None);
+            }
+            // The lease is measured on the database's clock, so replicas with skewed clocks agree
+            // on when it expires. SKIP LOCKED: a row another replica is claiming is passed over.
+            let row = sqlx::query(
+                sql!(
+                    "UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 \
+                     WHERE id = (SELECT id FROM tasks WHERE status = 'working' \
+                         AND (lease_expires_ms IS NULL OR lease_expires_ms <= {now}) AND kind = ANY(?) \
+                         ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                     RETURNING ",
+                    task_columns!()
+                )
+                .pg,
             )
-            .pg,
-        )
-        .bind(owner)
-        .bind(lease_ms)
-        .bind(kinds)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(row_to_task).transpose()
+            .bind(owner)
+            .bind(lease_ms)
+            .bind(kinds)
+            .fetch_optional(&self.pool)
+            .await?;
+            row.as_ref().map(row_to_task).transpose()
+        })
+        .await
     }
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
-        let status: Option<String> = sqlx::query_scalar(st::RENEW_TASK_LEASE.pg).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
-        match status {
-            Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
-            None => Err(CatalogError::Fenced),
-        }
+        within(async {
+            let status: Option<String> = sqlx::query_scalar(st::RENEW_TASK_LEASE.pg).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
+            match status {
+                Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
+                None => Err(CatalogError::Fenced),
+            }
+        })
+        .await
     }
 
     async fn update_task(&self, id: &str, fence: Option<u64>, u: &TaskUpdate) -> CatalogResult<()> {
-        let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
-        let done = sqlx::query(st::UPDATE_TASK.pg)
-            .bind(progress)
-            .bind(&u.checkpoint)
-            .bind(u.partial_mark.map(|m| m as i64))
-            .bind(u.now_ms)
-            .bind(id)
-            .bind(fence.map(|f| f as i64))
-            .execute(&self.pool)
-            .await?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else if self.get_task(id).await?.is_none() {
-            Err(CatalogError::NotFound)
-        } else {
-            Err(CatalogError::Fenced)
-        }
+        within(async {
+            let progress = u.progress.as_ref().map(|p| serde_json::to_string(p).expect("progress serialises"));
+            let done = sqlx::query(st::UPDATE_TASK.pg)
+                .bind(progress)
+                .bind(&u.checkpoint)
+                .bind(u.partial_mark.map(|m| m as i64))
+                .bind(u.now_ms)
+                .bind(id)
+                .bind(fence.map(|f| f as i64))
+                .execute(&self.pool)
+                .await?;
+            if done.rows_affected() == 1 {
+                Ok(())
+            } else if self.get_task(id).await?.is_none() {
+                Err(CatalogError::NotFound)
+            } else {
+                Err(CatalogError::Fenced)
+            }
+        })
+        .await
     }
 
     async fn append_partial(&self, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Appended> {
-        let mut tx = self.pool.begin().await?;
-        let out = append_in(&mut tx, id, fence, seq, value, now_ms).await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = append_in(&mut tx, id, fence, seq, value, now_ms).await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
-        let rows: Vec<super::partials::PageRow> = sqlx::query_as(st::PARTIAL_PAGE.pg).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
-        super::partials::page_of(rows).ok_or(CatalogError::NotFound)
+        within(async {
+            let rows: Vec<super::partials::PageRow> = sqlx::query_as(st::PARTIAL_PAGE.pg).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
+            super::partials::page_of(rows).ok_or(CatalogError::NotFound)
+        })
+        .await
     }
 
     async fn park_for_input(&self, id: &str, fence: u64, key: &str, request: &str, now_ms: i64) -> CatalogResult<()> {
-        let mut tx = self.pool.begin().await?;
-        let out = park_in(&mut tx, id, fence, key, request, now_ms).await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = park_in(&mut tx, id, fence, key, request, now_ms).await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn respond_input(&self, id: &str, key: &str, response: &str, now_ms: i64) -> CatalogResult<bool> {
-        let mut tx = self.pool.begin().await?;
-        let out = respond_in(&mut tx, id, key, response, now_ms).await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = respond_in(&mut tx, id, key, response, now_ms).await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn finish_task(&self, id: &str, fence: Option<u64>, end: &TaskEnd, now_ms: i64) -> CatalogResult<bool> {
-        let (status, result, error) = match end {
-            TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
-            TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
-        };
-        let done = sqlx::query(st::FINISH_TASK.pg).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        within(async {
+            let (status, result, error) = match end {
+                TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
+                TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
+            };
+            let done = sqlx::query(st::FINISH_TASK.pg).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&self.pool).await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn cancel_task(&self, id: &str, now_ms: i64) -> CatalogResult<TaskRecord> {
-        sqlx::query(st::CANCEL_TASK.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
-        // A statement of its own: it sees a finish that won the race (one statement would read
-        // the snapshot from before it).
-        self.get_task(id).await?.ok_or(CatalogError::NotFound)
+        within(async {
+            sqlx::query(st::CANCEL_TASK.pg).bind(now_ms).bind(id).execute(&self.pool).await?;
+            // A statement of its own: it sees a finish that won the race (one statement would read
+            // the snapshot from before it).
+            self.get_task(id).await?.ok_or(CatalogError::NotFound)
+        })
+        .await
     }
 
     async fn release_task(&self, id: &str, fence: u64) -> CatalogResult<()> {
-        sqlx::query(st::RELEASE_TASK.pg).bind(id).bind(fence as i64).execute(&self.pool).await?;
-        Ok(())
+        within(async {
+            sqlx::query(st::RELEASE_TASK.pg).bind(id).bind(fence as i64).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
-        let mut tx = self.pool.begin().await?;
-        let out = sweep_in(&mut tx, now_ms).await;
-        settle(tx, out).await
+        within(async {
+            let mut tx = self.pool.begin().await?;
+            let out = sweep_in(&mut tx, now_ms).await;
+            settle(tx, out).await
+        })
+        .await
     }
 
     async fn task_counts(&self) -> CatalogResult<Vec<super::tasks::TaskCount>> {
-        let rows = sqlx::query(st::TASK_COUNTS.pg).fetch_all(&self.pool).await?;
-        rows.iter().map(super::tasks::row_to_task_count).collect()
+        within(async {
+            let rows = sqlx::query(st::TASK_COUNTS.pg).fetch_all(&self.pool).await?;
+            rows.iter().map(super::tasks::row_to_task_count).collect()
+        })
+        .await
     }
 }

@@ -81,6 +81,10 @@ pub(crate) struct Appender {
     /// The blob store lost the bytes past this offset ([`BlobError::Lost`]): the upload is
     /// rolled back to it before the error is answered.
     lost: Option<u64>,
+    /// A commit failed without an answer (the catalog unreachable or silent past its deadline):
+    /// it may still have been committed, so what it covered is not released here — the next
+    /// holder cuts the blob to whatever the catalog says ([`Appender::released`]).
+    commit_unknown: bool,
 }
 
 /// Offset and midstate captured when a background fsync started; they describe exactly the
@@ -174,6 +178,7 @@ impl Appender {
             keep_partial: true,
             broken: false,
             lost: None,
+            commit_unknown: false,
             rec,
         })
     }
@@ -258,11 +263,17 @@ impl Appender {
     /// After a failed write, sync or checkpoint (DESIGN §9): release every byte past the
     /// durable offset at once — so a full disk does not stay full — and name that offset as
     /// the client's cursor. Not after a lost fence or a vanished upload: the bytes are no
-    /// longer this writer's to cut.
+    /// longer this writer's to cut; nor after a commit whose outcome is unknown
+    /// ([`Appender::commit_unknown`]): the catalog may hold it.
     async fn released(&mut self, e: Refusal) -> Refusal {
         use crate::error::ErrorCode::{InsufficientStorage, Internal, Unavailable};
-        if self.lost.is_none() {
+        if self.lost.is_none() && !self.commit_unknown {
             self.note_in_transit().await;
+        }
+        if self.commit_unknown {
+            // The blob keeps what the commit covered; the next holder repairs it from the
+            // catalog's offset, whichever commit that is.
+            self.broken = true;
         }
         if self.broken {
             // Cut or fenced: the blob is no longer this writer's to touch; the next holder
@@ -472,7 +483,10 @@ impl Appender {
     /// now is: while the fence is ours no one else changes the row (a sweeper or a delete
     /// moves the fence, and this commit fails), so the answer to the PATCH needs no read.
     async fn record(&mut self, cp: &Checkpoint) -> Result<(), CatalogError> {
-        self.engine.catalog.checkpoint(&self.rec.id, self.fence, cp).await.map_err(|e| self.engine.fenced(&self.rec.id, e))?;
+        if let Err(e) = self.engine.catalog.checkpoint(&self.rec.id, self.fence, cp).await {
+            self.commit_unknown |= matches!(e, CatalogError::Unavailable(_));
+            return Err(self.engine.fenced(&self.rec.id, e));
+        }
         let rec = &mut self.rec;
         rec.offset = cp.offset;
         rec.hash_state.clone_from(&cp.hash_state);

@@ -2,7 +2,9 @@
 //! or the service would, while the test watches ferry:
 //!
 //! - [`TcpProxy`]: forwards TCP; [`TcpProxy::cut`] drops every connection and refuses new ones
-//!   (a partition, a service restart), [`TcpProxy::restore`] listens again on the same port.
+//!   (a partition, a service restart), [`TcpProxy::restore`] listens again on the same port;
+//!   [`TcpProxy::hang`] keeps every connection open and accepts new ones but forwards nothing
+//!   (a partition where packets vanish, a stalled proxy) until it is lifted.
 //! - [`HttpFaultProxy`]: forwards HTTP/1.1 requests; while a [`Fault`] is set, the requests it
 //!   matches are answered as S3 answers when it sheds load (`503 SlowDown`).
 
@@ -12,18 +14,27 @@ use std::sync::{Arc, Mutex};
 
 use tokio::net::{TcpListener, TcpStream};
 
-/// A TCP proxy on a fixed loopback port that can be cut and restored.
+/// A TCP proxy on a fixed loopback port that can be cut and restored, or hung.
 pub struct TcpProxy {
     pub port: u16,
     target: SocketAddr,
     serving: Option<tokio::task::JoinHandle<()>>,
+    /// `true` while nothing is forwarded.
+    hung: tokio::sync::watch::Sender<bool>,
 }
 
 impl TcpProxy {
     pub async fn start(target: SocketAddr) -> TcpProxy {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
-        TcpProxy { port, target, serving: Some(tokio::spawn(serve_tcp(l, target))) }
+        let hung = tokio::sync::watch::channel(false).0;
+        TcpProxy { port, target, serving: Some(tokio::spawn(serve_tcp(l, target, hung.clone()))), hung }
+    }
+
+    /// While `on`, forward nothing either way (connections stay open, new ones are accepted
+    /// and wait); afterwards everything held goes on.
+    pub fn hang(&self, on: bool) {
+        self.hung.send_replace(on);
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -42,22 +53,42 @@ impl TcpProxy {
     /// Listen again on the same port.
     pub async fn restore(&mut self) {
         let l = TcpListener::bind(("127.0.0.1", self.port)).await.expect("rebind the proxy port");
-        self.serving = Some(tokio::spawn(serve_tcp(l, self.target)));
+        self.serving = Some(tokio::spawn(serve_tcp(l, self.target, self.hung.clone())));
     }
 }
 
 /// Accept and forward; the connections live in a `JoinSet`, so aborting this task drops them all.
-async fn serve_tcp(l: TcpListener, target: SocketAddr) {
+async fn serve_tcp(l: TcpListener, target: SocketAddr, hung: tokio::sync::watch::Sender<bool>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let Ok((mut inbound, _)) = l.accept().await else { continue };
+        let Ok((inbound, _)) = l.accept().await else { continue };
         while conns.try_join_next().is_some() {}
+        let hung = hung.clone();
         conns.spawn(async move {
-            if let Ok(mut out) = TcpStream::connect(target).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+            let _ = hung.subscribe().wait_for(|h| !*h).await;
+            if let Ok(out) = TcpStream::connect(target).await {
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = out.into_split();
+                tokio::join!(pipe(ri, wo, hung.subscribe()), pipe(ro, wi, hung.subscribe()));
             }
         });
     }
+}
+
+/// Copy `from` to `to`, holding each piece while the proxy is hung.
+async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut hung: tokio::sync::watch::Receiver<bool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if hung.wait_for(|h| !*h).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 /// Which requests an [`HttpFaultProxy`] refuses: given the method and the path with its query.
