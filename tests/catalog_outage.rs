@@ -58,8 +58,11 @@ async fn a_catalog_that_goes_away_gives_503_and_ferry_recovers_when_it_returns()
 /// is checkpointing every 64 KiB when the database goes silent, so its next statements go to a
 /// connection in use, with no ping before them: it is answered `503 unavailable` (retryable)
 /// while the database is still silent — every catalog call has a deadline — not held for the
-/// outage. Once the database answers again (the statements held meanwhile reach it then), the
-/// upload resumes from the offset HEAD gives and the file is exactly what was sent.
+/// outage. Once the database answers again, the checkpoints held meanwhile reach it and are
+/// committed after the PATCH was answered: the bytes they cover were kept (not released as a
+/// failed write's are), so the upload resumes from the offset HEAD gives — without them, the
+/// next PATCH found the file shorter than its checkpoint and was refused — and the file is
+/// exactly what was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catalog_that_stops_answering_is_reported_not_waited_out() {
     let (_db, proxy, url) = proxied_catalog().await;
