@@ -367,15 +367,7 @@ impl Takeover {
 
     /// B's commit stands; B finishes the upload, and the file holds exactly what B was sent.
     async fn finish_on_b(&self) {
-        let off = offset_when_free(&self.b, &self.url_b).await;
-        assert_eq!(off, self.until as u64, "the taker's commit stands");
-        let r = self.b.patch(&self.url_b, off, self.good[self.until..].to_vec(), &[]).await;
-        assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
-        let r = client().get(&self.url_b).send().await.unwrap();
-        assert_eq!(r.status(), 200, "GET of the finished file");
-        let got = r.bytes().await.unwrap();
-        assert_eq!(got.len(), self.good.len());
-        assert!(sha256_hex(&got) == sha256_hex(&self.good), "the finished file holds bytes the stale writer wrote");
+        finish_as_acknowledged(&self.b, &self.url_b, &self.good, self.until).await;
     }
 }
 
@@ -409,6 +401,26 @@ async fn fault5_a_writer_that_lost_its_lease_changes_nothing_in_the_bucket() {
         .collect();
     assert_eq!(writes, Vec::<String>::new(), "the writer that lost its lease changed the bucket");
     t.finish_on_b().await;
+}
+
+/// Wait until every UploadPart of upload `id` that `proxy` saw has been answered (held ones
+/// released and forwarded included).
+async fn parts_landed(proxy: &S3Proxy, id: &str) {
+    let landed = eventually(60, || async { proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(id)).all(|s| s.status != 0) }).await;
+    assert!(landed, "the held parts reached S3: {:?}", proxy.seen());
+}
+
+/// The commit at `until` stands; the rest of `good` finishes the upload through `tus`, and the
+/// file reads back as exactly `good`.
+async fn finish_as_acknowledged(tus: &Tus, url: &str, good: &[u8], until: usize) {
+    let off = offset_when_free(tus, url).await;
+    assert_eq!(off, until as u64, "the last acknowledged commit stands");
+    let r = tus.patch(url, off, good[until..].to_vec(), &[]).await;
+    assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
+    let r = client().get(url).send().await.unwrap();
+    assert_eq!(r.status(), 200, "GET of the finished file");
+    let got = r.bytes().await.unwrap();
+    assert!(got.len() == good.len() && sha256_hex(&got) == sha256_hex(good), "the finished file holds bytes a stale writer sent");
 }
 
 /// A stale writer on replica `i`: its PATCH of `url` from `from` carries `bytes` (other than
@@ -468,15 +480,9 @@ async fn fault5_a_chain_of_two_takeovers_with_parts_on_their_way_never_mixes_par
         }
     }
     for proxy in &rig.proxies[..2] {
-        let landed = eventually(60, || async { proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id)).all(|s| s.status != 0) }).await;
-        assert!(landed, "the held parts reached S3: {:?}", proxy.seen());
+        parts_landed(proxy, &id).await;
     }
-    let off = offset_when_free(&c, &url_c).await;
-    assert_eq!(off, until as u64, "C's commit stands");
-    let r = c.patch(&url_c, off, good[until..].to_vec(), &[]).await;
-    assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
-    let got = client().get(&url_c).send().await.unwrap().bytes().await.unwrap();
-    assert!(got.len() == good.len() && sha256_hex(&got) == sha256_hex(&good), "the finished file holds a stale writer's bytes");
+    finish_as_acknowledged(&c, &url_c, &good, until).await;
 }
 
 /// A part number is sent once (the three-replica break-it run's rollback to 0). The client's
@@ -513,20 +519,10 @@ async fn a_part_that_lands_after_its_writer_let_go_never_replaces_the_part_sent_
     if let Ok(r) = late {
         assert!(!r.status().is_success(), "the writer that was cut had its PATCH acknowledged: {}", r.status());
     }
-    // Now the first writer's part reaches S3.
-    let sent_parts = || proxy.seen().into_iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id)).collect::<Vec<_>>();
+    // Now the first writer's part reaches S3; the upload finishes with the bytes acknowledged.
     hold.release();
-    let landed = eventually(60, || async { sent_parts().iter().all(|s| s.status != 0) }).await;
-    assert!(landed, "the held part reached S3: {:?}", sent_parts());
-    let numbers: Vec<String> = sent_parts().iter().map(|s| s.query.clone()).collect();
-    eprintln!("UploadParts: {numbers:?}");
-    // The upload finishes with the bytes acknowledged, and reads back as them.
-    let off = offset_when_free(&tus, &url).await;
-    assert_eq!(off, until as u64, "the second PATCH's commit stands");
-    let r = tus.patch(&url, off, good[until..].to_vec(), &[]).await;
-    assert_eq!(r.status(), 204, "last PATCH: {:?}", r.text().await);
-    let got = client().get(&url).send().await.unwrap().bytes().await.unwrap();
-    assert!(got.len() == good.len() && sha256_hex(&got) == sha256_hex(&good), "the finished file holds the stale part's bytes");
+    parts_landed(proxy, &id).await;
+    finish_as_acknowledged(&tus, &url, &good, until).await;
 }
 
 /// S3's connection dropped in the middle of an UploadPart (issue 22, "bad input stays as it
