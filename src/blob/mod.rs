@@ -163,10 +163,6 @@ pub struct WriteLease {
     /// The most bytes the blob will hold: its `Upload-Length`, or the largest upload the
     /// server accepts while the length is deferred; 0 when unknown. S3 sizes parts from it.
     pub size_hint: u64,
-    /// Most bytes the caller writes between two commits of the blob's state (its checkpoint
-    /// interval); 0 when unknown (64 MiB is assumed). S3 sizes what a writer that takes the
-    /// upload over skips of the part numbers from it ([`s3::state`]).
-    pub commit_every: u64,
     /// The lease's fencing token (0 when none): S3 names the tail objects this writer writes
     /// with it, so two writers of one upload never write the same key.
     pub fence: u64,
@@ -188,18 +184,13 @@ pub struct WriteLease {
 
 impl Default for WriteLease {
     fn default() -> Self {
-        WriteLease { size_hint: 0, commit_every: 0, fence: 0, generation: 0, valid_until: Arc::new(|| None), cut: tokio_util::sync::CancellationToken::new() }
+        WriteLease { size_hint: 0, fence: 0, generation: 0, valid_until: Arc::new(|| None), cut: tokio_util::sync::CancellationToken::new() }
     }
 }
 
 impl std::fmt::Debug for WriteLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteLease")
-            .field("size_hint", &self.size_hint)
-            .field("commit_every", &self.commit_every)
-            .field("fence", &self.fence)
-            .field("generation", &self.generation)
-            .finish_non_exhaustive()
+        f.debug_struct("WriteLease").field("size_hint", &self.size_hint).field("fence", &self.fence).field("generation", &self.generation).finish_non_exhaustive()
     }
 }
 
@@ -427,15 +418,25 @@ pub trait BlobWriter: Send {
         Ok(None)
     }
 
-    /// After a failure: `committed` (the state last committed for this blob) amended with
-    /// what this writer sent that may still be on its way to the store and must never be
-    /// reused by a later writer, for the caller to commit under its fence at the same offset
-    /// and midstate; `None` when there is nothing to note. Changes nothing in the store.
-    /// S3: the part numbers it took ([`s3::state`], "a part number is sent once"). Default:
-    /// `None` (fs writes land in order on one file).
-    fn amend(&self, committed: &BlobState) -> Option<BlobState> {
-        let _ = committed;
+    /// `state` (one this writer synced, or the one last committed) amended with what this
+    /// writer sent that may still be on its way to the store and must never be reused by a
+    /// later writer, for the caller to commit under its fence (at the offset and midstate
+    /// `state` goes with); `None` when there is nothing to add. Changes nothing in the store.
+    /// The caller amends every state it commits (so a commit never takes back what an earlier
+    /// one noted), commits the last committed state amended after a failure or a discard, and
+    /// when [`BlobWriter::wants_numbers_noted`]. S3: the part numbers it took ([`s3::state`],
+    /// "a part number is sent once"). Default: `None` (fs writes land in order on one file).
+    fn amend(&mut self, state: &BlobState) -> Option<BlobState> {
+        let _ = state;
         None
+    }
+
+    /// Whether this writer has sent enough since its last [`BlobWriter::amend`] or sync that
+    /// the caller should commit the last committed state amended now (S3: [`s3::state::UNNOTED_NUMBERS`]
+    /// part numbers), even where it may not commit bytes yet (a chunk checksum still to
+    /// verify). Default: never.
+    fn wants_numbers_noted(&self) -> bool {
+        false
     }
 
     /// Bytes written so far, counted from the start of the blob.

@@ -213,6 +213,12 @@ async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &Head
     let stream = futures::TryStreamExt::inspect_ok(stream, move |chunk| {
         sent.inc_by(chunk.len() as u64);
     });
+    // A read that fails mid-body (the blob store stopped answering) ends the response early;
+    // the client sees a short body, the log says why.
+    let id = rec.id.clone();
+    let stream = futures::TryStreamExt::inspect_err(stream, move |e| {
+        tracing::warn!(upload = id, error = %e, "a download stopped: reading the upload's bytes failed");
+    });
     let mut res = (status, Body::from_stream(stream)).into_response();
     res.headers_mut().extend(headers);
     Ok(res)

@@ -122,7 +122,6 @@ impl Appender {
         let under = WriteLease {
             // S3 sizes the upload's parts from it (fixed at the first writer).
             size_hint: length.or(rec.length).unwrap_or(engine.cfg.max_size),
-            commit_every: engine.cfg.checkpoint_every,
             fence: lease.fence().unwrap_or(0),
             generation: lease.generation(),
             valid_until: Arc::new(move || validity.deadline()),
@@ -279,7 +278,11 @@ impl Appender {
             // Cut or fenced: the blob is no longer this writer's to touch; the next holder
             // repairs it from the committed state.
             self.pending = None;
-            return if e.cursor.is_none() { e.with_cursor(self.committed.0) } else { e };
+            // The offset is this writer's to tell only while its lease held and its commits
+            // were answered: after a lost lease (409) another writer may have moved it, after
+            // an unanswered commit the catalog may hold a later one. HEAD tells the client then.
+            let stale = self.commit_unknown || (e.status == 409 && e.code == crate::error::ErrorCode::Locked);
+            return if e.cursor.is_none() && !stale { e.with_cursor(self.committed.0) } else { e };
         }
         if let Some(kept) = self.lost.take() {
             self.pending = None;
@@ -326,15 +329,23 @@ impl Appender {
         }
     }
 
-    /// After a failure or a discard, before the lease goes: commit the last committed state amended with
-    /// what the writer sent that may still be on its way to the store ([`crate::blob::BlobWriter::amend`]:
-    /// S3 part numbers a later writer must not use again), at the same offset and midstate,
-    /// under this writer's fence — also when it was cut, since its lease is still held then.
-    /// A commit that fails (fenced, catalog away) changes nothing: the lease was taken, or it
-    /// runs out unreleased, and the next holder then counts as a takeover, which the store
-    /// allows for ([`crate::blob::WriteLease::generation`]).
+    /// After a failure or a discard, before the lease goes: commit the last committed state
+    /// amended with what the writer sent that may still be on its way to the store
+    /// ([`crate::blob::BlobWriter::amend`]: S3 part numbers a later writer must not use again),
+    /// at the same offset and midstate, under this writer's fence — also when it was cut, since
+    /// its lease is still held then. A commit that fails (fenced, catalog away) changes nothing:
+    /// the lease was taken, or it runs out unreleased, and the next holder then counts as a
+    /// takeover, which the store allows for ([`crate::blob::WriteLease::generation`]).
     async fn note_in_transit(&mut self) {
-        let Some(blob) = self.writer.amend(&self.committed_blob) else { return };
+        if let Err(e) = self.note_numbers().await {
+            tracing::info!(upload = self.rec.id, error = %e.detail, "could not note the store requests still on their way; the next writer takes the upload over");
+        }
+    }
+
+    /// Commit the last committed state amended with what the writer sent since
+    /// ([`crate::blob::BlobWriter::amend`]), if anything.
+    async fn note_numbers(&mut self) -> Result<(), Refusal> {
+        let Some(blob) = self.writer.amend(&self.committed_blob) else { return Ok(()) };
         let now = now_ms();
         let cp = Checkpoint {
             offset: self.committed.0,
@@ -346,10 +357,29 @@ impl Appender {
             expires_at_ms: self.engine.expiry_from(now),
             now_ms: now,
         };
-        match self.record(&cp).await {
-            Ok(()) => self.committed_blob = blob,
-            Err(e) => tracing::info!(upload = self.rec.id, error = %e, "could not note the store requests still on their way; the next writer takes the upload over"),
+        self.record(&cp).await?;
+        self.committed_blob = blob;
+        Ok(())
+    }
+
+    /// While bytes arrive: when the writer asks ([`crate::blob::BlobWriter::wants_numbers_noted`]),
+    /// commit what it sent — with or without a checkpoint of the bytes (none may be committed
+    /// while a chunk checksum is still to verify), so a writer never holds many store names no
+    /// commit records (S3: what a taker skips stays small, [`crate::blob::s3::state::STALE_WINDOW`]).
+    pub(crate) async fn note_numbers_if_due(&mut self) -> Result<(), Refusal> {
+        if !self.writer.wants_numbers_noted() {
+            return Ok(());
         }
+        match self.note_numbers().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.released(e).await),
+        }
+    }
+
+    /// `blob` (a state the writer synced) with everything the writer sent since noted, so that
+    /// committing it never takes back what an earlier commit recorded.
+    fn numbered(&mut self, blob: BlobState) -> BlobState {
+        self.writer.amend(&blob).unwrap_or(blob)
     }
 
     /// A blob store failure as the client sees it, noting what it means for this writer: cut
@@ -462,6 +492,7 @@ impl Appender {
         if self.finished || self.length == Some(offset) || offset <= self.committed.0 {
             return Ok(());
         }
+        let blob = self.numbered(blob);
         let now = now_ms();
         let cp = Checkpoint {
             offset,
@@ -508,7 +539,7 @@ impl Appender {
     /// already under way is completed first, as if it had been synchronous).
     pub(crate) async fn discard(&mut self) -> Result<(), Refusal> {
         if self.broken {
-            return Err(lease_lost().with_cursor(self.committed.0));
+            return Err(lease_lost());
         }
         if let Err(e) = self.settle_pending().await {
             return Err(self.released(e).await);
@@ -546,7 +577,7 @@ impl Appender {
             return Ok(());
         }
         if self.broken {
-            return Err(lease_lost().with_cursor(self.committed.0));
+            return Err(lease_lost());
         }
         // The sync below covers whatever an outstanding background checkpoint covered.
         if let Some(p) = self.pending.take() {
@@ -557,6 +588,7 @@ impl Appender {
         // Hashing of the last bytes and the final fsync run at once.
         let (synced, mut hasher) = tokio::join!(self.writer.sync(), self.hasher.snapshot());
         let mut blob = synced.map_err(|e| self.blob_failed(e))?;
+        blob = self.numbered(blob);
         let offset = self.writer.position();
         let now = now_ms();
         let mut finished_sha256 = None;
@@ -567,6 +599,7 @@ impl Appender {
                     return Err(self.blob_failed(e));
                 }
                 blob = self.writer.sync().await.map_err(|e| self.blob_failed(e))?;
+                blob = self.numbered(blob);
                 hasher = RunningSha256::new();
                 self.hasher.reset(hasher.clone());
                 let cp = Checkpoint {
@@ -830,6 +863,10 @@ impl UploadEngine {
                 super::exhausted::let_go(body);
                 return Err(e);
             }
+            if let Err(e) = app.note_numbers_if_due().await {
+                super::exhausted::let_go(body);
+                return Err(e);
+            }
             gathered_since.get_or_insert(last_frame);
             // `ferry_bytes_received_total`: bytes of request bodies, written (a task's own
             // files and a concatenation's copies are not received).
@@ -930,7 +967,7 @@ impl UploadEngine {
                     // The lease was lost (its renewal was refused, or it ran out while this
                     // process was paused): nothing of what arrived is written or committed.
                     tracing::info!(upload = id, "the upload's lease was lost mid-body; nothing more was written");
-                    return Err(lease_lost().with_cursor(app.committed.0));
+                    return Err(lease_lost());
                 }
                 // Keep what arrived, unless it can no longer be verified.
                 if verifying {

@@ -42,6 +42,12 @@ pub const FINISH_RETRY_AFTER_SECS: u32 = 2;
 pub const FINISH_BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// Longest wait between two background attempts to finish one upload.
 pub const FINISH_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Longest a reader (HEAD, a download, the JSON view, MCP) waits for a finish it started: past
+/// it the finish goes on in the background, holding the upload's lease, and the reader answers
+/// "not yet, retry" at once (a blob store that hangs would otherwise hold the HEAD for its whole
+/// request deadline, and clients time out).
+const READER_FINISH_WAIT: Duration = Duration::from_secs(3);
+
 /// How often the finisher looks for uploads waiting to be finished.
 const FINISHER_EVERY: Duration = Duration::from_millis(500);
 
@@ -170,7 +176,20 @@ impl UploadEngine {
             Err(e) if e.code == ErrorCode::Locked => return Err(finishing_error(&rec, &Refusal::locked(None))),
             Err(e) => return Err(e),
         };
-        self.finish_held(principal, id, &lease).await
+        self.finish_for_reader(&rec, principal, lease).await
+    }
+
+    /// Finish `rec` (which awaits it) under `lease` for a reader, waiting at most
+    /// [`READER_FINISH_WAIT`]: a finish still under way then goes on in the background with the
+    /// lease, and the reader gets [`finishing_error`] (423, retry).
+    pub(super) async fn finish_for_reader(self: &Arc<Self>, rec: &UploadRecord, principal: &str, lease: Lease) -> Result<UploadRecord, Refusal> {
+        let (engine, principal, id) = (self.clone(), principal.to_string(), rec.id.clone());
+        let finishing = tokio::spawn(async move { engine.finish_held(&principal, &id, &lease).await });
+        match tokio::time::timeout(READER_FINISH_WAIT, finishing).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => Err(super::internal("finishing an upload", e)),
+            Err(_) => Err(finishing_error(rec, &Refusal::locked(None))),
+        }
     }
 
     /// Under `lease`: re-read the record and finish it if it awaits that.

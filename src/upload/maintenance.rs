@@ -226,7 +226,7 @@ impl UploadEngine {
     /// a power loss; an S3 multipart upload a lifecycle rule aborted), re-hashing them once,
     /// under the caller's `fence`.
     pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64) -> Result<(), Refusal> {
-        tracing::warn!(upload = rec.id, len, offset = rec.offset, "blob shorter than its checkpoint (relaxed durability?); rolling back");
+        tracing::warn!(upload = rec.id, len, offset = rec.offset, "the blob store holds fewer of this upload's bytes than its checkpoint; rolling back to what it holds");
         let mut hasher = RunningSha256::new();
         if len > 0 {
             let mut stream = self.blobs.read(&rec.id, 0..len).await?;

@@ -312,6 +312,9 @@ impl UploadEngine {
             return Ok(rec);
         }
         let guard = self.take(id).await?;
+        if finishing::awaits_finish(&rec) {
+            return self.finish_for_reader(&rec, principal, guard).await;
+        }
         self.finish_held(principal, id, &guard).await
     }
 

@@ -198,13 +198,13 @@ impl S3BlobStore {
         if len == offset && decoded.as_ref().is_none_or(|st| st.offset() == offset) {
             // Completed already, at exactly the committed offset (a finish that stopped before
             // its commit): nothing to copy; completing again only cleans up.
-            let st = decoded.unwrap_or_else(|| S3State::fixed(fixed_part_size(len, s.floor), lease.commit_every));
+            let st = decoded.unwrap_or_else(|| S3State::fixed(fixed_part_size(len, s.floor)));
             let mut w = S3Writer::new(s.clone(), id, st, BytesMut::new(), Vec::new(), lease);
             w.completed_len = Some(len);
             return Ok(Box::new(w));
         }
         lease.run(async { bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io) }).await?;
-        let fresh = S3State::fixed(fixed_part_size(lease.size_hint.max(offset), s.floor), lease.commit_every);
+        let fresh = S3State::fixed(fixed_part_size(lease.size_hint.max(offset), s.floor));
         let mut w = S3Writer::new(s.clone(), id, fresh, BytesMut::new(), Vec::new(), lease);
         if offset > 0 {
             let mut stream = self.read(id, 0..offset).await?;
@@ -233,7 +233,7 @@ impl S3BlobStore {
                     let idx = st.parts.len() as u64;
                     let after = st.parts.last().map_or(0, |p| p.0);
                     let number = match st.numbering {
-                        Some(mut n) => n.take(idx, idx + 1, after).ok_or(BlobError::BadState)?,
+                        Some(mut n) => n.take(idx, idx + 1, after).ok_or(BlobError::BadState)?.0,
                         None => state::part_number(st.schedule, idx, u64::from(after) + 1),
                     };
                     let deadline = deadline_for(tail.len() as u64);
@@ -285,7 +285,7 @@ impl BlobStore for S3BlobStore {
             return self.reopen_finished(id, offset, state, lease).await;
         }
         let st = match S3State::decode(state)? {
-            None if offset == 0 => S3State::fixed(fixed_part_size(lease.size_hint, s.floor), lease.commit_every),
+            None if offset == 0 => S3State::fixed(fixed_part_size(lease.size_hint, s.floor)),
             None => return Err(BlobError::BadState),
             Some(st) if st.offset() == offset => st,
             Some(_) => return Err(BlobError::BadState),
@@ -312,7 +312,7 @@ impl BlobStore for S3BlobStore {
 
     async fn finish(&self, id: &str, state: &BlobState) -> BlobResult<()> {
         let s = &self.inner;
-        let st = S3State::decode(state)?.unwrap_or(S3State::fixed(s.floor, 0));
+        let st = S3State::decode(state)?.unwrap_or(S3State::fixed(s.floor));
         let len = st.offset();
         if s.exists(&s.created(id)).await?.is_none() {
             // Finished already (idempotent) or never created.

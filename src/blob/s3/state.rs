@@ -18,12 +18,14 @@
 //! had anyone uploaded that number again, the late one would replace it and the completion
 //! would fail (`InvalidPart`) or hold the wrong bytes. So every attempt at a part takes a
 //! number never used before in the multipart upload: the state keeps the next unused one,
-//! a failed writer commits it ([`super::super::BlobWriter::amend`]), and a writer that took
-//! the upload over from holders that never let go skips a window of numbers per such holder,
-//! past whatever they sent since their last commit ([`stale_window`], recorded with the
-//! numbering). The 5 000 numbers S3 has beyond [`PART_SLOTS`] parts pay for it; when they run
-//! short the numbers stay within S3's 10 000 by leaving room for the parts still to come
-//! ([`Numbering::take`]), and the protection wears thin.
+//! the numbers a writer took are committed every few ([`UNNOTED_NUMBERS`]) and when it fails
+//! ([`super::super::BlobWriter::amend`]), so a writer that took the upload over from holders
+//! that never let go skips a small window of numbers per such holder ([`STALE_WINDOW`],
+//! recorded with the numbering), past whatever they may have sent unrecorded. The 5 000
+//! numbers S3 has beyond [`PART_SLOTS`] parts pay for it (≈ 150 such takeovers of one upload
+//! at the most parts, more for smaller ones); when they run short the numbers stay within S3's
+//! 10 000 by leaving room for the parts still to come ([`Numbering::take`]), a number may then
+//! be sent again, and the writer says so in the log.
 //! States of versions 3 and 4 number part `i` `2i + 1 + (generation mod 2)` ([`part_number`]):
 //! uploads begun with them finish that way.
 //!
@@ -46,21 +48,17 @@ pub const MAX_PARTS: u64 = 10_000;
 /// Most parts of one upload: half of S3's part numbers, so the other half is left for parts
 /// sent again ([`Numbering`]; versions 3 and 4: two numbers per part, [`part_number`]).
 pub const PART_SLOTS: u64 = MAX_PARTS / 2;
-/// The fewest part numbers a writer that took an upload over skips for each holder before it
-/// that never let go ([`stale_window`]).
-pub const MIN_STALE_WINDOW: u32 = 100;
+/// Part numbers a writer may have taken that no commit records yet, at most: it asks for them
+/// to be recorded ([`crate::blob::BlobWriter::wants_numbers_noted`]) once it holds this many,
+/// and one write adds at most a few more (a part and its stream's two numbers).
+pub const UNNOTED_NUMBERS: u32 = 8;
 
 /// Part numbers a writer that took an upload over skips for each holder before it that never
-/// let go ([`Numbering::open`]): four for each part a writer may send between two commits
-/// (`commit_every` bytes, its caller's checkpoint interval, 0 for the default 64 MiB, in
-/// parts of `part_size` bytes; a streamed part takes two numbers, and a part may straddle each
-/// end), never fewer than [`MIN_STALE_WINDOW`], at most S3's 10 000. Recorded in the state
-/// when the upload's first writer opens it, so every writer skips alike.
-pub(crate) fn stale_window(part_size: u64, commit_every: u64) -> u32 {
-    let commit_every = if commit_every == 0 { 64 * MIB } else { commit_every };
-    let parts = commit_every.div_ceil(part_size.max(1)).saturating_add(2);
-    u32::try_from(parts.saturating_mul(4)).unwrap_or(u32::MAX).clamp(MIN_STALE_WINDOW, MAX_PARTS as u32)
-}
+/// let go ([`Numbering::open`]): twice what a writer may have taken unrecorded
+/// ([`UNNOTED_NUMBERS`] and the numbers of one more write), so ≈ 150 such takeovers fit in the
+/// numbers [`PART_SLOTS`] leaves (more for smaller uploads).
+pub const STALE_WINDOW: u32 = 32;
+
 /// The default floor of [`fixed_part_size`]: 16 MiB (one request per 16 MiB on S3; measured in
 /// benches/RESULTS.md against 5 MiB and 64 MiB).
 pub const DEFAULT_PART_FLOOR: u64 = 16 * MIB;
@@ -145,7 +143,7 @@ impl Schedule {
 /// How a version-5 state numbers parts (see the module docs): every number below `next` may
 /// have been sent by some writer of the multipart upload; `generation` is that of the writer
 /// that committed it ([`crate::blob::WriteLease::generation`]); `window` is what a taker skips
-/// per holder that never let go ([`stale_window`]).
+/// per holder that never let go ([`STALE_WINDOW`] for every state written so far).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Numbering {
     pub next: u32,
@@ -154,8 +152,8 @@ pub(crate) struct Numbering {
 }
 
 impl Numbering {
-    /// The numbering of a fresh multipart upload whose writers send at most `window` numbers
-    /// between two commits ([`stale_window`]).
+    /// The numbering of a fresh multipart upload whose takers skip `window` numbers per stale
+    /// holder ([`STALE_WINDOW`]).
     pub(crate) fn new(window: u32) -> Numbering {
         Numbering { next: 1, generation: 0, window }
     }
@@ -174,16 +172,18 @@ impl Numbering {
     /// parts, after the part before it numbered `after` (0: none). Normally `next`; never past
     /// the room the parts still to come need in S3's 10 000 (numbers may then be used again:
     /// the protection above wears thin only after many takeovers), and always above `after`.
-    /// `None` when S3's 10 000 numbers cannot hold the part.
-    pub(crate) fn take(&mut self, idx: u64, most_parts: u64, after: u32) -> Option<u32> {
+    /// Also says whether the number was held back so (it may have been sent before). `None`
+    /// when S3's 10 000 numbers cannot hold the part.
+    pub(crate) fn take(&mut self, idx: u64, most_parts: u64, after: u32) -> Option<(u32, bool)> {
         let to_come = most_parts.max(idx + 1).min(MAX_PARTS).saturating_sub(idx + 1);
         let room = MAX_PARTS.saturating_sub(to_come) as u32;
         let n = self.next.min(room).max(after + 1).max(1);
         if u64::from(n) > MAX_PARTS {
             return None;
         }
+        let held_back = n < self.next;
         self.next = self.next.max(n + 1);
-        Some(n)
+        Some((n, held_back))
     }
 }
 
@@ -243,10 +243,9 @@ impl S3State {
         self.numbering = self.numbering.map(|n| if fresh { Numbering { generation, ..Numbering::new(n.window) } } else { n.open(generation) });
     }
 
-    /// A new blob in fixed parts of `size` bytes, whose writers commit every `commit_every`
-    /// bytes ([`crate::blob::WriteLease::commit_every`]).
-    pub(crate) fn fixed(size: u64, commit_every: u64) -> S3State {
-        S3State::new(Schedule::Fixed(size), Numbering::new(stale_window(size, commit_every)))
+    /// A new blob in fixed parts of `size` bytes.
+    pub(crate) fn fixed(size: u64) -> S3State {
+        S3State::new(Schedule::Fixed(size), Numbering::new(STALE_WINDOW))
     }
 
     pub(crate) fn parts_end(&self) -> u64 {
@@ -508,34 +507,27 @@ mod tests {
 
     #[test]
     fn every_attempt_at_a_part_takes_a_number_never_sent_before() {
-        let mut n = Numbering::new(MIN_STALE_WINDOW);
+        let mut n = Numbering::new(STALE_WINDOW);
         // Part 0, its stream given up and sent whole; part 1 sent once.
-        assert_eq!((n.take(0, 64, 0), n.take(0, 64, 0), n.take(1, 64, 2)), (Some(1), Some(2), Some(3)));
+        assert_eq!((n.take(0, 64, 0), n.take(0, 64, 0), n.take(1, 64, 2)), (Some((1, false)), Some((2, false)), Some((3, false))));
         assert_eq!(n.next, 4);
         // A writer of the same generation goes on from the committed numbering.
         assert_eq!(n.open(0), n);
         // Two holders that never let go since: two windows skipped, the generation recorded.
         let taker = n.open(2);
-        assert_eq!(taker, Numbering { next: 4 + 2 * MIN_STALE_WINDOW, generation: 2, window: MIN_STALE_WINDOW });
+        assert_eq!(taker, Numbering { next: 4 + 2 * STALE_WINDOW, generation: 2, window: STALE_WINDOW });
         // An older writer's view never moves the numbering back.
         assert_eq!(taker.open(1), taker);
     }
 
     #[test]
     fn a_writer_before_the_multipart_upload_exists_skips_nothing() {
-        let mut st = S3State::fixed(16 * MIB, 0);
+        let mut st = S3State::fixed(16 * MIB);
         st.open_numbering(7);
-        assert_eq!(st.numbering, Some(Numbering { next: 1, generation: 7, window: MIN_STALE_WINDOW }));
+        assert_eq!(st.numbering, Some(Numbering { next: 1, generation: 7, window: STALE_WINDOW }));
         st.multipart = Some("m".into());
         st.open_numbering(8);
-        assert_eq!(st.numbering.map(|n| n.next), Some(1 + MIN_STALE_WINDOW), "one holder since never let go");
-    }
-
-    #[test]
-    fn a_taker_skips_four_numbers_for_each_part_a_writer_sends_between_two_commits() {
-        assert_eq!(stale_window(16 * MIB, 0), MIN_STALE_WINDOW, "64 MiB in 16 MiB parts: 6 parts, 24 numbers");
-        assert_eq!(stale_window(5 * MIB, 1 << 30), 4 * (205 + 2));
-        assert_eq!(stale_window(MIB, u64::MAX), MAX_PARTS as u32);
+        assert_eq!(st.numbering.map(|n| n.next), Some(1 + STALE_WINDOW), "one holder since never let go");
     }
 
     #[test]
@@ -545,12 +537,12 @@ mod tests {
         assert_eq!(n.next, MAX_PARTS as u32 + 1);
         // 5 000 parts: part 0 may take at most 5 001, leaving 4 999 for the rest; the last
         // part takes S3's last number.
-        assert_eq!(n.take(0, PART_SLOTS, 0), Some(5_001));
-        assert_eq!(n.take(1, PART_SLOTS, 5_001), Some(5_002));
-        assert_eq!(n.take(PART_SLOTS - 1, PART_SLOTS, 9_999), Some(MAX_PARTS as u32));
+        assert_eq!(n.take(0, PART_SLOTS, 0), Some((5_001, true)), "held back: it may have been sent");
+        assert_eq!(n.take(1, PART_SLOTS, 5_001), Some((5_002, true)));
+        assert_eq!(n.take(PART_SLOTS - 1, PART_SLOTS, 9_999), Some((MAX_PARTS as u32, true)));
         // Always above the part before, and never past S3's last number.
         let mut m = Numbering { next: 3, ..Numbering::new(100) };
-        assert_eq!(m.take(5, 10, 40), Some(41));
+        assert_eq!(m.take(5, 10, 40), Some((41, false)));
         assert_eq!(m.take(9_999, MAX_PARTS, MAX_PARTS as u32), None);
     }
 
@@ -645,7 +637,7 @@ mod tests {
 
     #[test]
     fn the_part_list_is_kept_beside_the_row_and_a_checkpoint_appends_to_it() {
-        let mut st = S3State { multipart: Some("m".into()), parts: vec![(1, "e1".into())], ..S3State::fixed(16 * MIB, 0) };
+        let mut st = S3State { multipart: Some("m".into()), parts: vec![(1, "e1".into())], ..S3State::fixed(16 * MIB) };
         st.numbering = Some(Numbering { next: 5, ..Numbering::new(100) });
         let one = st.encode();
         st.parts.push((4, "e2".into()));
@@ -665,7 +657,7 @@ mod tests {
         // The second checkpoint appends one entry; a rollback to no part replaces them all.
         assert_eq!(two.entries_from(&one), Some(1));
         assert_eq!(two.entries_from(&two), None);
-        let none = S3State::fixed(16 * MIB, 0).encode();
+        let none = S3State::fixed(16 * MIB).encode();
         assert_eq!(none.entries_from(&two), Some(0));
         assert_eq!(BlobState::default().entries_from(&two), Some(0));
         // Cut or overlong framed states are refused.

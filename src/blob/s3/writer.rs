@@ -34,7 +34,7 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS};
+use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS, UNNOTED_NUMBERS};
 use super::{bounded, deadline_for, io, is_not_found, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 
@@ -181,6 +181,10 @@ pub(super) struct S3Writer {
     /// The first part this writer may still stream: one whose stream was given up is not
     /// streamed again.
     stream_from: u64,
+    /// The numbering's `next` as last synced or amended (or opened): what a commit records.
+    noted: u32,
+    /// Whether this writer has said that it sends part numbers again (they ran short).
+    warned_reuse: bool,
 }
 
 impl S3Writer {
@@ -194,6 +198,7 @@ impl S3Writer {
     /// ([`S3State::open_numbering`]).
     pub(super) fn with_part(store: Arc<Inner>, id: &str, mut part: OpenPart, lease: &WriteLease) -> S3Writer {
         part.st.open_numbering(lease.generation);
+        let noted = part.st.numbering.map_or(0, |n| n.next);
         S3Writer {
             store,
             id: id.to_string(),
@@ -206,6 +211,8 @@ impl S3Writer {
             streaming: None,
             expected: 0,
             stream_from: 0,
+            noted,
+            warned_reuse: false,
         }
     }
 
@@ -286,9 +293,17 @@ impl S3Writer {
         let after = self.part.st.parts.last().map_or(0, |p| p.0);
         let number = match self.part.st.numbering.as_mut() {
             Some(n) => n.take(idx, most, after),
-            None => Some(part_number(self.part.st.schedule, idx, self.lease.generation)).filter(|&n| u64::from(n) <= MAX_PARTS),
+            None => Some(part_number(self.part.st.schedule, idx, self.lease.generation)).filter(|&n| u64::from(n) <= MAX_PARTS).map(|n| (n, false)),
         };
-        number.ok_or_else(|| BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")))
+        let (number, held_back) = number.ok_or_else(|| BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")))?;
+        if held_back && !std::mem::replace(&mut self.warned_reuse, true) {
+            tracing::warn!(
+                upload = %self.id,
+                part = number,
+                "this upload has used up its spare S3 part numbers (taken over many times): parts now go under numbers that may have been sent before, and a stale part that reaches S3 late can make its completion fail"
+            );
+        }
+        Ok(number)
     }
 
     /// Whether part `idx` can be streamed: a stream takes two numbers (its own and the whole
@@ -594,6 +609,7 @@ impl BlobWriter for S3Writer {
             self.part.st.tail.push((seg.fence, pos));
             self.part.known.push(seg);
         }
+        self.noted = self.part.st.numbering.map_or(0, |n| n.next);
         self.part.history.push(self.part.st.segments());
         if self.part.history.len() > 3 {
             let old = self.part.history.remove(0);
@@ -681,9 +697,11 @@ impl BlobWriter for S3Writer {
         Ok(Some(BlobState::default()))
     }
 
-    fn amend(&self, committed: &BlobState) -> Option<BlobState> {
+    fn amend(&mut self, state: &BlobState) -> Option<BlobState> {
         let mine = self.part.st.numbering?;
-        let mut st = S3State::decode(committed).ok()??;
+        // Whatever the caller commits next records every number taken so far (or needs not).
+        self.noted = mine.next;
+        let mut st = S3State::decode(state).ok()??;
         // Numbers count within one multipart upload: parts of one this writer created (the
         // committed state has none yet) are never completed, and the next writer makes its own.
         if st.multipart.is_none() || st.multipart != self.part.st.multipart {
@@ -696,6 +714,10 @@ impl BlobWriter for S3Writer {
         n.next = n.next.max(mine.next);
         n.generation = n.generation.max(mine.generation);
         Some(st.encode())
+    }
+
+    fn wants_numbers_noted(&self) -> bool {
+        self.part.st.numbering.is_some_and(|n| n.next >= self.noted.saturating_add(UNNOTED_NUMBERS))
     }
 
     fn position(&self) -> u64 {
