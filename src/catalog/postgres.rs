@@ -49,11 +49,22 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// milliseconds; the bound is for outages, not for load.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
 
+/// Longest a background sweep's call may take (pruning events, sweeping tasks and MCP
+/// sessions: one statement over every row due, however many accumulated), so that it still
+/// ends when the database stops answering, yet a large backlog is not cut off — and rolled
+/// back — again and again.
+pub const SWEEP_DEADLINE: Duration = Duration::from_secs(600);
+
 /// `call` within [`CALL_DEADLINE`].
 pub(super) async fn within<T>(call: impl std::future::Future<Output = CatalogResult<T>>) -> CatalogResult<T> {
-    match tokio::time::timeout(CALL_DEADLINE, call).await {
+    within_for(CALL_DEADLINE, call).await
+}
+
+/// `call` within `deadline`, else `Unavailable`.
+pub(super) async fn within_for<T>(deadline: Duration, call: impl std::future::Future<Output = CatalogResult<T>>) -> CatalogResult<T> {
+    match tokio::time::timeout(deadline, call).await {
         Ok(r) => r,
-        Err(_) => Err(CatalogError::Unavailable(format!("PostgreSQL did not answer within {} s", CALL_DEADLINE.as_secs()).into())),
+        Err(_) => Err(CatalogError::Unavailable(format!("PostgreSQL did not answer within {} s", deadline.as_secs()).into())),
     }
 }
 
@@ -831,7 +842,7 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
-        within(async { Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected()) }).await
+        within_for(SWEEP_DEADLINE, async { Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected()) }).await
     }
 
     async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {

@@ -10,7 +10,7 @@ use super::dialect::sql;
 use super::event_statements::{self as st, deliveries_joined};
 use super::events::{row_to_delivery, row_to_event};
 use super::events::{Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
-use super::postgres::{settle, within, Tx};
+use super::postgres::{settle, within, within_for, Tx};
 use super::{CatalogResult, PostgresCatalog};
 
 async fn enqueue_in(tx: &mut Transaction<'static, Postgres>, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
@@ -85,7 +85,7 @@ impl EventCatalog for PostgresCatalog {
     }
 
     async fn prune_events(&self, before_ms: i64) -> CatalogResult<u64> {
-        within(async {
+        within_for(super::postgres::SWEEP_DEADLINE, async {
             let mut tx = self.pool.begin().await?;
             let out: CatalogResult<Tx<_>> = async {
                 sqlx::query(st::PRUNE_DELIVERIES.pg).bind(before_ms).execute(&mut *tx).await?;

@@ -8,7 +8,7 @@ use sqlx::{Postgres, Transaction};
 
 use super::dialect::sql;
 use super::partials::{keep_from, Appended, PartialPage, MAX_FRAGMENTS};
-use super::postgres::{settle, within, Tx};
+use super::postgres::{settle, within, within_for, Tx};
 use super::sql::{corrupt, json_map, json_text, raw, row_to_task, task_columns};
 use super::task_statements as st;
 use super::tasks::{NewTask, StartOutcome, TaskCatalog, TaskEnd, TaskRecord, TaskStatus, TaskUpdate};
@@ -282,7 +282,7 @@ impl TaskCatalog for PostgresCatalog {
     }
 
     async fn sweep_tasks(&self, now_ms: i64) -> CatalogResult<u64> {
-        within(async {
+        within_for(super::postgres::SWEEP_DEADLINE, async {
             let mut tx = self.pool.begin().await?;
             let out = sweep_in(&mut tx, now_ms).await;
             settle(tx, out).await

@@ -21,11 +21,12 @@
 //! the numbers a writer took are committed every few ([`UNNOTED_NUMBERS`]) and when it fails
 //! ([`super::super::BlobWriter::amend`]), so a writer that took the upload over from holders
 //! that never let go skips a small window of numbers per such holder ([`STALE_WINDOW`],
-//! recorded with the numbering), past whatever they may have sent unrecorded. The 5 000
-//! numbers S3 has beyond [`PART_SLOTS`] parts pay for it (≈ 150 such takeovers of one upload
-//! at the most parts, more for smaller ones); when they run short the numbers stay within S3's
-//! 10 000 by leaving room for the parts still to come ([`Numbering::take`]), a number may then
-//! be sent again, and the writer says so in the log.
+//! recorded with the numbering), past whatever they may have sent unrecorded. The numbers S3
+//! has beyond an upload's parts pay for it, shared with the spare number each streamed part
+//! keeps for its resend: ≈ 300 such takeovers for an upload of a few hundred parts, 8 near
+//! [`PART_SLOTS`] parts (whose last parts go unstreamed to keep them). When they run short the numbers stay within S3's 10 000 by
+//! leaving room for the parts still to come ([`Numbering::take`]), a number may then be sent
+//! again, and the writer says so in the log.
 //! States of versions 3 and 4 number part `i` `2i + 1 + (generation mod 2)` ([`part_number`]):
 //! uploads begun with them finish that way.
 //!
@@ -55,8 +56,7 @@ pub const UNNOTED_NUMBERS: u32 = 8;
 
 /// Part numbers a writer that took an upload over skips for each holder before it that never
 /// let go ([`Numbering::open`]): twice what a writer may have taken unrecorded
-/// ([`UNNOTED_NUMBERS`] and the numbers of one more write), so ≈ 150 such takeovers fit in the
-/// numbers [`PART_SLOTS`] leaves (more for smaller uploads).
+/// ([`UNNOTED_NUMBERS`] and the numbers of one more write).
 pub const STALE_WINDOW: u32 = 32;
 
 /// The default floor of [`fixed_part_size`]: 16 MiB (one request per 16 MiB on S3; measured in

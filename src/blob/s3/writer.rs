@@ -34,9 +34,14 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS, UNNOTED_NUMBERS};
+use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS, STALE_WINDOW, UNNOTED_NUMBERS};
 use super::{bounded, deadline_for, io, is_not_found, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
+
+/// Part numbers streaming leaves unused for takeovers and resends ([`S3Writer::numbers_to_spare`]):
+/// eight takeovers' windows. An upload near [`PART_SLOTS`] parts sends its last parts whole
+/// rather than streamed to keep them.
+const KEPT_FOR_TAKEOVERS: u32 = 8 * STALE_WINDOW;
 
 /// How long a parked open part waits for the next PATCH of its upload before it is dropped
 /// (its bytes are durable in tail segments; a later writer reads them back).
@@ -307,12 +312,13 @@ impl S3Writer {
     }
 
     /// Whether part `idx` can be streamed: a stream takes two numbers (its own and the whole
-    /// part's, should it fail), which must leave room for the parts after it.
+    /// part's, should it fail), which must leave room for the parts after it and
+    /// [`KEPT_FOR_TAKEOVERS`] more.
     fn numbers_to_spare(&self, idx: u64) -> bool {
         match self.part.st.numbering {
             Some(n) => {
                 let to_come = self.most_parts().max(idx + 1).min(MAX_PARTS) - idx - 1;
-                u64::from(n.next) + 1 + to_come <= MAX_PARTS
+                u64::from(n.next) + 1 + to_come + u64::from(KEPT_FOR_TAKEOVERS) <= MAX_PARTS
             }
             None => u64::from(part_number(self.part.st.schedule, idx, self.lease.generation)) <= MAX_PARTS,
         }
