@@ -346,17 +346,7 @@ impl Appender {
     /// ([`crate::blob::BlobWriter::amend`]), if anything.
     async fn note_numbers(&mut self) -> Result<(), Refusal> {
         let Some(blob) = self.writer.amend(&self.committed_blob) else { return Ok(()) };
-        let now = now_ms();
-        let cp = Checkpoint {
-            offset: self.committed.0,
-            hash_state: self.committed.1.state(),
-            blob_state: blob.0.clone(),
-            blob_entries_from: blob.entries_from(&self.committed_blob),
-            length: None,
-            finished_sha256: None,
-            expires_at_ms: self.engine.expiry_from(now),
-            now_ms: now,
-        };
+        let cp = self.unfinished_checkpoint(self.committed.0, &self.committed.1, &blob, None);
         self.record(&cp).await?;
         self.committed_blob = blob;
         Ok(())
@@ -373,6 +363,22 @@ impl Appender {
         match self.note_numbers().await {
             Ok(()) => Ok(()),
             Err(e) => Err(self.released(e).await),
+        }
+    }
+
+    /// The checkpoint of this unfinished upload at `offset`, with `hasher`'s midstate and blob
+    /// state `blob` in place of the committed one, declaring `length` if it is new.
+    fn unfinished_checkpoint(&self, offset: u64, hasher: &RunningSha256, blob: &BlobState, length: Option<u64>) -> Checkpoint {
+        let now = now_ms();
+        Checkpoint {
+            offset,
+            hash_state: hasher.state(),
+            blob_state: blob.0.clone(),
+            blob_entries_from: blob.entries_from(&self.committed_blob),
+            length,
+            finished_sha256: None,
+            expires_at_ms: self.engine.expiry_from(now),
+            now_ms: now,
         }
     }
 
@@ -493,17 +499,7 @@ impl Appender {
             return Ok(());
         }
         let blob = self.numbered(blob);
-        let now = now_ms();
-        let cp = Checkpoint {
-            offset,
-            hash_state: hasher.state(),
-            blob_state: blob.0.clone(),
-            blob_entries_from: blob.entries_from(&self.committed_blob),
-            length: self.set_length,
-            finished_sha256: None,
-            expires_at_ms: self.engine.expiry_from(now),
-            now_ms: now,
-        };
+        let cp = self.unfinished_checkpoint(offset, &hasher, &blob, self.set_length);
         self.record(&cp).await?;
         self.committed = (offset, hasher);
         self.committed_blob = blob;
@@ -602,16 +598,7 @@ impl Appender {
                 blob = self.numbered(blob);
                 hasher = RunningSha256::new();
                 self.hasher.reset(hasher.clone());
-                let cp = Checkpoint {
-                    offset: 0,
-                    hash_state: hasher.state(),
-                    blob_state: blob.0.clone(),
-                    blob_entries_from: blob.entries_from(&self.committed_blob),
-                    length: self.set_length,
-                    finished_sha256: None,
-                    expires_at_ms: self.engine.expiry_from(now),
-                    now_ms: now,
-                };
+                let cp = self.unfinished_checkpoint(0, &hasher, &blob, self.set_length);
                 self.record(&cp).await?;
                 self.committed = (0, hasher);
                 self.committed_blob = blob;
