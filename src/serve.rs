@@ -194,6 +194,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     #[cfg(not(unix))]
     let hangups: std::io::Result<()> = Ok(());
     let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
+    // Likewise SIGTERM and SIGINT: a supervisor may stop the server the moment it prints
+    // `listening on`, and that stop must checkpoint, not kill.
+    let stop_requested = shutdown_signal()?;
     if cfg.stdio {
         // stdout carries MCP messages only.
         eprintln!("listening on {scheme}://{addr}");
@@ -222,7 +225,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let shutdown_engine = engine.clone();
     let signal = async move {
         tokio::select! {
-            _ = shutdown_signal() => {}
+            _ = stop_requested => {}
             _ = stdio_done.cancelled() => tracing::info!("stdin closed"),
         }
         tracing::info!("shutting down: checkpointing in-flight uploads");
@@ -672,18 +675,25 @@ async fn accept_any(listeners: &[tokio::net::TcpListener]) -> std::io::Result<(t
     futures::future::select_all(listeners.iter().map(|l| Box::pin(l.accept()))).await.0
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM or SIGINT (Ctrl-C), registered now — before the caller announces it is listening —
+/// so a stop that arrives at once is caught rather than ending the process by its default action.
+/// Errors: the handlers cannot be registered (no signal support in this process).
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let (mut term, mut interrupt) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// The background finisher ([`crate::upload::finishing`]): uploads whose bytes are all stored
