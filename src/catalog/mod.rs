@@ -21,6 +21,7 @@ pub mod conformance_events;
 pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
+mod damage_marks;
 mod dialect;
 mod event_statements;
 pub mod events;

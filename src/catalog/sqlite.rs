@@ -62,6 +62,12 @@ pub struct SqliteCatalog {
     /// statement succeeded; one that failed or was cut short drops it, and the next checkpoint
     /// takes a fresh one from the pool.
     checkpointer: Option<std::sync::Arc<tokio::sync::Mutex<Option<sqlx::SqliteConnection>>>>,
+    /// The database file's damage marks file, appended to after every mark this process commits
+    /// (`None` for an in-memory database).
+    marks: Option<super::damage_marks::MarksFile>,
+    /// Finished uploads found unmarked, for [`Catalog::damage`] (see
+    /// [`SqliteCatalog::with_read_cache`] and [`super::damage_marks`]).
+    clean: Option<std::sync::Arc<super::damage_marks::CleanIds>>,
 }
 
 /// `sql` (the checkpoint update, with or without `RETURNING`) bound to checkpoint `cp` of upload
@@ -140,7 +146,8 @@ impl SqliteCatalog {
     /// Open (creating if missing) the database file and run pending migrations.
     pub async fn open(path: &Path) -> anyhow::Result<Self> {
         let opts = SqliteConnectOptions::new().filename(path).create_if_missing(true).synchronous(SqliteSynchronous::Full).busy_timeout(Duration::from_secs(10));
-        let catalog = Self::connect(opts, false).await?;
+        let mut catalog = Self::connect(opts, false).await?;
+        catalog.marks = Some(super::damage_marks::MarksFile::beside(path));
         // SQLite fsyncs the directory for the journal files it creates, not for the database
         // file: make `ferry.db`'s own name durable without relying on the `-wal`'s creation
         // having done it on the way (a power cut would lose a new database otherwise).
@@ -184,7 +191,7 @@ impl SqliteCatalog {
         if in_memory {
             sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         }
-        Ok(SqliteCatalog { pool, task_cache: None, upload_cache: None, checkpointer: (!in_memory).then(Default::default) })
+        Ok(SqliteCatalog { pool, task_cache: None, upload_cache: None, checkpointer: (!in_memory).then(Default::default), marks: None, clean: None })
     }
 
     /// Serve [`super::TaskCatalog::get_task`] and, for finished uploads, [`Catalog::get_upload`]
@@ -196,10 +203,12 @@ impl SqliteCatalog {
     ///
     /// Only for a process that is the database's **sole writer** (`ferry serve` with
     /// `--leases local`: one server per catalog, DATA/lock held): a write by another process
-    /// would not be seen.
+    /// would not be seen. The one writer beside it, `ferry check --repair-catalog`, marks damage,
+    /// which [`Catalog::damage`] learns from the marks file ([`super::damage_marks`]).
     pub fn with_read_cache(mut self) -> Self {
         self.task_cache = Some(std::sync::Arc::default());
         self.upload_cache = Some(std::sync::Arc::default());
+        self.clean = self.marks.clone().map(|m| std::sync::Arc::new(super::damage_marks::CleanIds::new(m)));
         self
     }
 
@@ -730,14 +739,30 @@ impl Catalog for SqliteCatalog {
 
     async fn set_damage(&self, id: &str, damage: Option<&Damage>) -> CatalogResult<bool> {
         let done = match damage {
-            Some(d) => sqlx::query(st::SET_DAMAGE.sqlite).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?,
+            Some(d) => {
+                let done = sqlx::query(st::SET_DAMAGE.sqlite).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?;
+                // After the commit (see `damage_marks`): a server beside this process forgets
+                // which uploads it found unmarked.
+                if let Some(Err(e)) = self.marks.as_ref().map(|m| m.bump()) {
+                    tracing::warn!(error = %e, "could not append to the damage marks file: a server on this catalog serves the upload for up to 1 s more");
+                }
+                done
+            }
             None => sqlx::query(st::CLEAR_DAMAGE.sqlite).bind(id).execute(&self.pool).await?,
         };
         Ok(done.rows_affected() > 0)
     }
 
     async fn damage(&self, id: &str) -> CatalogResult<Option<Damage>> {
+        use super::damage_marks::Look;
+        let look = self.clean.as_ref().map(|c| c.look(id));
+        if let Some(Look::Clean) = look {
+            return Ok(None);
+        }
         let row: Option<(String, String, i64)> = sqlx::query_as(st::DAMAGE.sqlite).bind(id).fetch_optional(&self.pool).await?;
+        if let (None, Some(Look::Ask(stamp)), Some(c)) = (&row, look, &self.clean) {
+            c.found_clean(id, stamp);
+        }
         Ok(row.map(|(kind, detail, found_at_ms)| Damage { kind, detail, found_at_ms }))
     }
 
