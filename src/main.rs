@@ -75,6 +75,12 @@ fn main() -> std::process::ExitCode {
         Command::Token(cmd) => ferry::token_command::run(cmd),
         Command::Check(args) => ferry::check_command::run(args),
         Command::Serve(args) => {
+            ferry::serve::tune_allocator();
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+            let hangups = {
+                let _in_runtime = rt.enter();
+                ferry::serve::catch_hangups()
+            };
             let cfg = match Config::resolve(&args) {
                 Ok(c) => c,
                 Err(e) => {
@@ -82,10 +88,8 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::from(2);
                 }
             };
-            ferry::serve::tune_allocator();
             init_logs(cfg.log_format, cfg.stdio);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            match rt.block_on(ferry::serve::run(cfg)) {
+            match rt.block_on(ferry::serve::run(cfg, hangups)) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("ferry: {e:#}");

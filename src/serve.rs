@@ -39,8 +39,29 @@ pub fn tune_allocator() {
     }
 }
 
-/// Run the server with `cfg`. Prints `listening on http://ADDR` to stdout once it accepts.
-pub async fn run(cfg: Config) -> anyhow::Result<()> {
+/// SIGHUPs, caught from now on ([`run`] reloads on each). Call before the configuration is
+/// read, in the runtime `run` will use: a reload sent while the server starts (after `ferry
+/// token create`, say) must not end it by the signal's default action, and one that arrives
+/// before the server listens reloads once it does. SIGTERM and SIGINT keep their default until
+/// the server listens, so a start-up that hangs can still be stopped.
+#[cfg(unix)]
+pub fn catch_hangups() -> Hangups {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+}
+#[cfg(not(unix))]
+pub fn catch_hangups() -> Hangups {
+    Ok(())
+}
+
+/// What [`catch_hangups`] returns (an error: SIGHUP cannot be caught, reloads are off).
+#[cfg(unix)]
+pub type Hangups = std::io::Result<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+pub type Hangups = std::io::Result<()>;
+
+/// Run the server with `cfg`, reloading on `hangups` (from [`catch_hangups`]). Prints
+/// `listening on http://ADDR` to stdout once it accepts.
+pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     // Its name made durable too: a power cut must not take the whole data dir away.
     crate::blob::fs::create_dir_all_synced(&cfg.data).with_context(|| format!("creating data dir {}", cfg.data.display()))?;
     if let Some(public) = open_to_anyone(&cfg, &cfg.tokens) {
@@ -187,15 +208,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, tls = tls.is_some(), "ferry serving");
     log_principals(&tokens, "configured");
     let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
-    // Registered before `listening on` is printed: from then on a SIGHUP reloads (its default
-    // action, ending the process, no longer applies).
-    #[cfg(unix)]
-    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-    #[cfg(not(unix))]
-    let hangups: std::io::Result<()> = Ok(());
     let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
-    // Likewise SIGTERM and SIGINT: a supervisor may stop the server the moment it prints
-    // `listening on`, and that stop must checkpoint, not kill.
+    // SIGTERM and SIGINT are caught before `listening on` is printed: a supervisor may stop the
+    // server the moment it does, and that stop must checkpoint, not kill.
     let stop_requested = shutdown_signal()?;
     if cfg.stdio {
         // stdout carries MCP messages only.
@@ -276,7 +291,7 @@ fn log_principals(tokens: &Tokens, what: &str) {
 /// parse, a token set that would leave a non-loopback server open, a certificate that is
 /// missing or does not match its key — is logged with the reason and the old one stays.
 #[cfg(unix)]
-async fn reload_on_sighup(hangups: std::io::Result<tokio::signal::unix::Signal>, cfg: Config, tokens: Tokens, tls: Option<Arc<crate::tls::TlsCertificate>>) {
+async fn reload_on_sighup(hangups: Hangups, cfg: Config, tokens: Tokens, tls: Option<Arc<crate::tls::TlsCertificate>>) {
     {
         let mut hup = match hangups {
             Ok(h) => h,
@@ -321,7 +336,7 @@ async fn reload_on_sighup(hangups: std::io::Result<tokio::signal::unix::Signal>,
 }
 
 #[cfg(not(unix))]
-async fn reload_on_sighup(_: std::io::Result<()>, _: Config, _: Tokens, _: Option<Arc<crate::tls::TlsCertificate>>) {}
+async fn reload_on_sighup(_: Hangups, _: Config, _: Tokens, _: Option<Arc<crate::tls::TlsCertificate>>) {}
 
 /// The blob store `--blobs` names. An S3 bucket is checked at once (a probe object is put and
 /// deleted), so a server that cannot reach or write it fails at start-up with one line that

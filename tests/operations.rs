@@ -333,3 +333,61 @@ fn a_stop_the_moment_the_server_listens_is_a_clean_shutdown() {
         assert!(log.iter().any(|l| l.contains("shutting down")), "round {round}:\n{}", log.join("\n"));
     }
 }
+
+/// A reload sent while the server starts (a break-it run: `kill -HUP` 5–20 ms after launch ended
+/// the server with status 129, the handler being installed only once the catalog was open) is
+/// caught and carried out once the server listens. SIGHUP is caught from before the
+/// configuration is read: by the time the catalog is open it must be (`SigCgt` bit 0, signal 1).
+#[test]
+fn a_reload_sent_while_the_server_starts_does_not_end_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path())
+        .env_remove("FERRY_LISTEN")
+        .env_remove("FERRY_CATALOG")
+        .env_remove("FERRY_CONFIG")
+        .env(common::TEST_MIN_FREE_SPACE.0, common::TEST_MIN_FREE_SPACE.1)
+        .env("RUST_LOG", "info")
+        .env("FERRY_LOG_FORMAT", "text")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let hup = || assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    let caught = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap().trim().to_string();
+        u64::from_str_radix(&mask, 16).unwrap() & 1 != 0
+    };
+    let mut log = Vec::new();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let opened = line.contains("catalog open");
+        log.push(line);
+        if opened {
+            assert!(caught(), "SIGHUP is not caught yet when the catalog is open:\n{}", log.join("\n"));
+            hup();
+            break;
+        }
+    }
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = out.next().and_then(Result::ok).unwrap_or_default();
+    assert!(listening.starts_with("listening on"), "the server did not come up ({:?}):\n{}", child.try_wait(), log.join("\n"));
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let reloaded = line.contains("SIGHUP: reloading");
+        log.push(line);
+        if reloaded {
+            break;
+        }
+    }
+    assert!(log.iter().any(|l| l.contains("SIGHUP: reloading")), "{}", log.join("\n"));
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}\n{}", log.join("\n"));
+}
