@@ -147,21 +147,95 @@ impl Space {
     }
 }
 
-/// Measures the free space of the data directory's filesystem against a [`Reserve`].
+/// Measures the free space of the data directory's filesystem against a [`Reserve`]. Clones
+/// share one [`SpaceLedger`]: what every writer of the server took since the last measurement.
 #[derive(Debug, Clone)]
 pub struct SpaceReserve {
     dir: PathBuf,
     reserve: Reserve,
+    ledger: std::sync::Arc<SpaceLedger>,
 }
+
+/// The bytes all writers streaming into one filesystem took since its free space was last
+/// measured, against the room that measurement left (DESIGN §9). Each writer used to measure
+/// on its own, after half the room *it* had seen: twenty at once each took their half and
+/// filled the disk past the reserve. Now the room is shared: whichever writer finds that the
+/// writers together took half of it measures again, so between two measurements they take at
+/// most half of what was left above the reserve, however many they are.
+#[derive(Debug, Default)]
+pub struct SpaceLedger {
+    /// Bytes taken by all writers since the last measurement.
+    taken: std::sync::atomic::AtomicU64,
+    /// Bytes they may take before the next one (`0`: measure at every check).
+    budget: std::sync::atomic::AtomicU64,
+    /// Sum of what each writer holds that free space may not show yet (gathered, not written).
+    unflushed: std::sync::atomic::AtomicU64,
+    /// One measurement at a time.
+    measuring: std::sync::Mutex<()>,
+}
+
+impl SpaceLedger {
+    /// May a writer write `n` bytes more? It holds `held` bytes the disk does not show yet (it
+    /// held `*was_held` at its last call). `Ok`: go on, the `n` bytes are counted; `Err(detail)`:
+    /// they would eat into the reserve, write none of them. `measure` is called (under the
+    /// ledger's lock) when the shared budget is spent; `None` = cannot measure (the reserve is
+    /// off): never refuse.
+    pub fn take(&self, n: u64, held: u64, was_held: &mut u64, measure: impl FnOnce() -> Option<Space>) -> Result<(), String> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if held >= *was_held {
+            self.unflushed.fetch_add(held - *was_held, SeqCst);
+        } else {
+            self.unflushed.fetch_sub(*was_held - held, SeqCst);
+        }
+        *was_held = held;
+        if self.taken.fetch_add(n, SeqCst) + n <= self.budget.load(SeqCst) {
+            return Ok(());
+        }
+        let _one = self.measuring.lock().unwrap_or_else(|e| e.into_inner());
+        let before = self.taken.load(SeqCst);
+        if before <= self.budget.load(SeqCst) {
+            return Ok(()); // another writer measured meanwhile, counting these bytes
+        }
+        let Some(s) = measure() else {
+            self.budget.store(u64::MAX, SeqCst);
+            return Ok(());
+        };
+        // What was taken before is on the disk now, or held unflushed by its writer; these `n`
+        // bytes are neither yet.
+        let left = s.usable().saturating_sub(self.unflushed.load(SeqCst));
+        if s.available <= s.reserve || left < n {
+            self.taken.fetch_sub(n, SeqCst);
+            self.budget.store(0, SeqCst);
+            return Err(format!("the server's disk reached its free-space reserve: {} bytes free, {} bytes kept in reserve", s.available, s.reserve));
+        }
+        self.taken.fetch_sub(before - n, SeqCst);
+        self.budget.store(((left - n) / 2).clamp(1, SPACE_STEP_MAX), SeqCst);
+        Ok(())
+    }
+
+    /// A writer that held `held` unflushed bytes is gone.
+    pub fn release(&self, held: u64) {
+        self.unflushed.fetch_sub(held, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Most bytes all writers take between two measurements of free space (fewer as the room left
+/// above the reserve shrinks).
+pub const SPACE_STEP_MAX: u64 = 16 << 20;
 
 impl SpaceReserve {
     pub fn new(dir: &Path, reserve: Reserve) -> SpaceReserve {
-        SpaceReserve { dir: dir.to_path_buf(), reserve }
+        SpaceReserve { dir: dir.to_path_buf(), reserve, ledger: Default::default() }
     }
 
     /// Off: never refuses (tests, embedders without a local disk).
     pub fn none() -> SpaceReserve {
-        SpaceReserve { dir: PathBuf::new(), reserve: Reserve::Bytes(0) }
+        SpaceReserve { dir: PathBuf::new(), reserve: Reserve::Bytes(0), ledger: Default::default() }
+    }
+
+    /// The ledger every writer streaming into this filesystem shares.
+    pub fn ledger(&self) -> &std::sync::Arc<SpaceLedger> {
+        &self.ledger
     }
 
     /// The free space now (`statvfs`, a cheap system call). `None` when the reserve is off or
@@ -179,7 +253,14 @@ impl SpaceReserve {
     /// `Err(detail)` when writing `bytes` more would eat into the reserve (or the reserve is
     /// already reached, for `bytes = 0`).
     pub fn check(&self, bytes: u64) -> Result<(), String> {
-        let Some(s) = self.measure() else { return Ok(()) };
+        self.check_freeing(bytes, 0)
+    }
+
+    /// [`SpaceReserve::check`] for a writer that first frees `freed` bytes (it cuts its blob
+    /// back to the committed offset).
+    pub fn check_freeing(&self, bytes: u64, freed: u64) -> Result<(), String> {
+        let Some(mut s) = self.measure() else { return Ok(()) };
+        s.available = s.available.saturating_add(freed);
         if s.available <= s.reserve || bytes > s.usable() {
             return Err(if bytes == 0 || s.available <= s.reserve {
                 format!("the server's disk is nearly full: {} bytes free, and it keeps {} bytes in reserve", s.available, s.reserve)
@@ -207,6 +288,47 @@ pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Twenty writers streaming at once into a filesystem whose free space shows every byte
+    /// written: together they stop at the reserve, and use the room above it (all but less
+    /// than one frame).
+    #[test]
+    fn writers_at_once_share_the_room_above_the_reserve() {
+        let (total, reserve, frame, writers) = (100_000_000u64, 10_000_000u64, 400_000u64, 20);
+        let ledger = SpaceLedger::default();
+        let written = std::cell::Cell::new(0u64);
+        let measure = || Some(Space { available: total - written.get(), total, reserve });
+        let mut held = vec![0u64; writers];
+        let mut stopped = vec![false; writers];
+        while stopped.iter().any(|s| !s) {
+            for w in 0..writers {
+                if stopped[w] {
+                    continue;
+                }
+                stopped[w] = ledger.take(frame, 0, &mut held[w], measure).is_err();
+                if !stopped[w] {
+                    written.set(written.get() + frame);
+                }
+            }
+        }
+        let w = written.get();
+        assert!(w + frame > total - reserve, "stopped early: {w}");
+        assert!(w <= total - reserve, "ate into the reserve: {w}");
+    }
+
+    /// Bytes writers hold that free space does not show yet count against the room, until the
+    /// writer is gone.
+    #[test]
+    fn what_writers_hold_unflushed_counts_against_the_room() {
+        let ledger = SpaceLedger::default();
+        let space = Space { available: 30, total: 100, reserve: 10 };
+        let (mut a, mut b) = (0, 0);
+        assert!(ledger.take(15, 0, &mut a, || Some(space)).is_ok());
+        assert!(ledger.take(0, 15, &mut a, || Some(space)).is_ok(), "a's 15 bytes are not on the disk yet");
+        assert!(ledger.take(6, 0, &mut b, || Some(space)).is_err(), "15 unflushed leave 5 above the reserve, not 6");
+        ledger.release(a);
+        assert!(ledger.take(6, 0, &mut b, || Some(space)).is_ok());
+    }
 
     #[test]
     fn postgres_codes_that_say_try_again_are_transient() {

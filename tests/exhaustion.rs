@@ -344,3 +344,120 @@ async fn a_running_patch_stops_at_the_reserve_and_keeps_what_arrived() {
     assert_eq!(r.status(), 204, "resume after space returned");
     assert_stored_sha256(&s, &url, &sha256_hex(&body)).await;
 }
+
+/// A body streamed slowly in 64 KiB pieces (so PATCHes sent at once overlap), as a PATCH at
+/// `offset` of `data`.
+async fn slow_patch(url: String, offset: u64, data: Vec<u8>) -> reqwest::Result<reqwest::Response> {
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> = data.chunks(64 << 10).map(|c| Ok(c.to_vec())).collect();
+    let body = futures::StreamExt::then(futures::stream::iter(pieces), |p| async move {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        p
+    });
+    client()
+        .patch(url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", "application/offset+octet-stream")
+        .header("Upload-Offset", offset.to_string())
+        .body(reqwest::Body::wrap_stream(body))
+        .send()
+        .await
+}
+
+/// The least free space seen while `work` runs (measured every 5 ms).
+async fn least_free_during<T>(fs: &SmallFs, work: impl std::future::Future<Output = T>) -> (u64, T) {
+    let least = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let (stop, dir) = (tokio_util::sync::CancellationToken::new(), fs.dir.clone());
+    let watcher = {
+        let (least, stop) = (least.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let st = nix::sys::statvfs::statvfs(&dir).unwrap();
+                least.fetch_min(st.blocks_available() as u64 * st.fragment_size() as u64, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let out = work.await;
+    stop.cancel();
+    watcher.await.unwrap();
+    (least.load(std::sync::atomic::Ordering::SeqCst), out)
+}
+
+/// Twenty PATCHes sent at once into 40 MiB of room above the reserve (a break-it run: each
+/// writer measured free space on its own and used half the room *it* saw, so together they
+/// filled the disk to 0 and got "the disk is full" instead of the reserve). They stop together
+/// at the reserve, each with its cursor, and every upload then completes byte for byte.
+#[tokio::test]
+async fn patches_sent_at_once_stop_together_at_the_reserve() {
+    let fs = SmallFs::mount(100);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "16MiB"]);
+    let tus = Tus::new(&s);
+    let (avail, _) = fs.space();
+    fs.fill("filler", avail - 56 * MIB);
+    let mut uploads = Vec::new();
+    for i in 0..20u64 {
+        uploads.push((tus.create(8 * MIB).await, pseudo_random((8 * MIB) as usize, 100 + i)));
+    }
+    let sends = uploads.iter().map(|(url, body)| slow_patch(tus.abs(url), 0, body.clone()));
+    let (least, answers) = least_free_during(&fs, futures::future::join_all(sends)).await;
+    let mut refused = 0;
+    for r in answers {
+        let r = r.unwrap();
+        if r.status() == 507 {
+            let p = problem(r, 507, "insufficient_storage").await;
+            assert!(p["detail"].as_str().unwrap().contains("reserve"), "refused at the reserve, not by a full disk: {p}");
+            refused += 1;
+        } else {
+            assert_eq!(r.status(), 204);
+        }
+    }
+    assert!(refused > 0, "160 MiB cannot fit into 40 MiB");
+    assert!(least >= 12 * MIB, "free space fell to {least} bytes, far into the 16 MiB reserve");
+
+    std::fs::remove_file(fs.path("filler")).unwrap();
+    fs.resize(300);
+    wait_ready(&s, 200).await;
+    for (url, body) in &uploads {
+        let at = tus.offset(url).await;
+        if at < 8 * MIB {
+            assert_eq!(tus.patch(url, at, body[at as usize..].to_vec(), &[]).await.status(), 204);
+        }
+        assert!(tus.download(url).await == *body, "{url} is not what was sent");
+    }
+}
+
+/// A server killed mid-PATCH leaves bytes past the committed offset in the upload's file; the
+/// next writer cuts them off. When the disk is below the reserve, that room is the upload's
+/// own: a PATCH resuming it is accepted up to the reserve instead of refused at once (a
+/// break-it run: 507 "nearly full" at offset 0 while its own 40 MiB of cut-off bytes held the
+/// disk).
+#[tokio::test]
+async fn a_resumed_upload_reuses_the_room_its_cut_off_bytes_held() {
+    let fs = SmallFs::mount(100);
+    let data = fs.path("data");
+    let mut s = Server::start_in(&data, &["--min-free-space", "16MiB", "--checkpoint-every", "1GiB"]);
+    let tus = Tus::new(&s);
+    let body = pseudo_random((60 * MIB) as usize, 9);
+    let url = tus.create(60 * MIB).await;
+    let sending = tokio::spawn(slow_patch(tus.abs(&url), 0, body.clone()));
+    wait_bytes_received(&s, 40 * MIB).await;
+    s.kill9();
+    let _ = sending.await;
+    s.restart_same_port();
+    assert_eq!(tus.offset(&url).await, 0, "nothing was committed");
+    let (avail, _) = fs.space();
+    fs.fill("filler", avail.saturating_sub(8 * MIB));
+    let r = tus.patch(&url, 0, body.clone(), &[]).await;
+    let p = problem(r, 507, "insufficient_storage").await;
+    let kept = p["partial"]["cursor"].as_u64().unwrap();
+    assert!(kept >= 16 * MIB, "the PATCH could use the room its own cut-off bytes held, but kept {kept} bytes: {p}");
+    let (free, _) = fs.space();
+    assert!(free >= 12 * MIB, "free space fell to {free} bytes, far into the 16 MiB reserve");
+
+    std::fs::remove_file(fs.path("filler")).unwrap();
+    wait_ready(&s, 200).await;
+    assert_eq!(tus.offset(&url).await, kept);
+    assert_eq!(tus.patch(&url, kept, body[kept as usize..].to_vec(), &[]).await.status(), 204);
+    assert!(tus.download(&url).await == body);
+}

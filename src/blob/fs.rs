@@ -429,6 +429,7 @@ impl BlobStore for FsBlobStore {
             gathered: Vec::new(),
             gathered_len: 0,
             in_flight: None,
+            in_flight_len: 0,
             flushed: offset,
             durable,
             lease: lease.clone(),
@@ -711,8 +712,9 @@ struct FsWriter {
     /// Bytes given to `write` and not yet handed to the file.
     gathered: Vec<Bytes>,
     gathered_len: usize,
-    /// The batch being written.
+    /// The batch being written, and its length in bytes.
     in_flight: Option<JoinHandle<std::io::Result<()>>>,
+    in_flight_len: u64,
     /// Direct writes (`O_DIRECT`) and their carry, used by one batch at a time; `None`:
     /// writes go through the page cache.
     direct: Option<Arc<Mutex<Direct>>>,
@@ -781,6 +783,7 @@ impl FsWriter {
             Ok(())
         }));
         self.flushed += n;
+        self.in_flight_len = n;
         if self.direct.is_some() {
             self.carry_unwritten = !(whole || sync) && (n > 0 || self.carry_unwritten);
         }
@@ -939,6 +942,13 @@ impl BlobWriter for FsWriter {
 
     fn position(&self) -> u64 {
         self.flushed + self.gathered_len as u64
+    }
+
+    fn unwritten(&self) -> u64 {
+        let in_flight = if self.in_flight.as_ref().is_some_and(|h| !h.is_finished()) { self.in_flight_len } else { 0 };
+        // A direct writer's carry: less than one block, until the next batch or sync writes it.
+        let carry = if self.carry_unwritten { crate::blob::direct::ALIGN as u64 } else { 0 };
+        self.gathered_len as u64 + in_flight + carry
     }
 }
 

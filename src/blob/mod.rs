@@ -442,6 +442,13 @@ pub trait BlobWriter: Send {
     /// Bytes written so far, counted from the start of the blob.
     fn position(&self) -> u64;
 
+    /// Bytes given to [`BlobWriter::write`] that the local disk does not hold yet (gathered in
+    /// memory, or a batch being written): its free space does not show them (the free-space
+    /// reserve counts them). `0` for a store that does not write to the local disk.
+    fn unwritten(&self) -> u64 {
+        0
+    }
+
     /// A hint: the bytes this writer is about to be given run up to byte `end` of the blob (the
     /// request body's declared length, `Content-Length`). A store may then begin sending a
     /// piece whose bytes have not all arrived yet (S3: a part streamed while it is received);

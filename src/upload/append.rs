@@ -39,10 +39,6 @@ enum End {
     Quota,
 }
 
-/// Most bytes a PATCH receives between two measurements of free space (fewer as the room
-/// left above the reserve shrinks: see `exhausted::SpaceWatch`).
-pub(crate) const SPACE_CHECK_EVERY: u64 = 16 << 20;
-
 /// Bytes given back when keeping what a full disk took (DESIGN §9): room for the catalog,
 /// on the same filesystem, to record the checkpoint that keeps the rest.
 pub(crate) const SALVAGE_SLACK: u64 = 1 << 20;
@@ -199,9 +195,9 @@ impl Appender {
         self.writer.expecting(end);
     }
 
-    /// Bytes written since the last commit (not yet durable, perhaps not yet on the disk).
-    pub(crate) fn unsynced(&self) -> u64 {
-        self.writer.position().saturating_sub(self.committed.0)
+    /// Bytes written that the local disk does not hold yet ([`crate::blob::BlobWriter::unwritten`]).
+    pub(crate) fn unwritten(&self) -> u64 {
+        self.writer.unwritten()
     }
 
     /// Offset, tagged midstate and blob state of the last commit.
@@ -742,9 +738,17 @@ impl UploadEngine {
             return Ok(rec);
         }
         if let Err(e) = self.check_space(0, Some(rec.offset)) {
-            // Refused before reading: the 507 with its cursor goes out at once (`let_go`).
-            super::exhausted::let_go(body);
-            return Err(e);
+            // Bytes the blob holds past the committed offset (a writer killed mid-PATCH) are
+            // cut when this PATCH's writer opens: that room is this upload's own to use again.
+            let freed = match self.blobs.len(&rec.id).await {
+                Ok(Some(len)) => len.saturating_sub(rec.offset),
+                _ => 0,
+            };
+            if freed == 0 || self.cfg.reserve.check_freeing(0, freed).is_err() {
+                // Refused before reading: the 507 with its cursor goes out at once (`let_go`).
+                super::exhausted::let_go(body);
+                return Err(e);
+            }
         }
         if let Some(len) = plan.set_length {
             // A part's length declared now must not make a pending final too large (`concat`).
@@ -843,6 +847,11 @@ impl UploadEngine {
                 }
                 break End::Quota;
             }
+            // Before a byte of it is written: a frame that would eat into the reserve is refused
+            // whole (the client sends it again with the rest).
+            if space.check(&self.cfg.reserve, received, app.unwritten()).is_err() {
+                break End::Reserve;
+            }
             digests.update(&data);
             since_checkpoint += data.len() as u64;
             let n = data.len() as u64;
@@ -858,9 +867,6 @@ impl UploadEngine {
             // `ferry_bytes_received_total`: bytes of request bodies, written (a task's own
             // files and a concatenation's copies are not received).
             self.metrics.bytes_received.inc_by(n);
-            if space.check(&self.cfg.reserve, received, app.unsynced()).is_err() {
-                break End::Reserve;
-            }
             if !verifying {
                 if since_checkpoint >= self.cfg.checkpoint_every {
                     // fsync + commit in the background while the body keeps streaming in

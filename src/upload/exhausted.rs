@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use crate::error::Refusal;
 use serde::Serialize;
 
-use super::append::SPACE_CHECK_EVERY;
 use super::chunk::ChunkStream;
 use super::{internal, UploadEngine};
 use crate::blob::BlobError;
@@ -170,41 +169,37 @@ pub struct Readiness {
 
 /// Longest `/readyz` waits for one store's probe: 3 s (a fsync on a busy disk can take a second or two).
 pub const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
-/// Bytes a writer may have taken that free space does not show yet (the fs store gathers one
-/// batch and writes another in the background): a writer with that much unsynced stops this
-/// far above the reserve, so what it holds still fits.
-const UNFLUSHED_MAX: u64 = 2 * crate::blob::fs::WRITE_BATCH as u64;
-/// Fewest bytes between two measurements of free space while one writer streams.
-const SPACE_STEP_MIN: u64 = 64 << 10;
-
-/// Watches free space while one writer streams bytes in (DESIGN §9). It measures again once
-/// half of the room that was left above the reserve has been written (at most every
-/// [`SPACE_CHECK_EVERY`] bytes, at least every 64 KiB), so a long PATCH stops at the reserve
-/// even when the room left is far smaller than the usual interval.
+/// One writer's part in the shared free-space ledger while it streams bytes in (DESIGN §9; see
+/// [`crate::exhaustion::SpaceLedger`]): all writers together take at most half of the room left
+/// above the reserve between two measurements, so uploads sent at once stop at the reserve as
+/// one does.
 #[derive(Debug, Default)]
 pub(crate) struct SpaceWatch {
-    /// Bytes written at which to measure next.
-    next: u64,
+    /// Bytes this writer had taken at its last check.
+    written: u64,
+    /// Its unflushed bytes as last noted in the ledger.
+    held: u64,
+    ledger: Option<std::sync::Arc<crate::exhaustion::SpaceLedger>>,
 }
 
 impl SpaceWatch {
-    /// `Err(detail)` once writing on would eat into the reserve. `written`: bytes this writer
-    /// has taken so far; `unsynced`: how many of them are not yet durable (they may not show
-    /// in the free space yet).
-    pub(crate) fn check(&mut self, reserve: &crate::exhaustion::SpaceReserve, written: u64, unsynced: u64) -> Result<(), String> {
-        if written < self.next {
-            return Ok(());
+    /// Before writing more: `Err(detail)` when the bytes up to `written` (this writer's total
+    /// once they are written) would eat into the reserve — write none of them then.
+    /// `unwritten`: how many of the bytes written so far the disk does not hold yet (free space
+    /// does not show them).
+    pub(crate) fn check(&mut self, reserve: &crate::exhaustion::SpaceReserve, written: u64, unwritten: u64) -> Result<(), String> {
+        let n = written.saturating_sub(self.written);
+        self.written = written;
+        let ledger = self.ledger.get_or_insert_with(|| reserve.ledger().clone());
+        ledger.take(n, unwritten, &mut self.held, || reserve.measure())
+    }
+}
+
+impl Drop for SpaceWatch {
+    fn drop(&mut self) {
+        if let Some(l) = &self.ledger {
+            l.release(self.held);
         }
-        let Some(s) = reserve.measure() else {
-            self.next = u64::MAX;
-            return Ok(());
-        };
-        let left = s.usable().saturating_sub(unsynced.min(UNFLUSHED_MAX));
-        if s.available <= s.reserve || left == 0 {
-            return Err(format!("the server's disk reached its free-space reserve: {} bytes free, {} bytes kept in reserve", s.available, s.reserve));
-        }
-        self.next = written + (left / 2).clamp(SPACE_STEP_MIN, SPACE_CHECK_EVERY);
-        Ok(())
     }
 }
 

@@ -11,7 +11,6 @@ use ferry_tus::UploadMetadata;
 use serde::{Deserialize, Serialize};
 
 use super::append::Appender;
-use super::append::SPACE_CHECK_EVERY;
 use super::hash::RunningSha256;
 use super::locks::{Lease, Want};
 use super::{internal, now_ms, UploadEngine};
@@ -44,6 +43,9 @@ pub struct FileHandle {
     /// Lowercase hex.
     pub sha256: String,
 }
+
+/// Bytes of a principal's quota a file reserves ahead of what it has written.
+const QUOTA_ROOM_AHEAD: u64 = 16 << 20;
 
 /// Streams bytes into a new file.
 pub struct FileWriter {
@@ -178,13 +180,13 @@ impl FileWriter {
         let n = data.len() as u64;
         // Room first: bytes past the quota are never written.
         let (engine, kept, to) = (self.app.engine().clone(), self.app.committed_state().0, self.app.position() + n);
-        engine.file_room(&self.principal, self.app.id(), to, kept, SPACE_CHECK_EVERY, &mut self.reserved).await?;
-        self.app.write(data).await?;
-        self.app.engine().metrics.task_bytes_written.inc_by(n);
-        let (written, unsynced) = (self.app.position(), self.app.unsynced());
-        if let Err(detail) = self.space.check(&self.app.engine().cfg.reserve, written, unsynced) {
-            return Err(Refusal::insufficient_storage(detail, Some(self.app.committed_state().0)));
+        engine.file_room(&self.principal, self.app.id(), to, kept, QUOTA_ROOM_AHEAD, &mut self.reserved).await?;
+        // And room on the disk: bytes that would eat into the reserve are never written either.
+        if let Err(detail) = self.space.check(&engine.cfg.reserve, to, self.app.unwritten()) {
+            return Err(Refusal::insufficient_storage(detail, Some(kept)));
         }
+        self.app.write(data).await?;
+        engine.metrics.task_bytes_written.inc_by(n);
         Ok(())
     }
 
