@@ -272,6 +272,16 @@ impl SpaceReserve {
     }
 }
 
+/// `err`, and when the filesystem of `dir` has less than 1 MiB free, a word that this is why
+/// (SQLite says only "disk I/O error" when it cannot grow its shared-memory file).
+pub fn note_full_disk(err: anyhow::Error, dir: &Path) -> anyhow::Error {
+    let free = nix::sys::statvfs::statvfs(dir).map(|st| st.blocks_available().saturating_mul(st.fragment_size()));
+    match free {
+        Ok(free) if free < 1 << 20 => err.context(format!("the disk holding {} is full ({free} bytes free): free some space and start again", dir.display())),
+        _ => err,
+    }
+}
+
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit (each connection, blob and database file
 /// is a descriptor; distributions default the soft limit to 1024). Returns `(before, after)`
 /// soft limits. Errors: the limit cannot be read or set.

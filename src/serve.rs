@@ -84,7 +84,7 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     // With in-process leases this server is the catalog's only writer (one server per catalog):
     // held for the process's life, so a second server on the catalog refuses to start.
     let _catalog_lock = cfg.catalog.hold(cfg.leases == LeaseMode::Local).await?;
-    let catalog = cfg.catalog.open_as(cfg.leases == LeaseMode::Local).await?;
+    let catalog = cfg.catalog.open_as(cfg.leases == LeaseMode::Local).await.map_err(|e| crate::exhaustion::note_full_disk(e, &cfg.data))?;
     tracing::info!(catalog = %cfg.catalog.redacted(), leases = ?cfg.leases, "catalog open");
     let (uploads_back, tasks_back) = catalog.reclaim_owner(&owner).await.context("reclaiming the leases of this data dir's previous process")?;
     if uploads_back + tasks_back > 0 {

@@ -1003,7 +1003,14 @@ impl UploadEngine {
                         Next::BodyCut,
                     )
                     .with_cursor(kept),
-                    _ => Refusal::locked(Some(kept)),
+                    // Taken over: TUS allows one request at a time per upload.
+                    _ => Refusal::new(
+                        423,
+                        crate::error::ErrorCode::Locked,
+                        format!("another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; the upload keeps its first {kept} bytes (offset {kept})"),
+                        Next::Resume { soon: true },
+                    )
+                    .with_cursor(kept),
                 });
             }
         }
