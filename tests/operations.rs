@@ -341,21 +341,7 @@ fn a_stop_the_moment_the_server_listens_is_a_clean_shutdown() {
 #[test]
 fn a_reload_sent_while_the_server_starts_does_not_end_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(ferry_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(dir.path())
-        .env_remove("FERRY_LISTEN")
-        .env_remove("FERRY_CATALOG")
-        .env_remove("FERRY_CONFIG")
-        .env(common::TEST_MIN_FREE_SPACE.0, common::TEST_MIN_FREE_SPACE.1)
-        .env("RUST_LOG", "info")
-        .env("FERRY_LOG_FORMAT", "text")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::logged::LoggedServer::command(dir.path(), &[]).spawn().unwrap();
     let pid = child.id().to_string();
     let hup = || assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
     let caught = || {

@@ -349,6 +349,13 @@ fn will_need(file: &File, pos: u64, len: u64) {
 
 #[async_trait]
 impl BlobStore for FsBlobStore {
+    async fn held_past(&self, id: &str, offset: u64) -> u64 {
+        match self.len(id).await {
+            Ok(Some(len)) => len.saturating_sub(offset),
+            _ => 0,
+        }
+    }
+
     async fn inventory(&self) -> BlobResult<super::Inventory> {
         let root = self.root.clone();
         blocking(move || -> std::io::Result<super::Inventory> {

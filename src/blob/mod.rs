@@ -282,6 +282,13 @@ pub trait BlobStore: Send + Sync + 'static {
     /// how many); `BadState` for a state this store did not write.
     async fn open_writer_under(&self, id: &str, offset: u64, state: &BlobState, lease: &WriteLease) -> BlobResult<Box<dyn BlobWriter>>;
 
+    /// Bytes of the local disk that opening a writer at `offset` frees: what the blob holds past
+    /// `offset`, which the writer discards (bytes of a writer killed mid-PATCH). `0` for a store
+    /// that does not keep blobs on the local disk, or when it cannot tell.
+    async fn held_past(&self, _id: &str, _offset: u64) -> u64 {
+        0
+    }
+
     /// [`BlobStore::open_writer_under`] a lease that never ends and no size hint (tests, tools).
     async fn open_writer(&self, id: &str, offset: u64, state: &BlobState) -> BlobResult<Box<dyn BlobWriter>> {
         self.open_writer_under(id, offset, state, &WriteLease::default()).await

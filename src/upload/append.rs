@@ -740,10 +740,7 @@ impl UploadEngine {
         if let Err(e) = self.check_space(0, Some(rec.offset)) {
             // Bytes the blob holds past the committed offset (a writer killed mid-PATCH) are
             // cut when this PATCH's writer opens: that room is this upload's own to use again.
-            let freed = match self.blobs.len(&rec.id).await {
-                Ok(Some(len)) => len.saturating_sub(rec.offset),
-                _ => 0,
-            };
+            let freed = self.blobs.held_past(&rec.id, rec.offset).await;
             if freed == 0 || self.cfg.reserve.check_freeing(0, freed).is_err() {
                 // Refused before reading: the 507 with its cursor goes out at once (`let_go`).
                 super::exhausted::let_go(body);

@@ -22,11 +22,11 @@ pub struct LoggedServer {
 }
 
 impl LoggedServer {
-    /// `ferry serve --listen 127.0.0.1:0 --data DATA ARGS…` with `RUST_LOG=info`; waits for the
-    /// `listening on` line (panics with the log if the process exits first).
-    pub fn start(data: &Path, args: &[&str]) -> LoggedServer {
-        let mut child = Command::new(ferry_bin())
-            .arg("serve")
+    /// The command [`LoggedServer::start`] runs: `ferry serve --listen 127.0.0.1:0 --data DATA
+    /// ARGS…`, info logs as plain text on stderr (piped), stdout piped.
+    pub fn command(data: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(ferry_bin());
+        c.arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .args(args)
@@ -39,9 +39,14 @@ impl LoggedServer {
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ferry");
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// `ferry serve --listen 127.0.0.1:0 --data DATA ARGS…` with `RUST_LOG=info`; waits for the
+    /// `listening on` line (panics with the log if the process exits first).
+    pub fn start(data: &Path, args: &[&str]) -> LoggedServer {
+        let mut child = LoggedServer::command(data, args).spawn().expect("spawn ferry");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().unwrap();
         let (sink, closed) = (lines.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
