@@ -461,3 +461,49 @@ async fn a_resumed_upload_reuses_the_room_its_cut_off_bytes_held() {
     assert_eq!(tus.patch(&url, kept, body[kept as usize..].to_vec(), &[]).await.status(), 204);
     assert!(tus.download(&url).await == body);
 }
+
+/// A concatenation copies its parts on a directory store: that copy shares the reserve with
+/// every other writer (a break-it run: a `ferry upload --parallel 8` join beside other uploads
+/// took free space 53 MB into an 80 MiB reserve, the copy being checked only when the final was
+/// created). Here the room shrinks between the final's creation and its build: the build stops at
+/// the reserve, and the final is built once space returns.
+#[tokio::test]
+async fn a_concatenation_copy_stops_at_the_reserve_and_is_built_later() {
+    let fs = SmallFs::mount(100);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "16MiB"]);
+    let tus = Tus::new(&s);
+    let (a_bytes, b_bytes) = (pseudo_random((16 * MIB) as usize, 41), pseudo_random((16 * MIB) as usize, 42));
+    let partial = |len: u64| {
+        let tus = &tus;
+        async move {
+            let r = tus.post(&[("Upload-Length", &len.to_string()), ("Upload-Concat", "partial")]).await;
+            tus.abs(header(&r, "location").unwrap())
+        }
+    };
+    let (a, b) = (partial(16 * MIB).await, partial(16 * MIB).await);
+    assert_eq!(tus.patch(&a, 0, a_bytes.clone(), &[]).await.status(), 204);
+    let r = tus.post(&[("Upload-Concat", &format!("final;{a} {b}"))]).await;
+    assert_eq!(r.status(), 201, "32 MiB fit when the final is created");
+    let fin = tus.abs(header(&r, "location").unwrap());
+    // Something else takes the room: 20 MiB left above the reserve, B's 16 MiB fit, the copy's
+    // 32 MiB do not.
+    let (avail, _) = fs.space();
+    fs.fill("filler", avail - 36 * MIB);
+    // The build starts once the last part is stored, in the background: watch for a while.
+    let (least, r) = least_free_during(&fs, async {
+        let r = tus.patch(&b, 0, b_bytes.clone(), &[]).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        r
+    })
+    .await;
+    assert_eq!(r.status(), 204, "the last part is stored");
+    assert!(least >= 15 * MIB, "free space fell to {least} bytes, into the 16 MiB reserve");
+    assert!(header(&tus.head(&fin).await, "upload-offset").is_none(), "the final is not built yet");
+
+    std::fs::remove_file(fs.path("filler")).unwrap();
+    wait_ready(&s, 200).await;
+    tus.wait_complete(&fin).await;
+    let whole: Vec<u8> = a_bytes.iter().chain(b_bytes.iter()).copied().collect();
+    assert!(tus.download(&fin).await == whole);
+}

@@ -44,7 +44,10 @@ impl MarksFile {
     /// to [`CLEAN_FOR`] to see the mark.
     pub fn bump(&self) -> std::io::Result<()> {
         use std::io::Write;
-        std::fs::OpenOptions::new().create(true).append(true).open(&self.0)?.write_all(b"+")
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking: something other than a file put in its place (a FIFO) fails the open
+        // instead of holding the check up forever.
+        std::fs::OpenOptions::new().create(true).append(true).custom_flags(nix::libc::O_NONBLOCK).open(&self.0)?.write_all(b"+")
     }
 
     fn stamp(&self) -> Stamp {
@@ -135,6 +138,15 @@ mod tests {
         let s3 = asks(&clean, "a");
         clean.found_clean("a", s3);
         assert!(matches!(clean.look("a"), Look::Clean));
+    }
+
+    #[test]
+    fn a_fifo_in_place_of_the_marks_file_fails_the_append_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("ferry.db");
+        let file = MarksFile::beside(&db);
+        nix::unistd::mkfifo(&file.0, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(file.bump().is_err());
     }
 
     #[test]

@@ -137,9 +137,15 @@ impl UploadEngine {
             Ok(true) => Ok(()),
             Ok(false) => {
                 let mut app = Appender::open(self, rec, 0, Some(total), length_unset.then_some(total), &guard).await?;
+                // The copy shares the free-space reserve with every other writer: a join that
+                // would eat into it stops (507; the final is built again later, from the start).
+                let mut space = super::exhausted::SpaceWatch::default();
                 for src in &sources {
                     let mut stream = self.read(src, 0..src.length.unwrap_or(0)).await?;
                     while let Some(chunk) = stream.try_next().await.map_err(|e| Refusal::from(BlobError::from_stream(e)))? {
+                        if let Err(detail) = space.check(&self.cfg.reserve, app.position() + chunk.len() as u64, app.unwritten()) {
+                            return Err(Refusal::insufficient_storage(detail, None));
+                        }
                         app.write(chunk).await?;
                     }
                 }
