@@ -290,7 +290,8 @@ impl Checker {
                         Err(e) => return short_or_err(e),
                     },
                     Err(BlobError::NotFound | BlobError::Lost { .. }) => return Ok(Found::Short(self.stored(&t.id).await)),
-                    Err(e) => return Err(e),
+                    // A blob cut short behind the store's back: its bytes at the end are gone.
+                    Err(e) => return short_or_err(e),
                 }
             }
             Err(e) => return short_or_err(e),

@@ -384,6 +384,12 @@ impl Refusal {
         let what = if kind == "missing" { "are missing from the blob store" } else { "no longer match its sha256" };
         Refusal::by_code(ErrorCode::Damaged, format!("the stored bytes of this file {what} (found by ferry check); nothing is served"))
     }
+
+    /// 500 `damaged`: reading this finished file found its stored bytes missing or cut short
+    /// (before any `ferry check` mark); nothing is served.
+    pub fn damaged_on_read() -> Self {
+        Refusal::by_code(ErrorCode::Damaged, "the stored bytes of this file are missing from the blob store, in whole or in part; nothing is served")
+    }
 }
 
 /// A refusal the protocol decided keeps its status, code, cursor and draft problem type, and

@@ -250,6 +250,21 @@ impl SpaceReserve {
         Some(Space { available: (st.blocks_available() as u64).saturating_mul(unit), total, reserve: self.reserve.bytes(total) })
     }
 
+    /// `Err(detail)` when the reserve is as large as the whole filesystem (`--min-free-space
+    /// 1TiB` on a smaller disk): nothing could ever be stored, and every creation would be told
+    /// to retry later. Checked once at start.
+    pub fn fits_the_disk(&self) -> Result<(), String> {
+        match self.measure() {
+            Some(s) if s.reserve >= s.total => Err(format!(
+                "the free-space reserve (--min-free-space) of {} bytes is not smaller than the filesystem holding {} ({} bytes): nothing could be stored; lower it",
+                s.reserve,
+                self.dir.display(),
+                s.total
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// `Err(detail)` when writing `bytes` more would eat into the reserve (or the reserve is
     /// already reached, for `bytes = 0`).
     pub fn check(&self, bytes: u64) -> Result<(), String> {

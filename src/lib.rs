@@ -21,6 +21,7 @@ pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod names;
+pub mod regular_file;
 pub mod retry;
 pub mod serve;
 pub mod signing;

@@ -62,6 +62,11 @@ fn init_logs(format: LogFormat, stdio: bool) {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before anything else, even parsing: a server's SIGHUP means "reload", never "end"
+    // (see `ignore_hangups`); only `serve` is asked, the other commands keep the default.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "serve") {
+        ferry::serve::ignore_hangups();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Task(args) => ferry::cli::task::run(args),

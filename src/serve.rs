@@ -39,6 +39,21 @@ pub fn tune_allocator() {
     }
 }
 
+/// Ignore SIGHUP until [`catch_hangups`] catches it: call first thing in `main` for `ferry
+/// serve`. The runtime [`catch_hangups`] needs takes a few milliseconds to start, and a SIGHUP
+/// in that time (a `ferry token create` followed by `kill -HUP` as the server is launched)
+/// ended the process with status 129 by the signal's default action. A SIGHUP that arrives
+/// before it is caught is lost; [`catch_hangups`] replaces the disposition, so commands the
+/// server runs later (hooks, tasks) start with the default again (execve(2)).
+pub fn ignore_hangups() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_IGN runs no handler code, and this is
+    // called before any other thread exists.
+    unsafe {
+        nix::libc::signal(nix::libc::SIGHUP, nix::libc::SIG_IGN);
+    }
+}
+
 /// SIGHUPs, caught from now on ([`run`] reloads on each). Call before the configuration is
 /// read, in the runtime `run` will use: a reload sent while the server starts (after `ferry
 /// token create`, say) must not end it by the signal's default action, and one that arrives
@@ -106,6 +121,15 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
                 .context("listening for upload release requests")?,
         ),
     };
+    // Bytes in S3 use no local disk: the reserve then guards the data directory (catalog, logs).
+    let reserve = crate::exhaustion::SpaceReserve::new(
+        match &cfg.blobs {
+            BlobLocation::Dir(dir) => dir,
+            BlobLocation::S3(_) => &cfg.data,
+        },
+        cfg.min_free_space,
+    );
+    reserve.fits_the_disk().map_err(anyhow::Error::msg)?;
     let engine = UploadEngine::with_locker(
         catalog.clone(),
         blobs,
@@ -115,14 +139,7 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
             checkpoint_every: cfg.checkpoint_every,
             idle_timeout: cfg.idle_timeout,
             sweep_interval: cfg.sweep_interval,
-            // Bytes in S3 use no local disk: the reserve then guards the data directory (catalog, logs).
-            reserve: crate::exhaustion::SpaceReserve::new(
-                match &cfg.blobs {
-                    BlobLocation::Dir(dir) => dir,
-                    BlobLocation::S3(_) => &cfg.data,
-                },
-                cfg.min_free_space,
-            ),
+            reserve,
             limits: cfg.limits.clone(),
             disk_dirs: match &cfg.blobs {
                 BlobLocation::Dir(dir) => vec![("data", cfg.data.clone()), ("blobs", dir.clone())],
@@ -425,7 +442,7 @@ async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blobs: &dyn Blo
 /// would interleave writes to the same blobs. Errors: the lock is held by another process.
 fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let path = data.join("lock");
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let f = crate::regular_file::open(std::fs::OpenOptions::new().create(true).truncate(false).write(true), &path).with_context(|| format!("opening {}", path.display()))?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -439,13 +456,15 @@ fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
 /// a restarted server knows which leases were its own. Errors: unreadable or unwritable file.
 fn load_owner_id(data: &std::path::Path) -> anyhow::Result<String> {
     let path = data.join("owner-id");
-    match std::fs::read_to_string(&path) {
+    match crate::regular_file::read_to_string(&path) {
         Ok(text) if crate::upload::is_valid_id(text.trim().trim_start_matches("ferry-")) => Ok(text.trim().to_string()),
         Ok(_) => anyhow::bail!("{} is not an owner id written by ferry; delete it to make a new one", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let id = format!("ferry-{}", crate::upload::new_id());
             let tmp = data.join("owner-id.tmp");
-            std::fs::write(&tmp, &id).and_then(|()| std::fs::File::open(&tmp)?.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+            crate::regular_file::create(&tmp)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, id.as_bytes()).and_then(|()| f.sync_all()))
+                .with_context(|| format!("writing {}", tmp.display()))?;
             std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
             std::fs::File::open(data)?.sync_all()?;
             Ok(id)

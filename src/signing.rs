@@ -141,7 +141,7 @@ impl UrlSigner {
             return parse_secret(s, "url_secret");
         }
         let path = data.join(SECRET_FILE);
-        let candidate = match std::fs::read_to_string(&path) {
+        let candidate = match crate::regular_file::read_to_string(&path) {
             Ok(text) => parse_secret(&text, &path.display().to_string())?.key,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => rand::random(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::moto;
 use common::*;
@@ -26,9 +26,23 @@ fn check(server: &Server, blobs: Option<&str>, env: &[(&str, String)], args: &[&
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.args(args).env_remove("FERRY_CONFIG").output().expect("run ferry check");
+    let child = cmd.args(args).env_remove("FERRY_CONFIG").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run ferry check");
+    // A check that hangs (it once did on a FIFO among the blobs) fails the test instead.
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = match rx.recv_timeout(CHECK_DEADLINE) {
+        Ok(out) => out.expect("run ferry check"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("ferry check {args:?} did not finish within {CHECK_DEADLINE:?}");
+        }
+    };
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
+
+/// How long one `ferry check` of these small stores may take before the test calls it hung.
+const CHECK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 fn report(out: &(i32, String, String)) -> Value {
     serde_json::from_str(out.1.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {out:?}"))
@@ -154,6 +168,55 @@ async fn check_finds_a_flipped_byte_a_deleted_blob_and_an_orphan_on_fs() {
     std::fs::remove_file(blob_path(&server, orphan)).unwrap();
     let last = check(&server, None, &[], &["--json"]);
     assert_eq!(last.0, 0, "{last:?}");
+}
+
+/// A blob cut short, and a FIFO put where a blob was (break-it round 3): a download answers
+/// `500 damaged` (not retryable: the bytes are gone, not briefly away) before any check has
+/// marked them, a FIFO never holds up the server's threads (a plain `open` of it waits for a
+/// writer), and `ferry check` finishes, reporting both `missing` with what is left, and marks
+/// both with `--repair-catalog`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_cut_short_or_a_fifo_in_its_place_is_missing_and_holds_nothing_up() {
+    if blobs_are_s3() {
+        return; // damages files under DATA/blobs
+    }
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let (a_bytes, b_bytes, c_bytes) = (pseudo_random(300_000, 11), pseudo_random(70_000, 12), pseudo_random(5_000, 13));
+    let a = api.upload(&a_bytes, "a.bin").await;
+    let b = api.upload(&b_bytes, "b.bin").await;
+    let c = api.upload(&c_bytes, "c.bin").await;
+    std::fs::OpenOptions::new().write(true).open(blob_path(&server, &a)).unwrap().set_len(100_000).unwrap();
+    std::fs::remove_file(blob_path(&server, &b)).unwrap();
+    nix::unistd::mkfifo(&blob_path(&server, &b), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+
+    let within = std::time::Duration::from_secs(20);
+    for id in [&a, &b] {
+        let r = tokio::time::timeout(within, api.send("GET", &format!("/files/{id}"), &[], None)).await.expect("a download of a damaged blob answers");
+        let p = problem(r, 500, "damaged").await;
+        assert_eq!(p["retryable"], false, "{p}");
+    }
+    // More downloads of the FIFO than the server has worker threads: it still answers others.
+    let fifo = format!("/files/{b}");
+    let many: Vec<_> = (0..8).map(|_| api.send("GET", &fifo, &[], None)).collect();
+    for r in tokio::time::timeout(within, futures::future::join_all(many)).await.expect("every download of the FIFO answers") {
+        assert_eq!(r.status(), 500);
+    }
+    assert_eq!(tokio::time::timeout(within, api.download(&c)).await.expect("other files are served"), c_bytes);
+
+    let out = check(&server, None, &[], &["--json", "--repair-catalog"]);
+    assert_eq!(out.0, 4, "damage is exit 4: {out:?}");
+    let r = report(&out);
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(ids(&r["missing"]), both, "{r}");
+    for m in r["missing"].as_array().unwrap() {
+        let stored = if m["id"] == a.as_str() { 100_000 } else { 0 };
+        assert_eq!(m["stored"].as_u64(), Some(stored), "{r}");
+    }
+    assert_eq!(ids(&r["marked_damaged"]), both, "{r}");
+    assert_eq!(ids(&r["unchecked"]), Vec::<String>::new(), "{r}");
+    problem(api.send("GET", &format!("/files/{a}"), &[], None).await, 500, "damaged").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

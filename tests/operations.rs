@@ -272,6 +272,73 @@ fn refused_start(data: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `ferry serve` with `args` that is expected to refuse to start within `within`: its stderr.
+/// A start-up that hangs is killed and fails the test.
+fn refused_start_within(data: &std::path::Path, args: &[&str], within: Duration) -> String {
+    let child = Command::new(ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .args(args)
+        .env_remove("FERRY_CATALOG")
+        .env_remove("FERRY_BLOBS")
+        .env_remove("FERRY_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = match rx.recv_timeout(within) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("ferry serve {args:?} neither started nor refused within {within:?}");
+        }
+    };
+    assert!(!out.status.success(), "started: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Something other than a regular file where ferry keeps one of its own files — a FIFO as
+/// `DATA/lock`, `DATA/owner-id` or the blob store's mark — is refused at start, naming it
+/// (a plain `open` of a FIFO waited for a writer: the server hung without a word), and a
+/// `--blobs` that is a file or a symbolic link to nothing is named with what it is, and so is
+/// a free-space reserve larger than the disk. Taken away again, the server starts as before.
+#[tokio::test]
+async fn odd_files_where_ferry_keeps_its_own_are_refused_at_start_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut s = common::logged::LoggedServer::start(&data, &[]);
+    assert!(s.terminate().0.success());
+    let within = Duration::from_secs(30);
+    for name in ["lock", "owner-id", "blobs/.ferry-store-mark"] {
+        let path = data.join(name);
+        let kept = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = refused_start_within(&data, &[], within);
+        assert!(err.contains(&format!("{} is a FIFO, not a regular file", path.display())), "{name}: {err}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, kept).unwrap();
+    }
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let err = refused_start_within(&data, &["--blobs", file.to_str().unwrap()], within);
+    assert!(err.contains(&format!("the blob directory {} is a file, not a directory", file.display())), "{err}");
+    let dangling = dir.path().join("dangling");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+    let err = refused_start_within(&data, &["--blobs", dangling.to_str().unwrap()], within);
+    assert!(err.contains("is a symbolic link to") && err.contains("which does not exist"), "{err}");
+    // A free-space reserve no disk here can leave: refused, not a server that asks every
+    // upload to retry later.
+    let err = refused_start_within(&data, &["--min-free-space", "1000000TiB"], within);
+    assert!(err.contains("--min-free-space") && err.contains("is not smaller than the filesystem holding"), "{err}");
+    let mut s = common::logged::LoggedServer::start(&data, &[]);
+    assert!(s.terminate().0.success());
+}
+
 /// One catalog, one blob store (a replica started with another `--blobs` prefix took an upload
 /// of the shared catalog back to 0): a server whose blob store is not its catalog's refuses to
 /// start, naming the store and the fix — an unmarked store that holds none of the catalog's

@@ -128,8 +128,7 @@ impl Direct {
     /// block before `pos` is read back through `buffered` (the blob's ordinary descriptor) to
     /// begin the carry. `Ok(None)` when the filesystem refuses `O_DIRECT`.
     pub(super) fn open(path: &Path, buffered: &File, pos: u64) -> io::Result<Option<Direct>> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = match std::fs::OpenOptions::new().write(true).custom_flags(nix::fcntl::OFlag::O_DIRECT.bits()).open(path) {
+        let file = match crate::regular_file::open_with(std::fs::OpenOptions::new().write(true), nix::fcntl::OFlag::O_DIRECT.bits(), path) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => return Ok(None),
             Err(e) => return Err(e),

@@ -116,8 +116,10 @@ fn joined<T, E: Into<BlobError>>(r: Result<Result<T, E>, tokio::task::JoinError>
     }
 }
 
+/// An open's error as the store's: no file, or something that is not a regular file where the
+/// blob should be (a FIFO, a directory: [`crate::regular_file`]), is [`BlobError::NotFound`].
 fn not_found(e: std::io::Error) -> BlobError {
-    if e.kind() == std::io::ErrorKind::NotFound {
+    if e.kind() == std::io::ErrorKind::NotFound || crate::regular_file::is_not_regular(&e) {
         BlobError::NotFound
     } else {
         BlobError::Io(e)
@@ -128,6 +130,7 @@ impl FsBlobStore {
     /// Use (creating) `root`. `durable = false` skips every fsync but those of the directories
     /// at opening and of a finished blob ([`BlobWriter::complete`]).
     pub fn open(root: &Path, durable: bool) -> std::io::Result<Self> {
+        not_a_directory(root)?;
         // Also in relaxed mode: once per start, and finished blobs rely on it.
         create_dir_all_synced(root)?;
         Ok(FsBlobStore {
@@ -168,6 +171,21 @@ impl FsBlobStore {
         }
         Ok(self.root.join(&id[..2]).join(id))
     }
+}
+
+/// Refuse a blob directory that is something else already — a file, or a symbolic link to
+/// nothing — naming it (`create_dir_all` would only say "File exists").
+fn not_a_directory(root: &Path) -> std::io::Result<()> {
+    let Ok(link) = std::fs::symlink_metadata(root) else { return Ok(()) };
+    let why = match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => "is a file, not a directory".to_string(),
+        Err(_) if link.file_type().is_symlink() => {
+            format!("is a symbolic link to {}, which does not exist", std::fs::read_link(root).map(|t| t.display().to_string()).unwrap_or_default())
+        }
+        Err(e) => return Err(e),
+    };
+    Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("the blob directory {} {why}: give --blobs a directory (it is created if missing)", root.display())))
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -393,7 +411,7 @@ impl BlobStore for FsBlobStore {
         let (root, d) = (self.root.clone(), dir.clone());
         blocking(move || -> std::io::Result<_> {
             std::fs::create_dir_all(&d)?;
-            let f = OpenOptions::new().create(true).write(true).truncate(true).open(&path)?;
+            let f = crate::regular_file::create(&path)?;
             if durable {
                 f.sync_all()?;
                 sync_dir(&d)?;
@@ -456,7 +474,7 @@ impl BlobStore for FsBlobStore {
         self.stray.settle(&path).await;
         let durable = self.durable;
         blocking(move || -> BlobResult<()> {
-            let f = OpenOptions::new().write(true).open(&path).map_err(not_found)?;
+            let f = crate::regular_file::open(OpenOptions::new().write(true), &path).map_err(not_found)?;
             if f.metadata()?.len() > len {
                 f.set_len(len)?;
                 if durable {
@@ -523,7 +541,7 @@ impl BlobStore for FsBlobStore {
             // A directory we can create files in and sync: write 4 KiB, fsync, remove (a full
             // disk fails here, DESIGN §9).
             let probe = root.join(".ready-probe");
-            let res = std::fs::File::create(&probe).and_then(|mut f| {
+            let res = crate::regular_file::create(&probe).and_then(|mut f| {
                 std::io::Write::write_all(&mut f, &[0u8; 4096])?;
                 f.sync_all()
             });
@@ -535,11 +553,15 @@ impl BlobStore for FsBlobStore {
     }
 
     async fn mark(&self) -> BlobResult<Option<String>> {
-        match tokio::fs::read_to_string(self.root.join(super::STORE_MARK)).await {
-            Ok(text) => Ok(Some(text.trim().to_string())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let path = self.root.join(super::STORE_MARK);
+        blocking(move || -> std::io::Result<_> {
+            match crate::regular_file::read_to_string(&path) {
+                Ok(text) => Ok(Some(text.trim().to_string())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await
     }
 
     async fn set_mark(&self, mark: &str) -> BlobResult<()> {
@@ -547,7 +569,7 @@ impl BlobStore for FsBlobStore {
         blocking(move || -> std::io::Result<()> {
             // Written beside, synced, then renamed over: a crash leaves the old mark or the new.
             let tmp = root.join(format!("{}.new", super::STORE_MARK));
-            let mut f = File::create(&tmp)?;
+            let mut f = crate::regular_file::create(&tmp)?;
             std::io::Write::write_all(&mut f, format!("{mark}\n").as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, root.join(super::STORE_MARK))?;
@@ -623,7 +645,7 @@ impl Stream for ReadAhead {
 /// Open the blob file at `p` to read `range`. Errors: [`BlobError::NotFound`],
 /// [`BlobError::OutOfRange`] (the range ends past the file), I/O.
 fn open_for_reading(p: &Path, range: &Range<u64>) -> BlobResult<File> {
-    let f = File::open(p).map_err(not_found)?;
+    let f = crate::regular_file::open(OpenOptions::new().read(true), p).map_err(not_found)?;
     let len = f.metadata()?.len();
     if range.start > range.end || range.end > len {
         return Err(BlobError::OutOfRange { start: range.start, end: range.end, len });
@@ -657,7 +679,7 @@ fn on_local_disk(root: &Path) -> bool {
 /// [`BlobError::Unavailable`] (the lock stayed held), I/O.
 fn open_for_writing(p: &Path, offset: u64, durable: bool, want_direct: bool, quick: bool) -> BlobResult<Option<(File, Option<Direct>)>> {
     // Readable too: a direct writer reads back the partial block it continues.
-    let mut f = OpenOptions::new().read(true).write(true).open(p).map_err(not_found)?;
+    let mut f = crate::regular_file::open(OpenOptions::new().read(true).write(true), p).map_err(not_found)?;
     if !quick {
         hold_writer_lock(&f)?;
     } else if let Err(e) = f.try_lock() {

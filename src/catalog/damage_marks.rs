@@ -44,10 +44,9 @@ impl MarksFile {
     /// to [`CLEAN_FOR`] to see the mark.
     pub fn bump(&self) -> std::io::Result<()> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        // Non-blocking: something other than a file put in its place (a FIFO) fails the open
-        // instead of holding the check up forever.
-        std::fs::OpenOptions::new().create(true).append(true).custom_flags(nix::libc::O_NONBLOCK).open(&self.0)?.write_all(b"+")
+        // Something other than a file put in its place (a FIFO) fails the open instead of
+        // holding the check up forever.
+        crate::regular_file::open(std::fs::OpenOptions::new().create(true).append(true), &self.0)?.write_all(b"+")
     }
 
     fn stamp(&self) -> Stamp {

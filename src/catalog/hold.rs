@@ -109,7 +109,8 @@ impl CatalogUrl {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
                 }
-                let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+                let f = crate::regular_file::open(std::fs::OpenOptions::new().create(true).truncate(false).write(true), &path)
+                    .with_context(|| format!("opening {}", path.display()))?;
                 let got = if exclusive { f.try_lock() } else { f.try_lock_shared() };
                 match got {
                     Ok(()) => Ok(CatalogHold::File(f)),

@@ -262,9 +262,9 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
                 Output::Part(path) => {
                     let _ = std::fs::remove_file(part_path(path));
                     let _ = std::fs::remove_file(info_path(path));
-                    "The partial file was deleted; re-run to download it again."
+                    "The partial file was deleted; re-run to download it again. If it fails again the server's own copy no longer matches its sha256: ask the operator to run `ferry check` on it."
                 }
-                _ => "Re-run to download it again.",
+                _ => "Re-run to download it again. If it fails again the server's own copy no longer matches its sha256: ask the operator to run `ferry check` on it.",
             };
             return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: received {local}, the server declares {server} for {url}")).hint(hint));
         }

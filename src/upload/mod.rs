@@ -628,10 +628,27 @@ impl UploadEngine {
         }
         match self.blobs.read(&rec.id, range.clone()).await {
             Err(BlobError::OutOfRange { .. } | BlobError::NotFound) if rec.is_finished() => {
-                self.blobs.finish(&rec.id, &self.blob_state_of(rec).await?).await?;
-                Ok(self.blobs.read(&rec.id, range).await?)
+                let made_whole = match self.blobs.finish(&rec.id, &self.blob_state_of(rec).await?).await {
+                    Ok(()) => self.blobs.read(&rec.id, range).await,
+                    Err(e) => Err(e),
+                };
+                made_whole.map_err(|e| self.bytes_gone(rec, e))
             }
             r => Ok(r?),
+        }
+    }
+
+    /// What a read of finished upload `rec` answers when its blob stayed short or absent after
+    /// [`crate::blob::BlobStore::finish`]: the bytes are gone, not briefly away — 500 `damaged`
+    /// (not retryable), as after a `ferry check --repair-catalog` mark, and a log line naming
+    /// the upload. Any other store error keeps its own answer (503 for a store that is away).
+    fn bytes_gone(&self, rec: &UploadRecord, e: BlobError) -> Refusal {
+        match e {
+            BlobError::OutOfRange { .. } | BlobError::NotFound => {
+                tracing::error!(upload = %rec.id, error = %e, "a finished upload's stored bytes are missing; run ferry check --repair-catalog to mark it");
+                Refusal::damaged_on_read()
+            }
+            other => other.into(),
         }
     }
 
