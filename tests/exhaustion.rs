@@ -507,3 +507,38 @@ async fn a_concatenation_copy_stops_at_the_reserve_and_is_built_later() {
     let whole: Vec<u8> = a_bytes.iter().chain(b_bytes.iter()).copied().collect();
     assert!(tus.download(&fin).await == whole);
 }
+
+/// `ferry upload --parallel` on a disk that holds the parts but not the join's copy (break-it
+/// round 3: four unnamed parts were left behind with a generic hint): the parts are named
+/// after the file, the 507 says they are kept and how to either join them later or remove
+/// them, and a re-run once there is room joins the stored parts without sending them again.
+#[tokio::test]
+async fn a_parallel_upload_whose_join_does_not_fit_keeps_named_parts_and_says_what_next() {
+    use common::cli::{code, ferry, ok_json, out, source, stderr};
+    let fs = SmallFs::mount(56);
+    let data = fs.path("data");
+    let s = Server::start_in(&data, &["--min-free-space", "4MiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (src, sha) = source(dir.path(), "big.bin", (28 * MIB) as usize, 61);
+    let args = ["upload", "--json", "-q", "--parallel", "4", "--retry-for", "1s", src.to_str().unwrap()];
+    let o = out(&mut ferry(&s.base, &cache, &args));
+    assert_ne!(code(&o), 0, "28 MiB twice do not fit on 56 MiB: {}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("507") && err.contains("The 4 parts are stored and kept") && err.contains("without --parallel"), "{err}");
+
+    let l = ok_json(&out(&mut ferry(&s.base, &cache, &["ls", "--json"])));
+    let mut names: Vec<String> = l["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap_or_default().to_string()).collect();
+    names.sort();
+    assert_eq!(names, (1..=4).map(|k| format!("big.bin.part{k}of4")).collect::<Vec<_>>(), "{l}");
+    let rm = err.split("`ferry rm ").nth(1).and_then(|r| r.split('`').next()).unwrap_or_else(|| panic!("no ferry rm line: {err}"));
+    assert_eq!(rm.split(' ').count(), 4, "{err}");
+    for id in rm.split(' ') {
+        assert!(l["files"].as_array().unwrap().iter().any(|f| f["id"] == id), "{id} is not one of the parts: {l}");
+    }
+
+    fs.resize(120);
+    wait_ready(&s, 200).await;
+    let v = ok_json(&out(&mut ferry(&s.base, &cache, &args)));
+    assert_eq!((v["sha256"].as_str(), v["sent"].as_u64()), (Some(sha.as_str()), Some(0)), "the stored parts are joined, not sent again: {v}");
+}

@@ -421,7 +421,13 @@ impl Retry {
                 EXIT_NETWORK,
                 format!("gave up after {} of failures ({} attempts): {}", humantime::format_duration(Duration::from_secs(spent.as_secs().max(1))), self.attempts + 1, err.message),
             );
-            e.hint = err.hint.or_else(|| Some("Re-run the same command to resume where it stopped; --retry-for sets how long to keep trying.".into()));
+            // Still what the server said: callers may act on its code.
+            (e.server_code, e.server_retryable, e.retry_after) = (err.server_code, err.server_retryable, err.retry_after);
+            let rerun = "Re-run the same command to resume where it stopped; --retry-for sets how long to keep trying.";
+            e.hint = Some(match err.hint {
+                Some(server) => format!("{server} With this command: {}{}", rerun[..1].to_lowercase(), &rerun[1..]),
+                None => rerun.into(),
+            });
             return Err(e);
         }
         let pause = self.pause(&err, spent);

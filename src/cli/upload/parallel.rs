@@ -42,8 +42,11 @@ pub(super) async fn concatenated(job: &Job<'_>, stored: Option<crate::cli::store
     let resumed_from: u64 = parts.iter().map(|(_, o)| o).sum();
     let part_urls = |parts: &[(reqwest::Url, u64)]| parts.iter().map(|(u, _)| u.to_string()).collect::<Vec<_>>();
     if parts.is_empty() {
-        for (a, b) in &ranges {
-            parts.push((create(job, b - a, "", Some("partial")).await?, 0));
+        // Named after the file, so `ferry ls` shows what they are if the join never happens.
+        let name = job.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| job.display.clone());
+        for (k, (a, b)) in ranges.iter().enumerate() {
+            let meta = metadata_header(Some(&format!("{name}.part{}of{n}", k + 1)), &[]);
+            parts.push((create(job, b - a, &meta, Some("partial")).await?, 0));
         }
         job.remember(&part_urls(&parts), None, &job.meta)?;
     } else {
@@ -61,6 +64,14 @@ pub(super) async fn concatenated(job: &Job<'_>, stored: Option<crate::cli::store
     };
     let (final_url, server) = match joined {
         Ok(j) => j,
+        Err(e) if e.is_server_code("insufficient_storage") => {
+            // The join copies the file: the server needs its size free a second time.
+            let ids: Vec<&str> = parts.iter().filter_map(|(u, _)| u.path_segments()?.next_back()).collect();
+            return Err(e.hint(format!(
+                "The {n} parts are stored and kept: re-run this command once the server has room for the file a second time (joining copies it) and it joins them; or remove them (`ferry rm {}`) and upload without --parallel.",
+                ids.join(" ")
+            )));
+        }
         Err(e) => {
             // The server refused or discarded the joined upload because its declared sha256
             // does not match (a 460, or the final is gone at once and the file's sha256 is
