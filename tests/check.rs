@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::moto;
 use common::*;
@@ -26,18 +26,8 @@ fn check(server: &Server, blobs: Option<&str>, env: &[(&str, String)], args: &[&
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.args(args).env_remove("FERRY_CONFIG").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run ferry check");
     // A check that hangs (it once did on a FIFO among the blobs) fails the test instead.
-    let pid = child.id().to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(child.wait_with_output()));
-    let out = match rx.recv_timeout(CHECK_DEADLINE) {
-        Ok(out) => out.expect("run ferry check"),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-            panic!("ferry check {args:?} did not finish within {CHECK_DEADLINE:?}");
-        }
-    };
+    let out = output_within(cmd.args(args).env_remove("FERRY_CONFIG"), CHECK_DEADLINE);
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

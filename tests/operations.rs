@@ -258,45 +258,21 @@ async fn two_servers_with_local_leases_cannot_share_one_catalog() {
 /// `ferry serve` on `data` with `args` (SQLite catalog in `data`), expected to refuse to start:
 /// its stderr.
 fn refused_start(data: &std::path::Path, args: &[&str]) -> String {
-    let out = Command::new(ferry_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .args(args)
-        .env_remove("FERRY_CATALOG")
-        .env_remove("FERRY_BLOBS")
-        .env_remove("FERRY_CONFIG")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "started: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    refused_start_within(data, args, Duration::from_secs(120))
 }
 
 /// `ferry serve` with `args` that is expected to refuse to start within `within`: its stderr.
 /// A start-up that hangs is killed and fails the test.
 fn refused_start_within(data: &std::path::Path, args: &[&str], within: Duration) -> String {
-    let child = Command::new(ferry_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+    let mut cmd = Command::new(ferry_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
         .args(args)
         .env_remove("FERRY_CATALOG")
         .env_remove("FERRY_BLOBS")
         .env_remove("FERRY_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id().to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(child.wait_with_output()));
-    let out = match rx.recv_timeout(within) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-            panic!("ferry serve {args:?} neither started nor refused within {within:?}");
-        }
-    };
+        .stdin(Stdio::null());
+    let out = common::output_within(&mut cmd, within);
     assert!(!out.status.success(), "started: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -126,6 +126,23 @@ fn test_catalog(data: &Path, args: &[&str]) -> Option<(String, String)> {
 pub const TEST_MIN_FREE_SPACE: (&str, &str) = ("FERRY_MIN_FREE_SPACE", "32MiB");
 
 /// Path of the compiled `ferry` binary under test.
+/// Run `cmd` to its end with stdout and stderr captured, as `Command::output` does, but fail
+/// the test (killing the process) if it has not ended within `within`: a command that hangs
+/// (`ferry check` or `ferry serve` waiting on a FIFO once did) is a finding, not a stuck run.
+pub fn output_within(cmd: &mut Command, within: Duration) -> std::process::Output {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(within) {
+        Ok(out) => out.expect("wait for the command"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("{cmd:?} did not end within {within:?}");
+        }
+    }
+}
+
 pub fn ferry_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferry"))
 }
