@@ -211,6 +211,7 @@ const ALL_BUT_EXPIRED: &[&str] = &[
     "checksum_mismatch",
     "chunk_too_large",
     "conflict",
+    "damaged",
     "internal",
     "invalid_argument",
     "locked",

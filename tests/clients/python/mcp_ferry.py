@@ -62,6 +62,7 @@ RETRYABLE = {
     "unauthorized": False,
     "task_failed": False,
     "cancelled": False,
+    "damaged": False,
     "internal": True,
 }
 
@@ -673,13 +674,20 @@ async def scenario_errors() -> dict[str, Any]:
         envelope(r, "cancelled", "task_get of the restarted, cancelled task")
         check(sc(r).get("prior_failure") == tid, "task_get keeps prior_failure", sc(r))
 
-        # internal: the blob of a finished file is gone from disk.
-        iid = await complete_file(c, "victim.txt", b"soon gone\n", media_type="text/plain")
-        ok(await tool("file_read_chunk", {"file_id": iid}), "read before the blob is removed")
+        # damaged: the blob of a finished file is gone from disk (found on reading it).
+        did = await complete_file(c, "victim.txt", b"soon gone\n", media_type="text/plain")
+        ok(await tool("file_read_chunk", {"file_id": did}), "read before the blob is removed")
+        os.remove(blob_path(did))
+        r = await tool("file_read_chunk", {"file_id": did})
+        out["damaged_hint"] = envelope(r, "damaged", "file_read_chunk of a file whose blob is gone")["recoveryHint"]
+
+        # internal: a failure ferry cannot name — the blob's path is a symbolic link to itself,
+        # so opening it fails with ELOOP.
+        iid = await complete_file(c, "looped.txt", b"looped\n", media_type="text/plain")
         os.remove(blob_path(iid))
+        os.symlink(os.path.basename(blob_path(iid)), blob_path(iid))
         r = await tool("file_read_chunk", {"file_id": iid})
-        e = envelope(r, "internal", "file_read_chunk of a file whose blob is gone")
-        out["internal_hint"] = e["recoveryHint"]
+        out["internal_hint"] = envelope(r, "internal", "file_read_chunk of a blob that cannot be opened")["recoveryHint"]
 
         # locked: an in-flight PATCH holds the upload; file_upload_chunk asks it to let go. The
         # PATCH ends with 423 `locked` (what arrived is kept, its offset in the body); the MCP
