@@ -381,14 +381,18 @@ impl Refusal {
     /// 500 `damaged`: `ferry check --repair-catalog` marked this finished file's stored bytes
     /// as damaged (`kind`: `sha256_mismatch` or `missing`); nothing is served.
     pub fn damaged(kind: &str) -> Self {
-        let what = if kind == "missing" { "are missing from the blob store" } else { "no longer match its sha256" };
-        Refusal::by_code(ErrorCode::Damaged, format!("the stored bytes of this file {what} (found by ferry check); nothing is served"))
+        Refusal::damaged_found(kind, "found by ferry check")
     }
 
     /// 500 `damaged`: reading this finished file found its stored bytes missing or cut short
     /// (before any `ferry check` mark); nothing is served.
     pub fn damaged_on_read() -> Self {
-        Refusal::by_code(ErrorCode::Damaged, "the stored bytes of this file are missing from the blob store, in whole or in part; nothing is served")
+        Refusal::damaged_found("missing", "found when it was read")
+    }
+
+    fn damaged_found(kind: &str, how: &str) -> Self {
+        let what = if kind == "missing" { "are missing from the blob store" } else { "no longer match its sha256" };
+        Refusal::by_code(ErrorCode::Damaged, format!("the stored bytes of this file {what} ({how}); nothing is served"))
     }
 }
 
