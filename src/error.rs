@@ -54,6 +54,11 @@ pub enum ErrorCode {
     /// large): 502, not retryable — the same request gets the same answer until the operator
     /// fixes the hook (DESIGN §8). Nothing was created; a finishing upload keeps every byte.
     HookInvalid,
+    /// The blob store (S3) refused a request for good — credentials or a bucket policy that
+    /// refuse, a request the store does not implement: 502, not retryable; the detail names
+    /// the request and the store's status and code. Nothing stored was lost; an operator must
+    /// change the store or the server's settings.
+    StoreRefused,
     /// `ferry check` found this finished file's stored bytes damaged (they no longer hash to
     /// its sha256, or are missing) and the operator marked it (`--repair-catalog`): 500, not
     /// retryable — downloads refuse instead of serving wrong bytes, until the bytes are
@@ -64,7 +69,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::OffsetMismatch,
         ErrorCode::ChecksumMismatch,
         ErrorCode::SizeExceeded,
@@ -83,6 +88,7 @@ impl ErrorCode {
         ErrorCode::Rejected,
         ErrorCode::QuotaExceeded,
         ErrorCode::HookInvalid,
+        ErrorCode::StoreRefused,
         ErrorCode::Damaged,
         ErrorCode::Internal,
     ];
@@ -108,6 +114,7 @@ impl ErrorCode {
             ErrorCode::Rejected => "rejected",
             ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::HookInvalid => "hook_invalid",
+            ErrorCode::StoreRefused => "store_refused",
             ErrorCode::Damaged => "damaged",
             ErrorCode::Internal => "internal",
         }
@@ -133,7 +140,7 @@ impl ErrorCode {
             ErrorCode::Rejected => 403,
             ErrorCode::InsufficientStorage | ErrorCode::QuotaExceeded => 507,
             ErrorCode::Unavailable => 503,
-            ErrorCode::HookInvalid => 502,
+            ErrorCode::HookInvalid | ErrorCode::StoreRefused => 502,
             ErrorCode::TaskFailed | ErrorCode::Cancelled | ErrorCode::Damaged | ErrorCode::Internal => 500,
         }
     }

@@ -105,6 +105,15 @@ pub struct Metrics {
     pub check_bytes_read: Counter,
     /// What `check` tasks found, by kind.
     pub check_findings: Family<FindingLabel, Counter>,
+    /// The S3 store's memory budget (`[s3] max_buffer`), refreshed on every scrape: bytes
+    /// reserved now, the bound, reservations waiting now, and since start the reservations
+    /// that waited, their wait in all (seconds) and those that gave up (answered 503).
+    pub s3_buffer: Gauge,
+    pub s3_buffer_limit: Gauge,
+    pub s3_buffer_waiting: Gauge,
+    pub s3_buffer_waits: Gauge,
+    pub s3_buffer_wait_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub s3_buffer_refused: Gauge,
 }
 
 impl Default for Metrics {
@@ -128,6 +137,12 @@ impl Default for Metrics {
             task_queue_depth: Gauge::default(),
             checkpoint_duration: Histogram::new(CHECKPOINT_BUCKETS),
             disk_free: Family::default(),
+            s3_buffer: Gauge::default(),
+            s3_buffer_limit: Gauge::default(),
+            s3_buffer_waiting: Gauge::default(),
+            s3_buffer_waits: Gauge::default(),
+            s3_buffer_wait_seconds: Gauge::default(),
+            s3_buffer_refused: Gauge::default(),
             uploads_retention_removed: Counter::default(),
             check_files: Counter::default(),
             check_bytes_read: Counter::default(),
@@ -161,6 +176,12 @@ impl Default for Metrics {
             m.checkpoint_duration.clone(),
         );
         registry.register_with_unit("disk_free", "Free space on the filesystem of the data (and blob) directory", prometheus_client::registry::Unit::Bytes, m.disk_free.clone());
+        registry.register_with_unit("s3_buffer", "S3 store: bytes of open parts, tails read back and streamed pieces held in memory now", prometheus_client::registry::Unit::Bytes, m.s3_buffer.clone());
+        registry.register_with_unit("s3_buffer_limit", "S3 store: the memory budget ([s3] max_buffer)", prometheus_client::registry::Unit::Bytes, m.s3_buffer_limit.clone());
+        registry.register("s3_buffer_waiting", "S3 store: reservations waiting for room in the memory budget now", m.s3_buffer_waiting.clone());
+        registry.register("s3_buffer_waits", "S3 store: reservations that had to wait for room in the memory budget, since start", m.s3_buffer_waits.clone());
+        registry.register_with_unit("s3_buffer_wait", "S3 store: time reservations spent waiting for room in the memory budget, since start", prometheus_client::registry::Unit::Seconds, m.s3_buffer_wait_seconds.clone());
+        registry.register("s3_buffer_refused", "S3 store: reservations that found no room in time (their request answered 503), since start", m.s3_buffer_refused.clone());
         registry.register("uploads_retention_removed", "Finished files removed by retention (retain_finished)", m.uploads_retention_removed.clone());
         registry.register("check_files", "Finished files check tasks re-read and compared with their sha256", m.check_files.clone());
         registry.register_with_unit("check_read", "Bytes check tasks read back from the blob store", prometheus_client::registry::Unit::Bytes, m.check_bytes_read.clone());

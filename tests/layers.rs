@@ -428,6 +428,7 @@ const APPLICATION_CODES: &[(&str, &str)] = &[
     ("QuotaExceeded", "quota_exceeded"),
     ("QuotaDetail", "quota"),
     ("HookInvalid", "hook_invalid"),
+    ("StoreRefused", "store_refused"),
     ("Damaged", "damaged"),
     ("ChunkTooLarge", "chunk_too_large"),
     ("UploadIncomplete", "upload_incomplete"),

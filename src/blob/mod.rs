@@ -132,6 +132,14 @@ pub enum BlobError {
     /// committed was changed; the same call can succeed later.
     #[error("blob store unavailable: {0}")]
     Unavailable(String),
+    /// The backend refused the request for good (S3: a 4xx other than 404, 408, 409, 412 and
+    /// 429, or 501 — credentials or a bucket policy that refuse, a request the store does not
+    /// implement or accept): the same request gets the same answer until an operator changes
+    /// the store or ferry's settings. Holds the request and the store's status and error code
+    /// (e.g. `UploadPartCopy (501 NotImplemented)`), never the store's error body. Nothing the
+    /// caller committed was changed.
+    #[error("the blob store refused {0}")]
+    Refused(String),
     /// The store no longer has the bytes of this unfinished blob past byte `kept` (S3: its
     /// multipart upload was aborted behind ferry's back — a bucket lifecycle rule
     /// `AbortIncompleteMultipartUpload` — or the store refused for good to assemble it). The
@@ -270,9 +278,18 @@ pub type BlobResult<T> = Result<T, BlobError>;
 /// Byte storage for uploads.
 #[async_trait]
 pub trait BlobStore: Send + Sync + 'static {
-    /// Create an empty blob for `id`. If one exists it is truncated to 0 bytes.
-    /// Durable once this returns (in durable mode).
+    /// Create an empty blob for a new upload `id` (one nothing was stored under yet; fs: a
+    /// file that exists is truncated). Durable once this returns (in durable mode).
     async fn create(&self, id: &str) -> BlobResult<()>;
+
+    /// Start unfinished blob `id` again from 0 bytes under `lease` (a roll-back to 0: the
+    /// store lost its bytes). Every change is made while the lease holds ([`WriteLease::run`]),
+    /// and a finished object is never removed (S3: its multipart uploads and tail go, and the
+    /// `.created` marker is put back), so a holder whose lease ran out cannot erase what a
+    /// later holder finished. Errors: [`BlobError::LeaseLost`] / [`BlobError::Cut`], I/O.
+    async fn reset(&self, id: &str, lease: &WriteLease) -> BlobResult<()> {
+        lease.run(self.create(id)).await
+    }
 
     /// Open a writer that appends at byte `offset`, resuming from `state` — the blob state
     /// committed with that offset (empty for offset 0 or a legacy row) — under `lease`.
@@ -310,11 +327,20 @@ pub trait BlobStore: Send + Sync + 'static {
     /// store can (S3: UploadPartCopy). Returns `false`, changing nothing, when this store or
     /// these lengths do not allow it (the caller then streams the bytes through a writer);
     /// `true` once `id` is finished as after [`BlobStore::finish`] with exactly those bytes,
-    /// whatever it held before. `NotFound` when a source is not (yet) a finished blob.
-    /// Restartable: a call that failed part-way can be repeated.
-    async fn compose(&self, id: &str, sources: &[(String, u64)]) -> BlobResult<bool> {
-        let _ = (id, sources);
+    /// whatever it held before. Every change is made under `lease` (the final's write lease:
+    /// [`BlobError::LeaseLost`] / [`BlobError::Cut`] once it is gone), and the finished object
+    /// is never removed on the way: a composer that lost its lease can at most write the same
+    /// bytes again. `NotFound` when a source is not (yet) a finished blob. Restartable: a call
+    /// that failed part-way can be repeated.
+    async fn compose(&self, id: &str, sources: &[(String, u64)], lease: &WriteLease) -> BlobResult<bool> {
+        let _ = (id, sources, lease);
         Ok(false)
+    }
+
+    /// The store's memory budget now (S3: `[s3] max_buffer`; [`s3::BudgetStats`]), `None` for
+    /// a store that keeps no bytes in memory (fs).
+    fn memory(&self) -> Option<s3::BudgetStats> {
+        None
     }
 
     /// Whether the store answers and accepts writes (for `/readyz`).

@@ -62,6 +62,7 @@ fn by_code(e: &Refusal) -> String {
             ),
             None => "Delete files you no longer need (or ask the operator for a larger quota), then try again.".into(),
         },
+        ErrorCode::StoreRefused => "The server's storage refused this for good (the detail names what it refused); nothing stored was lost. Report it to the server's operator, who must change the store or the server's settings.".into(),
         ErrorCode::Damaged => "The file cannot be downloaded: upload it again (and delete this one), or ask the operator to restore its bytes from a backup.".into(),
         _ if e.code.retryable() => "Send HEAD to learn the offset, then retry the request.".into(),
         _ => "Read the problem's detail, fix what it names, and send the request again.".into(),

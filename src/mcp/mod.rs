@@ -885,6 +885,10 @@ fn for_model(e: &Refusal, tool: &str) -> String {
             "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; {} shows what was kept.",
             call("file_status")
         ),
+        ErrorCode::StoreRefused => format!(
+            "The server's storage refused this for good (error.message names what it refused): tell the user to report it to the operator; nothing stored was lost, and {} shows what was kept.",
+            call("file_status")
+        ),
         ErrorCode::Damaged => format!(
             "The server's copy of this file is damaged and will not be served: tell the user to upload it again ({}) or to ask the operator to restore it.",
             call("file_upload_begin")

@@ -60,6 +60,8 @@ pub(crate) struct Appender {
     committed_blob: BlobState,
     /// Whether the lease is still ours (checked before every batch of bytes).
     validity: Validity,
+    /// The lease as the blob store is told of it: what a roll-back to 0 runs under.
+    under: WriteLease,
     /// When the upload's expiry was last pushed forward while bytes arrive.
     touched: Instant,
     /// The length in force, and whether this request declared it.
@@ -114,15 +116,8 @@ impl Appender {
     pub(crate) async fn open(engine: &Arc<UploadEngine>, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>, lease: &Lease) -> Result<Appender, Refusal> {
         let engine = engine.clone();
         let state = if offset == rec.offset { engine.blob_state_of(&rec).await? } else { BlobState::default() };
-        let validity = lease.validity();
-        let under = WriteLease {
-            // S3 sizes the upload's parts from it (fixed at the first writer).
-            size_hint: length.or(rec.length).unwrap_or(engine.cfg.max_size),
-            fence: lease.fence().unwrap_or(0),
-            generation: lease.generation(),
-            valid_until: Arc::new(move || validity.deadline()),
-            cut: lease.stop().clone(),
-        };
+        // S3 sizes the upload's parts from the hint (fixed at the first writer).
+        let under = UploadEngine::write_lease(lease, length.or(rec.length).unwrap_or(engine.cfg.max_size));
         // The fence (a catalog commit unless kept from an earlier writer) and the blob's opening
         // are independent: do them at once.
         let (fence, opened) = tokio::join!(engine.fence_for(&rec.id, lease), engine.blobs.open_writer_under(&rec.id, offset, &state, &under));
@@ -134,7 +129,7 @@ impl Appender {
             Err(BlobError::NotFound) if offset == rec.offset && !rec.is_finished() => {
                 tracing::warn!(upload = rec.id, offset, "the upload's blob is gone (a power loss in relaxed durability?); starting it again from 0");
                 if offset == 0 {
-                    engine.blobs.create(&rec.id).await?;
+                    engine.blobs.reset(&rec.id, &under).await?;
                     engine.blobs.open_writer_under(&rec.id, 0, &state, &under).await
                 } else {
                     Err(BlobError::OutOfRange { start: offset, end: offset, len: 0 })
@@ -145,7 +140,7 @@ impl Appender {
         let writer = match opened {
             Ok(w) => w,
             Err(BlobError::OutOfRange { len, .. }) if offset == rec.offset => {
-                engine.roll_back_to(&rec, len, fence).await?;
+                engine.roll_back_to(&rec, len, fence, &under).await?;
                 return Err(Refusal::new(
                     409,
                     crate::error::ErrorCode::OffsetMismatch,
@@ -159,6 +154,7 @@ impl Appender {
         let hasher = if offset == rec.offset { UploadEngine::hash_state_of(&rec)? } else { RunningSha256::new() };
         Ok(Appender {
             engine,
+            under,
             fence,
             writer,
             committed: (offset, hasher.clone()),
@@ -283,7 +279,7 @@ impl Appender {
         if let Some(kept) = self.lost.take() {
             self.pending = None;
             self.broken = true;
-            return match self.engine.roll_back_to(&self.rec, kept, self.fence).await {
+            return match self.engine.roll_back_to(&self.rec, kept, self.fence, &self.under).await {
                 Ok(()) => e,
                 Err(re) => {
                     tracing::warn!(upload = self.rec.id, error = %re.detail, "rolling back an upload whose bytes the store lost failed; the next writer tries again");

@@ -49,6 +49,15 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
             )
             .with_cursor(*kept);
         }
+        BlobError::Refused(what) => {
+            tracing::error!(refused = %what, "the blob store refused a request for good: its configuration (credentials, bucket policy, features) needs an operator");
+            return Refusal::new(
+                502,
+                crate::error::ErrorCode::StoreRefused,
+                format!("the server's blob store refused {what}; nothing stored was lost; the same request is refused until the store or the server's settings change"),
+                crate::error::Next::ByCode,
+            );
+        }
         BlobError::LeaseLost => return super::append::lease_lost(),
         BlobError::Cut => return Refusal::locked(None),
         _ => None,

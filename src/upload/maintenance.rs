@@ -167,14 +167,17 @@ impl UploadEngine {
     /// commit it finished under `lease`; `false` when the store cannot (nothing changed).
     async fn compose_final(self: &Arc<Self>, rec: &UploadRecord, sources: &[UploadRecord], total: u64, lease: &Lease) -> Result<bool, Refusal> {
         let list: Vec<(String, u64)> = sources.iter().map(|r| (r.id.clone(), r.length.unwrap_or(0))).collect();
-        let composed = match self.blobs.compose(&rec.id, &list).await {
+        // Every change the composition makes is made under the final's lease: a composer that
+        // stalled past it changes nothing (and never removes a final another one finished).
+        let under = UploadEngine::write_lease(lease, total);
+        let composed = match self.blobs.compose(&rec.id, &list, &under).await {
             // A part the catalog calls finished whose object is not whole yet (its finish was
             // left to the first read): finish the parts, then compose again.
             Err(BlobError::NotFound) => {
                 for src in sources {
                     self.blobs.finish(&src.id, &self.blob_state_of(src).await?).await?;
                 }
-                self.blobs.compose(&rec.id, &list).await?
+                self.blobs.compose(&rec.id, &list, &under).await?
             }
             r => r?,
         };
@@ -230,8 +233,9 @@ impl UploadEngine {
 
     /// Roll upload `rec` back to the `len` bytes its blob still has (relaxed durability after
     /// a power loss; an S3 multipart upload a lifecycle rule aborted), re-hashing them once,
-    /// under the caller's `fence`.
-    pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64) -> Result<(), Refusal> {
+    /// under the caller's `fence`; the blob is started again ([`crate::blob::BlobStore::reset`])
+    /// only under its write lease `lease`.
+    pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64, lease: &crate::blob::WriteLease) -> Result<(), Refusal> {
         tracing::warn!(upload = rec.id, len, offset = rec.offset, "the blob store holds fewer of this upload's bytes than its checkpoint; rolling back to what it holds");
         let mut hasher = RunningSha256::new();
         if len > 0 {
@@ -242,7 +246,7 @@ impl UploadEngine {
         } else {
             // Nothing survives: start the blob again (S3: a lost multipart upload's markers and
             // tail go with it).
-            self.blobs.create(&rec.id).await?;
+            self.blobs.reset(&rec.id, lease).await?;
         }
         let now = now_ms();
         let cp = Checkpoint {

@@ -232,6 +232,20 @@ impl UploadEngine {
         Ok(f)
     }
 
+    /// What the blob store is told of `lease` ([`crate::blob::WriteLease`]): its fence,
+    /// generation, validity and let-go token; `size_hint` is the most bytes the blob will hold
+    /// (S3 sizes parts from it).
+    pub(crate) fn write_lease(lease: &Lease, size_hint: u64) -> crate::blob::WriteLease {
+        let validity = lease.validity();
+        crate::blob::WriteLease {
+            size_hint,
+            fence: lease.fence().unwrap_or(0),
+            generation: lease.generation(),
+            valid_until: Arc::new(move || validity.deadline()),
+            cut: lease.stop().clone(),
+        }
+    }
+
     /// A catalog error of a fenced write: a kept fence that turned out stale is forgotten, so
     /// the next writer takes a fresh one.
     pub(crate) fn fenced(&self, id: &str, e: CatalogError) -> CatalogError {
@@ -671,6 +685,16 @@ impl UploadEngine {
     /// Bring the gauges `/metrics` reads at scrape time up to date: free space of the
     /// configured directories (`statvfs`, a cheap system call).
     pub fn refresh_metrics(&self) {
+        if let Some(b) = self.blobs.memory() {
+            let m = &self.metrics;
+            let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            m.s3_buffer.set(n(b.in_use));
+            m.s3_buffer_limit.set(n(b.limit));
+            m.s3_buffer_waiting.set(n(b.waiting));
+            m.s3_buffer_waits.set(n(b.waits));
+            m.s3_buffer_wait_seconds.set(b.waited_ms as f64 / 1000.0);
+            m.s3_buffer_refused.set(n(b.refused));
+        }
         for (dir, path) in &self.cfg.disk_dirs {
             if let Ok(st) = nix::sys::statvfs::statvfs(path) {
                 #[allow(clippy::unnecessary_cast)] // fsblkcnt_t and c_ulong are u64 here, not on every platform

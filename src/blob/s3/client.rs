@@ -40,6 +40,10 @@ pub(super) struct Inner {
     pub(super) stream_parts: bool,
     /// Open parts of writers that ended, for the next writer of the same upload here.
     pub(super) parked: Parked,
+    /// The store refused an UploadPartCopy for good: compositions stream their sources.
+    pub(super) cannot_copy: std::sync::atomic::AtomicBool,
+    /// When [`crate::blob::BlobStore::ping`] last wrote its probe object.
+    pub(super) write_probed: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Path-style address of the bucket and the signing region, for the one request object_store
@@ -94,6 +98,29 @@ impl Inner {
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(io(e)),
         }
+    }
+
+    /// Delete `keys` with as few requests as the store allows (object_store's `delete_stream`:
+    /// DeleteObjects, up to 1 000 keys each), keys already gone included. Errors: the first key
+    /// the store failed to delete for another reason.
+    pub(super) async fn delete_all(&self, keys: Vec<Path>) -> BlobResult<()> {
+        use futures::StreamExt;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let n = keys.len() as u64;
+        let results: Vec<object_store::Result<Path>> =
+            bounded(REQUEST_DEADLINE + std::time::Duration::from_millis(n * 10), async { Ok(self.s3.delete_stream(futures::stream::iter(keys.into_iter().map(Ok)).boxed()).collect().await) })
+                .await
+                .map_err(io)?;
+        for r in results {
+            match r {
+                Ok(_) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn list(&self, dir: &Path) -> BlobResult<Vec<Path>> {
@@ -170,21 +197,18 @@ impl Inner {
 
     /// Delete the tail segments of `id` not in `keep`.
     pub(super) async fn delete_segments(&self, id: &str, keep: &HashSet<Path>) -> BlobResult<()> {
-        for p in self.list(&self.tail_dir(id)).await? {
-            if !keep.contains(&p) {
-                self.delete_quiet(&p).await?;
-            }
-        }
-        Ok(())
+        let gone = self.list(&self.tail_dir(id)).await?.into_iter().filter(|p| !keep.contains(p)).collect();
+        self.delete_all(gone).await
     }
 
     /// Everything stored for `id`, the finished object included.
     pub(super) async fn remove_all(&self, id: &str) -> BlobResult<()> {
         self.parked.forget(id);
         self.abort_multiparts(id, None).await?;
-        self.delete_segments(id, &HashSet::new()).await?;
-        self.delete_quiet(&self.object(id)).await?;
-        self.delete_quiet(&self.created(id)).await
+        let mut keys = self.list(&self.tail_dir(id)).await?;
+        keys.push(self.object(id));
+        keys.push(self.created(id));
+        self.delete_all(keys).await
     }
 
     pub(super) async fn read_segments(&self, id: &str, segs: &[Segment], buf: &mut BytesMut) -> BlobResult<()> {
@@ -206,6 +230,8 @@ impl Inner {
     pub(super) async fn finished_cleanup(&self, id: &str) -> BlobResult<()> {
         self.parked.forget(id);
         self.abort_multiparts(id, None).await?;
+        // The marker last, in a request of its own: while it exists, a repeated finish finds
+        // the rest.
         self.delete_segments(id, &HashSet::new()).await?;
         self.delete_quiet(&self.created(id)).await
     }

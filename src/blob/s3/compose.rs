@@ -16,8 +16,32 @@ use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreEx
 use super::state::{fixed_part_size, MAX_PARTS, MIN_PART};
 use backon::Retryable;
 
-use super::{bounded, classify_message, deadline_for, io, own_retries, Failure, Inner, REQUEST_DEADLINE};
+use super::errors::{refusal, Answer};
+use super::{bounded, deadline_for, io, own_retries, own_retries_count, Failure, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult};
+
+/// Why a composition did not happen.
+pub(super) enum ComposeError {
+    /// The store refused an UploadPartCopy for good (`501 NotImplemented`, `411`, `403`…): it
+    /// cannot compose, and the caller streams the sources through a writer instead.
+    CannotCopy(String),
+    /// Anything else, as [`BlobError`].
+    Blob(BlobError),
+}
+
+impl From<BlobError> for ComposeError {
+    fn from(e: BlobError) -> Self {
+        ComposeError::Blob(e)
+    }
+}
+
+/// How long a CompleteMultipartUpload of `parts` parts may take before ferry asks whether it
+/// happened: S3 may take minutes to assemble thousands of parts (it keeps the connection alive
+/// meanwhile and may answer 200 with an error body), so the request is waited out — one
+/// minute, plus 100 ms a part — and never sent again while it may still be under way.
+pub(super) fn completion_deadline(parts: usize) -> Duration {
+    Duration::from_secs(60) + Duration::from_millis(parts as u64 * 100)
+}
 
 impl Inner {
     /// UploadPartCopy (S3 API reference): part `idx` (0-based) of multipart upload `mp` on
@@ -26,9 +50,11 @@ impl Inner {
     /// expose SigV4 presigning with signed query parameters and headers
     /// ([`Signer::signed_url_opts`]), so this request goes to a URL object_store signs
     /// (`partNumber`, `uploadId`, `x-amz-copy-source`, `x-amz-copy-source-range` all under
-    /// the signature) — no signing code of ferry's own. Errors are classified as object_store's
-    /// are ([`classify_message`]); S3 may answer 200 with an `<Error>` body, which is one too.
-    async fn copy_part(&self, to: &Path, mp: &str, idx: usize, from: &Path, range: Range<u64>) -> BlobResult<PartId> {
+    /// the signature) — no signing code of ferry's own. It has no body and says so
+    /// (`Content-Length: 0`: AWS answers 411 to a body-less PUT without one). Failures are
+    /// decided by status and code ([`Answer`]); S3 may answer 200 with an `<Error>` body,
+    /// which is one too. A refusal for good is [`ComposeError::CannotCopy`].
+    async fn copy_part(&self, to: &Path, mp: &str, idx: usize, from: &Path, range: Range<u64>) -> Result<PartId, ComposeError> {
         use object_store::signer::Signer;
         const KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
         let source = format!("{}/{}", self.bucket, percent_encoding::utf8_percent_encode(from.as_ref(), KEY));
@@ -39,30 +65,35 @@ impl Inner {
             .with_signed_header(http::HeaderName::from_static("x-amz-copy-source"), src_h.clone())
             .with_signed_header(http::HeaderName::from_static("x-amz-copy-source-range"), range_h.clone());
         let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
-        let unavailable = |what: String| BlobError::Unavailable(format!("UploadPartCopy of {from} {source_range} into part {}: {what}", idx + 1));
+        let op = format!("UploadPartCopy of {source_range} into part {}", idx + 1);
         let attempt = || async {
-            let sent = self.http.put(url.clone()).header("x-amz-copy-source", src_h.clone()).header("x-amz-copy-source-range", range_h.clone()).send().await;
+            let sent = self
+                .http
+                .put(url.clone())
+                .header("x-amz-copy-source", src_h.clone())
+                .header("x-amz-copy-source-range", range_h.clone())
+                .header(http::header::CONTENT_LENGTH, 0)
+                .timeout(REQUEST_DEADLINE + Duration::from_secs(range.end.saturating_sub(range.start) / (64 << 20)))
+                .send()
+                .await;
             Err(match sent {
-                Ok(r) if r.status().is_success() => match r.text().await {
-                    Ok(body) if !body.contains("<Error>") => return Ok(body),
-                    Ok(body) => (classify_message(&format!("Server returned error response: {body}")), body),
-                    Err(e) => (Failure::Unavailable, e.to_string()),
-                },
                 Ok(r) => {
-                    let status = r.status();
-                    let body = r.text().await.unwrap_or_default();
-                    (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}"))
+                    let status = r.status().as_u16();
+                    match r.text().await {
+                        Ok(body) if (200..300).contains(&status) && !body.contains("<Error>") => return Ok(body),
+                        Ok(body) => Answer::of(status, &body),
+                        Err(_) => Answer::default(),
+                    }
                 }
-                Err(e) => (Failure::Unavailable, e.to_string()),
+                Err(_) => Answer::default(),
             })
         };
-        let body = match attempt.retry(own_retries()).when(|(f, _)| *f == Failure::Unavailable).await {
+        let body = match attempt.retry(own_retries()).when(|a: &Answer| a.failure() == Failure::Unavailable).await {
             Ok(body) => body,
-            Err((Failure::Unavailable, what)) => return Err(unavailable(what)),
-            Err((Failure::NotFound, _)) => return Err(BlobError::NotFound),
-            Err((Failure::Other, what)) => return Err(BlobError::Io(std::io::Error::other(format!("UploadPartCopy of {from} {source_range}: {what}")))),
+            Err(a) if a.failure() == Failure::Refused => return Err(ComposeError::CannotCopy(format!("{op} ({a})"))),
+            Err(a) => return Err(refusal(&op, &a).into()),
         };
-        let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| unavailable(format!("no ETag in the answer: {body}")))?;
+        let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| BlobError::Unavailable(format!("S3 {op}: no ETag in the answer")))?;
         Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
     }
 
@@ -71,15 +102,15 @@ impl Inner {
     /// while it is still being received. object_store 0.14's `put_part` takes a whole part in
     /// memory, so this request goes to a URL object_store signs (`partNumber` and `uploadId`
     /// under the signature; the body is an unsigned payload, as presigned requests' are — the
-    /// caller streams only over TLS or loopback, see [`Inner::stream_parts`]). Not retried
+    /// caller streams only over TLS or loopback, see [`Inner::stream_part`]). Not retried
     /// (its body is gone once sent) and not bounded in time here: the caller bounds the wait
     /// for S3's answer once the body is whole. Errors: a body that ends short of `size` (the
-    /// sender went away) or any refusal, as [`BlobError::Unavailable`] with S3's words; the
-    /// caller then sends the part whole.
+    /// sender went away) or any refusal, as [`BlobError::Unavailable`] with S3's status and
+    /// code; the caller then sends the part whole.
     pub(super) async fn stream_part(&self, to: &Path, mp: &str, number: u32, size: u64, mut body: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> BlobResult<PartId> {
         use object_store::signer::Signer;
         let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &part_query(mp, number as usize)).await.map_err(io)?;
-        let unavailable = |what: String| BlobError::Unavailable(format!("UploadPart {number} of {to}, streamed: {what}"));
+        let unavailable = |what: String| BlobError::Unavailable(format!("S3 UploadPart {number}, streamed: {what}"));
         let feed = futures::stream::poll_fn(move |cx| body.poll_recv(cx).map(|b| b.map(Ok::<_, std::io::Error>)));
         let sent = async {
             let r = streamed_put(&self.http, url, size, feed).send().await?;
@@ -89,8 +120,8 @@ impl Inner {
         };
         match sent.await {
             Ok((status, Some(etag), _)) if status.is_success() => Ok(PartId { content_id: etag }),
-            Ok((status, _, body)) => Err(unavailable(format!("{status}: {}", body.chars().take(300).collect::<String>()))),
-            Err(e) => Err(unavailable(e.to_string())),
+            Ok((status, _, body)) => Err(unavailable(Answer::of(status.as_u16(), &body).to_string())),
+            Err(_) => Err(unavailable("the request stopped".into())),
         }
     }
 
@@ -99,10 +130,17 @@ impl Inner {
     /// completes 1, 2, 3… by position, and ferry's parts have numbers of their own (each
     /// attempt at a part a new one: [`super::state::Numbering`]), so this request goes to a URL
     /// object_store signs (`uploadId` under the signature; the body is sent as an unsigned
-    /// payload, as presigned requests are). Errors: `NoSuchUpload` and refusals that repeating
-    /// cannot change (`InvalidPart`, `EntityTooSmall`, …) are [`BlobError::Lost`]; a store that
-    /// is away is `Unavailable` after the same bounded retries as object_store's.
-    pub(super) async fn complete_numbered(&self, to: &Path, mp: &str, parts: &[(u32, String)]) -> BlobResult<()> {
+    /// payload, as presigned requests are).
+    ///
+    /// A completion is never sent twice while the first may still be under way: it is waited
+    /// out ([`completion_deadline`]); when no answer came (a deadline, a dropped connection)
+    /// its outcome is confirmed first — the object of `expect` bytes is there: done; the
+    /// multipart upload is gone without it: lost — and only a multipart upload still open is
+    /// completed again (a retry S3 treats as the same completion: the same parts).
+    /// Errors: `NoSuchUpload` (confirmed) and refusals that repeating cannot change
+    /// (`InvalidPart`, `EntityTooSmall`, …) are [`BlobError::Lost`]; a store that is away is
+    /// `Unavailable` after the same bounded retries as object_store's.
+    pub(super) async fn complete_numbered(&self, to: &Path, mp: &str, parts: &[(u32, String)], expect: Option<u64>) -> BlobResult<()> {
         use object_store::signer::{SignedUrlOptions, Signer};
         let esc = |v: &str| v.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
         let mut xml = String::from("<CompleteMultipartUpload>");
@@ -114,7 +152,8 @@ impl Inner {
         let opts = SignedUrlOptions::new().with_query([("uploadId", mp.to_string())]);
         let url = self.s3.signed_url_opts(http::Method::POST, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
         let lost = |what: String| BlobError::Lost { kept: 0, why: format!("S3 refused to complete its multipart upload: {what}") };
-        let deadline = REQUEST_DEADLINE + Duration::from_millis(parts.len() as u64 * 5);
+        let deadline = completion_deadline(parts.len());
+        let mut answered_before = false;
         let attempt = || async {
             let sent = tokio::time::timeout(deadline, async {
                 let r = self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone()).send().await?;
@@ -124,66 +163,146 @@ impl Inner {
             .await;
             Err(match sent {
                 Ok(Ok((status, body))) if status.is_success() && !body.contains("<Error>") => return Ok(()),
-                Ok(Ok((status, body))) if status.is_success() => (classify_message(&format!("Server returned error response: {body}")), body),
-                Ok(Ok((status, body))) => (classify_message(&format!("status code: {}", status.as_u16())), format!("{status}: {body}")),
-                Ok(Err(e)) => (Failure::Unavailable, e.to_string()),
-                Err(_) => (Failure::Unavailable, format!("no answer within {} s", deadline.as_secs())),
+                Ok(Ok((status, body))) => Answer::of(status.as_u16(), &body),
+                Ok(Err(_)) | Err(_) => Answer::default(),
             })
         };
-        match attempt.retry(own_retries()).when(|(f, _)| *f == Failure::Unavailable).await {
+        let mut tries = 0;
+        let result = loop {
+            tries += 1;
+            match attempt().await {
+                Ok(()) => break Ok(()),
+                Err(a) => {
+                    // No answer: did it happen? Look before sending it again.
+                    if a.status.is_none() || a.failure() == Failure::NotFound {
+                        match self.completion_outcome(to, mp, expect).await {
+                            Some(true) => break Ok(()),
+                            Some(false) if a.failure() == Failure::NotFound || answered_before => break Err(a),
+                            _ => {}
+                        }
+                    }
+                    answered_before = a.status.is_some();
+                    if a.failure() != Failure::Unavailable || tries > own_retries_count() {
+                        break Err(a);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100 << tries.min(4))).await;
+                }
+            }
+        };
+        match result {
             Ok(()) => Ok(()),
-            Err((Failure::Unavailable, what)) => Err(BlobError::Unavailable(format!("CompleteMultipartUpload of {to}: {what}"))),
-            Err((Failure::NotFound, what)) => Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it): {what}"))),
-            Err((Failure::Other, what)) => Err(lost(what)),
+            Err(a) => match a.failure() {
+                Failure::Unavailable => Err(BlobError::Unavailable(format!("S3 CompleteMultipartUpload: {a}"))),
+                Failure::NotFound => Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it; confirmed by listing): {a}"))),
+                Failure::Refused => Err(lost(a.to_string())),
+            },
         }
     }
 
-    /// Part `idx` of a composition on `path` (multipart upload `mp`): copied or streamed.
-    async fn compose_part(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> BlobResult<PartId> {
+    /// Whether a completion of multipart upload `mp` on `to` happened: `Some(true)` when the
+    /// object is there with `expect` bytes (or at all, when `expect` is unknown) and the
+    /// multipart upload is gone; `Some(false)` when both are gone (lost); `None` when the
+    /// multipart upload is still open, or the store cannot tell now.
+    pub(super) async fn completion_outcome(&self, to: &Path, mp: &str, expect: Option<u64>) -> Option<bool> {
+        let open = self.multiparts_under(to.as_ref()).await.ok()?.into_iter().any(|(k, u)| k == to.as_ref() && u == mp);
+        if open {
+            return None;
+        }
+        let len = self.exists(to).await.ok()?;
+        Some(match (len, expect) {
+            (Some(n), Some(e)) => n == e,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+    }
+
+    /// Whether multipart upload `mp` on `to` is gone for sure (ListMultipartUploads does not
+    /// list it): a 404 from one request is confirmed so before anything is rolled back. `false`
+    /// when it is listed or the store cannot tell now.
+    pub(super) async fn multipart_gone(&self, to: &Path, mp: &str) -> bool {
+        match self.multiparts_under(to.as_ref()).await {
+            Ok(open) => !open.iter().any(|(k, u)| k == to.as_ref() && u == mp),
+            Err(_) => false,
+        }
+    }
+
+    /// [`Inner::compose_part`] for [`WriteLease::run`](crate::blob::WriteLease::run).
+    async fn compose_part_under(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> BlobResult<Result<PartId, ComposeError>> {
+        Ok(self.compose_part(path, mp, idx, piece, sources).await)
+    }
+
+    /// Part `idx` of a composition on `path` (multipart upload `mp`): copied, or streamed
+    /// within the store's memory budget.
+    async fn compose_part(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> Result<PartId, ComposeError> {
         match piece {
             Piece::Copy { src, range } => self.copy_part(path, mp, idx, &self.object(&sources[*src].0), range.clone()).await,
             Piece::Stream(ranges) => {
-                let mut buf = BytesMut::new();
+                let len: u64 = ranges.iter().map(|(_, r)| r.end - r.start).sum();
+                let _room = self.budget.reserve(len, &self.parked).await?;
+                let mut buf = BytesMut::with_capacity(len as usize);
                 for (src, range) in ranges {
                     let opts = GetOptions { range: Some(GetRange::Bounded(range.clone())), ..Default::default() };
-                    let got = self.s3.get_opts(&self.object(&sources[*src].0), opts).await.map_err(io)?;
-                    buf.extend_from_slice(&got.bytes().await.map_err(io)?);
+                    let got = bounded(REQUEST_DEADLINE, self.s3.get_opts(&self.object(&sources[*src].0), opts)).await.map_err(io)?;
+                    buf.extend_from_slice(&bounded(deadline_for(range.end - range.start), got.bytes()).await.map_err(io)?);
                 }
                 let mpid = MultipartId::from(mp.to_string());
                 let deadline = deadline_for(buf.len() as u64);
-                bounded(deadline, self.s3.put_part(path, &mpid, idx, PutPayload::from(buf.freeze()))).await.map_err(io)
+                Ok(bounded(deadline, self.s3.put_part(path, &mpid, idx, PutPayload::from(buf.freeze()))).await.map_err(io)?)
             }
         }
     }
 
-    /// Build `id` from finished objects (see [`BlobStore::compose`]) along `plan`.
-    pub(super) async fn compose(&self, id: &str, sources: &[(String, u64)], plan: &[Piece]) -> BlobResult<()> {
-        // Start from nothing: an earlier attempt's multipart uploads, object and tail go.
-        self.remove_all(id).await?;
-        bounded(REQUEST_DEADLINE, self.s3.put(&self.created(id), PutPayload::new())).await.map_err(io)?;
+    /// Build `id` from finished objects (see [`BlobStore::compose`]) along `plan`, every
+    /// request under `lease`. The object `<id>` is never removed: an earlier attempt's
+    /// multipart uploads and tail go, a fresh multipart upload is completed on the key, so a
+    /// composer whose lease ran out mid-way (a stall, a pause) can at most complete the same
+    /// bytes again — a final another composer finished stays readable.
+    pub(super) async fn compose(&self, id: &str, sources: &[(String, u64)], plan: &[Piece], lease: &crate::blob::WriteLease) -> Result<(), ComposeError> {
+        let total: u64 = sources.iter().map(|s| s.1).sum();
+        lease
+            .run(async {
+                self.abort_multiparts(id, None).await?;
+                self.delete_segments(id, &std::collections::HashSet::new()).await
+            })
+            .await?;
         let path = self.object(id);
-        let mp = bounded(REQUEST_DEADLINE, self.s3.create_multipart(&path)).await.map_err(io)?;
-        bounded(REQUEST_DEADLINE, self.s3.put(&self.mpu_marker(id, &mp), PutPayload::new())).await.map_err(io)?;
-        let mpid = MultipartId::from(mp.clone());
+        let mp = lease
+            .run(async {
+                let mp = bounded(REQUEST_DEADLINE, self.s3.create_multipart(&path)).await.map_err(io)?;
+                bounded(REQUEST_DEADLINE, self.s3.put(&self.mpu_marker(id, &mp), PutPayload::new())).await.map_err(io)?;
+                Ok(mp)
+            })
+            .await?;
         // Up to 4 parts at once (UploadPartCopy of a large range takes S3 a while).
-        let mut pending = Vec::with_capacity(plan.len());
+        type PartFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<PartId, ComposeError>> + Send + 'a>>;
+        let mut pending: Vec<PartFuture<'_>> = Vec::with_capacity(plan.len());
         for (idx, piece) in plan.iter().enumerate() {
-            pending.push(self.compose_part(&path, &mp, idx, piece, sources));
+            let (path, mp) = (&path, &mp);
+            pending.push(Box::pin(async move {
+                match lease.run(self.compose_part_under(path, mp, idx, piece, sources)).await {
+                    Ok(r) => r,
+                    Err(e) => Err(ComposeError::Blob(e)),
+                }
+            }));
         }
         let parts = futures::stream::iter(pending).buffered(4).try_collect::<Vec<PartId>>().await;
         let done = match parts {
-            Ok(parts) => self.s3.complete_multipart(&path, &mpid, parts).await.map_err(io),
+            Ok(parts) => {
+                let numbered: Vec<(u32, String)> = parts.into_iter().enumerate().map(|(i, p)| (i as u32 + 1, p.content_id)).collect();
+                lease.run(self.complete_numbered(&path, &mp, &numbered, Some(total))).await.map_err(ComposeError::Blob)
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = done {
             // Best effort: if S3 is away, the marker lets a later abort or delete find it.
-            if self.s3.abort_multipart(&path, &mpid).await.is_ok() {
+            if self.s3.abort_multipart(&path, &MultipartId::from(mp.clone())).await.is_ok() {
                 let _ = self.delete_quiet(&self.mpu_marker(id, &mp)).await;
             }
             return Err(e);
         }
         self.delete_quiet(&self.mpu_marker(id, &mp)).await?;
-        self.delete_quiet(&self.created(id)).await
+        self.delete_quiet(&self.created(id)).await?;
+        Ok(())
     }
 }
 

@@ -53,11 +53,12 @@ use object_store::{ClientConfigKey, ClientOptions};
 use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 
 use client::{Inner, Listing};
-use errors::{bounded, classify_message, deadline_for, io, is_gone, is_not_found, own_retries, Failure};
+use errors::{bounded, deadline_for, io, is_gone, is_not_found, own_retries, own_retries_count, Failure};
 pub use errors::{retry_config, REQUEST_DEADLINE};
 use state::S3State;
 pub use state::{fixed_part_size, DEFAULT_PART_FLOOR, MAX_PART, MAX_PARTS, MIN_PART};
 use writer::{Budget, Parked, S3Writer};
+pub use writer::{BudgetStats, BUDGET_WAIT};
 
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, WriteLease};
 
@@ -85,8 +86,13 @@ impl Default for S3Settings {
     }
 }
 
-/// The readiness probe's object, under the prefix: written and deleted by [`BlobStore::ping`].
+/// The readiness probe's object, under the prefix: written and deleted by [`BlobStore::ping`]
+/// at most once per [`WRITE_PROBE_EVERY`]; probes in between read (HEAD the store's mark).
 pub const PROBE_KEY: &str = ".ferry-probe";
+
+/// How often [`BlobStore::ping`] writes and deletes [`PROBE_KEY`] to show the store takes
+/// writes: once a minute (every probe in between is one HEAD request).
+pub const WRITE_PROBE_EVERY: Duration = Duration::from_secs(60);
 
 /// How often, and how long apart, [`BlobStore::finish`] looks for an object another finisher
 /// is completing (its multipart upload gone, the object not shown yet): 3 s in all.
@@ -157,6 +163,8 @@ impl S3BlobStore {
             parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
             stream_parts,
             parked: Parked::default(),
+            cannot_copy: std::sync::atomic::AtomicBool::new(false),
+            write_probed: std::sync::Mutex::new(None),
         };
         Ok(S3BlobStore { inner: Arc::new(inner) })
     }
@@ -183,6 +191,11 @@ impl S3BlobStore {
     /// one receive frame per writer).
     pub fn buffered(&self) -> u64 {
         self.inner.budget.in_use()
+    }
+
+    /// The memory budget's use, waiters and waits ([`BudgetStats`]).
+    pub fn budget_stats(&self) -> BudgetStats {
+        self.inner.budget.stats()
     }
 
     /// Reopen a finished blob at `offset` (a job re-running after a crash between finishing
@@ -220,8 +233,10 @@ impl S3BlobStore {
     /// finished before round 3 (their object may not be whole yet) and concatenation sources.
     async fn assemble(&self, id: &str, st: &S3State) -> BlobResult<()> {
         let s = &self.inner;
+        let segs = st.segments();
+        let _room = s.budget.reserve(segs.iter().map(|g| g.len()).sum(), &s.parked).await?;
         let mut tail = BytesMut::new();
-        s.read_segments(id, &st.segments(), &mut tail).await?;
+        s.read_segments(id, &segs, &mut tail).await?;
         match &st.multipart {
             None => bounded(deadline_for(tail.len() as u64), s.s3.put(&s.object(id), PutPayload::from(tail.freeze()))).await.map(drop).map_err(io),
             Some(mp) => {
@@ -240,7 +255,7 @@ impl S3BlobStore {
                     let pid = bounded(deadline, s.s3.put_part(&s.object(id), &mpid, number as usize - 1, PutPayload::from(tail.freeze()))).await.map_err(io)?;
                     parts.push((number, pid.content_id));
                 }
-                match s.complete_numbered(&s.object(id), mp, &parts).await {
+                match s.complete_numbered(&s.object(id), mp, &parts, Some(st.offset())).await {
                     // Gone: the caller checks whether it was completed already.
                     Err(BlobError::Lost { .. }) => Err(BlobError::NotFound),
                     r => r,
@@ -267,10 +282,24 @@ impl BlobStore for S3BlobStore {
 
     async fn create(&self, id: &str) -> BlobResult<()> {
         let s = &self.inner;
-        // An existing blob is reset: its multipart uploads, tail and object go.
-        s.remove_all(id).await?;
+        // A new id: nothing to remove first (one request per new upload).
         bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io)?;
         Ok(())
+    }
+
+    async fn reset(&self, id: &str, lease: &WriteLease) -> BlobResult<()> {
+        let s = &self.inner;
+        s.parked.forget(id);
+        // The object `<id>` stays: an unfinished upload has none, and a finished one (another
+        // holder finished it after this one's lease ran out) must keep it.
+        lease
+            .run(async {
+                s.abort_multiparts(id, None).await?;
+                s.delete_segments(id, &HashSet::new()).await?;
+                bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io)?;
+                Ok(())
+            })
+            .await
     }
 
     async fn open_writer_under(&self, id: &str, offset: u64, state: &BlobState, lease: &WriteLease) -> BlobResult<Box<dyn BlobWriter>> {
@@ -290,8 +319,14 @@ impl BlobStore for S3BlobStore {
             Some(st) if st.offset() == offset => st,
             Some(_) => return Err(BlobError::BadState),
         };
-        let mut buf = BytesMut::with_capacity(st.open_part_size().min(64 << 20) as usize);
         let segs = st.segments();
+        // The tail comes back into memory: room for it first, within the store's budget.
+        let tail_len: u64 = segs.iter().map(|g| g.len()).sum();
+        let mut permit = None;
+        if tail_len > 0 {
+            lease.run(s.budget.cover(&mut permit, tail_len, &s.parked)).await?;
+        }
+        let mut buf = BytesMut::with_capacity(tail_len as usize);
         if let Err(e) = s.read_segments(id, &segs, &mut buf).await {
             // A tail the committed state names is gone: a finish that completed the object
             // and was cut off in its clean-up (the upload is still unfinished in the catalog,
@@ -307,7 +342,9 @@ impl BlobStore for S3BlobStore {
         // Segments the committed state does not name are a crashed or superseded writer's.
         let keep: HashSet<Path> = segs.iter().map(|g| s.segment(id, g)).collect();
         lease.run(s.delete_segments(id, &keep)).await?;
-        Ok(Box::new(S3Writer::new(s.clone(), id, st, buf, segs, lease)))
+        let mut w = S3Writer::new(s.clone(), id, st, buf, segs, lease);
+        w.part.permit = permit;
+        Ok(Box::new(w))
     }
 
     async fn finish(&self, id: &str, state: &BlobState) -> BlobResult<()> {
@@ -347,11 +384,28 @@ impl BlobStore for S3BlobStore {
         s.finished_cleanup(id).await
     }
 
-    async fn compose(&self, id: &str, sources: &[(String, u64)]) -> BlobResult<bool> {
+    async fn compose(&self, id: &str, sources: &[(String, u64)], lease: &WriteLease) -> BlobResult<bool> {
+        let s = &self.inner;
+        if s.cannot_copy.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(false);
+        }
         let lens: Vec<u64> = sources.iter().map(|s| s.1).collect();
-        let Some(plan) = compose::plan_for(&lens, self.inner.floor) else { return Ok(false) };
-        self.inner.compose(id, sources, &plan).await?;
-        Ok(true)
+        let Some(plan) = compose::plan_for(&lens, s.floor) else { return Ok(false) };
+        match s.compose(id, sources, &plan, lease).await {
+            Ok(()) => Ok(true),
+            // The store does not copy parts (501 NotImplemented, or a refusal for good): the
+            // caller streams the sources through a writer, now and from now on.
+            Err(compose::ComposeError::CannotCopy(what)) => {
+                tracing::warn!(refused = %what, "the S3 store refuses UploadPartCopy: concatenations stream their parts through this server instead");
+                s.cannot_copy.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(compose::ComposeError::Blob(e)) => Err(e),
+        }
+    }
+
+    fn memory(&self) -> Option<BudgetStats> {
+        Some(self.inner.budget.stats())
     }
 
     async fn abort(&self, id: &str) -> BlobResult<()> {
@@ -360,11 +414,18 @@ impl BlobStore for S3BlobStore {
 
     async fn ping(&self) -> BlobResult<()> {
         let s = &self.inner;
+        let wrote_lately = s.write_probed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| at.elapsed() < WRITE_PROBE_EVERY);
+        if wrote_lately {
+            // A read answers whether the store is there (the mark: 200 or 404 alike).
+            return s.exists(&s.key(super::STORE_MARK)).await.map(drop);
+        }
         // One fixed key for every replica and every probe: a probe cut short (S3 froze, the
         // readiness check gave up) leaves at most this one small object, never one per probe.
         let probe = s.key(PROBE_KEY);
         bounded(REQUEST_DEADLINE, s.s3.put(&probe, PutPayload::from_static(b"ferry"))).await.map_err(io)?;
-        s.delete_quiet(&probe).await
+        s.delete_quiet(&probe).await?;
+        *s.write_probed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        Ok(())
     }
 
     async fn mark(&self) -> BlobResult<Option<String>> {

@@ -15,16 +15,19 @@
 //!   reads nothing from S3. Only a new holder (another process, or after eviction) reads the
 //!   tail segments back.
 //! - **Memory is bounded store-wide** by `[s3] max_buffer` ([`Budget`]): a writer reserves its
-//!   whole part before it gathers the first byte of it, waiting (never growing) while the
-//!   budget is spent, after evicting parked parts (their bytes are durable in tail segments).
-//!   Reserving whole parts means a writer that holds a reservation can always fill its part, so
-//!   writers cannot deadlock waiting on each other.
+//!   open part's bytes as they arrive, a MiB at a time (never a whole part for one byte), after
+//!   evicting parked parts (their bytes are durable in tail segments); a full part takes its
+//!   share with it until S3 has stored it. A reservation that finds no room waits at most
+//!   [`BUDGET_WAIT`], then fails `Unavailable` (the client is told to retry): writers that hold
+//!   part of the budget and want more never wait on each other without bound. Tails read back
+//!   on a resume or a rewind, and parts a composition streams, are reserved before they are read.
 //! - **The lease guards every change** ([`WriteLease`]): every request that changes the store
 //!   is made only while the lease holds, is cut short when the writer is asked to let go, and
 //!   a part whose upload returns after the lease ran out is not recorded. A writer cut or
 //!   fenced is broken: it changes nothing more and is never parked.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +38,7 @@ use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS, STALE_WINDOW, UNNOTED_NUMBERS};
-use super::{bounded, deadline_for, io, is_not_found, Inner, REQUEST_DEADLINE};
+use super::{bounded, deadline_for, io, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 
 /// Part numbers streaming leaves unused for takeovers and resends ([`S3Writer::numbers_to_spare`]):
@@ -75,25 +78,148 @@ struct Streaming {
 struct Sending {
     /// The part's bytes, put back in front of the open part if it is not stored.
     data: Bytes,
+    /// Their reservation in the [`Budget`]: given back once the part is stored, put back with
+    /// the bytes if it is not.
+    permit: Option<OwnedSemaphorePermit>,
     task: tokio::task::JoinHandle<BlobResult<(u32, PartId)>>,
 }
 
-/// Store-wide bound on the bytes of open parts, in MiB permits.
+/// Longest a reservation in the [`Budget`] waits for room before it gives up with
+/// [`BlobError::Unavailable`] (the client is told to retry after a moment): a writer never
+/// waits without bound for memory other uploads hold.
+pub const BUDGET_WAIT: Duration = Duration::from_secs(5);
+
+/// Store-wide bound on the bytes of open parts, in MiB permits. Reserved as bytes arrive, a
+/// MiB at a time (never a whole part for one byte), by whatever is about to hold bytes in
+/// memory: a writer's open part, the tail a resume reads back, a part a composition streams.
 pub(super) struct Budget {
     sem: Arc<Semaphore>,
     mib: u32,
+    /// Reservations waiting now, and how many and how long (ms) all have waited.
+    waiting: AtomicU64,
+    waits: AtomicU64,
+    waited_ms: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// What the [`Budget`] is doing (`ferry_s3_buffer_*` metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetStats {
+    /// Bytes reserved now (open parts, parked ones included, tails read back, streamed pieces).
+    pub in_use: u64,
+    /// The bound (`[s3] max_buffer`), in bytes.
+    pub limit: u64,
+    /// Reservations waiting for room now.
+    pub waiting: u64,
+    /// Reservations that had to wait, and their waits in all (ms).
+    pub waits: u64,
+    pub waited_ms: u64,
+    /// Reservations that gave up after [`BUDGET_WAIT`] (their request answered 503).
+    pub refused: u64,
 }
 
 impl Budget {
     /// A budget of `bytes` (at least one MiB).
     pub(super) fn new(bytes: u64) -> Budget {
         let mib = u32::try_from(bytes.div_ceil(MIB).max(1)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
-        Budget { sem: Arc::new(Semaphore::new(mib as usize)), mib }
+        Budget { sem: Arc::new(Semaphore::new(mib as usize)), mib, waiting: AtomicU64::new(0), waits: AtomicU64::new(0), waited_ms: AtomicU64::new(0), refused: AtomicU64::new(0) }
     }
 
-    /// Bytes reserved now by open parts (active and parked).
+    /// Bytes reserved now (active and parked open parts, tails being read, streamed pieces).
     pub(super) fn in_use(&self) -> u64 {
         u64::from(self.mib - self.sem.available_permits() as u32) * MIB
+    }
+
+    pub(super) fn stats(&self) -> BudgetStats {
+        BudgetStats {
+            in_use: self.in_use(),
+            limit: u64::from(self.mib) * MIB,
+            waiting: self.waiting.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+            waited_ms: self.waited_ms.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whole MiB permits covering `bytes`: at least one, at most the whole budget.
+    fn permits_for(&self, bytes: u64) -> u32 {
+        (bytes.div_ceil(MIB).max(1).min(u64::from(self.mib))) as u32
+    }
+
+    /// Make `held` cover `bytes` (whole MiB), reserving what it lacks: at once where there is
+    /// room, after evicting parked open parts (their bytes are durable in tail segments), else
+    /// waiting at most [`BUDGET_WAIT`]. Errors: [`BlobError::Unavailable`] when no room came in
+    /// time (nothing is reserved then beyond what `held` had).
+    pub(super) async fn cover(&self, held: &mut Option<OwnedSemaphorePermit>, bytes: u64, parked: &Parked) -> BlobResult<()> {
+        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
+        let want = self.permits_for(bytes);
+        if have >= want {
+            return Ok(());
+        }
+        let more = self.reserve_permits(want - have, parked).await?;
+        match held {
+            Some(p) => p.merge(more),
+            None => *held = Some(more),
+        }
+        Ok(())
+    }
+
+    /// [`Budget::cover`] without waiting: `true` when `held` covers `bytes` now (reserving
+    /// what it lacks where there is room, after evicting parked parts), `false` changing
+    /// nothing otherwise.
+    pub(super) fn try_cover(&self, held: &mut Option<OwnedSemaphorePermit>, bytes: u64, parked: &Parked) -> bool {
+        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
+        let want = self.permits_for(bytes);
+        if have >= want {
+            return true;
+        }
+        loop {
+            match self.sem.clone().try_acquire_many_owned(want - have) {
+                Ok(more) => {
+                    match held {
+                        Some(p) => p.merge(more),
+                        None => *held = Some(more),
+                    }
+                    return true;
+                }
+                Err(TryAcquireError::NoPermits) if parked.evict_one() => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// A reservation covering `bytes` (see [`Budget::cover`]).
+    pub(super) async fn reserve(&self, bytes: u64, parked: &Parked) -> BlobResult<OwnedSemaphorePermit> {
+        self.reserve_permits(self.permits_for(bytes), parked).await
+    }
+
+    async fn reserve_permits(&self, n: u32, parked: &Parked) -> BlobResult<OwnedSemaphorePermit> {
+        loop {
+            match self.sem.clone().try_acquire_many_owned(n) {
+                Ok(p) => return Ok(p),
+                Err(TryAcquireError::NoPermits) if parked.evict_one() => continue,
+                Err(TryAcquireError::NoPermits) => break,
+                Err(TryAcquireError::Closed) => return Err(BlobError::Io(std::io::Error::other("the S3 memory budget is closed"))),
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let got = tokio::time::timeout(BUDGET_WAIT, self.sem.clone().acquire_many_owned(n)).await;
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        self.waited_ms.fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        match got {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(BlobError::Io(std::io::Error::other(e))),
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(BlobError::Unavailable(format!(
+                    "no room in the S3 memory budget ([s3] max_buffer, {} MiB) within {} s: other uploads hold it",
+                    self.mib,
+                    BUDGET_WAIT.as_secs()
+                )))
+            }
+        }
     }
 }
 
@@ -108,7 +234,7 @@ pub(super) struct OpenPart {
     /// The segments of the last three synced states (the opened one first): older ones are
     /// deleted, as the engine commits a state before it syncs twice more.
     pub history: Vec<Vec<Segment>>,
-    /// This part's reservation in the [`Budget`].
+    /// The reservation in the [`Budget`] covering `buf` (whole MiB, grown as it fills).
     pub permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -148,16 +274,23 @@ impl Parked {
     }
 }
 
-/// The error an UploadPart or CompleteMultipartUpload on this writer's own multipart upload
-/// fails with: `NoSuchUpload` means the multipart upload is gone, and with it every part.
-fn part_error(e: object_store::Error) -> BlobError {
-    if is_not_found(&e) {
-        BlobError::Lost {
+/// The error of an UploadPart on this writer's own multipart upload `mp` (on `path`): the
+/// multipart upload is gone, and with it every part ([`BlobError::Lost`]), only once
+/// ListMultipartUploads confirms it — after a `404 NoSuchUpload`, or after a failure a store
+/// gives for an upload it aborted (moto answers 500) — never on one answer alone; until then the
+/// failure is one that may pass ([`BlobError::Unavailable`]).
+async fn part_error(s: &Inner, path: &object_store::path::Path, mp: &MultipartId, e: object_store::Error) -> BlobError {
+    let err = io(e);
+    let suspect = matches!(err, BlobError::NotFound | BlobError::Unavailable(_));
+    if suspect && s.multipart_gone(path, mp.as_ref()).await {
+        return BlobError::Lost {
             kept: 0,
-            why: "its S3 multipart upload is gone (NoSuchUpload): a bucket lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it".into(),
-        }
-    } else {
-        io(e)
+            why: "its S3 multipart upload is gone (NoSuchUpload, confirmed by listing): a bucket lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it".into(),
+        };
+    }
+    match err {
+        BlobError::NotFound => BlobError::Unavailable("S3 UploadPart: 404 NoSuchUpload while the multipart upload is still listed".into()),
+        other => other,
     }
 }
 
@@ -344,16 +477,26 @@ impl S3Writer {
                 Ok((number, pid)) => {
                     self.part.st.parts.push((number, pid.content_id));
                     self.part.st.tail.clear();
+                    drop(next.permit);
                 }
                 Err(e) => {
                     // The open part moves up behind the returned bytes: its stream is stale.
+                    // Their reservations come back with them, so the open part stays covered.
                     self.stop_streaming();
                     let later: Vec<Sending> = self.sending.drain(..).collect();
                     let mut back = BytesMut::with_capacity(next.data.len() + later.iter().map(|l| l.data.len()).sum::<usize>() + self.part.buf.len());
                     back.extend_from_slice(&next.data);
+                    let mut permits: Vec<OwnedSemaphorePermit> = next.permit.into_iter().collect();
                     for l in later {
                         l.task.abort();
                         back.extend_from_slice(&l.data);
+                        permits.extend(l.permit);
+                    }
+                    for p in permits {
+                        match self.part.permit.as_mut() {
+                            Some(held) => held.merge(p),
+                            None => self.part.permit = Some(p),
+                        }
                     }
                     back.extend_from_slice(&self.part.buf);
                     self.part.buf = back;
@@ -382,29 +525,30 @@ impl S3Writer {
         r
     }
 
-    /// Reserve the open part's bytes in the store's budget (once per part): evict parked parts
-    /// first, then wait.
-    async fn reserve(&mut self) -> BlobResult<()> {
-        if self.part.permit.is_some() {
-            return Ok(());
-        }
-        let budget = &self.store.budget;
-        let want = (self.part.st.schedule.size(self.filling()).div_ceil(MIB) as u32).clamp(1, budget.mib);
+    /// Make the open part's reservation in the store's budget cover `bytes` (whole MiB, grown
+    /// as the part fills; [`Budget::cover`]): never waits past [`BUDGET_WAIT`], and a writer
+    /// asked to let go stops waiting.
+    async fn cover(&mut self, bytes: u64) -> BlobResult<()> {
+        let s = self.store.clone();
         loop {
-            match budget.sem.clone().try_acquire_many_owned(want) {
-                Ok(p) => {
-                    self.part.permit = Some(p);
-                    return Ok(());
-                }
-                Err(TryAcquireError::NoPermits) if self.store.parked.evict_one() => continue,
-                Err(_) => break,
+            let mut held = self.part.permit.take();
+            let covered = s.budget.try_cover(&mut held, bytes, &s.parked);
+            self.part.permit = held;
+            if covered {
+                return Ok(());
             }
+            // This writer's own parts on their way hold budget: wait for the oldest to be stored
+            // (bounded by its request's deadline) before waiting on other uploads.
+            if self.sending.is_empty() {
+                break;
+            }
+            let keep = self.sending.len() - 1;
+            self.settle(keep).await?;
         }
-        let sem = budget.sem.clone();
-        let waited = self.lease.run(async move { sem.acquire_many_owned(want).await.map_err(|e| BlobError::Io(std::io::Error::other(e))) }).await;
-        let permit = self.guard(waited)?;
-        self.part.permit = Some(permit);
-        Ok(())
+        let mut held = self.part.permit.take();
+        let covered = self.lease.run(async { s.budget.cover(&mut held, bytes, &s.parked).await }).await;
+        self.part.permit = held;
+        self.guard(covered)
     }
 
     async fn ensure_multipart(&mut self) -> BlobResult<String> {
@@ -464,7 +608,14 @@ impl S3Writer {
                 }
             };
             let data = self.part.buf.split_to(size as usize).freeze();
-            let (s, lease, permit) = (self.store.clone(), self.lease.clone(), self.part.permit.take());
+            // The part takes its share of the open part's reservation with it.
+            let share = (size.div_ceil(MIB) as usize).min(self.part.permit.as_ref().map_or(0, |p| p.num_permits()));
+            let permit = match self.part.permit.as_mut() {
+                Some(p) if p.num_permits() <= share => self.part.permit.take(),
+                Some(p) => p.split(share),
+                None => None,
+            };
+            let (s, lease) = (self.store.clone(), self.lease.clone());
             let path = s.object(&self.id);
             let payload = PutPayload::from(data.clone());
             let streamed = streamed.map(|st| st.task);
@@ -496,17 +647,21 @@ impl S3Writer {
                 let sent = match streamed {
                     Some(done) => done,
                     None => lease
-                        .run(async { bounded(deadline_for(size), s.s3.put_part(&path, &mp, whole as usize - 1, payload)).await.map_err(part_error) })
+                        .run(async {
+                            match bounded(deadline_for(size), s.s3.put_part(&path, &mp, whole as usize - 1, payload)).await {
+                                Ok(pid) => Ok(pid),
+                                Err(e) => Err(part_error(&s, &path, &mp, e).await),
+                            }
+                        })
                         .await
                         .map(|pid| (whole, pid)),
                 };
-                drop(permit);
                 sent
             });
-            self.sending.push_back(Sending { data, task });
+            self.sending.push_back(Sending { data, permit, task });
         }
         if !self.part.buf.is_empty() {
-            self.reserve().await?;
+            self.cover(self.part.buf.len() as u64).await?;
         }
         Ok(())
     }
@@ -539,7 +694,12 @@ impl S3Writer {
             let number = self.take_number(parts.len() as u64)?;
             let sent = self
                 .lease
-                .run(async { bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone()))).await.map_err(part_error) })
+                .run(async {
+                    match bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone()))).await {
+                        Ok(pid) => Ok(pid),
+                        Err(e) => Err(part_error(&s, &path, &mpid, e).await),
+                    }
+                })
                 .await;
             match self.guard(sent) {
                 Ok(pid) => parts.push((number, pid.content_id)),
@@ -547,8 +707,16 @@ impl S3Writer {
             }
         }
         if done.is_ok() {
-            let completed = self.lease.run(s.complete_numbered(&path, &mp, &parts)).await;
-            done = self.guard(completed);
+            // Not cut short when the writer is asked to let go: a completion dropped mid-way
+            // leaves its outcome unknown to the next holder, who would send it again while S3
+            // may still be assembling (it is waited out instead; [`Inner::complete_numbered`]).
+            let holds = self.lease.check();
+            done = self.guard(holds);
+            if done.is_ok() {
+                let completed = s.complete_numbered(&path, &mp, &parts, Some(pos)).await;
+                done = completed.and_then(|()| self.lease.check());
+                done = self.guard(done);
+            }
         }
         // Completed already: by this upload's earlier finish that stopped before its commit, or
         // by another process finishing the same committed state.
@@ -585,7 +753,7 @@ impl Drop for S3Writer {
 impl BlobWriter for S3Writer {
     async fn write(&mut self, data: Bytes) -> BlobResult<()> {
         self.usable()?;
-        self.reserve().await?;
+        self.cover(self.part.buf.len() as u64 + data.len() as u64).await?;
         if self.streaming.is_none() {
             self.start_streaming().await?;
         }
@@ -678,6 +846,7 @@ impl BlobWriter for S3Writer {
             cur = next.end;
         }
         let mut buf = BytesMut::new();
+        self.cover(chain.iter().map(Segment::len).sum()).await?;
         self.store.read_segments(&self.id, &chain, &mut buf).await?;
         self.part.st.parts.truncate(idx as usize);
         self.part.st.tail = chain.iter().map(|c| (c.fence, c.end)).collect();

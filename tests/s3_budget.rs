@@ -1,0 +1,75 @@
+//! The S3 store's memory budget (`[s3] max_buffer`) with slow clients (issue 47, point 2): the
+//! real `ferry serve --blobs s3://…` with its default settings (16 MiB parts, a 512 MiB
+//! budget) against a local S3 (moto).
+//!
+//! Many uploads that each hold a few bytes of an open part — a phone on a bad network sends
+//! its first KiB and then stalls — must not keep a fast upload from being answered: the budget
+//! is reserved as bytes arrive, never a whole part for one byte, and a writer that finds no room
+//! waits a bounded time and is then told to retry, instead of waiting without bound. Before
+//! issue 47, 34 such uploads took the whole budget (a part each at its first byte) and the fast
+//! PATCH got no answer at all.
+//!
+//! No wall-clock assert on speed: the bounds below only turn a hang into a failure.
+
+mod common;
+
+use std::time::Duration;
+
+use common::moto;
+use common::*;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+/// Slow uploads held open at once: twice what the whole budget held at one part each.
+const SLOW: usize = 64;
+
+/// A PATCH at offset 0 of `url` declaring `declared` bytes whose body sends `first` and then
+/// stays open (until the returned sender is dropped).
+fn stalled_patch(tus: &Tus, url: &str, declared: usize, first: Vec<u8>) -> (futures::channel::mpsc::Sender<Result<Vec<u8>, std::io::Error>>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tx.try_send(Ok(first)).expect("room for the first piece");
+    let req = tus
+        .c
+        .patch(url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", "0")
+        .header("Content-Length", declared.to_string())
+        .body(reqwest::Body::wrap_stream(rx))
+        .send();
+    (tx, tokio::spawn(req))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_uploads_holding_open_parts_do_not_stall_a_fast_one() {
+    let moto = moto::Moto::start("ferry", 5 * MIB as u64).await;
+    moto.set_env();
+    let server = Server::start(&["--blobs", "s3://ferry/uploads"]);
+    let tus = Tus::new(&server);
+
+    // Each slow upload declares 40 MiB (its bytes would fill two parts), sends 1 KiB, stalls.
+    let mut slow = Vec::new();
+    for i in 0..SLOW {
+        let url = tus.create(40 * MIB as u64).await;
+        slow.push(stalled_patch(&tus, &url, 40 * MIB, pseudo_random(KIB, i as u64)));
+    }
+    // Every slow upload's first KiB has reached the server.
+    wait_bytes_received(&server, (SLOW * KIB) as u64).await;
+
+    // A fast upload of 20 MiB in one PATCH is answered, and completes.
+    let data = pseudo_random(20 * MIB, 99);
+    let url = tus.create(data.len() as u64).await;
+    let fast = tokio::time::timeout(Duration::from_secs(60), tus.patch(&url, 0, data.clone(), &[])).await;
+    let r = fast.expect("a fast PATCH beside 64 stalled uploads got no answer within 60 s (the S3 memory budget stalled it)");
+    assert_eq!(r.status(), 204, "{:?}", r.text().await);
+    assert_eq!(tus.download(&url).await, data, "the fast upload's bytes");
+
+    // The stalled ones are still alive: each can go on from where it is.
+    for (tx, pending) in slow {
+        drop(tx);
+        let _ = tokio::time::timeout(Duration::from_secs(30), pending).await;
+    }
+    let metrics = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let in_use = metrics.lines().find(|l| l.starts_with("ferry_s3_buffer_bytes ")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap());
+    assert!(in_use.is_some(), "ferry_s3_buffer_bytes is exported:\n{metrics}");
+}
