@@ -365,12 +365,18 @@ pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
         }
         BlobLocation::S3(url) => {
             let store = S3BlobStore::from_url(url, cfg.s3.part_size)?.with_max_buffer(cfg.s3.max_buffer).with_parts_in_flight(cfg.s3.parts_in_flight);
-            store.ping().await.map_err(|e| match e {
+            store.ping().await.map_err(|e| {
                 // S3 answers NoSuchBucket (404) to a put into a bucket that is not there.
-                crate::blob::BlobError::NotFound => {
+                let no_bucket = match &e {
+                    crate::blob::BlobError::NotFound => true,
+                    crate::blob::BlobError::Refused { code, .. } => code.as_deref() == Some("NoSuchBucket"),
+                    _ => false,
+                };
+                if no_bucket {
                     anyhow::anyhow!("cannot write to the blob store {url}: its bucket does not exist (create it, or correct the bucket in --blobs)")
+                } else {
+                    anyhow::anyhow!("cannot write to the blob store {url}: {e}")
                 }
-                e => anyhow::anyhow!("cannot write to the blob store {url}: {e}"),
             })?;
             Ok(Arc::new(store))
         }

@@ -910,3 +910,97 @@ async fn the_fault_proxy_forwards_requests_as_they_came() {
     assert!(raw[end + 4..] == body[..], "the body byte for byte");
     assert_eq!(proxy.count(Kind::UploadPart, "ferry/up/x"), 1);
 }
+
+/// Builds `sizes` partials on `tus` and their final; returns the final's URL and its bytes.
+async fn concatenation(tus: &Tus, sizes: &[usize], seed: u64) -> (String, Vec<u8>) {
+    let (mut urls, mut all) = (Vec::new(), Vec::new());
+    for (i, n) in sizes.iter().enumerate() {
+        let part = pseudo_random(*n, seed + i as u64);
+        let r = tus.post(&[("Upload-Length", &n.to_string()), ("Upload-Concat", "partial")]).await;
+        assert_eq!(r.status(), 201);
+        let u = tus.abs(header(&r, "location").unwrap());
+        assert_eq!(tus.patch(&u, 0, part.clone(), &[]).await.status(), 204);
+        all.extend_from_slice(&part);
+        urls.push(u);
+    }
+    let r = tus.post(&[("Upload-Concat", &format!("final;{}", urls.join(" ")))]).await;
+    assert_eq!(r.status(), 201);
+    (tus.abs(header(&r, "location").unwrap()), all)
+}
+
+/// Issue 47, point 4: S3 errors are decided by status and code. A store that answers
+/// `411 MissingContentLength` to a body-less PUT without `Content-Length` (AWS does) builds a
+/// concatenation (ferry's UploadPartCopy says `Content-Length: 0`); a store without
+/// UploadPartCopy (`501 NotImplemented`) builds it too, the parts streamed through ferry — not
+/// a final "being built" for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concatenations_complete_on_a_store_that_wants_lengths_and_on_one_without_part_copy() {
+    let rig = Rig::start(1, &[]).await;
+    let proxy = &rig.proxies[0];
+    proxy.set_strict(true);
+    proxy.require_content_length(true);
+    let tus = rig.tus(0);
+    let sizes = [6 * MIB + 1, MIB + 3, 11 * MIB];
+
+    let (fin, all) = concatenation(&tus, &sizes, 0x71).await;
+    let done = eventually(60, || async { header(&tus.head(&fin).await, "upload-offset") == Some(all.len().to_string().as_str()) }).await;
+    assert!(done, "the concatenation on a store that wants Content-Length never completed: {:?}", proxy.seen().iter().filter(|s| s.status >= 400).collect::<Vec<_>>());
+    assert_stored_sha256(&rig.servers[0], &fin, &sha256_hex(&all)).await;
+    assert!(proxy.seen().iter().any(|s| s.kind == Kind::UploadPartCopy && s.status == 200), "parts were copied inside S3");
+    assert!(proxy.seen().iter().all(|s| s.status != 411), "every PUT and POST said its length");
+
+    proxy.refuse_copy(Some((501, "NotImplemented")));
+    let (fin, all) = concatenation(&tus, &sizes, 0x81).await;
+    let done = eventually(60, || async { header(&tus.head(&fin).await, "upload-offset") == Some(all.len().to_string().as_str()) }).await;
+    assert!(done, "the concatenation on a store without UploadPartCopy never completed");
+    assert_eq!(tus.download(&fin).await, all);
+    assert!(proxy.seen().iter().any(|s| s.kind == Kind::UploadPartCopy && s.status == 501), "the store refused a copy");
+    assert_uniform_parts(proxy);
+}
+
+/// Issue 47, point 4: a store's refusal for good (`403 AccessDenied`: a bucket policy, wrong
+/// credentials) reaches the client as a named failure at once — 502 `store_refused`, not
+/// retryable — and loses nothing: once the store takes writes again the upload resumes from
+/// the offset it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_refusing_for_good_is_named_to_the_client_and_loses_nothing() {
+    let rig = Rig::start(1, &[]).await;
+    let proxy = &rig.proxies[0];
+    let tus = rig.tus(0);
+    let data = pseudo_random(3 * MIB + 11, 0x91);
+    let url = tus.create(data.len() as u64).await;
+    assert_eq!(tus.patch(&url, 0, data[..MIB].to_vec(), &[]).await.status(), 204);
+    // The next tail segment's PUT is refused for good.
+    proxy.fail_next(Kind::Put, 1, 403, "AccessDenied");
+    let r = tus.patch(&url, MIB as u64, data[MIB..2 * MIB].to_vec(), &[]).await;
+    assert_eq!(r.status(), 502);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("store_refused") && body.contains("403 AccessDenied"), "{body}");
+    assert!(!body.contains("<Error>") && !body.contains(&format!("/{PREFIX}/")) && !body.contains("127.0.0.1"), "no raw store answer reaches the client: {body}");
+    let at = offset_when_free(&tus, &url).await;
+    assert_eq!(at, MIB as u64, "the acknowledged offset is kept");
+    patch_rest(&tus, &url, &data, at as usize, MIB).await;
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+}
+
+/// Issue 47, point 4: one `404 NoSuchUpload` from UploadPart is not proof that the multipart
+/// upload is gone: ferry confirms with ListMultipartUploads before it rolls anything back, so a
+/// stray 404 costs a retry (503), never the bytes already acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_404_from_upload_part_is_confirmed_before_anything_is_rolled_back() {
+    let rig = Rig::start(1, &[]).await;
+    let proxy = &rig.proxies[0];
+    let tus = rig.tus(0);
+    let data = pseudo_random(16 * MIB + 3, 0xa1);
+    let url = tus.create(data.len() as u64).await;
+    let first = 6 * MIB + 7;
+    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
+    proxy.fail_next(Kind::UploadPart, 1, 404, "NoSuchUpload");
+    let r = tus.patch(&url, first as u64, data[first..first + 5 * MIB].to_vec(), &[]).await;
+    let status = r.status().as_u16();
+    assert!(status == 204 || status == 503, "a stray 404 on a part: {status} {:?}", r.text().await);
+    let at = offset_when_free(&tus, &url).await;
+    assert!(at >= first as u64, "nothing acknowledged was rolled back (offset {at}, acknowledged {first})");
+    patch_rest(&tus, &url, &data, at as usize, 4 * MIB + 1).await;
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+}

@@ -135,11 +135,12 @@ pub enum BlobError {
     /// The backend refused the request for good (S3: a 4xx other than 404, 408, 409, 412 and
     /// 429, or 501 — credentials or a bucket policy that refuse, a request the store does not
     /// implement or accept): the same request gets the same answer until an operator changes
-    /// the store or ferry's settings. Holds the request and the store's status and error code
-    /// (e.g. `UploadPartCopy (501 NotImplemented)`), never the store's error body. Nothing the
-    /// caller committed was changed.
-    #[error("the blob store refused {0}")]
-    Refused(String),
+    /// the store or ferry's settings. Holds the request (`what`, e.g. `UploadPartCopy of
+    /// bytes=0-5242879 into part 1`), the store's HTTP status and its error code (S3's
+    /// `<Code>`, e.g. `NotImplemented`), never the store's error body. Nothing the caller
+    /// committed was changed.
+    #[error("the blob store refused {what} ({})", refused_answer(*status, code.as_deref()))]
+    Refused { what: String, status: Option<u16>, code: Option<String> },
     /// The store no longer has the bytes of this unfinished blob past byte `kept` (S3: its
     /// multipart upload was aborted behind ferry's back — a bucket lifecycle rule
     /// `AbortIncompleteMultipartUpload` — or the store refused for good to assemble it). The
@@ -156,6 +157,16 @@ pub enum BlobError {
     /// unusable afterwards; the committed state is untouched.
     #[error("the writer was asked to let go while the blob store did not answer")]
     Cut,
+}
+
+/// `503 SlowDown`, `404`, `NoSuchBucket`: how a [`BlobError::Refused`] names the store's answer.
+pub(crate) fn refused_answer(status: Option<u16>, code: Option<&str>) -> String {
+    match (status, code) {
+        (Some(s), Some(c)) => format!("{s} {c}"),
+        (Some(s), None) => s.to_string(),
+        (None, Some(c)) => c.to_string(),
+        (None, None) => "no status".to_string(),
+    }
 }
 
 /// How long a writer asked to let go ([`WriteLease::cut`]) still waits for a store request

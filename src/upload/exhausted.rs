@@ -49,7 +49,8 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
             )
             .with_cursor(*kept);
         }
-        BlobError::Refused(what) => {
+        BlobError::Refused { what, status, code } => {
+            let what = format!("{what} ({})", crate::blob::refused_answer(*status, code.as_deref()));
             tracing::error!(refused = %what, "the blob store refused a request for good: its configuration (credentials, bucket policy, features) needs an operator");
             return Refusal::new(
                 502,

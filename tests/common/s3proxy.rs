@@ -112,6 +112,12 @@ struct PendingHold {
 #[derive(Default)]
 struct Flags {
     strict: bool,
+    /// Answer a PUT or POST that carries no `Content-Length` `411 MissingContentLength`, as AWS does.
+    require_length: bool,
+    /// Answer every UploadPartCopy with this status and S3 error code.
+    refuse_copy: Option<(u16, &'static str)>,
+    /// Answer the next N requests of this kind with this status and S3 error code.
+    fail_next: Option<(Kind, usize, u16, &'static str)>,
     refuse_complete: bool,
     black_hole_after_complete: bool,
     cut_next_part: Option<u64>,
@@ -181,6 +187,24 @@ impl S3Proxy {
     /// Enforce S3's 5 MiB floor and R2's equal-parts rule on CompleteMultipartUpload.
     pub fn set_strict(&self, on: bool) {
         self.state.flags.lock().unwrap().strict = on;
+    }
+
+    /// Answer a PUT or POST without `Content-Length` with `411 MissingContentLength` while
+    /// `on`, as AWS S3 does (moto and Garage accept it).
+    pub fn require_content_length(&self, on: bool) {
+        self.state.flags.lock().unwrap().require_length = on;
+    }
+
+    /// Answer every UploadPartCopy with `status` and S3 error `code` (e.g. `501 NotImplemented`,
+    /// a store without it) while `Some`.
+    pub fn refuse_copy(&self, with: Option<(u16, &'static str)>) {
+        self.state.flags.lock().unwrap().refuse_copy = with;
+    }
+
+    /// Answer the next `n` requests of `kind` with `status` and S3 error `code`, without
+    /// forwarding them.
+    pub fn fail_next(&self, kind: Kind, n: usize, status: u16, code: &'static str) {
+        self.state.flags.lock().unwrap().fail_next = Some((kind, n, status, code));
     }
 
     /// Refuse every CompleteMultipartUpload (`400 InvalidPart`) while `on`.
@@ -379,6 +403,31 @@ async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, B
             .unwrap_or(0),
         _ => body.len() as u64,
     };
+
+    // Refusals a strict or partial store gives.
+    let refusal = {
+        let mut f = st.flags.lock().unwrap();
+        let no_length = matches!(parts.method.as_str(), "PUT" | "POST") && !parts.headers.contains_key(hyper::header::CONTENT_LENGTH);
+        if f.require_length && no_length {
+            Some((411, "MissingContentLength"))
+        } else if kind == Kind::UploadPartCopy && f.refuse_copy.is_some() {
+            f.refuse_copy
+        } else if f.fail_next.is_some_and(|(k, ..)| k == kind) {
+            let (_, n, status, code) = f.fail_next.as_mut().expect("checked");
+            let answer = (*status, *code);
+            *n -= 1;
+            if *n == 0 {
+                f.fail_next = None;
+            }
+            Some(answer)
+        } else {
+            None
+        }
+    };
+    if let Some((status, code)) = refusal {
+        record(len, status);
+        return Ok(xml_error(status, code, "refused by the fault proxy"));
+    }
 
     // A multipart upload a lifecycle rule aborted.
     if upload_id.as_ref().is_some_and(|u| st.aborted.lock().unwrap().contains(u)) {

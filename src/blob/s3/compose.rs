@@ -90,7 +90,7 @@ impl Inner {
         };
         let body = match attempt.retry(own_retries()).when(|a: &Answer| a.failure() == Failure::Unavailable).await {
             Ok(body) => body,
-            Err(a) if a.failure() == Failure::Refused => return Err(ComposeError::CannotCopy(format!("{op} ({a})"))),
+            Err(a) if a.failure() == Failure::Refused => return Err(ComposeError::CannotCopy(a.refused(&op).to_string())),
             Err(a) => return Err(refusal(&op, &a).into()),
         };
         let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| BlobError::Unavailable(format!("S3 {op}: no ETag in the answer")))?;

@@ -99,6 +99,11 @@ impl Answer {
         Answer { status: Some(status), code: error_code(body).map(str::to_string) }
     }
 
+    /// [`BlobError::Refused`] of request `what` with this answer.
+    pub(super) fn refused(&self, what: &str) -> BlobError {
+        BlobError::Refused { what: what.to_string(), status: self.status, code: self.code.clone() }
+    }
+
     /// What this answer means ([`decide`]).
     pub(super) fn failure(&self) -> Failure {
         decide(self.status, self.code.as_deref())
@@ -205,7 +210,7 @@ pub(super) fn refusal(op: &str, answer: &Answer) -> BlobError {
     match answer.failure() {
         Failure::NotFound => BlobError::NotFound,
         Failure::Unavailable => BlobError::Unavailable(format!("S3 {op}: {answer}")),
-        Failure::Refused => BlobError::Refused(format!("{op} ({answer})")),
+        Failure::Refused => answer.refused(op),
     }
 }
 
@@ -218,7 +223,17 @@ pub(super) fn io(e: object_store::Error) -> BlobError {
     match answer.failure() {
         Failure::NotFound => BlobError::NotFound,
         Failure::Unavailable => BlobError::Unavailable(format!("S3: {}", transport_words(&e, &answer))),
-        Failure::Refused => BlobError::Refused(format!("a request ({answer})")),
+        Failure::Refused => answer.refused(&request_of(&e)),
+    }
+}
+
+/// Which request an object_store error is of, in words (`a PUT request`), for a refusal's
+/// message (object_store names the method first: `Error performing PUT …`).
+fn request_of(e: &object_store::Error) -> String {
+    let msg = e.to_string();
+    match msg.split("Error performing ").nth(1).and_then(|r| r.split(' ').next()) {
+        Some(m) if !m.is_empty() && m.chars().all(|c| c.is_ascii_uppercase()) => format!("a {m} request"),
+        _ => "a request".to_string(),
     }
 }
 
@@ -304,7 +319,7 @@ mod tests {
         assert_eq!(classify(&bulk), Failure::Unavailable, "Garage under load");
         assert_eq!(classify(&generic("Got invalid multipart response: missing field".into())), Failure::Refused);
         let denied = object_store::Error::PermissionDenied { path: "k".into(), source: "AccessDenied".into() };
-        assert!(matches!(io(denied), BlobError::Refused(w) if w.contains("403")), "a bucket that refuses writes is refused for good, by its status");
+        assert!(matches!(io(denied), BlobError::Refused { status: Some(403), .. }), "a bucket that refuses writes is refused for good, by its status");
         let missing = object_store::Error::NotFound { path: "k".into(), source: "NoSuchKey".into() };
         assert!(matches!(io(missing), BlobError::NotFound));
         match io(slow) {
