@@ -257,6 +257,57 @@ async fn fs_blob_store_conformance() {
 /// The suite against S3 (moto, or a prefix in `FERRY_TEST_S3_BUCKET`: Garage in `.ci/run`), with
 /// 1 MiB parts so a few MiB cross several parts, tails and folds; afterwards no multipart upload
 /// and no object is left in the bucket.
+/// Issue 47, point 1: a composer that stalled past its lease (a PostgreSQL link that hung,
+/// SIGSTOP, a VM pause) changes nothing, and no composition ever removes a finished final —
+/// not even one that runs after the client removed the partials (`ferry upload --parallel`
+/// does), which before issue 47 deleted the final's object first and left its bytes nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_blob_store_a_stale_composer_never_erases_a_finished_final() {
+    use ferry::blob::{BlobError, BlobState, WriteLease};
+    const MIB: u64 = 1 << 20;
+    let s3 = TestS3::start("compose", 5 * MIB).await;
+    s3.set_env();
+    let store = S3BlobStore::from_url(&s3.url("stale/compose"), 5 * MIB).unwrap();
+    let (mut sources, mut all) = (Vec::new(), Vec::new());
+    for (i, n) in [6 * MIB + 1, 5 * MIB].into_iter().enumerate() {
+        let id = format!("src{i}");
+        let data: Vec<u8> = (0..n).map(|b| ((b * 31 + i as u64) % 251) as u8).collect();
+        store.create(&id).await.unwrap();
+        let mut w = store.open_writer(&id, 0, &BlobState::default()).await.unwrap();
+        w.write(bytes::Bytes::from(data.clone())).await.unwrap();
+        let state = w.sync().await.unwrap();
+        drop(w);
+        store.finish(&id, &state).await.unwrap();
+        sources.push((id, n));
+        all.extend_from_slice(&data);
+    }
+    let read = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            let len = store.len(id).await.unwrap().expect("the final exists");
+            let s = store.read(id, 0..len).await.expect("the final reads");
+            let chunks: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(s).await.expect("read stream");
+            chunks.concat()
+        }
+    };
+    store.create("fin").await.unwrap();
+    let live = WriteLease::default();
+    assert!(store.compose("fin", &sources, &live).await.unwrap(), "composed inside S3");
+    assert!(read("fin").await == all, "the composed final");
+
+    let stale = WriteLease { valid_until: Arc::new(|| Some(std::time::Instant::now() - std::time::Duration::from_secs(1))), ..WriteLease::default() };
+    assert!(matches!(store.compose("fin", &sources, &stale).await, Err(BlobError::LeaseLost)), "a composer without its lease is refused");
+    assert!(store.reset("fin", &stale).await.is_err(), "a reset without the lease is refused");
+    assert!(read("fin").await == all, "the final is untouched");
+
+    for (id, _) in &sources {
+        store.delete(id).await.unwrap();
+    }
+    let late = store.compose("fin", &sources, &live).await;
+    assert!(late.is_err(), "its sources are gone: {late:?}");
+    assert!(read("fin").await == all, "a composition after the partials were removed left the finished final whole");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_blob_store_conformance() {
     const MIB: u64 = 1 << 20;

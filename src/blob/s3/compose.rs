@@ -23,8 +23,9 @@ use crate::blob::{BlobError, BlobResult};
 /// Why a composition did not happen.
 pub(super) enum ComposeError {
     /// The store refused an UploadPartCopy for good (`501 NotImplemented`, `411`, `403`…): it
-    /// cannot compose, and the caller streams the sources through a writer instead.
-    CannotCopy(String),
+    /// cannot compose these sources, and the caller streams them through a writer instead.
+    /// `unimplemented`: it said it has no UploadPartCopy at all (501), so no composition will.
+    CannotCopy { what: String, unimplemented: bool },
     /// Anything else, as [`BlobError`].
     Blob(BlobError),
 }
@@ -90,7 +91,10 @@ impl Inner {
         };
         let body = match attempt.retry(own_retries()).when(|a: &Answer| a.failure() == Failure::Unavailable).await {
             Ok(body) => body,
-            Err(a) if a.failure() == Failure::Refused => return Err(ComposeError::CannotCopy(a.refused(&op).to_string())),
+            Err(a) if a.failure() == Failure::Refused => {
+                let unimplemented = a.status == Some(501) || a.code.as_deref() == Some("NotImplemented");
+                return Err(ComposeError::CannotCopy { what: a.refused(&op).to_string(), unimplemented });
+            }
             Err(a) => return Err(refusal(&op, &a).into()),
         };
         let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| BlobError::Unavailable(format!("S3 {op}: no ETag in the answer")))?;

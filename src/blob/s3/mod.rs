@@ -395,9 +395,13 @@ impl BlobStore for S3BlobStore {
             Ok(()) => Ok(true),
             // The store does not copy parts (501 NotImplemented, or a refusal for good): the
             // caller streams the sources through a writer, now and from now on.
-            Err(compose::ComposeError::CannotCopy(what)) => {
-                tracing::warn!(refused = %what, "the S3 store refuses UploadPartCopy: concatenations stream their parts through this server instead");
-                s.cannot_copy.store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(compose::ComposeError::CannotCopy { what, unimplemented }) => {
+                if unimplemented {
+                    tracing::warn!(refused = %what, "the S3 store does not implement UploadPartCopy: concatenations stream their parts through this server from now on");
+                    s.cannot_copy.store(true, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    tracing::warn!(refused = %what, "the S3 store refused an UploadPartCopy: this concatenation streams its parts through this server");
+                }
                 Ok(false)
             }
             Err(compose::ComposeError::Blob(e)) => Err(e),
