@@ -1004,3 +1004,30 @@ async fn one_404_from_upload_part_is_confirmed_before_anything_is_rolled_back() 
     patch_rest(&tus, &url, &data, at as usize, 4 * MIB + 1).await;
     assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
 }
+
+/// Issue 47, point 5: S3 may take minutes to assemble a CompleteMultipartUpload of thousands of
+/// parts. A completion whose answer is slow (here: held 15 s, longer than the 10 s ferry gave
+/// one before issue 47) is waited out — never sent a second time while the first may still be
+/// under way — and the upload finishes with its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_completion_is_waited_out_never_sent_twice() {
+    let rig = Rig::start(1, &[]).await;
+    let proxy = &rig.proxies[0];
+    let tus = rig.tus(0);
+    let data = pseudo_random(11 * MIB + 5, 0xb1);
+    let url = tus.create(data.len() as u64).await;
+    let id = id_of(&url);
+    assert_eq!(tus.patch(&url, 0, data[..6 * MIB].to_vec(), &[]).await.status(), 204);
+    let hold = proxy.hold(Kind::Complete, &id, HoldAt::Response);
+    let last = tokio::spawn({
+        let (tus, url, rest) = (Tus::new(&rig.servers[0]), url.clone(), data[6 * MIB..].to_vec());
+        async move { tus.patch(&url, 6 * MIB as u64, rest, &[]).await }
+    });
+    tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("the completion reached S3");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    hold.release();
+    let r = tokio::time::timeout(Duration::from_secs(60), last).await.expect("the last PATCH is answered").unwrap();
+    assert_eq!(r.status(), 204, "{:?}", r.text().await);
+    assert_eq!(proxy.count(Kind::Complete, &id), 1, "one CompleteMultipartUpload, waited out: {:?}", proxy.seen().iter().filter(|s| s.kind == Kind::Complete).collect::<Vec<_>>());
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+}
