@@ -11,6 +11,14 @@
 //!    on one PostgreSQL database and one bucket, against the same uploads to one of them alone.
 //!    Aggregate MiB/s.
 //!
+//! 3. **Slow clients and resumes against the memory budget** (issue 47): `BENCH_S3_SLOW`
+//!    (default 64) uploads that each send 1 KiB of a declared 40 MiB and stall, then one fast
+//!    20 MiB PATCH: how long it took to be answered (before issue 47: never, beyond 34). Then
+//!    `BENCH_S3_RESUMES` (default 200) deferred-length uploads each left with
+//!    `BENCH_S3_RESUME_TAIL` (default 6 MiB) in its open part, the server restarted (every tail
+//!    now lives only in S3), and all resumed at once with 1 MiB more each: peak RSS against the
+//!    idle baseline + `[s3] max_buffer` (512 MiB by default); the goal is ≤ 1.2×.
+//!
 //! For each: ferry's CPU seconds per GiB (user + system of every replica that took part, from
 //! /proc/PID/stat) and peak RSS (`VmHWM`, reset before each measurement), and with
 //! `BENCH_S3_PID` (the S3 server's PID) that server's CPU seconds per GiB too. moto is one Python
@@ -188,6 +196,126 @@ async fn concurrent_uploads(bases: &[String], n: usize, each: u64) -> f64 {
     rate
 }
 
+/// `n` uploads that each send 1 KiB of a declared 40 MiB and stall, then one 20 MiB PATCH:
+/// the seconds it took to be answered (204), and the stalled requests (kept open while held).
+async fn slow_then_fast(base: &str, n: usize) -> (f64, Vec<(tokio::sync::mpsc::Sender<bytes::Bytes>, tokio::task::JoinHandle<()>)>) {
+    let c = client();
+    let create = |len: u64| {
+        let c = c.clone();
+        let base = base.to_string();
+        async move {
+            let r = c.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", len.to_string()).send().await.unwrap();
+            let loc = r.headers()["location"].to_str().unwrap().to_string();
+            if loc.starts_with("http") { loc } else { format!("{base}{loc}") }
+        }
+    };
+    let mut stalled = Vec::new();
+    for _ in 0..n {
+        let url = create(40 * MIB).await;
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(2);
+        tx.send(bytes::Bytes::from(vec![1u8; 1024])).await.unwrap();
+        let body = reqwest::Body::wrap_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) }));
+        let req = c
+            .patch(&url)
+            .header("Tus-Resumable", "1.0.0")
+            .header("Content-Type", "application/offset+octet-stream")
+            .header("Upload-Offset", "0")
+            .header("Content-Length", (40 * MIB).to_string())
+            .body(body)
+            .send();
+        stalled.push((tx, tokio::spawn(async move { drop(req.await) })));
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let url = create(20 * MIB).await;
+    let t0 = Instant::now();
+    let r = c
+        .patch(&url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", "application/offset+octet-stream")
+        .header("Upload-Offset", "0")
+        .body(vec![2u8; 20 * MIB as usize])
+        .timeout(std::time::Duration::from_secs(120))
+        .send()
+        .await;
+    let secs = t0.elapsed().as_secs_f64();
+    match r {
+        Ok(r) if r.status() == 204 => {}
+        Ok(r) => eprintln!("the fast PATCH answered {}", r.status()),
+        Err(e) => eprintln!("the fast PATCH got no answer: {e}"),
+    }
+    (secs, stalled)
+}
+
+/// `n` deferred-length uploads, 16 at a time, each sent `tail` bytes (less than a part: they
+/// stay in its open part, durable as tail segments); their URLs.
+async fn deferred_tails(base: &str, n: usize, tail: u64) -> Vec<String> {
+    use futures::StreamExt;
+    let c = client();
+    let body = bytes::Bytes::from(vec![3u8; tail as usize]);
+    futures::stream::iter(0..n)
+        .map(|_| {
+            let (c, base, body) = (c.clone(), base.to_string(), body.clone());
+            async move {
+                let r = c.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Defer-Length", "1").send().await.unwrap();
+                assert_eq!(r.status(), 201);
+                let loc = r.headers()["location"].to_str().unwrap().to_string();
+                let url = if loc.starts_with("http") { loc } else { format!("{base}{loc}") };
+                let r = c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", "application/offset+octet-stream").header("Upload-Offset", "0").body(body).send().await.unwrap();
+                assert_eq!(r.status(), 204);
+                url
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await
+}
+
+/// Every upload in `urls` (at offset `at`) resumed at once with 1 MiB more, as a TUS client
+/// does: a refused PATCH (503 while the budget is spent) is retried after `Retry-After`.
+async fn resume_all(urls: &[String], at: u64) {
+    let c = client();
+    let jobs: Vec<_> = urls
+        .iter()
+        .map(|url| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let end = at + MIB;
+                let mut off = at;
+                for _ in 0..60 {
+                    let r = c
+                        .patch(&url)
+                        .header("Tus-Resumable", "1.0.0")
+                        .header("Content-Type", "application/offset+octet-stream")
+                        .header("Upload-Offset", off.to_string())
+                        .body(vec![4u8; (end - off) as usize])
+                        .send()
+                        .await
+                        .unwrap();
+                    match r.status().as_u16() {
+                        204 => return,
+                        409 | 423 | 503 => {
+                            RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                            let h = c.head(&url).header("Tus-Resumable", "1.0.0").send().await.unwrap();
+                            if let Some(o) = h.headers().get("upload-offset").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+                                off = o;
+                            }
+                            if off >= end {
+                                return;
+                            }
+                        }
+                        s => panic!("resuming {url}: {s}"),
+                    }
+                }
+                panic!("resuming {url}: refused 60 times");
+            })
+        })
+        .collect();
+    for j in jobs {
+        j.await.unwrap();
+    }
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
@@ -250,5 +378,41 @@ fn main() {
         }
         println!("\nratio three / one: {:.2}", three / one);
         println!("PATCHes refused (503/423/409) and resumed, both runs: {}", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
+
+        // 3. slow clients, then resumes after a restart, against the memory budget.
+        let s = TestS3::start("budget", 5 * MIB).await;
+        let dir = tmp.path().join("budget");
+        let args = ["--blobs", &s.url("bench")];
+        let (srv, base) = start_server(&dir, &args, &s.env());
+        let slow = env_u64("BENCH_S3_SLOW", 64) as usize;
+        let (fast_secs, stalled) = slow_then_fast(&base, slow).await;
+        drop(stalled);
+        let resumes = env_u64("BENCH_S3_RESUMES", 200) as usize;
+        let tail = env_u64("BENCH_S3_RESUME_TAIL", 6 * MIB);
+        let urls = deferred_tails(&base, resumes, tail).await;
+        stop(srv);
+        let (srv, base) = start_server(&dir, &args, &s.env());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let idle = status_mib(srv.id(), "VmRSS");
+        let urls: Vec<String> = urls.into_iter().map(|u| format!("{base}{}", &u[u.find("/files/").unwrap()..])).collect();
+        let ((), cost) = measured(&[srv.id()], s3_pid, resume_all(&urls, tail)).await;
+        let metrics = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        let metric = |name: &str| metrics.lines().find(|l| l.starts_with(&format!("{name} "))).and_then(|l| l.rsplit(' ').next()).unwrap_or("0").to_string();
+        stop(srv);
+        drop(s);
+        let budget = 512.0;
+        println!("\n## The S3 memory budget ({label}, default settings: 16 MiB parts, max_buffer 512 MiB)\n");
+        println!("{slow} uploads each holding 1 KiB of an open part, then one 20 MiB PATCH: answered in {fast_secs:.2} s\n");
+        println!(
+            "{resumes} deferred-length uploads with {} MiB tails each ({:.0} MiB of tails), resumed at once after a restart: idle RSS {idle:.0} MiB, peak {:.0} MiB; (peak − idle) / max_buffer = {:.2}; reservations that waited {}, gave up (503, resumed) {}; ferry CPU {:.1} s",
+            tail / MIB,
+            (resumes as u64 * tail) as f64 / MIB as f64,
+            cost.max_rss,
+            (cost.max_rss - idle) / budget,
+            metric("ferry_s3_buffer_waits"),
+            metric("ferry_s3_buffer_refused"),
+            cost.ferry_cpu
+        );
+        println!("PATCHes refused (503/423/409) and resumed: {}", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
     });
 }
