@@ -206,7 +206,11 @@ async fn slow_then_fast(base: &str, n: usize) -> (f64, Vec<(tokio::sync::mpsc::S
         async move {
             let r = c.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", len.to_string()).send().await.unwrap();
             let loc = r.headers()["location"].to_str().unwrap().to_string();
-            if loc.starts_with("http") { loc } else { format!("{base}{loc}") }
+            if loc.starts_with("http") {
+                loc
+            } else {
+                format!("{base}{loc}")
+            }
         }
     };
     let mut stalled = Vec::new();
@@ -260,7 +264,15 @@ async fn deferred_tails(base: &str, n: usize, tail: u64) -> Vec<String> {
                 assert_eq!(r.status(), 201);
                 let loc = r.headers()["location"].to_str().unwrap().to_string();
                 let url = if loc.starts_with("http") { loc } else { format!("{base}{loc}") };
-                let r = c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", "application/offset+octet-stream").header("Upload-Offset", "0").body(body).send().await.unwrap();
+                let r = c
+                    .patch(&url)
+                    .header("Tus-Resumable", "1.0.0")
+                    .header("Content-Type", "application/offset+octet-stream")
+                    .header("Upload-Offset", "0")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
                 assert_eq!(r.status(), 204);
                 url
             }
@@ -316,6 +328,59 @@ async fn resume_all(urls: &[String], at: u64) {
     }
 }
 
+/// Sections 1 and 2 (see the module's docs).
+async fn whole_and_replicas(tmp: &tempfile::TempDir, bytes: u64, part: u64, uploads: usize, each: u64, s3_pid: Option<u32>, label: &str) {
+    let mib = bytes as f64 / MIB as f64;
+    // 1. ferry vs object_store directly; on moto, one each so neither pays for the other's memory.
+
+    let s = TestS3::start("direct", 5 * MIB).await;
+    let (direct, direct_cost) = measured(&[], s3_pid, direct_upload(&s, bytes, part)).await;
+    drop(s);
+    let s = TestS3::start("ferry", 5 * MIB).await;
+    let (srv, base) = start_server(&tmp.path().join("one"), &["--blobs", &s.url("bench")], &s.env());
+    let ((url, through), cost) = measured(&[srv.id()], s3_pid, tus_upload(&client(), &base, bytes, 0x5A)).await;
+    terminate(&client(), &url).await;
+    stop(srv);
+    drop(s);
+    println!("## One upload of {mib:.0} MiB to S3 ({label}): through ferry vs object_store directly\n");
+    println!("| path | seconds | MiB/s | ferry CPU s/GiB | ferry peak RSS MiB | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- | --- |");
+    println!("| object_store MultipartStore, {} MiB parts | {direct:.2} | {:.0} | — | — | {} |", part / MIB, mib / direct, s3_cpu_per_gib(direct_cost.s3_cpu, bytes));
+    println!(
+        "| ferry, TUS PATCHes of {} MiB, SQLite catalog | {through:.2} | {:.0} | {:.2} | {:.0} | {} |",
+        env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB) / MIB,
+        mib / through,
+        cost.ferry_cpu / (bytes as f64 / GIB),
+        cost.max_rss,
+        s3_cpu_per_gib(cost.s3_cpu, bytes)
+    );
+    println!("\nratio throughput ferry / direct: {:.2}\n", direct / through);
+    println!("PATCHes refused (503/423/409) and resumed: {}\n", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
+
+    // 2. three replicas vs one, PostgreSQL + one bucket.
+    let s = TestS3::start("replicas", 5 * MIB).await;
+    let (db, url) = create_db().await;
+    let blobs = s.url("bench");
+    let args = ["--catalog", url.as_str(), "--blobs", blobs.as_str()];
+    let servers: Vec<(Child, String)> = (0..3).map(|i| start_server(&tmp.path().join(format!("r{i}")), &args, &s.env())).collect();
+    let bases: Vec<String> = servers.iter().map(|(_, b)| b.clone()).collect();
+    let pids: Vec<u32> = servers.iter().map(|(c, _)| c.id()).collect();
+    let (one, one_cost) = measured(&pids[..1], s3_pid, concurrent_uploads(&bases[..1], uploads, each)).await;
+    let (three, three_cost) = measured(&pids, s3_pid, concurrent_uploads(&bases, uploads, each)).await;
+    for (c, _) in servers {
+        stop(c);
+    }
+    drop_db(&db).await;
+    drop(s);
+    let total = uploads as u64 * each;
+    println!("## {uploads} concurrent uploads of {} MiB to S3 ({label}), PostgreSQL catalog, one bucket\n", each / MIB);
+    println!("| replicas | aggregate MiB/s | ferry CPU s/GiB (all replicas) | peak RSS MiB (largest replica / sum) | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- |");
+    for (name, rate, c) in [("1", one, &one_cost), ("3 (round-robin)", three, &three_cost)] {
+        println!("| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |", c.ferry_cpu / (total as f64 / GIB), c.max_rss, c.sum_rss, s3_cpu_per_gib(c.s3_cpu, total));
+    }
+    println!("\nratio three / one: {:.2}", three / one);
+    println!("PATCHes refused (503/423/409) and resumed, both runs: {}", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
@@ -329,56 +394,12 @@ fn main() {
             None => "moto".to_string(),
         };
         let tmp = tempfile::tempdir().unwrap();
-        let mib = bytes as f64 / MIB as f64;
 
-        // 1. ferry vs object_store directly; on moto, one each so neither pays for the other's memory.
-        let s = TestS3::start("direct", 5 * MIB).await;
-        let (direct, direct_cost) = measured(&[], s3_pid, direct_upload(&s, bytes, part)).await;
-        drop(s);
-        let s = TestS3::start("ferry", 5 * MIB).await;
-        let (srv, base) = start_server(&tmp.path().join("one"), &["--blobs", &s.url("bench")], &s.env());
-        let ((url, through), cost) = measured(&[srv.id()], s3_pid, tus_upload(&client(), &base, bytes, 0x5A)).await;
-        terminate(&client(), &url).await;
-        stop(srv);
-        drop(s);
-        println!("## One upload of {mib:.0} MiB to S3 ({label}): through ferry vs object_store directly\n");
-        println!("| path | seconds | MiB/s | ferry CPU s/GiB | ferry peak RSS MiB | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- | --- |");
-        println!("| object_store MultipartStore, {} MiB parts | {direct:.2} | {:.0} | — | — | {} |", part / MIB, mib / direct, s3_cpu_per_gib(direct_cost.s3_cpu, bytes));
-        println!(
-            "| ferry, TUS PATCHes of {} MiB, SQLite catalog | {through:.2} | {:.0} | {:.2} | {:.0} | {} |",
-            env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB) / MIB,
-            mib / through,
-            cost.ferry_cpu / (bytes as f64 / GIB),
-            cost.max_rss,
-            s3_cpu_per_gib(cost.s3_cpu, bytes)
-        );
-        println!("\nratio throughput ferry / direct: {:.2}\n", direct / through);
-        println!("PATCHes refused (503/423/409) and resumed: {}\n", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
-
-        // 2. three replicas vs one, PostgreSQL + one bucket.
-        let s = TestS3::start("replicas", 5 * MIB).await;
-        let (db, url) = create_db().await;
-        let blobs = s.url("bench");
-        let args = ["--catalog", url.as_str(), "--blobs", blobs.as_str()];
-        let servers: Vec<(Child, String)> = (0..3).map(|i| start_server(&tmp.path().join(format!("r{i}")), &args, &s.env())).collect();
-        let bases: Vec<String> = servers.iter().map(|(_, b)| b.clone()).collect();
-        let pids: Vec<u32> = servers.iter().map(|(c, _)| c.id()).collect();
-        let (one, one_cost) = measured(&pids[..1], s3_pid, concurrent_uploads(&bases[..1], uploads, each)).await;
-        let (three, three_cost) = measured(&pids, s3_pid, concurrent_uploads(&bases, uploads, each)).await;
-        for (c, _) in servers {
-            stop(c);
+        // `BENCH_S3_ONLY=budget`: section 3 alone.
+        let only_budget = std::env::var("BENCH_S3_ONLY").is_ok_and(|v| v == "budget");
+        if !only_budget {
+            whole_and_replicas(&tmp, bytes, part, uploads, each, s3_pid, &label).await;
         }
-        drop_db(&db).await;
-        drop(s);
-        let total = uploads as u64 * each;
-        println!("## {uploads} concurrent uploads of {} MiB to S3 ({label}), PostgreSQL catalog, one bucket\n", each / MIB);
-        println!("| replicas | aggregate MiB/s | ferry CPU s/GiB (all replicas) | peak RSS MiB (largest replica / sum) | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- |");
-        for (name, rate, c) in [("1", one, &one_cost), ("3 (round-robin)", three, &three_cost)] {
-            println!("| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |", c.ferry_cpu / (total as f64 / GIB), c.max_rss, c.sum_rss, s3_cpu_per_gib(c.s3_cpu, total));
-        }
-        println!("\nratio three / one: {:.2}", three / one);
-        println!("PATCHes refused (503/423/409) and resumed, both runs: {}", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
-
         // 3. slow clients, then resumes after a restart, against the memory budget.
         let s = TestS3::start("budget", 5 * MIB).await;
         let dir = tmp.path().join("budget");

@@ -176,11 +176,21 @@ impl Default for Metrics {
             m.checkpoint_duration.clone(),
         );
         registry.register_with_unit("disk_free", "Free space on the filesystem of the data (and blob) directory", prometheus_client::registry::Unit::Bytes, m.disk_free.clone());
-        registry.register_with_unit("s3_buffer", "S3 store: bytes of open parts, tails read back and streamed pieces held in memory now", prometheus_client::registry::Unit::Bytes, m.s3_buffer.clone());
+        registry.register_with_unit(
+            "s3_buffer",
+            "S3 store: bytes of open parts, tails read back and streamed pieces held in memory now",
+            prometheus_client::registry::Unit::Bytes,
+            m.s3_buffer.clone(),
+        );
         registry.register_with_unit("s3_buffer_limit", "S3 store: the memory budget ([s3] max_buffer)", prometheus_client::registry::Unit::Bytes, m.s3_buffer_limit.clone());
         registry.register("s3_buffer_waiting", "S3 store: reservations waiting for room in the memory budget now", m.s3_buffer_waiting.clone());
         registry.register("s3_buffer_waits", "S3 store: reservations that had to wait for room in the memory budget, since start", m.s3_buffer_waits.clone());
-        registry.register_with_unit("s3_buffer_wait", "S3 store: time reservations spent waiting for room in the memory budget, since start", prometheus_client::registry::Unit::Seconds, m.s3_buffer_wait_seconds.clone());
+        registry.register_with_unit(
+            "s3_buffer_wait",
+            "S3 store: time reservations spent waiting for room in the memory budget, since start",
+            prometheus_client::registry::Unit::Seconds,
+            m.s3_buffer_wait_seconds.clone(),
+        );
         registry.register("s3_buffer_refused", "S3 store: reservations that found no room in time (their request answered 503), since start", m.s3_buffer_refused.clone());
         registry.register("uploads_retention_removed", "Finished files removed by retention (retain_finished)", m.uploads_retention_removed.clone());
         registry.register("check_files", "Finished files check tasks re-read and compared with their sha256", m.check_files.clone());

@@ -25,7 +25,12 @@ const SLOW: usize = 64;
 
 /// A PATCH at offset 0 of `url` declaring `declared` bytes whose body sends `first` and then
 /// stays open (until the returned sender is dropped).
-fn stalled_patch(tus: &Tus, url: &str, declared: usize, first: Vec<u8>) -> (futures::channel::mpsc::Sender<Result<Vec<u8>, std::io::Error>>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+fn stalled_patch(
+    tus: &Tus,
+    url: &str,
+    declared: usize,
+    first: Vec<u8>,
+) -> (futures::channel::mpsc::Sender<Result<Vec<u8>, std::io::Error>>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     tx.try_send(Ok(first)).expect("room for the first piece");
     let req = tus

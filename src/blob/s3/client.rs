@@ -109,10 +109,11 @@ impl Inner {
             return Ok(());
         }
         let n = keys.len() as u64;
-        let results: Vec<object_store::Result<Path>> =
-            bounded(REQUEST_DEADLINE + std::time::Duration::from_millis(n * 10), async { Ok(self.s3.delete_stream(futures::stream::iter(keys.into_iter().map(Ok)).boxed()).collect().await) })
-                .await
-                .map_err(io)?;
+        let results: Vec<object_store::Result<Path>> = bounded(REQUEST_DEADLINE + std::time::Duration::from_millis(n * 10), async {
+            Ok(self.s3.delete_stream(futures::stream::iter(keys.into_iter().map(Ok)).boxed()).collect().await)
+        })
+        .await
+        .map_err(io)?;
         for r in results {
             match r {
                 Ok(_) => {}

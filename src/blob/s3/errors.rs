@@ -138,8 +138,22 @@ pub(super) fn decide(status: Option<u16>, code: Option<&str>) -> Failure {
             return Failure::Unavailable
         }
         Some(
-            "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "NoSuchBucket" | "InvalidBucketName" | "MissingContentLength" | "NotImplemented" | "MethodNotAllowed"
-            | "MalformedXML" | "InvalidArgument" | "InvalidRequest" | "InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "EntityTooLarge" | "KeyTooLongError"
+            "AccessDenied"
+            | "InvalidAccessKeyId"
+            | "SignatureDoesNotMatch"
+            | "NoSuchBucket"
+            | "InvalidBucketName"
+            | "MissingContentLength"
+            | "NotImplemented"
+            | "MethodNotAllowed"
+            | "MalformedXML"
+            | "InvalidArgument"
+            | "InvalidRequest"
+            | "InvalidPart"
+            | "InvalidPartOrder"
+            | "EntityTooSmall"
+            | "EntityTooLarge"
+            | "KeyTooLongError"
             | "InvalidRange",
         ) => return Failure::Refused,
         // Garage and others name their own server-side failures (`ServerError`, …).
