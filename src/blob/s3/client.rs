@@ -216,11 +216,23 @@ impl Inner {
         buf.reserve(segs.iter().map(Segment::len).sum::<u64>() as usize);
         for s in segs {
             let got = bounded(REQUEST_DEADLINE, self.s3.get(&self.segment(id, s))).await.map_err(|e| corrupt(e, "a tail segment"))?;
-            let b = bounded(deadline_for(s.len()), got.bytes()).await.map_err(io)?;
-            if b.len() as u64 != s.len() {
-                return Err(BlobError::Io(std::io::Error::other(format!("tail segment {} has {} bytes", s.name(), b.len()))));
+            // Streamed into `buf` as it arrives: never a second copy of the segment in memory
+            // (the caller reserved room for one).
+            let start = buf.len();
+            let mut body = got.into_stream();
+            let read = bounded(deadline_for(s.len()), async {
+                while let Some(chunk) = body.try_next().await? {
+                    buf.extend_from_slice(&chunk);
+                }
+                Ok(())
+            })
+            .await;
+            read.map_err(io)?;
+            let n = (buf.len() - start) as u64;
+            if n != s.len() {
+                buf.truncate(start);
+                return Err(BlobError::Io(std::io::Error::other(format!("tail segment {} has {n} bytes", s.name()))));
             }
-            buf.extend_from_slice(&b);
         }
         Ok(())
     }

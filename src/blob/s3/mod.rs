@@ -326,7 +326,9 @@ impl BlobStore for S3BlobStore {
         if tail_len > 0 {
             lease.run(s.budget.cover(&mut permit, tail_len, &s.parked)).await?;
         }
-        let mut buf = BytesMut::with_capacity(tail_len as usize);
+        // The whole part's capacity at once (pages the tail does not fill are not touched, so
+        // they cost no memory until bytes arrive): the part then fills without reallocating.
+        let mut buf = BytesMut::with_capacity(st.open_part_size().min(64 << 20).max(tail_len) as usize);
         if let Err(e) = s.read_segments(id, &segs, &mut buf).await {
             // A tail the committed state names is gone: a finish that completed the object
             // and was cut off in its clean-up (the upload is still unfinished in the catalog,
@@ -339,9 +341,13 @@ impl BlobStore for S3BlobStore {
             }
             return Err(e);
         }
-        // Segments the committed state does not name are a crashed or superseded writer's.
-        let keep: HashSet<Path> = segs.iter().map(|g| s.segment(id, g)).collect();
-        lease.run(s.delete_segments(id, &keep)).await?;
+        // Segments the committed state does not name are a crashed or superseded writer's (named
+        // by its fence, so never this writer's): gone now, or with the finish's clean-up for an
+        // upload that committed nothing yet (a new upload's first PATCH lists nothing).
+        if !state.as_bytes().is_empty() {
+            let keep: HashSet<Path> = segs.iter().map(|g| s.segment(id, g)).collect();
+            lease.run(s.delete_segments(id, &keep)).await?;
+        }
         let mut w = S3Writer::new(s.clone(), id, st, buf, segs, lease);
         w.part.permit = permit;
         Ok(Box::new(w))
