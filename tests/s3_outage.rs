@@ -1,9 +1,10 @@
 //! The real `ferry serve --blobs s3://…` when S3 fails (issue 11 "Bad input"): S3 cut off
 //! mid-upload (a loopback TCP proxy that drops every connection and refuses new ones), S3
 //! shedding load (a proxy answering `503 SlowDown`), and a bucket that refuses writes (moto
-//! enforcing an IAM Deny of `s3:PutObject`). Each time the client gets `503 unavailable` with
-//! `retryable: true`, `Retry-After` and the last durable offset; nothing acknowledged is lost;
-//! `/readyz` reports the blob store down; and the upload resumes once S3 is back.
+//! enforcing an IAM Deny of `s3:PutObject`). S3 away: the client gets `503 unavailable` with
+//! `retryable: true`, `Retry-After` and the last durable offset; a bucket that refuses for good
+//! (403): `502 store_refused`, not retryable, naming the status. Either way nothing acknowledged
+//! is lost, `/readyz` reports the blob store down, and the upload resumes once S3 is back.
 
 mod common;
 
@@ -204,7 +205,7 @@ async fn s3_answering_503_slowdown_gives_503_and_a_completion_it_interrupts_is_f
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bucket_that_refuses_writes_gives_503_and_the_upload_resumes_when_it_accepts_them() {
+async fn a_bucket_that_refuses_writes_is_named_to_the_client_and_the_upload_resumes_when_it_accepts_them() {
     let moto = Moto::start("ferry", 5 * MIB as u64).await;
     // moto enforcing IAM: ferry signs as a user that may use S3, until a Deny is added.
     let keys = run_json_client(python_script("moto_iam.py", &[&moto.endpoint, "setup"]), 60).await;
@@ -220,8 +221,12 @@ async fn a_bucket_that_refuses_writes_gives_503_and_the_upload_resumes_when_it_a
     assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
 
     run_json_client(python_script("moto_iam.py", &[&moto.endpoint, "deny-writes", admin[0], admin[1]]), 60).await;
-    assert_unavailable(tus.patch(&url, first as u64, data[first..].to_vec(), &[]).await, Some(first as u64)).await;
-    assert_unavailable(tus.post(&[("Upload-Length", "10")]).await, None).await;
+    // A refusal for good (issue 47: decided by status, 403): named, not retryable, nothing lost.
+    for r in [tus.patch(&url, first as u64, data[first..].to_vec(), &[]).await, tus.post(&[("Upload-Length", "10")]).await] {
+        let p = problem(r, 502, "store_refused").await;
+        assert_eq!(p["retryable"], false, "{p}");
+        assert!(p["detail"].as_str().unwrap().contains("403"), "the store's status is named: {p}");
+    }
     let ready = wait_ready(&s, 503).await;
     assert_eq!(blobs_check(&ready)["ok"], false, "{ready}");
     assert_eq!(tus.offset(&url).await, first as u64);

@@ -91,8 +91,9 @@ impl Default for S3Settings {
 pub const PROBE_KEY: &str = ".ferry-probe";
 
 /// How often [`BlobStore::ping`] writes and deletes [`PROBE_KEY`] to show the store takes
-/// writes: once a minute (every probe in between is one HEAD request).
-pub const WRITE_PROBE_EVERY: Duration = Duration::from_secs(60);
+/// writes: every 10 s at most (every probe in between is one HEAD request), so a bucket that
+/// stops taking writes shows in `/readyz` within about 10 s.
+pub const WRITE_PROBE_EVERY: Duration = Duration::from_secs(10);
 
 /// How often, and how long apart, [`BlobStore::finish`] looks for an object another finisher
 /// is completing (its multipart upload gone, the object not shown yet): 3 s in all.
