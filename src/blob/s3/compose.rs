@@ -157,7 +157,6 @@ impl Inner {
         let url = self.s3.signed_url_opts(http::Method::POST, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
         let lost = |what: String| BlobError::Lost { kept: 0, why: format!("S3 refused to complete its multipart upload: {what}") };
         let deadline = completion_deadline(parts.len());
-        let mut answered_before = false;
         let attempt = || async {
             let sent = tokio::time::timeout(deadline, async {
                 let r = self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone()).send().await?;
@@ -174,24 +173,22 @@ impl Inner {
         let mut tries = 0;
         let result = loop {
             tries += 1;
-            match attempt().await {
-                Ok(()) => break Ok(()),
-                Err(a) => {
-                    // No answer: did it happen? Look before sending it again.
-                    if a.status.is_none() || a.failure() == Failure::NotFound {
-                        match self.completion_outcome(to, mp, expect).await {
-                            Some(true) => break Ok(()),
-                            Some(false) if a.failure() == Failure::NotFound || answered_before => break Err(a),
-                            _ => {}
-                        }
-                    }
-                    answered_before = a.status.is_some();
-                    if a.failure() != Failure::Unavailable || tries > own_retries_count() {
-                        break Err(a);
-                    }
-                    tokio::time::sleep(Duration::from_millis(100 << tries.min(4))).await;
-                }
+            let Err(a): Result<(), Answer> = attempt().await else { break Ok(()) };
+            if a.failure() == Failure::Refused {
+                break Err(a);
             }
+            // No answer, a 404, or a failure that may be a store's word for an upload that is
+            // gone (moto answers 500): look before deciding, and before sending it again.
+            match self.completion_outcome(to, mp, expect).await {
+                Some(true) => break Ok(()),
+                Some(false) => break Err(Answer { status: Some(404), code: Some("NoSuchUpload".into()) }),
+                None => {}
+            }
+            if tries > own_retries_count() {
+                // Still listed (or the store cannot tell): one that may pass.
+                break Err(Answer { status: a.status.filter(|&s| s != 404).or(Some(503)), code: a.code.filter(|c| c != "NoSuchUpload") });
+            }
+            tokio::time::sleep(Duration::from_millis(100 << tries.min(4))).await;
         };
         match result {
             Ok(()) => Ok(()),
@@ -212,12 +209,18 @@ impl Inner {
         if open {
             return None;
         }
-        let len = self.exists(to).await.ok()?;
-        Some(match (len, expect) {
-            (Some(n), Some(e)) => n == e,
-            (Some(_), None) => true,
-            (None, _) => false,
-        })
+        // A completion under way elsewhere removes the multipart upload before the object
+        // shows (seen on Garage): give it the moment a finisher gives it.
+        for poll in 0..=super::COMPLETION_POLLS {
+            let len = self.exists(to).await.ok()?;
+            match (len, expect) {
+                (Some(n), Some(e)) if n == e => return Some(true),
+                (Some(_), None) => return Some(true),
+                _ if poll < super::COMPLETION_POLLS => tokio::time::sleep(super::COMPLETION_POLL).await,
+                _ => {}
+            }
+        }
+        Some(false)
     }
 
     /// Whether multipart upload `mp` on `to` is gone for sure (ListMultipartUploads does not
