@@ -134,6 +134,9 @@ pub struct CheckReport {
     /// Blob ids no catalog row names.
     pub orphan_blobs: Vec<String>,
     pub orphan_multiparts: Vec<OrphanMultipart>,
+    /// Finished uploads whose blob keeps objects only an unfinished one needs (S3).
+    #[serde(default)]
+    pub leftovers: Vec<String>,
     pub skipped: Vec<Skipped>,
     pub unchecked: Vec<Unchecked>,
     /// Ids this run marked damaged (`--repair-catalog`).
@@ -151,7 +154,7 @@ impl CheckReport {
     /// Whether an orphan, or bytes stored past the end of a whole file, were found: bytes no
     /// upload needs.
     pub fn orphans_found(&self) -> bool {
-        !self.orphan_blobs.is_empty() || !self.orphan_multiparts.is_empty() || !self.longer.is_empty()
+        !self.orphan_blobs.is_empty() || !self.orphan_multiparts.is_empty() || !self.longer.is_empty() || !self.leftovers.is_empty()
     }
 }
 
@@ -395,7 +398,15 @@ impl Checker {
                 multiparts.push((id, upload_id));
             }
         }
-        if blobs.is_empty() && multiparts.is_empty() {
+        // What only an unfinished blob keeps, under a finished upload (finishing removes it
+        // before the upload is called finished).
+        let mut leftovers = Vec::new();
+        for id in inv.unfinished {
+            if self.leftover_of_finished(&id).await? {
+                leftovers.push(id);
+            }
+        }
+        if blobs.is_empty() && multiparts.is_empty() && leftovers.is_empty() {
             return Ok(());
         }
         tokio::time::sleep(ORPHAN_SETTLE).await;
@@ -411,11 +422,24 @@ impl Checker {
                 still_mp.push((id, upload_id));
             }
         }
+        let mut still_left = Vec::new();
+        for id in leftovers {
+            if self.leftover_of_finished(&id).await? {
+                still_left.push(id);
+            }
+        }
         // Listed again after the last look-up: what was removed meanwhile is gone from it.
         let again = self.blobs.inventory().await?;
+        report.leftovers.extend(still_left.into_iter().filter(|id| again.unfinished.binary_search(id).is_ok()));
         report.orphan_blobs.extend(still.into_iter().filter(|id| again.blobs.binary_search(id).is_ok()));
         report.orphan_multiparts.extend(still_mp.into_iter().filter(|m| again.multiparts.contains(m)).map(|(id, upload_id)| OrphanMultipart { id, upload_id }));
         Ok(())
+    }
+
+    /// Whether `id` is a finished upload (not a tombstone), so that what only an unfinished
+    /// blob keeps is left over.
+    async fn leftover_of_finished(&self, id: &str) -> Result<bool, CheckError> {
+        Ok(self.catalog.get_upload(id).await?.is_some_and(|r| r.is_finished() && !r.expired))
     }
 
     /// Whether multipart uploads of blob `id` belong to something: an unfinished upload, a

@@ -143,6 +143,9 @@ pub fn run(args: CheckArgs) -> ExitCode {
             for id in &report.orphan_blobs {
                 println!("orphan-blob\t{id}");
             }
+            for id in &report.leftovers {
+                println!("leftover\t{id}");
+            }
             for o in &report.orphan_multiparts {
                 println!("orphan-multipart\t{}\t{}", o.id, o.upload_id);
             }

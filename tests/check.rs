@@ -307,3 +307,34 @@ async fn check_beside_a_busy_server_finds_no_orphan_and_no_damage() {
     }
     assert!(made > 50, "the server was busy: {made} uploads created");
 }
+
+/// Issue 48 kind 4: bytes no upload needs beside whole files — a blob longer than its file
+/// (fs), and on S3 a finished upload's leftover `.created` marker — are reported (exit 9), and
+/// the file itself is still whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_blob_longer_than_its_file_and_s3_leftovers() {
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let a = api.upload(&pseudo_random(10_000, 7), "a.bin").await;
+    use std::io::Write;
+    std::fs::OpenOptions::new().append(true).open(blob_path(&server, &a)).unwrap().write_all(b"more").unwrap();
+    let out = check(&server, None, &[], &["--json"]);
+    assert_eq!(out.0, 9, "{out:?}");
+    let r = report(&out);
+    assert_eq!((r["ok"].as_u64(), r["longer"].clone()), (Some(1), serde_json::json!([{ "id": a, "size": 10_000, "stored": 10_004 }])), "{r}");
+
+    let moto = moto::Moto::start("ferry", 5 << 20).await;
+    moto.set_env();
+    let blobs = "s3://ferry/left";
+    let server = Server::start(&["--blobs", blobs, "--s3-part-size", "5MiB"]);
+    let api = Api::new(&server);
+    let b = api.upload(&pseudo_random(40_000, 8), "b.bin").await;
+    let env = moto.env();
+    assert_eq!(check(&server, Some(blobs), &env, &["--json"]).0, 0);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert!(http.put(format!("{}/ferry/left/{b}.created", moto.endpoint)).body("").send().await.unwrap().status().is_success());
+    let out = check(&server, Some(blobs), &env, &["--json"]);
+    assert_eq!(out.0, 9, "{out:?}");
+    let r = report(&out);
+    assert_eq!((r["ok"].as_u64(), r["leftovers"].clone(), r["orphan_blobs"].clone()), (Some(1), serde_json::json!([b]), serde_json::json!([])), "{r}");
+}

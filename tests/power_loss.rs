@@ -682,7 +682,11 @@ async fn relaxed_durability_resumes_from_what_survived() {
 async fn a_delete_cut_anywhere_leaves_the_upload_whole_or_gone_and_no_orphan() {
     let Some(mut rig) = Rig::new("delete-order", &[]) else { return };
     let triggers = [
+        // The DELETE's catalog commit: cut inside its fsync, and before its first write with
+        // everything else written back — as a kill -9 there leaves it (the old order had
+        // unlinked the blob by then: a finished upload without bytes).
         Some(Trigger { op: Op::Fsync, path_contains: "ferry.db-wal".into(), nth: 1, keep: 1.0, seed: 1 }),
+        Some(Trigger { op: Op::Write, path_contains: "ferry.db-wal".into(), nth: 1, keep: 1.0, seed: 5 }),
         Some(Trigger { op: Op::Unlink, path_contains: "/blobs/".into(), nth: 1, keep: 1.0, seed: 2 }),
         Some(Trigger { op: Op::Unlink, path_contains: "/blobs/".into(), nth: 1, keep: 0.0, seed: 3 }),
         Some(Trigger { op: Op::FsyncDir, path_contains: "/blobs/".into(), nth: 1, keep: 0.0, seed: 4 }),

@@ -395,7 +395,7 @@ impl BlobStore for FsBlobStore {
                 }
             }
             blobs.sort();
-            Ok(super::Inventory { blobs, multiparts: Vec::new() })
+            Ok(super::Inventory { blobs, multiparts: Vec::new(), unfinished: Vec::new() })
         })
         .await
     }

@@ -361,6 +361,10 @@ pub struct Inventory {
     /// Open multipart uploads: `(blob id, multipart upload id)` (S3: ListMultipartUploads
     /// under the prefix, first 1000; fs: none).
     pub multiparts: Vec<(String, String)>,
+    /// Ids among `blobs` with something stored that only an unfinished blob keeps (S3: the
+    /// `.created` marker, multipart markers, tail segments), sorted, each once; fs: none. For a
+    /// finished or deleted upload these are leftovers.
+    pub unfinished: Vec<String>,
 }
 
 /// The name of a store's mark ([`BlobStore::mark`]) under its root: never a blob id (it starts

@@ -216,9 +216,21 @@ impl UploadEngine {
     /// changed and the client's retry does it all; if the blob store fails (S3 away) the upload
     /// is gone all the same and its bytes stay queued until a sweep removes them — never a row
     /// without its bytes, never bytes without a record.
+    ///
+    /// One exception: on a disk so full that the catalog cannot write even the deletion
+    /// (`CatalogError::Full`), the bytes go first to make room — the only order that can
+    /// succeed there — and then the row.
     pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), Refusal> {
         self.fences.forget(&rec.id);
-        self.catalog.delete_upload(&rec.id).await?;
+        match self.catalog.delete_upload(&rec.id).await {
+            Ok(_) => {}
+            Err(CatalogError::Full(e)) => {
+                tracing::warn!(upload = rec.id, error = %e, "the catalog cannot write on this full disk: removing the upload's bytes first to make room");
+                self.blobs.delete(&rec.id).await?;
+                self.catalog.delete_upload(&rec.id).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         self.remove_bytes_later_if_need_be(&rec.id).await;
         Ok(())
     }
