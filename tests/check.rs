@@ -280,9 +280,9 @@ async fn check_beside_a_busy_server_finds_no_orphan_and_no_damage() {
                 n += 1;
                 let data = pseudo_random(4096, w * 1_000_000 + n);
                 let url = tus.create(data.len() as u64).await;
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     assert_eq!(tus.patch(&url, 0, data, &[]).await.status(), 204);
-                    if n % 4 == 0 {
+                    if n.is_multiple_of(4) {
                         tus.request("DELETE", &url, &[], None).await;
                     }
                 }
