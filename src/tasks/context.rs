@@ -315,6 +315,17 @@ fn passes(p: &Progress, floor: &Progress) -> bool {
 mod tests {
     use super::*;
 
+    /// Every file cursor a job keeps in its checkpoint, at any depth, names a file of the task;
+    /// nothing else does.
+    #[test]
+    fn checkpoint_files_finds_every_cursor() {
+        let cp = r#"{"cursor":{"id":"aaa","offset":5,"hash_state":"x"},"token":"t","inputs":{"k":{"id":"not-a-cursor"}},
+                     "parts":[{"out":{"id":"bbb","offset":0,"hash_state":"","blob_state":"AQ=="}}],"id":"ccc"}"#;
+        assert_eq!(checkpoint_files(Some(cp)), vec!["aaa".to_string(), "bbb".to_string()]);
+        assert!(checkpoint_files(None).is_empty());
+        assert!(checkpoint_files(Some("not json")).is_empty());
+    }
+
     fn prog(fraction: Option<f64>, bytes: u64) -> Progress {
         Progress { fraction, message: None, counters: [("bytes".to_string(), bytes)].into() }
     }

@@ -731,6 +731,28 @@ pub(crate) mod tests {
         assert!(parse_line(&format!("checkpoint 1 {}", "x".repeat(MAX_TOKEN))).is_ok());
     }
 
+    /// Of the server's environment only the allowlist, `LC_*` and what the command names in
+    /// `env` reach the program; never an inherited `FERRY_INPUT_*`.
+    #[test]
+    fn only_allowlisted_variables_are_passed() {
+        let spec = CommandSpec {
+            program: "/bin/true".into(),
+            args: vec![],
+            output_name: None,
+            media_type: None,
+            cwd: None,
+            env: vec!["PGPASSWORD".into()],
+            description: None,
+            params_schema: None,
+        };
+        for yes in ["PATH", "HOME", "LANG", "LC_ALL", "LC_TIME", "TZ", "TMPDIR", "PGPASSWORD"] {
+            assert!(passed(&spec, yes), "{yes}");
+        }
+        for no in ["AWS_SECRET_ACCESS_KEY", "FERRY_CATALOG", "FERRY_INPUT_X", "PGUSER", "USER", "LD_PRELOAD", "path"] {
+            assert!(!passed(&spec, no), "{no}");
+        }
+    }
+
     #[test]
     fn input_env_names() {
         assert_eq!(input_env("confirm"), "FERRY_INPUT_CONFIRM");
