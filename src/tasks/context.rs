@@ -222,6 +222,16 @@ impl JobContext {
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
     }
 
+    /// Show `message` as the task's progress message (its counters and fraction as they
+    /// stand): what the engine tells the task's owner about a pause the job did not report.
+    pub(super) async fn say(&self, message: &str) -> Result<(), JobError> {
+        let snapshot = self.progress.lock().unwrap().0.clone();
+        let mut snapshot = self.never_backwards(snapshot);
+        snapshot.message = Some(message.to_string());
+        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, partial_mark: None, now_ms: now_ms() };
+        self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
     /// Remove the unfinished files of this run (the task failed or was cancelled): those it
     /// created or reopened, and those the checkpoint it resumed from names.
     ///
