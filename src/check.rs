@@ -20,10 +20,15 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::blob::{BlobError, BlobState, BlobStore};
-use crate::catalog::{Catalog, CatalogError, Damage, UploadRecord};
+use crate::catalog::{BlobClaim, Catalog, CatalogError, Damage, UploadRecord};
 
 /// Rows read from the catalog per page.
 const PAGE: u32 = 500;
+
+/// How long a blob no catalog record names is given to get its row before it is reported as
+/// an orphan ([`Checker::orphans`]): a server creating an upload makes the blob, then the row,
+/// a few milliseconds apart (longer when the catalog is busy).
+pub const ORPHAN_SETTLE: Duration = Duration::from_secs(3);
 
 /// What to check.
 #[derive(Debug, Clone, Default)]
@@ -71,6 +76,16 @@ pub struct Missing {
     pub stored: u64,
 }
 
+/// A finished upload whose bytes are whole but whose blob holds more after them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Longer {
+    pub id: String,
+    /// The upload's length in bytes.
+    pub size: u64,
+    /// Bytes the store holds.
+    pub stored: u64,
+}
+
 /// An S3 multipart upload no unfinished upload references.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrphanMultipart {
@@ -107,11 +122,21 @@ pub struct CheckReport {
     pub ok: u64,
     pub mismatched: Vec<Mismatch>,
     pub missing: Vec<Missing>,
+    /// Files deleted (or expired) by a live server while this check read them: not checked,
+    /// and no damage.
+    #[serde(default)]
+    pub deleted_while_read: u64,
+    /// Whole files whose blob holds bytes past their end (nothing lost; reported, never cut).
+    #[serde(default)]
+    pub longer: Vec<Longer>,
     /// Whether orphans were searched for (only when no ids were given).
     pub orphans_searched: bool,
     /// Blob ids no catalog row names.
     pub orphan_blobs: Vec<String>,
     pub orphan_multiparts: Vec<OrphanMultipart>,
+    /// Finished uploads whose blob keeps objects only an unfinished one needs (S3).
+    #[serde(default)]
+    pub leftovers: Vec<String>,
     pub skipped: Vec<Skipped>,
     pub unchecked: Vec<Unchecked>,
     /// Ids this run marked damaged (`--repair-catalog`).
@@ -126,9 +151,10 @@ impl CheckReport {
         !self.mismatched.is_empty() || !self.missing.is_empty()
     }
 
-    /// Whether an orphan was found.
+    /// Whether an orphan, or bytes stored past the end of a whole file, were found: bytes no
+    /// upload needs.
     pub fn orphans_found(&self) -> bool {
-        !self.orphan_blobs.is_empty() || !self.orphan_multiparts.is_empty()
+        !self.orphan_blobs.is_empty() || !self.orphan_multiparts.is_empty() || !self.longer.is_empty() || !self.leftovers.is_empty()
     }
 }
 
@@ -244,6 +270,12 @@ impl Checker {
                 return Ok(());
             }
         };
+        if !matches!(&found, Found::Whole(actual) if *actual == t.sha256) && !self.still_finished(t).await? {
+            // Deleted (or expired) while it was read, beside a live server: its bytes went
+            // with it, after its row — no damage (issue 48).
+            report.deleted_while_read += 1;
+            return Ok(());
+        }
         report.files_checked += 1;
         let damage = match found {
             Found::Whole(actual) if actual == t.sha256 => {
@@ -261,6 +293,15 @@ impl Checker {
                 Some(Damage { kind: "missing".into(), detail, found_at_ms: crate::upload::now_ms() })
             }
         };
+        if damage.is_none() {
+            // Whole; bytes stored past its end are reported (nothing is lost, but something
+            // wrote where it should not have, or a removal was cut short).
+            if let Ok(Some(stored)) = self.blobs.len(&t.id).await {
+                if stored > t.size {
+                    report.longer.push(Longer { id: t.id.clone(), size: t.size, stored });
+                }
+            }
+        }
         if self.opts.repair_catalog {
             match damage {
                 Some(d) => {
@@ -322,28 +363,93 @@ impl Checker {
         Ok(Found::Whole(hex::encode(hasher.finalize())))
     }
 
+    /// Whether `t` is still a finished upload with the same sha256 (not deleted or expired
+    /// since its row was read).
+    async fn still_finished(&self, t: &Target) -> Result<bool, CheckError> {
+        Ok(self.catalog.get_upload(&t.id).await?.is_some_and(|r| r.is_finished() && !r.expired && r.sha256.map(hex::encode).as_deref() == Some(t.sha256.as_str())))
+    }
+
     async fn stored(&self, id: &str) -> u64 {
         self.blobs.len(id).await.ok().flatten().unwrap_or(0)
     }
 
-    /// Look for orphans: blobs no catalog row names, and S3 multipart uploads of blobs that
-    /// are not unfinished uploads. The store is listed first and every candidate looked up
-    /// again, so an upload created meanwhile is not reported.
+    /// Look for orphans: blobs nothing in the catalog names, and S3 multipart uploads of blobs
+    /// that are not unfinished uploads — never an upload a live server is creating or
+    /// removing at the time (issue 48):
+    ///
+    /// - the store is listed first, and each candidate looked up after it in one snapshot
+    ///   ([`Catalog::blob_claim`]): its row, or its removal queued when the row was deleted
+    ///   (the bytes go after the row) — a blob being removed is no orphan;
+    /// - a creation makes its blob just before its row, so a blob listed in between looks
+    ///   unclaimed: candidates are looked up again after [`ORPHAN_SETTLE`], and the store is
+    ///   listed again after that, so a candidate removed meanwhile is not reported either.
     pub async fn orphans(&self, report: &mut CheckReport) -> Result<(), CheckError> {
         report.orphans_searched = true;
         let inv = self.blobs.inventory().await?;
+        let mut blobs = Vec::new();
         for id in inv.blobs {
-            if self.catalog.get_upload(&id).await?.is_none() {
-                report.orphan_blobs.push(id);
+            if self.catalog.blob_claim(&id).await? == BlobClaim::Unclaimed {
+                blobs.push(id);
             }
         }
+        let mut multiparts = Vec::new();
         for (id, upload_id) in inv.multiparts {
-            match self.catalog.get_upload(&id).await? {
-                Some(r) if !r.is_finished() && !r.expired => {}
-                _ => report.orphan_multiparts.push(OrphanMultipart { id, upload_id }),
+            if !self.multipart_wanted(&id).await? {
+                multiparts.push((id, upload_id));
             }
         }
+        // What only an unfinished blob keeps, under a finished upload (finishing removes it
+        // before the upload is called finished).
+        let mut leftovers = Vec::new();
+        for id in inv.unfinished {
+            if self.leftover_of_finished(&id).await? {
+                leftovers.push(id);
+            }
+        }
+        if blobs.is_empty() && multiparts.is_empty() && leftovers.is_empty() {
+            return Ok(());
+        }
+        tokio::time::sleep(ORPHAN_SETTLE).await;
+        let mut still = Vec::new();
+        for id in blobs {
+            if self.catalog.blob_claim(&id).await? == BlobClaim::Unclaimed {
+                still.push(id);
+            }
+        }
+        let mut still_mp = Vec::new();
+        for (id, upload_id) in multiparts {
+            if !self.multipart_wanted(&id).await? {
+                still_mp.push((id, upload_id));
+            }
+        }
+        let mut still_left = Vec::new();
+        for id in leftovers {
+            if self.leftover_of_finished(&id).await? {
+                still_left.push(id);
+            }
+        }
+        // Listed again after the last look-up: what was removed meanwhile is gone from it.
+        let again = self.blobs.inventory().await?;
+        report.leftovers.extend(still_left.into_iter().filter(|id| again.unfinished.binary_search(id).is_ok()));
+        report.orphan_blobs.extend(still.into_iter().filter(|id| again.blobs.binary_search(id).is_ok()));
+        report.orphan_multiparts.extend(still_mp.into_iter().filter(|m| again.multiparts.contains(m)).map(|(id, upload_id)| OrphanMultipart { id, upload_id }));
         Ok(())
+    }
+
+    /// Whether `id` is a finished upload (not a tombstone), so that what only an unfinished
+    /// blob keeps is left over.
+    async fn leftover_of_finished(&self, id: &str) -> Result<bool, CheckError> {
+        Ok(self.catalog.get_upload(id).await?.is_some_and(|r| r.is_finished() && !r.expired))
+    }
+
+    /// Whether multipart uploads of blob `id` belong to something: an unfinished upload, a
+    /// tombstone whose bytes the sweeper removes before forgetting it, or a row deleted whose
+    /// bytes are queued for removal.
+    async fn multipart_wanted(&self, id: &str) -> Result<bool, CheckError> {
+        Ok(match self.catalog.get_upload(id).await? {
+            Some(r) => !r.is_finished() || r.expired,
+            None => self.catalog.blob_claim(id).await? != BlobClaim::Unclaimed,
+        })
     }
 
     /// The whole check: every target, then (no ids given) the orphans. `cancel` stops it

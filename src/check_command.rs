@@ -27,7 +27,7 @@ pub const EXIT_UNCHECKED: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 
 const AFTER: &str = "Exit codes: 0 every file checked is whole (and no orphans), 4 a file's bytes do not match its sha256 or are missing, \
-9 no damage but orphans found, 1 some files could not be read (the store failed) or the stores could not be opened, \
+9 no damage but orphans (or a blob longer than its upload) found, 1 some files could not be read (the store failed) or the stores could not be opened, \
 2 configuration error or an ID that is unknown or unfinished. Damage wins over orphans, orphans over unread files.";
 
 #[derive(Debug, Args)]
@@ -137,8 +137,14 @@ pub fn run(args: CheckArgs) -> ExitCode {
             for m in &report.missing {
                 println!("missing\t{}\t{} bytes\tthe store has {}", m.id, m.size, m.stored);
             }
+            for l in &report.longer {
+                println!("longer\t{}\t{} bytes\tthe store has {}", l.id, l.size, l.stored);
+            }
             for id in &report.orphan_blobs {
                 println!("orphan-blob\t{id}");
+            }
+            for id in &report.leftovers {
+                println!("leftover\t{id}");
             }
             for o in &report.orphan_multiparts {
                 println!("orphan-multipart\t{}\t{}", o.id, o.upload_id);
@@ -163,7 +169,12 @@ pub fn run(args: CheckArgs) -> ExitCode {
                 report.mismatched.len(),
                 report.missing.len(),
                 if report.orphans_searched {
-                    format!(", {} orphan blobs, {} orphan multipart uploads", report.orphan_blobs.len(), report.orphan_multiparts.len())
+                    format!(
+                        ", {} longer than their upload, {} orphan blobs, {} orphan multipart uploads",
+                        report.longer.len(),
+                        report.orphan_blobs.len(),
+                        report.orphan_multiparts.len()
+                    )
                 } else {
                     String::new()
                 }

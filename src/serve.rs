@@ -154,6 +154,14 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     if hooks.any() {
         engine.set_hooks(Arc::new(hooks));
     }
+    // Deletions a crash cut off between the row and the bytes (issue 48) are finished before the
+    // first request; a blob store that does not answer in time leaves the rest to the sweeper.
+    match tokio::time::timeout(Duration::from_secs(10), engine.finish_removals()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::info!(removed = n, "removed the bytes of uploads whose deletion a crash interrupted"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not finish interrupted deletions yet; the sweeper tries again"),
+        Err(_) => tracing::warn!("finishing interrupted deletions took too long; the sweeper goes on with them"),
+    }
     let sweeper = engine.spawn_sweeper();
     let signer = UrlSigner::load_shared(catalog.as_ref(), &cfg.data, cfg.url_secret.as_deref()).await.context("loading the URL-signing secret")?;
     let events = Arc::new(crate::events::Events::new(catalog.clone(), cfg.event_retention));

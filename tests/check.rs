@@ -262,3 +262,79 @@ async fn check_finds_a_flipped_byte_a_deleted_object_and_orphans_on_s3() {
     assert_eq!(api.download(&c).await, c_bytes);
     assert_eq!(moto.multipart_uploads("ferry").await, vec![mp], "orphan multipart uploads are reported, never aborted");
 }
+
+/// Issue 48 kind 4: `ferry check` run again and again beside a server that is creating,
+/// finishing and deleting uploads all the while never calls a live upload an orphan (a
+/// creation makes its blob a moment before its row), nor a file deleted while it was read
+/// damaged: every run exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_beside_a_busy_server_finds_no_orphan_and_no_damage() {
+    let server = Server::start(&[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..6u64 {
+        let (tus, stop) = (Tus::new(&server), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let data = pseudo_random(4096, w * 1_000_000 + n);
+                let url = tus.create(data.len() as u64).await;
+                if n.is_multiple_of(2) {
+                    assert_eq!(tus.patch(&url, 0, data, &[]).await.status(), 204);
+                    if n.is_multiple_of(4) {
+                        tus.request("DELETE", &url, &[], None).await;
+                    }
+                }
+            }
+            n
+        }));
+    }
+    for run in 0..8 {
+        let out = {
+            let s = &server;
+            tokio::task::block_in_place(|| check(s, None, &[], &["--json"]))
+        };
+        let r = report(&out);
+        assert_eq!(r["orphan_blobs"], serde_json::json!([]), "run {run}: a live upload reported as an orphan: {out:?}");
+        assert_eq!((r["mismatched"].clone(), r["missing"].clone()), (serde_json::json!([]), serde_json::json!([])), "run {run}: {out:?}");
+        assert_eq!(out.0, 0, "run {run}: {out:?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut made = 0;
+    for w in workers {
+        made += w.await.unwrap();
+    }
+    assert!(made > 50, "the server was busy: {made} uploads created");
+}
+
+/// Issue 48 kind 4: bytes no upload needs beside whole files — a blob longer than its file
+/// (fs), and on S3 a finished upload's leftover `.created` marker — are reported (exit 9), and
+/// the file itself is still whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_blob_longer_than_its_file_and_s3_leftovers() {
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let a = api.upload(&pseudo_random(10_000, 7), "a.bin").await;
+    use std::io::Write;
+    std::fs::OpenOptions::new().append(true).open(blob_path(&server, &a)).unwrap().write_all(b"more").unwrap();
+    let out = check(&server, None, &[], &["--json"]);
+    assert_eq!(out.0, 9, "{out:?}");
+    let r = report(&out);
+    assert_eq!((r["ok"].as_u64(), r["longer"].clone()), (Some(1), serde_json::json!([{ "id": a, "size": 10_000, "stored": 10_004 }])), "{r}");
+
+    let moto = moto::Moto::start("ferry", 5 << 20).await;
+    moto.set_env();
+    let blobs = "s3://ferry/left";
+    let server = Server::start(&["--blobs", blobs, "--s3-part-size", "5MiB"]);
+    let api = Api::new(&server);
+    let b = api.upload(&pseudo_random(40_000, 8), "b.bin").await;
+    let env = moto.env();
+    assert_eq!(check(&server, Some(blobs), &env, &["--json"]).0, 0);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert!(http.put(format!("{}/ferry/left/{b}.created", moto.endpoint)).body("").send().await.unwrap().status().is_success());
+    let out = check(&server, Some(blobs), &env, &["--json"]);
+    assert_eq!(out.0, 9, "{out:?}");
+    let r = report(&out);
+    assert_eq!((r["ok"].as_u64(), r["leftovers"].clone(), r["orphan_blobs"].clone()), (Some(1), serde_json::json!([b]), serde_json::json!([])), "{r}");
+}

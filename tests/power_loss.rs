@@ -672,3 +672,64 @@ async fn relaxed_durability_resumes_from_what_survived() {
     }
     rig.summary();
 }
+
+/// Issue 48 kind 3: a DELETE cut off by a power loss at each step of its order — the catalog's
+/// commit, the unlink, the directory's fsync, or at rest once answered — leaves the upload
+/// either whole (GET serves its bytes; only when the DELETE was not answered 204) or gone
+/// (404/410) with no bytes left, never a finished upload without bytes (HEAD finished, GET
+/// `damaged`) nor bytes without an upload; and `ferry check` on what survived finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_cut_anywhere_leaves_the_upload_whole_or_gone_and_no_orphan() {
+    let Some(mut rig) = Rig::new("delete-order", &[]) else { return };
+    let triggers = [
+        // The DELETE's catalog commit: cut inside its fsync, and before its first write with
+        // everything else written back — as a kill -9 there leaves it (the old order had
+        // unlinked the blob by then: a finished upload without bytes).
+        Some(Trigger { op: Op::Fsync, path_contains: "ferry.db-wal".into(), nth: 1, keep: 1.0, seed: 1 }),
+        Some(Trigger { op: Op::Write, path_contains: "ferry.db-wal".into(), nth: 1, keep: 1.0, seed: 5 }),
+        Some(Trigger { op: Op::Unlink, path_contains: "/blobs/".into(), nth: 1, keep: 1.0, seed: 2 }),
+        Some(Trigger { op: Op::Unlink, path_contains: "/blobs/".into(), nth: 1, keep: 0.0, seed: 3 }),
+        Some(Trigger { op: Op::FsyncDir, path_contains: "/blobs/".into(), nth: 1, keep: 0.0, seed: 4 }),
+        None,
+    ];
+    for (round, trigger) in triggers.into_iter().enumerate() {
+        let base = rig.base();
+        let data = pseudo_random(200_000, round as u64);
+        let c = client();
+        let r = tus(c.post(format!("{base}/files/"))).header("Upload-Length", data.len().to_string()).send().await.unwrap();
+        assert_eq!(r.status(), 201);
+        let path = format!("/files/{}", id_of(r.headers()["location"].to_str().unwrap()));
+        let r =
+            tus(c.patch(format!("{base}{path}"))).header("Upload-Offset", "0").header("Content-Type", "application/offset+octet-stream").body(data.clone()).send().await.unwrap();
+        assert_eq!(r.status(), 204, "{path}");
+        let answered = Arc::new(Mutex::new(None));
+        let work = {
+            let (url, answered) = (format!("{base}{path}"), answered.clone());
+            async move {
+                if let Ok(r) = tus(client().delete(url)).send().await {
+                    *answered.lock().unwrap() = Some(r.status().as_u16());
+                }
+            }
+        };
+        let cut = rig.cut_during(trigger, work).await;
+        let answered = *answered.lock().unwrap();
+        let ctx = format!("round {round}: cut {}, DELETE answered {answered:?}; {}", cut.at, rig.context());
+        let base = rig.base();
+        let head = tus(client().head(format!("{base}{path}"))).send().await.unwrap();
+        match head.status().as_u16() {
+            200 => {
+                assert_ne!(answered, Some(204), "a DELETE answered 204 came back: {ctx}");
+                assert_eq!(hdr_u64(&head, "upload-offset"), Some(data.len() as u64), "{ctx}");
+                let got = client().get(format!("{base}{path}")).send().await.unwrap();
+                assert_eq!(got.status(), 200, "a finished upload whose bytes are gone: {ctx}");
+                assert!(got.bytes().await.unwrap()[..] == data[..], "{ctx}");
+            }
+            404 | 410 => assert!(rig.stored(&path).is_none(), "the upload is gone but its bytes are back: {ctx}"),
+            other => panic!("HEAD answered {other}: {ctx}"),
+        }
+    }
+    let out =
+        output_within(std::process::Command::new(ferry_bin()).args(["check", "--quiet", "--json", "--data"]).arg(&rig.data).env_remove("FERRY_CONFIG"), Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "ferry check after the cuts: {} {}; {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), rig.context());
+    rig.summary();
+}

@@ -341,6 +341,91 @@ async fn cancel_command_kills_the_program_and_stays_cancelled() {
     assert!(v.get("result").is_none(), "{v}");
 }
 
+/// Whether process `pid` is still running (a zombie, reaped by nobody yet, is not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+/// Issue 48 kind 8: a `command` task's program gets the few variables every program needs and
+/// those its `[commands.NAME]` names in `env` — never the rest of the server's environment
+/// (its S3 keys, a catalog URL with a password, any token) — and cancelling it ends its whole
+/// process group: a `sleep` it started in the background does not outlive the cancel.
+#[tokio::test]
+async fn command_programs_get_no_server_secrets_and_nothing_they_start_outlives_a_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("background.pid");
+    let env = write_script(dir.path(), "env.sh", "env\n");
+    let bg = write_script(dir.path(), "bg.sh", &format!("sleep 300 &\necho $! > '{}'\necho 'progress 0.5 started' >&2\nwait\n", pidfile.display()));
+    let cfg = write_file(
+        dir.path(),
+        "ferry.toml",
+        &format!("[commands.env]\nprogram = \"{}\"\nenv = [\"FERRY_TEST_PASSED\"]\n[commands.bg]\nprogram = \"{}\"\n", env.display(), bg.display()),
+    );
+    let secrets = ["SEKRIT_TOKEN=hunter2", "AWS_SECRET_ACCESS_KEY_FOR_TEST=hunter3", "FERRY_TEST_PASSED=yes", "LC_TIME=C"];
+    let wrapper: Vec<&str> = std::iter::once("env").chain(secrets).collect();
+    let s = Server::start_under(&wrapper, &dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let api = Api::new(&s);
+
+    let tid = id(&api.start("command", r#"{"command":"env"}"#).await);
+    let done = api.wait_status(&tid, "completed", 30).await;
+    let file = done["result"]["file"]["id"].as_str().unwrap_or_else(|| panic!("{done}")).to_string();
+    let text = String::from_utf8(api.download(&file).await).unwrap();
+    let names: Vec<&str> = text.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+    for want in ["PATH", "FERRY_TEST_PASSED", "LC_TIME", "FERRY_TASK_ID", "FERRY_PARAMS"] {
+        assert!(names.contains(&want), "{want} reaches the program: {text}");
+    }
+    for name in &names {
+        let ferry_own = ["FERRY_TASK_ID", "FERRY_PARAMS", "FERRY_CHECKPOINT", "FERRY_OFFSET", "FERRY_TEST_PASSED"].contains(name);
+        assert!(!name.starts_with("AWS_") && *name != "SEKRIT_TOKEN" && (ferry_own || !name.starts_with("FERRY_")), "the server's {name} reached the program: {text}");
+    }
+
+    let tid = id(&api.start("command", r#"{"command":"bg"}"#).await);
+    api.wait_for(&tid, 30, "the program started its background sleep", |v| v["progress"]["fraction"].as_f64().is_some()).await;
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(alive(pid), "the background sleep runs");
+    assert_eq!(json(api.post(&format!("/api/v1/tasks/{tid}/cancel"), "").await).await["status"], "cancelled");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(pid), "a process the program started (pid {pid}) outlived the cancel");
+}
+
+/// The ids the server's blob store holds now.
+async fn stored_ids(s: &Server) -> std::collections::BTreeSet<String> {
+    s.blob_store().inventory().await.expect("inventory").blobs.into_iter().collect()
+}
+
+/// Issue 48 kind 11: a task that fails after writing most of its output, or is cancelled while
+/// it waits (for input, here) with its output half written, leaves no unfinished upload behind
+/// — not one "97.5 % uploaded" until it expires a week later.
+#[tokio::test]
+async fn a_failed_or_cancelled_task_leaves_no_output_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = "head -c 3000000 /dev/zero\necho 'checkpoint 3000000 half' >&2\n";
+    let fail = write_script(dir.path(), "fail.sh", &format!("{write}sleep 0.5\nexit 3\n"));
+    let ask = write_script(dir.path(), "ask.sh", &format!("[ -n \"$FERRY_INPUT_GO\" ] && exit 0\n{write}sleep 0.5\necho 'input go {{\"message\":\"go on?\"}}' >&2\nexit 0\n"));
+    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.fail]\nprogram = \"{}\"\n[commands.ask]\nprogram = \"{}\"\n", fail.display(), ask.display()));
+    let s = Server::start_in(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let api = Api::new(&s);
+    let before = stored_ids(&s).await;
+    let left = |now: std::collections::BTreeSet<String>| now.difference(&before).cloned().collect::<Vec<_>>();
+
+    let tid = id(&api.start("command", r#"{"command":"fail"}"#).await);
+    api.wait_status(&tid, "failed", 30).await;
+    assert_eq!(left(stored_ids(&s).await), Vec::<String>::new(), "a failed task's output is removed");
+
+    let tid = id(&api.start("command", r#"{"command":"ask"}"#).await);
+    api.wait_status(&tid, "input_required", 30).await;
+    assert_eq!(left(stored_ids(&s).await).len(), 1, "the half-written output waits with its task");
+    assert_eq!(json(api.post(&format!("/api/v1/tasks/{tid}/cancel"), "").await).await["status"], "cancelled");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !left(stored_ids(&s).await).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left(stored_ids(&s).await), Vec::<String>::new(), "a task cancelled while it waited for input keeps no output");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. input_required across a restart
 

@@ -287,6 +287,8 @@ pub async fn check_inventory(store: &dyn BlobStore, p: &str) {
     assert_eq!(inv.blobs.iter().filter(|b| **b == open).count(), 1, "{inv:?}");
     assert!(!inv.blobs.contains(&gone), "{inv:?}");
     assert!(inv.blobs.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+    assert!(!inv.unfinished.contains(&done), "a finished blob keeps nothing of an unfinished one: {inv:?}");
+    assert!(inv.unfinished.iter().all(|u| inv.blobs.contains(u)), "{inv:?}");
     store.delete(&done).await.unwrap();
     store.delete(&open).await.unwrap();
 }

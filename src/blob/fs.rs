@@ -395,7 +395,7 @@ impl BlobStore for FsBlobStore {
                 }
             }
             blobs.sort();
-            Ok(super::Inventory { blobs, multiparts: Vec::new() })
+            Ok(super::Inventory { blobs, multiparts: Vec::new(), unfinished: Vec::new() })
         })
         .await
     }
@@ -578,14 +578,30 @@ impl BlobStore for FsBlobStore {
         .await
     }
 
+    /// Unlink the file and, in durable mode, fsync its directory before returning: a removal
+    /// the caller reports done stays done after a power cut (without the directory's fsync the
+    /// name, and the bytes, can come back). Removing an absent blob syncs the directory too, so
+    /// a retry after a crash between the unlink and the fsync still makes it durable.
     async fn delete(&self, id: &str) -> BlobResult<()> {
         let path = self.path(id)?;
         self.stray.settle(&path).await;
-        match tokio::fs::remove_file(path).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        let durable = self.durable;
+        blocking(move || -> std::io::Result<()> {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            if durable {
+                match sync_dir(path.parent().expect("blob path has a parent")) {
+                    // No fan-out directory: nothing was ever created there.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    r => r?,
+                }
+            }
+            Ok(())
+        })
+        .await
     }
 }
 

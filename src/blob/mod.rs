@@ -377,7 +377,10 @@ pub trait BlobStore: Send + Sync + 'static {
     /// `range.start <= range.end <= len`. Never blocks writers or other readers.
     async fn read(&self, id: &str, range: Range<u64>) -> BlobResult<ByteStream>;
 
-    /// Remove the blob. Idempotent: deleting an absent blob is `Ok`.
+    /// Remove everything stored under `id`, finished or not (S3: the object, its markers, tail
+    /// and multipart uploads). Durable once this returns (fs, durable mode: the unlink and then
+    /// its directory's fsync), so a removal the caller reports done does not come back after a
+    /// power cut. Idempotent: deleting an absent blob is `Ok`.
     async fn delete(&self, id: &str) -> BlobResult<()>;
 
     /// What the store holds, for `ferry check`'s search for orphans ([`Inventory`]). A
@@ -395,6 +398,10 @@ pub struct Inventory {
     /// Open multipart uploads: `(blob id, multipart upload id)` (S3: ListMultipartUploads
     /// under the prefix, first 1000; fs: none).
     pub multiparts: Vec<(String, String)>,
+    /// Ids among `blobs` with something stored that only an unfinished blob keeps (S3: the
+    /// `.created` marker, multipart markers, tail segments), sorted, each once; fs: none. For a
+    /// finished or deleted upload these are leftovers.
+    pub unfinished: Vec<String>,
 }
 
 /// The name of a store's mark ([`BlobStore::mark`]) under its root: never a blob id (it starts

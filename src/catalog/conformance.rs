@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::{Catalog, CatalogError, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseOutcome, NewTask, UploadRecord};
+use super::{BlobClaim, Catalog, CatalogError, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseOutcome, NewTask, UploadRecord};
 
 fn record(id: &str, principal: &str, concat: Concat) -> UploadRecord {
     UploadRecord {
@@ -64,6 +64,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_fenced_checkpoint(cat, prefix).await;
     check_finish_and_large_values(cat, prefix).await;
     check_expiry_and_tombstones(cat, prefix).await;
+    check_deleting_a_row_queues_its_bytes(cat, prefix).await;
     check_concat_lookup(cat, prefix).await;
     check_final_failures(cat, prefix).await;
     check_listing_is_per_principal(cat, prefix).await;
@@ -188,6 +189,38 @@ pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
     assert!(!cat.delete_upload(&id).await.unwrap(), "delete is idempotent");
     assert!(cat.get_upload(&id).await.unwrap().is_none());
     assert!(matches!(cat.mark_expired(&id, 1).await, Err(CatalogError::NotFound)));
+}
+
+/// Every way an upload row is deleted queues its bytes for removal in the same transaction
+/// (issue 48: the row goes first, the bytes after it), and [`Catalog::blob_claim`] says what
+/// names an id: the row, then the queued removal, then nothing.
+pub async fn check_deleting_a_row_queues_its_bytes(cat: &dyn Catalog, p: &str) {
+    let queued = |ids: Vec<String>, id: &str| ids.iter().any(|i| i == id);
+    let (a, b, c, never) = (format!("{p}rmdelete"), format!("{p}rmwithdraw"), format!("{p}rmtombstone"), format!("{p}rmnever"));
+    assert_eq!(cat.blob_claim(&never).await.unwrap(), BlobClaim::Unclaimed);
+    for id in [&a, &b, &c] {
+        let mut rec = record(id, "alice", Concat::None);
+        rec.provisional = id == &b;
+        cat.create_upload(&rec).await.unwrap();
+        assert_eq!(cat.blob_claim(id).await.unwrap(), BlobClaim::Row);
+        assert!(!queued(cat.list_blob_removals(u32::MAX).await.unwrap(), id), "a live upload's bytes are not queued for removal");
+    }
+    assert!(cat.delete_upload(&a).await.unwrap());
+    assert!(cat.withdraw_upload(&b).await.unwrap());
+    assert!(cat.mark_expired(&c, 2_000).await.unwrap());
+    assert_eq!(cat.blob_claim(&c).await.unwrap(), BlobClaim::Row, "a tombstone is still a row");
+    assert!(cat.delete_tombstone(&c, 3_000).await.unwrap());
+    let list = cat.list_blob_removals(u32::MAX).await.unwrap();
+    for id in [&a, &b, &c] {
+        assert!(queued(list.clone(), id), "deleting {id}'s row queued its bytes: {list:?}");
+        assert_eq!(cat.blob_claim(id).await.unwrap(), BlobClaim::Removal);
+    }
+    for id in [&a, &b, &c] {
+        cat.forget_blob_removal(id).await.unwrap();
+        cat.forget_blob_removal(id).await.expect("forgetting is idempotent");
+        assert_eq!(cat.blob_claim(id).await.unwrap(), BlobClaim::Unclaimed);
+    }
+    assert!(!cat.list_blob_removals(u32::MAX).await.unwrap().iter().any(|i| [&a, &b, &c].contains(&i)));
 }
 
 pub async fn check_concat_lookup(cat: &dyn Catalog, p: &str) {

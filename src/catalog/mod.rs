@@ -433,6 +433,22 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
     /// Delete the row. Returns whether a row was deleted. Idempotent.
     async fn delete_upload(&self, id: &str) -> CatalogResult<bool>;
 
+    /// Ids whose upload row was deleted while their bytes may still be in the blob store,
+    /// oldest first, at most `limit`. Every deletion of an upload row ([`Catalog::delete_upload`],
+    /// [`Catalog::withdraw_upload`], [`Catalog::delete_tombstone`]) queues its id in the same
+    /// transaction: the row goes first, the bytes after it, and a crash in between leaves the id
+    /// here for the next start or sweep to finish (issue 48: a finished upload never outlives its
+    /// bytes, and no bytes outlive every record of them).
+    async fn list_blob_removals(&self, limit: u32) -> CatalogResult<Vec<String>>;
+
+    /// Forget the queued removal of `id` ([`Catalog::list_blob_removals`]) once its bytes are
+    /// gone. Idempotent.
+    async fn forget_blob_removal(&self, id: &str) -> CatalogResult<()>;
+
+    /// What names blob `id` at one instant (one snapshot): its upload row, a queued removal,
+    /// or nothing (`ferry check`'s test for an orphan).
+    async fn blob_claim(&self, id: &str) -> CatalogResult<BlobClaim>;
+
     /// Delete tombstone `id` if it still is one and was marked before `before_ms`
     /// (compare-and-set; a live upload is never deleted by this). Returns whether it was.
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool>;
@@ -554,6 +570,17 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// Why final upload `id` could not be built, if [`Catalog::set_final_failure`] recorded it.
     async fn final_failure(&self, id: &str) -> CatalogResult<Option<FinalFailure>>;
+}
+
+/// What names a blob id in the catalog ([`Catalog::blob_claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobClaim {
+    /// An upload row (a tombstone included).
+    Row,
+    /// No row, but its removal is queued: the bytes are on their way out.
+    Removal,
+    /// Nothing: bytes under this id belong to no upload.
+    Unclaimed,
 }
 
 /// Why a final upload of a concatenation can never be built, as the catalog keeps it.

@@ -610,6 +610,30 @@ impl Catalog for PostgresCatalog {
         .await
     }
 
+    async fn list_blob_removals(&self, limit: u32) -> CatalogResult<Vec<String>> {
+        within(async {
+            let rows = sqlx::query(st::LIST_BLOB_REMOVALS.pg).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
+        })
+        .await
+    }
+
+    async fn forget_blob_removal(&self, id: &str) -> CatalogResult<()> {
+        within(async {
+            sqlx::query(st::FORGET_BLOB_REMOVAL.pg).bind(id).execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn blob_claim(&self, id: &str) -> CatalogResult<super::BlobClaim> {
+        within(async {
+            let r = sqlx::query(st::BLOB_CLAIM.pg).bind(id).fetch_one(&self.pool).await?;
+            Ok(super::sql::blob_claim(r.try_get(0)?, r.try_get(1)?))
+        })
+        .await
+    }
+
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
         within(async {
             let done = sqlx::query(st::DELETE_TOMBSTONE.pg).bind(id).bind(before_ms).execute(&self.pool).await?;

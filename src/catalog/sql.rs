@@ -95,6 +95,15 @@ pub(super) fn row_to_record(r: &impl Cols) -> CatalogResult<UploadRecord> {
     })
 }
 
+/// A blob's claim from the counts [`super::statements::BLOB_CLAIM`] reads.
+pub(super) fn blob_claim(uploads: i64, removals: i64) -> super::BlobClaim {
+    match (uploads, removals) {
+        (0, 0) => super::BlobClaim::Unclaimed,
+        (0, _) => super::BlobClaim::Removal,
+        _ => super::BlobClaim::Row,
+    }
+}
+
 pub(super) fn corrupt(what: &str) -> CatalogError {
     CatalogError::Backend(format!("stored task {what} is invalid").into())
 }

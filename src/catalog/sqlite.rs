@@ -554,6 +554,23 @@ impl Catalog for SqliteCatalog {
         })
     }
 
+    async fn list_blob_removals(&self, limit: u32) -> CatalogResult<Vec<String>> {
+        let rows = sqlx::query(st::LIST_BLOB_REMOVALS.sqlite).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
+    }
+
+    async fn forget_blob_removal(&self, id: &str) -> CatalogResult<()> {
+        to_end!(self, this, [id: &str], {
+            sqlx::query(st::FORGET_BLOB_REMOVAL.sqlite).bind(id).execute(&this.pool).await?;
+            Ok(())
+        })
+    }
+
+    async fn blob_claim(&self, id: &str) -> CatalogResult<super::BlobClaim> {
+        let r = sqlx::query(st::BLOB_CLAIM.sqlite).bind(id).fetch_one(&self.pool).await?;
+        Ok(super::sql::blob_claim(r.try_get(0)?, r.try_get(1)?))
+    }
+
     async fn delete_tombstone(&self, id: &str, before_ms: i64) -> CatalogResult<bool> {
         to_end!(self, this, [id: &str], {
             let _changed = this.upload_changed(id);

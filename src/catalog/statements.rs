@@ -131,6 +131,16 @@ pub(super) const EXPIRE_IF_DUE: Stmt = sql!(
 
 pub(super) const DELETE_UPLOAD: Stmt = sql!("DELETE FROM uploads WHERE id = ?");
 
+/// limit → ids whose row was deleted and whose bytes may remain (`blob_removals`, queued by a
+/// trigger on every delete of an upload row), oldest first.
+pub(super) const LIST_BLOB_REMOVALS: Stmt = sql!("SELECT id FROM blob_removals ORDER BY at_ms, id LIMIT ?");
+
+pub(super) const FORGET_BLOB_REMOVAL: Stmt = sql!("DELETE FROM blob_removals WHERE id = ?");
+
+/// id → rows naming it, queued removals naming it: one statement, so one snapshot.
+pub(super) const BLOB_CLAIM: Stmt =
+    sql!("SELECT CAST((SELECT COUNT(*) FROM uploads WHERE id = ?1) AS BIGINT) AS uploads, CAST((SELECT COUNT(*) FROM blob_removals WHERE id = ?1) AS BIGINT) AS removals");
+
 /// (id, before_ms).
 pub(super) const DELETE_TOMBSTONE: Stmt = sql!("DELETE FROM uploads WHERE id = ? AND expired = {true} AND updated_at_ms < ?");
 

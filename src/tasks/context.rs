@@ -222,7 +222,18 @@ impl JobContext {
         self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
     }
 
-    /// Remove the unfinished files of this run (the task failed or was cancelled).
+    /// Show `message` as the task's progress message (its counters and fraction as they
+    /// stand): what the engine tells the task's owner about a pause the job did not report.
+    pub(super) async fn say(&self, message: &str) -> Result<(), JobError> {
+        let snapshot = self.progress.lock().unwrap().0.clone();
+        let mut snapshot = self.never_backwards(snapshot);
+        snapshot.message = Some(message.to_string());
+        let u = TaskUpdate { progress: Some(snapshot), checkpoint: None, partial_mark: None, now_ms: now_ms() };
+        self.catalog.update_task(&self.task_id, Some(self.fence), &u).await.map_err(lost)
+    }
+
+    /// Remove the unfinished files of this run (the task failed or was cancelled): those it
+    /// created or reopened, and those the checkpoint it resumed from names.
     ///
     /// The run's writer of a file may still hold the file's lease for a moment after it was
     /// dropped (with catalog leases its release is a catalog write of its own), so a file found
@@ -230,33 +241,71 @@ impl JobContext {
     /// still left then is logged and expires like any unfinished upload.
     pub(super) async fn discard_unfinished_files(&self) {
         let ids = std::mem::take(&mut *self.files.lock().unwrap());
-        for id in ids {
-            let deadline = tokio::time::Instant::now() + DISCARD_PATIENCE;
-            let mut pause = Duration::from_millis(50);
-            loop {
-                let Ok(rec) = self.uploads.get(&self.principal, &id).await else { break };
-                if rec.is_finished() {
-                    break;
-                }
-                match self.uploads.terminate(&self.principal, &id).await {
-                    Ok(()) => break,
-                    Err(e) if matches!(e.code, crate::error::ErrorCode::Locked | crate::error::ErrorCode::Unavailable) && tokio::time::Instant::now() + pause < deadline => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(1));
-                    }
-                    Err(e) => {
-                        tracing::warn!(task = %self.task_id, upload = %id, error = %e.detail, "could not remove an unfinished output file; it expires like any unfinished upload");
-                        break;
-                    }
-                }
-            }
-        }
+        discard_unfinished(&self.uploads, &self.principal, &self.task_id, ids, DISCARD_PATIENCE).await;
     }
 
     /// The upload engine (to read other files of the principal).
     pub fn uploads(&self) -> &Arc<UploadEngine> {
         &self.uploads
     }
+}
+
+/// Terminate every unfinished upload of `ids` (files of task `task_id`, owned by `principal`):
+/// a task that failed or was cancelled leaves no partial output behind. A file found locked or
+/// the store away is tried again for up to `patience`; finished files (a completed part of the
+/// result) and unknown ids are left alone.
+pub(super) async fn discard_unfinished(uploads: &UploadEngine, principal: &str, task_id: &str, mut ids: Vec<String>, patience: Duration) {
+    ids.sort();
+    ids.dedup();
+    for id in ids {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let Ok(rec) = uploads.get(principal, &id).await else { break };
+            if rec.is_finished() {
+                break;
+            }
+            match uploads.terminate(principal, &id).await {
+                Ok(()) => {
+                    tracing::info!(task = task_id, upload = id, "removed the unfinished output of a failed or cancelled task");
+                    break;
+                }
+                Err(e) if matches!(e.code, crate::error::ErrorCode::Locked | crate::error::ErrorCode::Unavailable) && tokio::time::Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    tracing::warn!(task = task_id, upload = id, error = %e.detail, "could not remove an unfinished output file; it expires like any unfinished upload");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The upload ids of the files a task's checkpoint names: every [`crate::upload::FileCursor`]
+/// in it (an object with a string `id`, a numeric `offset` and a string `hash_state`), at any
+/// depth — what a job stores to reopen its files.
+pub(super) fn checkpoint_files(checkpoint: Option<&str>) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let (Some(serde_json::Value::String(id)), Some(serde_json::Value::Number(_)), Some(serde_json::Value::String(_))) =
+                    (m.get("id"), m.get("offset"), m.get("hash_state"))
+                {
+                    out.push(id.clone());
+                }
+                m.values().for_each(|v| walk(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(v) = checkpoint.and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok()) {
+        walk(&v, &mut out);
+    }
+    out
 }
 
 /// How long [`JobContext::discard_unfinished_files`] keeps trying a locked file.
@@ -275,6 +324,17 @@ fn passes(p: &Progress, floor: &Progress) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every file cursor a job keeps in its checkpoint, at any depth, names a file of the task;
+    /// nothing else does.
+    #[test]
+    fn checkpoint_files_finds_every_cursor() {
+        let cp = r#"{"cursor":{"id":"aaa","offset":5,"hash_state":"x"},"token":"t","inputs":{"k":{"id":"not-a-cursor"}},
+                     "parts":[{"out":{"id":"bbb","offset":0,"hash_state":"","blob_state":"AQ=="}}],"id":"ccc"}"#;
+        assert_eq!(checkpoint_files(Some(cp)), vec!["aaa".to_string(), "bbb".to_string()]);
+        assert!(checkpoint_files(None).is_empty());
+        assert!(checkpoint_files(Some("not json")).is_empty());
+    }
 
     fn prog(fraction: Option<f64>, bytes: u64) -> Progress {
         Progress { fraction, message: None, counters: [("bytes".to_string(), bytes)].into() }

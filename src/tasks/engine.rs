@@ -259,8 +259,21 @@ impl Engine {
     pub async fn cancel(&self, principal: &str, id: &str) -> Result<TaskRecord, Refusal> {
         self.get(principal, id).await?;
         let task = self.catalog.cancel_task(id, now_ms()).await.map_err(catalog_err)?;
-        if let Some(tok) = self.running.lock().unwrap().get(id) {
-            tok.cancel();
+        let running_here = match self.running.lock().unwrap().get(id) {
+            Some(tok) => {
+                tok.cancel();
+                true
+            }
+            None => false,
+        };
+        // A run (here, or on another replica, which learns of the cancel at its next lease
+        // renewal) removes its own unfinished files. A task no run holds — waiting for input,
+        // for its next run, or a run that crashed — still has those its checkpoint names: they
+        // go now, not when they expire a week later (issue 48). One a run still holds answers
+        // `locked` and is left to that run.
+        if !running_here && task.status == TaskStatus::Cancelled {
+            let files = super::context::checkpoint_files(task.checkpoint.as_deref());
+            super::context::discard_unfinished(&self.uploads, &task.principal, &task.id, files, Duration::ZERO).await;
         }
         Ok(task)
     }
@@ -408,7 +421,9 @@ impl Engine {
             // stored progress is the floor until they pass it (never reported backwards).
             progress: Mutex::new((if resumed { Default::default() } else { task.progress.clone() }, None)),
             floor: Mutex::new(resumed.then(|| task.progress.clone())),
-            files: Mutex::new(Vec::new()),
+            // The files earlier runs made (named by the checkpoint this run resumes from) are
+            // this run's too: if it fails before it reopens them, they go all the same.
+            files: Mutex::new(super::context::checkpoint_files(task.checkpoint.as_deref())),
             // Without a checkpoint the run starts over and numbers its fragments from the start.
             partial_seq: tokio::sync::Mutex::new(if task.checkpoint.is_some() { task.partial_mark } else { 0 }),
         };
@@ -471,6 +486,9 @@ impl Engine {
             Ok(Err(JobError::Exhausted(e))) if waits_out => {
                 let pause = (UNAVAILABLE_PAUSE * task.runs.max(1) as u32).min(UNAVAILABLE_PAUSE_MAX);
                 tracing::warn!(task = task.id, run = task.runs, error = %e, pause_ms = pause.as_millis() as u64, "task paused: the catalog or a store is unavailable; it runs again from its checkpoint");
+                // Its unfinished output is kept for that run, and its view says so (when the
+                // catalog can take the note: an unavailable blob store leaves it writable).
+                let _ = ctx.say("paused: the catalog or a store is unavailable; the task runs again from its last checkpoint and keeps its unfinished output for that run").await;
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = self.shutdown.cancelled() => {}

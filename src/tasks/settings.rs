@@ -24,6 +24,11 @@ pub struct CommandSpec {
     /// Working directory (default: the server's).
     #[serde(default)]
     pub cwd: Option<PathBuf>,
+    /// Names of variables of the server's environment the program also gets, beside the few
+    /// every program gets (`PATH`, `HOME`, `LANG`, `LC_*`, `TZ`, `TMPDIR`): nothing else of the
+    /// server's environment reaches it (its credentials stay the server's).
+    #[serde(default)]
+    pub env: Vec<String>,
     /// What the command does, for tool descriptions.
     #[serde(default)]
     pub description: Option<String>,

@@ -220,30 +220,28 @@ impl UploadEngine {
         self.cfg.reserve.check(bytes).map_err(|detail| Refusal::insufficient_storage(detail, cursor))
     }
 
-    /// Remove an upload's row and bytes, the bytes first: a finished blob is deleted, an
-    /// unfinished one aborted (DESIGN §2: S3 aborts its multipart upload). If the blob store
-    /// fails (S3 away: 503), the row is still there and the client's retry finishes the job —
-    /// the other order would leave bytes that no row names any more, which nothing would ever
-    /// delete (and S3 bills). Freeing the bytes first also makes room when the catalog cannot
-    /// write because the disk is full. A row whose bytes went but whose deletion failed is
-    /// deleted by the retry (removing bytes is idempotent), or, unfinished, by expiry; until
-    /// then the next writer rolls it back to offset 0.
+    /// Remove an upload's row and bytes, the row first ([`super::removal`]): deleting the row
+    /// queues its bytes for removal in the same transaction, then they are removed (fs: the
+    /// unlink and its directory's fsync) before this returns. If the catalog fails nothing
+    /// changed and the client's retry does it all; if the blob store fails (S3 away) the upload
+    /// is gone all the same and its bytes stay queued until a sweep removes them — never a row
+    /// without its bytes, never bytes without a record.
+    ///
+    /// One exception: on a disk so full that the catalog cannot write even the deletion
+    /// (`CatalogError::Full`), the bytes go first to make room — the only order that can
+    /// succeed there — and then the row.
     pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), Refusal> {
         self.fences.forget(&rec.id);
-        self.discard_bytes(rec).await?;
-        if let Err(e) = self.catalog.delete_upload(&rec.id).await {
-            tracing::warn!(upload = rec.id, error = %e, "the upload's bytes are gone but its row could not be deleted; a retry deletes it");
-            return Err(e.into());
+        match self.catalog.delete_upload(&rec.id).await {
+            Ok(_) => {}
+            Err(CatalogError::Full(e)) => {
+                tracing::warn!(upload = rec.id, error = %e, "the catalog cannot write on this full disk: removing the upload's bytes first to make room");
+                self.blobs.delete(&rec.id).await?;
+                self.catalog.delete_upload(&rec.id).await?;
+            }
+            Err(e) => return Err(e.into()),
         }
-        Ok(())
-    }
-
-    async fn discard_bytes(&self, rec: &UploadRecord) -> Result<(), Refusal> {
-        if rec.is_finished() {
-            self.blobs.delete(&rec.id).await?;
-        } else {
-            self.blobs.abort(&rec.id).await?;
-        }
+        self.remove_bytes_later_if_need_be(&rec.id).await;
         Ok(())
     }
 

@@ -157,7 +157,7 @@ impl UploadEngine {
         if let Err(e) = &result {
             if e.code == crate::error::ErrorCode::ChecksumMismatch {
                 self.catalog.delete_upload(id).await?;
-                self.blobs.delete(id).await?;
+                self.remove_bytes_later_if_need_be(id).await;
             }
         }
         result
@@ -206,8 +206,9 @@ impl UploadEngine {
             let finishing = super::hooks::FinishingUpload { id: &rec.id, principal: &rec.principal, size: total, sha256: digest, metadata: &rec.metadata };
             if let Err(e) = hooks.pre_finish(&finishing).await {
                 if e.code == crate::error::ErrorCode::Rejected {
-                    self.blobs.delete(&rec.id).await?;
+                    // The row first; it queues its bytes (`super::removal`).
                     self.catalog.delete_upload(&rec.id).await?;
+                    self.remove_bytes_later_if_need_be(&rec.id).await;
                 }
                 return Err(e);
             }
@@ -322,8 +323,13 @@ impl UploadEngine {
                 tracing::warn!(upload = id, error = %e, "keeping the tombstone until its bytes can be removed");
                 continue;
             }
-            self.catalog.delete_tombstone(&id, before).await?;
+            if self.catalog.delete_tombstone(&id, before).await? {
+                // Deleting the row queued its bytes, which are gone already (`super::removal`).
+                self.catalog.forget_blob_removal(&id).await?;
+            }
         }
+        // Bytes of deleted rows that a crash or a store away left behind.
+        self.finish_removals().await?;
         Ok(n)
     }
 

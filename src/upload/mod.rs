@@ -30,6 +30,7 @@ pub mod hooks;
 pub mod locks;
 mod maintenance;
 mod quota;
+mod removal;
 
 pub use append::AppendOutcome;
 pub use chunk::{ChunkError, ChunkStream, WholeChunk};
@@ -564,9 +565,8 @@ impl UploadEngine {
         match self.catalog.withdraw_upload(id).await {
             Ok(true) => {
                 drop(guard);
-                if let Err(e) = self.blobs.abort(id).await {
-                    tracing::warn!(upload = id, error = %e, "the bytes of a refused creation could not be removed");
-                }
+                // The row went first and queued its bytes ([`removal`]).
+                self.remove_bytes_later_if_need_be(id).await;
                 false
             }
             // Gone already (a refused pre-finish removed it), or announced by a replay: kept.
@@ -598,9 +598,7 @@ impl UploadEngine {
             return match self.catalog.get_upload(id).await? {
                 Some(r) if r.principal == principal && self.failure_of(&r).await?.is_some() => {
                     self.catalog.delete_upload(id).await?;
-                    if let Err(e) = self.blobs.abort(id).await {
-                        tracing::warn!(upload = id, error = %e, "could not remove what a failed final upload left in the blob store");
-                    }
+                    self.remove_bytes_later_if_need_be(id).await;
                     self.metrics.uploads_terminated.inc();
                     Ok(())
                 }

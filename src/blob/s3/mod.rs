@@ -275,10 +275,14 @@ impl BlobStore for S3BlobStore {
         let mut blobs: Vec<String> = keys.iter().filter_map(|k| s.id_of(k.as_ref())).collect();
         blobs.sort();
         blobs.dedup();
+        // Every key of an id but its object is what only an unfinished blob keeps.
+        let mut unfinished: Vec<String> = keys.iter().filter_map(|k| s.id_of(k.as_ref()).filter(|id| *k != s.object(id))).collect();
+        unfinished.sort();
+        unfinished.dedup();
         let under = if s.prefix.is_empty() { String::new() } else { format!("{}/", s.prefix) };
         let multiparts = s.multiparts_under(&under).await.map_err(BlobError::Unavailable)?;
         let multiparts = multiparts.into_iter().filter_map(|(k, u)| Some((s.id_of(&k)?, u))).collect();
-        Ok(super::Inventory { blobs, multiparts })
+        Ok(super::Inventory { blobs, multiparts, unfinished })
     }
 
     async fn create(&self, id: &str) -> BlobResult<()> {

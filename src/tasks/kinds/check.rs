@@ -119,6 +119,8 @@ impl Job for CheckJob {
         out["orphans_searched"] = serde_json::json!(a.orphans);
         out["orphan_blobs"] = serde_json::json!(orphans.orphan_blobs.len());
         out["orphan_multiparts"] = serde_json::json!(orphans.orphan_multiparts.len());
+        // Like orphans, a count: they are found across the store, not among this principal's files.
+        out["leftovers"] = serde_json::json!(orphans.leftovers.len());
         Ok(out)
     }
 }

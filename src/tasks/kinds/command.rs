@@ -10,8 +10,10 @@
 //! `{"command": "NAME", "params": {...}}` — `NAME` must be declared in ferry.toml; `params` is an
 //! optional JSON object. When the command declares `params_schema`, params (absent: `{}`) must
 //! validate against it ([`Job::validate`], so a start is refused before a task exists). A request never supplies a command line: ferry runs `program` with the
-//! fixed `args`, in `cwd`, with stdin closed, and this environment (on top of the server's,
-//! minus any inherited `FERRY_INPUT_*`):
+//! fixed `args`, in `cwd`, with stdin closed, in a process group of its own, and this
+//! environment — on top of a few variables of the server's ([`PASSED_ENV`], `LC_*`, and the
+//! names the command lists in `env`), never the rest of it: the server's credentials
+//! (`AWS_SECRET_ACCESS_KEY`, a `FERRY_CATALOG` with a password…) are not the program's:
 //!
 //! | variable            | value                                                                |
 //! |---------------------|----------------------------------------------------------------------|
@@ -82,7 +84,10 @@
 //! byte 0) is taken right after the output file is created, so a resumed task never creates a
 //! second file.
 //!
-//! Cancellation kills the program (the program itself, not processes it started).
+//! Cancellation kills the program's whole process group: the program and every process it
+//! started that stayed in its group (a process that made a session or group of its own,
+//! `setsid`, left it). So does the end of a run: whatever the program left running in its
+//! group when it exited is killed.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::{ExitStatus, Stdio};
@@ -275,10 +280,13 @@ impl Job for CommandJob {
                 }
             };
             let cp = state.clone().expect("state set above");
-            let child = spawn(spec, name, ctx.task_id(), &params, &cp, &answers)?;
+            let (child, group) = spawn(spec, name, ctx.task_id(), &params, &cp, &answers)?;
             let mark = ctx.partial_count().await;
             let mut run = Run { ctx, name, writer, state: cp, mark, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
-            let status = run.supervise(child).await?;
+            let status = run.supervise(child, &group).await;
+            // Whatever the program left running in its group ends with the run.
+            drop(group);
+            let status = status?;
             if run.asked {
                 // Record the requests (with the last durable cursor and the partial results it
                 // covers), then loop: parks, or restarts at once if the answers are already
@@ -309,22 +317,55 @@ fn input_env(key: &str) -> String {
     s
 }
 
-fn spawn(spec: &CommandSpec, name: &str, task_id: &str, params: &str, cp: &CommandCheckpoint, answers: &BTreeMap<String, Value>) -> Result<Child, JobError> {
+/// The variables of the server's environment every program gets (and `LC_*`): what it needs to
+/// find programs, its user's home, its locale, time zone and temporary directory. Anything else
+/// only when the command names it in `env`.
+pub const PASSED_ENV: [&str; 5] = ["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
+
+/// Whether the server's variable `name` is passed to `spec`'s program.
+fn passed(spec: &CommandSpec, name: &str) -> bool {
+    !name.starts_with("FERRY_INPUT_") && (PASSED_ENV.contains(&name) || name.starts_with("LC_") || spec.env.iter().any(|n| n == name))
+}
+
+fn spawn(spec: &CommandSpec, name: &str, task_id: &str, params: &str, cp: &CommandCheckpoint, answers: &BTreeMap<String, Value>) -> Result<(Child, Group), JobError> {
     let mut cmd = tokio::process::Command::new(&spec.program);
-    cmd.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    // A group of its own (its id is the program's pid): cancelling kills the group.
+    cmd.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("FERRY_INPUT_") {
-            cmd.env_remove(k);
+    cmd.env_clear();
+    for (k, v) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| passed(spec, k)) {
+            cmd.env(k, v);
         }
     }
     cmd.env("FERRY_TASK_ID", task_id).env("FERRY_PARAMS", params).env("FERRY_CHECKPOINT", &cp.token).env("FERRY_OFFSET", cp.cursor.offset.to_string());
     for (k, v) in answers {
         cmd.env(input_env(k), v.to_string());
     }
-    cmd.spawn().map_err(|e| JobError::failed(format!("command {name}: cannot start {}: {e}", spec.program.display())))
+    let child = cmd.spawn().map_err(|e| JobError::failed(format!("command {name}: cannot start {}: {e}", spec.program.display())))?;
+    let group = Group(child.id().and_then(|pid| i32::try_from(pid).ok()));
+    Ok((child, group))
+}
+
+/// The process group of a running program: killed whole (SIGKILL) when cancelled, and when
+/// dropped — the run is over, and nothing the program started may outlive it.
+struct Group(Option<i32>);
+
+impl Group {
+    fn kill(&self) {
+        if let Some(pgid) = self.0 {
+            // ESRCH: nothing is left in the group.
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// One stderr line, decided.
@@ -483,7 +524,7 @@ impl Run<'_> {
     }
 
     /// Copy stdout, interpret stderr, and wait for the program to exit.
-    async fn supervise(&mut self, mut child: Child) -> Result<ExitStatus, JobError> {
+    async fn supervise(&mut self, mut child: Child, group: &Group) -> Result<ExitStatus, JobError> {
         let mut stdout: ChildStdout = child.stdout.take().expect("stdout piped");
         let mut stderr: ChildStderr = child.stderr.take().expect("stderr piped");
         let (mut out_buf, mut err_buf) = (BytesMut::new(), BytesMut::new());
@@ -502,6 +543,7 @@ impl Run<'_> {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
+                    group.kill();
                     let _ = child.start_kill();
                     let _ = child.wait().await;
                     return Err(JobError::Cancelled);
@@ -543,6 +585,7 @@ impl Run<'_> {
                     match status {
                         None => {
                             // Asked for input but did not exit.
+                            group.kill();
                             let _ = child.start_kill();
                             deadline = None;
                         }
@@ -688,6 +731,28 @@ pub(crate) mod tests {
         assert!(parse_line(&format!("checkpoint 1 {}", "x".repeat(MAX_TOKEN))).is_ok());
     }
 
+    /// Of the server's environment only the allowlist, `LC_*` and what the command names in
+    /// `env` reach the program; never an inherited `FERRY_INPUT_*`.
+    #[test]
+    fn only_allowlisted_variables_are_passed() {
+        let spec = CommandSpec {
+            program: "/bin/true".into(),
+            args: vec![],
+            output_name: None,
+            media_type: None,
+            cwd: None,
+            env: vec!["PGPASSWORD".into()],
+            description: None,
+            params_schema: None,
+        };
+        for yes in ["PATH", "HOME", "LANG", "LC_ALL", "LC_TIME", "TZ", "TMPDIR", "PGPASSWORD"] {
+            assert!(passed(&spec, yes), "{yes}");
+        }
+        for no in ["AWS_SECRET_ACCESS_KEY", "FERRY_CATALOG", "FERRY_INPUT_X", "PGUSER", "USER", "LD_PRELOAD", "path"] {
+            assert!(!passed(&spec, no), "{no}");
+        }
+    }
+
     #[test]
     fn input_env_names() {
         assert_eq!(input_env("confirm"), "FERRY_INPUT_CONFIRM");
@@ -721,7 +786,7 @@ pub(crate) mod tests {
 
     #[test]
     fn validate_names_declared_commands() {
-        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, description: None, params_schema: None };
+        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, env: vec![], description: None, params_schema: None };
         let job = CommandJob::new(BTreeMap::from([("export".to_string(), spec.clone()), ("dump".to_string(), spec)]));
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         assert!(job.validate(&raw(r#"{"command":"export","params":{"a":1}}"#)).is_ok());
@@ -736,7 +801,8 @@ pub(crate) mod tests {
     fn params_are_checked_against_the_declared_schema() {
         let schema = serde_json::json!({ "type": "object", "required": ["month"], "additionalProperties": false,
             "properties": { "month": { "type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$" } } });
-        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, description: None, params_schema: Some(schema) };
+        let spec =
+            CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, env: vec![], description: None, params_schema: Some(schema) };
         let job = CommandJob::new(BTreeMap::from([("orders".to_string(), spec)]));
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         assert!(job.validate(&raw(r#"{"command":"orders","params":{"month":"2026-11"}}"#)).is_ok());
@@ -787,7 +853,7 @@ pub(crate) mod tests {
         let path = dir.join("prog.sh");
         std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        CommandSpec { program: path, args: vec![], output_name: None, media_type: Some("text/plain".into()), cwd: None, description: None, params_schema: None }
+        CommandSpec { program: path, args: vec![], output_name: None, media_type: Some("text/plain".into()), cwd: None, env: vec![], description: None, params_schema: None }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,6 +117,7 @@ mod args_schema_tests {
             output_name: None,
             media_type: None,
             cwd: None,
+            env: vec![],
             description: None,
             params_schema: Some(serde_json::json!({ "type": "object", "required": ["month"], "properties": { "month": { "type": "string" } } })),
         };
