@@ -10,6 +10,7 @@ pub mod pg;
 pub mod proxy;
 pub mod s3;
 pub mod s3proxy;
+pub mod s3strict;
 pub mod venv;
 pub use venv::venv_bin;
 
