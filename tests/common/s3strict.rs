@@ -252,7 +252,7 @@ impl S3Strict {
         self.store().faults.push(Injected { kind, key_part: key_part.to_string(), fault, left: times });
     }
 
-    /// How many requests an injected fault hit so far.
+    /// How many requests an injected fault hit so far (and lifecycle aborts).
     pub fn hits(&self) -> u64 {
         self.state.hits.load(Ordering::SeqCst)
     }
@@ -321,6 +321,7 @@ impl S3Strict {
     /// A bucket lifecycle rule fires: every open multipart upload whose `bucket/key` contains
     /// `key_part` is aborted. Returns their ids.
     pub fn lifecycle_abort(&self, key_part: &str) -> Vec<String> {
+        self.state.hits.fetch_add(1, Ordering::SeqCst);
         let mut s = self.store();
         let mut ids = Vec::new();
         for (id, u) in s.uploads.iter_mut() {
