@@ -77,11 +77,17 @@ struct Config {
     check_no_xml: bool,
     /// Fail when the readiness probe writes.
     check_ping_reads: bool,
+    /// Let the catalog refuse commits ([`Op::CatalogFails`]).
+    catalog_faults: bool,
+    /// Answer AbortMultipartUpload with 404 while ListMultipartUploads still lists the upload
+    /// (otherwise such a fault answers 503).
+    abort_404: bool,
 }
 
 impl Config {
     /// [`Config::search`], with the checks `FERRY_S3_MODEL_ON` names (comma-separated: `budget`,
-    /// `length`, `tail`, `stale`, `loss`, `fallback`, `slow`, `xml`, `ping`, or `all`) on.
+    /// `length`, `tail`, `stale`, `stale-compose`, `stale-reset`, `loss`, `fallback`, `slow`, `xml`,
+    /// `ping`, `abort404`, `notes`, or `all`) on.
     fn from_env() -> Config {
         let mut c = Config::search();
         let on = std::env::var("FERRY_S3_MODEL_ON").unwrap_or_default();
@@ -105,6 +111,8 @@ impl Config {
                 "slow" => c.slow_completions = true,
                 "xml" => c.check_no_xml = true,
                 "ping" => c.check_ping_reads = true,
+                "abort404" => c.abort_404 = true,
+                "notes" => c.catalog_faults = true,
                 other => panic!("FERRY_S3_MODEL_ON: unknown check {other:?}"),
             }
         }
@@ -125,6 +133,8 @@ impl Config {
             slow_completions: false,
             check_no_xml: true,
             check_ping_reads: true,
+            abort_404: true,
+            catalog_faults: true,
         }
     }
 
@@ -151,6 +161,10 @@ impl Config {
             // point 6: raw S3 XML reaches callers; the probe writes.
             check_no_xml: false,
             check_ping_reads: false,
+            // a 404 from AbortMultipartUpload is taken as done though the upload is still listed.
+            abort_404: false,
+            // point 6: a failed number note followed by a clean release reuses part numbers.
+            catalog_faults: false,
         }
     }
 }
@@ -264,8 +278,15 @@ enum Op {
         on: On,
         stall: bool,
     },
-    /// The next UploadPart lands only at the next [`Op::DeliverLate`]; its writer stalls.
-    Late,
+    /// The next UploadPart lands only at the next [`Op::DeliverLate`]; `stall`: its writer stalls
+    /// past its lease while it waits (else its connection is dropped and the part sent again).
+    Late {
+        stall: bool,
+    },
+    /// The catalog refuses the next `times` commits (PostgreSQL away).
+    CatalogFails {
+        times: u32,
+    },
     DeliverLate,
     /// A bucket lifecycle rule aborts the multipart uploads of `u`.
     LifecycleAbort {
@@ -328,11 +349,14 @@ fn op(cfg: Config) -> impl Strategy<Value = Op> {
         (1, Just(Op::Restart).boxed()),
         (2, (on(), prop_oneof![Just(404u16), Just(411), Just(500), Just(501), Just(503)], 1u32..4).prop_map(|(on, status, times)| Op::Fault { on, status, times }).boxed()),
         (1, (on(), proptest::bool::ANY).prop_map(|(on, stall)| Op::Hold { on, stall }).boxed()),
-        (1, Just(Op::Late).boxed()),
+        (1, proptest::bool::ANY.prop_map(|stall| Op::Late { stall }).boxed()),
         (1, Just(Op::DeliverLate).boxed()),
         (1, u.prop_map(|u| Op::LifecycleAbort { u }).boxed()),
         (1, Just(Op::Ping).boxed()),
     ];
+    if cfg.catalog_faults {
+        v.push((1, (1u32..3).prop_map(|times| Op::CatalogFails { times }).boxed()));
+    }
     if cfg.slow_completions {
         v.push((1, Just(Op::SlowComplete).boxed()));
     }
@@ -429,6 +453,14 @@ struct Model {
     slow: bool,
     /// A held request's writer stalls past its lease ([`Op::Hold`]).
     stall_holds: bool,
+    /// A late part's writer stalls past its lease ([`Op::Late`]).
+    stall_late: bool,
+    /// The next commits the catalog refuses ([`Op::CatalogFails`]).
+    catalog_down: u32,
+    /// The last commit was refused by a catalog that is away (not fenced).
+    refused: bool,
+    /// A 404 was injected (a `Lost` may then be one 404 taken as proof).
+    saw_404: bool,
 }
 
 /// Only one model builds its store at a time: `S3BlobStore::from_url` reads the process's
@@ -469,12 +501,26 @@ impl Model {
             rows[u].live = true;
             rows[u].released = true;
         }
-        Model { cfg, s3, store, rows, slots: (0..SLOTS).map(|_| None).collect(), serial: 0, log: Vec::new(), slow: false, stall_holds: false }
+        Model {
+            cfg,
+            s3,
+            store,
+            rows,
+            slots: (0..SLOTS).map(|_| None).collect(),
+            serial: 0,
+            log: Vec::new(),
+            slow: false,
+            stall_holds: false,
+            stall_late: true,
+            catalog_down: 0,
+            refused: false,
+            saw_404: false,
+        }
     }
 
     /// Run `fut` (a call of the store) within the deadline ([`drive_free`]).
     async fn drive<T>(&self, what: &str, stall: Option<&Lease>, fut: impl std::future::Future<Output = T>) -> Result<T, String> {
-        drive_free(&self.s3, self.slow, self.stall_holds, what, stall, fut).await
+        drive_free(&self.s3, self.slow, self.stall_holds, self.stall_late, what, stall, fut).await
     }
 
     /// Open a writer as `Appender::open` does: a blob that is gone at offset 0 is created again.
@@ -492,6 +538,13 @@ impl Model {
 
     /// A fenced catalog commit; `false` when the fence is stale.
     fn commit(&mut self, u: usize, fence: u64, offset: u64, state: &BlobState, data: &[u8]) -> bool {
+        self.refused = false;
+        if self.catalog_down > 0 {
+            // The catalog is away ([`Op::CatalogFails`]).
+            self.catalog_down -= 1;
+            self.refused = true;
+            return false;
+        }
         let row = &mut self.rows[u];
         if !row.live || row.finished || fence != row.fence {
             return false;
@@ -520,18 +573,19 @@ impl Model {
         Ok(())
     }
 
-    /// A roll back of `u` because the store answered `Lost`: right only when the store lost the
-    /// bytes for real.
+    /// A roll back of `u` from its acknowledged offset because the store answered `Lost`: right
+    /// only when the store lost the bytes for real (a lifecycle abort). After an injected 404 the
+    /// check is [`Config::check_confirmed_loss`]'s.
     fn loss_is_real(&self, u: usize, what: &str, e: &BlobError) -> Check {
-        if self.cfg.check_confirmed_loss && !self.rows[u].lost_for_real {
-            return Err(format!(
-                "{what}: answered {e} and the engine rolls {} back from its acknowledged offset {} although the store still holds every byte (its multipart upload is open: {:?})",
-                IDS[u],
-                self.rows[u].offset,
-                self.s3.open_uploads(&key(u))
-            ));
+        let row = &self.rows[u];
+        if row.lost_for_real || row.offset == 0 || (self.saw_404 && !self.cfg.check_confirmed_loss) {
+            return Ok(());
         }
-        Ok(())
+        let open = self.s3.open_uploads(&key(u));
+        Err(format!(
+            "{what}: answered {e}, and the engine rolls {} back from its acknowledged offset {}, though no lifecycle rule took its bytes (open multipart uploads: {open:?})",
+            IDS[u], row.offset
+        ))
     }
 
     /// What the engine does when a writer's call failed (`Appender::released`).
@@ -672,7 +726,7 @@ impl Model {
                 let lease = s.lease.clone();
                 let s = self.slots[w].as_mut().unwrap();
                 let fut = s.w.write(Bytes::from(data.clone()));
-                let r = drive_free(&self.s3, self.slow, self.stall_holds, "write", Some(&lease), fut).await?;
+                let r = drive_free(&self.s3, self.slow, self.stall_holds, self.stall_late, "write", Some(&lease), fut).await?;
                 match r {
                     Ok(()) => self.slots[w].as_mut().unwrap().written.extend_from_slice(&data),
                     Err(e) => {
@@ -701,7 +755,7 @@ impl Model {
                 }
                 let lease = s.lease.clone();
                 let s = self.slots[w].as_mut().unwrap();
-                let r = drive_free(&self.s3, self.slow, self.stall_holds, "complete", Some(&lease), s.w.complete()).await?;
+                let r = drive_free(&self.s3, self.slow, self.stall_holds, self.stall_late, "complete", Some(&lease), s.w.complete()).await?;
                 match r {
                     Ok(whole) => {
                         let s = self.slots[w].take().unwrap();
@@ -817,13 +871,19 @@ impl Model {
             }
             Op::Fault { on, status, times } => {
                 let times = if status == 501 && on == On::UploadPartCopy { 1000 } else { times };
+                let status = if status == 404 && on == On::AbortMultipart && !self.cfg.abort_404 { 503 } else { status };
+                self.saw_404 |= status == 404;
                 self.s3.inject(on.kind(), &format!("{PREFIX}/"), Fault::Status(status), times);
             }
             Op::Hold { on, stall } => {
                 self.stall_holds = stall;
                 self.s3.inject(on.kind(), &format!("{PREFIX}/"), Fault::Hold, 1);
             }
-            Op::Late => self.s3.inject(Kind::UploadPart, &format!("{PREFIX}/"), Fault::Late, 1),
+            Op::Late { stall } => {
+                self.stall_late = stall;
+                self.s3.inject(Kind::UploadPart, &format!("{PREFIX}/"), Fault::Late, 1);
+            }
+            Op::CatalogFails { times } => self.catalog_down = times,
             Op::DeliverLate => {
                 self.s3.deliver_late();
             }
@@ -859,7 +919,7 @@ impl Model {
             return Ok(false);
         }
         let lease = s.lease.clone();
-        let r = drive_free(&self.s3, self.slow, self.stall_holds, "sync", Some(&lease), s.w.sync()).await?;
+        let r = drive_free(&self.s3, self.slow, self.stall_holds, self.stall_late, "sync", Some(&lease), s.w.sync()).await?;
         let faulted = self.s3.hits() != hits;
         match r {
             Ok(state) => {
@@ -870,7 +930,13 @@ impl Model {
                 let (u, fence) = (s.u, s.fence);
                 let mut data = self.committed_data(self.slots[w].as_ref().unwrap());
                 data.extend_from_slice(&self.slots[w].as_ref().unwrap().written);
-                if self.commit(u, fence, pos, &state, &data) {
+                let ok = self.commit(u, fence, pos, &state, &data);
+                if !ok && self.refused {
+                    // The PATCH fails (503); the writer's bytes since the last commit are released.
+                    self.writer_failed(w, "sync's commit", BlobError::Unavailable("the catalog is away".into()), true).await?;
+                    return Ok(false);
+                }
+                if ok {
                     let s = self.slots[w].as_mut().unwrap();
                     s.committed = pos;
                     s.committed_state = state;
@@ -1084,7 +1150,15 @@ impl Model {
 /// late part's request hangs (or a held one, with `stall_holds`) — its writer stalls past its
 /// lease while its request hangs; then, or at once without one, held requests are let go and
 /// late parts' clients dropped.
-async fn drive_free<T>(s3: &S3Strict, slow: bool, stall_holds: bool, what: &str, stall: Option<&Lease>, fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+async fn drive_free<T>(
+    s3: &S3Strict,
+    slow: bool,
+    stall_holds: bool,
+    stall_late: bool,
+    what: &str,
+    stall: Option<&Lease>,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
     let start = Instant::now();
     let deadline = if slow { SLOW_DEADLINE } else { DEADLINE };
     tokio::pin!(fut);
@@ -1097,7 +1171,7 @@ async fn drive_free<T>(s3: &S3Strict, slow: bool, stall_holds: bool, what: &str,
         let waited = start.elapsed();
         let (held, late) = (s3.held(), s3.late_waiting());
         if (held > 0 || late > 0) && waited > HOLD_FOR {
-            let stalls = late > 0 || stall_holds;
+            let stalls = (late > 0 && stall_late) || (held > 0 && stall_holds);
             match (stall.filter(|_| stalls), stalled_at) {
                 (Some(l), None) => {
                     l.expire();
@@ -1187,10 +1261,45 @@ fn found_sequences() {
 #[ignore]
 fn scratch() {
     use Op::*;
-    replay(
-        Config { check_length_header: true, ..Config::search() },
-        vec![Open { w: 0, u: 0 }, Write { w: 0, n: 1_100_000, declared: false }, Finish { w: 0 }, Ping, Delete{u:1}, Abort{u:0}, Compose { stale: false }, Delete{u:0}],
-    );
+    let on: Vec<String> = std::env::var("SCRATCH").unwrap_or_default().split(',').map(String::from).collect();
+    let cfg = Config {
+        check_compose_fallback: true,
+        check_confirmed_loss: true,
+        check_no_xml: on.contains(&"xml".into()),
+        check_ping_reads: on.contains(&"ping".into()),
+        slow_completions: true,
+        ..Config::search()
+    };
+    let seqs = vec![
+        vec![
+            Open { w: 0, u: 0 },
+            Write { w: 0, n: 1_100_000, declared: false },
+            Finish { w: 0 },
+            Fault { on: On::UploadPartCopy, status: 501, times: 1 },
+            Compose { stale: false },
+        ],
+        vec![Ping],
+        vec![
+            Open { w: 0, u: 0 },
+            Write { w: 0, n: PART, declared: false },
+            Sync { w: 0 },
+            Late { stall: false },
+            Fault { on: On::UploadPart, status: 503, times: 3 },
+            Write { w: 0, n: PART, declared: false },
+            CatalogFails { times: 1 },
+            Sync { w: 0 },
+            Open { w: 0, u: 0 },
+            Write { w: 0, n: PART, declared: false },
+            Sync { w: 0 },
+            DeliverLate,
+            Finish { w: 0 },
+        ],
+    ];
+    for ops in seqs {
+        if let Err(e) = runtime().block_on(run(cfg, &ops)) {
+            eprintln!("FAILED {ops:?}: {e}");
+        }
+    }
 }
 
 /// Point 1: a composer that checked the final unfinished and stalled composes after another

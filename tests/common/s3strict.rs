@@ -169,6 +169,8 @@ struct Store {
     /// uploadId → (Complete requests in flight now, most ever at once).
     completing: HashMap<String, (u32, u32)>,
     hold_completions: Option<Duration>,
+    /// uploadId → when the store is done assembling it (a slow completion under way).
+    assembling: HashMap<String, tokio::time::Instant>,
 }
 
 struct State {
@@ -313,7 +315,10 @@ impl S3Strict {
         n
     }
 
-    /// CompleteMultipartUpload takes `d` before it is applied (`None`: at once).
+    /// CompleteMultipartUpload takes `d` (`None`: no time): the first one of a multipart upload
+    /// starts assembling it, and every one that comes meanwhile waits for the assembly to end; all
+    /// are answered then (the first as done, the others `404 NoSuchUpload`). One that comes after
+    /// is answered at once.
     pub fn hold_completions_for(&self, d: Option<Duration>) {
         self.store().hold_completions = d;
     }
@@ -576,15 +581,24 @@ async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, S
     // A slow completion: in flight (counted) while the store assembles.
     if kind == Kind::Complete {
         let u = upload_id.clone().unwrap_or_default();
-        let wait = {
+        let until = {
             let mut s = st.store.lock().unwrap();
             let e = s.completing.entry(u.clone()).or_insert((0, 0));
             e.0 += 1;
             e.1 = e.1.max(e.0);
-            s.hold_completions
+            let now = tokio::time::Instant::now();
+            match (s.assembling.get(&u).copied(), s.hold_completions) {
+                (Some(end), _) if end > now => Some(end),
+                (Some(_), _) => None,
+                (None, Some(d)) => {
+                    s.assembling.insert(u.clone(), now + d);
+                    Some(now + d)
+                }
+                (None, None) => None,
+            }
         };
-        if let Some(d) = wait {
-            tokio::time::sleep(d).await;
+        if let Some(end) = until {
+            tokio::time::sleep_until(end).await;
         }
         let r = apply(&st, kind, &bucket, &object_key, &path, &query, copy_source.as_deref(), &parts.headers, body, rules);
         st.store.lock().unwrap().completing.get_mut(&u).map(|e| e.0 -= 1);
