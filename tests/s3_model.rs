@@ -67,7 +67,7 @@ struct Config {
     stale_compose: bool,
     /// Run stale resets (a roll back decided before a stall).
     stale_reset: bool,
-    /// Fail when one 404 (or another refusal a retry could change) rolls an upload back.
+    /// Fail when one 404 or 411 (a refusal a retry could change) rolls an upload back.
     check_confirmed_loss: bool,
     /// Fail when a store without UploadPartCopy (501) does not fall back to streaming.
     check_compose_fallback: bool,
@@ -459,8 +459,8 @@ struct Model {
     catalog_down: u32,
     /// The last commit was refused by a catalog that is away (not fenced).
     refused: bool,
-    /// A 404 was injected (a `Lost` may then be one 404 taken as proof).
-    saw_404: bool,
+    /// A 404 or 411 was injected (a `Lost` may then be one refusal taken as proof of loss).
+    saw_refusal: bool,
 }
 
 /// Only one model builds its store at a time: `S3BlobStore::from_url` reads the process's
@@ -514,7 +514,7 @@ impl Model {
             stall_late: true,
             catalog_down: 0,
             refused: false,
-            saw_404: false,
+            saw_refusal: false,
         }
     }
 
@@ -574,11 +574,11 @@ impl Model {
     }
 
     /// A roll back of `u` from its acknowledged offset because the store answered `Lost`: right
-    /// only when the store lost the bytes for real (a lifecycle abort). After an injected 404 the
+    /// only when the store lost the bytes for real (a lifecycle abort). After an injected 404 or 411 the
     /// check is [`Config::check_confirmed_loss`]'s.
     fn loss_is_real(&self, u: usize, what: &str, e: &BlobError) -> Check {
         let row = &self.rows[u];
-        if row.lost_for_real || row.offset == 0 || (self.saw_404 && !self.cfg.check_confirmed_loss) {
+        if row.lost_for_real || row.offset == 0 || (self.saw_refusal && !self.cfg.check_confirmed_loss) {
             return Ok(());
         }
         let open = self.s3.open_uploads(&key(u));
@@ -748,8 +748,10 @@ impl Model {
                 if s.broken || s.fence != self.rows[u].fence {
                     return self.after(from, &finished_before).await;
                 }
+                // That commit declared the length: the upload takes no more bytes, and a
+                // completion that fails from here is the finisher's to repeat.
+                self.rows[u].pending_finish = true;
                 if crash {
-                    self.rows[u].pending_finish = true;
                     self.slots[w] = None;
                     return self.after(from, &finished_before).await;
                 }
@@ -872,7 +874,7 @@ impl Model {
             Op::Fault { on, status, times } => {
                 let times = if status == 501 && on == On::UploadPartCopy { 1000 } else { times };
                 let status = if status == 404 && on == On::AbortMultipart && !self.cfg.abort_404 { 503 } else { status };
-                self.saw_404 |= status == 404;
+                self.saw_refusal |= matches!(status, 404 | 411);
                 self.s3.inject(on.kind(), &format!("{PREFIX}/"), Fault::Status(status), times);
             }
             Op::Hold { on, stall } => {
