@@ -21,9 +21,20 @@
 //!   at once; every body-less PUT/POST carries `Content-Length`; a call with no fault in its way
 //!   succeeds.
 //!
+//! The model is the engine's side, kept in the test: a small catalog (offset, committed blob
+//! state and fence per upload; a commit with a stale fence changes nothing), writers that amend
+//! and commit what they sync as `upload::append` does (a failed call: rewind, note the numbers
+//! taken, release; a lost lease: note and go; `Lost`: roll back with `create` and a commit at
+//! 0), a finisher that takes the upload over at its committed state, and the build of a final
+//! (`compose` of the finished uploads, committed under a new fence).
+//!
 //! The checks a known bug of issue 47 breaks on today's code are switched off in the random
-//! search ([`Config::search`]) until it is fixed; `found_sequences` keeps each shrunk sequence,
-//! ignored while its bug is open. Bounded for CI: `FERRY_S3_MODEL_CASES` cases (default 32).
+//! search ([`Config::search`], each line names its point) until it is fixed; `found_sequences`
+//! replays the sequences that pass, and one `found_point*` test per bug replays its shrunk
+//! sequence, ignored while the bug is open. To search with a check back on:
+//! `FERRY_S3_MODEL_ON=stale,budget,tail,length,loss,fallback,slow,xml,ping,abort404,notes` (or
+//! `all`), with `FERRY_S3_MODEL_CASES=1000`; `FERRY_S3_MODEL_TRACE=1` prints every request of a
+//! replayed sequence. Bounded for CI: `FERRY_S3_MODEL_CASES` cases (default 32, about 5 s).
 
 mod common;
 
@@ -45,8 +56,9 @@ const IDS: [&str; 3] = ["upa", "upb", "fin"];
 const FINAL: usize = 2;
 const WRITABLE: usize = 2;
 const SLOTS: usize = 3;
-/// Longest a call may take (no S3 request here takes long unless a test holds it).
-const DEADLINE: Duration = Duration::from_secs(4);
+/// Longest a call may take (no S3 request here takes long unless a test holds it: a held one is
+/// let go within a second, and object_store's retries take under one).
+const DEADLINE: Duration = Duration::from_secs(8);
 /// Longest a call may take while completions are slow ([`Op::SlowComplete`]).
 const SLOW_DEADLINE: Duration = Duration::from_secs(40);
 /// How long a held request waits before the test lets it go (or stalls its writer).
@@ -448,7 +460,7 @@ struct Model {
     rows: Vec<Row>,
     slots: Vec<Option<Slot>>,
     serial: u64,
-    /// The next commits the catalog refuses.
+    /// The steps so far, with the writers after each (`FERRY_S3_MODEL_STATS=ops`).
     log: Vec<String>,
     slow: bool,
     /// A held request's writer stalls past its lease ([`Op::Hold`]).
