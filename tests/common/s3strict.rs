@@ -85,11 +85,14 @@ pub struct Rules {
     pub equal_parts: bool,
     /// `411 MissingContentLength` for a PUT or POST without `Content-Length` (AWS).
     pub require_length: bool,
+    /// What an UploadPart or CompleteMultipartUpload naming an aborted or completed multipart
+    /// upload gets: `404 NoSuchUpload` (S3), or `500 InternalError` as moto answers.
+    pub gone_is_500: bool,
 }
 
 impl Default for Rules {
     fn default() -> Self {
-        Rules { min_part: S3_MIN_PART, max_parts: 10_000, equal_parts: true, require_length: true }
+        Rules { min_part: S3_MIN_PART, max_parts: 10_000, equal_parts: true, require_length: true, gone_is_500: false }
     }
 }
 
@@ -620,6 +623,9 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
         let u = upload_id.clone().unwrap_or_default();
         match s.uploads.get(&u) {
             Some(up) if up.state == UploadState::Open && up.key == path => {}
+            Some(_) if rules.gone_is_500 && matches!(kind, Kind::UploadPart | Kind::Complete) => {
+                return xml_error(500, "InternalError", "We encountered an internal error. Please try again.", path)
+            }
             _ => {
                 return xml_error(
                     404,
