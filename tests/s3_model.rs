@@ -1157,9 +1157,7 @@ impl Model {
             if !row.live || row.finished {
                 continue;
             }
-            if let Err(e) = self.finish_committed(u, true).await? {
-                return Err(e);
-            }
+            self.finish_committed(u, true).await??;
         }
         Ok(())
     }

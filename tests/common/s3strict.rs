@@ -604,7 +604,9 @@ async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, S
             tokio::time::sleep_until(end).await;
         }
         let r = apply(&st, kind, &bucket, &object_key, &path, &query, copy_source.as_deref(), &parts.headers, body, rules);
-        st.store.lock().unwrap().completing.get_mut(&u).map(|e| e.0 -= 1);
+        if let Some(e) = st.store.lock().unwrap().completing.get_mut(&u) {
+            e.0 -= 1;
+        }
         record(r.status().as_u16(), len);
         return Ok(r);
     }
