@@ -158,30 +158,29 @@ impl Config {
     /// (each line says which; switch it back on with the fix).
     fn search() -> Config {
         Config {
-            // point 2: with 1 MiB, a second writer waits for budget without bound.
+            // point 2 is fixed (a bounded wait, then 503), but a budget of one part makes many
+            // writes wait those 5 s: found_point2 keeps it; `budget` searches with it.
             max_buffer: 64 * MIB,
-            // point 4: UploadPartCopy goes without Content-Length (411 on AWS).
-            require_length: false,
-            check_length_header: false,
-            // point 3: a resumed writer reads its tail outside the budget.
-            check_tail_budget: false,
-            // point 1: compose and reset remove a finished object.
-            stale_compose: false,
-            stale_reset: false,
-            // point 4: one 404 is taken as proof of loss.
+            require_length: true,
+            check_length_header: true,
+            check_tail_budget: true,
+            stale_compose: true,
+            stale_reset: true,
+            // point 4, still open: one 404 from CompleteMultipartUpload rolls back although the
+            // listing shows the multipart upload open.
             check_confirmed_loss: false,
-            // point 4: 501 from UploadPartCopy is retried as unavailable.
-            check_compose_fallback: false,
-            // point 5: costs ~11 s a case; found_sequences runs it.
+            check_compose_fallback: true,
+            // point 5 is fixed; ~11 s a case: found_point5 keeps it.
             slow_completions: false,
-            // point 6: raw S3 XML reaches callers; the probe writes.
-            check_no_xml: false,
+            check_no_xml: true,
+            // point 6, still open: the probe writes.
             check_ping_reads: false,
-            // a 404 from AbortMultipartUpload is taken as done though the upload is still listed.
+            // point 4, still open: a 404 from AbortMultipartUpload is taken as done though the
+            // upload is still listed.
             abort_404: false,
-            // point 4: a multipart upload moto aborted (500) is retried as unavailable for ever.
-            moto: false,
-            // point 6: a failed number note followed by a clean release reuses part numbers.
+            moto: true,
+            // point 1 and 6, still open: a roll back whose commit fails wedges the upload; a
+            // failed number note followed by a clean release reuses part numbers.
             catalog_faults: false,
         }
     }
@@ -442,6 +441,8 @@ struct Slot {
     w: Box<dyn BlobWriter>,
     fence: u64,
     lease: Lease,
+    /// The lease as the store sees it (a roll back runs under it).
+    wl: WriteLease,
     serial: u64,
     /// The offset and state this writer last committed (or opened at), and the bytes to it.
     committed: u64,
@@ -477,6 +478,8 @@ struct Model {
     catalog_down: u32,
     /// The last commit was refused by a catalog that is away (not fenced).
     refused: bool,
+    /// Budget reservations the store refused so far (`BudgetStats::refused`).
+    budget_refusals: u64,
     /// A 404 or 411 was injected (a `Lost` may then be one refusal taken as proof of loss).
     saw_refusal: bool,
 }
@@ -533,6 +536,7 @@ impl Model {
             catalog_down: 0,
             refused: false,
             saw_refusal: false,
+            budget_refusals: 0,
         }
     }
 
@@ -545,7 +549,7 @@ impl Model {
     async fn open_at(&self, u: usize, offset: u64, state: &BlobState, wl: &WriteLease, stall: Option<&Lease>) -> Result<Result<Box<dyn BlobWriter>, BlobError>, String> {
         match self.drive("open_writer_under", stall, self.store.open_writer_under(IDS[u], offset, state, wl)).await? {
             Err(BlobError::NotFound) if offset == 0 => {
-                if let Err(e) = self.drive("create (open)", None, self.store.create(IDS[u])).await? {
+                if let Err(e) = self.drive("reset (open)", stall, self.store.reset(IDS[u], wl)).await? {
                     return Ok(Err(e));
                 }
                 self.drive("open_writer_under", stall, self.store.open_writer_under(IDS[u], offset, state, wl)).await
@@ -614,8 +618,12 @@ impl Model {
         self.no_xml(what, &e)?;
         let Some(mut s) = self.slots[w].take() else { return Ok(()) };
         let u = s.u;
-        // A fault since this writer opened may be the cause (its parts go in tasks of their own).
-        let faulted = faulted || self.s3.hits() != s.mark;
+        // A fault since this writer opened may be the cause (its parts go in tasks of their own),
+        // or a budget that had no room within its bound (503, by design).
+        let refused = self.store.memory().map_or(0, |m| m.refused);
+        let by_budget = refused > self.budget_refusals;
+        self.budget_refusals = refused;
+        let faulted = faulted || by_budget || self.s3.hits() != s.mark;
         match &e {
             BlobError::LeaseLost | BlobError::Cut => {
                 check!(s.lease.expired() || faulted, "{what}: {e} while the lease held and the store answered");
@@ -631,11 +639,11 @@ impl Model {
             BlobError::Lost { kept, .. } => {
                 self.loss_is_real(u, what, &e)?;
                 let kept = *kept;
+                let (wl, lease, fence) = (s.wl.clone(), s.lease.clone(), s.fence);
                 drop(s);
-                // roll_back_to(kept): the engine's create + fenced commit at 0.
+                // roll_back_to(kept): the engine's reset under the writer's lease + fenced commit at 0.
                 if kept == 0 && self.rows[u].live && !self.rows[u].finished {
-                    let fence = self.rows[u].fence;
-                    let created = self.drive("create (roll back)", None, self.store.create(IDS[u])).await?;
+                    let created = self.drive("reset (roll back)", Some(&lease), self.store.reset(IDS[u], &wl)).await?;
                     if created.is_ok() && self.commit(u, fence, 0, &BlobState::default(), &[]) {
                         self.rows[u].lost_for_real = false;
                     }
@@ -716,6 +724,7 @@ impl Model {
                             w: writer,
                             fence,
                             lease,
+                            wl: wl.clone(),
                             serial: self.serial,
                             committed: offset,
                             committed_state: state,
@@ -840,8 +849,15 @@ impl Model {
                     self.rows[u].generation += 1;
                     self.rows[u].pending_finish = false;
                 }
-                let r = self.drive("create", None, self.store.create(IDS[u])).await?;
+                // The roll back's lease: a stale one ran out during the stall.
+                let lease = Lease::new();
+                if stale {
+                    lease.expire();
+                }
+                let wl = lease.write_lease(fence, self.rows[u].generation);
+                let r = self.drive("reset", None, self.store.reset(IDS[u], &wl)).await?;
                 match r {
+                    Err(BlobError::LeaseLost) if stale => {}
                     Ok(()) => {
                         // A stale reset's commit is fenced: its fence is the one it saw before the stall.
                         if !stale && self.commit(u, fence, 0, &BlobState::default(), &[]) {
@@ -850,8 +866,8 @@ impl Model {
                         }
                     }
                     Err(e) => {
-                        self.no_xml("create", &e)?;
-                        check!(faulted(self), "create({}) failed on a store that answered every request: {e}", IDS[u]);
+                        self.no_xml("reset", &e)?;
+                        check!(faulted(self), "reset({}) failed on a store that answered every request: {e}", IDS[u]);
                     }
                 }
             }
@@ -888,6 +904,7 @@ impl Model {
                     }
                 }
                 self.store = new_store(&self.s3, self.cfg).await;
+                self.budget_refusals = 0;
             }
             Op::Fault { on, status, times } => {
                 let times = if status == 501 && on == On::UploadPartCopy { 1000 } else { times };
@@ -998,7 +1015,13 @@ impl Model {
             self.rows[f].fence = fence;
         }
         let want: Vec<u8> = sources.iter().flat_map(|(id, _)| self.rows[IDS.iter().position(|x| x == id).unwrap()].data.clone()).collect();
-        let r = self.drive("compose", None, self.store.compose(IDS[f], &sources)).await?;
+        // The final's lease: a stale composer's ran out during its stall.
+        let lease = Lease::new();
+        if stale && self.rows[f].finished {
+            lease.expire();
+        }
+        let wl = lease.write_lease(fence, self.rows[f].generation);
+        let r = self.drive("compose", None, self.store.compose(IDS[f], &sources, &wl)).await?;
         let faulted = self.s3.hits() != hits;
         let no_copy = self.s3.seen().iter().any(|s| s.kind == Kind::UploadPartCopy && s.status == 501);
         match r {
@@ -1110,7 +1133,7 @@ impl Model {
             self.no_xml(what, &e)?;
             if matches!(e, BlobError::Lost { kept: 0, .. }) {
                 self.loss_is_real(u, what, &e)?;
-                let created = self.drive("create (roll back)", None, self.store.create(IDS[u])).await?;
+                let created = self.drive("reset (roll back)", None, self.store.reset(IDS[u], &wl)).await?;
                 if created.is_ok() && self.commit(u, fence, 0, &BlobState::default(), &[]) {
                     self.rows[u].lost_for_real = false;
                     self.rows[u].pending_finish = false;
@@ -1281,7 +1304,6 @@ fn found_sequences() {
 /// `ferry upload --parallel` does, the final would be gone for good).
 /// Found by the search with `FERRY_S3_MODEL_ON=stale-compose`.
 #[test]
-#[ignore = "issue 47 point 1: a stale compose deletes the finished final (compose takes no lease and starts with remove_all)"]
 fn found_point1_stale_compose_deletes_the_finished_final() {
     use Op::*;
     replay(
@@ -1300,7 +1322,6 @@ fn found_point1_stale_compose_deletes_the_finished_final() {
 /// Point 1: a roll back to 0 decided before a stall (`create` → `remove_all`, before its fenced
 /// commit) deletes the upload finished meanwhile. Found with `FERRY_S3_MODEL_ON=stale`.
 #[test]
-#[ignore = "issue 47 point 1: a stale roll back (create) deletes a finished object before its fenced commit"]
 fn found_point1_stale_reset_deletes_a_finished_upload() {
     use Op::*;
     replay(Config { stale_reset: true, ..Config::search() }, vec![Open { w: 2, u: 0 }, Finish { w: 2 }, Reset { u: 0, stale: true }]);
@@ -1335,7 +1356,6 @@ fn found_point1_rollback_removes_the_tail_before_its_commit() {
 /// the same upload (the stalled writer still holds its reservation).
 /// Found with `FERRY_S3_MODEL_ON=budget` (the second sequence; the first is its two-upload twin).
 #[test]
-#[ignore = "issue 47 point 2: a writer waits on the budget semaphore without bound"]
 fn found_point2_a_writer_waits_for_budget_without_bound() {
     use Op::*;
     replay(
@@ -1351,7 +1371,6 @@ fn found_point2_a_writer_waits_for_budget_without_bound() {
 /// Point 3: a writer that takes an upload over reads its tail into memory with no reservation.
 /// Found with `FERRY_S3_MODEL_ON=tail`.
 #[test]
-#[ignore = "issue 47 point 3: open_writer_under reads the tail outside the budget"]
 fn found_point3_a_resumed_tail_is_read_outside_the_budget() {
     use Op::*;
     replay(Config { check_tail_budget: true, ..Config::search() }, vec![Open { w: 0, u: 0 }, Write { w: 0, n: 66536, declared: false }, Sync { w: 0 }, Open { w: 0, u: 0 }]);
@@ -1361,7 +1380,6 @@ fn found_point3_a_resumed_tail_is_read_outside_the_budget() {
 /// MissingContentLength) fails every compose, and the refusal is `Io`, retried as internal.
 /// Found with `FERRY_S3_MODEL_ON=length`.
 #[test]
-#[ignore = "issue 47 point 4: UploadPartCopy is sent without Content-Length (411 on AWS)"]
 fn found_point4_upload_part_copy_goes_without_content_length() {
     use Op::*;
     replay(
@@ -1387,7 +1405,6 @@ fn found_point4_one_404_is_taken_as_proof_of_loss() {
 /// instead of composing by streaming. Written by hand (the search did not reach a 501 on
 /// UploadPartCopy after a finished source of 1 MiB in 1 500 cases).
 #[test]
-#[ignore = "issue 47 point 4: 501 from UploadPartCopy is retried as unavailable, no fallback to streaming"]
 fn found_point4_no_upload_part_copy_no_fallback() {
     use Op::*;
     replay(
@@ -1420,7 +1437,6 @@ fn found_point4_a_404_from_abort_leaves_the_multipart_upload() {
 /// of the upload being rolled back to what the store still has. Found with
 /// `FERRY_S3_MODEL_ON=moto` (in a 29-step sequence; this one is cut by hand).
 #[test]
-#[ignore = "issue 47 point 4: a multipart upload the store aborted and answers with 500 is retried as unavailable for ever"]
 fn found_point4_an_aborted_upload_answered_with_500_is_retried_for_ever() {
     use Op::*;
     replay(Config { moto: true, ..Config::search() }, vec![Open { w: 0, u: 0 }, Write { w: 0, n: 66536, declared: false }, Sync { w: 0 }, LifecycleAbort { u: 0 }]);
@@ -1429,7 +1445,6 @@ fn found_point4_an_aborted_upload_answered_with_500_is_retried_for_ever() {
 /// Point 5: a completion the store takes longer than ferry's request deadline to assemble is
 /// sent again while the first is still in flight. Found with `FERRY_S3_MODEL_ON=slow` (≈ 11 s).
 #[test]
-#[ignore = "issue 47 point 5: CompleteMultipartUpload is resent while the store is still assembling"]
 fn found_point5_a_slow_completion_is_sent_again() {
     use Op::*;
     replay(Config { slow_completions: true, ..Config::search() }, vec![SlowComplete, Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Finish { w: 0 }]);
@@ -1467,7 +1482,6 @@ fn found_point6_a_failed_note_and_a_clean_release_reuse_numbers() {
 /// `FERRY_S3_MODEL_ON=xml` (in a longer sequence, through a compose's 411); this one is cut by
 /// hand.
 #[test]
-#[ignore = "issue 47 point 6: raw S3 error XML reaches callers"]
 fn found_point6_raw_store_xml_reaches_the_caller() {
     use Op::*;
     replay(Config { check_no_xml: true, ..Config::search() }, vec![Fault { on: On::PutObject, status: 503, times: 4 }, Reset { u: 0, stale: false }]);
