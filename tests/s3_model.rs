@@ -597,6 +597,15 @@ impl Model {
         Ok(())
     }
 
+    /// Whether the store's memory budget refused a reservation since the last look (a 503 by
+    /// design: no room within its bound).
+    fn budget_refused(&mut self) -> bool {
+        let refused = self.store.memory().map_or(0, |m| m.refused);
+        let by_budget = refused > self.budget_refusals;
+        self.budget_refusals = refused;
+        by_budget
+    }
+
     /// A roll back of `u` from its acknowledged offset because the store answered `Lost`: right
     /// only when the store lost the bytes for real (a lifecycle abort). After an injected 404 or 411 the
     /// check is [`Config::check_confirmed_loss`]'s.
@@ -622,10 +631,7 @@ impl Model {
         let u = s.u;
         // A fault since this writer opened may be the cause (its parts go in tasks of their own),
         // or a budget that had no room within its bound (503, by design).
-        let refused = self.store.memory().map_or(0, |m| m.refused);
-        let by_budget = refused > self.budget_refusals;
-        self.budget_refusals = refused;
-        let faulted = faulted || by_budget || self.s3.hits() != s.mark;
+        let faulted = faulted || self.budget_refused() || self.s3.hits() != s.mark;
         match &e {
             BlobError::LeaseLost | BlobError::Cut => {
                 check!(s.lease.expired() || faulted, "{what}: {e} while the lease held and the store answered");
@@ -737,7 +743,8 @@ impl Model {
                     }
                     Err(e) => {
                         self.no_xml("open_writer_under", &e)?;
-                        check!(faulted(self), "open_writer_under({}, {offset}) failed on a store that answered every request: {e}", IDS[u]);
+                        let by_budget = self.budget_refused();
+                        check!(by_budget || faulted(self), "open_writer_under({}, {offset}) failed on a store that answered every request: {e}", IDS[u]);
                         self.rows[u].released = true;
                     }
                 }
