@@ -1342,7 +1342,6 @@ fn found_point1_stale_reset_deletes_a_finished_upload() {
 /// state names a tail that is gone, and every later writer fails on it — the upload can be
 /// neither resumed nor rolled back. Found with `FERRY_S3_MODEL_ON=notes`.
 #[test]
-#[ignore = "issue 47 point 1: roll_back_to removes the blob (create) before its commit; a failed commit wedges the upload"]
 fn found_point1_rollback_removes_the_tail_before_its_commit() {
     use Op::*;
     replay(
@@ -1414,7 +1413,6 @@ fn found_point4_one_404_is_taken_as_proof_of_loss() {
 /// those parts); Build 3 says a permanent refusal fails the operation and names the store. Found
 /// by the search on e8a2599 (the model exempts 411s from the loss check until this is decided).
 #[test]
-#[ignore = "issue 47 point 4 (open question): one 411 from CompleteMultipartUpload rolls back acknowledged bytes"]
 fn found_point4_a_refused_completion_rolls_back_acknowledged_bytes() {
     use Op::*;
     let rt = runtime();
@@ -1455,7 +1453,6 @@ fn found_point4_no_upload_part_copy_no_fallback() {
 /// ListMultipartUploads still lists the upload: after `abort` returned, a multipart upload is
 /// left. Found by the search on today's code with every 404 allowed (`FERRY_S3_MODEL_ON=abort404`).
 #[test]
-#[ignore = "issue 47 point 4: a 404 from AbortMultipartUpload is taken as done; the multipart upload is left"]
 fn found_point4_a_404_from_abort_leaves_the_multipart_upload() {
     use Op::*;
     replay(

@@ -153,10 +153,14 @@ impl Inner {
         Ok(())
     }
 
+    /// AbortMultipartUpload of `mp` on `id`'s object. A `404 NoSuchUpload` means it is gone only
+    /// once ListMultipartUploads agrees (a stray 404 would otherwise leave it behind).
     pub(super) async fn abort_one(&self, id: &str, mp: String) -> BlobResult<()> {
-        match self.s3.abort_multipart(&self.object(id), &MultipartId::from(mp)).await {
+        let path = self.object(id);
+        match bounded(REQUEST_DEADLINE, self.s3.abort_multipart(&path, &MultipartId::from(mp.clone()))).await {
             Ok(()) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) if is_not_found(&e) && self.multipart_gone(&path, &mp).await => Ok(()),
+            Err(e) if is_not_found(&e) => Err(BlobError::Unavailable("S3 AbortMultipartUpload: 404 NoSuchUpload while the multipart upload is still listed".into())),
             Err(e) => Err(io(e)),
         }
     }

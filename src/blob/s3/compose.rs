@@ -195,7 +195,14 @@ impl Inner {
             Err(a) => match a.failure() {
                 Failure::Unavailable => Err(BlobError::Unavailable(format!("S3 CompleteMultipartUpload: {a}"))),
                 Failure::NotFound => Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it; confirmed by listing): {a}"))),
-                Failure::Refused => Err(lost(a.to_string())),
+                // The parts cannot make the object (S3 API reference, CompleteMultipartUpload
+                // errors): the upload is rolled back to what the store still has.
+                Failure::Refused if matches!(a.code.as_deref(), Some("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "EntityTooLarge" | "MalformedXML")) => {
+                    Err(lost(a.to_string()))
+                }
+                // Refused for another reason (credentials, a policy, a request it does not
+                // take): the parts are fine, and nothing is rolled back.
+                Failure::Refused => Err(a.refused("CompleteMultipartUpload")),
             },
         }
     }

@@ -297,10 +297,12 @@ impl BlobStore for S3BlobStore {
         s.parked.forget(id);
         // The object `<id>` stays: an unfinished upload has none, and a finished one (another
         // holder finished it after this one's lease ran out) must keep it.
+        // The tail stays too: the committed state still names it until the caller's roll-back
+        // commits (a commit that fails leaves a state the next holder must be able to open);
+        // the finish's clean-up, or an abort, removes it later.
         lease
             .run(async {
                 s.abort_multiparts(id, None).await?;
-                s.delete_segments(id, &HashSet::new()).await?;
                 bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io)?;
                 Ok(())
             })
