@@ -497,32 +497,34 @@ const PRESSURE_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One accepted connection, as eviction sees it.
 struct ConnSlot {
-    accepted: std::time::Instant,
-    /// A complete request head arrived (the router was called) at least once.
-    requested: std::sync::atomic::AtomicBool,
+    /// What its requests and responses tell: idle or answering, ever requested.
+    state: Arc<crate::http::wire::ConnState>,
     /// Cancelled to close the connection.
     close: tokio_util::sync::CancellationToken,
 }
 
 /// The connections being served, so that a server at its cap can close the ones that hold a
 /// slot without using it: accepted, but no complete request yet (idle, or a slow-loris
-/// trickling its headers).
+/// trickling its headers); and a server out of descriptors, idle keep-alive ones too.
 #[derive(Default)]
 struct Conns {
     next: std::sync::atomic::AtomicU64,
     live: std::sync::Mutex<std::collections::HashMap<u64, Arc<ConnSlot>>>,
+    /// Notified whenever a connection ends (its descriptor is free again).
+    ended: tokio::sync::Notify,
 }
 
 impl Conns {
     fn add(&self) -> (u64, Arc<ConnSlot>) {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let c = Arc::new(ConnSlot { accepted: std::time::Instant::now(), requested: false.into(), close: Default::default() });
+        let c = Arc::new(ConnSlot { state: Default::default(), close: Default::default() });
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, c.clone());
         (id, c)
     }
 
     fn remove(&self, id: u64) {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.ended.notify_waiters();
     }
 
     /// Close up to `n` connections accepted at least `older_than` ago that have not sent a
@@ -530,12 +532,60 @@ impl Conns {
     fn evict(&self, n: usize, older_than: Duration) -> usize {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         let mut idle: Vec<&Arc<ConnSlot>> =
-            live.values().filter(|c| !c.requested.load(std::sync::atomic::Ordering::Relaxed) && !c.close.is_cancelled() && c.accepted.elapsed() >= older_than).collect();
-        idle.sort_by_key(|c| c.accepted);
+            live.values().filter(|c| !c.state.requested() && c.state.idle() && !c.close.is_cancelled() && c.state.accepted().elapsed() >= older_than).collect();
+        idle.sort_by_key(|c| c.state.accepted());
+        idle.iter().take(n).for_each(|c| c.close.cancel());
+        idle.len().min(n)
+    }
+
+    /// Close up to `n` connections that are answering no request: first those that never sent
+    /// one (longest-waiting first), then idle keep-alive ones (longest-idle first). Returns how
+    /// many.
+    fn shed_idle(&self, n: usize) -> usize {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle: Vec<&Arc<ConnSlot>> = live.values().filter(|c| c.state.idle() && !c.close.is_cancelled()).collect();
+        idle.sort_by_key(|c| (c.state.requested(), c.state.idle_since()));
         idle.iter().take(n).for_each(|c| c.close.cancel());
         idle.len().min(n)
     }
 }
+
+/// A descriptor held open (`/dev/null`) to be given up when `accept` fails for want of
+/// descriptors (`EMFILE`, `ENFILE`): closing it lets one connection be accepted and answered
+/// instead of left waiting in the kernel's queue. That connection serves one request and
+/// closes, and the descriptor is taken back.
+#[derive(Clone, Default)]
+struct Spare(Arc<std::sync::Mutex<Option<std::fs::File>>>);
+
+impl Spare {
+    fn open() -> Spare {
+        let s = Spare::default();
+        s.restore();
+        s
+    }
+
+    /// Hold the spare descriptor again if it is not held; whether it is held now.
+    fn restore(&self) -> bool {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_none() {
+            *held = std::fs::File::open("/dev/null").ok();
+        }
+        held.is_some()
+    }
+
+    /// Close the spare descriptor; whether there was one.
+    fn give_up(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take().is_some()
+    }
+}
+
+/// `accept` failed for want of descriptors: the process's (`EMFILE`) or the system's (`ENFILE`).
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(nix::libc::EMFILE) | Some(nix::libc::ENFILE))
+}
+
+/// How many idle connections one `accept` that failed for want of descriptors closes.
+const SHED_PER_EMFILE: usize = 8;
 
 /// Descriptors kept free of connections for the catalog, blobs being written or read, task
 /// programs and the like.
@@ -580,8 +630,16 @@ fn connection_cap(configured: Option<u32>) -> usize {
 /// until one closes. Under pressure (90 % of the cap) the header timeout drops from
 /// [`HEADER_READ_TIMEOUT`] to [`PRESSURE_HEADER_TIMEOUT`] for connections that never sent a
 /// complete request. Connections that have sent one are never closed this way.
-/// When `accept` fails (`EMFILE`, `ENFILE`, `ENOBUFS`…), accepting backs off (10 ms doubling
-/// to 1 s) instead of spinning.
+///
+/// When `accept` fails for want of descriptors (`EMFILE`, `ENFILE`: other files leave fewer
+/// than the cap assumes), the server treats it as the cap: it closes up to
+/// [`SHED_PER_EMFILE`] idle connections (never-requested first, then idle keep-alive ones),
+/// gives up its [`Spare`] descriptor to accept the newcomer, serves it one request (`Connection:
+/// close`) and takes the spare back. Without a spare it waits for a connection to end, at most
+/// 100 ms at a time. Other `accept` failures (`ENOBUFS`…) back off 10 ms doubling to 100 ms.
+///
+/// Every connection closes lingering when a body was left unread ([`crate::http::wire`]), and
+/// hyper's own refusals carry ferry's problem+json body.
 ///
 /// With `tls`, each accepted connection first completes a TLS handshake (within
 /// [`HEADER_READ_TIMEOUT`], on its own task, so a slow handshake never holds up accepting).
@@ -592,29 +650,59 @@ async fn serve_http(
     max_connections: usize,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::rt::TokioTimer;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    let mut one_request = http.clone();
+    one_request.keep_alive(false);
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let conns = Arc::new(Conns::default());
+    let spare = Spare::open();
     let mut backoff = Duration::from_millis(10);
     let mut at_cap_logged = false;
+    let mut emfile_logged: Option<std::time::Instant> = None;
     let mut last_sweep = std::time::Instant::now();
     tokio::pin!(signal);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, borrowed) = tokio::select! {
             accepted = accept_any(&listeners) => match accepted {
-                Ok(a) => a,
+                Ok((s, _)) => (s, false),
+                Err(e) if out_of_descriptors(&e) => {
+                    // The cap assumed descriptors that other files hold: make room as at the cap.
+                    let shed = conns.shed_idle(SHED_PER_EMFILE);
+                    if emfile_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        tracing::warn!(error = %e, shed, live = conns.live.lock().unwrap_or_else(|e| e.into_inner()).len(), "accept failed: out of file descriptors below the connection cap; closing idle connections and answering with the spare descriptor");
+                        emfile_logged = Some(std::time::Instant::now());
+                    }
+                    if spare.give_up() || spare.restore() && spare.give_up() {
+                        // The freed descriptor is the newcomer's: accept it now (it is waiting).
+                        match tokio::time::timeout(Duration::from_millis(100), accept_any(&listeners)).await {
+                            Ok(Ok((s, _))) => (s, true),
+                            _ => {
+                                spare.restore();
+                                continue;
+                            }
+                        }
+                    } else {
+                        // No spare: wait for a connection to end (bounded), then try again.
+                        tokio::select! {
+                            _ = conns.ended.notified() => {}
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                            _ = &mut signal => break,
+                        }
+                        continue;
+                    }
+                }
                 Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning;
+                    // Out of kernel memory and the like: back off briefly instead of spinning;
                     // the connections already accepted keep being served.
                     tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = &mut signal => break,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
                     continue;
                 }
             },
@@ -652,52 +740,53 @@ async fn serve_http(
             at_cap_logged = false;
         }
         let (id, conn) = conns.add();
-        let marked = conn.clone();
-        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(router.clone(), move |req: http::Request<hyper::body::Incoming>| {
-            marked.requested.store(true, std::sync::atomic::Ordering::Relaxed);
-            req
-        }));
-        let conns = conns.clone();
-        match &tls {
-            None => {
-                let conn_fut = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    tokio::select! {
-                        r = conn_fut => if let Err(e) = r {
+        let (on_req, on_res) = (conn.state.clone(), conn.state.clone());
+        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_response(
+            tower::ServiceExt::map_request(router.clone(), move |req| crate::http::wire::on_request(&on_req, req)),
+            move |res| crate::http::wire::on_response(&on_res, res),
+        ));
+        let (conns, spare, watcher) = (conns.clone(), spare.clone(), graceful.watcher());
+        let http = if borrowed { one_request.clone() } else { http.clone() };
+        let acceptor = tls.clone();
+        tokio::spawn(async move {
+            let state = conn.state.clone();
+            let serve = async {
+                use crate::http::wire::{Lingering, Worded};
+                use hyper_util::rt::TokioIo;
+                match acceptor {
+                    None => {
+                        let io = TokioIo::new(Worded::new(Lingering::new(stream, state.clone()), state));
+                        if let Err(e) = watcher.watch(http.serve_connection(io, service)).await {
                             tracing::debug!(error = %e, "connection ended with an error");
-                        },
-                        _ = conn.close.cancelled() => tracing::debug!("closed a connection that sent no complete request (at the connection cap)"),
+                        }
                     }
-                    conns.remove(id);
-                    drop(slot);
-                });
-            }
-            Some(acceptor) => {
-                let (acceptor, watcher, http) = (acceptor.clone(), graceful.watcher(), http.clone());
-                tokio::spawn(async move {
-                    let serve = async {
+                    Some(acceptor) => {
                         let mut stream = stream;
                         if crate::tls::refused_plain_http(&mut stream, HEADER_READ_TIMEOUT).await {
                             return;
                         }
-                        let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                        let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(Lingering::new(stream, state.clone()))).await {
                             Ok(Ok(s)) => s,
                             Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
                             Err(_) => return tracing::debug!("TLS handshake timed out"),
                         };
-                        if let Err(e) = watcher.watch(http.serve_connection(TokioIo::new(stream), service)).await {
+                        if let Err(e) = watcher.watch(http.serve_connection(TokioIo::new(Worded::new(stream, state)), service)).await {
                             tracing::debug!(error = %e, "connection ended with an error");
                         }
-                    };
-                    tokio::select! {
-                        () = serve => {}
-                        _ = conn.close.cancelled() => tracing::debug!("closed a connection that sent no complete request (at the connection cap)"),
                     }
-                    conns.remove(id);
-                    drop(slot);
-                });
+                }
+            };
+            tokio::select! {
+                () = serve => {}
+                _ = conn.close.cancelled() => tracing::debug!("closed an idle connection to make room"),
             }
-        }
+            conns.remove(id);
+            if borrowed {
+                // This connection's descriptor was the spare's: hold it again.
+                spare.restore();
+            }
+            drop(slot);
+        });
     }
     if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
         tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting");
