@@ -415,7 +415,7 @@ async fn tus_js_client_through_a_balancer_finishes_an_upload_taken_over_mid_patc
     let deadline = Instant::now() + Duration::from_secs(120);
     while takeovers < 3 && !client.is_finished() {
         assert!(Instant::now() < deadline, "no PATCH to take over within two minutes ({takeovers} taken over)");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         let Some((holder, path)) = lb.in_flight_paths("PATCH").into_iter().next() else { continue };
         let received = bytes_received(&servers[holder]).await;
         match &seen {
