@@ -231,12 +231,17 @@ async fn refusals_below_the_handlers_explain_themselves() {
         ("a Transfer-Encoding without chunked", format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: gzip\r\n\r\n"), 400, "Transfer-Encoding"),
     ];
     for (what, head, status, says) in cases {
-        eprintln!("case: {what}");
         let seen = send_whole_body(&addr, head, 0, None).await;
         let v = assert_answered(&seen, status, what);
         assert_eq!(v["code"], "invalid_argument", "{what}: {v}");
         assert!(v["detail"].as_str().unwrap().contains(says), "{what}: {v}");
         assert_eq!(seen.headers.get("connection").map(String::as_str), Some("close"), "{what}");
+    }
+    // axum's own refusals (an extractor's rejection: a path segment that is not UTF-8) too.
+    for path in ["/files/%FF", "/api/v1/files/%FF", "/api/v1/tasks/%FF/args"] {
+        let r = client().get(s.url(path)).header("Tus-Resumable", "1.0.0").send().await.unwrap();
+        let v = problem(r, 400, "invalid_argument").await;
+        assert!(v["detail"].as_str().unwrap().contains("Invalid URL"), "{path}: {v}");
     }
     // A request that parses is answered as before, on a connection that stays open.
     let r = client().get(s.url("/healthz")).send().await.unwrap();

@@ -177,6 +177,7 @@ where
             ))
         })
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn(worded_rejections))
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
         .layer(middleware::from_fn(note_route))
         .layer(middleware::from_fn(mcp_session_closed))
@@ -228,6 +229,42 @@ where
         .layer(middleware::from_fn_with_state(state, count_status))
         // Outermost: `X-HTTP-Method-Override` is honoured before routing, auth and CORS.
         .layer(middleware::from_fn(method_override))
+}
+
+/// Most bytes of an axum rejection's text read to word it as a problem.
+const REJECTION_TEXT: usize = 4096;
+
+/// axum's own refusals — an extractor's rejection, such as a path segment that is not UTF-8
+/// (`/files/%FF`: "Invalid URL: …") — are `text/plain` without ferry's `code`. Every refusal
+/// explains itself the same way: such an answer (status 400 or more, `text/plain;
+/// charset=utf-8`, outside `/mcp`, whose JSON-RPC errors are MCP's) becomes problem+json with
+/// axum's text as its `detail`. ferry's own handlers never refuse in plain text.
+async fn worded_rejections(req: Request, next: Next) -> Response {
+    let mcp = req.uri().path() == "/mcp" || req.uri().path().starts_with("/mcp/");
+    let res = next.run(req).await;
+    let plain = res.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"text/plain; charset=utf-8"));
+    if mcp || !plain || res.status().as_u16() < 400 {
+        return res;
+    }
+    let status = res.status().as_u16();
+    let text = match axum::body::to_bytes(res.into_body(), REJECTION_TEXT).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let code = match status {
+        404 => ErrorCode::NotFound,
+        413 => ErrorCode::SizeExceeded,
+        s if s >= 500 => ErrorCode::Internal,
+        _ => ErrorCode::InvalidArgument,
+    };
+    let detail = if text.is_empty() { format!("the request was refused ({status})") } else { format!("the request was refused: {text}") };
+    Problem(Refusal::new(
+        status,
+        code,
+        detail,
+        "Fix the request as the detail says: ids and path segments are plain ASCII, and the API's requests are described in /api/v1/openapi.json.",
+    ))
+    .into_response()
 }
 
 /// RFC 9112 §3.2: an HTTP/1.1 request without a `Host` header, or with more than one, is
