@@ -102,6 +102,8 @@ pub fn on_request(conn: &Arc<ConnState>, req: Request<hyper::body::Incoming>) ->
     conn.requested.store(true, Ordering::Relaxed);
     conn.busy.fetch_add(1, Ordering::Relaxed);
     conn.idle_read.store(false, Ordering::Relaxed);
+    // A new request on this connection: whatever an earlier body left was read after all.
+    conn.unread.store(false, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let ended = http_body::Body::is_end_stream(&body);
     Request::from_parts(parts, Body::new(Tracked { inner: body, ended, conn: conn.clone() }))
@@ -322,8 +324,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Worded<S> {
             }
             let room = HEAD_COPY.saturating_sub(self.head.len());
             let take = got.len().min(room);
-            let copied = got[..take].to_vec();
-            self.head.extend_from_slice(&copied);
+            self.head.extend_from_slice(&got[..take]);
         }
         Poll::Ready(Ok(()))
     }
