@@ -206,3 +206,52 @@ async fn accept_out_of_descriptors_below_the_cap_sheds_idle_connections_and_answ
     let r = c.get(s.url("/healthz")).send().await.expect("/healthz after the flood");
     assert_eq!(r.status(), 200);
 }
+
+/// Issue 48 kind 2, with nothing idle to close: every descriptor below the lowered limit is held
+/// by a connection in the middle of a request (PATCHes whose bodies trickle). A newcomer is
+/// still answered — accepted with the spare descriptor, served one request, closed — instead of
+/// waiting in the kernel's queue until a PATCH ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_health() {
+    ferry::exhaustion::raise_nofile_limit().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Server::start_under(&["prlimit", "--nofile=1024:1024", "--"], &tmp.path().join("data"), &[]);
+    let host = s.addr();
+    let pid = s.child.id();
+    let tus = Tus::new(&s);
+    let mut urls = Vec::new();
+    for _ in 0..40 {
+        urls.push(tus.create(1 << 20).await.trim_start_matches(&s.base).to_string());
+    }
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let soft = open + 20;
+    assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={soft}:1024")]).status().unwrap().success());
+    // PATCHes that send one byte every 100 ms: busy, never idle, never done.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut busy = Vec::new();
+    for path in &urls {
+        let Ok(mut c) = TcpStream::connect(s.addr()).await else { break };
+        let (stop, head) = (stop.clone(), format!("PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: 1048576\r\n\r\n"));
+        busy.push(tokio::spawn(async move {
+            if c.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            while !stop.is_cancelled() {
+                if c.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();
+    for i in 0..3 {
+        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} with every descriptor busy: {e}", i + 1));
+        assert_eq!(r.status(), 200);
+    }
+    stop.cancel();
+    for b in busy {
+        let _ = b.await;
+    }
+}
