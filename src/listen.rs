@@ -59,12 +59,12 @@ impl Conns {
         idle.len().min(n)
     }
 
-    /// Close up to `n` connections that are answering no request: first those that never sent
-    /// one (longest-waiting first), then idle keep-alive ones (longest-idle first). Returns how
-    /// many.
-    fn shed_idle(&self, n: usize) -> usize {
+    /// Close up to `n` connections that have answered no request for `idle_for` at least: first
+    /// those that never sent one (longest-waiting first), then idle keep-alive ones
+    /// (longest-idle first). Returns how many.
+    fn shed_idle(&self, n: usize, idle_for: Duration) -> usize {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let mut idle: Vec<&Arc<ConnSlot>> = live.values().filter(|c| c.state.idle() && !c.close.is_cancelled()).collect();
+        let mut idle: Vec<&Arc<ConnSlot>> = live.values().filter(|c| c.state.idle() && !c.close.is_cancelled() && c.state.idle_since().elapsed() >= idle_for).collect();
         idle.sort_by_key(|c| (c.state.requested(), c.state.idle_since()));
         idle.iter().take(n).for_each(|c| c.close.cancel());
         idle.len().min(n)
@@ -153,10 +153,11 @@ pub fn connection_cap(configured: Option<u32>) -> usize {
 /// complete request. Connections that have sent one are never closed this way.
 ///
 /// When `accept` fails for want of descriptors (`EMFILE`, `ENFILE`: other files leave fewer
-/// than the cap assumes), the server treats it as the cap: it closes up to
-/// [`SHED_PER_EMFILE`] idle connections (never-requested first, then idle keep-alive ones),
-/// gives up its [`Spare`] descriptor to accept the newcomer, serves it one request (`Connection:
-/// close`) and takes the spare back. Without a spare it waits for a connection to end, at most
+/// than the cap assumes), the server treats it as the cap: it gives up its [`Spare`]
+/// descriptor to accept the newcomer (when one waits: `accept` fails whether or not one does),
+/// closes up to [`SHED_PER_EMFILE`] idle connections for the next ones (never-requested first,
+/// then idle keep-alive ones), serves it one request (answered
+/// with `Connection: close`) and takes the spare back. Without a spare it waits for a connection to end, at most
 /// 100 ms at a time. Other `accept` failures (`ENOBUFS`…) back off 10 ms doubling to 100 ms.
 ///
 /// Every connection closes lingering when a body was left unread ([`crate::http::wire`]), and
@@ -175,8 +176,6 @@ pub async fn serve_http(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-    let mut one_request = http.clone();
-    one_request.keep_alive(false);
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let conns = Arc::new(Conns::default());
     let spare = Spare::open();
@@ -190,28 +189,40 @@ pub async fn serve_http(
             accepted = accept_any(&listeners) => match accepted {
                 Ok((s, _)) => (s, false),
                 Err(e) if out_of_descriptors(&e) => {
-                    // The cap assumed descriptors that other files hold: make room as at the cap.
-                    let shed = conns.shed_idle(SHED_PER_EMFILE);
+                    // The cap assumed descriptors that other files hold. accept() fails so
+                    // whether or not a client waits: the spare descriptor tells which.
                     if emfile_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                        tracing::warn!(error = %e, shed, live = conns.live.lock().unwrap_or_else(|e| e.into_inner()).len(), "accept failed: out of file descriptors below the connection cap; closing idle connections and answering with the spare descriptor");
+                        tracing::warn!(error = %e, live = conns.live.lock().unwrap_or_else(|e| e.into_inner()).len(), "accept failed: out of file descriptors below the connection cap; answering with the spare descriptor and closing idle connections");
                         emfile_logged = Some(std::time::Instant::now());
                     }
                     if spare.give_up() || spare.restore() && spare.give_up() {
-                        // The freed descriptor is the newcomer's: accept it now (it is waiting).
+                        // The freed descriptor is for a newcomer, if one waits.
                         match tokio::time::timeout(Duration::from_millis(100), accept_any(&listeners)).await {
-                            Ok(Ok((s, _))) => (s, true),
+                            Ok(Ok((s, _))) => {
+                                // A client waited: make room for the next ones as at the cap
+                                // (before this one joins the connections, so it is not closed).
+                                let shed = conns.shed_idle(SHED_PER_EMFILE, Duration::ZERO);
+                                tracing::debug!(shed, "accepted with the spare descriptor");
+                                (s, true)
+                            }
                             _ => {
+                                // Nobody waits (the listener is no longer reported ready).
                                 spare.restore();
                                 continue;
                             }
                         }
                     } else {
-                        // No spare: wait for a connection to end (bounded), then try again.
+                        // No spare (a newcomer holds it): close connections idle for a
+                        // second (the spare's own, if its client sends nothing), wait for a
+                        // connection to end (bounded); the descriptor it frees becomes the
+                        // spare before anything else is accepted.
+                        conns.shed_idle(SHED_PER_EMFILE, Duration::from_secs(1));
                         tokio::select! {
                             _ = conns.ended.notified() => {}
                             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                             _ = &mut signal => break,
                         }
+                        spare.restore();
                         continue;
                     }
                 }
@@ -261,13 +272,18 @@ pub async fn serve_http(
             at_cap_logged = false;
         }
         let (id, conn) = conns.add();
+        if borrowed {
+            // One request on the spare's descriptor, then it is given back. (Not hyper's
+            // `keep_alive(false)`: that closes a connection still waiting for its first request.)
+            conn.state.answer_once();
+        }
         let (on_req, on_res) = (conn.state.clone(), conn.state.clone());
         let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_response(
             tower::ServiceExt::map_request(router.clone(), move |req| crate::http::wire::on_request(&on_req, req)),
             move |res| crate::http::wire::on_response(&on_res, res),
         ));
         let (conns, spare, watcher) = (conns.clone(), spare.clone(), graceful.watcher());
-        let http = if borrowed { one_request.clone() } else { http.clone() };
+        let http = http.clone();
         let acceptor = tls.clone();
         tokio::spawn(async move {
             let state = conn.state.clone();

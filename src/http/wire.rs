@@ -66,15 +66,23 @@ pub struct ConnState {
     idle_read: AtomicBool,
     /// When the last answer was done, in ms since `accepted`.
     idle_since_ms: AtomicU64,
+    /// Close after the first answer (`Connection: close`): the connection holds a descriptor
+    /// lent for one request.
+    once: AtomicBool,
 }
 
 impl Default for ConnState {
     fn default() -> Self {
-        ConnState { accepted: Instant::now(), unread: false.into(), busy: 0.into(), requested: false.into(), idle_read: false.into(), idle_since_ms: 0.into() }
+        ConnState { accepted: Instant::now(), unread: false.into(), busy: 0.into(), requested: false.into(), idle_read: false.into(), idle_since_ms: 0.into(), once: false.into() }
     }
 }
 
 impl ConnState {
+    /// Close the connection after its first answer (it says `Connection: close`).
+    pub fn answer_once(&self) {
+        self.once.store(true, Ordering::Relaxed);
+    }
+
     /// When the connection was accepted.
     pub fn accepted(&self) -> Instant {
         self.accepted
@@ -111,7 +119,10 @@ pub fn on_request(conn: &Arc<ConnState>, req: Request<hyper::body::Incoming>) ->
 
 /// A response as hyper gets it: when its body is done (sent or dropped) the connection is idle
 /// again.
-pub fn on_response(conn: &Arc<ConnState>, res: Response<Body>) -> Response<Body> {
+pub fn on_response(conn: &Arc<ConnState>, mut res: Response<Body>) -> Response<Body> {
+    if conn.once.load(Ordering::Relaxed) {
+        res.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
     let done = Answered(conn.clone());
     res.map(|b| {
         Body::new(http_body_util::BodyExt::map_frame(b, move |f| {
