@@ -242,8 +242,10 @@ async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_heal
     // is open.
     wait_bytes_received(&s, 20).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
-    assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={open}:1024")]).status().unwrap().success());
+    // The lowest descriptor number not in use: a limit there leaves no number to open.
+    let used: std::collections::BTreeSet<u32> = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap()).collect();
+    let free = (0..).find(|n| !used.contains(n)).unwrap();
+    assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={free}:1024")]).status().unwrap().success());
     let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();
     for i in 0..3 {
         let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} with every descriptor busy: {e:?}", i + 1));
