@@ -221,6 +221,9 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     let router = app(state.clone(), crate::mcp::streamable_http_service(&state));
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, tls = tls.is_some(), "ferry serving");
     log_principals(&tokens, "configured");
+    if tokens.is_empty() && cfg.cors.allow_origins == crate::app::Origins::Any {
+        tracing::warn!("[cors] allow_origins is `*` on a server without tokens: any web page a browser visits may upload to it");
+    }
     let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
     let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
     // SIGTERM and SIGINT are caught before `listening on` is printed: a supervisor may stop the
