@@ -18,6 +18,7 @@ pub mod events;
 pub mod exhaustion;
 pub mod framed;
 pub mod http;
+pub mod listen;
 pub mod mcp;
 pub mod metrics;
 pub mod names;

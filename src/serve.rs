@@ -16,9 +16,6 @@ use crate::tasks::{Engine, TaskConfig};
 use crate::upload::locks::{CatalogLeaseConfig, CatalogLocker, LocalLocker, Locker};
 use crate::upload::{EngineConfig, UploadEngine};
 
-/// How long graceful shutdown waits for in-flight requests after asking PATCHes to stop.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
 /// Make glibc's allocator keep freed memory for reuse rather than hand it back to the kernel
 /// after each request body: `mallopt(M_MMAP_THRESHOLD, 4 MiB)` and `mallopt(M_TRIM_THRESHOLD,
 /// 32 MiB)` (glibc malloc(3), "M_TRIM_THRESHOLD"). Call before any thread starts.
@@ -95,7 +92,7 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     // Holding DATA/lock proves this data dir's previous process is dead: whatever its owner id
     // held in the catalog (task and upload leases) is reclaimed at once instead of expiring.
     let owner = load_owner_id(&cfg.data)?;
-    let max_connections = connection_cap(cfg.max_connections);
+    let max_connections = crate::listen::connection_cap(cfg.max_connections);
     // With in-process leases this server is the catalog's only writer (one server per catalog):
     // held for the process's life, so a second server on the catalog refuses to start.
     let _catalog_lock = cfg.catalog.hold(cfg.leases == LeaseMode::Local).await?;
@@ -232,6 +229,9 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     let router = app(state.clone(), crate::mcp::streamable_http_service(&state));
     tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, tls = tls.is_some(), "ferry serving");
     log_principals(&tokens, "configured");
+    if tokens.is_empty() && cfg.cors.allow_origins == crate::app::Origins::Any {
+        tracing::warn!("[cors] allow_origins is `*` on a server without tokens: any web page a browser visits may upload to it");
+    }
     let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
     let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
     // SIGTERM and SIGINT are caught before `listening on` is printed: a supervisor may stop the
@@ -272,7 +272,7 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
         shutdown.cancel();
         shutdown_engine.begin_shutdown();
     };
-    serve_http(listeners, router, signal, max_connections, acceptor).await;
+    crate::listen::serve_http(listeners, router, signal, max_connections, acceptor).await;
     reloader.abort();
     tasks.shutdown();
     sweeper.abort();
@@ -501,226 +501,6 @@ fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
         hosts.push(host.trim_start_matches('[').trim_end_matches(']').to_string());
     }
     hosts
-}
-
-/// How long a client may take to send a request's headers (slow-loris guard).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// The same while the server is under pressure (at least 90 % of the connection cap in use):
-/// a connection that has not sent a complete request by then is closed.
-const PRESSURE_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// One accepted connection, as eviction sees it.
-struct ConnSlot {
-    accepted: std::time::Instant,
-    /// A complete request head arrived (the router was called) at least once.
-    requested: std::sync::atomic::AtomicBool,
-    /// Cancelled to close the connection.
-    close: tokio_util::sync::CancellationToken,
-}
-
-/// The connections being served, so that a server at its cap can close the ones that hold a
-/// slot without using it: accepted, but no complete request yet (idle, or a slow-loris
-/// trickling its headers).
-#[derive(Default)]
-struct Conns {
-    next: std::sync::atomic::AtomicU64,
-    live: std::sync::Mutex<std::collections::HashMap<u64, Arc<ConnSlot>>>,
-}
-
-impl Conns {
-    fn add(&self) -> (u64, Arc<ConnSlot>) {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let c = Arc::new(ConnSlot { accepted: std::time::Instant::now(), requested: false.into(), close: Default::default() });
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, c.clone());
-        (id, c)
-    }
-
-    fn remove(&self, id: u64) {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-    }
-
-    /// Close up to `n` connections accepted at least `older_than` ago that have not sent a
-    /// complete request, longest-waiting first. Returns how many.
-    fn evict(&self, n: usize, older_than: Duration) -> usize {
-        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let mut idle: Vec<&Arc<ConnSlot>> =
-            live.values().filter(|c| !c.requested.load(std::sync::atomic::Ordering::Relaxed) && !c.close.is_cancelled() && c.accepted.elapsed() >= older_than).collect();
-        idle.sort_by_key(|c| c.accepted);
-        idle.iter().take(n).for_each(|c| c.close.cancel());
-        idle.len().min(n)
-    }
-}
-
-/// Descriptors kept free of connections for the catalog, blobs being written or read, task
-/// programs and the like.
-const FD_HEADROOM: u64 = 256;
-/// Default cap on concurrent connections.
-const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
-
-/// Raise the soft open-file limit to the hard one (issue 9, item 8) and derive the connection
-/// cap: `--max-connections`, else 10 000; never more than the open-file limit less
-/// [`FD_HEADROOM`] (at least 16), so connections cannot starve the stores of descriptors.
-fn connection_cap(configured: Option<u32>) -> usize {
-    let limit = match crate::exhaustion::raise_nofile_limit() {
-        Ok((before, after)) => {
-            if after > before {
-                tracing::info!(before, after, "raised the soft open-file limit (RLIMIT_NOFILE) to the hard limit");
-            } else {
-                tracing::info!(limit = after, "open-file limit (RLIMIT_NOFILE)");
-            }
-            Some(after)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "could not read or raise the open-file limit");
-            None
-        }
-    };
-    let fit = limit.map_or(u64::MAX, |l| l.saturating_sub(FD_HEADROOM).max(16));
-    let wanted = configured.map_or(DEFAULT_MAX_CONNECTIONS, u64::from);
-    if wanted > fit {
-        tracing::warn!(wanted, cap = fit, "max connections lowered to fit the open-file limit");
-    }
-    let cap = wanted.min(fit) as usize;
-    tracing::info!(max_connections = cap, "connection cap");
-    cap
-}
-
-/// Accept HTTP/1.1 connections until `signal` resolves, then wait up to [`SHUTDOWN_GRACE`]
-/// for in-flight requests (PATCHes checkpoint and end on the engine's shutdown token).
-///
-/// At most `max_connections` are served at once. At the cap, a newcomer makes room by closing
-/// the connection that has waited longest without sending a complete request (idle, or a
-/// slow-loris trickling its headers); only when every connection has sent one does it wait
-/// until one closes. Under pressure (90 % of the cap) the header timeout drops from
-/// [`HEADER_READ_TIMEOUT`] to [`PRESSURE_HEADER_TIMEOUT`] for connections that never sent a
-/// complete request. Connections that have sent one are never closed this way.
-/// When `accept` fails (`EMFILE`, `ENFILE`, `ENOBUFS`…), accepting backs off (10 ms doubling
-/// to 1 s) instead of spinning.
-///
-/// With `tls`, each accepted connection first completes a TLS handshake (within
-/// [`HEADER_READ_TIMEOUT`], on its own task, so a slow handshake never holds up accepting).
-async fn serve_http(
-    listeners: Vec<tokio::net::TcpListener>,
-    router: axum::Router,
-    signal: impl std::future::Future<Output = ()>,
-    max_connections: usize,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    let conns = Arc::new(Conns::default());
-    let mut backoff = Duration::from_millis(10);
-    let mut at_cap_logged = false;
-    let mut last_sweep = std::time::Instant::now();
-    tokio::pin!(signal);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = accept_any(&listeners) => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning;
-                    // the connections already accepted keep being served.
-                    tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = &mut signal => break,
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            },
-            _ = &mut signal => break,
-        };
-        backoff = Duration::from_millis(10);
-        // Under pressure the header timeout is shorter: connections that have not sent a
-        // complete request within PRESSURE_HEADER_TIMEOUT make room (checked once a second).
-        if slots.available_permits() < max_connections.div_ceil(10) && last_sweep.elapsed() >= Duration::from_secs(1) {
-            last_sweep = std::time::Instant::now();
-            let n = conns.evict(usize::MAX, PRESSURE_HEADER_TIMEOUT);
-            if n > 0 {
-                tracing::info!(closed = n, "near the connection cap: closed connections that sent no complete request within {PRESSURE_HEADER_TIMEOUT:?}");
-            }
-        }
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(s) => s,
-            Err(_) => {
-                // At the cap with a newcomer waiting: close the connection that has waited
-                // longest without a complete request, so health checks and real requests get
-                // in; when every connection is busy with a request, the newcomer waits.
-                let evicted = conns.evict(1, Duration::ZERO);
-                if !at_cap_logged {
-                    tracing::warn!(max_connections, "connection cap reached: closing connections that sent no complete request; otherwise new ones wait until one closes");
-                    at_cap_logged = true;
-                }
-                tracing::debug!(evicted, "at the connection cap");
-                tokio::select! {
-                    s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
-                    _ = &mut signal => break,
-                }
-            }
-        };
-        if slots.available_permits() > max_connections / 10 {
-            at_cap_logged = false;
-        }
-        let (id, conn) = conns.add();
-        let marked = conn.clone();
-        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(router.clone(), move |req: http::Request<hyper::body::Incoming>| {
-            marked.requested.store(true, std::sync::atomic::Ordering::Relaxed);
-            req
-        }));
-        let conns = conns.clone();
-        match &tls {
-            None => {
-                let conn_fut = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    tokio::select! {
-                        r = conn_fut => if let Err(e) = r {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        },
-                        _ = conn.close.cancelled() => tracing::debug!("closed a connection that sent no complete request (at the connection cap)"),
-                    }
-                    conns.remove(id);
-                    drop(slot);
-                });
-            }
-            Some(acceptor) => {
-                let (acceptor, watcher, http) = (acceptor.clone(), graceful.watcher(), http.clone());
-                tokio::spawn(async move {
-                    let serve = async {
-                        let mut stream = stream;
-                        if crate::tls::refused_plain_http(&mut stream, HEADER_READ_TIMEOUT).await {
-                            return;
-                        }
-                        let stream = match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
-                            Err(_) => return tracing::debug!("TLS handshake timed out"),
-                        };
-                        if let Err(e) = watcher.watch(http.serve_connection(TokioIo::new(stream), service)).await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    };
-                    tokio::select! {
-                        () = serve => {}
-                        _ = conn.close.cancelled() => tracing::debug!("closed a connection that sent no complete request (at the connection cap)"),
-                    }
-                    conns.remove(id);
-                    drop(slot);
-                });
-            }
-        }
-    }
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
-        tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting");
-    }
-}
-
-/// The next connection on any of `listeners`.
-async fn accept_any(listeners: &[tokio::net::TcpListener]) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
-    futures::future::select_all(listeners.iter().map(|l| Box::pin(l.accept()))).await.0
 }
 
 /// SIGTERM or SIGINT (Ctrl-C), registered now — before the caller announces it is listening —

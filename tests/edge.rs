@@ -39,7 +39,8 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// for every other header tus-js-client and the IETF draft clients send.
 #[tokio::test]
 async fn cors_preflight_allows_what_browser_tus_clients_send() {
-    let s = Server::start(&[]);
+    // Any origin, as configured (`*`): without tokens the default is the server's own only.
+    let s = Server::start(&["--cors-allow-origins", "*"]);
     let t = Tus::new(&s);
     let sent = tus_js_client_request_headers();
     for h in ["x-request-id", "upload-draft-interop-version", "upload-complete", "x-http-method-override", "tus-resumable", "upload-metadata"] {
@@ -118,6 +119,77 @@ async fn cors_origins_and_headers_are_configurable() {
     let r = t.request("OPTIONS", "/files/", &[("Origin", "https://b.example"), ("Access-Control-Request-Method", "PATCH")], None).await;
     assert_eq!(header(&r, "access-control-allow-origin"), Some("https://b.example"));
     problem(t.request("OPTIONS", "/files/", &[("Origin", "https://app.example"), ("Access-Control-Request-Method", "PATCH")], None).await, 403, "unauthorized").await;
+}
+
+/// Issue 48 kind 10: a server without tokens takes browser uploads only from its own pages and
+/// the origins it lists. Any web page the developer's browser visits used to be able to create
+/// and PATCH uploads on a tokenless loopback ferry (`Origin: http://evil.example`,
+/// `Upload-Length: 1000000000` → 201) and fill its disk. Every upload route is closed to a
+/// foreign origin — TUS creation, PATCH, HEAD, DELETE, the preflight, the IETF draft's requests
+/// — with a 403 that says how to open it; clients that send no `Origin` (curl, tuspy, the CLI)
+/// and the server's own pages are unaffected, a listed origin or `*` opens it, and a server
+/// with tokens keeps admitting any origin by default (a page needs a token to upload).
+#[tokio::test]
+async fn a_tokenless_server_takes_browser_uploads_only_from_its_own_and_listed_origins() {
+    let s = Server::start(&[]);
+    let t = Tus::new(&s);
+    let evil = "http://evil.example";
+    let tus = [("Tus-Resumable", "1.0.0")];
+    let url = t.create(10).await;
+    let path = url.strip_prefix(&s.base).unwrap().to_string();
+    let refused = |r: reqwest::Response, what: &'static str| async move {
+        let v = problem(r, 403, "unauthorized").await;
+        let detail = v["detail"].as_str().unwrap();
+        assert!(detail.contains(evil) && detail.contains("no tokens"), "{what}: {v}");
+        let hint = v["recovery_hint"].as_str().unwrap();
+        assert!(hint.contains("allow_origins") && hint.contains("--cors-allow-origins http://evil.example"), "{what}: {v}");
+    };
+    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> { [("Origin", evil)].into_iter().chain(tus).chain(extra.iter().copied()).collect() };
+    refused(t.request("POST", "/files/", &with(&[("Upload-Length", "1000000000")]), None).await, "creation").await;
+    refused(preflight(&t, evil).await, "preflight").await;
+    let patch = with(&[("Content-Type", OCTET), ("Upload-Offset", "0")]);
+    refused(t.request("PATCH", &path, &patch, Some(b"abc".to_vec())).await, "PATCH").await;
+    assert_eq!(t.request("HEAD", &path, &with(&[]), None).await.status(), 403, "HEAD (no body to read)");
+    refused(t.request("DELETE", &path, &with(&[]), None).await, "DELETE").await;
+    let draft = [("Origin", evil), ("Upload-Draft-Interop-Version", "6"), ("Upload-Complete", "?1"), ("Content-Type", OCTET)];
+    refused(t.request("POST", "/files/", &draft, Some(b"abc".to_vec())).await, "draft creation").await;
+    let files = json(t.c.get(s.url("/api/v1/files")).send().await.unwrap()).await;
+    assert_eq!(files["files"].as_array().unwrap().len(), 1, "no refused request created anything: {files}");
+    assert_eq!(t.offset(&url).await, 0, "the refused PATCH wrote nothing");
+
+    // No Origin (curl, tuspy, the CLI) and the server's own pages: unaffected.
+    let own = format!("http://{}", s.addr());
+    assert_eq!(t.request("POST", "/files/", &[("Origin", own.as_str()), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await.status(), 201);
+    assert_eq!(t.patch(&url, 0, b"0123456789".to_vec(), &[]).await.status(), 204);
+    drop(s);
+
+    // Opened: a listed origin, or `*`.
+    let s = Server::start(&["--cors-allow-origins", "http://localhost:5173"]);
+    let t = Tus::new(&s);
+    let r = t.request("POST", "/files/", &[("Origin", "http://localhost:5173"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await;
+    assert_eq!(r.status(), 201);
+    problem(t.request("POST", "/files/", &with(&[("Upload-Length", "1")]), None).await, 403, "unauthorized").await;
+    drop(s);
+    let s = Server::start(&["--cors-allow-origins", "*"]);
+    let t = Tus::new(&s);
+    assert_eq!(t.request("POST", "/files/", &with(&[("Upload-Length", "1")]), None).await.status(), 201);
+    drop(s);
+
+    // A server with tokens: any origin by default, with a token.
+    let dir = tempfile::tempdir().unwrap();
+    let token = "fy_edge_origin_token";
+    let cfg = write_file(dir.path(), "ferry.toml", &format!("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n", sha256_hex(token.as_bytes())));
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let r = client()
+        .post(s.url("/files/"))
+        .header("Origin", evil)
+        .header("Authorization", format!("Bearer {token}"))
+        .header("Tus-Resumable", "1.0.0")
+        .header("Upload-Length", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use common::{client, problem, Server, Tus};
 const OCTET: &str = "application/offset+octet-stream";
 
 #[tokio::test]
-async fn other_origins_cannot_drive_the_api_or_mcp_but_may_upload_with_tus() {
+async fn other_origins_cannot_drive_the_api_or_mcp_nor_upload_to_a_tokenless_server() {
     let s = Server::start(&[]);
     let c = client();
     // A "simple" cross-origin POST (no preflight in a browser) is refused before it runs.
@@ -27,11 +27,15 @@ async fn other_origins_cannot_drive_the_api_or_mcp_but_may_upload_with_tus() {
     // Same origin is fine.
     let r = c.get(s.url("/api/v1/files")).header("origin", format!("http://{}", s.addr())).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    // TUS stays open to browser uploaders on other origins.
+    // Without tokens, TUS is closed to pages on other origins too (issue 48 kind 10), unless
+    // they are listed (tests/edge.rs: `[cors] allow_origins`, `*`, a server with tokens).
     let r = c.request(reqwest::Method::OPTIONS, s.url("/files/")).header("origin", "http://app.example").header("access-control-request-method", "PATCH").send().await.unwrap();
-    assert_eq!(r.headers().get("access-control-allow-origin").and_then(|v| v.to_str().ok()), Some("*"));
+    assert!(r.headers().get("access-control-allow-origin").is_none(), "{:?}", r.headers());
+    problem(r, 403, "unauthorized").await;
     let r = c.post(s.url("/files/")).header("origin", "http://app.example").header("tus-resumable", "1.0.0").header("upload-length", "1").send().await.unwrap();
-    assert_eq!(r.status(), 201);
+    problem(r, 403, "unauthorized").await;
+    let r = c.post(s.url("/files/")).header("origin", format!("http://{}", s.addr())).header("tus-resumable", "1.0.0").header("upload-length", "1").send().await.unwrap();
+    assert_eq!(r.status(), 201, "the server's own pages upload");
 }
 
 #[tokio::test]

@@ -155,3 +155,104 @@ async fn at_the_cap_idle_and_slow_loris_connections_make_room_for_new_clients() 
     }
     drop(idle);
 }
+
+/// Issue 48 kind 2: `accept()` failing with EMFILE below the connection cap (other files
+/// leave fewer descriptors than the cap assumes — here the open-file limit is lowered after
+/// start, far below what the cap of 768 connections needs) is treated as the cap is: idle
+/// connections are closed to make room, a spare descriptor answers a newcomer, and the listener
+/// never stalls in a long backoff. `/healthz` and `/readyz` are answered while hundreds of
+/// idle connections wait. (The
+/// server used to back off and wait for idle connections to time out: new clients stalled for
+/// 29 s.) The waits are bounded only to fail on a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_out_of_descriptors_below_the_cap_sheds_idle_connections_and_answers() {
+    ferry::exhaustion::raise_nofile_limit().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Server::start_under(&["prlimit", "--nofile=1024:1024", "--"], &tmp.path().join("data"), &[]);
+    let host = s.addr();
+    let pid = s.child.id();
+    // Connections that sent a request, kept alive.
+    let mut kept = Vec::new();
+    for _ in 0..10 {
+        let mut c = TcpStream::connect(s.addr()).await.unwrap();
+        assert_eq!(raw(&mut c, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
+        kept.push(c);
+    }
+    // A limit lowered after start: room for a few dozen more descriptors, the cap says 768.
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let soft = open + 30;
+    let ok = std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={soft}:1024")]).status().unwrap().success();
+    assert!(ok, "prlimit --pid");
+    assert_eq!(nofile(pid).0, soft.to_string());
+
+    // Far more idle connections than descriptors: accept() fails with EMFILE.
+    let idle = idle_connections(&s.addr(), 300).await;
+    assert!(idle.len() > 100, "only {} connections opened", idle.len());
+    let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();
+    for i in 0..3 {
+        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} out of descriptors: {e:?}", i + 1));
+        assert_eq!(r.status(), 200);
+    }
+    let r = c.get(s.url("/readyz")).send().await.expect("/readyz out of descriptors");
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.expect("/readyz answers JSON");
+    assert!(status == 200 || status == 503, "/readyz: {status} {body}");
+    // Idle keep-alive connections may have been closed to make room (clients open new ones).
+    drop(kept);
+    let log = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(log.contains("Max open files"), "the server is alive");
+    drop(idle);
+    // With the flood gone, new clients are served at once again.
+    let r = c.get(s.url("/healthz")).send().await.expect("/healthz after the flood");
+    assert_eq!(r.status(), 200);
+}
+
+/// Issue 48 kind 2, with nothing idle to close: every descriptor below the lowered limit is held
+/// by a connection in the middle of a request (PATCHes whose bodies trickle). A newcomer is
+/// still answered — accepted with the spare descriptor, served one request, closed, and the
+/// spare taken back for the next — instead of waiting in the kernel's queue until a PATCH ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_health() {
+    ferry::exhaustion::raise_nofile_limit().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Server::start_under(&["prlimit", "--nofile=1024:1024", "--"], &tmp.path().join("data"), &[]);
+    let host = s.addr();
+    let pid = s.child.id();
+    let tus = Tus::new(&s);
+    // PATCHes that send one byte every 100 ms: busy, never idle, never done.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut busy = Vec::new();
+    for _ in 0..20 {
+        let path = tus.create(1 << 20).await.trim_start_matches(&s.base).to_string();
+        let mut c = TcpStream::connect(s.addr()).await.unwrap();
+        let (stop, head) = (stop.clone(), format!("PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: 1048576\r\n\r\n"));
+        busy.push(tokio::spawn(async move {
+            if c.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            while !stop.is_cancelled() {
+                if c.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+    }
+    // Every PATCH is being received; then no descriptor is left: the limit is lowered to what
+    // is open.
+    wait_bytes_received(&s, 20).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The lowest descriptor number not in use: a limit there leaves no number to open.
+    let used: std::collections::BTreeSet<u32> = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap()).collect();
+    let free = (0..).find(|n| !used.contains(n)).unwrap();
+    assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={free}:1024")]).status().unwrap().success());
+    let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();
+    for i in 0..3 {
+        let r = c.get(s.url("/healthz")).send().await.unwrap_or_else(|e| panic!("/healthz #{} with every descriptor busy: {e:?}", i + 1));
+        assert_eq!(r.status(), 200);
+    }
+    stop.cancel();
+    for b in busy {
+        let _ = b.await;
+    }
+}

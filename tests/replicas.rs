@@ -388,3 +388,64 @@ async fn a_long_poll_on_one_replica_wakes_when_another_replica_ends_the_task() {
     let got = poll.await.unwrap();
     assert_eq!(got["status"], "completed", "the long-poll on A was woken by B's change within its budget: {got}");
 }
+
+/// Issue 48 kind 1: tus-js-client (Node, the whole file in one PATCH, retries on) through a
+/// round-robin balancer in front of two replicas, its upload taken over mid-PATCH three times
+/// by a HEAD on the replica not holding it. Each time the PATCH still sending gets its 423
+/// through the balancer, and the client resumes; the upload finishes whole. (The replica used
+/// to close the connection with the rest of the body unread: the reset destroyed the 423 on
+/// its way and tus-js-client hung, neither succeeding nor failing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tus_js_client_through_a_balancer_finishes_an_upload_taken_over_mid_patch() {
+    use common::balancer::RoundRobin;
+    let db = TestDb::create().await;
+    let blobs = tempfile::tempdir().unwrap();
+    // A long lease: only a release request (a HEAD on the other replica) frees it in time.
+    let servers = [replica_with_lease(&db, blobs.path(), "60s", &[]), replica_with_lease(&db, blobs.path(), "60s", &[])];
+    let lb = RoundRobin::start(&[servers[0].base.clone(), servers[1].base.clone()]).await;
+    lb.slow_request_bodies(Duration::from_millis(4));
+    let dir = tempfile::tempdir().unwrap();
+    let data = pseudo_random(40 << 20, 48);
+    let file = dir.path().join("taken-over.bin");
+    std::fs::write(&file, &data).unwrap();
+    let options = r#"{"chunkSize":null,"retryDelays":[0,100,200,400,800,1000,1000,1000,1000,1000]}"#;
+    let client = tokio::spawn(run_json_client(node_script("tus_options.js", &[&lb.base, file.to_str().unwrap(), options]), 180));
+    let mut takeovers = 0;
+    let mut seen: Option<(usize, String, u64)> = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while takeovers < 3 && !client.is_finished() {
+        assert!(Instant::now() < deadline, "no PATCH to take over within two minutes ({takeovers} taken over)");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let Some((holder, path)) = lb.in_flight_paths("PATCH").into_iter().next() else { continue };
+        let received = bytes_received(&servers[holder]).await;
+        match &seen {
+            Some((h, p, at)) if *h == holder && *p == path => {
+                // This PATCH has sent 2 MiB more: take its upload over from the other replica.
+                if received >= at + (2 << 20) {
+                    let other = &servers[1 - holder];
+                    let path_only = path.split('?').next().unwrap();
+                    let r = Tus::new(other).head(&other.url(path_only)).await;
+                    if r.status() == 200 {
+                        takeovers += 1;
+                    }
+                    seen = None;
+                    // Wait for this PATCH to end before looking for the next one.
+                    let ended = Instant::now() + Duration::from_secs(30);
+                    while lb.in_flight_paths("PATCH").iter().any(|(h, p)| *h == holder && *p == path) {
+                        assert!(Instant::now() < ended, "the PATCH taken over on replica {holder} never ended");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            _ => seen = Some((holder, path, received)),
+        }
+    }
+    let out = client.await.unwrap();
+    assert_eq!(takeovers, 3, "the upload was taken over mid-PATCH three times: {out}");
+    let locked = lb.served().iter().filter(|r| r.method == "PATCH" && r.status == 423).count();
+    assert!(locked >= 3, "each PATCH taken over was answered 423 through the balancer: {:?}", lb.served());
+    assert!(out["patches"].as_u64().unwrap() >= 4, "tus-js-client resumed after each 423: {out}");
+    let url = out["url"].as_str().unwrap();
+    let path = &url[url.find("/files/").unwrap()..];
+    assert_stored_sha256(&servers[0], &servers[0].url(path), &sha256_hex(&data)).await;
+}

@@ -6,29 +6,54 @@
 /// `--cors-*` flags, `FERRY_CORS_*`). The API and `/mcp` are never open to other origins.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CorsConfig {
-    /// `None`: any origin (`*`). Otherwise the exact origins (`scheme://host[:port]`, lowercase,
-    /// default ports removed) allowed; a request from another origin is refused with 403. A page
-    /// served from ferry's own host is always allowed.
-    pub allow_origins: Option<Vec<String>>,
+    /// The web origins whose pages may upload; a request from another origin is refused with
+    /// 403. A page served from ferry's own host is always allowed.
+    pub allow_origins: Origins,
     /// Lowercase request header names allowed in addition to the built-in TUS list.
     pub allow_headers: Vec<String>,
     /// Lowercase response header names exposed in addition to the built-in TUS list.
     pub expose_headers: Vec<String>,
 }
 
+/// Which web origins may upload from a browser (`[cors] allow_origins`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Origins {
+    /// Nothing configured: any origin when the server has tokens (a page needs one to upload),
+    /// only the server's own pages when it has none — else any page a browser visits could
+    /// upload to a developer's tokenless ferry and fill its disk.
+    #[default]
+    Default,
+    /// `*`, configured: any origin, tokens or not.
+    Any,
+    /// These exact origins (`scheme://host[:port]`, lowercase, default ports removed).
+    Only(Vec<String>),
+}
+
+impl Origins {
+    /// Whether a page on `origin` (not the server's own) may upload to a server that has
+    /// tokens (`tokens`) or none.
+    pub fn admits(&self, origin: &str, tokens: bool) -> bool {
+        match self {
+            Origins::Default => tokens,
+            Origins::Any => true,
+            Origins::Only(list) => list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+        }
+    }
+}
+
 impl CorsConfig {
     /// Validate and normalise. Errors name the offending value.
     pub fn new(origins: Option<Vec<String>>, allow_headers: Vec<String>, expose_headers: Vec<String>) -> anyhow::Result<CorsConfig> {
         let allow_origins = match origins {
-            None => None,
+            None => Origins::Default,
             Some(list) if list.iter().any(|o| o.trim() == "*") => {
                 if list.len() > 1 {
                     anyhow::bail!("cors allow_origins: `*` allows every origin; list exact origins or only `*`, not both");
                 }
-                None
+                Origins::Any
             }
             Some(list) if list.is_empty() => anyhow::bail!("cors allow_origins: list at least one origin, or `*` for any"),
-            Some(list) => Some(list.iter().map(|o| normalize_origin(o)).collect::<anyhow::Result<Vec<_>>>()?),
+            Some(list) => Origins::Only(list.iter().map(|o| normalize_origin(o)).collect::<anyhow::Result<Vec<_>>>()?),
         };
         let names = |list: Vec<String>, key: &str| -> anyhow::Result<Vec<String>> {
             list.iter()

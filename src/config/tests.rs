@@ -1,4 +1,5 @@
 use super::*;
+use crate::app::Origins;
 use crate::units::parse_size;
 
 #[test]
@@ -46,12 +47,12 @@ fn cors_origins_and_headers() {
     let path = dir.path().join("ferry.toml");
     std::fs::write(&path, "[cors]\nallow_origins = [\"HTTPS://App.Example:443\", \"http://localhost:5173\", \"null\"]\nallow_headers = [\"X-Custom\"]\n").unwrap();
     let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
-    assert_eq!(c.cors.allow_origins, Some(vec!["https://app.example".to_string(), "http://localhost:5173".into(), "null".into()]));
+    assert_eq!(c.cors.allow_origins, Origins::Only(vec!["https://app.example".to_string(), "http://localhost:5173".into(), "null".into()]));
     assert_eq!(c.cors.allow_headers, vec!["x-custom".to_string()]);
     // Flags replace the file's list.
     let args = ServeArgs { config: Some(path.clone()), cors_allow_origins: vec!["*".into()], ..Default::default() };
-    assert_eq!(Config::resolve(&args).unwrap().cors.allow_origins, None);
-    assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().cors, CorsConfig::default(), "default: any origin");
+    assert_eq!(Config::resolve(&args).unwrap().cors.allow_origins, Origins::Any, "`*` configured");
+    assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().cors, CorsConfig::default(), "default: any origin with tokens, the server's own without");
     for bad in [
         "[cors]\nallow_origins = [\"https://app.example/path\"]\n",
         "[cors]\nallow_origins = [\"app.example\"]\n",

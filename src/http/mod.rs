@@ -26,8 +26,10 @@ mod rufh;
 mod task_partials;
 pub(crate) mod tus;
 pub mod web;
+pub(crate) mod wire;
 
 pub use crate::app::views::FILES_PATH;
+use crate::app::Origins;
 pub use crate::app::{AppState, HttpConfig};
 
 /// Headers a browser may send to the TUS endpoints (CORS preflight allow list): everything the
@@ -102,9 +104,9 @@ fn cors(cfg: &crate::app::CorsConfig) -> CorsLayer {
         all
     };
     let origins = match &cfg.allow_origins {
-        None => AllowOrigin::any(),
+        Origins::Default | Origins::Any => AllowOrigin::any(),
         // A page on this server's own host is allowed by the origin guard; mirror it here too.
-        Some(_) => AllowOrigin::mirror_request(),
+        Origins::Only(_) => AllowOrigin::mirror_request(),
     };
     CorsLayer::new()
         .allow_origin(origins)
@@ -114,13 +116,11 @@ fn cors(cfg: &crate::app::CorsConfig) -> CorsLayer {
         .max_age(std::time::Duration::from_secs(86_400))
 }
 
-/// Whether a request to `/files/` carrying `Origin: origin` may proceed: any origin with the
-/// default `*`; otherwise a listed one or this server's own (`Host`).
-fn tus_origin_allowed(cfg: &crate::app::CorsConfig, own: &[String], origin: &str, host: &str) -> bool {
-    match &cfg.allow_origins {
-        None => true,
-        Some(list) => same_origin(own, origin, host) || list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
-    }
+/// Whether a request to `/files/` carrying `Origin: origin` may proceed: this server's own
+/// origin (`Host`, `--public-url`) always; another one as `[cors] allow_origins` says — by
+/// default any origin when the server has `tokens`, none when it has not.
+fn tus_origin_allowed(cfg: &crate::app::CorsConfig, own: &[String], origin: &str, host: &str, tokens: bool) -> bool {
+    same_origin(own, origin, host) || cfg.allow_origins.admits(origin, tokens)
 }
 
 /// The `Origin` is this server's own: it names the host this request was sent to, or it is
@@ -177,6 +177,7 @@ where
             ))
         })
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn(worded_rejections))
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
         .layer(middleware::from_fn(note_route))
         .layer(middleware::from_fn(mcp_session_closed))
@@ -189,6 +190,7 @@ where
     let with_cors = routes.clone().layer(cors(&state.http.cors));
     let cors_cfg = state.http.cors.clone();
     let own_origins = state.http.own_origins.clone();
+    let tokens = state.tokens.clone();
     let edge = tower::service_fn(move |req: Request| {
         let tus = req.uri().path().starts_with("/files");
         let preflight = req.method() != Method::OPTIONS || req.headers().contains_key("access-control-request-method");
@@ -197,12 +199,22 @@ where
             // preflight included, so neither a browser nor a script gets anything from it.
             let origin = req.headers().get("origin").and_then(|v| v.to_str().ok());
             let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
-            if let Some(origin) = origin.filter(|o| !tus_origin_allowed(&cors_cfg, &own_origins, o, host)) {
+            let has_tokens = !tokens.is_empty();
+            if let Some(origin) = origin.filter(|o| !tus_origin_allowed(&cors_cfg, &own_origins, o, host, has_tokens)) {
+                let detail = if has_tokens || cors_cfg.allow_origins != Origins::Default {
+                    format!("uploads from web pages on {origin} are not allowed")
+                } else {
+                    format!(
+                        "uploads from web pages on {origin} are not allowed: this server has no tokens, so it takes browser uploads only from its own pages and the origins listed in [cors] allow_origins"
+                    )
+                };
                 let refused = Problem(Refusal::new(
                     403,
                     ErrorCode::Unauthorized,
-                    format!("uploads from web pages on {origin} are not allowed"),
-                    "Add the page's origin to [cors] allow_origins (or --cors-allow-origins) in ferry's configuration.",
+                    detail,
+                    format!(
+                        "To let pages on {origin} upload, add it to [cors] allow_origins in ferry.toml (or start ferry with --cors-allow-origins {origin}, or FERRY_CORS_ALLOW_ORIGINS), then restart ferry."
+                    ),
                 ))
                 .into_response();
                 return futures::future::Either::Left(std::future::ready(Ok(refused)));
@@ -217,6 +229,42 @@ where
         .layer(middleware::from_fn_with_state(state, count_status))
         // Outermost: `X-HTTP-Method-Override` is honoured before routing, auth and CORS.
         .layer(middleware::from_fn(method_override))
+}
+
+/// Most bytes of an axum rejection's text read to word it as a problem.
+const REJECTION_TEXT: usize = 4096;
+
+/// axum's own refusals — an extractor's rejection, such as a path segment that is not UTF-8
+/// (`/files/%FF`: "Invalid URL: …") — are `text/plain` without ferry's `code`. Every refusal
+/// explains itself the same way: such an answer (status 400 or more, `text/plain;
+/// charset=utf-8`, outside `/mcp`, whose JSON-RPC errors are MCP's) becomes problem+json with
+/// axum's text as its `detail`. ferry's own handlers never refuse in plain text.
+async fn worded_rejections(req: Request, next: Next) -> Response {
+    let mcp = req.uri().path() == "/mcp" || req.uri().path().starts_with("/mcp/");
+    let res = next.run(req).await;
+    let plain = res.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"text/plain; charset=utf-8"));
+    if mcp || !plain || res.status().as_u16() < 400 {
+        return res;
+    }
+    let status = res.status().as_u16();
+    let text = match axum::body::to_bytes(res.into_body(), REJECTION_TEXT).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let code = match status {
+        404 => ErrorCode::NotFound,
+        413 => ErrorCode::SizeExceeded,
+        s if s >= 500 => ErrorCode::Internal,
+        _ => ErrorCode::InvalidArgument,
+    };
+    let detail = if text.is_empty() { format!("the request was refused ({status})") } else { format!("the request was refused: {text}") };
+    Problem(Refusal::new(
+        status,
+        code,
+        detail,
+        "Fix the request as the detail says: ids and path segments are plain ASCII, and the API's requests are described in /api/v1/openapi.json.",
+    ))
+    .into_response()
 }
 
 /// RFC 9112 §3.2: an HTTP/1.1 request without a `Host` header, or with more than one, is
@@ -439,6 +487,18 @@ fn status_title(status: StatusCode) -> &'static str {
 }
 
 pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadLimit>>) -> Response {
+    let (status, headers, body) = problem_parts(e, draft);
+    let mut res = (status, body).into_response();
+    for (name, value) in headers.iter() {
+        res.headers_mut().insert(name, value.clone());
+    }
+    res
+}
+
+/// What [`render_problem`] answers, in parts: the status, the headers (`Content-Type` and the
+/// others it sets; not `Content-Length`) and the JSON body. [`wire`] writes these itself for the
+/// refusals hyper makes before any handler runs.
+pub(crate) fn problem_parts(e: Refusal, draft: Option<Option<ferry_tus::UploadLimit>>) -> (StatusCode, HeaderMap, String) {
     let status = match (e.status, &draft) {
         (460, Some(_)) => StatusCode::BAD_REQUEST,
         (s, _) => StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -462,8 +522,8 @@ pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadL
     for (name, value) in draft_type.map(|d| d.members()).unwrap_or_default() {
         body[name] = serde_json::json!(value);
     }
-    let mut res = (status, body.to_string()).into_response();
-    let h = res.headers_mut();
+    let mut headers = HeaderMap::new();
+    let h = &mut headers;
     h.insert("content-type", HeaderValue::from_static("application/problem+json"));
     match &draft {
         None => {
@@ -495,5 +555,5 @@ pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadL
     if let Some(secs) = e.retry_after_secs().or(fallback) {
         h.insert("retry-after", HeaderValue::from(secs));
     }
-    res
+    (status, headers, body.to_string())
 }

@@ -55,6 +55,8 @@ struct Shared {
     inflight: Mutex<Vec<InFlight>>,
     served: Mutex<Vec<Served>>,
     client: reqwest::Client,
+    /// A pause after each piece of a request body forwarded (a slow client's upload).
+    body_delay: Mutex<std::time::Duration>,
 }
 
 impl Shared {
@@ -107,6 +109,7 @@ impl RoundRobin {
             inflight: Mutex::new(Vec::new()),
             served: Mutex::new(Vec::new()),
             client,
+            body_delay: Mutex::new(std::time::Duration::ZERO),
         });
         let app = axum::Router::new().fallback(forward).with_state(shared.clone());
         let task = tokio::spawn(async move {
@@ -138,6 +141,17 @@ impl RoundRobin {
     /// Every request answered so far (in the order the answers started).
     pub fn served(&self) -> Vec<Served> {
         self.shared.served.lock().unwrap().clone()
+    }
+
+    /// Forward request bodies slowly: a pause of `d` after each piece (an upload that takes a
+    /// while, so that a test can act while its PATCH is in flight).
+    pub fn slow_request_bodies(&self, d: std::time::Duration) {
+        *self.shared.body_delay.lock().unwrap() = d;
+    }
+
+    /// The unfinished requests `method`: (replica, path), oldest first.
+    pub fn in_flight_paths(&self, method: &str) -> Vec<(usize, String)> {
+        self.shared.inflight.lock().unwrap().iter().filter(|f| f.method == method).map(|f| (f.replica, f.path.clone())).collect()
     }
 
     /// Replicas with an unfinished request `method` whose path contains `path_part`.
@@ -172,7 +186,14 @@ async fn forward(State(p): State<Arc<Shared>>, req: Request) -> Response {
     // one: a streamed body would reach the replica as `Transfer-Encoding: chunked`.
     let has_body = parts.headers.contains_key(http::header::CONTENT_LENGTH) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
     if has_body {
-        rb = rb.body(reqwest::Body::wrap_stream(body.into_data_stream()));
+        let delay = *p.body_delay.lock().unwrap();
+        let stream = body.into_data_stream().then(move |piece| async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            piece
+        });
+        rb = rb.body(reqwest::Body::wrap_stream(stream));
     }
     let resp = match rb.send().await {
         Ok(r) => r,

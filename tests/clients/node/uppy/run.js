@@ -34,7 +34,8 @@ async function bundle() {
   return out.outputFiles[0].contents
 }
 
-// A static server for the page on its own loopback port (a different origin than ferry).
+// A static server for the page on its own loopback port (a different origin than ferry):
+// PAGE_PORT when set (the test lists that origin in ferry's `--cors-allow-origins`), else any.
 function servePage(files) {
   const server = http.createServer((req, res) => {
     const name = new URL(req.url, 'http://x').pathname.replace(/^\//, '') || 'index.html'
@@ -46,7 +47,7 @@ function servePage(files) {
     const type = name.endsWith('.html') ? 'text/html; charset=utf-8' : 'text/javascript; charset=utf-8'
     res.writeHead(200, { 'content-type': type, 'cache-control': 'no-store' }).end(body)
   })
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
+  return new Promise((resolve) => server.listen(Number(process.env.PAGE_PORT || 0), '127.0.0.1', () => resolve(server)))
 }
 
 async function main() {
