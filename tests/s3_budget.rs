@@ -23,14 +23,12 @@ const MIB: usize = 1 << 20;
 /// Slow uploads held open at once: twice what the whole budget held at one part each.
 const SLOW: usize = 64;
 
+/// Feeds a stalled PATCH's body; the PATCH's answer.
+type Stalled = (futures::channel::mpsc::Sender<Result<Vec<u8>, std::io::Error>>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>);
+
 /// A PATCH at offset 0 of `url` declaring `declared` bytes whose body sends `first` and then
 /// stays open (until the returned sender is dropped).
-fn stalled_patch(
-    tus: &Tus,
-    url: &str,
-    declared: usize,
-    first: Vec<u8>,
-) -> (futures::channel::mpsc::Sender<Result<Vec<u8>, std::io::Error>>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+fn stalled_patch(tus: &Tus, url: &str, declared: usize, first: Vec<u8>) -> Stalled {
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     tx.try_send(Ok(first)).expect("room for the first piece");
     let req = tus
