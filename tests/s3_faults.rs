@@ -911,6 +911,17 @@ async fn the_fault_proxy_forwards_requests_as_they_came() {
     assert_eq!(proxy.count(Kind::UploadPart, "ferry/up/x"), 1);
 }
 
+/// One replica; an upload of `len` bytes (seeded `seed`) of which the first `first` are sent and
+/// acknowledged: the rig, a client, the bytes and the upload's URL.
+async fn begun(len: usize, first: usize, seed: u64) -> (Rig, Tus, Vec<u8>, String) {
+    let rig = Rig::start(1, &[]).await;
+    let tus = rig.tus(0);
+    let data = pseudo_random(len, seed);
+    let url = tus.create(data.len() as u64).await;
+    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
+    (rig, tus, data, url)
+}
+
 /// Builds `sizes` partials on `tus` and their final; returns the final's URL and its bytes.
 async fn concatenation(tus: &Tus, sizes: &[usize], seed: u64) -> (String, Vec<u8>) {
     let (mut urls, mut all) = (Vec::new(), Vec::new());
@@ -964,12 +975,8 @@ async fn concatenations_complete_on_a_store_that_wants_lengths_and_on_one_withou
 /// the offset it had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_refusing_for_good_is_named_to_the_client_and_loses_nothing() {
-    let rig = Rig::start(1, &[]).await;
+    let (rig, tus, data, url) = begun(3 * MIB + 11, MIB, 0x91).await;
     let proxy = &rig.proxies[0];
-    let tus = rig.tus(0);
-    let data = pseudo_random(3 * MIB + 11, 0x91);
-    let url = tus.create(data.len() as u64).await;
-    assert_eq!(tus.patch(&url, 0, data[..MIB].to_vec(), &[]).await.status(), 204);
     // The next tail segment's PUT is refused for good.
     proxy.fail_next(Kind::Put, 1, 403, "AccessDenied");
     let r = tus.patch(&url, MIB as u64, data[MIB..2 * MIB].to_vec(), &[]).await;
@@ -988,13 +995,9 @@ async fn a_store_refusing_for_good_is_named_to_the_client_and_loses_nothing() {
 /// stray 404 costs a retry (503), never the bytes already acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_404_from_upload_part_is_confirmed_before_anything_is_rolled_back() {
-    let rig = Rig::start(1, &[]).await;
-    let proxy = &rig.proxies[0];
-    let tus = rig.tus(0);
-    let data = pseudo_random(16 * MIB + 3, 0xa1);
-    let url = tus.create(data.len() as u64).await;
     let first = 6 * MIB + 7;
-    assert_eq!(tus.patch(&url, 0, data[..first].to_vec(), &[]).await.status(), 204);
+    let (rig, tus, data, url) = begun(16 * MIB + 3, first, 0xa1).await;
+    let proxy = &rig.proxies[0];
     proxy.fail_next(Kind::UploadPart, 1, 404, "NoSuchUpload");
     let r = tus.patch(&url, first as u64, data[first..first + 5 * MIB].to_vec(), &[]).await;
     let status = r.status().as_u16();
@@ -1011,13 +1014,9 @@ async fn one_404_from_upload_part_is_confirmed_before_anything_is_rolled_back() 
 /// under way — and the upload finishes with its bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_completion_is_waited_out_never_sent_twice() {
-    let rig = Rig::start(1, &[]).await;
+    let (rig, tus, data, url) = begun(11 * MIB + 5, 6 * MIB, 0xb1).await;
     let proxy = &rig.proxies[0];
-    let tus = rig.tus(0);
-    let data = pseudo_random(11 * MIB + 5, 0xb1);
-    let url = tus.create(data.len() as u64).await;
     let id = id_of(&url);
-    assert_eq!(tus.patch(&url, 0, data[..6 * MIB].to_vec(), &[]).await.status(), 204);
     let hold = proxy.hold(Kind::Complete, &id, HoldAt::Response);
     let last = tokio::spawn({
         let (tus, url, rest) = (Tus::new(&rig.servers[0]), url.clone(), data[6 * MIB..].to_vec());

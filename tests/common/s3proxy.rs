@@ -166,21 +166,7 @@ impl S3Proxy {
             hold: Mutex::new(None),
             hole: watch::channel(false).0,
         });
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", l.local_addr().unwrap());
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((stream, _)) = l.accept().await else { continue };
-                while conns.try_join_next().is_some() {}
-                let st = st.clone();
-                conns.spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle_to_end(st.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
-                });
-            }
-        });
+        let (url, task) = serve_to_end(state.clone(), handle).await;
         S3Proxy { url, state, task }
     }
 
@@ -310,7 +296,7 @@ fn kind_of(method: &http::Method, query: &str, copy: bool) -> Kind {
     }
 }
 
-type Resp = hyper::Response<Full<Bytes>>;
+pub type Resp = hyper::Response<Full<Bytes>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn xml_error(status: u16, code: &str, message: &str) -> Resp {
@@ -336,14 +322,41 @@ fn strict_refusal(sizes: &[u64]) -> Option<(&'static str, String)> {
     None
 }
 
-/// [`handle`] `req` in a task of its own, so it runs to its end even when its client goes away,
-/// as bytes already in the network do: a held request still reaches S3 once released.
-async fn handle_to_end(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, std::io::Error> {
-    match tokio::spawn(handle(st, req)).await {
-        Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
-        Err(e) => Err(std::io::Error::other(e)),
-    }
+/// Serve HTTP/1.1 on a new loopback port, every request answered by `handle(state, req)` in a
+/// task of its own, so it runs to its end even when its client goes away, as bytes already in
+/// the network do (a held request still reaches S3 once released). Returns the
+/// `http://127.0.0.1:PORT` address and the accept loop's task (aborted to stop).
+pub async fn serve_to_end<S, F, Fut, E>(state: Arc<S>, handle: F) -> (String, tokio::task::JoinHandle<()>)
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, hyper::Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Resp, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let Ok((stream, _)) = l.accept().await else { continue };
+            while conns.try_join_next().is_some() {}
+            let st = state.clone();
+            conns.spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let st = st.clone();
+                    async move {
+                        match tokio::spawn(handle(st, req)).await {
+                            Ok(Ok(r)) => Ok(r),
+                            Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+                            Err(e) => Err(std::io::Error::other(e)),
+                        }
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    (url, task)
 }
 
 async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, BoxError> {

@@ -41,7 +41,6 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// S3's smallest part but the last.
@@ -211,21 +210,7 @@ impl S3Strict {
             late_waiting: AtomicU64::new(0),
             hits: AtomicU64::new(0),
         });
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", l.local_addr().unwrap());
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((stream, _)) = l.accept().await else { continue };
-                while conns.try_join_next().is_some() {}
-                let st = st.clone();
-                conns.spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle_to_end(st.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
-                });
-            }
-        });
+        let (url, task) = serve_to_end(state.clone(), handle).await;
         S3Strict { url, state, task }
     }
 
@@ -430,7 +415,7 @@ fn kind_of(method: &http::Method, query: &str, copy: bool, has_key: bool) -> Kin
     }
 }
 
-type Resp = hyper::Response<Full<Bytes>>;
+use super::s3proxy::{serve_to_end, Resp};
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
@@ -493,16 +478,6 @@ fn listed_parts(body: &str) -> Option<Vec<(u32, String)>> {
 
 fn same_etag(a: &str, b: &str) -> bool {
     a.trim_matches('"') == b.trim_matches('"')
-}
-
-/// [`handle`] `req` in a task of its own, so it runs to its end even when its client goes away,
-/// as bytes already in the network do.
-async fn handle_to_end(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, std::io::Error> {
-    match tokio::spawn(handle(st, req)).await {
-        Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(std::io::Error::other(e)),
-        Err(e) => Err(std::io::Error::other(e)),
-    }
 }
 
 async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, String> {
