@@ -1014,7 +1014,7 @@ async fn one_404_from_upload_part_is_confirmed_before_anything_is_rolled_back() 
 /// under way — and the upload finishes with its bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_completion_is_waited_out_never_sent_twice() {
-    let (rig, tus, data, url) = begun(11 * MIB + 5, 6 * MIB, 0xb1).await;
+    let (rig, _, data, url) = begun(11 * MIB + 5, 6 * MIB, 0xb1).await;
     let proxy = &rig.proxies[0];
     let id = id_of(&url);
     let hold = proxy.hold(Kind::Complete, &id, HoldAt::Response);
