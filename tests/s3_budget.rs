@@ -56,8 +56,11 @@ async fn slow_uploads_holding_open_parts_do_not_stall_a_fast_one() {
         let url = tus.create(40 * MIB as u64).await;
         slow.push(stalled_patch(&tus, &url, 40 * MIB, pseudo_random(KIB, i as u64)));
     }
-    // Every slow upload's first KiB has reached the server.
+    // Every slow upload's first KiB has reached the server, and holds a unit of the budget
+    // (64 KiB), not a part (16 MiB).
     wait_bytes_received(&server, (SLOW * KIB) as u64).await;
+    let held = buffer_bytes(&server).await;
+    assert!(held <= (SLOW as u64) * 2 * ferry::blob::s3::BUDGET_UNIT, "{SLOW} uploads holding 1 KiB each reserve {held} bytes of the budget");
 
     // A fast upload of 20 MiB in one PATCH is answered, and completes.
     let data = pseudo_random(20 * MIB, 99);
@@ -72,7 +75,11 @@ async fn slow_uploads_holding_open_parts_do_not_stall_a_fast_one() {
         drop(tx);
         let _ = tokio::time::timeout(Duration::from_secs(30), pending).await;
     }
+}
+
+/// `ferry_s3_buffer_bytes` now.
+async fn buffer_bytes(server: &Server) -> u64 {
     let metrics = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let in_use = metrics.lines().find(|l| l.starts_with("ferry_s3_buffer_bytes ")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap());
-    assert!(in_use.is_some(), "ferry_s3_buffer_bytes is exported:\n{metrics}");
+    let v = metrics.lines().find(|l| l.starts_with("ferry_s3_buffer_bytes ")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap());
+    v.unwrap_or_else(|| panic!("ferry_s3_buffer_bytes is exported:\n{metrics}")) as u64
 }

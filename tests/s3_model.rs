@@ -1104,7 +1104,7 @@ impl Model {
         if self.cfg.check_tail_budget {
             let holding = self.slots.iter().flatten().filter(|s| s.position() % PART != 0).count() as u64;
             check!(
-                buffered >= holding * MIB.min(self.cfg.max_buffer),
+                buffered >= holding * ferry::blob::s3::BUDGET_UNIT,
                 "{holding} writers hold bytes of an open part but only {buffered} bytes of budget are reserved: bytes read or kept outside the budget"
             );
         }

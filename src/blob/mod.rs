@@ -132,6 +132,11 @@ pub enum BlobError {
     /// committed was changed; the same call can succeed later.
     #[error("blob store unavailable: {0}")]
     Unavailable(String),
+    /// The store's memory budget (S3: `[s3] max_buffer`, `limit` bytes) had no room for these
+    /// bytes within `waited`: other uploads hold it. Nothing the caller committed was changed;
+    /// the same call can succeed once they move on.
+    #[error("no room in the blob store's memory budget ({limit} bytes) within {waited:?}: other uploads hold it")]
+    NoRoom { limit: u64, waited: std::time::Duration },
     /// The backend refused the request for good (S3: a 4xx other than 404, 408, 409, 412 and
     /// 429, or 501 — credentials or a bucket policy that refuse, a request the store does not
     /// implement or accept): the same request gets the same answer until an operator changes

@@ -49,6 +49,14 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
             )
             .with_cursor(*kept);
         }
+        BlobError::NoRoom { limit, waited } => {
+            tracing::warn!(limit, "the S3 memory budget ([s3] max_buffer) is full: a request was told to retry");
+            return Refusal::unavailable(format!(
+                "the server's upload buffer for S3 ([s3] max_buffer, {} MiB) is full with other uploads' bytes and had no room within {}; nothing acknowledged was lost (an operator can raise [s3] max_buffer)",
+                limit >> 20,
+                crate::units::human_duration(*waited)
+            ));
+        }
         BlobError::Refused { what, status, code } => {
             let what = format!("{what} ({})", crate::blob::refused_answer(*status, code.as_deref()));
             tracing::error!(refused = %what, "the blob store refused a request for good: its configuration (credentials, bucket policy, features) needs an operator");

@@ -58,7 +58,7 @@ pub use errors::{retry_config, REQUEST_DEADLINE};
 use state::S3State;
 pub use state::{fixed_part_size, DEFAULT_PART_FLOOR, MAX_PART, MAX_PARTS, MIN_PART};
 use writer::{Budget, Parked, S3Writer};
-pub use writer::{BudgetStats, BUDGET_WAIT};
+pub use writer::{BudgetStats, BUDGET_UNIT, BUDGET_WAIT};
 
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, WriteLease};
 

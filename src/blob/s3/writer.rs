@@ -15,7 +15,7 @@
 //!   reads nothing from S3. Only a new holder (another process, or after eviction) reads the
 //!   tail segments back.
 //! - **Memory is bounded store-wide** by `[s3] max_buffer` ([`Budget`]): a writer reserves its
-//!   open part's bytes as they arrive, a MiB at a time (never a whole part for one byte), after
+//!   open part's bytes as they arrive, 64 KiB at a time (never a whole part for one byte), after
 //!   evicting parked parts (their bytes are durable in tail segments); a full part takes its
 //!   share with it until S3 has stored it. A reservation that finds no room waits at most
 //!   [`BUDGET_WAIT`], then fails `Unavailable` (the client is told to retry): writers that hold
@@ -37,7 +37,7 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::state::{part_number, S3State, Segment, MAX_PARTS, MIB, PART_SLOTS, STALE_WINDOW, UNNOTED_NUMBERS};
+use super::state::{part_number, S3State, Segment, MAX_PARTS, PART_SLOTS, STALE_WINDOW, UNNOTED_NUMBERS};
 use super::{bounded, deadline_for, io, Inner, REQUEST_DEADLINE};
 use crate::blob::{BlobError, BlobResult, BlobState, BlobWriter, WriteLease};
 
@@ -89,8 +89,12 @@ struct Sending {
 /// waits without bound for memory other uploads hold.
 pub const BUDGET_WAIT: Duration = Duration::from_secs(5);
 
-/// Store-wide bound on the bytes of open parts, in MiB permits. Reserved as bytes arrive, a
-/// MiB at a time (never a whole part for one byte), by whatever is about to hold bytes in
+/// What one permit of the [`Budget`] stands for: 64 KiB, so an idle upload holding a few bytes
+/// of an open part holds 64 KiB of the budget (8 192 such uploads fill the default 512 MiB).
+pub const BUDGET_UNIT: u64 = 64 * 1024;
+
+/// Store-wide bound on the bytes of open parts, in [`BUDGET_UNIT`] permits. Reserved as bytes
+/// arrive, a unit at a time (never a whole part for one byte), by whatever is about to hold bytes in
 /// memory: a writer's open part, the tail a resume reads back, a part a composition streams.
 pub(super) struct Budget {
     sem: Arc<Semaphore>,
@@ -121,19 +125,19 @@ pub struct BudgetStats {
 impl Budget {
     /// A budget of `bytes` (at least one MiB).
     pub(super) fn new(bytes: u64) -> Budget {
-        let mib = u32::try_from(bytes.div_ceil(MIB).max(1)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
+        let mib = u32::try_from(bytes.div_ceil(BUDGET_UNIT).max(1)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
         Budget { sem: Arc::new(Semaphore::new(mib as usize)), mib, waiting: AtomicU64::new(0), waits: AtomicU64::new(0), waited_ms: AtomicU64::new(0), refused: AtomicU64::new(0) }
     }
 
     /// Bytes reserved now (active and parked open parts, tails being read, streamed pieces).
     pub(super) fn in_use(&self) -> u64 {
-        u64::from(self.mib - self.sem.available_permits() as u32) * MIB
+        u64::from(self.mib - self.sem.available_permits() as u32) * BUDGET_UNIT
     }
 
     pub(super) fn stats(&self) -> BudgetStats {
         BudgetStats {
             in_use: self.in_use(),
-            limit: u64::from(self.mib) * MIB,
+            limit: u64::from(self.mib) * BUDGET_UNIT,
             waiting: self.waiting.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             waited_ms: self.waited_ms.load(Ordering::Relaxed),
@@ -141,9 +145,9 @@ impl Budget {
         }
     }
 
-    /// Whole MiB permits covering `bytes`: at least one, at most the whole budget.
+    /// Whole permits covering `bytes`: at least one, at most the whole budget.
     fn permits_for(&self, bytes: u64) -> u32 {
-        (bytes.div_ceil(MIB).max(1).min(u64::from(self.mib))) as u32
+        (bytes.div_ceil(BUDGET_UNIT).max(1).min(u64::from(self.mib))) as u32
     }
 
     /// Make `held` cover `bytes` (whole MiB), reserving what it lacks: at once where there is
@@ -213,11 +217,7 @@ impl Budget {
             Ok(Err(e)) => Err(BlobError::Io(std::io::Error::other(e))),
             Err(_) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                Err(BlobError::Unavailable(format!(
-                    "no room in the S3 memory budget ([s3] max_buffer, {} MiB) within {} s: other uploads hold it",
-                    self.mib,
-                    BUDGET_WAIT.as_secs()
-                )))
+                Err(BlobError::NoRoom { limit: u64::from(self.mib) * BUDGET_UNIT, waited: BUDGET_WAIT })
             }
         }
     }
@@ -609,7 +609,7 @@ impl S3Writer {
             };
             let data = self.part.buf.split_to(size as usize).freeze();
             // The part takes its share of the open part's reservation with it.
-            let share = (size.div_ceil(MIB) as usize).min(self.part.permit.as_ref().map_or(0, |p| p.num_permits()));
+            let share = (size.div_ceil(BUDGET_UNIT) as usize).min(self.part.permit.as_ref().map_or(0, |p| p.num_permits()));
             let permit = match self.part.permit.as_mut() {
                 Some(p) if p.num_permits() <= share => self.part.permit.take(),
                 Some(p) => p.split(share),
