@@ -120,6 +120,17 @@ pub fn run(args: CheckArgs) -> ExitCode {
                 return ExitCode::from(EXIT_UNCHECKED);
             }
         };
+        // The store must be this catalog's (as `ferry serve` requires): a check against another
+        // store (a forgotten `--blobs`) would call every file missing, and `--repair-catalog`
+        // would mark every intact file damaged.
+        let store = match &cfg.blobs {
+            crate::config::BlobLocation::Dir(dir) => dir.display().to_string(),
+            crate::config::BlobLocation::S3(url) => url.to_string(),
+        };
+        if let Err(e) = crate::serve::check_store_mark(catalog.as_ref(), blobs.as_ref(), &store, false).await {
+            eprintln!("ferry: {e:#}");
+            return ExitCode::from(EXIT_UNCHECKED);
+        }
         let checker = Checker::new(catalog, blobs, CheckOptions { ids: args.ids.clone(), repair_catalog: args.repair_catalog, rate: args.rate, principal: None });
         let report = match check_all(&checker, !args.ids.is_empty(), args.quiet).await {
             Ok(r) => r,

@@ -107,7 +107,7 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
         BlobLocation::Dir(dir) => dir.display().to_string(),
         BlobLocation::S3(url) => url.to_string(),
     };
-    check_store_mark(catalog.as_ref(), blobs.as_ref(), &store).await?;
+    check_store_mark(catalog.as_ref(), blobs.as_ref(), &store, true).await?;
     let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
     let metrics = Arc::new(Metrics::for_replica(&replica));
     let locker: Arc<dyn Locker> = match cfg.leases {
@@ -380,8 +380,20 @@ pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
                     crate::blob::BlobError::Refused { code, .. } => code.as_deref() == Some("NoSuchBucket"),
                     _ => false,
                 };
+                // What an operator changes for the refusals a start-up meets most.
+                let hint = match &e {
+                    crate::blob::BlobError::Refused { status, code, .. } => match code.as_deref() {
+                        Some("InvalidAccessKeyId" | "SignatureDoesNotMatch") => Some("check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+                        Some("AuthorizationHeaderMalformed" | "IllegalLocationConstraintException" | "PermanentRedirect") => Some("check AWS_REGION (and AWS_ENDPOINT_URL)"),
+                        _ if *status == Some(403) || *status == Some(401) => Some("check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the bucket's policy (ferry needs to put, get, list and delete objects and multipart uploads under the prefix)"),
+                        _ => None,
+                    },
+                    _ => None,
+                };
                 if no_bucket {
                     anyhow::anyhow!("cannot write to the blob store {url}: its bucket does not exist (create it, or correct the bucket in --blobs)")
+                } else if let Some(hint) = hint {
+                    anyhow::anyhow!("cannot write to the blob store {url}: {e}; {hint}")
                 } else {
                     anyhow::anyhow!("cannot write to the blob store {url}: {e}")
                 }
@@ -407,10 +419,10 @@ const MARK_SAMPLE: usize = 20;
 /// - an unmarked store (a new deployment, a store from before marks, or a server that stopped
 ///   between the catalog's write and the store's): it is the catalog's store if it holds the
 ///   bytes of the catalog's uploads — of up to [`MARK_SAMPLE`] uploads with bytes, not all may
-///   be missing — and is then marked; else refuse.
+///   be missing — and is then marked (when `mark`; `ferry check` only looks); else refuse.
 ///
 /// Errors: the refusals above (naming `store` and what to do), a catalog or store failure.
-async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blobs: &dyn BlobStore, store: &str) -> anyhow::Result<()> {
+pub(crate) async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blobs: &dyn BlobStore, store: &str, mark: bool) -> anyhow::Result<()> {
     let here = blobs.mark().await.map_err(|e| anyhow::anyhow!("reading the mark of the blob store {store}: {e}"))?;
     let candidate = hex::encode(rand::random::<[u8; 16]>());
     let offered = here.clone().unwrap_or(candidate);
@@ -430,7 +442,9 @@ async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blobs: &dyn Blo
         let page = catalog.list_uploads_after(&after, 500).await.context("listing uploads to check the blob store")?;
         let Some(last) = page.last() else { break };
         after = last.id.clone();
-        for rec in page.iter().filter(|r| r.offset > 0 && !r.expired && r.concat == crate::catalog::Concat::None) {
+        // Every upload with bytes has a blob, concatenations' partials and finals included (a
+        // catalog whose only files are `ferry upload --parallel` finals was taken for an empty one).
+        for rec in page.iter().filter(|r| r.offset > 0 && !r.expired) {
             checked += 1;
             if blobs.len(&rec.id).await.map_err(|e| anyhow::anyhow!("reading the blob store {store}: {e}"))?.is_none() {
                 missing += 1;
@@ -446,6 +460,9 @@ async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blobs: &dyn Blo
             crate::blob::STORE_MARK,
             crate::blob::STORE_MARK
         );
+    }
+    if !mark {
+        return Ok(());
     }
     blobs.set_mark(&theirs).await.map_err(|e| anyhow::anyhow!("marking the blob store {store}: {e}"))?;
     tracing::info!(store, "blob store marked as this catalog's");

@@ -338,3 +338,25 @@ async fn check_reports_a_blob_longer_than_its_file_and_s3_leftovers() {
     let r = report(&out);
     assert_eq!((r["ok"].as_u64(), r["leftovers"].clone(), r["orphan_blobs"].clone()), (Some(1), serde_json::json!([b]), serde_json::json!([])), "{r}");
 }
+
+/// `ferry check` against a store that is not the catalog's (a forgotten or mistyped `--blobs`):
+/// it refuses, as `ferry serve` does, instead of calling every file missing — and with
+/// `--repair-catalog`, marking every intact file damaged (found by a break-it run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_a_store_that_is_not_the_catalogs() {
+    if blobs_are_s3() {
+        return; // the other store below is a directory
+    }
+    let server = Server::start(&[]);
+    let api = Api::new(&server);
+    let id = api.upload(&pseudo_random(50_000, 21), "kept.bin").await;
+    let other = tempfile::tempdir().unwrap();
+    for args in [&[][..], &["--repair-catalog"][..]] {
+        let (code, _, err) = check(&server, Some(other.path().to_str().unwrap()), &[], args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("is not the one this catalog's uploads are in"), "{args:?}: {err}");
+    }
+    assert_eq!(api.download(&id).await, pseudo_random(50_000, 21), "no file was marked damaged");
+    let (code, _, err) = check(&server, None, &[], &[]);
+    assert_eq!(code, 0, "the catalog's own store checks clean: {err}");
+}

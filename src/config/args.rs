@@ -115,7 +115,8 @@ pub struct ServeArgs {
     pub max_connections: Option<u32>,
     /// Web origins that may use TUS on /files/ from a browser: exact origins such as
     /// https://app.example.com, or `*` for any; comma-separated or repeated. Replaces
-    /// `[cors] allow_origins` [default: *].
+    /// `[cors] allow_origins` [default: any origin when the server has tokens; without tokens,
+    /// only the server's own].
     #[arg(long, env = "FERRY_CORS_ALLOW_ORIGINS", value_delimiter = ',')]
     pub cors_allow_origins: Vec<String>,
     /// Request headers a browser may send to /files/ besides the built-in TUS list
