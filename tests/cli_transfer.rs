@@ -134,6 +134,15 @@ async fn upload_parallel_concatenation_and_empty_file() {
     let d = ok_json(&out(&mut ferry(&s.base, &cache, &["download", "--json", v["id"].as_str().unwrap(), "-o", target.to_str().unwrap()])));
     assert_eq!(d["size"], 0);
     assert_eq!(std::fs::read(&target).unwrap().len(), 0);
+    // Without -o it takes the file's name, as any other file does, and a second run finds it
+    // there, verified (issue 48, kind 12: it was saved under its id and the re-run exited 2).
+    let here = dir.path().join("here");
+    std::fs::create_dir(&here).unwrap();
+    for run in 0..2 {
+        let o = out(ferry(&s.base, &cache, &["download", v["id"].as_str().unwrap()]).current_dir(&here));
+        assert_eq!(code(&o), 0, "run {run}: {}", stderr(&o));
+        assert_eq!(std::fs::read(here.join("empty")).map(|b| b.len()).ok(), Some(0), "run {run}: saved under the file's name");
+    }
 }
 
 /// Kill `ferry upload` (SIGKILL) once the server has part of the file, re-run it: it resumes

@@ -345,6 +345,18 @@ async fn probe(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result
         return Err(CliError::from_status(&what, status, &body));
     };
     drop(res);
+    // An empty file's 416 carries no representation headers (name, digest, validators): ask for
+    // the whole file, which is no bytes, to have them.
+    let h = if status == 416 {
+        let res = client.send_retrying(retry, &what, || client.request(reqwest::Method::GET, url)).await?;
+        if !res.status().is_success() {
+            let status = res.status().as_u16();
+            return Err(CliError::from_status(&what, status, &res.text().await.unwrap_or_default()));
+        }
+        res.headers().clone()
+    } else {
+        h
+    };
     Ok(Probe {
         total,
         etag: header_str(&h, "etag").map(str::to_owned).filter(|e| e.starts_with('"')),
