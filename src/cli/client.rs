@@ -3,7 +3,7 @@
 //! answers), RFC 9457 problem bodies, retry with exponential backoff, and the exit codes of
 //! every client command ([`EXIT_CODES`]).
 //!
-//! One file of ~790 lines because every client command shares this plumbing; the commands
+//! One file of ~920 lines because every client command shares this plumbing; the commands
 //! themselves live in their own files.
 
 use std::sync::Arc;

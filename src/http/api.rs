@@ -1,7 +1,7 @@
 //! The JSON API under `/api/v1`: tasks (start with `Idempotency-Key`, get, list, answer
 //! input, cancel, and the `external` producer's progress/complete/fail) and files (list, info).
 //!
-//! One file of ~900 lines because the OpenAPI document is generated from the annotations of these
+//! One file of ~1 060 lines because the OpenAPI document is generated from the annotations of these
 //! handlers, which must sit beside the routes they describe.
 //!
 //! Arguments and results travel as exact JSON text: what a client sends comes back byte for

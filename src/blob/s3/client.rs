@@ -11,9 +11,10 @@ use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::{MultipartId, ObjectStore, ObjectStoreExt};
 
+use super::budget::Budget;
 use super::errors::{bounded, corrupt, deadline_for, io, is_not_found, REQUEST_DEADLINE};
 use super::state::Segment;
-use super::writer::{Budget, Parked};
+use super::writer::Parked;
 use crate::blob::{BlobError, BlobResult};
 
 /// What every writer, reader and composer of one S3 store shares: the client and its settings.

@@ -31,6 +31,7 @@
 //! `Some(0)`, and [`BlobStore::truncate`] below the finished length is unsupported (the
 //! catalog's offset + blob state are the truth; no relaxed-durability roll-back exists on S3).
 
+mod budget;
 mod client;
 mod compose;
 mod errors;
@@ -52,13 +53,14 @@ use object_store::path::Path;
 use object_store::{ClientConfigKey, ClientOptions};
 use object_store::{GetOptions, GetRange, MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 
+use budget::Budget;
+pub use budget::{BudgetStats, BUDGET_UNIT, BUDGET_WAIT};
 use client::{Inner, Listing};
 use errors::{bounded, deadline_for, io, is_gone, is_not_found, own_retries, own_retries_count, Failure};
 pub use errors::{retry_config, REQUEST_DEADLINE};
 use state::S3State;
 pub use state::{fixed_part_size, DEFAULT_PART_FLOOR, MAX_PART, MAX_PARTS, MIN_PART};
-use writer::{Budget, Parked, S3Writer};
-pub use writer::{BudgetStats, BUDGET_UNIT, BUDGET_WAIT};
+use writer::{Parked, S3Writer};
 
 use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, WriteLease};
 

@@ -14,20 +14,23 @@
 //!   next PATCH of the same upload in this process, at that committed state, takes it back and
 //!   reads nothing from S3. Only a new holder (another process, or after eviction) reads the
 //!   tail segments back.
-//! - **Memory is bounded store-wide** by `[s3] max_buffer` ([`Budget`]): a writer reserves its
+//! - **Memory is bounded store-wide** by `[s3] max_buffer` ([`Budget`](super::budget::Budget)): a writer reserves its
 //!   open part's bytes as they arrive, 64 KiB at a time (never a whole part for one byte), after
 //!   evicting parked parts (their bytes are durable in tail segments); a full part takes its
 //!   share with it until S3 has stored it. A reservation that finds no room waits at most
-//!   [`BUDGET_WAIT`], then fails `Unavailable` (the client is told to retry): writers that hold
+//!   [`BUDGET_WAIT`](super::budget::BUDGET_WAIT), then fails `Unavailable` (the client is told to retry): writers that hold
 //!   part of the budget and want more never wait on each other without bound. Tails read back
 //!   on a resume or a rewind, and parts a composition streams, are reserved before they are read.
 //! - **The lease guards every change** ([`WriteLease`]): every request that changes the store
 //!   is made only while the lease holds, is cut short when the writer is asked to let go, and
 //!   a part whose upload returns after the lease ran out is not recorded. A writer cut or
 //!   fenced is broken: it changes nothing more and is never parked.
+//!
+//! One file of ~770 lines because it is one writer's state machine (the open part, the parts on
+//! their way, the stream, the numbers taken) whose every method moves the same fields; the
+//! budget it reserves from is `budget.rs`, the part model `state.rs`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +38,9 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::{MultipartId, ObjectStoreExt, PutPayload};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::budget::BUDGET_UNIT;
 
 use super::state::{part_number, S3State, Segment, MAX_PARTS, PART_SLOTS, STALE_WINDOW, UNNOTED_NUMBERS};
 use super::{bounded, deadline_for, io, Inner, REQUEST_DEADLINE};
@@ -78,149 +83,10 @@ struct Streaming {
 struct Sending {
     /// The part's bytes, put back in front of the open part if it is not stored.
     data: Bytes,
-    /// Their reservation in the [`Budget`]: given back once the part is stored, put back with
+    /// Their reservation in the [`Budget`](super::budget::Budget): given back once the part is stored, put back with
     /// the bytes if it is not.
     permit: Option<OwnedSemaphorePermit>,
     task: tokio::task::JoinHandle<BlobResult<(u32, PartId)>>,
-}
-
-/// Longest a reservation in the [`Budget`] waits for room before it gives up with
-/// [`BlobError::Unavailable`] (the client is told to retry after a moment): a writer never
-/// waits without bound for memory other uploads hold.
-pub const BUDGET_WAIT: Duration = Duration::from_secs(5);
-
-/// What one permit of the [`Budget`] stands for: 64 KiB, so an idle upload holding a few bytes
-/// of an open part holds 64 KiB of the budget (8 192 such uploads fill the default 512 MiB).
-pub const BUDGET_UNIT: u64 = 64 * 1024;
-
-/// Store-wide bound on the bytes of open parts, in [`BUDGET_UNIT`] permits. Reserved as bytes
-/// arrive, a unit at a time (never a whole part for one byte), by whatever is about to hold bytes in
-/// memory: a writer's open part, the tail a resume reads back, a part a composition streams.
-pub(super) struct Budget {
-    sem: Arc<Semaphore>,
-    mib: u32,
-    /// Reservations waiting now, and how many and how long (ms) all have waited.
-    waiting: AtomicU64,
-    waits: AtomicU64,
-    waited_ms: AtomicU64,
-    refused: AtomicU64,
-}
-
-/// What the [`Budget`] is doing (`ferry_s3_buffer_*` metrics).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BudgetStats {
-    /// Bytes reserved now (open parts, parked ones included, tails read back, streamed pieces).
-    pub in_use: u64,
-    /// The bound (`[s3] max_buffer`), in bytes.
-    pub limit: u64,
-    /// Reservations waiting for room now.
-    pub waiting: u64,
-    /// Reservations that had to wait, and their waits in all (ms).
-    pub waits: u64,
-    pub waited_ms: u64,
-    /// Reservations that gave up after [`BUDGET_WAIT`] (their request answered 503).
-    pub refused: u64,
-}
-
-impl Budget {
-    /// A budget of `bytes` (at least one MiB).
-    pub(super) fn new(bytes: u64) -> Budget {
-        let mib = u32::try_from(bytes.div_ceil(BUDGET_UNIT).max(1)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
-        Budget { sem: Arc::new(Semaphore::new(mib as usize)), mib, waiting: AtomicU64::new(0), waits: AtomicU64::new(0), waited_ms: AtomicU64::new(0), refused: AtomicU64::new(0) }
-    }
-
-    /// Bytes reserved now (active and parked open parts, tails being read, streamed pieces).
-    pub(super) fn in_use(&self) -> u64 {
-        u64::from(self.mib - self.sem.available_permits() as u32) * BUDGET_UNIT
-    }
-
-    pub(super) fn stats(&self) -> BudgetStats {
-        BudgetStats {
-            in_use: self.in_use(),
-            limit: u64::from(self.mib) * BUDGET_UNIT,
-            waiting: self.waiting.load(Ordering::Relaxed),
-            waits: self.waits.load(Ordering::Relaxed),
-            waited_ms: self.waited_ms.load(Ordering::Relaxed),
-            refused: self.refused.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Whole permits covering `bytes`: at least one, at most the whole budget.
-    fn permits_for(&self, bytes: u64) -> u32 {
-        (bytes.div_ceil(BUDGET_UNIT).max(1).min(u64::from(self.mib))) as u32
-    }
-
-    /// Make `held` cover `bytes` (whole MiB), reserving what it lacks: at once where there is
-    /// room, after evicting parked open parts (their bytes are durable in tail segments), else
-    /// waiting at most [`BUDGET_WAIT`]. Errors: [`BlobError::Unavailable`] when no room came in
-    /// time (nothing is reserved then beyond what `held` had).
-    pub(super) async fn cover(&self, held: &mut Option<OwnedSemaphorePermit>, bytes: u64, parked: &Parked) -> BlobResult<()> {
-        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
-        let want = self.permits_for(bytes);
-        if have >= want {
-            return Ok(());
-        }
-        let more = self.reserve_permits(want - have, parked).await?;
-        match held {
-            Some(p) => p.merge(more),
-            None => *held = Some(more),
-        }
-        Ok(())
-    }
-
-    /// [`Budget::cover`] without waiting: `true` when `held` covers `bytes` now (reserving
-    /// what it lacks where there is room, after evicting parked parts), `false` changing
-    /// nothing otherwise.
-    pub(super) fn try_cover(&self, held: &mut Option<OwnedSemaphorePermit>, bytes: u64, parked: &Parked) -> bool {
-        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
-        let want = self.permits_for(bytes);
-        if have >= want {
-            return true;
-        }
-        loop {
-            match self.sem.clone().try_acquire_many_owned(want - have) {
-                Ok(more) => {
-                    match held {
-                        Some(p) => p.merge(more),
-                        None => *held = Some(more),
-                    }
-                    return true;
-                }
-                Err(TryAcquireError::NoPermits) if parked.evict_one() => continue,
-                Err(_) => return false,
-            }
-        }
-    }
-
-    /// A reservation covering `bytes` (see [`Budget::cover`]).
-    pub(super) async fn reserve(&self, bytes: u64, parked: &Parked) -> BlobResult<OwnedSemaphorePermit> {
-        self.reserve_permits(self.permits_for(bytes), parked).await
-    }
-
-    async fn reserve_permits(&self, n: u32, parked: &Parked) -> BlobResult<OwnedSemaphorePermit> {
-        loop {
-            match self.sem.clone().try_acquire_many_owned(n) {
-                Ok(p) => return Ok(p),
-                Err(TryAcquireError::NoPermits) if parked.evict_one() => continue,
-                Err(TryAcquireError::NoPermits) => break,
-                Err(TryAcquireError::Closed) => return Err(BlobError::Io(std::io::Error::other("the S3 memory budget is closed"))),
-            }
-        }
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
-        let got = tokio::time::timeout(BUDGET_WAIT, self.sem.clone().acquire_many_owned(n)).await;
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        self.waits.fetch_add(1, Ordering::Relaxed);
-        self.waited_ms.fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-        match got {
-            Ok(Ok(p)) => Ok(p),
-            Ok(Err(e)) => Err(BlobError::Io(std::io::Error::other(e))),
-            Err(_) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                Err(BlobError::NoRoom { limit: u64::from(self.mib) * BUDGET_UNIT, waited: BUDGET_WAIT })
-            }
-        }
-    }
 }
 
 /// What a writer keeps of its upload between two PATCHes.
@@ -234,7 +100,7 @@ pub(super) struct OpenPart {
     /// The segments of the last three synced states (the opened one first): older ones are
     /// deleted, as the engine commits a state before it syncs twice more.
     pub history: Vec<Vec<Segment>>,
-    /// The reservation in the [`Budget`] covering `buf` (whole MiB, grown as it fills).
+    /// The reservation in the [`Budget`](super::budget::Budget) covering `buf` (whole units, grown as it fills).
     pub permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -261,7 +127,7 @@ impl Parked {
     }
 
     /// Drop the part parked longest ago; `false` when none is.
-    fn evict_one(&self) -> bool {
+    pub(super) fn evict_one(&self) -> bool {
         let mut m = self.lock();
         let Some(oldest) = m.iter().min_by_key(|(_, (_, at, _))| *at).map(|(k, _)| k.clone()) else { return false };
         m.remove(&oldest);
@@ -526,7 +392,7 @@ impl S3Writer {
     }
 
     /// Make the open part's reservation in the store's budget cover `bytes` (whole MiB, grown
-    /// as the part fills; [`Budget::cover`]): never waits past [`BUDGET_WAIT`], and a writer
+    /// as the part fills; [`Budget::cover`](super::budget::Budget::cover)): never waits past [`BUDGET_WAIT`](super::budget::BUDGET_WAIT), and a writer
     /// asked to let go stops waiting.
     async fn cover(&mut self, bytes: u64) -> BlobResult<()> {
         let s = self.store.clone();
