@@ -123,11 +123,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
         // The store must be this catalog's (as `ferry serve` requires): a check against another
         // store (a forgotten `--blobs`) would call every file missing, and `--repair-catalog`
         // would mark every intact file damaged.
-        let store = match &cfg.blobs {
-            crate::config::BlobLocation::Dir(dir) => dir.display().to_string(),
-            crate::config::BlobLocation::S3(url) => url.to_string(),
-        };
-        if let Err(e) = crate::serve::check_store_mark(catalog.as_ref(), blobs.as_ref(), &store, false).await {
+        if let Err(e) = crate::serve::check_store_mark(catalog.as_ref(), blobs.as_ref(), &cfg.blobs.to_string(), false).await {
             eprintln!("ferry: {e:#}");
             return ExitCode::from(EXIT_UNCHECKED);
         }

@@ -103,11 +103,7 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
         tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
     }
     let blobs = open_blobs(&cfg).await?;
-    let store = match &cfg.blobs {
-        BlobLocation::Dir(dir) => dir.display().to_string(),
-        BlobLocation::S3(url) => url.to_string(),
-    };
-    check_store_mark(catalog.as_ref(), blobs.as_ref(), &store, true).await?;
+    check_store_mark(catalog.as_ref(), blobs.as_ref(), &cfg.blobs.to_string(), true).await?;
     let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
     let metrics = Arc::new(Metrics::for_replica(&replica));
     let locker: Arc<dyn Locker> = match cfg.leases {

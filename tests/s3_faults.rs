@@ -177,20 +177,7 @@ async fn fault1_uploads_and_concatenations_complete_behind_r2s_equal_parts_rule(
 
     // Partials of unequal sizes, each at least a part or smaller than one (s3.rs copies the
     // large ones inside S3, which makes parts of their sizes).
-    let sizes = [6 * MIB + 1, MIB + 3, 11 * MIB, 7 * MIB + 5, 200 * 1024];
-    let (mut urls, mut all) = (Vec::new(), Vec::new());
-    for (i, n) in sizes.iter().enumerate() {
-        let part = pseudo_random(*n, 0x12 + i as u64);
-        let r = tus.post(&[("Upload-Length", &n.to_string()), ("Upload-Concat", "partial")]).await;
-        assert_eq!(r.status(), 201);
-        let u = tus.abs(header(&r, "location").unwrap());
-        assert_eq!(tus.patch(&u, 0, part.clone(), &[]).await.status(), 204);
-        all.extend_from_slice(&part);
-        urls.push(u);
-    }
-    let r = tus.post(&[("Upload-Concat", &format!("final;{}", urls.join(" ")))]).await;
-    assert_eq!(r.status(), 201);
-    let fin = tus.abs(header(&r, "location").unwrap());
+    let (fin, all) = concatenation(&tus, &[6 * MIB + 1, MIB + 3, 11 * MIB, 7 * MIB + 5, 200 * 1024], 0x12).await;
     let done = eventually(60, || async {
         let r = tus.head(&fin).await;
         !proxy.refused().is_empty() || (header(&r, "upload-offset").is_some() && header(&r, "upload-offset") == header(&r, "upload-length"))

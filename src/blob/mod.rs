@@ -164,13 +164,14 @@ pub enum BlobError {
     Cut,
 }
 
-/// `503 SlowDown`, `404`, `NoSuchBucket`: how a [`BlobError::Refused`] names the store's answer.
+/// `503 SlowDown`, `404`, `NoSuchBucket`, `no answer`: how a store's answer is named (in
+/// [`BlobError::Refused`], and by the S3 store's own errors).
 pub(crate) fn refused_answer(status: Option<u16>, code: Option<&str>) -> String {
     match (status, code) {
         (Some(s), Some(c)) => format!("{s} {c}"),
         (Some(s), None) => s.to_string(),
         (None, Some(c)) => c.to_string(),
-        (None, None) => "no status".to_string(),
+        (None, None) => "no answer".to_string(),
     }
 }
 

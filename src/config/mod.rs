@@ -64,6 +64,16 @@ pub enum BlobLocation {
     S3(String),
 }
 
+impl std::fmt::Display for BlobLocation {
+    /// The store as messages name it: the directory, or the `s3://` URL.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlobLocation::Dir(dir) => write!(f, "{}", dir.display()),
+            BlobLocation::S3(url) => f.write_str(url),
+        }
+    }
+}
+
 impl BlobLocation {
     fn parse(v: &str) -> BlobLocation {
         if v.starts_with("s3://") {

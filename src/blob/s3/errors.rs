@@ -112,12 +112,7 @@ impl Answer {
 
 impl std::fmt::Display for Answer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (&self.status, &self.code) {
-            (Some(s), Some(c)) => write!(f, "{s} {c}"),
-            (Some(s), None) => write!(f, "{s}"),
-            (None, Some(c)) => write!(f, "{c}"),
-            (None, None) => f.write_str("no answer"),
-        }
+        f.write_str(&crate::blob::refused_answer(self.status, self.code.as_deref()))
     }
 }
 
