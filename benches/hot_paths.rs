@@ -103,7 +103,7 @@ fn pipeline(c: &mut Criterion) {
                         }
                         w.sync().await.expect("sync");
                         drop(w);
-                        store.delete(&id).await.expect("delete");
+                        store.delete(&ferry::blob::Unreferenced::vouched(id.as_str())).await.expect("delete");
                         h.digest()
                     })
                 },

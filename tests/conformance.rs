@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::pg::TestDb;
 use common::s3::TestS3;
-use ferry::blob::{BlobStore, FsBlobStore, S3BlobStore};
+use ferry::blob::{BlobStore, FsBlobStore, S3BlobStore, Unreferenced};
 use ferry::catalog::{Catalog, PostgresCatalog, SqliteCatalog};
 
 #[tokio::test]
@@ -301,7 +301,7 @@ async fn s3_blob_store_a_stale_composer_never_erases_a_finished_final() {
     assert!(read("fin").await == all, "the final is untouched");
 
     for (id, _) in &sources {
-        store.delete(id).await.unwrap();
+        store.delete(&Unreferenced::vouched(id)).await.unwrap();
     }
     let late = store.compose("fin", &sources, &live).await;
     assert!(late.is_err(), "its sources are gone: {late:?}");
@@ -342,7 +342,7 @@ async fn s3_blob_store_conformance() {
     store.finish("race", &state).await.expect("finish again");
     let got: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(store.read("race", 0..data.len() as u64).await.unwrap()).await.unwrap();
     assert_eq!(got.concat(), data);
-    store.delete("race").await.unwrap();
+    store.delete(&Unreferenced::vouched("race")).await.unwrap();
     assert_eq!(s3.multipart_uploads().await, Vec::<String>::new(), "every multipart upload completed or aborted");
     // A finish that completed the object and was cut off before its last clean-up step (seen on
     // Garage under load: the DELETE of `.created` answered 500): the catalog still has the upload
@@ -361,7 +361,7 @@ async fn s3_blob_store_conformance() {
     let got: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(store.read("cut", 0..data.len() as u64).await.unwrap()).await.unwrap();
     assert_eq!(got.concat(), data);
     assert!(!s3.keys().await.iter().any(|k| k.starts_with("some/prefix/cut.")), "the clean-up left nothing but the object");
-    store.delete("cut").await.unwrap();
+    store.delete(&Unreferenced::vouched("cut")).await.unwrap();
     // What remains: the blobs the suite finished and did not delete.
     let keys = s3.keys().await;
     assert!(keys.iter().all(|k| k.starts_with("some/prefix/") && !k.contains(".tail/") && !k.contains(".mpu/")), "{keys:?}");

@@ -542,3 +542,62 @@ fn the_protocol_checker_catches_application_codes() {
     // Comments and other words are not names.
     assert!(application_names("// QuotaExceeded was moved to ferry\nfn quota_free() {}").is_empty());
 }
+
+/// The files of `src/` that may vouch that a blob is named by no record
+/// ([`ferry::blob::Unreferenced::vouched`], the right to remove its bytes): the upload engine's
+/// removal steps, each made from the catalog step that released the row, and the blob stores'
+/// own definition and conformance tests. `BlobStore::delete` takes an `Unreferenced`, so bytes
+/// are removed only with one, and one is made only here.
+const REMOVAL_GRANTORS: &[&str] = &["upload/removal.rs", "blob/mod.rs", "blob/conformance.rs"];
+
+/// Files of `src/` outside [`REMOVAL_GRANTORS`] that make an `Unreferenced`, as `file: line`.
+fn unlicensed_removals(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, src) in files {
+        if REMOVAL_GRANTORS.iter().any(|g| path == Path::new(g)) {
+            continue;
+        }
+        let code = strip_comments(src);
+        // The constructor by any path (`Unreferenced::vouched`, `blob::Unreferenced::vouched`),
+        // or the struct literal (only possible inside `blob`, and not done there either).
+        for (n, line) in code.lines().enumerate() {
+            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            if compact.contains("Unreferenced::vouched") || compact.contains("Unreferenced{id") {
+                found.push(format!("src/{}: {}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn only_the_removal_steps_vouch_that_bytes_are_unreferenced() {
+    let files = source_tree();
+    assert!(files.iter().any(|(p, src)| p == Path::new("upload/removal.rs") && src.contains("Unreferenced::vouched")), "the grantor was found");
+    let v = unlicensed_removals(&files);
+    assert!(v.is_empty(), "bytes vouched unreferenced outside src/upload/removal.rs (make the evidence there, from the catalog step that released the row):\n{}", v.join("\n"));
+}
+
+/// A vouching planted in the engine's other files, by each path it could take: each is
+/// reported, by file; a comment or a string that names it is not.
+#[test]
+fn a_removal_vouched_outside_the_removal_steps_is_caught() {
+    let clean = source_tree();
+    let plants = [
+        ("upload/maintenance.rs", "\nfn planted() -> crate::blob::Unreferenced { crate::blob::Unreferenced::vouched(\"x\") }\n"),
+        ("upload/mod.rs", "\nfn planted() { let _ = Unreferenced :: vouched(String::new()); }\n"),
+        ("tasks/engine.rs", "\nfn planted() { let _ = crate::blob::Unreferenced::vouched(\"x\"); }\n"),
+        ("blob/s3/mod.rs", "\nfn planted() -> super::Unreferenced { super::Unreferenced { id: String::new() } }\n"),
+    ];
+    for (target, plant) in plants {
+        let mut files = clean.clone();
+        let (_, src) = files.iter_mut().find(|(p, _)| p == Path::new(target)).unwrap_or_else(|| panic!("src/{target} is in the tree"));
+        src.push_str(plant);
+        let v = unlicensed_removals(&files);
+        assert_eq!(v.len(), 1, "{target}: {v:?}");
+        assert!(v[0].starts_with(&format!("src/{target}: ")), "{}", v[0]);
+    }
+    let mut files = clean.clone();
+    files[0].1.push_str("\n// Unreferenced::vouched is for removal.rs\nfn f() -> &'static str { \"Unreferenced::vouched\" }\n");
+    assert!(unlicensed_removals(&files).is_empty());
+}

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::s3strict::{Fault, Kind, Rules, S3Strict};
-use ferry::blob::{BlobError, BlobState, BlobStore, BlobWriter, S3BlobStore, WriteLease};
+use ferry::blob::{BlobError, BlobState, BlobStore, BlobWriter, S3BlobStore, Unreferenced, WriteLease};
 use proptest::prelude::*;
 
 /// The part floor given to ferry and the smallest part the strict S3 accepts.
@@ -889,8 +889,9 @@ impl Model {
                 for s in self.slots.iter().flatten().filter(|s| s.u == u) {
                     s.lease.expire();
                 }
-                let finished = row.finished;
-                let r = if finished { self.drive("delete", None, self.store.delete(IDS[u])).await? } else { self.drive("abort", None, self.store.abort(IDS[u])).await? };
+                // The row is gone (or tombstoned) first: nothing names the bytes any more.
+                let gone = Unreferenced::vouched(IDS[u]);
+                let r = self.drive("delete", None, self.store.delete(&gone)).await?;
                 match r {
                     Ok(()) => {
                         self.rows[u].live = false;

@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use futures::TryStreamExt;
 
-use super::{BlobError, BlobState, BlobStore};
+use super::{BlobError, BlobState, BlobStore, Unreferenced, WriteLease};
 
 async fn read_all(store: &dyn BlobStore, id: &str, range: std::ops::Range<u64>) -> Vec<u8> {
     let s = store.read(id, range).await.expect("read");
@@ -26,7 +26,7 @@ pub async fn run_all(store: &dyn BlobStore, prefix: &str) {
     check_missing_and_ranges(store, prefix).await;
     check_blob_state_resume_and_finish(store, prefix).await;
     check_parts_tails_resume(store, prefix).await;
-    check_abort(store, prefix).await;
+    check_delete_unfinished(store, prefix).await;
     check_inventory(store, prefix).await;
     store.ping().await.expect("ping");
 }
@@ -68,7 +68,7 @@ pub async fn check_write_finish_read(store: &dyn BlobStore, p: &str) {
     assert!(matches!(store.read(&id, 0..3_000_001).await, Err(BlobError::OutOfRange { .. })));
     let (a, b) = futures::join!(read_all(store, &id, 0..10), read_all(store, &id, 10..20));
     assert_eq!((a.as_slice(), b.as_slice()), (&data[0..10], &data[10..20]));
-    store.delete(&id).await.unwrap();
+    store.delete(&Unreferenced::vouched(&id)).await.unwrap();
     assert_eq!(store.len(&id).await.unwrap(), None, "deleted: gone");
 }
 
@@ -140,7 +140,7 @@ pub async fn check_parts_tails_resume(store: &dyn BlobStore, p: &str) {
         let r = b - 3..(b + 5).min(rest);
         assert_eq!(read_all(store, &id, r.clone()).await, &data[r.start as usize..r.end as usize], "range across {b}");
     }
-    store.delete(&id).await.unwrap();
+    store.delete(&Unreferenced::vouched(&id)).await.unwrap();
 }
 
 /// Writes return a state describing exactly the synced bytes; reopening at that state resumes
@@ -182,16 +182,16 @@ pub async fn check_blob_state_resume_and_finish(store: &dyn BlobStore, p: &str) 
     assert!(matches!(store.finish(&format!("{p}nostate"), &s2).await, Err(BlobError::NotFound)));
 }
 
-pub async fn check_abort(store: &dyn BlobStore, p: &str) {
+pub async fn check_delete_unfinished(store: &dyn BlobStore, p: &str) {
     let id = format!("{p}abort");
     store.create(&id).await.unwrap();
     let mut w = store.open_writer(&id, 0, &BlobState::default()).await.unwrap();
     w.write(Bytes::from_static(b"abc")).await.unwrap();
     w.sync().await.unwrap();
     drop(w);
-    store.abort(&id).await.unwrap();
-    assert_eq!(store.len(&id).await.unwrap(), None, "aborted: gone");
-    store.abort(&id).await.expect("abort is idempotent");
+    store.delete(&Unreferenced::vouched(&id)).await.unwrap();
+    assert_eq!(store.len(&id).await.unwrap(), None, "an unfinished blob deleted: gone");
+    store.delete(&Unreferenced::vouched(&id)).await.expect("delete is idempotent");
 }
 
 pub async fn check_write_read(store: &dyn BlobStore, p: &str) {
@@ -228,9 +228,14 @@ pub async fn check_reopen_discards_garbage(store: &dyn BlobStore, p: &str) {
     w.sync().await.unwrap();
     assert_eq!(read_all(store, &id, 0..6).await, b"hello!");
     assert_eq!(store.len(&id).await.unwrap(), Some(6));
-    store.truncate(&id, 2).await.unwrap();
+    // A writer whose lease ran out cuts nothing.
+    let past = std::time::Instant::now();
+    let lost = WriteLease { valid_until: std::sync::Arc::new(move || Some(past)), ..WriteLease::default() };
+    assert!(matches!(store.truncate(&id, 2, &lost).await, Err(BlobError::LeaseLost)), "a truncate without the lease");
+    assert_eq!(store.len(&id).await.unwrap(), Some(6), "a truncate without the lease cut nothing");
+    store.truncate(&id, 2, &WriteLease::default()).await.unwrap();
     assert_eq!(store.len(&id).await.unwrap(), Some(2));
-    store.truncate(&id, 10).await.unwrap();
+    store.truncate(&id, 10, &WriteLease::default()).await.unwrap();
     assert_eq!(store.len(&id).await.unwrap(), Some(2), "truncate never grows");
     // One writer at a time: the fs store keeps a second one out while the first has the file.
     drop(w);
@@ -260,10 +265,10 @@ pub async fn check_missing_and_ranges(store: &dyn BlobStore, p: &str) {
     assert_eq!(store.len(&id).await.unwrap(), None);
     assert!(matches!(store.open_writer(&id, 0, &BlobState::default()).await, Err(BlobError::NotFound)));
     assert!(matches!(store.read(&id, 0..0).await, Err(BlobError::NotFound)));
-    store.delete(&id).await.expect("deleting an absent blob is Ok");
+    store.delete(&Unreferenced::vouched(&id)).await.expect("deleting an absent blob is Ok");
     store.create(&id).await.unwrap();
     assert!(matches!(store.read(&id, 0..1).await, Err(BlobError::OutOfRange { .. })));
-    store.delete(&id).await.unwrap();
+    store.delete(&Unreferenced::vouched(&id)).await.unwrap();
     assert_eq!(store.len(&id).await.unwrap(), None);
 }
 
@@ -281,7 +286,7 @@ pub async fn check_inventory(store: &dyn BlobStore, p: &str) {
     w.complete().await.unwrap();
     drop(w);
     store.finish(&done, &st).await.unwrap();
-    store.delete(&gone).await.unwrap();
+    store.delete(&Unreferenced::vouched(&gone)).await.unwrap();
     let inv = store.inventory().await.unwrap();
     assert_eq!(inv.blobs.iter().filter(|b| **b == done).count(), 1, "{inv:?}");
     assert_eq!(inv.blobs.iter().filter(|b| **b == open).count(), 1, "{inv:?}");
@@ -289,6 +294,6 @@ pub async fn check_inventory(store: &dyn BlobStore, p: &str) {
     assert!(inv.blobs.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
     assert!(!inv.unfinished.contains(&done), "a finished blob keeps nothing of an unfinished one: {inv:?}");
     assert!(inv.unfinished.iter().all(|u| inv.blobs.contains(u)), "{inv:?}");
-    store.delete(&done).await.unwrap();
-    store.delete(&open).await.unwrap();
+    store.delete(&Unreferenced::vouched(&done)).await.unwrap();
+    store.delete(&Unreferenced::vouched(&open)).await.unwrap();
 }

@@ -52,7 +52,7 @@ use futures::{FutureExt, Stream};
 use tokio::task::JoinHandle;
 
 use super::direct::Direct;
-use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture, WriteLease};
+use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture, Unreferenced, WriteLease};
 
 /// Bytes gathered before one `writev` is issued.
 pub const WRITE_BATCH: usize = 2 << 20;
@@ -473,21 +473,22 @@ impl BlobStore for FsBlobStore {
         }
     }
 
-    async fn truncate(&self, id: &str, len: u64) -> BlobResult<()> {
+    async fn truncate(&self, id: &str, len: u64, lease: &WriteLease) -> BlobResult<()> {
         let path = self.path(id)?;
         self.stray.settle(&path).await;
         let durable = self.durable;
-        blocking(move || -> BlobResult<()> {
-            let f = crate::regular_file::open(OpenOptions::new().write(true), &path).map_err(not_found)?;
-            if f.metadata()?.len() > len {
-                f.set_len(len)?;
-                if durable {
-                    f.sync_data()?;
+        lease
+            .run(blocking(move || -> BlobResult<()> {
+                let f = crate::regular_file::open(OpenOptions::new().write(true), &path).map_err(not_found)?;
+                if f.metadata()?.len() > len {
+                    f.set_len(len)?;
+                    if durable {
+                        f.sync_data()?;
+                    }
                 }
-            }
-            Ok(())
-        })
-        .await
+                Ok(())
+            }))
+            .await
     }
 
     async fn read(&self, id: &str, range: Range<u64>) -> BlobResult<ByteStream> {
@@ -533,10 +534,6 @@ impl BlobStore for FsBlobStore {
             // Bytes are durable in place (the writer synced them before the state existed).
             Some(_) => Ok(()),
         }
-    }
-
-    async fn abort(&self, id: &str) -> BlobResult<()> {
-        self.delete(id).await
     }
 
     async fn ping(&self) -> BlobResult<()> {
@@ -586,8 +583,8 @@ impl BlobStore for FsBlobStore {
     /// the caller reports done stays done after a power cut (without the directory's fsync the
     /// name, and the bytes, can come back). Removing an absent blob syncs the directory too, so
     /// a retry after a crash between the unlink and the fsync still makes it durable.
-    async fn delete(&self, id: &str) -> BlobResult<()> {
-        let path = self.path(id)?;
+    async fn delete(&self, gone: &Unreferenced) -> BlobResult<()> {
+        let path = self.path(gone.id())?;
         self.stray.settle(&path).await;
         let durable = self.durable;
         blocking(move || -> std::io::Result<()> {

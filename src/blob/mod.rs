@@ -292,6 +292,34 @@ impl BlobError {
 
 pub type BlobResult<T> = Result<T, BlobError>;
 
+/// The right to remove blob `id`'s bytes ([`BlobStore::delete`]): evidence that no record
+/// promises them to anyone any more — the catalog's row was deleted, tombstoned (terminated,
+/// expired, failed) or never written — so removing them takes nothing from a client (DESIGN
+/// §2: the row is the truth; the blob holds at least the bytes the row names).
+///
+/// `delete` takes one, so removing bytes without it does not compile. Only the catalog step
+/// that released the row can say so, and the upload engine makes every one of them in one
+/// file (`src/upload/removal.rs`): `tests/layers.rs` (`REMOVAL_GRANTORS`) fails when
+/// [`Unreferenced::vouched`] is called anywhere else in `src/`.
+#[derive(Debug)]
+#[must_use = "an Unreferenced is the right to remove the bytes; pass it to BlobStore::delete"]
+pub struct Unreferenced {
+    id: String,
+}
+
+impl Unreferenced {
+    /// Vouch that blob `id` is named by no record (see the type). Callers: only
+    /// `upload::removal` (and tests of the stores themselves).
+    pub fn vouched(id: impl Into<String>) -> Unreferenced {
+        Unreferenced { id: id.into() }
+    }
+
+    /// The blob id whose bytes may go.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
 /// Byte storage for uploads.
 #[async_trait]
 pub trait BlobStore: Send + Sync + 'static {
@@ -334,11 +362,6 @@ pub trait BlobStore: Send + Sync + 'static {
     /// every byte. `NotFound` if the blob does not exist.
     async fn finish(&self, id: &str, state: &BlobState) -> BlobResult<()>;
 
-    /// Discard an unfinished blob and everything written for it (S3: abort the multipart
-    /// upload and delete its tail; fs: remove the file). Idempotent: aborting an absent blob
-    /// is `Ok`.
-    async fn abort(&self, id: &str) -> BlobResult<()>;
-
     /// Build unfinished blob `id` from the finished blobs `sources` (`(id, length in bytes)`,
     /// in order) inside the store, without the bytes passing through this process where the
     /// store can (S3: UploadPartCopy). Returns `false`, changing nothing, when this store or
@@ -376,18 +399,21 @@ pub trait BlobStore: Send + Sync + 'static {
     /// Stored length in bytes, garbage past the catalog offset included; `None` if absent.
     async fn len(&self, id: &str) -> BlobResult<Option<u64>>;
 
-    /// Cut the blob to `len` bytes (no-op if already that short). Durable once this returns.
-    async fn truncate(&self, id: &str, len: u64) -> BlobResult<()>;
+    /// Cut the blob to `len` bytes (no-op if already that short) under `lease`, the writer's:
+    /// a writer that lost it cuts nothing ([`BlobError::LeaseLost`] / [`BlobError::Cut`]).
+    /// Durable once this returns.
+    async fn truncate(&self, id: &str, len: u64, lease: &WriteLease) -> BlobResult<()>;
 
     /// Stream bytes `range` (half-open, in bytes). `OutOfRange` unless
     /// `range.start <= range.end <= len`. Never blocks writers or other readers.
     async fn read(&self, id: &str, range: Range<u64>) -> BlobResult<ByteStream>;
 
-    /// Remove everything stored under `id`, finished or not (S3: the object, its markers, tail
-    /// and multipart uploads). Durable once this returns (fs, durable mode: the unlink and then
-    /// its directory's fsync), so a removal the caller reports done does not come back after a
-    /// power cut. Idempotent: deleting an absent blob is `Ok`.
-    async fn delete(&self, id: &str) -> BlobResult<()>;
+    /// Remove everything stored under `gone`'s id, finished or not (S3: the object, its
+    /// markers, tail and multipart uploads; fs: the file) — only with the evidence that no
+    /// record names it ([`Unreferenced`]). Durable once this returns (fs, durable mode: the
+    /// unlink and then its directory's fsync), so a removal the caller reports done does not
+    /// come back after a power cut. Idempotent: deleting an absent blob is `Ok`.
+    async fn delete(&self, gone: &Unreferenced) -> BlobResult<()>;
 
     /// What the store holds, for `ferry check`'s search for orphans ([`Inventory`]). A
     /// listing, not a snapshot: blobs created or removed meanwhile may or may not appear.

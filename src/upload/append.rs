@@ -308,7 +308,7 @@ impl Appender {
         let keep = self.committed.0;
         if let Err(re) = self.writer.rewind(keep).await {
             tracing::warn!(upload = self.rec.id, error = %re, "releasing uncommitted bytes through the writer failed; truncating the blob");
-            if let Err(te) = self.engine.blobs.truncate(&self.rec.id, keep).await {
+            if let Err(te) = self.engine.blobs.truncate(&self.rec.id, keep, &self.under).await {
                 tracing::error!(upload = self.rec.id, error = %te, "could not release uncommitted bytes; the next writer cuts them");
             }
         }

@@ -141,12 +141,12 @@ impl UploadEngine {
             tracing::warn!(upload = rec.id, error = %e, "could not record why a final upload failed");
         }
         self.fences.forget(&rec.id);
-        match self.catalog.mark_expired(&rec.id, now_ms()).await {
-            Ok(true) => {
-                let _ = self.blobs.abort(&rec.id).await;
+        match self.tombstone(&rec.id).await {
+            Ok(Some(gone)) => {
+                let _ = self.blobs.delete(&gone).await;
                 self.metrics.uploads_expired.inc();
             }
-            Ok(false) => {}
+            Ok(None) => {}
             Err(e) => tracing::warn!(upload = rec.id, error = %e, "could not tombstone a final upload that failed"),
         }
         failed_final(&rec.id, failure)

@@ -240,16 +240,16 @@ impl UploadEngine {
     /// succeed there — and then the row.
     pub(super) async fn delete_record_and_bytes(&self, rec: &UploadRecord) -> Result<(), Refusal> {
         self.fences.forget(&rec.id);
-        match self.catalog.delete_upload(&rec.id).await {
-            Ok(_) => {}
+        let gone = match self.delete_row(&rec.id).await {
+            Ok(gone) => gone,
             Err(CatalogError::Full(e)) => {
                 tracing::warn!(upload = rec.id, error = %e, "the catalog cannot write on this full disk: removing the upload's bytes first to make room");
-                self.blobs.delete(&rec.id).await?;
-                self.catalog.delete_upload(&rec.id).await?;
+                self.blobs.delete(&UploadEngine::bytes_first_on_a_full_disk(&rec.id)).await?;
+                self.delete_row(&rec.id).await?
             }
             Err(e) => return Err(e.into()),
-        }
-        self.remove_bytes_later_if_need_be(&rec.id).await;
+        };
+        self.remove_bytes_later_if_need_be(&gone).await;
         Ok(())
     }
 

@@ -107,7 +107,7 @@ impl UploadEngine {
             None => self.catalog.create_upload(&rec).await,
         };
         if let Err(e) = inserted {
-            let _ = self.blobs.delete(&rec.id).await;
+            let _ = self.blobs.delete(&UploadEngine::never_recorded(&rec.id)).await;
             return Err(e.into());
         }
         let slot = self.pin(&rec.id).await?;

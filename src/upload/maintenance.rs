@@ -64,13 +64,13 @@ impl UploadEngine {
         for f in finals {
             tracing::info!(upload = f, part = part_id, "a part is gone; the final upload expires");
             self.fences.forget(&f);
-            match self.catalog.mark_expired(&f, now_ms()).await {
-                Ok(true) => {
-                    let _ = self.blobs.abort(&f).await;
+            match self.tombstone(&f).await {
+                Ok(Some(gone)) => {
+                    let _ = self.blobs.delete(&gone).await;
                     self.metrics.uploads_expired.inc();
                 }
                 // Finished meanwhile (compare-and-set): it keeps its bytes.
-                Ok(false) => {}
+                Ok(None) => {}
                 Err(e) => tracing::error!(upload = f, error = %e, "expiring a final upload"),
             }
         }
@@ -156,8 +156,8 @@ impl UploadEngine {
         drop(guard);
         if let Err(e) = &result {
             if e.code == crate::error::ErrorCode::ChecksumMismatch {
-                self.catalog.delete_upload(id).await?;
-                self.remove_bytes_later_if_need_be(id).await;
+                let gone = self.delete_row(id).await?;
+                self.remove_bytes_later_if_need_be(&gone).await;
             }
         }
         result
@@ -207,8 +207,8 @@ impl UploadEngine {
             if let Err(e) = hooks.pre_finish(&finishing).await {
                 if e.code == crate::error::ErrorCode::Rejected {
                     // The row first; it queues its bytes (`super::removal`).
-                    self.catalog.delete_upload(&rec.id).await?;
-                    self.remove_bytes_later_if_need_be(&rec.id).await;
+                    let gone = self.delete_row(&rec.id).await?;
+                    self.remove_bytes_later_if_need_be(&gone).await;
                 }
                 return Err(e);
             }
@@ -291,11 +291,11 @@ impl UploadEngine {
                     Err(_) => continue,
                 }
             };
-            if !self.catalog.expire_if_due(&id, now_ms()).await? {
+            let Some(gone) = self.tombstone_if_due(&id).await? else {
                 continue;
-            }
+            };
             self.fences.forget(&id);
-            if let Err(e) = self.blobs.abort(&id).await {
+            if let Err(e) = self.blobs.delete(&gone).await {
                 // The tombstone remembers the id: its bytes are aborted again before it is
                 // forgotten (below), so a blob store that is away now leaks nothing.
                 tracing::warn!(upload = id, error = %e, "expired, but its bytes could not be removed yet");
@@ -309,23 +309,17 @@ impl UploadEngine {
         }
         let keep = self.cfg.expire_after.unwrap_or(Duration::ZERO).min(Duration::from_secs(24 * 3600));
         let before = now - keep.as_millis() as i64;
-        for id in self.catalog.list_tombstones(before, 1000).await? {
-            // Idempotent; the last chance to remove bytes an earlier abort could not (a blob
-            // store that was away): a tombstone is only forgotten once they are gone.
-            // A finished file removed by retention is a whole object: `delete` removes that, `abort`
-            // anything an unfinished one left (both are idempotent).
-            if let Err(e) = async {
-                self.blobs.abort(&id).await?;
-                self.blobs.delete(&id).await
-            }
-            .await
-            {
-                tracing::warn!(upload = id, error = %e, "keeping the tombstone until its bytes can be removed");
+        for gone in self.tombstones(before, 1000).await? {
+            // Idempotent; the last chance to remove bytes an earlier removal could not (a blob
+            // store that was away): a tombstone is only forgotten once they are gone. `delete`
+            // removes a finished object (retention) and what an unfinished one left alike.
+            if let Err(e) = self.blobs.delete(&gone).await {
+                tracing::warn!(upload = gone.id(), error = %e, "keeping the tombstone until its bytes can be removed");
                 continue;
             }
-            if self.catalog.delete_tombstone(&id, before).await? {
+            if self.catalog.delete_tombstone(gone.id(), before).await? {
                 // Deleting the row queued its bytes, which are gone already (`super::removal`).
-                self.catalog.forget_blob_removal(&id).await?;
+                self.catalog.forget_blob_removal(gone.id()).await?;
             }
         }
         // Bytes of deleted rows that a crash or a store away left behind.

@@ -453,7 +453,7 @@ impl UploadEngine {
             Ok(c) => c,
             Err(e) => {
                 // Nothing was recorded (a full disk, a failing catalog): the blob goes too.
-                let _ = self.blobs.delete(&id).await;
+                let _ = self.blobs.delete(&UploadEngine::never_recorded(&id)).await;
                 return Err(e.into());
             }
         };
@@ -461,7 +461,7 @@ impl UploadEngine {
             (KeyedCreate::Created, _) | (_, None) => {}
             (KeyedCreate::Existing { upload, fingerprint }, Some(k)) => {
                 // A concurrent first attempt under the same key won the insert.
-                if let Err(e) = self.blobs.delete(&id).await {
+                if let Err(e) = self.blobs.delete(&UploadEngine::never_recorded(&id)).await {
                     tracing::warn!(upload = %id, error = %e, "could not remove the blob of a creation that was a retry");
                 }
                 return self.replayed(*upload, &fingerprint, k).await;
@@ -562,15 +562,15 @@ impl UploadEngine {
             }
         };
         self.fences.forget(id);
-        match self.catalog.withdraw_upload(id).await {
-            Ok(true) => {
+        match self.withdraw_row(id).await {
+            Ok(Some(gone)) => {
                 drop(guard);
                 // The row went first and queued its bytes ([`removal`]).
-                self.remove_bytes_later_if_need_be(id).await;
+                self.remove_bytes_later_if_need_be(&gone).await;
                 false
             }
             // Gone already (a refused pre-finish removed it), or announced by a replay: kept.
-            Ok(false) => self.catalog.get_upload(id).await.ok().flatten().is_some(),
+            Ok(None) => self.catalog.get_upload(id).await.ok().flatten().is_some(),
             Err(e) => {
                 tracing::warn!(upload = id, error = %e, "a refused creation could not be removed; it expires");
                 true
@@ -597,8 +597,8 @@ impl UploadEngine {
         if let Err(e) = self.get(principal, id).await {
             return match self.catalog.get_upload(id).await? {
                 Some(r) if r.principal == principal && self.failure_of(&r).await?.is_some() => {
-                    self.catalog.delete_upload(id).await?;
-                    self.remove_bytes_later_if_need_be(id).await;
+                    let gone = self.delete_row(id).await?;
+                    self.remove_bytes_later_if_need_be(&gone).await;
                     self.metrics.uploads_terminated.inc();
                     Ok(())
                 }

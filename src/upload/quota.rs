@@ -185,10 +185,10 @@ impl UploadEngine {
         for (scope, keep) in scopes {
             let before = now.saturating_sub(ms(keep));
             for id in self.catalog.list_finished_before(&scope, before, 1000).await? {
-                if !self.catalog.expire_finished_if_due(&id, before, now_ms()).await? {
+                let Some(gone) = self.tombstone_finished_if_due(&id, before).await? else {
                     continue;
-                }
-                if let Err(e) = self.blobs.delete(&id).await {
+                };
+                if let Err(e) = self.blobs.delete(&gone).await {
                     // The tombstone is only forgotten once its bytes are gone (see `sweep_once`).
                     tracing::warn!(upload = id, error = %e, "retention: removed, but its bytes could not be deleted yet");
                 }

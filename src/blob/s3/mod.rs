@@ -62,7 +62,7 @@ use state::S3State;
 pub use state::{fixed_part_size, DEFAULT_PART_FLOOR, MAX_PART, MAX_PARTS, MIN_PART};
 use writer::{Parked, S3Writer};
 
-use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, WriteLease};
+use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, Unreferenced, WriteLease};
 
 /// The default store-wide bound on buffered part bytes (`[s3] max_buffer`): 512 MiB.
 pub const DEFAULT_MAX_BUFFER: u64 = 512 << 20;
@@ -427,10 +427,6 @@ impl BlobStore for S3BlobStore {
         Some(self.inner.budget.stats())
     }
 
-    async fn abort(&self, id: &str) -> BlobResult<()> {
-        self.inner.remove_all(id).await
-    }
-
     async fn ping(&self) -> BlobResult<()> {
         let s = &self.inner;
         let wrote_lately = s.write_probed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| at.elapsed() < WRITE_PROBE_EVERY);
@@ -470,8 +466,8 @@ impl BlobStore for S3BlobStore {
         Ok(s.exists(&s.created(id)).await?.map(|_| 0))
     }
 
-    async fn truncate(&self, id: &str, len: u64) -> BlobResult<()> {
-        match self.len(id).await? {
+    async fn truncate(&self, id: &str, len: u64, lease: &WriteLease) -> BlobResult<()> {
+        match lease.run(self.len(id)).await? {
             Some(n) if n <= len => Ok(()),
             Some(_) => Err(BlobError::Io(std::io::Error::new(std::io::ErrorKind::Unsupported, "S3 objects cannot be truncated"))),
             None => Err(BlobError::NotFound),
@@ -494,7 +490,7 @@ impl BlobStore for S3BlobStore {
         Ok(Box::pin(got.into_stream().map(|r| r.map_err(|e| io(e).into_stream_error()))))
     }
 
-    async fn delete(&self, id: &str) -> BlobResult<()> {
-        self.inner.remove_all(id).await
+    async fn delete(&self, gone: &Unreferenced) -> BlobResult<()> {
+        self.inner.remove_all(gone.id()).await
     }
 }
