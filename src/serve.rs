@@ -368,7 +368,10 @@ pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
             Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?.with_direct_writes(!cfg.buffered_writes)))
         }
         BlobLocation::S3(url) => {
-            let store = S3BlobStore::from_url(url, cfg.s3.part_size)?.with_max_buffer(cfg.s3.max_buffer).with_parts_in_flight(cfg.s3.parts_in_flight);
+            let store = S3BlobStore::from_url(url, cfg.s3.part_size)?
+                .with_max_buffer(cfg.s3.max_buffer)
+                .with_deferred_part_size(cfg.s3.deferred_part_size)
+                .with_parts_in_flight(cfg.s3.parts_in_flight);
             store.ping().await.map_err(|e| {
                 // S3 answers NoSuchBucket (404) to a put into a bucket that is not there.
                 let no_bucket = match &e {

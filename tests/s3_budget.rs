@@ -77,6 +77,37 @@ async fn slow_uploads_holding_open_parts_do_not_stall_a_fast_one() {
     }
 }
 
+/// An upload created without a length (`Upload-Defer-Length`, as `ferry upload -` and
+/// `pg_dump | …` make) is cut into parts of `[s3] deferred_part_size`: before, its part size
+/// was derived from the largest upload the server accepts (1 TiB: 210 MiB parts, each held in
+/// memory while it fills), so two or three such streams filled the budget. Once more parts
+/// than S3 holds would be needed, the client is told so (413 naming the setting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_length_upload_is_cut_into_the_configured_part_size() {
+    let moto = moto::Moto::start("ferry", 5 * MIB as u64).await;
+    moto.set_env();
+    let server = Server::start(&["--blobs", "s3://ferry/deferred", "--s3-part-size", "5MiB", "--s3-deferred-part-size", "6MiB"]);
+    let tus = Tus::new(&server);
+    let r = tus.post(&[("Upload-Defer-Length", "1")]).await;
+    assert_eq!(r.status(), 201);
+    let url = tus.abs(header(&r, "location").unwrap());
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let data = pseudo_random(14 * MIB, 7);
+    let r = tus.patch(&url, 0, data.clone(), &[]).await;
+    assert_eq!(r.status(), 204, "{:?}", r.text().await);
+    // Acknowledged: its two full parts are stored, the open part's 2 MiB wait in a tail.
+    assert_eq!(moto.part_sizes("ferry", &format!("deferred/{id}")).await, [6 * MIB as u64, 6 * MIB as u64], "parts of the deferred part size");
+    let r = tus.patch(&url, data.len() as u64, Vec::new(), &[("Upload-Length", &data.len().to_string())]).await;
+    assert_eq!(r.status(), 204, "{:?}", r.text().await);
+    assert_eq!(tus.download(&url).await, data);
+
+    // An upload with a length is sized from it as before (its parts fit 5 000 slots: the floor).
+    let declared = tus.create(14 * MIB as u64).await;
+    let did = declared.rsplit('/').next().unwrap().to_string();
+    assert_eq!(tus.patch(&declared, 0, data[..11 * MIB].to_vec(), &[]).await.status(), 204);
+    assert_eq!(moto.part_sizes("ferry", &format!("deferred/{did}")).await, [5 * MIB as u64, 5 * MIB as u64], "parts of the floor");
+}
+
 /// `ferry_s3_buffer_bytes` now.
 async fn buffer_bytes(server: &Server) -> u64 {
     let metrics = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();

@@ -146,6 +146,12 @@ pub enum BlobError {
     /// committed was changed.
     #[error("the blob store refused {what} ({})", refused_answer(*status, code.as_deref()))]
     Refused { what: String, status: Option<u16>, code: Option<String> },
+    /// The blob cannot grow past `most` bytes in this store: S3 holds at most 10 000 parts,
+    /// and this upload's parts were cut `part_size` bytes each when its length was unknown
+    /// (`[s3] deferred_part_size`). Nothing the caller committed was changed; the upload keeps
+    /// what it has.
+    #[error("the blob store holds at most {most} bytes for this upload (10 000 parts of {part_size} bytes)")]
+    TooManyParts { most: u64, part_size: u64 },
     /// The store no longer has the bytes of this unfinished blob past byte `kept` (S3: its
     /// multipart upload was aborted behind ferry's back — a bucket lifecycle rule
     /// `AbortIncompleteMultipartUpload` — or the store refused for good to assemble it). The
@@ -185,8 +191,8 @@ pub const CUT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// "a lost lease is its own outcome").
 #[derive(Clone)]
 pub struct WriteLease {
-    /// The most bytes the blob will hold: its `Upload-Length`, or the largest upload the
-    /// server accepts while the length is deferred; 0 when unknown. S3 sizes parts from it.
+    /// The most bytes the blob will hold: its `Upload-Length`; 0 while the length is deferred
+    /// (or unknown). S3 sizes parts from it (a deferred length: `[s3] deferred_part_size`).
     pub size_hint: u64,
     /// The lease's fencing token (0 when none): S3 names the tail objects this writer writes
     /// with it, so two writers of one upload never write the same key.

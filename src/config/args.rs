@@ -41,6 +41,12 @@ pub struct ServeArgs {
     /// are this size, or larger so 5 000 parts hold the upload (each part has two part numbers of S3's 10 000) [default: 16MiB].
     #[arg(long, env = "FERRY_S3_PART_SIZE", value_parser = parse_size)]
     pub s3_part_size: Option<u64>,
+    /// S3 blobs: the part size of an upload created without a length (`Upload-Defer-Length`,
+    /// `ferry upload -`), whose size is not known when its first part is cut (`[s3]
+    /// deferred_part_size`), 5MiB to 5GiB, never below `--s3-part-size`: such an upload holds
+    /// at most 10 000 parts of it on S3 (≈ 625 GiB at the default) [default: 64MiB].
+    #[arg(long, env = "FERRY_S3_DEFERRED_PART_SIZE", value_parser = parse_size)]
+    pub s3_deferred_part_size: Option<u64>,
     /// S3 blobs: most bytes of open parts buffered in memory at once, across all uploads
     /// (`[s3] max_buffer`); writers wait beyond it [default: 512MiB].
     #[arg(long, env = "FERRY_S3_MAX_BUFFER", value_parser = parse_size)]

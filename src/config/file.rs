@@ -72,10 +72,11 @@ pub(super) fn s3_parts_in_flight(v: u64) -> anyhow::Result<usize> {
     Ok(v as usize)
 }
 
-/// `[s3] part_size` / `--s3-part-size`, checked against S3's limits: 5 MiB..=5 GiB.
-pub(super) fn s3_part_size(v: u64) -> anyhow::Result<u64> {
+/// `[s3] part_size` / `--s3-part-size` (and `deferred_part_size`, named by `key`), checked
+/// against S3's limits: 5 MiB..=5 GiB.
+pub(super) fn s3_part_size(v: u64, key: &str) -> anyhow::Result<u64> {
     use crate::blob::s3::{MAX_PART, MIN_PART};
-    anyhow::ensure!((MIN_PART..=MAX_PART).contains(&v), "[s3] part_size: {v} bytes is outside what S3 accepts for a part (5MiB to 5GiB)");
+    anyhow::ensure!((MIN_PART..=MAX_PART).contains(&v), "[s3] {key}: {v} bytes is outside what S3 accepts for a part (5MiB to 5GiB)");
     Ok(v)
 }
 
@@ -84,6 +85,7 @@ pub(super) fn s3_part_size(v: u64) -> anyhow::Result<u64> {
 #[serde(deny_unknown_fields)]
 pub(super) struct S3FileConfig {
     pub(super) part_size: Option<toml::Value>,
+    pub(super) deferred_part_size: Option<toml::Value>,
     pub(super) max_buffer: Option<toml::Value>,
     pub(super) parts_in_flight: Option<u64>,
 }

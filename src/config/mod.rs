@@ -263,10 +263,20 @@ impl Config {
             catalog,
             data,
             s3: crate::blob::s3::S3Settings {
-                part_size: s3_part_size(match args.s3_part_size {
-                    Some(v) => v,
-                    None => file.s3.part_size.clone().map(|v| size_value(v, "[s3] part_size")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_PART_FLOOR),
-                })?,
+                part_size: s3_part_size(
+                    match args.s3_part_size {
+                        Some(v) => v,
+                        None => file.s3.part_size.clone().map(|v| size_value(v, "[s3] part_size")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_PART_FLOOR),
+                    },
+                    "part_size",
+                )?,
+                deferred_part_size: s3_part_size(
+                    match args.s3_deferred_part_size {
+                        Some(v) => v,
+                        None => file.s3.deferred_part_size.clone().map(|v| size_value(v, "[s3] deferred_part_size")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_DEFERRED_PART),
+                    },
+                    "deferred_part_size",
+                )?,
                 max_buffer: match args.s3_max_buffer {
                     Some(v) => v,
                     None => file.s3.max_buffer.clone().map(|v| size_value(v, "[s3] max_buffer")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_MAX_BUFFER),

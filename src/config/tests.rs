@@ -189,6 +189,20 @@ fn every_source_of_a_setting_gets_the_same_check() {
 }
 
 #[test]
+fn s3_deferred_part_size_from_file_and_flag_within_s3s_part_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ferry.toml");
+    let resolve = |args: ServeArgs| Config::resolve(&ServeArgs { config: Some(path.clone()), ..args });
+    std::fs::write(&path, "").unwrap();
+    assert_eq!(resolve(ServeArgs::default()).unwrap().s3.deferred_part_size, crate::blob::s3::DEFAULT_DEFERRED_PART);
+    std::fs::write(&path, "[s3]\ndeferred_part_size = \"32MiB\"\n").unwrap();
+    assert_eq!(resolve(ServeArgs::default()).unwrap().s3.deferred_part_size, 32 << 20);
+    assert_eq!(resolve(ServeArgs { s3_deferred_part_size: Some(8 << 20), ..Default::default() }).unwrap().s3.deferred_part_size, 8 << 20, "the flag beats the file");
+    let e = resolve(ServeArgs { s3_deferred_part_size: Some(1 << 20), ..Default::default() }).unwrap_err().to_string();
+    assert!(e.contains("deferred_part_size") && e.contains("5MiB to 5GiB"), "{e}");
+}
+
+#[test]
 fn s3_parts_in_flight_from_file_and_flag_within_one_to_sixteen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ferry.toml");

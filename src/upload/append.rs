@@ -117,7 +117,7 @@ impl Appender {
         let engine = engine.clone();
         let state = if offset == rec.offset { engine.blob_state_of(&rec).await? } else { BlobState::default() };
         // S3 sizes the upload's parts from the hint (fixed at the first writer).
-        let under = UploadEngine::write_lease(lease, length.or(rec.length).unwrap_or(engine.cfg.max_size));
+        let under = UploadEngine::write_lease(lease, length.or(rec.length).unwrap_or(0));
         // The fence (a catalog commit unless kept from an earlier writer) and the blob's opening
         // are independent: do them at once.
         let (fence, opened) = tokio::join!(engine.fence_for(&rec.id, lease), engine.blobs.open_writer_under(&rec.id, offset, &state, &under));

@@ -67,6 +67,19 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
                 crate::error::Next::ByCode,
             );
         }
+        BlobError::TooManyParts { most, part_size } => {
+            tracing::warn!(most, part_size, "an upload of deferred length outgrew its S3 parts ([s3] deferred_part_size)");
+            return Refusal::new(
+                413,
+                crate::error::ErrorCode::SizeExceeded,
+                format!(
+                    "this upload cannot grow past {most} bytes ({} GiB) on this server's S3 store: its length was not given when it began, so its bytes were cut into parts of {} MiB, and S3 holds at most 10 000 parts; nothing acknowledged was lost",
+                    most >> 30,
+                    part_size >> 20
+                ),
+                "Send the file again as a new upload that gives its length when it is created (Upload-Length), so its parts are sized to fit; or an operator raises [s3] deferred_part_size.",
+            );
+        }
         BlobError::LeaseLost => return super::append::lease_lost(),
         BlobError::Cut => return Refusal::locked(None),
         _ => None,

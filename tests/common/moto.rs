@@ -83,6 +83,20 @@ impl Moto {
         body.split("<UploadId>").skip(1).filter_map(|s| s.split("</UploadId>").next()).map(str::to_string).collect()
     }
 
+    /// ListParts of every unfinished multipart upload of `key`: the sizes of their parts in
+    /// bytes, in part-number order.
+    #[allow(dead_code)]
+    pub async fn part_sizes(&self, bucket: &str, key: &str) -> Vec<u64> {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let list = http.get(format!("{}/{bucket}?uploads&prefix={key}", self.endpoint)).send().await.unwrap().text().await.unwrap();
+        let mut sizes = Vec::new();
+        for upload in list.split("<UploadId>").skip(1).filter_map(|s| s.split("</UploadId>").next()) {
+            let parts = http.get(format!("{}/{bucket}/{key}?uploadId={upload}", self.endpoint)).send().await.unwrap().text().await.unwrap();
+            sizes.extend(parts.split("<Size>").skip(1).filter_map(|s| s.split("</Size>").next()).map(|n| n.parse::<u64>().unwrap()));
+        }
+        sizes
+    }
+
     /// CreateMultipartUpload of `key` behind ferry's back (as a writer that died right after
     /// creating one would leave it); returns its upload id.
     pub async fn create_multipart(&self, bucket: &str, key: &str) -> String {

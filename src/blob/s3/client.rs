@@ -27,6 +27,9 @@ pub(super) struct Inner {
     pub(super) prefix: String,
     /// The smallest part size (`[s3] part_size`): see [`fixed_part_size`].
     pub(super) floor: u64,
+    /// The part size of an upload of unknown length (`[s3] deferred_part_size`, at least
+    /// `floor`).
+    pub(super) deferred_part: u64,
     /// Where ListMultipartUploads goes ([`Inner::unmarked_multiparts`]).
     pub(super) listing: Listing,
     /// Store-wide bound on the bytes of open parts (`[s3] max_buffer`).
@@ -59,6 +62,16 @@ pub(super) struct Listing {
 }
 
 impl Inner {
+    /// The part size of a new upload that will hold at most `hint` bytes: sized so its parts
+    /// fit ([`super::state::fixed_part_size`]), or `[s3] deferred_part_size` when the length is
+    /// unknown (0).
+    pub(super) fn part_size_for(&self, hint: u64) -> u64 {
+        match hint {
+            0 => self.deferred_part,
+            hint => super::state::fixed_part_size(hint, self.floor),
+        }
+    }
+
     pub(super) fn key(&self, name: &str) -> Path {
         if self.prefix.is_empty() {
             Path::from(name)

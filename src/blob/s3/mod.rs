@@ -67,6 +67,13 @@ use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream,
 /// The default store-wide bound on buffered part bytes (`[s3] max_buffer`): 512 MiB.
 pub const DEFAULT_MAX_BUFFER: u64 = 512 << 20;
 
+/// The default part size of an upload whose length is deferred (`[s3] deferred_part_size`):
+/// 64 MiB, so such an upload may reach ≈ 312 GiB in [`PART_SLOTS`] parts (≈ 625 GiB in S3's
+/// 10 000 when no part is sent twice), while one slow client holds at most 64 MiB of the
+/// memory budget. It used to be sized for the largest upload the server accepts (1 TiB: 210
+/// MiB parts).
+pub const DEFAULT_DEFERRED_PART: u64 = 64 << 20;
+
 /// The default number of one upload's full parts sent at once (`[s3] parts_in_flight`).
 pub const DEFAULT_PARTS_IN_FLIGHT: usize = 2;
 
@@ -75,6 +82,10 @@ pub const DEFAULT_PARTS_IN_FLIGHT: usize = 2;
 pub struct S3Settings {
     /// The smallest part size ([`fixed_part_size`]'s floor): 5 MiB..=5 GiB.
     pub part_size: u64,
+    /// The part size of an upload whose length is not known when its first part is cut (a
+    /// deferred length): 5 MiB..=5 GiB, at least `part_size` (the larger wins). It bounds
+    /// such an upload to 10 000 parts of it ([`BlobError::TooManyParts`]).
+    pub deferred_part_size: u64,
     /// Most bytes of open parts buffered at once, across all uploads.
     pub max_buffer: u64,
     /// Full parts of one upload on their way to S3 at once while the next one is received
@@ -84,7 +95,7 @@ pub struct S3Settings {
 
 impl Default for S3Settings {
     fn default() -> Self {
-        S3Settings { part_size: DEFAULT_PART_FLOOR, max_buffer: DEFAULT_MAX_BUFFER, parts_in_flight: DEFAULT_PARTS_IN_FLIGHT }
+        S3Settings { part_size: DEFAULT_PART_FLOOR, deferred_part_size: DEFAULT_DEFERRED_PART, max_buffer: DEFAULT_MAX_BUFFER, parts_in_flight: DEFAULT_PARTS_IN_FLIGHT }
     }
 }
 
@@ -161,6 +172,7 @@ impl S3BlobStore {
             bucket: bucket.to_string(),
             prefix: prefix.trim_matches('/').to_string(),
             floor: part_floor,
+            deferred_part: DEFAULT_DEFERRED_PART.max(part_floor),
             listing,
             budget: Budget::new(DEFAULT_MAX_BUFFER),
             parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
@@ -177,6 +189,15 @@ impl S3BlobStore {
     pub fn with_parts_in_flight(mut self, n: usize) -> S3BlobStore {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.parts_in_flight = n.max(1);
+        }
+        self
+    }
+
+    /// The same store cutting uploads of unknown length into parts of `bytes` (`[s3]
+    /// deferred_part_size`; never below the floor). Only before the store is shared.
+    pub fn with_deferred_part_size(mut self, bytes: u64) -> S3BlobStore {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.deferred_part = bytes.clamp(1, MAX_PART).max(inner.floor);
         }
         self
     }
@@ -220,7 +241,7 @@ impl S3BlobStore {
             return Ok(Box::new(w));
         }
         lease.run(async { bounded(REQUEST_DEADLINE, s.s3.put(&s.created(id), PutPayload::new())).await.map_err(io) }).await?;
-        let fresh = S3State::fixed(fixed_part_size(lease.size_hint.max(offset), s.floor));
+        let fresh = S3State::fixed(s.part_size_for(lease.size_hint).max(fixed_part_size(offset, s.floor)));
         let mut w = S3Writer::new(s.clone(), id, fresh, BytesMut::new(), Vec::new(), lease);
         if offset > 0 {
             let mut stream = self.read(id, 0..offset).await?;
@@ -323,7 +344,7 @@ impl BlobStore for S3BlobStore {
             return self.reopen_finished(id, offset, state, lease).await;
         }
         let st = match S3State::decode(state)? {
-            None if offset == 0 => S3State::fixed(fixed_part_size(lease.size_hint, s.floor)),
+            None if offset == 0 => S3State::fixed(s.part_size_for(lease.size_hint)),
             None => return Err(BlobError::BadState),
             Some(st) if st.offset() == offset => st,
             Some(_) => return Err(BlobError::BadState),

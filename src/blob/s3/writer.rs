@@ -299,7 +299,8 @@ impl S3Writer {
             Some(n) => n.take(idx, most, after),
             None => Some(part_number(self.part.st.schedule, idx, self.lease.generation)).filter(|&n| u64::from(n) <= MAX_PARTS).map(|n| (n, false)),
         };
-        let (number, held_back) = number.ok_or_else(|| BlobError::Io(std::io::Error::other("upload exceeds S3's 10 000 part numbers")))?;
+        let part_size = self.part.st.schedule.size(idx);
+        let (number, held_back) = number.ok_or(BlobError::TooManyParts { most: self.part.st.schedule.start(idx), part_size })?;
         if held_back && !std::mem::replace(&mut self.warned_reuse, true) {
             tracing::warn!(
                 upload = %self.id,
