@@ -1,8 +1,10 @@
 //! `ferry upload FILE...`: a resumable TUS 1.0 client.
 //!
 //! - **Resumable.** The upload URL of each file is remembered in the URL store
-//!   ([`super::store`]) under a fingerprint of the server, the token's identity, the canonical
-//!   path, the size and the modification time. Re-running the same command HEADs the stored
+//!   ([`super::store`]) under a fingerprint of what the server will hold: the server, the
+//!   token's identity, the name the upload gets (`--name`, `--meta filename=…`, else FILE's
+//!   own name, not its target's: two symlinks to one file are two uploads), and the canonical
+//!   path, size and modification time of the content. Re-running the same command HEADs the stored
 //!   URL (TUS 1.0 §HEAD) and continues from the server's `Upload-Offset`; a finished upload is
 //!   only verified again. A remembered upload created with other `--meta` is not resumed.
 //! - **Retries** network errors, 5xx, 423 and 429 with exponential backoff (at least an
@@ -363,7 +365,10 @@ async fn upload_one(
     let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
     let progress = Arc::new(Progress::new(&label, size, 0, args.quiet));
     let mut header = metadata_header(display_name(args, path).as_deref(), meta);
-    let key = identity.map(|id| fingerprint(client.base.as_str(), id, &canon, size, mtime, parallel));
+    // The name the server will hold the upload under: `--meta filename=…`, else `--name` or
+    // FILE's own name.
+    let name = meta.iter().find(|(k, _)| k == "filename").map(|(_, v)| v.clone()).or_else(|| display_name(args, path));
+    let key = identity.map(|id| fingerprint(client.base.as_str(), id, name.as_deref(), &canon, size, mtime, parallel));
     let mut stored = match &key {
         Some(k) if !args.fresh => store.get(k)?,
         _ => None,
