@@ -338,7 +338,7 @@ async fn input_requests_are_answered_with_task_respond() {
     let id = t["id"].as_str().unwrap().to_string();
 
     // `get --wait` stops at nothing but says which command answers.
-    let mut waiting = ferry_task(base, &["get", &id, "--wait"]).stderr(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let waiting = ferry_task(base, &["get", &id, "--wait"]).stderr(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     let api = Api::new(&s);
     api.wait_status(&id, "input_required", 30).await;
 
