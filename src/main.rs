@@ -20,7 +20,7 @@ enum Command {
     /// Manage bearer tokens: create, list, revoke (the `[[tokens]]` of ferry.toml).
     #[command(subcommand)]
     Token(ferry::token_command::TokenCommand),
-    /// Start, inspect, list and cancel tasks on a running server (a client of /api/v1/tasks).
+    /// Start, inspect, list, answer and cancel tasks on a running server (a client of /api/v1/tasks).
     Task(ferry::cli::task::TaskArgs),
     /// Upload files (TUS), resuming a remembered upload of the same file; prints
     /// `URL<TAB>SHA256` per file once the server's sha256 matches.

@@ -158,7 +158,7 @@ async fn errors_and_exit_codes() {
     // The help documents the exit codes.
     let o = run(base, &["start", "--help"]);
     let help = String::from_utf8_lossy(&o.stdout);
-    assert!(help.contains("Exit codes") && help.contains("8  task start --wait, task get --wait: the task was cancelled"), "{help}");
+    assert!(help.contains("Exit codes") && help.contains("8  task start --wait, task get --wait, task respond --wait: the task was cancelled"), "{help}");
 }
 
 /// Start `--wait` in the background, let `finish` end the task over REST, return the output.
@@ -311,4 +311,69 @@ async fn get_wait_polls_without_the_stream() {
     let o = finish(child).await;
     assert_eq!(code(&o), 7, "failed: {}", stderr(&o));
     assert!(proxy.seen().iter().filter(|r| r.starts_with(&format!("GET /api/v1/tasks/{id}"))).count() >= 2, "{:?}", proxy.seen());
+}
+
+/// Issue 48 kind 6: an input request is answered with the CLI, not curl. `task get --wait`
+/// names the command; `task respond` sends JSON or `--text`; a key the task is not waiting for
+/// (exit 3) and an answer outside the request's schema (exit 2) change nothing; an accepted
+/// answer lets the task finish, and `--wait` follows it to the end.
+#[tokio::test]
+async fn input_requests_are_answered_with_task_respond() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(
+        dir.path(),
+        "ask.sh",
+        concat!(
+            "if [ -z \"$FERRY_INPUT_DEST_NAME\" ]; then\n",
+            "  echo 'input dest.name {\"message\":\"Which table?\",\"schema\":{\"type\":\"string\"}}' >&2\n",
+            "  exit 0\n",
+            "fi\n",
+            "printf 'table=%s\\n' \"$FERRY_INPUT_DEST_NAME\"\n",
+        ),
+    );
+    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.ask]\nprogram = \"{}\"\n", script.display()));
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let base = s.base.as_str();
+    let t = ok_json(&run(base, &["start", "command", "--args", r#"{"command":"ask"}"#]));
+    let id = t["id"].as_str().unwrap().to_string();
+
+    // `get --wait` stops at nothing but says which command answers.
+    let waiting = ferry_task(base, &["get", &id, "--wait"]).stderr(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let api = Api::new(&s);
+    api.wait_status(&id, "input_required", 30).await;
+
+    let o = run(base, &["respond", &id, "other.key", "--text", "x"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("not waiting for input \"other.key\"") && stderr(&o).contains("dest.name"), "{}", stderr(&o));
+    let o = run(base, &["respond", &id, "dest.name", "42"]);
+    assert_eq!(code(&o), 2, "an answer outside the schema: {}", stderr(&o));
+    assert!(stderr(&o).contains("dest.name"), "{}", stderr(&o));
+    let o = run(base, &["respond", &id, "dest.name", "orders"]);
+    assert_eq!(code(&o), 2, "text that is not JSON: {}", stderr(&o));
+    assert!(stderr(&o).contains("--text"), "{}", stderr(&o));
+    assert_eq!(api.task(&id).await["status"], "input_required", "nothing changed");
+
+    let a = ok_json(&run(base, &["respond", &id, "dest.name", "--text", "orders"]));
+    assert_eq!(a["accepted"], true, "{a}");
+    assert_eq!(a["task"]["input_requests"], serde_json::json!({}), "{a}");
+
+    let o = tokio::task::spawn_blocking(move || waiting.wait_with_output().unwrap()).await.unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("ferry task respond {id} dest.name")), "{}", stderr(&o));
+    let done: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
+    let file = done["result"]["file"]["id"].as_str().unwrap();
+    assert_eq!(String::from_utf8_lossy(&api.download(file).await), "table=\"orders\"\n");
+
+    // Answering a finished task: refused (409, exit 2); `--wait` after an answer follows the end.
+    let o = run(base, &["respond", &id, "dest.name", "--text", "users"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let t = ok_json(&run(base, &["start", "command", "--args", r#"{"command":"ask"}"#]));
+    let id = t["id"].as_str().unwrap().to_string();
+    api.wait_status(&id, "input_required", 30).await;
+    let o = run(base, &["respond", &id, "dest.name", r#""users""#, "--wait"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["status"], "completed", "{out}");
 }

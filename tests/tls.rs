@@ -286,7 +286,7 @@ async fn the_cli_trusts_a_self_signed_server_with_cacert() {
     let o = out(&mut ferry(&s.base, &cache, &["upload", src.to_str().unwrap()]));
     let err = stderr(&o);
     assert_eq!(code(&o), 5, "{err}");
-    assert!(err.contains("TLS") && err.contains("--cacert"), "the TLS cause and the way out: {err}");
+    assert!(err.contains("self-signed") && err.contains("--cacert"), "the TLS cause and the way out: {err}");
     assert!(!err.contains("Is `ferry serve` running"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(20), "a certificate error is not retried: {:?}", started.elapsed());
 
@@ -310,4 +310,88 @@ async fn the_cli_trusts_a_self_signed_server_with_cacert() {
     // The self-signed file does not vouch for another server's certificate.
     let o = out(&mut ferry(&s2.base, &cache, &["upload", "--fresh", "--cacert", cacert.to_str().unwrap(), src.to_str().unwrap()]));
     assert_eq!(code(&o), 5, "{}", stderr(&o));
+}
+
+/// The hint's command (between backticks after `Use …:`), run as a shell would, with this
+/// build's `ferry` first on PATH.
+fn run_hinted(err: &str, cache: &Path, cwd: &Path) -> std::process::Output {
+    let start = err.find("port: `").unwrap_or_else(|| panic!("no command in the hint: {err}")) + "port: `".len();
+    let cmd = &err[start..start + err[start..].find('`').unwrap()];
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_ferry")).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    Command::new("sh").args(["-c", cmd]).env("PATH", path).env("FERRY_CACHE_DIR", cache).env_remove("FERRY_SERVER").env_remove("FERRY_TOKEN").current_dir(cwd).output().unwrap()
+}
+
+/// Issue 48 kind 6: every TLS failure of the CLI is said in words, with what to do — never
+/// rustls's debug text. A self-signed certificate is called that (and `--cacert` offered); a
+/// `--cacert` file that does not vouch for the server is named; a certificate for other names
+/// says which names, and does not offer `--cacert` (it cannot help); `http://` to a TLS port and
+/// `https://` to a plain port say which scheme the port speaks (exit 2) and print the command to
+/// run, which works.
+#[test]
+fn tls_failures_say_the_cause_and_the_command() {
+    use common::cli::{code, ferry, out, stderr};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let self_signed = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"];
+    openssl(dir, &[&self_signed[..], &["-keyout", "self.key", "-out", "self.pem"]].concat());
+    openssl(dir, &[&self_signed[..], &["-keyout", "other.key", "-out", "other.pem"]].concat());
+    make_ca(dir);
+    // A certificate the CA signed for another name only.
+    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:files.example\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
+    make_server_cert(dir, "named");
+    let tls = Server::start(&["--tls-cert", dir.join("self.pem").to_str().unwrap(), "--tls-key", dir.join("self.key").to_str().unwrap()]);
+    let named = Server::start(&["--tls-cert", dir.join("named.pem").to_str().unwrap(), "--tls-key", dir.join("named.key").to_str().unwrap()]);
+    let plain = Server::start(&[]);
+    let cache = dir.join("cache");
+    std::fs::write(dir.join("f.bin"), pseudo_random(70_000, 3)).unwrap();
+    let no_debug_text = |err: &str| {
+        for debug in ["Other(", "OtherError", "CaUsedAsEndEntity", "InvalidContentType", "DnsName(", "corrupt message"] {
+            assert!(!err.contains(debug), "{debug:?} is rustls's debug text: {err}");
+        }
+    };
+    let upload = |server: &str, extra: &[&str]| {
+        let o = out(ferry(server, &cache, &[&["upload", "--json"], extra, &["f.bin"]].concat()).current_dir(dir));
+        let err = stderr(&o);
+        no_debug_text(&err);
+        (code(&o), err)
+    };
+
+    let (c, err) = upload(&tls.base, &[]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("self-signed") && err.contains("--cacert FILE"), "{err}");
+    let (c, err) = upload(&tls.base, &["--cacert", "other.pem"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("--cacert file other.pem") && err.contains("self-signed"), "the file that did not vouch is named: {err}");
+    let (c, err) = upload(&named.base, &["--cacert", "ca.pem"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("valid for files.example, not for 127.0.0.1"), "{err}");
+    assert!(!err.contains("pass --cacert"), "a name mismatch is not mended by --cacert: {err}");
+    let (c, err) = upload(&named.base, &[]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("authority this system does not trust"), "{err}");
+
+    // http:// to the TLS port: the scheme it speaks, and a command that works.
+    let http_to_tls = tls.base.replacen("https://", "http://", 1);
+    let (c, err) = upload(&http_to_tls, &["--cacert", "self.pem"]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("speaks HTTPS") && err.contains(&format!("FERRY_SERVER={} ferry upload", tls.base)), "{err}");
+    let o = run_hinted(&err, &cache, dir);
+    assert_eq!(code(&o), 0, "the printed command works: {}", stderr(&o));
+    // https:// to a plain port, given with --server: the command names the right scheme there.
+    let https_to_plain = plain.base.replacen("http://", "https://", 1);
+    let (c, err) = upload(&https_to_plain, &["--server", &https_to_plain]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("speaks plain HTTP") && err.contains(&format!("ferry upload --json --server {} f.bin", plain.base)), "{err}");
+    let o = run_hinted(&err, &cache, dir);
+    assert_eq!(code(&o), 0, "the printed command works: {}", stderr(&o));
+    // A link argument with the wrong scheme is written again with the right one.
+    let url: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let link = url["url"].as_str().unwrap().replacen("http://", "https://", 1);
+    let o = out(ferry(&plain.base, &cache, &["download", &link, "-o", "copy.bin"]).current_dir(dir));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    no_debug_text(&stderr(&o));
+    let o = run_hinted(&stderr(&o), &cache, dir);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(std::fs::read(dir.join("copy.bin")).unwrap(), std::fs::read(dir.join("f.bin")).unwrap());
 }

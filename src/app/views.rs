@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::catalog::UploadRecord;
+use crate::catalog::{Damage, UploadRecord};
 use crate::upload::{describe_raw, FileHandle};
 
 /// Path prefix of the TUS upload collection (and of downloads).
@@ -42,6 +42,10 @@ pub struct FileView {
     /// Lowercase hex, once complete.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// The stored bytes of this complete file are damaged: `ferry check` found them so, or a
+    /// read found them missing. Downloads answer 500 `damaged`. Absent while none is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<DamageView>,
     /// Unix ms.
     pub created_at: i64,
     /// Unix ms after which an unfinished upload is swept, or a finished file is removed by its
@@ -57,7 +61,27 @@ pub struct FileView {
     pub metadata: serde_json::Map<String, Value>,
 }
 
-/// The view of an upload record.
+/// What is known to be wrong with a complete file's stored bytes ([`FileView::damaged`]).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Damage)]
+pub struct DamageView {
+    /// `sha256_mismatch` (the bytes are there but hash to something else) or `missing` (the
+    /// bytes, or some at the end, are gone).
+    #[schema(example = "missing")]
+    pub kind: String,
+    /// Unix ms it was found.
+    pub found_at: i64,
+}
+
+impl FileView {
+    /// The view with its damage mark ([`crate::upload::UploadEngine::damage`]), if any.
+    pub fn damaged(mut self, d: Option<&Damage>) -> Self {
+        self.damaged = d.map(|d| DamageView { kind: d.kind.clone(), found_at: d.found_at_ms });
+        self
+    }
+}
+
+/// The view of an upload record (no damage mark: see [`FileView::damaged`]).
 pub fn file_view(r: &UploadRecord) -> FileView {
     let d = describe_raw(&r.metadata);
     FileView {
@@ -70,6 +94,7 @@ pub fn file_view(r: &UploadRecord) -> FileView {
         complete: r.is_finished(),
         finishing: crate::upload::finishing::awaits_finish(r),
         sha256: r.sha256.map(hex::encode),
+        damaged: None,
         created_at: r.created_at_ms,
         expires_at: r.expires_at_ms,
         url: format!("{FILES_PATH}{}", r.id),

@@ -25,7 +25,7 @@ pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: 404 / 410, or a local input file that does not exist.
 pub const EXIT_NOT_FOUND: u8 = 3;
-/// Exit code: sha256 mismatch.
+/// Exit code: sha256 mismatch, or the server's copy is damaged.
 pub const EXIT_VERIFY: u8 = 4;
 /// Exit code: no connection to the server (at once), or 5xx / 423 / a dropped connection after
 /// the server first answered, until the retry budget ran out.
@@ -48,20 +48,20 @@ pub const EXIT_CODES: &[ExitCodeDoc] = &[
     ExitCodeDoc { code: EXIT_FAILURE, meaning: "other failure: an unexpected answer from the server, a local I/O error" },
     ExitCodeDoc {
         code: EXIT_USAGE,
-        meaning: "usage or configuration error (also: --server answers, but is not a ferry server), or the server refused the request as invalid (other 4xx, e.g. 413 too large)",
+        meaning: "usage or configuration error (also: --server answers, but is not a ferry server, or its port speaks the other scheme: http:// for https:// or back), or the server refused the request as invalid (other 4xx, e.g. 413 too large)",
     },
     ExitCodeDoc { code: EXIT_NOT_FOUND, meaning: "not found: no such file or task on the server (404) or it expired (410); a local FILE is missing" },
     ExitCodeDoc {
         code: EXIT_VERIFY,
-        meaning: "verification failed: the sha256 of the bytes differs from the server's or from a declared --meta sha256 (460), or the file changed while it was being uploaded",
+        meaning: "verification failed: the sha256 of the bytes differs from the server's or from a declared --meta sha256 (460), the file changed while it was being uploaded, or the server's copy is damaged (500 damaged: `ferry ls` and `status` show it so)",
     },
     ExitCodeDoc {
         code: EXIT_NETWORK,
         meaning: "network: no connection to the server (at once, no retries), or after it first answered, 5xx / 423 / dropped connections until --retry-for ran out without progress (re-run to resume)",
     },
     ExitCodeDoc { code: EXIT_AUTH, meaning: "authentication: the token is missing, unknown or not allowed (401, 403)" },
-    ExitCodeDoc { code: EXIT_TASK_FAILED, meaning: "`task start --wait`, `task get --wait`: the task failed" },
-    ExitCodeDoc { code: EXIT_TASK_CANCELLED, meaning: "`task start --wait`, `task get --wait`: the task was cancelled" },
+    ExitCodeDoc { code: EXIT_TASK_FAILED, meaning: "`task start --wait`, `task get --wait`, `task respond --wait`: the task failed" },
+    ExitCodeDoc { code: EXIT_TASK_CANCELLED, meaning: "`task start --wait`, `task get --wait`, `task respond --wait`: the task was cancelled" },
     ExitCodeDoc { code: EXIT_INTERRUPTED, meaning: "`upload`, `download`: interrupted (Ctrl-C); the same command resumes" },
 ];
 
@@ -254,6 +254,9 @@ impl CliError {
     pub fn from_status(what: &str, status: u16, body: &str) -> CliError {
         let problem: ProblemBody = serde_json::from_str(body).unwrap_or_default();
         let code = match status {
+            // The server's copy is damaged (`ferry check`, or a read found its bytes gone): what
+            // a download gets is not the file, as when its sha256 does not match.
+            _ if problem.code.as_deref() == Some("damaged") => EXIT_VERIFY,
             401 | 403 => EXIT_AUTH,
             404 | 410 => EXIT_NOT_FOUND,
             // The bytes do not match a declared sha256 (or a chunk's Upload-Checksum).
@@ -301,36 +304,83 @@ impl CliError {
     }
 
     pub fn network(what: &str, e: &reqwest::Error) -> CliError {
-        let err = CliError::new(EXIT_NETWORK, format!("{what}: {}", error_chain(e)));
-        match super::tls::tls_cause(e) {
-            Some(cause) => err.tls(&cause),
-            None => err,
-        }
+        CliError::unreachable(what.to_string(), e, None)
     }
 
-    /// A request that never got an answer, with the hint that fits: a TLS failure names its
-    /// cause and `--cacert`; anything else asks whether the server runs (`not_running`).
-    pub fn unreachable(message: String, e: &reqwest::Error, not_running: String) -> CliError {
-        let err = CliError::new(EXIT_NETWORK, message);
-        match super::tls::tls_cause(e) {
-            Some(cause) => err.tls(&cause),
-            None => err.hint(not_running),
+    /// A request that never got an answer: `PREFIX: cause`, with the hint that fits. A TLS
+    /// failure is said in words ([`super::tls::TlsFailure`]) with what to do, and is not retried
+    /// (a certificate the client does not trust stays untrusted); anything else gets the hint
+    /// `not_running` (whether the server runs), if given.
+    pub fn unreachable(prefix: String, e: &reqwest::Error, not_running: Option<String>) -> CliError {
+        match super::tls::tls_failure(e) {
+            Some(f) => {
+                let host = e.url().and_then(|u| u.host_str()).unwrap_or("the server");
+                let mut err = CliError::new(EXIT_NETWORK, format!("{prefix}: {}", f.words(host))).hint(f.hint());
+                err.server_retryable = Some(false);
+                err
+            }
+            None => {
+                let err = CliError::new(EXIT_NETWORK, format!("{prefix}: {}", error_chain(e)));
+                match not_running {
+                    Some(h) => err.hint(h),
+                    None => err,
+                }
+            }
         }
-    }
-
-    /// A TLS failure: the hint names the cause and `--cacert`; not retried (a certificate the
-    /// client does not trust stays untrusted).
-    fn tls(mut self, cause: &str) -> CliError {
-        self.server_retryable = Some(false);
-        self.hint(tls_hint(cause))
     }
 }
 
-/// The hint for a TLS failure: its cause, and how to trust a private certificate.
-fn tls_hint(cause: &str) -> String {
-    format!(
-        "The TLS handshake failed: {cause}. For a server with a private or self-signed certificate, pass --cacert FILE (or set FERRY_CACERT) with its certificate or the authority that signed it."
-    )
+/// `url` with the other scheme (`http` ↔ `https`), its port kept (`https://h` is `http://h:443`).
+fn other_scheme(url: &reqwest::Url) -> reqwest::Url {
+    let mut out = url.clone();
+    let port = url.port_or_known_default();
+    let scheme = if url.scheme() == "https" { "http" } else { "https" };
+    let _ = out.set_scheme(scheme);
+    let _ = out.set_port(port);
+    out
+}
+
+/// This command line as it should be run again with `right`'s scheme for every URL of
+/// origin `wrong` (`--server`, a link argument), quoted for a POSIX shell: `ferry upload
+/// --server http://h:1 f.bin`. When no argument names `wrong` (the server came from
+/// `FERRY_SERVER` or the default), `FERRY_SERVER=…` goes in front, or `--server …` at the end.
+pub fn command_with_origin(wrong: &reqwest::Url, right: &reqwest::Url) -> String {
+    let swap = |a: &str| -> Option<String> {
+        let (flag, value) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (Some(f), v),
+            _ => (None, a),
+        };
+        let mut u = reqwest::Url::parse(value).ok()?;
+        if u.origin() != wrong.origin() {
+            return None;
+        }
+        let port = u.port_or_known_default();
+        u.set_scheme(right.scheme()).ok()?;
+        u.set_port(port).ok()?;
+        // Written as it was given: no trailing `/` added to a bare origin.
+        let mut text = u.to_string();
+        if !value.ends_with('/') && u.path() == "/" && u.query().is_none() {
+            text.pop();
+        }
+        Some(flag.map_or(text.clone(), |f| format!("{f}={text}")))
+    };
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut swapped = false;
+    for a in &mut args {
+        if let Some(n) = swap(a) {
+            *a = n;
+            swapped = true;
+        }
+    }
+    let mut words = Vec::new();
+    if !swapped {
+        match env_nonempty("FERRY_SERVER").and_then(|v| swap(&v)) {
+            Some(v) => words.push(format!("FERRY_SERVER={}", shlex::try_quote(&v).map(|q| q.into_owned()).unwrap_or(v))),
+            None => args.extend(["--server".to_string(), right.origin().ascii_serialization()]),
+        }
+    }
+    words.push(shlex::try_join(std::iter::once("ferry").chain(args.iter().map(String::as_str))).unwrap_or_else(|_| format!("ferry {}", args.join(" "))));
+    words.join(" ")
 }
 
 /// The file URL (`…/files/ID`, query kept) of a ferry page or API link (`…/share/ID`,
@@ -513,13 +563,17 @@ impl Client {
         let url = &self.discovery;
         let origin = url.origin().ascii_serialization();
         let what = describe(&reqwest::Method::OPTIONS, url);
-        let res = self.http.request(reqwest::Method::OPTIONS, url.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await.map_err(|e| {
-            CliError::unreachable(
-                format!("cannot connect to {origin}: {}", error_chain(&e)),
-                &e,
-                format!("Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried."),
-            )
-        })?;
+        let res = match self.http.request(reqwest::Method::OPTIONS, url.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await {
+            Ok(r) => r,
+            Err(e) if super::tls::tls_failure(&e) == Some(super::tls::TlsFailure::NotTls) => return Err(self.speaks_http(url).await),
+            Err(e) => {
+                return Err(CliError::unreachable(
+                    format!("cannot connect to {origin}"),
+                    &e,
+                    Some(format!("Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried.")),
+                ))
+            }
+        };
         let status = res.status().as_u16();
         let h = res.headers();
         if h.contains_key("tus-resumable") {
@@ -528,12 +582,64 @@ impl Client {
         let kind = header_str(h, "content-type").map(|t| format!(", {}", t.split(';').next().unwrap_or(t).trim())).unwrap_or_default();
         let server = header_str(h, "server").map(|s| format!(", Server: {s}")).unwrap_or_default();
         let seen = format!("{what} answered HTTP {status}{kind}{server} without Tus-Resumable");
+        if url.scheme() == "http" && status == 400 {
+            // A TLS port answers plain HTTP with 400 (ferry's says "use https://"): ask it in TLS.
+            if let Some(e) = self.speaks_https(url).await {
+                return Err(e);
+            }
+        }
         if matches!(status, 502..=504) {
             return Err(CliError::new(EXIT_NETWORK, format!("{origin} is not answering as ferry: {seen}"))
                 .hint("A proxy answered for ferry: is `ferry serve` behind it running? Re-run once it is."));
         }
         Err(CliError::new(EXIT_USAGE, format!("{origin} is not a ferry server: {seen}"))
             .hint("Set --server or FERRY_SERVER to the base URL of a running `ferry serve` (e.g. http://127.0.0.1:8080)."))
+    }
+
+    /// `https://` to `url`'s port met no TLS (rustls saw a record that is not TLS's): ask the
+    /// port in plain HTTP. Exit code 2, naming the scheme the port speaks and the command to
+    /// run, when anything answers there; else the TLS failure as it is (exit code 5).
+    async fn speaks_http(&self, url: &reqwest::Url) -> CliError {
+        let plain = other_scheme(url);
+        let answered = match http_client(None, Some(Duration::from_secs(10)), None) {
+            Ok(c) => c.request(reqwest::Method::OPTIONS, plain.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await.ok(),
+            Err(_) => None,
+        };
+        let origin = url.origin().ascii_serialization();
+        let Some(r) = answered else {
+            let host = url.host_str().unwrap_or("the server");
+            return CliError::new(EXIT_NETWORK, format!("cannot connect to {origin}: {}", super::tls::TlsFailure::NotTls.words(host)))
+                .hint("Is it an https:// server? Check --server.");
+        };
+        let who = if r.headers().contains_key("tus-resumable") { "ferry answers there" } else { "something answers there" };
+        CliError::usage(format!("{origin} speaks plain HTTP, not HTTPS: {who} over http://"))
+            .hint(format!("Use http:// for this port: `{}`. (A ferry server speaks https:// only when started with --tls-cert and --tls-key.)", command_with_origin(url, &plain)))
+    }
+
+    /// Plain HTTP to `url` was answered 400 without `Tus-Resumable`: does the port speak TLS?
+    /// A handshake that succeeds, or fails only on the certificate, says so: exit code 2 with
+    /// the command to run (and what the certificate needs, when it is not trusted here).
+    /// `None` when the port does not speak TLS either.
+    async fn speaks_https(&self, url: &reqwest::Url) -> Option<CliError> {
+        use super::tls::TlsFailure;
+        let tls = other_scheme(url);
+        let untrusted = match self.http.request(reqwest::Method::OPTIONS, tls.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await {
+            Ok(_) => None,
+            Err(e) => match super::tls::tls_failure(&e) {
+                Some(f @ (TlsFailure::Untrusted { .. } | TlsFailure::WrongName { .. } | TlsFailure::OutOfDate { .. })) => Some(f),
+                _ => return None,
+            },
+        };
+        let origin = url.origin().ascii_serialization();
+        let host = url.host_str().unwrap_or("the server");
+        let then = match &untrusted {
+            None => String::new(),
+            Some(f) => format!(" Over https://, {}. {}", f.words(host), f.hint()),
+        };
+        Some(
+            CliError::usage(format!("{origin} speaks HTTPS, not plain HTTP: it answered http:// with HTTP 400"))
+                .hint(format!("Use https:// for this port: `{}`.{then}", command_with_origin(url, &tls))),
+        )
     }
 
     /// A request with the bearer token, which is sent only to the configured server's origin
@@ -633,8 +739,7 @@ impl Client {
                 // HEADs still runs out of `--retry-for` (issue 9, item 6).
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    let err =
-                        CliError::unreachable(format!("{what}: {}", error_chain(&e)), &e, format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base));
+                    let err = CliError::unreachable(what.to_string(), &e, Some(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base)));
                     retry.wait(err).await?
                 }
             }
@@ -913,6 +1018,7 @@ mod tests {
         assert_eq!(CliError::from_status("x", 401, "").code, EXIT_AUTH);
         assert_eq!(CliError::from_status("x", 413, "").code, EXIT_USAGE);
         assert_eq!(CliError::from_status("x", 503, "").code, EXIT_NETWORK);
+        assert_eq!(CliError::from_status("GET /files/x", 500, r#"{"code":"damaged","retryable":false}"#).code, EXIT_VERIFY, "as a failed verify (issue 48 kind 6)");
         let page = CliError::from_status("PATCH /files/x", 502, "<html><body><h1>502 Bad Gateway</h1></body></html>");
         assert_eq!(page.code, EXIT_NETWORK);
         assert!(!page.message.contains("<h1>") && page.message.contains("an HTML or XML page"), "{}", page.message);

@@ -133,6 +133,12 @@ struct FileInfo {
     complete: bool,
     #[serde(default)]
     sha256: Option<String>,
+    /// Set when the server's copy is damaged: downloads are refused.
+    #[serde(default)]
+    damaged: Option<Damaged>,
+    /// Every byte is stored; the server finishes it by itself.
+    #[serde(default)]
+    finishing: bool,
     /// Unix ms.
     #[serde(default)]
     created_at: Option<i64>,
@@ -145,11 +151,35 @@ struct FileInfo {
     metadata: serde_json::Map<String, serde_json::Value>,
 }
 
+/// What the server found wrong with a complete file's stored bytes.
+#[derive(Deserialize)]
+struct Damaged {
+    /// `sha256_mismatch` or `missing`.
+    kind: String,
+    /// Unix ms.
+    #[serde(default)]
+    found_at: Option<i64>,
+}
+
+impl Damaged {
+    /// `its stored bytes are missing` / `… no longer match its sha256`.
+    fn words(&self) -> &'static str {
+        if self.kind == "missing" {
+            "its stored bytes are missing"
+        } else {
+            "its stored bytes no longer match its sha256"
+        }
+    }
+}
+
 impl FileInfo {
-    /// `complete`, `42.0% uploaded`, or `5.0 MiB uploaded` (length not known yet).
+    /// `damaged`, `complete`, `finishing`, `42.0% uploaded`, or `5.0 MiB uploaded` (length
+    /// not known yet): what a download of it gets, in one word or two.
     fn state_short(&self) -> String {
         match (self.complete, self.size) {
+            _ if self.damaged.is_some() => "damaged".to_string(),
             (true, _) => "complete".to_string(),
+            (false, _) if self.finishing => "finishing".to_string(),
             (false, Some(s)) if s > 0 => format!("{:.1}% uploaded", self.offset as f64 * 100.0 / s as f64),
             (false, _) => format!("{} uploaded", human_size(self.offset)),
         }
@@ -189,7 +219,13 @@ fn status_lines(f: &FileInfo, client: &Client) -> Vec<String> {
     }
     line("size", f.size.map_or_else(|| "not known yet (deferred length)".to_string(), |s| format!("{} ({s} bytes)", human_size(s))));
     let state = match (f.complete, f.size) {
+        _ if f.damaged.is_some() => {
+            let d = f.damaged.as_ref().expect("matched");
+            let when = utc(d.found_at).map(|t| format!(" (found {t})")).unwrap_or_default();
+            format!("damaged: {}{when}; downloads are refused (upload it again, or ask the operator to restore it)", d.words())
+        }
         (true, _) => "complete".to_string(),
+        (false, _) if f.finishing => "finishing: every byte is stored; the server completes it by itself".to_string(),
         (false, Some(s)) => format!("uploading: {} of {} ({} bytes)", human_size(f.offset), human_size(s), f.offset),
         (false, None) => format!("uploading: {} so far ({} bytes)", human_size(f.offset), f.offset),
     };
@@ -307,7 +343,11 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
         if args.scope == "download" {
             // A download link of an upload still in progress works only once it is complete.
             let info = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &format!("/files/{}", super::client::id_segment(&id)?), &[], None).await;
-            if let Some(f) = info.ok().and_then(|b| serde_json::from_str::<FileInfo>(&b).ok()).filter(|f| !f.complete) {
+            let info = info.ok().and_then(|b| serde_json::from_str::<FileInfo>(&b).ok());
+            if let Some(d) = info.as_ref().and_then(|f| f.damaged.as_ref()) {
+                eprintln!("ferry: warning: {id} is damaged on the server ({}): this download link is refused until it is uploaded again", d.words());
+            }
+            if let Some(f) = info.filter(|f| !f.complete) {
                 eprintln!(
                     "ferry: note: {} is not complete yet ({}); this download link works once it is. To let someone send the rest, use --scope upload.",
                     f.id,

@@ -1,7 +1,7 @@
 //! The upload URL store of `ferry upload`: which upload URL(s) belong to which local file, so
 //! that re-running the same command resumes instead of starting over (like tus-js-client's
-//! URL storage, keyed by a fingerprint of the server, the token's identity, path, size and
-//! modification time).
+//! URL storage, keyed by a fingerprint of the server, the token's identity, the name the
+//! upload gets, and the file's path, size and modification time).
 //!
 //! One JSON file, `uploads.json`, in the cache directory: `$FERRY_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/ferry`, else `~/.cache/ferry`. Read-modify-write cycles hold an exclusive
@@ -36,11 +36,16 @@ pub struct Entry {
     pub updated_at_ms: i64,
 }
 
-/// The fingerprint of a local file for one server, one principal (`identity`, see
-/// [`super::client::token_identity`]) and one way of splitting it: the entry's key. Two
-/// tokens on the same server never share (or evict) each other's entries.
-pub fn fingerprint(server: &str, identity: &str, path: &Path, size: u64, mtime_ns: i128, parallel: usize) -> String {
-    format!("ferry-v2|{server}|{identity}|{}|{size}|{mtime_ns}|p{parallel}", path.display())
+/// The fingerprint of what the server will hold: one server, one principal (`identity`, see
+/// [`super::client::token_identity`]), the name the upload gets (`name`: its `filename`
+/// metadata, `None` without one), the local content (canonical `path`, `size`, modification
+/// time) and one way of splitting it: the entry's key. Two tokens on the same server never
+/// share (or evict) each other's entries, and two names for one file (symlinks `a.iso` and
+/// `b.iso` to one file, or `--name`) are two uploads, never one resumed as the other.
+pub fn fingerprint(server: &str, identity: &str, name: Option<&str>, path: &Path, size: u64, mtime_ns: i128, parallel: usize) -> String {
+    // The name is JSON-quoted so that no name can spell another key's fields.
+    let name = serde_json::to_string(&name).expect("serialises");
+    format!("ferry-v3|{server}|{identity}|{name}|{}|{size}|{mtime_ns}|p{parallel}", path.display())
 }
 
 /// The cache directory (see the module docs).

@@ -131,7 +131,7 @@ impl Sender<'_> {
                 "Upload it again."
             }));
         }
-        Ok(Done { file: "-".into(), id: id_of(&url), url: url.to_string(), size: offset, sha256: local, resumed_from, sent: self.sent })
+        Ok(Done { file: "-".into(), id: id_of(&url), url: url.to_string(), upload_url: None, size: offset, sha256: local, resumed_from, sent: self.sent })
     }
 
     /// After a failure mid-stream: how to continue with a new run.

@@ -1,4 +1,4 @@
-//! `ferry task start|get|list|cancel`: a small client of `/api/v1/tasks`.
+//! `ferry task start|get|list|respond|cancel`: a small client of `/api/v1/tasks`.
 //!
 //! Prints the server's JSON exactly as received (one document per line) on stdout; errors go
 //! to stderr as the problem's `detail` and `recovery_hint`. Exit codes: the ones of every
@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 pub use super::client::Connection;
-use super::client::{error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_TASK_CANCELLED, EXIT_TASK_FAILED};
+use super::client::{
+    error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_NOT_FOUND, EXIT_TASK_CANCELLED, EXIT_TASK_FAILED,
+};
 
 /// `ferry task …`: start, inspect, list and cancel tasks on a running ferry server.
 #[derive(Debug, Args)]
@@ -80,6 +82,30 @@ pub enum TaskCommand {
         #[arg(long, value_name = "N")]
         limit: Option<u32>,
     },
+    /// Answer one of a task's input requests (`input_requests` of `task get`; `--wait` shows
+    /// each as it comes) and print `{"accepted": …, "task": …}` (JSON). The task then works
+    /// on. A KEY the task is not waiting for changes nothing: exit code 3, naming the keys it
+    /// waits for. An answer outside the request's `schema`: exit code 2, naming the place.
+    #[command(after_help = exit_codes_help())]
+    Respond {
+        /// Task id.
+        id: String,
+        /// The input request's key (e.g. dest.name).
+        key: String,
+        /// The answer as JSON text, sent exactly as given: `'"orders"'` (a string), `42`,
+        /// `true`, `'{"a": 1}'`. For text, --text quotes it for you.
+        #[arg(value_name = "JSON", required_unless_present_any = ["text", "response_file"], conflicts_with_all = ["text", "response_file"])]
+        response: Option<String>,
+        /// Answer with this text (sent as a JSON string).
+        #[arg(long, value_name = "TEXT", conflicts_with = "response_file")]
+        text: Option<String>,
+        /// Read the JSON answer from a file (`-` for stdin).
+        #[arg(long, value_name = "PATH")]
+        response_file: Option<PathBuf>,
+        /// Then wait until the task is completed, failed or cancelled, as `task get --wait`.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Cancel a task and print it (JSON). Cancelling a finished task changes nothing.
     #[command(after_help = exit_codes_help())]
     Cancel {
@@ -133,20 +159,27 @@ fn task_path(id: &str) -> Result<String, CliError> {
 
 /// The `--args` / `--args-file` JSON text, checked to be one JSON value.
 fn read_args(args: Option<String>, file: Option<PathBuf>) -> Result<Option<String>, CliError> {
-    let (text, source) = match (args, file) {
-        (Some(a), _) => (a, "--args".to_string()),
+    read_json(args, file, "arguments", "--args-file")
+}
+
+/// JSON text given on the command line or read from `file` (`-`: stdin), checked to be one
+/// JSON value; `what` and `flag` name it in errors.
+fn read_json(given: Option<String>, file: Option<PathBuf>, what: &str, flag: &str) -> Result<Option<String>, CliError> {
+    let (text, source) = match (given, file) {
+        (Some(a), _) => (a, "the command line".to_string()),
         (None, Some(p)) if p.as_os_str() == "-" => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).map_err(|e| usage(format_args!("reading arguments from stdin: {e}")))?;
+            std::io::stdin().read_to_string(&mut s).map_err(|e| usage(format_args!("reading {what} from stdin: {e}")))?;
             (s, "stdin".to_string())
         }
         (None, Some(p)) => {
-            let s = std::fs::read_to_string(&p).map_err(|e| usage(format_args!("reading --args-file {}: {e}", p.display())))?;
+            let s = std::fs::read_to_string(&p).map_err(|e| usage(format_args!("reading {flag} {}: {e}", p.display())))?;
             (s, p.display().to_string())
         }
         (None, None) => return Ok(None),
     };
-    let raw: Box<RawValue> = serde_json::from_str(&text).map_err(|e| usage(format_args!("arguments from {source} are not JSON: {e}")))?;
+    let raw: Box<RawValue> = serde_json::from_str(&text)
+        .map_err(|e| usage(format_args!("{what} from {source}: not JSON: {e}")).hint("Text is quoted in JSON: '\"orders\"' (`task respond` takes --text orders)."))?;
     Ok(Some(raw.get().to_string()))
 }
 
@@ -197,6 +230,34 @@ async fn execute(args: TaskArgs) -> Result<(), CliError> {
             };
             print_json(&client.api(&mut retry(), reqwest::Method::GET, "/tasks", &query, None).await?)
         }
+        TaskCommand::Respond { id, key, response, text, response_file, wait } => {
+            let path = format!("{}/input", task_path(&id)?);
+            let answer = match text {
+                Some(t) => serde_json::to_string(&t).expect("serialises"),
+                None => read_json(response, response_file, "the answer", "--response-file")?.ok_or_else(|| usage("give the answer: JSON, --text or --response-file"))?,
+            };
+            let raw: &RawValue = serde_json::from_str(&answer).expect("checked above");
+            let body = serde_json::json!({ "key": key, "response": raw }).to_string();
+            // Answering twice is harmless (the second finds the key answered): retried.
+            let text = client.api(&mut retry(), reqwest::Method::POST, &path, &[], Some(body)).await?;
+            print_json(&text)?;
+            #[derive(Deserialize)]
+            struct Answered {
+                accepted: bool,
+                task: TaskSummary,
+            }
+            let a: Answered = serde_json::from_str(&text).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer is not as expected ({e}): {}", text.trim())))?;
+            if !a.accepted {
+                let waiting: Vec<&str> = a.task.input_requests.keys().map(String::as_str).collect();
+                let now = if waiting.is_empty() { format!("it waits for no input now ({})", a.task.status) } else { format!("it waits for {}", waiting.join(", ")) };
+                return Err(CliError::new(EXIT_NOT_FOUND, format!("task {id} is not waiting for input {key:?}: nothing was changed; {now}"))
+                    .hint(format!("`ferry task get {id}` shows its input_requests.")));
+            }
+            if wait {
+                return wait_for(&client, retry_for, &id).await;
+            }
+            Ok(())
+        }
         TaskCommand::Cancel { id } => {
             let path = format!("{}/cancel", task_path(&id)?);
             print_json(&client.api(&mut retry(), reqwest::Method::POST, &path, &[], None).await?)
@@ -222,7 +283,7 @@ impl Shown {
             for (key, request) in &task.input_requests {
                 if !self.asked.contains(key) {
                     eprintln!("ferry: task {} needs input {key:?}: {request}", task.id);
-                    eprintln!("hint: answer with POST /api/v1/tasks/{}/input {{\"key\": {key:?}, \"response\": …}}", task.id);
+                    eprintln!("hint: answer with `ferry task respond {} {key} JSON` (or --text TEXT)", task.id);
                     self.asked.push(key.clone());
                 }
             }

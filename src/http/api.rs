@@ -25,7 +25,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{OpenApi, PartialSchema, ToSchema};
 
 use super::{AppState, Problem};
-use crate::app::views::{file_view, FileView};
+use crate::app::views::{file_view, DamageView, FileView};
 use crate::app::Principal;
 use crate::catalog::{Progress, TaskRecord};
 
@@ -58,7 +58,7 @@ pub fn routes() -> Router<AppState> {
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
     paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail, list_files, file_info, share_file, openapi_json, super::events::events, super::events::deliveries),
-    components(schemas(TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
+    components(schemas(TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, DamageView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
     modifiers(&DocExtras),
     security(("bearer" = [])),
     tags(
@@ -894,7 +894,11 @@ struct FileList {
     responses((status = 200, description = "The files.", body = FileList)))]
 async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, q: Result<Query<ListQuery>, QueryRejection>) -> Result<Response, Problem> {
     let files = s.engine.list(&p, limit(q)?).await?;
-    Ok(axum::Json(serde_json::json!({ "files": files.iter().map(file_view).collect::<Vec<_>>() })).into_response())
+    let mut views = Vec::with_capacity(files.len());
+    for f in &files {
+        views.push(file_view(f).damaged(s.engine.damage(f).await?.as_ref()));
+    }
+    Ok(axum::Json(serde_json::json!({ "files": views })).into_response())
 }
 
 /// File info; unlike HEAD on /files/{id}, never interrupts an upload in progress.
@@ -912,7 +916,7 @@ async fn file_info(State(s): State<AppState>, Extension(Principal(p)): Extension
         Err(e) if e.code == crate::error::ErrorCode::Locked => s.engine.get(&p, &id).await?,
         Err(e) => return Err(e.into()),
     };
-    Ok(axum::Json(file_view(&rec)).into_response())
+    Ok(axum::Json(file_view(&rec).damaged(s.engine.damage(&rec).await?.as_ref())).into_response())
 }
 
 /// Body of `POST /api/v1/files/{id}/share`.

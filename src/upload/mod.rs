@@ -644,20 +644,39 @@ impl UploadEngine {
                     Ok(()) => self.blobs.read(&rec.id, range).await,
                     Err(e) => Err(e),
                 };
-                made_whole.map_err(|e| self.bytes_gone(rec, e))
+                match made_whole {
+                    Ok(stream) => Ok(stream),
+                    Err(e) => Err(self.bytes_gone(rec, e).await),
+                }
             }
             r => Ok(r?),
         }
     }
 
+    /// The damage mark of finished upload `rec` (`ferry check --repair-catalog`, or a read that
+    /// found its bytes gone: [`UploadEngine::read`]); `None` for an unfinished upload.
+    pub async fn damage(&self, rec: &UploadRecord) -> Result<Option<crate::catalog::Damage>, Refusal> {
+        if !rec.is_finished() {
+            return Ok(None);
+        }
+        Ok(self.catalog.damage(&rec.id).await?)
+    }
+
     /// What a read of finished upload `rec` answers when its blob stayed short or absent after
     /// [`crate::blob::BlobStore::finish`]: the bytes are gone, not briefly away — 500 `damaged`
     /// (not retryable), as after a `ferry check --repair-catalog` mark, and a log line naming
-    /// the upload. Any other store error keeps its own answer (503 for a store that is away).
-    fn bytes_gone(&self, rec: &UploadRecord, e: BlobError) -> Refusal {
+    /// the upload. The upload is marked damaged as `ferry check --repair-catalog` would mark it
+    /// (`missing`), so its views (`/api/v1/files`, `ferry ls`) say what downloads answer; a later
+    /// `ferry check --repair-catalog` that finds it whole clears the mark. Any other store error
+    /// keeps its own answer (503 for a store that is away).
+    async fn bytes_gone(&self, rec: &UploadRecord, e: BlobError) -> Refusal {
         match e {
             BlobError::OutOfRange { .. } | BlobError::NotFound => {
-                tracing::error!(upload = %rec.id, error = %e, "a finished upload's stored bytes are missing; run ferry check --repair-catalog to mark it");
+                tracing::error!(upload = %rec.id, error = %e, "a finished upload's stored bytes are missing; marked damaged (ferry check --repair-catalog clears the mark if it finds them whole)");
+                let mark = crate::catalog::Damage { kind: "missing".into(), detail: format!("found when it was read: {e}"), found_at_ms: crate::clock::now_ms() };
+                if let Err(m) = self.catalog.set_damage(&rec.id, Some(&mark)).await {
+                    tracing::warn!(upload = %rec.id, error = %m, "could not mark the upload damaged");
+                }
                 Refusal::damaged_on_read()
             }
             other => other.into(),

@@ -1,8 +1,10 @@
 //! `ferry upload FILE...`: a resumable TUS 1.0 client.
 //!
 //! - **Resumable.** The upload URL of each file is remembered in the URL store
-//!   ([`super::store`]) under a fingerprint of the server, the token's identity, the canonical
-//!   path, the size and the modification time. Re-running the same command HEADs the stored
+//!   ([`super::store`]) under a fingerprint of what the server will hold: the server, the
+//!   token's identity, the name the upload gets (`--name`, `--meta filename=…`, else FILE's
+//!   own name, not its target's: two symlinks to one file are two uploads), and the canonical
+//!   path, size and modification time of the content. Re-running the same command HEADs the stored
 //!   URL (TUS 1.0 §HEAD) and continues from the server's `Upload-Offset`; a finished upload is
 //!   only verified again. A remembered upload created with other `--meta` is not resumed.
 //! - **Retries** network errors, 5xx, 423 and 429 with exponential backoff (at least an
@@ -100,7 +102,8 @@ pub struct UploadArgs {
     /// Ignore a remembered upload of the same file: start a new upload.
     #[arg(long)]
     pub fresh: bool,
-    /// Print one JSON object per file (file, id, url, size, sha256, resumed_from, sent)
+    /// Print one JSON object per file (file, id, url, size, sha256, resumed_from, sent; and
+    /// upload_url when it was sent through a signed upload URL)
     /// instead of `URL<TAB>SHA256`.
     #[arg(long)]
     pub json: bool,
@@ -180,12 +183,36 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
 }
 
 /// Print one uploaded file: `URL<TAB>SHA256`, or the JSON object with `--json`.
+///
+/// An upload sent through a signed upload URL (an upload-only token's creations, `--url` of a
+/// request link) prints the file's plain URL, never the signed one: that one only lets its
+/// holder send bytes into this upload, and read as a link to share it would fail whoever got it.
+/// A note on stderr says so and how a link to share is made; `--json` keeps the signed URL as
+/// `upload_url`.
 fn print_done(args: &UploadArgs, done: &Done) -> Result<(), CliError> {
+    let mut done = done.clone();
+    if let Some(plain) = unsigned(&done.url) {
+        done.upload_url = Some(std::mem::replace(&mut done.url, plain));
+        eprintln!(
+            "ferry: note: {} was sent through a signed upload URL (an upload-only token, or a request link), which lets its holder only send bytes into this upload: it is no link to share. {} names the file; a link to download it is made by its owner, with a full token: `ferry share {}`.",
+            done.file, done.url, done.id
+        );
+    }
     if args.json {
-        print_line(&serde_json::to_string(done).expect("serialises"))
+        print_line(&serde_json::to_string(&done).expect("serialises"))
     } else {
         print_line(&format!("{}\t{}", done.url, done.sha256))
     }
+}
+
+/// `url` without its signature (`?scope=…&exp=…&sig=…`, see `crate::signing`), if it has one.
+fn unsigned(url: &str) -> Option<String> {
+    let mut u = reqwest::Url::parse(url).ok()?;
+    if !u.query_pairs().any(|(k, _)| k == "sig") {
+        return None;
+    }
+    u.set_query(None);
+    Some(u.to_string())
 }
 
 /// Is FILE read as a stream (`-`, a pipe, FIFO or device) rather than a regular file?
@@ -265,11 +292,15 @@ pub(super) fn metadata_header(name: Option<&str>, pairs: &[(String, String)]) ->
 }
 
 /// What `ferry upload` prints for one file.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, Clone)]
 pub(super) struct Done {
     pub(super) file: String,
     pub(super) id: String,
+    /// The file's URL (never a signed one: see [`print_done`]).
     pub(super) url: String,
+    /// The signed upload URL it was sent through, when it was (`--json` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) upload_url: Option<String>,
     pub(super) size: u64,
     pub(super) sha256: String,
     /// Bytes already on the server when this run started (over all parts).
@@ -363,7 +394,10 @@ async fn upload_one(
     let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
     let progress = Arc::new(Progress::new(&label, size, 0, args.quiet));
     let mut header = metadata_header(display_name(args, path).as_deref(), meta);
-    let key = identity.map(|id| fingerprint(client.base.as_str(), id, &canon, size, mtime, parallel));
+    // The name the server will hold the upload under: `--meta filename=…`, else `--name` or
+    // FILE's own name.
+    let name = meta.iter().find(|(k, _)| k == "filename").map(|(_, v)| v.clone()).or_else(|| display_name(args, path));
+    let key = identity.map(|id| fingerprint(client.base.as_str(), id, name.as_deref(), &canon, size, mtime, parallel));
     let mut stored = match &key {
         Some(k) if !args.fresh => store.get(k)?,
         _ => None,
@@ -460,6 +494,7 @@ async fn upload_one(
         file: path.display().to_string(),
         id: id_of(&out.url),
         url: out.url.to_string(),
+        upload_url: None,
         size,
         sha256: out.local,
         resumed_from: out.resumed_from,
@@ -500,8 +535,12 @@ async fn single(job: &Job<'_>, stored: Vec<String>, given: Option<(reqwest::Url,
     let mut existing = given;
     if let (true, [url]) = (existing.is_none(), stored.as_slice()) {
         let url = job.client.resolve(url)?;
-        if let Some(offset) = usable(job, &url, job.size).await? {
-            existing = Some((url, offset));
+        match usable(job, &url, job.size).await? {
+            Some(offset) if offset == job.size && damaged_on_server(job.client, &url).await => {
+                job.progress.note(&format!("the remembered upload {url} is damaged on the server (downloads are refused); starting a new upload"));
+            }
+            Some(offset) => existing = Some((url, offset)),
+            None => {}
         }
     }
     let (url, offset) = match existing {
@@ -549,6 +588,18 @@ async fn usable(job: &Job<'_>, url: &reqwest::Url, length: u64) -> Result<Option
             Ok(None)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Is the upload at `url` (one of ours, all bytes sent) damaged on the server: does its file
+/// view (`GET /api/v1/files/{id}`) say `damaged`? Then re-running `ferry upload` must send
+/// the file again rather than "verify" the sha256 the server recorded for bytes it no longer
+/// has. `false` when the view cannot be read (an upload-only token may not read it).
+pub(super) async fn damaged_on_server(client: &Client, url: &reqwest::Url) -> bool {
+    let Ok(id) = super::client::id_segment(&id_of(url)) else { return false };
+    match client.api(&mut Retry::new(Duration::ZERO), reqwest::Method::GET, &format!("/files/{id}"), &[], None).await {
+        Ok(body) => serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v.get("damaged").is_some_and(|d| !d.is_null())),
+        Err(_) => false,
     }
 }
 
@@ -686,6 +737,8 @@ mod tests {
         assert_eq!(upload_url("http://h:1/share/abc?scope=upload&sig=x").unwrap().as_str(), "http://h:1/files/abc?scope=upload&sig=x");
         assert_eq!(upload_url("http://h:1/p/files/abc").unwrap().as_str(), "http://h:1/p/files/abc");
         assert!(upload_url("http://h:1/nothing").is_err());
+        assert_eq!(unsigned("http://h:1/files/abc?scope=upload&exp=9&sig=x").as_deref(), Some("http://h:1/files/abc"));
+        assert_eq!(unsigned("http://h:1/files/abc"), None);
         assert!(metadata_pairs(&["no".into()]).is_err());
         assert!(metadata_pairs(&["a b=c".into()]).is_err());
         assert!(metadata_pairs(&["a=1".into(), "a=2".into()]).is_err(), "a key twice is refused here as the server refuses it");

@@ -14,7 +14,10 @@ pub(super) async fn concatenated(job: &Job<'_>, stored: Option<crate::cli::store
     if let Some(e) = stored.as_ref().filter(|e| e.final_url.is_some()) {
         let url = job.client.resolve(e.final_url.as_deref().unwrap_or_default())?;
         let mut retry = Retry::new(job.retry_for);
-        match head(job.client, &mut retry, &url).await {
+        let found = head(job.client, &mut retry, &url).await;
+        let damaged = found.is_ok() && damaged_on_server(job.client, &url).await;
+        match found {
+            Ok(_) if damaged => job.progress.note(&format!("the remembered upload {url} is damaged on the server (downloads are refused); starting over")),
             Ok(_) => {
                 job.progress.note(&format!("the parts were already joined into {url}"));
                 job.progress.set(size, false);
