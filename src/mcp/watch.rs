@@ -99,7 +99,10 @@ fn rank(l: LoggingLevel) -> u8 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seen {
     /// Receiving: bytes stored so far, and the length once declared.
-    Receiving { offset: u64, length: Option<u64> },
+    Receiving {
+        offset: u64,
+        length: Option<u64>,
+    },
     Finished,
     /// Gone or failed: the error code a read gets now.
     Failed(&'static str),
