@@ -373,3 +373,24 @@ fn typescript_sdk_call_tool_failing_and_succeeding() {
     assert_eq!(v["task"]["error"]["code"], "task_failed", "{v}");
     assert_eq!(v["ok"]["size"], 3, "{v}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// subscribe (issue 49): file_request → completion/complete of its id → subscriptions/listen on
+// ferry://files/{id} → a person's TUS upload (curl, two PATCHes) → notifications/resources/updated
+// until file_status says complete, with the sha256 of what was sent; no polling in between.
+
+fn check_subscribe(v: &Value) {
+    assert!(v["result"]["updates"].as_u64().is_some_and(|n| n >= 1), "{v}");
+    assert!(is_sha256_hex(&v["result"]["sha256"]), "{v}");
+}
+
+#[test]
+fn python_http_subscribed_to_a_requested_file_is_told_when_it_finishes() {
+    let s = Server::start(&[]);
+    check_subscribe(&over_http("subscribe", &s, &[]));
+}
+
+#[test]
+fn python_stdio_subscribed_to_a_requested_file_is_told_when_it_finishes() {
+    check_subscribe(&over_stdio("subscribe", &[]));
+}

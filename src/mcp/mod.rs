@@ -33,6 +33,7 @@ pub mod results;
 pub mod sessions;
 mod tools;
 mod transport_errors;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -74,8 +75,9 @@ pub fn streamable_http_service(
     let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
     cfg.session_store = Some(Arc::new(sessions::CatalogSessions::new(state.engine.catalog.clone())));
     cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
-    let rmcp = rmcp::transport::StreamableHttpService::new(move || Ok(mcp.clone()), Arc::new(LocalSessionManager::default()), cfg);
+    let rmcp = rmcp::transport::StreamableHttpService::new(move || Ok(mcp.for_session()), Arc::new(LocalSessionManager::default()), cfg);
     let rmcp = tower::Layer::layer(&axum::middleware::from_fn_with_state(state.events.clone(), push::note_listen_start), rmcp);
+    let rmcp = tower::Layer::layer(&axum::middleware::from_fn(transport_errors::removed_methods), rmcp);
     transport_errors::json_rpc_refusals(rmcp)
 }
 
@@ -103,7 +105,12 @@ pub struct FerryMcp {
     /// Each tool's compiled `inputSchema`: arguments are checked against it before the tool
     /// runs (issue 23, kind 3).
     inputs: Arc<BTreeMap<String, jsonschema::Validator>>,
+    /// The connection's own state: its log level and resource watches ([`watch::Session`]).
+    session: Arc<watch::Session>,
 }
+
+/// The one resource template: a file by id.
+pub const FILE_TEMPLATE: &str = "ferry://files/{id}";
 
 /// A tool's outcome before it becomes a `CallToolResult`.
 type Outcome = Result<CallToolResult, Refusal>;
@@ -155,7 +162,13 @@ impl FerryMcp {
                 }
             })
             .collect();
-        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs), inputs: Arc::new(inputs) }
+        FerryMcp { state, cfg: Arc::new(cfg), tools: Arc::new(tools), jobs: Arc::new(jobs), inputs: Arc::new(inputs), session: watch::new_session() }
+    }
+
+    /// This server for a new connection (an HTTP session or a stateless request): everything
+    /// shared but the connection's own state ([`watch::Session`]).
+    pub fn for_session(&self) -> FerryMcp {
+        FerryMcp { session: watch::new_session(), ..self.clone() }
     }
 
     /// The caller: the principal the HTTP auth middleware resolved, else `local` (stdio).
@@ -482,11 +495,30 @@ impl FerryMcp {
     }
 
     /// Re-read a task until it is terminal, needs input, or `wait_ms` passed; sends
-    /// `notifications/progress` on changes when the call carried a progress token.
+    /// `notifications/progress` on changes, and at least every [`watch::HEARTBEAT`], when the
+    /// call carried a progress token; logs a failure or an input request it ends on
+    /// (`notifications/message`, [`watch`]).
+    #[allow(deprecated)] // LoggingLevel: see the ServerHandler impl
     async fn wait_task(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, Refusal> {
+        let t = self.wait_task_status(p, id, wait_ms, token, ctx).await?;
+        match t.status {
+            FerryStatus::Failed => {
+                let why = t.error.as_deref().or(t.status_message.as_deref()).unwrap_or("no reason recorded");
+                self.log(ctx, LoggingLevel::Warning, json!({ "task_id": t.id, "kind": t.kind, "status": "failed", "message": why })).await;
+            }
+            FerryStatus::InputRequired => {
+                let keys: Vec<String> = outstanding(&t).into_keys().collect();
+                self.log(ctx, LoggingLevel::Notice, json!({ "task_id": t.id, "kind": t.kind, "status": "input_required", "input_requests": keys })).await;
+            }
+            _ => {}
+        }
+        Ok(t)
+    }
+
+    async fn wait_task_status(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, Refusal> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         let mut last = None;
-        let mut sent = 0.0f64;
+        let mut beat = watch::Heartbeat::new();
         // Subscribed before the first read, so a status change after it wakes the wait (every
         // status change commits an event; progress does not, so with a progress token the task
         // is also read every PROGRESS_EVERY).
@@ -495,21 +527,17 @@ impl FerryMcp {
             let t = self.state.tasks.get(p, id).await?;
             if let Some(tok) = &token {
                 let snap = (t.progress.fraction, t.progress.message.clone(), t.progress.counters.clone());
-                if last.as_ref() != Some(&snap) {
-                    // `progress` is the job's fraction of 1 and never goes back (MCP requires it
-                    // to increase); counters, for jobs without a fraction, go into the message.
-                    sent = sent.max(t.progress.fraction.unwrap_or(0.0).clamp(0.0, 1.0));
+                // `progress` is the job's fraction of 1 and never goes back (MCP requires it to
+                // increase: a heartbeat raises it by the least step); counters, for jobs without
+                // a fraction, go into the message.
+                if let Some(sent) = beat.next(t.progress.fraction, last.as_ref() != Some(&snap)) {
                     let counters = t.progress.counters.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
                     let message = match (&t.progress.message, counters.is_empty()) {
                         (Some(m), _) => Some(m.clone()),
                         (None, false) => Some(counters),
                         (None, true) => None,
                     };
-                    let param: ProgressNotificationParam = serde_json::from_value(json!({
-                        "progressToken": tok, "progress": sent, "total": 1.0, "message": message,
-                    }))
-                    .expect("progress notification shape");
-                    let _ = ctx.peer.notify_progress(param).await;
+                    let _ = ctx.peer.notify_progress(watch::progress(tok, sent, Some(1.0), message)).await;
                     last = Some(snap);
                 }
             }
@@ -517,7 +545,7 @@ impl FerryMcp {
                 return Ok(t);
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let at_most = if token.is_some() { left.min(PROGRESS_EVERY) } else { left };
+            let at_most = if token.is_some() { left.min(PROGRESS_EVERY).min(beat.due_in()) } else { left };
             tokio::select! {
                 woken = changes.wait(at_most) => {
                     // Nothing changed up to the deadline: the last read is the answer.
@@ -941,18 +969,23 @@ const INSTRUCTIONS: &str = "ferry moves big files by handle. Files: file_upload_
 fetch_url, export_*) return a task: poll task_get (wait_ms long-polls), answer input_requests with task_respond. Failures carry \
 error.code, retryable, recoveryHint (the next step) and partial.cursor (where to resume).";
 
+// Logging (`LoggingLevel`, `logging/setLevel`) is SEP-2577-deprecated in rmcp; MCP 2026-07-28
+// still defines it, and ferry serves it ([`watch`]).
+#[allow(deprecated)]
 impl ServerHandler for FerryMcp {
     fn get_info(&self) -> ServerConfig {
-        let caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build();
+        let caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_subscribe().enable_logging().enable_completions().enable_tasks().build();
         ServerConfig::new(caps).with_server_info(Implementation::new("ferry", env!("CARGO_PKG_VERSION"))).with_instructions(INSTRUCTIONS)
     }
 
     /// rmcp reads a request whose method it knows but whose `params` do not fit that method's
     /// shape (`tools/call` with `"arguments":"str"`) as a custom request, whose default answer
     /// is -32601 method not found. A method MCP defines is found: its params are what is wrong,
-    /// so the answer is -32602 invalid params (JSON-RPC 2.0 §5.1) saying so.
-    async fn on_custom_request(&self, request: CustomRequest, _ctx: RequestContext<RoleServer>) -> Result<CustomResult, McpError> {
-        const KNOWN: [&str; 11] = [
+    /// so the answer is -32602 invalid params (JSON-RPC 2.0 §5.1) saying so. A method MCP
+    /// removed (`tasks/list`, `tasks/result`; `initialize` on a 2026-07-28 request) is not
+    /// found, whatever its params ([`transport_errors::is_removed`]).
+    async fn on_custom_request(&self, request: CustomRequest, ctx: RequestContext<RoleServer>) -> Result<CustomResult, McpError> {
+        const KNOWN: [&str; 14] = [
             "initialize",
             "ping",
             "tools/call",
@@ -960,12 +993,18 @@ impl ServerHandler for FerryMcp {
             "resources/list",
             "resources/read",
             "resources/templates/list",
+            "resources/subscribe",
+            "resources/unsubscribe",
+            "logging/setLevel",
+            "completion/complete",
             "tasks/get",
-            "tasks/list",
+            "tasks/update",
             "tasks/cancel",
-            "tasks/result",
         ];
         let method = request.method.clone();
+        if transport_errors::is_removed(&method, ctx.meta.protocol_version().as_ref().map(|v| v.as_str())) {
+            return Err(transport_errors::removed(&method));
+        }
         if KNOWN.contains(&method.as_str()) {
             let what = if method == "tools/call" {
                 "params of tools/call must be an object {\"name\": string, \"arguments\": object}: arguments is a JSON object of the tool's inputSchema"
@@ -994,25 +1033,56 @@ impl ServerHandler for FerryMcp {
         }
         let p = Self::principal(&ctx);
         let native = ctx.client_capabilities().is_some_and(|c| c.supports_tasks());
-        let outcome = match self.is_job_tool(&req.name) {
-            Some(job) => match self.start_job(&p, job, &req.arguments).await {
-                Ok(t) if native => {
-                    let d = self.detailed(&p, &t).await?;
-                    return Ok(CallToolResponse::Task(CreateTaskResult::new(d.task)));
-                }
-                Ok(t) => self.task_result(&p, &t).await,
-                Err(e) => Err(e),
-            },
-            None => self.dispatch(&p, &req, &ctx).await,
+        // task_get reports its task's progress itself (wait_task); every other call that runs
+        // long gets a heartbeat when the client gave a progress token.
+        let token = (req.name != "task_get").then(|| req.progress_token().or_else(|| ctx.meta.get_progress_token())).flatten();
+        let answer = watch::with_heartbeat(token, &req.name, &ctx, async {
+            Ok(match self.is_job_tool(&req.name) {
+                Some(job) => match self.start_job(&p, job, &req.arguments).await {
+                    Ok(t) if native => return Ok(Ok(CallToolResponse::Task(CreateTaskResult::new(self.detailed(&p, &t).await?.task)))),
+                    Ok(t) => self.task_result(&p, &t).await,
+                    Err(e) => Err(e),
+                },
+                None => self.dispatch(&p, &req, &ctx).await,
+            }
+            .map_or_else(Err, |r| Ok(CallToolResponse::Complete(r))))
+        })
+        .await;
+        let refused = match answer? {
+            Ok(response) => return Ok(response),
+            Err(e) => e,
         };
-        Ok(CallToolResponse::Complete(outcome.unwrap_or_else(|e| tool_failure(&e, &req.name))))
+        self.log_refusal(&ctx, &req.name, &refused).await;
+        Ok(CallToolResponse::Complete(tool_failure(&refused, &req.name)))
     }
 
-    /// `subscriptions/listen` opens a stream for task status notifications ([`push`]); none of
-    /// the list-changed or resource categories is offered (ferry's lists change with every
+    /// `subscriptions/listen` opens a stream for task status notifications ([`push`]) and
+    /// `notifications/resources/updated` of the `ferry://files/{id}` it names
+    /// ([`watch`]); no list-changed category is offered (ferry's lists change with every
     /// upload; poll them).
-    fn accepted_subscription_filter(&self, _requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
-        Some(SubscriptionFilter::default())
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        let uris = requested.resource_subscriptions.as_deref().map(Self::acceptable_uris).filter(|u| !u.is_empty());
+        let mut accepted = SubscriptionFilter::default();
+        accepted.resource_subscriptions = uris;
+        Some(accepted)
+    }
+
+    async fn subscribe(&self, req: SubscribeRequestParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.subscribe_session(req, ctx).await
+    }
+
+    async fn unsubscribe(&self, req: UnsubscribeRequestParams, _ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.unsubscribe_session(req);
+        Ok(())
+    }
+
+    async fn set_level(&self, req: SetLevelRequestParams, _ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.set_session_level(req);
+        Ok(())
+    }
+
+    async fn complete(&self, req: CompleteRequestParams, ctx: RequestContext<RoleServer>) -> Result<CompleteResult, McpError> {
+        self.complete_ids(req, ctx).await
     }
 
     async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
@@ -1066,7 +1136,7 @@ impl ServerHandler for FerryMcp {
 
     async fn list_resource_templates(&self, _r: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListResourceTemplatesResult, McpError> {
         let t: ResourceTemplate = serde_json::from_value(json!({
-            "uriTemplate": "ferry://files/{id}", "name": "file",
+            "uriTemplate": FILE_TEMPLATE, "name": "file",
             "description": "A ferry file by id: reading returns a text preview of small text files; others point to file_download_url.",
         }))
         .map_err(|e| McpError::internal_error(e.to_string(), None))?;
@@ -1076,11 +1146,11 @@ impl ServerHandler for FerryMcp {
     async fn read_resource(&self, req: ReadResourceRequestParams, ctx: RequestContext<RoleServer>) -> Result<ReadResourceResponse, McpError> {
         let p = Self::principal(&ctx);
         let Some(id) = envelope::id_from_uri(&req.uri) else {
-            return Err(McpError::resource_not_found(format!("{} is not a ferry file URI (ferry://files/ID)", req.uri), None));
+            return Err(watch::not_found(&req.uri, format!("{} is not a ferry file URI (ferry://files/ID)", req.uri)));
         };
         let r = match self.finished(&p, id).await {
             Ok(r) => r,
-            Err(e) if e.code == ErrorCode::NotFound => return Err(McpError::resource_not_found(format!("no file {id}"), Some(json!({ "uri": req.uri })))),
+            Err(e) if e.code == ErrorCode::NotFound => return Err(watch::not_found(&req.uri, format!("no file {id}"))),
             Err(e) => return Err(mcp_err(e)),
         };
         let v = file_view(&r);

@@ -81,8 +81,16 @@ pub struct FerryService(pub FerryMcp);
 
 impl Service<RoleServer> for FerryService {
     async fn handle_request(&self, request: ClientRequest, mut context: RequestContext<RoleServer>) -> Result<ServerResult, McpError> {
-        if matches!(request, ClientRequest::SubscriptionsListenRequest(_)) {
-            context.extensions.insert(ListenStart::read(&self.0.state.events).await);
+        match &request {
+            ClientRequest::SubscriptionsListenRequest(_) => {
+                context.extensions.insert(ListenStart::read(&self.0.state.events).await);
+            }
+            // Before rmcp checks the request's `_meta`: a removed method is not found, whatever
+            // else is wrong with the request.
+            ClientRequest::CustomRequest(r) if super::transport_errors::is_removed(&r.method, context.meta.protocol_version().as_ref().map(|v| v.as_str())) => {
+                return Err(super::transport_errors::removed(&r.method));
+            }
+            _ => {}
         }
         Service::handle_request(&self.0, request, context).await
     }
@@ -114,8 +122,32 @@ pub(super) async fn note_listen_start(State(events): State<Arc<Events>>, mut req
 
 impl FerryMcp {
     /// Serve one `subscriptions/listen` stream until the client cancels it or the server shuts
-    /// down (then `Ok`: rmcp sends the final result).
+    /// down (then `Ok`: rmcp sends the final result): task status notifications, and
+    /// `notifications/resources/updated` of the files in its accepted `resourceSubscriptions`
+    /// ([`super::watch`]).
     pub(super) async fn listen_stream(&self, sub: SubscriptionContext) -> Result<(), McpError> {
+        let uris = sub.accepted().resource_subscriptions.clone().unwrap_or_default();
+        let files = async {
+            if uris.is_empty() {
+                return std::future::pending().await;
+            }
+            let p = Self::principal(sub.request_context());
+            let sink = sub.sink().clone();
+            let stop = self.state.http.shutdown.child_token();
+            self.watch_files(&p, &uris, &stop, |uri| {
+                let sink = sink.clone();
+                async move { sink.notify_resource_updated(uri).await.is_ok() }
+            })
+            .await;
+        };
+        tokio::select! {
+            r = self.task_stream(&sub) => r,
+            () = files => Ok(()), // the client is gone, or the server shuts down
+        }
+    }
+
+    /// The task status notifications of a listen stream (module docs).
+    async fn task_stream(&self, sub: &SubscriptionContext) -> Result<(), McpError> {
         let ctx = sub.request_context();
         if !ctx.client_capabilities().is_some_and(|c| c.supports_tasks()) {
             tokio::select! {

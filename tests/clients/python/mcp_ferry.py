@@ -10,7 +10,7 @@ data directory). With --ferry the client launches `ferry serve --stdio --listen 
 the bytes still go over HTTP, to the address in the signed URLs the tools return.
 
 Scenarios: export, receive, errors, expired, principals (HTTP only), native_tasks,
-task_output_locked (--gate FILE), task_push (--url2 URL: listen on another replica; --gate DIR:
+task_output_locked (--gate FILE), subscribe, task_push (--url2 URL: listen on another replica; --gate DIR:
 restart handshake).
 
 Every check raises AssertionError naming what differed; the script exits non-zero with the
@@ -1126,6 +1126,52 @@ async def scenario_listen_refused() -> dict[str, Any]:
     return {"error": err, "statuses": [n["status"] for n in got]}
 
 
+async def scenario_subscribe() -> dict[str, Any]:
+    """A model asks a person for a file (file_request), completes its id from a prefix
+    (completion/complete on ferry://files/{id}), subscribes to it (subscriptions/listen with
+    resourceSubscriptions) and waits without polling: the person's TUS upload (two PATCHes to the
+    signed upload_url, the length declared on the first) is told as notifications/resources/updated,
+    the last when it finished."""
+    data = pseudo_random(300_000, 49)
+    async with connect() as c:
+        req = ok(await c.call_tool("file_request", {"name": "contract.pdf", "media_type": "application/pdf"}), "file_request")
+        fid, url = req["file"]["id"], req["upload_url"]
+        uri = f"ferry://files/{fid}"
+        done = await c.complete(mt.ResourceTemplateReference(type="ref/resource", uri="ferry://files/{id}"), {"name": "id", "value": fid[:3]})
+        check(fid in done.completion.values, "completion/complete offers the file id from its prefix", done.model_dump(by_alias=True))
+        async with c.listen(resource_subscriptions=[uri]) as sub:
+            check(uri in (sub.honored.resource_subscriptions or []), "the listen honours the file's URI", sub.honored.model_dump(by_alias=True))
+
+            def person() -> None:
+                half = len(data) // 2
+                for off, chunk, extra in ((0, data[:half], ["-H", f"Upload-Length: {len(data)}"]), (half, data[half:], [])):
+                    with tempfile.NamedTemporaryFile() as f:
+                        f.write(chunk)
+                        f.flush()
+                        st, _, body = curl_call("-X", "PATCH", "-H", "Tus-Resumable: 1.0.0", "-H", "Content-Type: application/offset+octet-stream",
+                                                "-H", f"Upload-Offset: {off}", *extra, "--data-binary", f"@{f.name}", url)
+                        check(st == 204, f"the person's PATCH at {off}", body.decode(errors="replace"))
+
+            upload = asyncio.create_task(asyncio.to_thread(person))
+            updates = 0
+            status: dict[str, Any] = {}
+
+            async def wait_finished() -> None:
+                nonlocal updates, status
+                async for event in sub:
+                    if getattr(event, "uri", None) != uri:
+                        continue
+                    updates += 1
+                    status = ok(await c.call_tool("file_status", {"file_id": fid}), "file_status after an update")
+                    if status["file"]["complete"]:
+                        return
+
+            await asyncio.wait_for(wait_finished(), timeout=120)
+            await upload
+        check(status["file"]["sha256"] == sha256_hex(data), "the finished file's sha256", status)
+        return {"file_id": fid, "updates": updates, "sha256": status["file"]["sha256"]}
+
+
 SCENARIOS = {
     "export": scenario_export,
     "receive": scenario_receive,
@@ -1136,6 +1182,7 @@ SCENARIOS = {
     "task_output_locked": scenario_task_output_locked,
     "task_push": scenario_task_push,
     "listen_refused": scenario_listen_refused,
+    "subscribe": scenario_subscribe,
 }
 
 
