@@ -22,7 +22,11 @@ fn mdbook() -> PathBuf {
         return PathBuf::from(p);
     }
     let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).map(|d| d.join("mdbook")).find(|p| p.is_file());
-    let in_cargo = std::env::var_os("CARGO_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo"))).map(|c| c.join("bin/mdbook")).filter(|p| p.is_file());
+    let in_cargo = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|c| c.join("bin/mdbook"))
+        .filter(|p| p.is_file());
     on_path.or(in_cargo).expect("mdbook is not installed: run .ci/run, or `cargo install mdbook --version 0.5.4 --locked`")
 }
 
@@ -112,7 +116,20 @@ fn the_book_has_no_broken_internal_link_or_anchor() {
 
 /// The id GitHub gives a README heading: lower case, spaces to `-`, punctuation dropped.
 fn github_slug(heading: &str) -> String {
-    heading.trim().to_lowercase().chars().filter_map(|c| if c == ' ' { Some('-') } else if c.is_alphanumeric() || c == '-' || c == '_' { Some(c) } else { None }).collect()
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| {
+            if c == ' ' {
+                Some('-')
+            } else if c.is_alphanumeric() || c == '-' || c == '_' {
+                Some(c)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 #[test]

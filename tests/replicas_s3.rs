@@ -698,7 +698,12 @@ async fn the_books_replica_walk_through_runs_as_written() {
     }
     let stopped = run(stop, 60).await.unwrap();
     let logs: String = std::fs::read_dir(&w)
-        .map(|d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default())).collect())
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+                .collect()
+        })
         .unwrap_or_default();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

@@ -162,13 +162,7 @@ pub fn rows() -> Vec<Row> {
             None if switch => "off".to_string(),
             None => "none".to_string(),
         };
-        rows.push(Row {
-            flag: Some(format!("--{long}")),
-            env: arg.get_env().map(|e| e.to_string_lossy().into_owned()),
-            file_key: file_key.map(str::to_string),
-            default,
-            meaning,
-        });
+        rows.push(Row { flag: Some(format!("--{long}")), env: arg.get_env().map(|e| e.to_string_lossy().into_owned()), file_key: file_key.map(str::to_string), default, meaning });
     }
     rows.extend(FILE_ONLY.iter().map(|k| Row { flag: None, env: None, file_key: Some(k.key.to_string()), default: k.default.to_string(), meaning: k.meaning.to_string() }));
     rows

@@ -56,9 +56,9 @@ use super::direct::Direct;
 
 mod read;
 mod write;
+use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture, WriteLease};
 use read::*;
 use write::*;
-use super::{BlobError, BlobResult, BlobState, BlobStore, BlobWriter, ByteStream, SyncFuture, WriteLease};
 
 /// Bytes gathered before one `writev` is issued.
 pub const WRITE_BATCH: usize = 2 << 20;

@@ -123,7 +123,6 @@ pub(super) fn will_need(file: &File, pos: u64, len: u64) {
     let _ = (file, pos, len);
 }
 
-
 /// A byte stream that keeps one read ahead of its consumer.
 pub(super) struct ReadAhead {
     /// The file and the range's end.

@@ -41,7 +41,6 @@ pub(super) fn write_all_vectored(mut file: &File, bufs: &[Bytes]) -> std::io::Re
     Ok(())
 }
 
-
 /// Open the blob file at `p` to write from byte `offset`: its writer lock taken
 /// ([`hold_writer_lock`]), anything past `offset` cut (and the cut synced when `durable`), and a
 /// direct writer set up at `offset` when `want_direct`. `quick`: run on an async thread, so
