@@ -49,6 +49,23 @@ fn substitute(script: &str, line: &str, value: &str) -> String {
     out.join("\n")
 }
 
+/// Run `blocks` as one bash script in `dir`, their `FERRY=…` and `f=…` lines naming `s` and
+/// `file`; returns stdout, panics with the script and its output when it fails.
+async fn run_recipes(what: &str, blocks: Vec<String>, s: &Server, file: &std::path::Path, dir: &std::path::Path) -> String {
+    let script = substitute(&blocks.join("\n"), SERVER_LINE, &s.base);
+    let script = substitute(&script, FILE_LINE, file.to_str().unwrap());
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(dir).stdin(Stdio::null());
+    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
+        cmd.env_remove(v);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    stdout
+}
+
 #[tokio::test]
 async fn readme_curl_recipes() {
     readme_curl_recipes_with(&[]).await;
@@ -76,18 +93,7 @@ async fn readme_curl_recipes_with(args: &[&str]) {
     let src = dir.path().join("source file.iso");
     std::fs::write(&src, &data).unwrap();
 
-    let script = curl_recipes().join("\n");
-    let script = substitute(&script, SERVER_LINE, &s.base);
-    let script = substitute(&script, FILE_LINE, src.to_str().unwrap());
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(dir.path()).stdin(Stdio::null());
-    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
-        cmd.env_remove(v);
-    }
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "the curl recipes failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    let stdout = run_recipes("the curl chapter", curl_recipes(), &s, &src, dir.path()).await;
 
     // Both uploads (resumed, and one request with a checksum) are complete and match.
     let files = json(Api::new(&s).get("/api/v1/files").await).await;
@@ -118,17 +124,7 @@ async fn readme_tour_uploads_and_resumes() {
     let sha = sha256_hex(&data);
     let src = dir.path().join("big.iso");
     std::fs::write(&src, &data).unwrap();
-    let script = readme_tour().join("\n");
-    let script = substitute(&script, SERVER_LINE, &s.base);
-    let script = substitute(&script, FILE_LINE, src.to_str().unwrap());
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(dir.path()).stdin(Stdio::null());
-    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
-        cmd.env_remove(v);
-    }
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "the README's tour failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let stdout = run_recipes("the README's tour", readme_tour(), &s, &src, dir.path()).await;
     assert!(stdout.contains("the same bytes"), "{stdout}");
     let files = json(Api::new(&s).get("/api/v1/files").await).await;
     let files = files["files"].as_array().unwrap();
