@@ -42,6 +42,10 @@ enum Command {
     /// report mismatches, missing bytes and orphans (opens the stores a server is configured
     /// with, like `serve`; it may run while the server does).
     Check(ferry::check_command::CheckArgs),
+    /// Documentation generated from the configuration's definitions: `ferry config reference`
+    /// prints the table of every setting (flag, environment variable, ferry.toml key, default).
+    #[command(subcommand, hide = true)]
+    Config(ferry::config::reference::ConfigCommand),
 }
 
 /// Logs on stderr: `RUST_LOG` filters; colours only on a terminal (a pipe, a file or journald
@@ -79,6 +83,7 @@ fn main() -> std::process::ExitCode {
         Command::Request(args) => ferry::cli::request::run(args),
         Command::Token(cmd) => ferry::token_command::run(cmd),
         Command::Check(args) => ferry::check_command::run(args),
+        Command::Config(cmd) => ferry::config::reference::run(cmd),
         Command::Serve(args) => {
             ferry::serve::tune_allocator();
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");

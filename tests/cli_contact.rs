@@ -2,7 +2,7 @@
 //! saying why, when nothing listens (exit 5) or when what answers is not ferry — Python's
 //! `http.server`, which answers `501` with an HTML page (exit 2); `--parallel` (and any upload)
 //! checks `Tus-Max-Size` before sending a byte and leaves nothing behind; and the exit codes
-//! of `--help` are the README's table.
+//! of `--help` are the book's table (docs/src/clients/cli.md).
 //!
 //! "At once" is checked by what the CLI did, not by a clock: no `retry` line on stderr and
 //! nothing received by the server.
@@ -181,11 +181,11 @@ async fn concatenation_above_the_limit_says_why() {
 }
 
 /// Issue 13 item 11: one table of exit codes, the same in `--help` (of every command) and in
-/// the README.
+/// the book's CLI chapter.
 #[test]
-fn exit_codes_in_help_are_the_readmes() {
-    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
-    let start = readme.find("| exit code | meaning").expect("README has the exit code table");
+fn exit_codes_in_help_are_the_books() {
+    let readme = book::text("docs/src/clients/cli.md");
+    let start = readme.find("| exit code | meaning").expect("the CLI chapter has the exit code table");
     let rows: Vec<(String, String)> = readme[start..]
         .lines()
         .skip(2)

@@ -1,7 +1,8 @@
-//! The curl recipes of README.md ("Use it from…" → "### curl"), run exactly as printed: the
-//! test extracts every ```sh block of that section, replaces only the two variable lines
-//! (`FERRY=…`, `f=…`) with its own server and file, runs them as one bash script, and checks
-//! every byte by sha256. If the README changes, this test runs the new text.
+//! The curl recipes of the book's curl chapter (`docs/src/clients/curl.md`) and of the README's
+//! five-minute tour, run exactly as printed: the test extracts every ```sh block of that text,
+//! replaces only the two variable lines (`FERRY=…`, `f=…`) with its own server and file, runs
+//! them as one bash script, and checks every byte by sha256. If the text changes, this test runs
+//! the new text.
 
 mod common;
 use common::*;
@@ -13,22 +14,19 @@ use std::process::{Command, Stdio};
 const SERVER_LINE: &str = "FERRY=http://127.0.0.1:8080";
 const FILE_LINE: &str = "f=big.iso";
 
-/// The ```sh blocks of README.md's `### curl` section under `## Use it from…`.
+/// The ```sh blocks of the book's curl chapter.
 fn curl_recipes() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme.split("\n## Use it from").nth(1).expect("README.md has a \"## Use it from…\" section");
-    let section = section.split("\n## ").next().unwrap();
-    let curl = section.split("\n### curl\n").nth(1).expect("\"### curl\" under \"## Use it from…\"");
-    let curl = curl.split("\n### ").next().unwrap();
-    let mut blocks = Vec::new();
-    let mut rest = curl;
-    while let Some(start) = rest.find("```sh\n") {
-        let body = &rest[start + 6..];
-        let end = body.find("```").expect("closed code block");
-        blocks.push(body[..end].to_string());
-        rest = &body[end + 3..];
-    }
+    let blocks = book::blocks(&book::text("docs/src/clients/curl.md"), "sh");
     assert!(blocks.len() >= 4, "expected the curl recipes, found {} blocks", blocks.len());
+    blocks
+}
+
+/// The ```sh blocks of the README's curl tour (under "## Five minutes with ferry", before the CLI).
+fn readme_tour() -> Vec<String> {
+    let tour = book::section(&book::text("README.md"), "## Five minutes with ferry");
+    let curl = tour.split("**The CLI**").next().unwrap();
+    let blocks = book::blocks(curl, "sh");
+    assert!(blocks.len() >= 3, "expected the README's curl tour, found {} blocks", blocks.len());
     blocks
 }
 
@@ -47,8 +45,25 @@ fn substitute(script: &str, line: &str, value: &str) -> String {
             }
         })
         .collect();
-    assert!(found, "README's curl recipes no longer start with a `{line}` line");
+    assert!(found, "the curl recipes no longer start with a `{line}` line");
     out.join("\n")
+}
+
+/// Run `blocks` as one bash script in `dir`, their `FERRY=…` and `f=…` lines naming `s` and
+/// `file`; returns stdout, panics with the script and its output when it fails.
+async fn run_recipes(what: &str, blocks: Vec<String>, s: &Server, file: &std::path::Path, dir: &std::path::Path) -> String {
+    let script = substitute(&blocks.join("\n"), SERVER_LINE, &s.base);
+    let script = substitute(&script, FILE_LINE, file.to_str().unwrap());
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(dir).stdin(Stdio::null());
+    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
+        cmd.env_remove(v);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    stdout
 }
 
 #[tokio::test]
@@ -78,18 +93,7 @@ async fn readme_curl_recipes_with(args: &[&str]) {
     let src = dir.path().join("source file.iso");
     std::fs::write(&src, &data).unwrap();
 
-    let script = curl_recipes().join("\n");
-    let script = substitute(&script, SERVER_LINE, &s.base);
-    let script = substitute(&script, FILE_LINE, src.to_str().unwrap());
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(dir.path()).stdin(Stdio::null());
-    for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY"] {
-        cmd.env_remove(v);
-    }
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "the README's curl recipes failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    let stdout = run_recipes("the curl chapter", curl_recipes(), &s, &src, dir.path()).await;
 
     // Both uploads (resumed, and one request with a checksum) are complete and match.
     let files = json(Api::new(&s).get("/api/v1/files").await).await;
@@ -108,4 +112,25 @@ async fn readme_curl_recipes_with(args: &[&str]) {
     assert!(stdout.contains(&s.url("/files/")), "{stdout}");
     let b64 = base64::engine::general_purpose::STANDARD.encode(hex::decode(&sha).unwrap());
     assert!(stdout.to_ascii_lowercase().contains("repr-digest") && stdout.contains(&format!("sha-256=:{b64}:")), "{stdout}");
+}
+
+/// The README's five-minute tour: one upload, cut after its first MiB and resumed, then
+/// downloaded and compared with `cmp`.
+#[tokio::test]
+async fn readme_tour_uploads_and_resumes() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = pseudo_random(5 * 1024 * 1024 + 17, 37);
+    let sha = sha256_hex(&data);
+    let src = dir.path().join("big.iso");
+    std::fs::write(&src, &data).unwrap();
+    let stdout = run_recipes("the README's tour", readme_tour(), &s, &src, dir.path()).await;
+    assert!(stdout.contains("the same bytes"), "{stdout}");
+    let files = json(Api::new(&s).get("/api/v1/files").await).await;
+    let files = files["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0]["complete"], true, "{}", files[0]);
+    assert_eq!(files[0]["sha256"], sha.as_str(), "{}", files[0]);
+    assert_eq!(files[0]["name"], "big.iso");
+    assert_eq!(sha256_hex(&std::fs::read(dir.path().join("copy.iso")).unwrap()), sha);
 }

@@ -1,4 +1,5 @@
-//! README.md's "Waiting for a task from Python or JavaScript" blocks, run exactly as printed —
+//! The book's "Waiting for a task from Python or JavaScript" blocks (docs/src/tasks.md), run
+//! exactly as printed —
 //! only the `FERRY` and `TASK` lines are replaced — against the real binary (Python with
 //! `requests` from the test clients' venv, Node's own `fetch`). Each must subscribe to the
 //! live events stream, read the task, and end on the event that made the task terminal.
@@ -15,14 +16,10 @@ use common::*;
 use std::process::Stdio;
 use std::time::Duration;
 
-/// The ```LANG block of README.md's "### Waiting for a task from Python or JavaScript".
+/// The ```LANG block of the book's "## Waiting for a task from Python or JavaScript".
 fn readme_block(lang: &str) -> String {
-    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
-    let section = readme.split("\n### Waiting for a task from Python or JavaScript\n").nth(1).expect("README has the section");
-    let section = section.split("\n## ").next().unwrap().split("\n### ").next().unwrap();
-    let start = section.find(&format!("```{lang}\n")).unwrap_or_else(|| panic!("no ```{lang} block in the section")) + lang.len() + 4;
-    let end = section[start..].find("```").expect("closed block");
-    section[start..start + end].to_string()
+    let section = book::section(&book::text("docs/src/tasks.md"), "## Waiting for a task from Python or JavaScript");
+    book::blocks(&section, lang).into_iter().next().unwrap_or_else(|| panic!("no ```{lang} block in the section"))
 }
 
 /// Replace the line that assigns `name` (`NAME = …` or `const NAME = …`) with `value`.
@@ -44,7 +41,7 @@ fn substitute(block: &str, name: &str, value: &str, js: bool) -> String {
             }
         })
         .collect();
-    assert!(found, "the README block has no `{name} = …` line:\n{block}");
+    assert!(found, "the book's block has no `{name} = …` line:\n{block}");
     out.join("\n")
 }
 
@@ -61,7 +58,7 @@ const JS_PRELUDE: &str = r#"const _fetch = globalThis.fetch
 globalThis.fetch = async (url, opts) => { const r = await _fetch(url, opts); process.stderr.write('GOT ' + url + '\n'); return r }
 "#;
 
-/// Run `program script` with the README block for `lang`, end task `id` with `finish` once the
+/// Run `program script` with the book's block for `lang`, end task `id` with `finish` once the
 /// block has read the task after subscribing, and return the task JSON it printed.
 async fn run_block(s: &Server, lang: &str, id: &str, other: Option<&str>, finish: &str, body: &str) -> serde_json::Value {
     let js = lang == "js";
@@ -100,7 +97,7 @@ async fn run_block(s: &Server, lang: &str, id: &str, other: Option<&str>, finish
         Ok(o) => o.unwrap(),
         Err(_) => {
             let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("{lang}: the README block did not end after the task did");
+            panic!("{lang}: the book's block did not end after the task did");
         }
     };
     log.extend(tokio::task::block_in_place(|| rx.rest()));

@@ -502,45 +502,41 @@ async fn terminated_and_expired_uploads_leave_nothing_in_the_bucket() {
     assert!(!all.iter().any(|k| urls.iter().any(|u| k.contains(&id_of(u)))), "{all:?}");
 }
 
-/// The nginx configuration of README "Run several replicas", run for real (Debian's nginx,
-/// installed by `.ci/run`) in front of three replicas: `nginx -t` accepts it, tus-js-client
-/// uploads through it with 1 MiB chunks and 3 parallel uploads (every replica takes PATCHes),
-/// the TypeScript MCP SDK keeps its session through it, and downloads through it stream the
-/// right bytes.
+/// The nginx configuration of the book's "Several replicas" walk-through
+/// (docs/src/operating/replicas.md), a whole `nginx.conf`, run for real (Debian's nginx,
+/// installed by `.ci/run`) in front of three replicas, only its ports replaced: `nginx -t`
+/// accepts it, tus-js-client uploads through it with 1 MiB chunks and 3 parallel uploads (every
+/// replica takes PATCHes), the TypeScript MCP SDK keeps its session through it, and downloads
+/// through it stream the right bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_nginx_configuration_balances_three_replicas() {
-    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
-    let start = readme.find("```nginx\n").expect("README has an nginx block") + "```nginx\n".len();
-    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+async fn the_books_nginx_configuration_balances_three_replicas() {
+    let block = book_nginx_conf();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let public = format!("http://127.0.0.1:{port}");
     let c = Cluster::start_public(&[], Some(&public)).await;
-    let mut conf = block.replace("listen 80;", &format!("listen 127.0.0.1:{port};"));
+    let mut conf = replace_port(&block, "127.0.0.1:8088", &format!("127.0.0.1:{port}"));
     for (i, s) in c.servers.iter().enumerate() {
-        let from = format!("127.0.0.1:808{}", i + 1);
-        assert!(conf.contains(&from), "the README's upstream names {from}");
-        conf = conf.replace(&from, &s.addr());
+        conf = replace_port(&conf, &format!("127.0.0.1:808{}", i + 1), &s.addr());
     }
     let dir = tempfile::tempdir().unwrap();
     let prefix = dir.path();
-    std::fs::write(prefix.join("ferry.conf"), conf).unwrap();
-    let main = format!(
-        "user root;\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{}}\nhttp {{\n  access_log {p}/access.log;\n  \
-         client_body_temp_path {p}/body; proxy_temp_path {p}/proxy; fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;\n  \
-         include {p}/ferry.conf;\n}}\n",
-        p = prefix.display()
-    );
-    std::fs::write(prefix.join("nginx.conf"), main).unwrap();
+    // nginx started as root runs its workers as its compiled-in user: let them through.
+    std::fs::set_permissions(prefix, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(prefix.join("nginx.conf"), conf).unwrap();
     let nginx = std::env::var("FERRY_NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into());
     assert!(Path::new(&nginx).exists(), "{nginx} is missing: run .ci/run (apt-get install nginx) or set FERRY_NGINX");
     let conf_path = prefix.join("nginx.conf");
-    let t = std::process::Command::new(&nginx).arg("-t").arg("-c").arg(&conf_path).arg("-p").arg(prefix).output().unwrap();
+    let t = std::process::Command::new(&nginx).arg("-t").arg("-c").arg(&conf_path).arg("-p").arg(prefix).arg("-e").arg("error.log").output().unwrap();
     assert!(t.status.success(), "nginx -t: {}", String::from_utf8_lossy(&t.stderr));
     let child = std::process::Command::new(&nginx)
         .arg("-c")
         .arg(&conf_path)
         .arg("-p")
         .arg(prefix)
+        .arg("-e")
+        .arg("error.log")
+        .arg("-g")
+        .arg("daemon off;")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -617,4 +613,145 @@ async fn the_readme_nginx_configuration_balances_three_replicas() {
     };
     assert!(share(public.clone()).await.unwrap().status().is_success(), "Share from the dashboard through nginx");
     assert_eq!(share("http://evil.example".into()).await.unwrap().status(), 403);
+}
+
+/// The ```nginx block of the book's "Several replicas" chapter.
+fn book_nginx_conf() -> String {
+    let blocks = book::blocks(&book::text("docs/src/operating/replicas.md"), "nginx");
+    assert_eq!(blocks.len(), 1, "the replicas chapter has one nginx.conf");
+    blocks.into_iter().next().unwrap()
+}
+
+/// `text` with every `from` (an `IP:PORT` the book uses) replaced by `to`; panics when the text
+/// does not name `from`.
+fn replace_port(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "the book's walk-through names {from}");
+    text.replace(from, to)
+}
+
+/// The book's "Several replicas" walk-through (docs/src/operating/replicas.md, "## The
+/// walk-through"), run as written: its ```sh blocks in order as one bash script, with the
+/// `nginx.conf` block saved as `$W/nginx.conf` where the text says so, only the lines that name
+/// this machine's resources replaced — the work directory (`W=`), the catalog
+/// (`export FERRY_CATALOG=`), the bucket (`export FERRY_BLOBS=`), the S3 endpoint and its
+/// credentials (`export AWS_…`) — and the ports 8081–8083 and 8088 swapped for free ones. The
+/// installed `ferry` is the binary under test. Three replicas start on PostgreSQL and S3, nginx
+/// starts in front of them, `ferry upload` sends 50 MB through it in 8 MiB PATCHes and checks
+/// the sha256; every replica received bytes. The chapter's stop block ends it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_books_replica_walk_through_runs_as_written() {
+    let chapter = book::text("docs/src/operating/replicas.md");
+    let walk = book::section(&chapter, "## The walk-through");
+    let sh = book::blocks(&walk, "sh");
+    assert_eq!(sh.len(), 3, "the walk-through: start the replicas, start nginx and upload, stop");
+    let nginx = std::env::var("FERRY_NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into());
+    assert!(Path::new(&nginx).exists(), "{nginx} is missing: run .ci/run (apt-get install nginx) or set FERRY_NGINX");
+
+    let db = TestDb::create().await;
+    let s3 = TestS3::start(BUCKET, 5 * MIB as u64).await;
+    let ports: Vec<u16> = (0..4).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("ferry-replicas");
+    // nginx started as root runs its workers as its compiled-in user: let them through.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let aws: Vec<String> = s3.env().into_iter().map(|(k, v)| format!("{k}='{v}'")).collect();
+    let lines = [
+        ("W=", format!("W='{}'", w.display())),
+        ("export FERRY_CATALOG=", format!("export FERRY_CATALOG='{}'", db.url)),
+        ("export FERRY_BLOBS=", format!("export FERRY_BLOBS='{}'", s3.url(PREFIX))),
+        ("export AWS_", format!("export {}", aws.join(" "))),
+    ];
+    let mut start = sh[0].clone();
+    for (head, line) in &lines {
+        start = replace_line(&start, head, line);
+    }
+    let conf = book_nginx_conf();
+    assert!(!conf.contains("\nNGINX_CONF\n"));
+    let script = format!(
+        "set -euo pipefail\nexport PATH='{bin}':/usr/sbin:/usr/bin:/sbin:/bin\n{start}\ncat >\"$W/nginx.conf\" <<'NGINX_CONF'\n{conf}NGINX_CONF\n{rest}",
+        bin = ferry_bin().parent().unwrap().display(),
+        rest = sh[1],
+    );
+    let script = swap_ports(&script, &ports);
+    let stop = swap_ports(&format!("W='{}'\nexport PATH=/usr/sbin:/usr/bin:/sbin:/bin\n{}", w.display(), sh[2]), &ports);
+
+    let run = |script: String, secs: u32| {
+        let mut cmd = std::process::Command::new("timeout");
+        cmd.arg(secs.to_string()).arg("bash").arg("-c").arg(script).stdin(std::process::Stdio::null());
+        for v in ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY", "FERRY_TOKEN", "FERRY_SERVER"] {
+            cmd.env_remove(v);
+        }
+        cmd.env("HOME", dir.path()).env("FERRY_CACHE_DIR", dir.path().join("cache"));
+        tokio::task::spawn_blocking(move || cmd.output().unwrap())
+    };
+    let out = run(script.clone(), 300).await.unwrap();
+    // Before stopping: what each replica received.
+    let mut received = Vec::new();
+    for port in &ports[..3] {
+        let text = match client().get(format!("http://127.0.0.1:{port}/metrics")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let n = text.lines().find_map(|l| l.strip_prefix("ferry_bytes_received_total ")).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
+        received.push(n as u64);
+    }
+    let stopped = run(stop, 60).await.unwrap();
+    let logs: String = std::fs::read_dir(&w)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the walk-through failed ({}):\n--- script\n{script}\n--- stdout\n{stdout}\n--- stderr\n{}\n{logs}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stopped.status.success(), "the stop block: {}", String::from_utf8_lossy(&stopped.stderr));
+
+    let data = std::fs::read(w.join("big.bin")).unwrap();
+    assert_eq!(data.len(), 50_000_000);
+    let sha = hex::encode(sha2::Sha256::digest(&data));
+    let public = format!("http://127.0.0.1:{}/files/", ports[3]);
+    let line = stdout.lines().find(|l| l.starts_with(&public)).unwrap_or_else(|| panic!("no upload URL under {public} in {stdout:?}"));
+    assert!(line.ends_with(&format!("\t{sha}")), "{line}");
+    for (i, n) in received.iter().enumerate() {
+        assert!(*n > 0, "replica {i} received no bytes through nginx: {received:?}\n{logs}");
+    }
+}
+
+/// `text` with its line starting with `head` replaced by `line`; panics when there is none.
+fn replace_line(text: &str, head: &str, line: &str) -> String {
+    assert!(text.lines().any(|l| l.starts_with(head)), "the walk-through has no line starting with {head:?}:\n{text}");
+    text.lines().map(|l| if l.starts_with(head) { line.to_string() } else { l.to_string() }).collect::<Vec<_>>().join("\n") + "\n"
+}
+
+/// `text` with the walk-through's ports 8081, 8082, 8083 and 8088 (as whole numbers) replaced
+/// by `ports`, in one pass, so a new port that contains an old one is left alone.
+fn swap_ports(text: &str, ports: &[u16]) -> String {
+    const BOOK: [&str; 4] = ["8081", "8082", "8083", "8088"];
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let before_digit = i > 0 && bytes[i - 1].is_ascii_digit();
+        let hit = (!before_digit).then(|| BOOK.iter().position(|p| text[i..].starts_with(p) && !bytes.get(i + p.len()).is_some_and(u8::is_ascii_digit))).flatten();
+        match hit {
+            Some(k) => {
+                out.push_str(&ports[k].to_string());
+                i += BOOK[k].len();
+            }
+            None => {
+                let c = text[i..].chars().next().unwrap();
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
 }

@@ -12,7 +12,7 @@ use crate::units::parse_size;
 /// Flags of `ferry serve`; each also reads `FERRY_<NAME>` from the environment.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ServeArgs {
-    /// Configuration file (TOML). Default: ./ferry.toml when it exists.
+    /// Configuration file (TOML) [default: ./ferry.toml when it exists].
     #[arg(long, env = "FERRY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on: `IP:PORT` or `HOST:PORT` (e.g. `localhost:8080`; every address

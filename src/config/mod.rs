@@ -1,7 +1,8 @@
 //! One configuration: `ferry.toml` < `FERRY_*` environment < command-line flags.
 //!
-//! Every key is documented in the README's configuration table; the file uses the flag names
-//! with `_` for `-` (e.g. `max_size = "1TiB"`).
+//! Every key is documented in the configuration reference, which `reference` renders from these
+//! definitions (`ferry config reference`, the book's configuration chapter); the file uses the
+//! flag names with `_` for `-` (e.g. `max_size = "1TiB"`).
 //!
 //! This module only reads: it maps the three sources onto the settings types each engine defines
 //! for itself ([`crate::tasks::settings`], [`crate::events::settings`], [`crate::app::CorsConfig`],
@@ -28,6 +29,7 @@ use crate::tasks::settings::{CommandSpec, FetchConfig};
 
 mod args;
 mod file;
+pub mod reference;
 #[cfg(test)]
 mod tests;
 

@@ -1,8 +1,10 @@
 //! The JSON API under `/api/v1`: tasks (start with `Idempotency-Key`, get, list, answer
 //! input, cancel, and the `external` producer's progress/complete/fail) and files (list, info).
 //!
-//! One file of ~1 060 lines because the OpenAPI document is generated from the annotations of these
-//! handlers, which must sit beside the routes they describe.
+//! One file of ~1 060 lines because the routes, their handlers and the OpenAPI document generated
+//! from the handlers' annotations change together: a route added to [`routes`] gets its
+//! annotation and its `paths(...)` entry in [`ApiDoc`] in the same file. The schema-only types
+//! (`*Doc`, about 130 lines) are the part that could move out if the file grows.
 //!
 //! Arguments and results travel as exact JSON text: what a client sends comes back byte for
 //! byte. Status payloads never carry arguments; `GET /tasks/{id}/args` returns them.

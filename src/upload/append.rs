@@ -1,9 +1,10 @@
 //! Appending a chunk (TUS 1.0 §PATCH, §Checksum, checksum-trailer, creation-with-upload):
 //! stream the body into the blob while hashing, and checkpoint per DESIGN §2.
 //!
-//! One file of ~890 lines because it is one PATCH's state machine (open under the lease, stream,
-//! background checkpoints, the ways a body ends, completion); hashing is in `hash.rs`, the
-//! free-space watch in `exhausted.rs`.
+//! One file of ~1 020 lines because it is one PATCH's state machine — the [`Appender`] (open under
+//! the lease, stream, background checkpoints, the ways a body ends, completion) and the
+//! `UploadEngine` methods that drive it — whose states are easiest to check when read together;
+//! hashing is in `hash.rs`, the free-space watch in `exhausted.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod book;
 pub mod cli;
 pub mod logged;
 pub mod moto;

@@ -1,7 +1,7 @@
 //! The `command` kind: run a program declared in ferry.toml (`[commands.NAME]`), stream its
 //! stdout into a file, and read progress, checkpoints and input requests from its stderr.
 //!
-//! One file of ~890 lines because running a declared program is one state machine (spawn, stdout
+//! One file of ~960 lines because running a declared program is one state machine (spawn, stdout
 //! into the file, the stderr protocol of progress, checkpoints, input requests and partial
 //! results); about a third is its tests.
 //!
