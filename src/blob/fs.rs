@@ -371,6 +371,10 @@ fn will_need(file: &File, pos: u64, len: u64) {
 
 #[async_trait]
 impl BlobStore for FsBlobStore {
+    fn checkpoints_unsynced(&self) -> bool {
+        !self.durable
+    }
+
     async fn held_past(&self, id: &str, offset: u64) -> u64 {
         match self.len(id).await {
             Ok(Some(len)) => len.saturating_sub(offset),
