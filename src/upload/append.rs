@@ -1019,7 +1019,9 @@ impl UploadEngine {
                     _ => Refusal::new(
                         423,
                         crate::error::ErrorCode::Locked,
-                        format!("another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; the upload keeps its first {kept} bytes (offset {kept})"),
+                        // The request that took over may be a DELETE, which removes the upload after this
+                        // answer: say what was stored, not that the upload keeps it.
+                        format!("another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; its bytes up to offset {kept} were stored, and the upload is kept unless that request deletes it"),
                         Next::Resume { soon: true },
                     )
                     .with_cursor(kept),
