@@ -54,6 +54,15 @@ pub struct DirLabel {
     pub dir: &'static str,
 }
 
+/// Label set of `ferry_http_undocumented_answers_total`: an `/api/v1` operation, and a
+/// refusal it answered that its OpenAPI document does not list.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnswerLabels {
+    pub operation: &'static str,
+    pub status: u16,
+    pub code: &'static str,
+}
+
 /// The route a request matched, as a response extension: set inside the router (where the
 /// match is known), read by the outer middleware that times the whole request.
 #[derive(Clone, Debug)]
@@ -114,6 +123,9 @@ pub struct Metrics {
     pub s3_buffer_waits: Gauge,
     pub s3_buffer_wait_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub s3_buffer_refused: Gauge,
+    /// Refusals an `/api/v1` operation answered that its OpenAPI document does not list (a
+    /// bug: the document must say every answer), by operation, status and code.
+    pub undocumented_answers: Family<AnswerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -147,6 +159,7 @@ impl Default for Metrics {
             check_files: Counter::default(),
             check_bytes_read: Counter::default(),
             check_findings: Family::default(),
+            undocumented_answers: Family::default(),
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP responses by status code", m.requests.clone());
@@ -196,6 +209,11 @@ impl Default for Metrics {
         registry.register("check_files", "Finished files check tasks re-read and compared with their sha256", m.check_files.clone());
         registry.register_with_unit("check_read", "Bytes check tasks read back from the blob store", prometheus_client::registry::Unit::Bytes, m.check_bytes_read.clone());
         registry.register("check_findings", "What check tasks found: sha256_mismatch, missing (finished files), orphan_blob, orphan_multipart", m.check_findings.clone());
+        registry.register(
+            "http_undocumented_answers",
+            "Refusals an /api/v1 operation answered that its OpenAPI document does not list (should stay 0)",
+            m.undocumented_answers.clone(),
+        );
         for kind in ["sha256_mismatch", "missing", "orphan_blob", "orphan_multipart"] {
             let _ = m.check_findings.get_or_create(&FindingLabel { kind });
         }

@@ -438,3 +438,59 @@ async fn idle_sse_followers_do_not_query_the_catalog() {
     }
     pool.close().await;
 }
+
+/// One metadata shape everywhere (issue 48, kind 13): one upload whose `Upload-Metadata` has a
+/// text value, a value that is not UTF-8 and a key without a value; the REST file view, the
+/// pre-create and pre-finish hooks, the SSE events and the webhook deliveries (upload.created,
+/// upload.finished) all report the same decoded map — text as a string, other bytes as
+/// `{"base64": …}`, no value as `null` — never the raw `Upload-Metadata` text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_surface_reports_the_same_metadata_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(dir.path(), "md", &[]);
+    let hook_log = dir.path().join("hook.jsonl");
+    let mut hook = python_script("upload_hook.py", &["--log", hook_log.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start upload_hook.py");
+    let mut lines = BufReader::new(hook.stdout.take().unwrap()).lines();
+    let hook_port: u16 = lines.next().unwrap().unwrap().strip_prefix("listening on ").unwrap().trim().parse().unwrap();
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let toml = format!(
+        "{}[hooks.pre_create]\nurl = \"http://127.0.0.1:{hook_port}/echo\"\n[hooks.pre_finish]\nurl = \"http://127.0.0.1:{hook_port}/pre-finish\"\n",
+        webhook_toml("md", &rx.url(), "")
+    );
+    let cfg = write_file(dir.path(), "ferry.toml", &toml);
+    let server = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let api = Api::new(&server);
+    let tus = Tus::new(&server);
+    let mut stream = api.get("/api/v1/events").await;
+    assert_eq!(stream.status(), 200);
+
+    // "a.bin" as text, bytes ff fe 00 61 (not UTF-8), and a key with no value.
+    let metadata = "filename YS5iaW4=,blob //4AYQ==,flag";
+    let want = serde_json::json!({ "filename": "a.bin", "blob": { "base64": "//4AYQ==" }, "flag": null });
+    let r = tus.post(&[("Upload-Length", "3"), ("Upload-Metadata", metadata)]).await;
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    let url = tus.abs(r.headers()["location"].to_str().unwrap());
+    assert_eq!(tus.patch(&url, 0, b"abc".to_vec(), &[]).await.status(), 204);
+    let id = url.trim_end_matches('/').rsplit('/').next().unwrap().to_string();
+
+    let mut surfaces: Vec<(String, serde_json::Value)> = Vec::new();
+    surfaces.push(("REST file view".into(), json(api.get(&format!("/api/v1/files/{id}")).await).await["metadata"].clone()));
+    let mut buf = String::new();
+    for e in read_sse(&mut stream, &mut buf, 2, 30).await {
+        surfaces.push((format!("SSE {}", e.event), e.data["data"]["metadata"].clone()));
+    }
+    for d in rx.wait_accepted(30, "upload.created and upload.finished", |acc| acc.len() >= 2).await {
+        surfaces.push((format!("webhook {}", d["type"]), d["data"]["metadata"].clone()));
+    }
+    for line in std::fs::read_to_string(&hook_log).unwrap().lines() {
+        let call: serde_json::Value = serde_json::from_str(line).unwrap();
+        surfaces.push((format!("hook {}", call["path"]), call["request"]["upload"]["metadata"].clone()));
+    }
+    let _ = hook.kill();
+    let _ = hook.wait();
+    let named: Vec<&str> = surfaces.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(surfaces.len(), 7, "REST, 2 SSE events, 2 webhooks, 2 hooks: {named:?}");
+    for (surface, got) in &surfaces {
+        assert_eq!(got, &want, "{surface} reports another shape of the metadata");
+    }
+}

@@ -273,9 +273,10 @@ program = "{}"
     // The inputSchema requires `params` when its schema requires members.
     assert!(e["message"].as_str().unwrap().contains("\"params\" is a required property"), "absent params: {e}");
     assert!(ok(&c, "task_list", json!({})).await["tasks"].as_array().unwrap().is_empty(), "no task was created");
-    // REST is held to the same schema.
+    // REST is held to the same schema. This one has a `$ref`, so the OpenAPI document cannot
+    // carry it: args it admits that the kind's own check refuses are 422 (issue 48, kind 5).
     let api = Api::new(&s);
-    let p = problem(api.start_raw("command", r#"{"command":"orders","params":{"month":"soon"}}"#, None, None).await, 400, "invalid_argument").await;
+    let p = problem(api.start_raw("command", r#"{"command":"orders","params":{"month":"soon"}}"#, None, None).await, 422, "invalid_argument").await;
     assert!(p["detail"].as_str().unwrap().contains("params/month"), "{p}");
 
     // Good params run, and reach the program as FERRY_PARAMS.

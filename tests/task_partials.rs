@@ -247,7 +247,7 @@ async fn a_thousand_external_fragments_keep_the_view_within_64_kib() {
     let (st, body) = (r.status(), r.text().await.unwrap());
     assert_eq!(st, 201, "{body}");
     let other = serde_json::from_str::<Value>(&body).unwrap()["id"].as_str().unwrap().to_string();
-    problem(api.post(&format!("/api/v1/tasks/{other}/partial"), r#"{"fragment": 1}"#).await, 400, "invalid_argument").await;
+    problem(api.post(&format!("/api/v1/tasks/{other}/partial"), r#"{"fragment": 1}"#).await, 409, "conflict").await;
     // A finished task takes no more; its fragments stay readable.
     assert_eq!(api.post(&format!("/api/v1/tasks/{tid}/complete"), r#"{"result":{"rows":1000}}"#).await.status(), 200);
     problem(api.post(&url, r#"{"fragment": 1}"#).await, 409, "conflict").await;

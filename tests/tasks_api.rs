@@ -248,8 +248,10 @@ async fn external_producer_reports_progress_attaches_a_file_and_completes_once()
 
     // Tasks run by ferry do not take reports from outside.
     let a = id(&api.start("archive", &format!(r#"{{"files":["{file}"],"format":"tar"}}"#)).await);
-    problem(api.post(&format!("/api/v1/tasks/{a}/complete"), r#"{"result":1}"#).await, 400, "invalid_argument").await;
-    problem(api.post(&format!("/api/v1/tasks/{a}/progress"), r#"{"fraction":0.5}"#).await, 400, "invalid_argument").await;
+    // A state conflict (409), not a malformed request (issue 48, kind 5): every report alike.
+    problem(api.post(&format!("/api/v1/tasks/{a}/complete"), r#"{"result":1}"#).await, 409, "conflict").await;
+    problem(api.post(&format!("/api/v1/tasks/{a}/progress"), r#"{"fraction":0.5}"#).await, 409, "conflict").await;
+    problem(api.post(&format!("/api/v1/tasks/{a}/fail"), r#"{"message":"no"}"#).await, 409, "conflict").await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -350,6 +350,15 @@ pub trait BlobStore: Send + Sync + 'static {
     /// how many); `BadState` for a state this store did not write.
     async fn open_writer_under(&self, id: &str, offset: u64, state: &BlobState, lease: &WriteLease) -> BlobResult<Box<dyn BlobWriter>>;
 
+    /// Whether a checkpoint's bytes may be lost after an OS crash or power cut (fs in relaxed
+    /// durability, which syncs no checkpoint): then the blob can come back shorter than its
+    /// checkpoint, or as long but with zeros where a file system persisted the size before
+    /// the data. The upload engine checks such a blob against the checkpointed sha256
+    /// midstate before it resumes it. `false` by default.
+    fn checkpoints_unsynced(&self) -> bool {
+        false
+    }
+
     /// Bytes of the local disk that opening a writer at `offset` frees: what the blob holds past
     /// `offset`, which the writer discards (bytes of a writer killed mid-PATCH). `0` for a store
     /// that does not keep blobs on the local disk, or when it cannot tell.

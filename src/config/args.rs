@@ -59,9 +59,10 @@ pub struct ServeArgs {
     /// `never` disables expiry [default: 7d].
     #[arg(long, env = "FERRY_EXPIRE_AFTER", value_parser = parse_expiry)]
     pub expire_after: Option<Expiry>,
-    /// `full` fsyncs before every checkpoint; `relaxed` skips fsync and risks losing the last
-    /// acknowledged bytes on power loss or OS crash (uploads then resume from what survived)
-    /// [default: full].
+    /// `full` fsyncs before every checkpoint; `relaxed` skips fsync and risks losing the
+    /// acknowledged bytes of unfinished uploads on power loss or OS crash: after a restart an
+    /// unfinished upload resumes from its checkpoint only if its stored bytes still hash to
+    /// the checkpointed sha256, else from 0; finished files are synced [default: full].
     #[arg(long, env = "FERRY_DURABILITY", value_enum)]
     pub durability: Option<Durability>,
     /// Trust Forwarded / X-Forwarded-Host / X-Forwarded-Proto to build absolute upload URLs.

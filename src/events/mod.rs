@@ -67,7 +67,8 @@ pub struct EventView {
     pub event_type: String,
     /// When the change committed, RFC 3339 with milliseconds (UTC).
     pub timestamp: String,
-    /// The event body (handles, sizes, hashes; never bytes) plus `principal`.
+    /// The event body (handles, sizes, hashes; never bytes) plus `principal`; an upload's
+    /// `metadata` is the decoded map every surface shows ([`crate::upload::metadata_json`]).
     pub data: serde_json::Value,
     /// The event's position in the outbox (not shown: ids are what clients hold), for a
     /// follower that starts again after it ([`Cursor::Position`]).
@@ -80,6 +81,13 @@ impl EventView {
         let mut data: serde_json::Value = serde_json::from_str(&e.body).unwrap_or_else(|_| serde_json::json!({}));
         if let Some(obj) = data.as_object_mut() {
             obj.insert("principal".into(), e.principal.clone().into());
+            // The outbox keeps `Upload-Metadata` as sent; every surface shows the one decoded
+            // map (issue 48, kind 13): text values as strings, others `{"base64": …}`, a key
+            // without a value `null` ([`crate::upload::metadata_json`], as hooks and REST).
+            if let Some(serde_json::Value::String(raw)) = obj.get("metadata") {
+                let decoded = crate::upload::metadata_json(raw);
+                obj.insert("metadata".into(), decoded.into());
+            }
         }
         let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms.max(0) as u64);
         EventView { id: e.id.clone(), event_type: e.event_type.clone(), timestamp: humantime::format_rfc3339_millis(at).to_string(), data, seq: e.seq }

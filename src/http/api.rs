@@ -72,8 +72,8 @@ pub fn routes() -> Router<AppState> {
 )]
 pub struct ApiDoc;
 
-/// Adds what the derive cannot express: the bearer scheme, and the problem+json responses
-/// every operation may answer (401 without a valid token, `default` for anything else).
+/// Adds what the derive cannot express: the bearer scheme and the generic problem response.
+/// Each operation's error responses come from [`super::api_answers`] ([`document`]).
 struct DocExtras;
 
 impl utoipa::Modify for DocExtras {
@@ -94,14 +94,6 @@ impl utoipa::Modify for DocExtras {
             ResponseBuilder::new().description(description).content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build()).build()
         };
         components.responses.insert("Problem".into(), RefOr::T(problem("An RFC 9457 problem (see the `code`).")));
-        components.responses.insert("Unauthorized".into(), RefOr::T(problem("Missing or invalid bearer token (`code`: `unauthorized`).")));
-        for item in doc.paths.paths.values_mut() {
-            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
-                let r = &mut op.responses.responses;
-                r.entry("401".into()).or_insert_with(|| RefOr::Ref(Ref::from_response_name("Unauthorized")));
-                r.entry("default".into()).or_insert_with(|| RefOr::Ref(Ref::from_response_name("Problem")));
-            }
-        }
     }
 }
 
@@ -149,8 +141,10 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
             body.insert("additionalProperties".into(), json!(false));
         }
     }
-    if let Some(files) = doc.pointer_mut("/components/schemas/CompleteTask/properties") {
-        files["files"] = json!({ "type": "array", "items": { "type": "string" }, "deprecated": true, "description": "Deprecated name of file_ids." });
+    if let Some(complete) = doc.pointer_mut("/components/schemas/CompleteTask") {
+        complete["properties"]["files"] =
+            json!({ "type": "array", "items": { "type": "string" }, "deprecated": true, "description": "Deprecated name of file_ids; send one of the two." });
+        complete["not"] = json!({ "required": ["file_ids", "files"] });
     }
     if let Some(ttl) = doc.pointer_mut("/components/schemas/StartTask/properties/ttl_ms") {
         ttl["minimum"] = json!(1);
@@ -177,16 +171,12 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
             .collect();
         start["oneOf"] = Value::Array(variants);
     }
+    // Every refusal each operation can answer, from the one list the server holds its answers
+    // to (issue 48, kind 5).
+    super::api_answers::document_errors(&mut doc, with_tokens);
     if !with_tokens {
         if let Some(o) = doc.as_object_mut() {
             o.remove("security");
-        }
-        if let Some(paths) = doc.pointer_mut("/paths").and_then(Value::as_object_mut) {
-            for op in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
-                if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
-                    r.remove("401");
-                }
-            }
         }
         if let Some(scheme) = doc.pointer_mut("/components/securitySchemes/bearer/description") {
             *scheme = json!("This server has no tokens: requests need no Authorization and act as principal `local`.");
@@ -405,6 +395,26 @@ fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: Option<&str>) -> Re
             .and_then(|v| crate::app::schema_check::number_past_64_bits(&v, schema.and_then(|name| BODY_DOC.pointer(&format!("/components/schemas/{name}")))));
         Problem(Refusal::bad_request(format!("invalid JSON body: {}", past.map_or_else(|| e.to_string(), |m| format!("body{m}"))), hint))
     })
+}
+
+/// The `operationId` of the documented operation `method` `route` (a route template as
+/// matched, `/api/v1/tasks/{id}`), if there is one.
+pub(super) fn operation_of(method: &axum::http::Method, route: &str) -> Option<&'static str> {
+    static OPERATIONS: std::sync::LazyLock<std::collections::BTreeMap<(String, String), String>> = std::sync::LazyLock::new(|| {
+        let mut ops = std::collections::BTreeMap::new();
+        for (path, item) in BODY_DOC["paths"].as_object().into_iter().flatten() {
+            for (method, op) in item.as_object().into_iter().flatten() {
+                if let Some(id) = op["operationId"].as_str() {
+                    ops.insert((method.to_ascii_uppercase(), path.clone()), id.to_string());
+                }
+            }
+        }
+        ops
+    });
+    if !route.starts_with("/api/v1/") {
+        return None;
+    }
+    OPERATIONS.get(&(method.as_str().to_string(), route.to_string())).map(String::as_str)
 }
 
 /// The document the body schemas come from (for the bounds a refusal names).
@@ -632,10 +642,6 @@ struct StartBody<'a> {
         (status = 201, description = "Started; `Location` names the task.", body = TaskView,
             headers(("location" = String, description = "/api/v1/tasks/{id}"))),
         (status = 200, description = "The task the Idempotency-Key already names.", body = TaskView),
-        (status = 400, description = "Unknown kind, invalid arguments or key (`invalid_argument`), or params that do not match the command's `params_schema`.", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "An input file the arguments name (`archive`, `compress`) is not one of the caller's files (`not_found`, the ids in `detail`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "An input file is still being uploaded (`upload_incomplete`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "The key names a task started with other arguments, compared as JSON values (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
@@ -682,12 +688,10 @@ async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extensio
 #[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks", operation_id = "get_task",
     params(
         ("id" = String, Path, description = "Task id."),
-        ("partial_after" = Option<u64>, Query, minimum = 0, description = "Show only partial result fragments numbered above this (the `partial.next` of the last view read); default 0, every kept fragment."),
+        ("partial_after" = Option<u64>, Query, minimum = 0, maximum = 9223372036854775807_i64, description = "Show only partial result fragments numbered above this (the `partial.next` of the last view read); default 0, every kept fragment."),
     ),
     responses(
         (status = 200, description = "The task.", body = TaskView),
-        (status = 400, description = "`partial_after` is not a whole number (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such task for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn get_task(
     State(s): State<AppState>,
@@ -704,7 +708,6 @@ async fn get_task(
     params(("id" = String, Path, description = "Task id.")),
     responses(
         (status = 200, description = "The arguments, byte for byte as sent (any JSON).", body = serde_json::Value, content_type = "application/json"),
-        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn task_args(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     let t = s.tasks.get(&p, &id).await?;
@@ -742,8 +745,6 @@ struct InputAnswer<'a> {
     request_body(content = InputBody, content_type = "application/json"),
     responses(
         (status = 200, description = "Whether the answer was taken, and the task.", body = InputAnswer),
-        (status = 400, description = "Malformed body (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn respond(
     State(s): State<AppState>,
@@ -764,7 +765,6 @@ async fn respond(
     params(("id" = String, Path, description = "Task id.")),
     responses(
         (status = 200, description = "The task after the call.", body = TaskView),
-        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn cancel(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.cancel(&p, &id).await?, 0).await
@@ -776,9 +776,6 @@ async fn cancel(State(s): State<AppState>, Extension(Principal(p)): Extension<Pr
     request_body(content = ProgressDoc, content_type = "application/json"),
     responses(
         (status = 200, description = "The task after the report.", body = TaskView),
-        (status = 400, description = "Malformed body, fraction outside [0, 1], or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn report_progress(
     State(s): State<AppState>,
@@ -819,9 +816,6 @@ struct CompleteBody<'a> {
     request_body(content = CompleteBody, content_type = "application/json"),
     responses(
         (status = 200, description = "The completed task.", body = TaskView),
-        (status = 400, description = "Malformed body or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such task or file (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "A file is not fully uploaded (`upload_incomplete`, `partial.cursor` = its offset), or the task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn complete(
     State(s): State<AppState>,
@@ -830,6 +824,9 @@ async fn complete(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
+    if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body).is_ok_and(|m| m.contains_key("file_ids") && m.contains_key("files")) {
+        return Err(Problem(Refusal::bad_request("the body has both file_ids and files; files is the deprecated name of file_ids", "Send the file ids once, as file_ids.")));
+    }
     let b: CompleteBody = checked_body(&body, "CompleteTask")?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
     let text = if b.file_ids.is_empty() {
@@ -837,7 +834,9 @@ async fn complete(
     } else {
         let mut infos = Vec::new();
         for f in &b.file_ids {
-            let rec = s.engine.get(&p, f).await?;
+            // A file the body names that does not exist is not the task missing: the request
+            // is well formed and its target exists, so 422 (RFC 9110 §15.5.21), code `not_found`.
+            let rec = s.engine.get(&p, f).await.map_err(|e| if e.status == 404 { Refusal { status: 422, ..e } } else { e })?;
             // The same handle built-in kinds store for the files they produce.
             let Some(handle) = crate::app::views::produced_file(&rec) else {
                 return Err(Problem(
@@ -873,9 +872,6 @@ struct FailBody {
     request_body(content = FailBody, content_type = "application/json"),
     responses(
         (status = 200, description = "The failed task.", body = TaskView),
-        (status = 400, description = "Malformed body or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
@@ -908,7 +904,6 @@ async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extensio
     params(("id" = String, Path, description = "File (upload) id.")),
     responses(
         (status = 200, description = "The file.", body = FileView),
-        (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn file_info(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
     // An upload whose bytes are all stored but that is not finished is finished first (only
@@ -961,9 +956,6 @@ pub const DEFAULT_SHARE_TTL_MS: u64 = 3_600_000;
     request_body(content = ShareBody, description = "Scope and lifetime; `{}` means download for 1 h."),
     responses(
         (status = 200, description = "The signed URL.", body = ShareView),
-        (status = 400, description = "Bad scope or ttl_ms (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such file for this principal (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "Scope `upload` for a file that is already complete (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 async fn share_file(
     State(s): State<AppState>,

@@ -16,7 +16,6 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::api::ProblemDoc;
 use super::{AppState, Problem};
 use crate::app::Principal;
 use crate::catalog::DeliveryState;
@@ -40,7 +39,6 @@ pub(super) struct EventsQuery {
     ),
     responses(
         (status = 200, description = "An endless stream of events (Server-Sent Events).", content_type = "text/event-stream", body = String),
-        (status = 404, description = "`Last-Event-ID` names no event kept for this principal (`not_found`); reconnect without it, or list state with the API.", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 pub(super) async fn events(
     State(s): State<AppState>,
@@ -103,7 +101,6 @@ pub(super) struct DeliveryList {
     ),
     responses(
         (status = 200, description = "The deliveries.", body = DeliveryList),
-        (status = 400, description = "An unknown state or a bad limit (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 pub(super) async fn deliveries(
     State(s): State<AppState>,

@@ -16,6 +16,7 @@ use tower::ServiceExt;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 pub(crate) mod api;
+pub(crate) mod api_answers;
 pub mod auth;
 mod body;
 mod download;
@@ -179,7 +180,7 @@ where
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn(worded_rejections))
         .layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
-        .layer(middleware::from_fn(note_route))
+        .layer(middleware::from_fn_with_state(state.clone(), note_route))
         .layer(middleware::from_fn(mcp_session_closed))
         .layer(middleware::from_fn_with_state(state.clone(), guard_origin))
         .with_state(state.clone());
@@ -369,13 +370,19 @@ async fn method_override(mut req: Request, next: Next) -> Response {
 
 /// Inside the router, where the match is known: put the matched route template on the
 /// response for [`count_status`] (`unmatched` when no route matched: the fallbacks).
-async fn note_route(req: Request, next: Next) -> Response {
+/// On an `/api/v1` operation, a refusal is held against the answers its document lists
+/// ([`api_answers::observe`]).
+async fn note_route(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let route = match req.extensions().get::<axum::extract::MatchedPath>() {
         // A nested service (`/mcp`) reports its own tail parameter; the prefix is the route.
         Some(m) => m.as_str().split("/{*").next().unwrap_or("/").to_string(),
         None => "unmatched".to_string(),
     };
+    let operation = api::operation_of(req.method(), &route);
     let mut res = next.run(req).await;
+    if let (Some(op), Some(AnsweredCode(code))) = (operation, res.extensions().get::<AnsweredCode>()) {
+        api_answers::observe(&s.metrics, op, res.status().as_u16(), *code);
+    }
     res.extensions_mut().insert(crate::metrics::MatchedRoute(route));
     res
 }
@@ -486,9 +493,16 @@ fn status_title(status: StatusCode) -> &'static str {
     }
 }
 
+/// The code of the problem a response carries, as a response extension (for
+/// [`api_answers::observe`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnsweredCode(pub ErrorCode);
+
 pub(crate) fn render_problem(e: Refusal, draft: Option<Option<ferry_tus::UploadLimit>>) -> Response {
+    let code = e.code;
     let (status, headers, body) = problem_parts(e, draft);
     let mut res = (status, body).into_response();
+    res.extensions_mut().insert(AnsweredCode(code));
     for (name, value) in headers.iter() {
         res.headers_mut().insert(name, value.clone());
     }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use super::api::{body_bytes, checked_body, task_view, ProblemDoc, TaskView};
+use super::api::{body_bytes, checked_body, task_view, TaskView};
 use super::{AppState, Problem};
 use crate::app::Principal;
 use crate::catalog::TaskRecord;
@@ -57,17 +57,18 @@ pub(super) struct TaskQuery {
     partial_after: Option<String>,
 }
 
-/// `partial_after` as a whole number (digits only), default 0.
+/// `partial_after` as a whole number (digits only) up to `i64::MAX`, default 0.
 pub(super) fn partial_after(q: Result<Query<TaskQuery>, QueryRejection>) -> Result<u64, Problem> {
     let bad = || {
         Problem(Refusal::bad_request(
-            "partial_after must be a whole number ≥ 0 (a fragment seq)",
+            "partial_after must be a whole number from 0 to 9223372036854775807 (a fragment seq)",
             "Send the `partial.next` of the last view you read, or omit it for every kept fragment.",
         ))
     };
     match q {
         Ok(Query(TaskQuery { partial_after: None })) => Ok(0),
-        Ok(Query(TaskQuery { partial_after: Some(v) })) => ferry_tus::parse_u64_digits(&v, "partial_after").map_err(|_| bad()),
+        // Fragment numbers are signed 64-bit in the catalog; the document says the same bound.
+        Ok(Query(TaskQuery { partial_after: Some(v) })) => ferry_tus::parse_u64_digits(&v, "partial_after").ok().filter(|n| i64::try_from(*n).is_ok()).ok_or_else(bad),
         Err(_) => Err(bad()),
     }
 }
@@ -105,10 +106,6 @@ pub(super) struct AppendBody<'a> {
     request_body(content = AppendBody, content_type = "application/json"),
     responses(
         (status = 200, description = "The task after the append; `partial.fragments` holds the new fragment.", body = TaskView),
-        (status = 400, description = "Malformed body or not an `external` task (`invalid_argument`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 404, description = "No such task (`not_found`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "The task is already finished (`conflict`).", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "The fragment is over 16 KiB (`size_exceeded`); put big data in a file.", body = ProblemDoc, content_type = "application/problem+json"),
     ))]
 pub(super) async fn append_partial(
     State(s): State<AppState>,

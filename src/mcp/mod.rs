@@ -844,6 +844,7 @@ fn names_a_call(hint: &str) -> bool {
 fn for_model(e: &Refusal, tool: &str) -> String {
     let on_task = tool.starts_with("task_");
     let on_file = tool.starts_with("file_");
+    let creating = matches!(tool, "file_upload_begin" | "file_request");
     let again = call(tool);
     // This facade's own words: a refusal built in mcp/ names the call to make.
     let own = match &e.next {
@@ -909,10 +910,24 @@ fn for_model(e: &Refusal, tool: &str) -> String {
             call("file_upload_begin")
         ),
         ErrorCode::Unauthorized => format!("This is not allowed for your token (error.message says why): ask the operator for access, then call {again}."),
+        // A call that creates a file has none to show when it is refused: naming file_status
+        // would send the model after an id that does not exist.
+        ErrorCode::HookInvalid if creating => {
+format!(
+            "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; no file was created ({} lists the files there are).",
+            call("file_list")
+        )
+        }
         ErrorCode::HookInvalid => format!(
             "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; {} shows what was kept.",
             call("file_status")
         ),
+        ErrorCode::StoreRefused if creating => {
+format!(
+            "The server's storage refused this for good (error.message names what it refused): tell the user to report it to the operator; no file was created ({} lists the files there are).",
+            call("file_list")
+        )
+        }
         ErrorCode::StoreRefused => format!(
             "The server's storage refused this for good (error.message names what it refused): tell the user to report it to the operator; nothing stored was lost, and {} shows what was kept.",
             call("file_status")
@@ -925,6 +940,9 @@ fn for_model(e: &Refusal, tool: &str) -> String {
         ErrorCode::TaskFailed | ErrorCode::Cancelled => format!("Start the task again with {again}."),
         ErrorCode::Internal => {
             format!("Retry once ({again}, the same arguments); if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).")
+        }
+        ErrorCode::InsufficientStorage if creating => {
+            format!("The server's disk is full and no file was created: wait at least 30 s, then call {again} (the same arguments); tell the user if it persists.")
         }
         ErrorCode::InsufficientStorage => format!(
             "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check {} and resume from error.partial.cursor; tell the user if it persists.",
@@ -1244,6 +1262,21 @@ mod schema_tests {
                         let hint = for_model(&e, &t.name);
                         if !names_call(&hint, &tools) {
                             wrong.push(format!("{} {}: {hint:?} names no call", t.name, code.as_str()));
+                        }
+                        // A call that creates a file and was refused by what stores it has no
+                        // file to check (issue 48: store_refused named file_status).
+                        let store_said_no = matches!(
+                            code,
+                            ErrorCode::StoreRefused
+                                | ErrorCode::HookInvalid
+                                | ErrorCode::InsufficientStorage
+                                | ErrorCode::QuotaExceeded
+                                | ErrorCode::Unavailable
+                                | ErrorCode::Internal
+                                | ErrorCode::Rejected
+                        );
+                        if store_said_no && matches!(t.name.as_ref(), "file_upload_begin" | "file_request") && e.cursor.is_none() && hint.contains("file_status") {
+                            wrong.push(format!("{} {}: {hint:?} names file_status, but no file was created", t.name, code.as_str()));
                         }
                         if crate::error_catalogue_tests::says_retry(&hint) && !code.retryable() {
                             wrong.push(format!("{} {}: {hint:?} says retry, but the code is not retryable", t.name, code.as_str()));

@@ -151,8 +151,9 @@ impl Engine {
     /// Start a task of `kind` with `args` (exact JSON text). With an idempotency key: a running
     /// or completed task with the same key and arguments is returned instead (`created:
     /// false`); a failed one is retried as a new task naming it in `prior_failure`.
-    /// Errors: unknown kind, invalid arguments or key → 400 `invalid_argument` (or the kind's
-    /// own refusal, [`Job::check`]); input files that are unknown → 404 `not_found`, or not
+    /// Errors: unknown kind, arguments outside the kind's schema or an invalid key → 400
+    /// `invalid_argument`; arguments the kind's own check refuses ([`Job::check`]) → 422
+    /// `invalid_argument` (or the check's own status, e.g. 403 for a host not allowed); input files that are unknown → 404 `not_found`, or not
     /// complete → 409 `upload_incomplete` ([`Job::check_inputs`]); the key names a task with other arguments → 422 `conflict`
     /// (draft-ietf-httpapi-idempotency-key-header).
     pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, Refusal> {
@@ -185,7 +186,10 @@ impl Engine {
             super::schema_check::check(&v, &value, "args")
                 .map_err(|m| Refusal::bad_request(format!("invalid args for {kind}: {m}"), Next::ArgsSchema { kind: kind.to_string() }))?;
         }
-        job.check(&raw)?;
+        // Past the schema, a kind's own check refuses args that are well formed but that it
+        // cannot use (a URL whose host is no domain name, a name with control characters):
+        // 422, as the document cannot say it; a malformed start stays 400 (issue 48, kind 5).
+        job.check(&raw).map_err(|e| if e.status == 400 { Refusal { status: 422, ..e } } else { e })?;
         job.check_inputs(principal, &raw, &self.uploads).await?;
         let ttl = ttl_ms.unwrap_or(self.cfg.default_ttl.as_millis() as i64);
         if !(1..=super::MAX_TASK_TTL_MS).contains(&ttl) {
@@ -291,8 +295,8 @@ impl Engine {
 
     /// Append partial result `fragment` (JSON text) to a task driven from outside (kind
     /// `external`); returns its number and the task after the call. Errors: not JSON or over
-    /// [`crate::catalog::partials::MAX_FRAGMENT_BYTES`] (400 / 413), not an external task
-    /// (400), finished (409).
+    /// [`crate::catalog::partials::MAX_FRAGMENT_BYTES`] (400 / 413), not an external task or
+    /// finished (409 `conflict`).
     pub async fn append_external(&self, principal: &str, id: &str, fragment: &str) -> Result<(u64, TaskRecord), Refusal> {
         let task = self.external(principal, id).await?;
         if fragment.len() > crate::catalog::partials::MAX_FRAGMENT_BYTES {
@@ -336,9 +340,13 @@ impl Engine {
     async fn external(&self, principal: &str, id: &str) -> Result<TaskRecord, Refusal> {
         let task = self.get(principal, id).await?;
         if self.jobs.get(&task.kind).is_some_and(|j| j.runnable()) {
-            return Err(Refusal::bad_request(
+            // The request is well formed; the task's state (who runs it) refuses it: 409, as
+            // a finished task's does.
+            return Err(Refusal::new(
+                409,
+                ErrorCode::Conflict,
                 format!("task {id} is run by ferry (kind {}), not by an external producer", task.kind),
-                "Only tasks of kind external accept reports.",
+                "Only tasks of kind external accept reports; start one with kind external to report on it.",
             ));
         }
         Ok(task)

@@ -138,20 +138,39 @@ impl Appender {
             }
             r => r,
         };
+        let unsynced = engine.blobs.checkpoints_unsynced();
         let writer = match opened {
             Ok(w) => w,
             Err(BlobError::OutOfRange { len, .. }) if offset == rec.offset => {
-                engine.roll_back_to(&rec, len, fence, &under).await?;
+                // Without synced checkpoints the bytes below `len` are no more trustworthy
+                // than the rest (the size may have reached the disk before the data): only
+                // a prefix the catalog can vouch for is kept, and that is the empty one.
+                let keep = if unsynced { 0 } else { len };
+                engine.roll_back_to(&rec, keep, fence, &under).await?;
                 return Err(Refusal::new(
                     409,
                     crate::error::ErrorCode::OffsetMismatch,
-                    format!("the server kept only {len} bytes of this upload (a power loss in relaxed durability)"),
+                    format!("the server kept only {keep} bytes of this upload (a power loss in relaxed durability)"),
                     Next::Resume { soon: false },
                 )
-                .with_cursor(len));
+                .with_cursor(keep));
             }
             Err(e) => return Err(e.into()),
         };
+        if unsynced && offset == rec.offset && !rec.is_finished() && !engine.checked.lock().unwrap_or_else(|p| p.into_inner()).contains(&rec.id) {
+            if offset > 0 && !engine.stored_bytes_match(&rec).await? {
+                drop(writer);
+                engine.roll_back_to(&rec, 0, fence, &under).await?;
+                return Err(Refusal::new(
+                    409,
+                    crate::error::ErrorCode::OffsetMismatch,
+                    format!("the {offset} stored bytes of this upload no longer hash to what was checkpointed (a power loss in relaxed durability); it starts again from 0"),
+                    Next::Resume { soon: false },
+                )
+                .with_cursor(0));
+            }
+            engine.checked.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone());
+        }
         let hasher = if offset == rec.offset { UploadEngine::hash_state_of(&rec)? } else { RunningSha256::new() };
         Ok(Appender {
             engine,
@@ -1001,7 +1020,9 @@ impl UploadEngine {
                     _ => Refusal::new(
                         423,
                         crate::error::ErrorCode::Locked,
-                        format!("another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; the upload keeps its first {kept} bytes (offset {kept})"),
+                        // The request that took over may be a DELETE, which removes the upload after this
+                        // answer: say what was stored, not that the upload keeps it.
+                        format!("another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; its bytes up to offset {kept} were stored, and the upload is kept unless that request deletes it"),
                         Next::Resume { soon: true },
                     )
                     .with_cursor(kept),

@@ -232,6 +232,27 @@ impl UploadEngine {
         Ok(true)
     }
 
+    /// Whether the blob's first `rec.offset` bytes hash to the checkpointed sha256 midstate
+    /// (read once, start to end): the check a blob store without synced checkpoints needs
+    /// before an upload resumes after a restart (issue 48, kind 9).
+    pub(super) async fn stored_bytes_match(&self, rec: &UploadRecord) -> Result<bool, Refusal> {
+        let want = UploadEngine::hash_state_of(rec)?.digest();
+        let mut hasher = RunningSha256::new();
+        let mut stream = self.blobs.read(&rec.id, 0..rec.offset).await?;
+        while let Some(chunk) = stream.try_next().await.map_err(|e| super::internal("re-hashing", e))? {
+            hasher.update(&chunk);
+        }
+        let same = hasher.digest() == want;
+        if !same {
+            tracing::warn!(
+                upload = rec.id,
+                offset = rec.offset,
+                "the stored bytes of an unfinished upload do not match its checkpoint (a power loss in relaxed durability); rolling back to 0"
+            );
+        }
+        Ok(same)
+    }
+
     /// Roll upload `rec` back to the `len` bytes its blob still has (relaxed durability after
     /// a power loss; an S3 multipart upload a lifecycle rule aborted), re-hashing them once,
     /// under the caller's `fence`; the blob is started again ([`crate::blob::BlobStore::reset`])

@@ -137,6 +137,11 @@ pub struct UploadEngine {
     pub(crate) hooks: std::sync::OnceLock<Arc<dyn hooks::UploadHooks>>,
     /// Fences kept between writers under in-process leases ([`locks::FenceCache`]).
     pub(crate) fences: locks::FenceCache,
+    /// Unfinished uploads whose stored bytes this process has checked against their
+    /// checkpointed sha256 midstate, or written from 0 itself, when the blob store does not
+    /// sync checkpoints ([`crate::blob::BlobStore::checkpoints_unsynced`]; issue 48, kind 9):
+    /// an OS crash or power cut that could have lost them also ended this process.
+    pub(crate) checked: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 pub use crate::clock::now_ms;
@@ -196,7 +201,17 @@ impl UploadEngine {
     /// An engine whose upload leases come from `locker` (a [`locks::CatalogLocker`] when
     /// several processes share the catalog).
     pub fn with_locker(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>, locker: Arc<dyn Locker>) -> Arc<Self> {
-        Arc::new(UploadEngine { catalog, blobs, cfg, locker, metrics, shutdown: CancellationToken::new(), hooks: std::sync::OnceLock::new(), fences: locks::FenceCache::default() })
+        Arc::new(UploadEngine {
+            catalog,
+            blobs,
+            cfg,
+            locker,
+            metrics,
+            shutdown: CancellationToken::new(),
+            hooks: std::sync::OnceLock::new(),
+            fences: locks::FenceCache::default(),
+            checked: Default::default(),
+        })
     }
 
     /// Install the pre-create / pre-finish hooks (once, before serving). Later calls are ignored.

@@ -221,6 +221,10 @@ pub fn create_dir_all_synced(path: &Path) -> std::io::Result<()> {
 
 #[async_trait]
 impl BlobStore for FsBlobStore {
+    fn checkpoints_unsynced(&self) -> bool {
+        !self.durable
+    }
+
     async fn held_past(&self, id: &str, offset: u64) -> u64 {
         match self.len(id).await {
             Ok(Some(len)) => len.saturating_sub(offset),
