@@ -63,6 +63,9 @@ pub(crate) struct Appender {
     validity: Validity,
     /// The lease as the blob store is told of it: what a roll-back to 0 runs under.
     under: WriteLease,
+    /// Asks the lease not to be let go cleanly, when what this writer sent may be on its way
+    /// with no commit recording it ([`Appender::note_in_transit`]).
+    run_out: super::locks::LetRunOut,
     /// When the upload's expiry was last pushed forward while bytes arrive.
     touched: Instant,
     /// The length in force, and whether this request declared it.
@@ -175,6 +178,7 @@ impl Appender {
         Ok(Appender {
             engine,
             under,
+            run_out: lease.let_run_out(),
             fence,
             writer,
             committed: (offset, hasher.clone()),
@@ -282,6 +286,9 @@ impl Appender {
             self.note_in_transit().await;
         }
         if self.commit_unknown {
+            // What it sent is noted only if that commit landed: the next holder must count as a
+            // takeover either way.
+            self.run_out.now();
             // The blob keeps what the commit covered; the next holder repairs it from the
             // catalog's offset, whichever commit that is.
             self.broken = true;
@@ -345,12 +352,15 @@ impl Appender {
     /// amended with what the writer sent that may still be on its way to the store
     /// ([`crate::blob::BlobWriter::amend`]: S3 part numbers a later writer must not use again),
     /// at the same offset and midstate, under this writer's fence — also when it was cut, since
-    /// its lease is still held then. A commit that fails (fenced, catalog away) changes nothing:
-    /// the lease was taken, or it runs out unreleased, and the next holder then counts as a
-    /// takeover, which the store allows for ([`crate::blob::WriteLease::generation`]).
+    /// its lease is still held then. A commit that fails (fenced, catalog away) changes nothing,
+    /// so the lease is not let go cleanly ([`super::locks::LetRunOut`]): it was taken, or it runs
+    /// out unreleased, and the next holder counts as a takeover, which the store allows for
+    /// ([`crate::blob::WriteLease::generation`]). (A clean release after a failed note let the
+    /// next writer send the same S3 part numbers again: issue 47 point 6.)
     async fn note_in_transit(&mut self) {
         if let Err(e) = self.note_numbers().await {
             tracing::info!(upload = self.rec.id, error = %e.detail, "could not note the store requests still on their way; the next writer takes the upload over");
+            self.run_out.now();
         }
     }
 

@@ -98,7 +98,27 @@ impl Validity {
     }
 }
 
-/// A held upload lease. Dropping it releases the lease.
+/// Asks a [`Lease`] not to be let go cleanly: its next holder then counts as a takeover, a new
+/// generation of writers ([`Lease::generation`]). Set by a holder that may have requests on their
+/// way to the store that no commit records (S3 part numbers whose note failed): a holder of a new
+/// generation skips past them (`blob::s3::state::Numbering::open`), while one that followed a
+/// clean release would use them again. A catalog lease is then not released (it runs out, as a
+/// crashed holder's does); an in-process lease counts the upload's next holder one generation on.
+#[derive(Debug, Clone, Default)]
+pub struct LetRunOut(Arc<AtomicBool>);
+
+impl LetRunOut {
+    /// Do not let the lease go cleanly (see the type).
+    pub fn now(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn asked(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A held upload lease. Dropping it releases the lease (unless [`LetRunOut`] was asked).
 pub struct Lease {
     stop: CancellationToken,
     fence: Option<u64>,
@@ -108,6 +128,8 @@ pub struct Lease {
     /// The upload's row as the catalog lease's grant read it ([`crate::catalog::LeaseGrant::row`]),
     /// until [`Lease::take_row`]; `None` for in-process leases.
     row: Option<Box<crate::catalog::UploadRecord>>,
+    /// Asked by a holder that must not let go cleanly.
+    run_out: LetRunOut,
     /// Releases on drop (the in-process slot, the catalog lease and its heartbeat).
     _hold: Box<dyn Send + Sync>,
 }
@@ -124,10 +146,16 @@ impl Lease {
     }
 
     /// The generation of writers this lease belongs to ([`crate::blob::WriteLease::generation`]):
-    /// the catalog lease's takeover count; 0 for in-process leases, whose writers of one upload
-    /// follow one another (the next waits until the previous one let go of its slot).
+    /// the catalog lease's takeover count; for in-process leases, whose writers of one upload
+    /// follow one another (the next waits until the previous one let go of its slot), how many
+    /// holders in this process did not let go cleanly ([`LetRunOut`]), 0 for most.
     pub fn generation(&self) -> u64 {
         self.takeovers.unwrap_or(0)
+    }
+
+    /// The handle that asks this lease not to be let go cleanly ([`LetRunOut`]).
+    pub fn let_run_out(&self) -> LetRunOut {
+        self.run_out.clone()
     }
 
     /// Whether the lease is still ours by our own clock; checked before each batch of bytes
@@ -148,6 +176,33 @@ impl Lease {
 #[derive(Default)]
 pub struct LocalLocker {
     table: Arc<WriterLocks>,
+    /// Uploads whose holders in this process did not let go cleanly ([`LetRunOut`]), and how
+    /// often: the generation their next holder belongs to.
+    generations: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+/// An in-process lease's hold: the slot, and on drop, if the holder asked ([`LetRunOut`]), the
+/// upload's next generation.
+struct LocalHold {
+    guard: Option<WriteGuard>,
+    id: String,
+    run_out: LetRunOut,
+    generations: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl Drop for LocalHold {
+    fn drop(&mut self) {
+        if self.run_out.asked() {
+            let mut g = self.generations.lock().unwrap_or_else(|p| p.into_inner());
+            if g.len() >= FENCE_CACHE_MAX {
+                // Starting over costs protection only for holders that failed long ago.
+                g.clear();
+            }
+            *g.entry(std::mem::take(&mut self.id)).or_insert(0) += 1;
+        }
+        // The generation is counted before the slot is free: the next holder sees it.
+        drop(self.guard.take());
+    }
 }
 
 impl LocalLocker {
@@ -160,7 +215,11 @@ impl LocalLocker {
 impl Locker for LocalLocker {
     async fn acquire(&self, id: &str, want: Want, wait: Duration) -> Result<Lease, LockError> {
         let g = self.table.take(id, want, wait).await.ok_or(LockError::Locked)?;
-        Ok(Lease { stop: g.stop.clone(), fence: None, takeovers: None, validity: Validity::default(), row: None, _hold: Box::new(g) })
+        let generation = self.generations.lock().unwrap_or_else(|p| p.into_inner()).get(id).copied();
+        let run_out = LetRunOut::default();
+        let stop = g.stop.clone();
+        let hold = LocalHold { guard: Some(g), id: id.to_string(), run_out: run_out.clone(), generations: self.generations.clone() };
+        Ok(Lease { stop, fence: None, takeovers: generation, validity: Validity::default(), row: None, run_out, _hold: Box::new(hold) })
     }
 
     fn fences(&self) -> bool {
@@ -273,6 +332,7 @@ struct CatalogHold {
     catalog: Arc<dyn Catalog>,
     id: String,
     fence: u64,
+    run_out: LetRunOut,
     heartbeat: tokio::task::JoinHandle<()>,
     local: Option<WriteGuard>,
 }
@@ -284,6 +344,12 @@ impl Drop for CatalogHold {
             local.letting_go();
         }
         let (catalog, id, fence, local) = (self.catalog.clone(), std::mem::take(&mut self.id), self.fence, self.local.take());
+        if self.run_out.asked() {
+            // Not released: the lease runs out, and its next holder is a takeover.
+            tracing::info!(upload = id, "letting the upload's lease run out, so its next holder counts as a takeover");
+            drop(local);
+            return;
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Err(e) = crate::catalog::retry_transient(|| catalog.release_upload_lease(&id, fence)).await {
@@ -309,8 +375,9 @@ impl Locker for CatalogLocker {
                     let validity = Validity::until(sent + self.cfg.ttl);
                     let heartbeat = spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
                     let stop = local.stop.clone();
-                    let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, heartbeat, local: Some(local) };
-                    return Ok(Lease { stop, fence: Some(g.fence), takeovers: Some(g.takeovers), validity, row: g.row, _hold: Box::new(hold) });
+                    let run_out = LetRunOut::default();
+                    let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, run_out: run_out.clone(), heartbeat, local: Some(local) };
+                    return Ok(Lease { stop, fence: Some(g.fence), takeovers: Some(g.takeovers), validity, row: g.row, run_out, _hold: Box::new(hold) });
                 }
                 LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
                 LeaseOutcome::Held { .. } => {
@@ -558,5 +625,57 @@ mod tests {
         let _first = locks.acquire("a", Duration::from_secs(1)).await.unwrap();
         assert!(locks.acquire("a", Duration::from_millis(50)).await.is_none());
         assert_eq!(locks.len(), 1);
+    }
+
+    /// A holder that may have store requests on their way that no commit records does not let
+    /// go cleanly ([`LetRunOut`]): the next holder is one generation on, so it skips past what
+    /// they may hold (issue 47 point 6); after a clean release the generation stays.
+    #[tokio::test]
+    async fn a_lease_let_run_out_makes_its_next_holder_a_new_generation() {
+        let local = LocalLocker::new();
+        let first = local.acquire("a", Want::Takeover, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(first.generation(), 0);
+        drop(first);
+        let clean = local.acquire("a", Want::Takeover, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(clean.generation(), 0, "after a clean release: the same generation");
+        clean.let_run_out().now();
+        drop(clean);
+        let next = local.acquire("a", Want::Takeover, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(next.generation(), 1, "after a holder that did not let go cleanly: the next generation");
+        assert_eq!(local.acquire("b", Want::IfFree, Duration::ZERO).await.unwrap().generation(), 0, "other uploads keep theirs");
+
+        let dir = tempfile::tempdir().unwrap();
+        let catalog: Arc<dyn Catalog> = Arc::new(crate::catalog::SqliteCatalog::open(&dir.path().join("c.db")).await.unwrap());
+        let rec = crate::catalog::UploadRecord {
+            id: "lease-run-out".into(),
+            principal: "p".into(),
+            length: Some(10),
+            offset: 0,
+            metadata: String::new(),
+            hash_state: Vec::new(),
+            sha256: None,
+            expected_sha256: None,
+            concat: crate::catalog::Concat::None,
+            created_at_ms: 1_000,
+            updated_at_ms: 1_000,
+            expires_at_ms: None,
+            finished_at_ms: None,
+            expired: false,
+            blob_state: Vec::new(),
+            provisional: false,
+        };
+        catalog.create_upload(&rec).await.unwrap();
+        let cfg = CatalogLeaseConfig { owner: "me".into(), ttl: Duration::from_millis(300), retry: Duration::from_millis(20) };
+        let locker = CatalogLocker::start(catalog.clone(), cfg).await.unwrap();
+        let first = locker.acquire(&rec.id, Want::Takeover, Duration::from_secs(5)).await.unwrap();
+        let base = first.generation();
+        drop(first);
+        // The release is on its way (spawned); the next holder waits for it, not for the ttl.
+        let clean = locker.acquire(&rec.id, Want::Takeover, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(clean.generation(), base, "after a clean release: the same generation");
+        clean.let_run_out().now();
+        drop(clean);
+        let next = locker.acquire(&rec.id, Want::Takeover, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(next.generation(), base + 1, "the lease ran out unreleased: its next holder is a takeover");
     }
 }
