@@ -113,7 +113,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
                 return ExitCode::from(EXIT_UNCHECKED);
             }
         };
-        let blobs = match crate::serve::open_blobs(&cfg).await {
+        let blobs = match crate::serve::open_blobs(&cfg, None).await {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("ferry: {e:#}");

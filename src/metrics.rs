@@ -54,6 +54,14 @@ pub struct DirLabel {
     pub dir: &'static str,
 }
 
+/// Label set of `ferry_s3_request_duration_seconds`: the S3 operation (`UploadPart`,
+/// `CompleteMultipartUpload`…) and the answer's status class (`2xx`…`5xx`, `error`: none).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct S3RequestLabels {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
 /// Label set of `ferry_http_undocumented_answers_total`: an `/api/v1` operation, and a
 /// refusal it answered that its OpenAPI document does not list.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -126,6 +134,8 @@ pub struct Metrics {
     /// Refusals an `/api/v1` operation answered that its OpenAPI document does not list (a
     /// bug: the document must say every answer), by operation, status and code.
     pub undocumented_answers: Family<AnswerLabels, Counter>,
+    /// Every request the S3 store made, by operation and outcome: how long until its answer.
+    pub s3_request_duration: Family<S3RequestLabels, Histogram>,
 }
 
 impl Default for Metrics {
@@ -145,6 +155,7 @@ impl Default for Metrics {
             bytes_sent: Counter::default(),
             task_bytes_written: Counter::default(),
             request_duration: Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)),
+            s3_request_duration: Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)),
             tasks: Family::default(),
             task_queue_depth: Gauge::default(),
             checkpoint_duration: Histogram::new(CHECKPOINT_BUCKETS),
@@ -179,6 +190,12 @@ impl Default for Metrics {
             "HTTP request durations, from the request's arrival to the end of the response headers, by method, matched route template and status",
             prometheus_client::registry::Unit::Seconds,
             m.request_duration.clone(),
+        );
+        registry.register_with_unit(
+            "s3_request_duration",
+            "S3 store requests by S3 operation and outcome (status class, or error: no answer): seconds until the answer's head (a part's upload included)",
+            prometheus_client::registry::Unit::Seconds,
+            m.s3_request_duration.clone(),
         );
         registry.register("tasks", "Tasks in the catalog by kind and status (every replica sees the same numbers)", m.tasks.clone());
         registry.register("task_queue_depth", "Tasks waiting for a worker: working, and no worker holds them", m.task_queue_depth.clone());

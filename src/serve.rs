@@ -102,10 +102,10 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     if uploads_back + tasks_back > 0 {
         tracing::info!(owner, uploads = uploads_back, tasks = tasks_back, "resuming what this server held before it stopped");
     }
-    let blobs = open_blobs(&cfg).await?;
-    check_store_mark(catalog.as_ref(), blobs.as_ref(), &cfg.blobs.to_string(), true).await?;
     let replica = cfg.replica_name.clone().unwrap_or_else(|| owner.clone());
     let metrics = Arc::new(Metrics::for_replica(&replica));
+    let blobs = open_blobs(&cfg, Some(&metrics)).await?;
+    check_store_mark(catalog.as_ref(), blobs.as_ref(), &cfg.blobs.to_string(), true).await?;
     let locker: Arc<dyn Locker> = match cfg.leases {
         LeaseMode::Local => Arc::new(LocalLocker::new()),
         LeaseMode::Catalog => Arc::new(
@@ -362,16 +362,21 @@ async fn reload_on_sighup(_: Hangups, _: Config, _: Tokens, _: Option<Arc<crate:
 /// The blob store `--blobs` names. An S3 bucket is checked at once (a probe object is put and
 /// deleted), so a server that cannot reach or write it fails at start-up with one line that
 /// names the bucket and the cause (never a credential).
-pub async fn open_blobs(cfg: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+pub async fn open_blobs(cfg: &Config, metrics: Option<&Arc<Metrics>>) -> anyhow::Result<Arc<dyn BlobStore>> {
     match &cfg.blobs {
         BlobLocation::Dir(dir) => {
             Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?.with_direct_writes(!cfg.buffered_writes)))
         }
         BlobLocation::S3(url) => {
-            let store = S3BlobStore::from_url(url, cfg.s3.part_size)?
-                .with_max_buffer(cfg.s3.max_buffer)
-                .with_deferred_part_size(cfg.s3.deferred_part_size)
-                .with_parts_in_flight(cfg.s3.parts_in_flight);
+            let mut store = S3BlobStore::from_url(url, cfg.s3.part_size)?;
+            if let Some(m) = metrics {
+                // Every S3 request, as `ferry_s3_request_duration_seconds{operation,outcome}`.
+                let m = m.clone();
+                store = store.with_request_observer(Arc::new(move |seen: crate::blob::s3::RequestSeen| {
+                    m.s3_request_duration.get_or_create(&crate::metrics::S3RequestLabels { operation: seen.operation, outcome: seen.outcome }).observe(seen.seconds)
+                }));
+            }
+            let store = store.with_max_buffer(cfg.s3.max_buffer).with_deferred_part_size(cfg.s3.deferred_part_size).with_parts_in_flight(cfg.s3.parts_in_flight);
             store.ping().await.map_err(|e| {
                 // S3 answers NoSuchBucket (404) to a put into a bucket that is not there.
                 let no_bucket = match &e {

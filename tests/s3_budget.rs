@@ -106,6 +106,14 @@ async fn a_deferred_length_upload_is_cut_into_the_configured_part_size() {
     let did = declared.rsplit('/').next().unwrap().to_string();
     assert_eq!(tus.patch(&declared, 0, data[..11 * MIB].to_vec(), &[]).await.status(), 204);
     assert_eq!(moto.part_sizes("ferry", &format!("deferred/{did}")).await, [5 * MIB as u64, 5 * MIB as u64], "parts of the floor");
+
+    // Every S3 request is in /metrics by operation and outcome (issue 47).
+    let metrics = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for op in ["CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload", "GetObject", "PutObject"] {
+        let line = format!("ferry_s3_request_duration_seconds_count{{operation=\"{op}\",outcome=\"2xx\"}} ");
+        let n = metrics.lines().find_map(|l| l.strip_prefix(&line)).map(|v| v.parse::<u64>().unwrap());
+        assert!(n.is_some_and(|n| n > 0), "{op} requests are counted: {:?}", metrics.lines().filter(|l| l.starts_with("ferry_s3_request")).collect::<Vec<_>>());
+    }
 }
 
 /// `ferry_s3_buffer_bytes` now.

@@ -995,6 +995,43 @@ async fn one_404_from_upload_part_is_confirmed_before_anything_is_rolled_back() 
     assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
 }
 
+/// Issue 47, point 6: a client polling HEAD while the server finishes an upload (its last part
+/// still on its way to S3) never cuts the finish — before, each HEAD took the upload over, the
+/// finish was cut after 2 s and the last part sent again, so a client asking every
+/// `Retry-After` kept a slow store from ever finishing it. Now HEAD answers 423 (retry) while
+/// the finish holds the upload, and the last part is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_while_an_upload_is_finished_never_cut_the_finish() {
+    let (rig, tus, data, url) = begun(11 * MIB + 5, 10 * MIB, 0xc1).await;
+    let proxy = &rig.proxies[0];
+    let id = id_of(&url);
+    let parts_before = proxy.count(Kind::UploadPart, &id);
+    // The next part sent is the last one, at the finish: S3 stores it, its answer is held.
+    let hold = proxy.hold(Kind::UploadPart, &id, HoldAt::Response);
+    let last = tokio::spawn({
+        let (tus, url, rest) = (Tus::new(&rig.servers[0]), url.clone(), data[10 * MIB..].to_vec());
+        async move { tus.patch(&url, 10 * MIB as u64, rest, &[]).await }
+    });
+    tokio::time::timeout(Duration::from_secs(60), hold.arrived()).await.expect("the last part reached S3");
+    // A client polls HEAD meanwhile (faster than Retry-After: 2 s asks).
+    for _ in 0..8 {
+        let h = tokio::time::timeout(Duration::from_secs(30), tus.head(&url)).await.expect("HEAD is answered while the finish is under way");
+        let status = h.status().as_u16();
+        assert!(status == 423 || status == 200, "HEAD during the finish: {status} {:?}", h.text().await);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    hold.release();
+    let r = tokio::time::timeout(Duration::from_secs(60), last).await.expect("the last PATCH is answered").unwrap();
+    assert_eq!(r.status(), 204, "the finish was not cut: {:?}", r.text().await);
+    assert_eq!(
+        proxy.count(Kind::UploadPart, &id) - parts_before,
+        1,
+        "the last part was sent once: {:?}",
+        proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart).collect::<Vec<_>>()
+    );
+    assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
+}
+
 /// Issue 47, point 5: S3 may take minutes to assemble a CompleteMultipartUpload of thousands of
 /// parts. A completion whose answer is slow (here: held 15 s, longer than the 10 s ferry gave
 /// one before issue 47) is waited out — never sent a second time while the first may still be

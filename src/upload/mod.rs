@@ -341,10 +341,15 @@ impl UploadEngine {
             // Nothing can be writing to it from outside (a final is built by the server).
             return Ok(rec);
         }
-        let guard = self.take(id).await?;
         if finishing::awaits_finish(&rec) {
-            return self.finish_for_reader(&rec, principal, guard).await;
+            // Every byte is stored: whoever holds the upload is finishing it (the last PATCH's
+            // completion, the finisher, an earlier reader's finish). It is never asked to let go:
+            // a completion of many parts can outlast a lease, and a client polling HEAD every
+            // `Retry-After` would cut it each time, re-sending the last part, so that it never
+            // finished (issue 47 point 6). Taken only if free; else 423, retry.
+            return self.get_finished_or_finish(principal, id).await;
         }
+        let guard = self.take(id).await?;
         self.finish_held(principal, id, &guard).await
     }
 

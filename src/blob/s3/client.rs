@@ -27,6 +27,8 @@ pub(super) struct Inner {
     pub(super) prefix: String,
     /// The smallest part size (`[s3] part_size`): see [`fixed_part_size`].
     pub(super) floor: u64,
+    /// Every request, observed ([`super::requests`]).
+    pub(super) requests: super::requests::Requests,
     /// The part size of an upload of unknown length (`[s3] deferred_part_size`, at least
     /// `floor`).
     pub(super) deferred_part: u64,

@@ -68,15 +68,14 @@ impl Inner {
         let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &opts).await.map_err(io)?;
         let op = format!("UploadPartCopy of {source_range} into part {}", idx + 1);
         let attempt = || async {
-            let sent = self
+            let request = self
                 .http
                 .put(url.clone())
                 .header("x-amz-copy-source", src_h.clone())
                 .header("x-amz-copy-source-range", range_h.clone())
                 .header(http::header::CONTENT_LENGTH, 0)
-                .timeout(REQUEST_DEADLINE + Duration::from_secs(range.end.saturating_sub(range.start) / (64 << 20)))
-                .send()
-                .await;
+                .timeout(REQUEST_DEADLINE + Duration::from_secs(range.end.saturating_sub(range.start) / (64 << 20)));
+            let sent = self.requests.send("UploadPartCopy", request).await;
             Err(match sent {
                 Ok(r) => {
                     let status = r.status().as_u16();
@@ -117,7 +116,7 @@ impl Inner {
         let unavailable = |what: String| BlobError::Unavailable(format!("S3 UploadPart {number}, streamed: {what}"));
         let feed = futures::stream::poll_fn(move |cx| body.poll_recv(cx).map(|b| b.map(Ok::<_, std::io::Error>)));
         let sent = async {
-            let r = streamed_put(&self.http, url, size, feed).send().await?;
+            let r = self.requests.send("UploadPart", streamed_put(&self.http, url, size, feed)).await?;
             let etag = r.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
             let status = r.status();
             Ok::<_, reqwest::Error>((status, etag, r.text().await?))
@@ -159,7 +158,7 @@ impl Inner {
         let deadline = completion_deadline(parts.len());
         let attempt = || async {
             let sent = tokio::time::timeout(deadline, async {
-                let r = self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone()).send().await?;
+                let r = self.requests.send("CompleteMultipartUpload", self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone())).await?;
                 let status = r.status();
                 Ok::<_, reqwest::Error>((status, r.text().await?))
             })

@@ -35,6 +35,7 @@ mod budget;
 mod client;
 mod compose;
 mod errors;
+mod requests;
 pub mod state;
 mod writer;
 
@@ -47,7 +48,7 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::client::{HttpConnector, ReqwestConnector};
+use object_store::client::HttpConnector;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::{ClientConfigKey, ClientOptions};
@@ -58,6 +59,7 @@ pub use budget::{BudgetStats, BUDGET_UNIT, BUDGET_WAIT};
 use client::{Inner, Listing};
 use errors::{bounded, deadline_for, io, is_gone, is_not_found, own_retries, own_retries_count, Failure};
 pub use errors::{retry_config, REQUEST_DEADLINE};
+pub use requests::{RequestObserver, RequestSeen};
 use state::S3State;
 pub use state::{fixed_part_size, DEFAULT_PART_FLOOR, MAX_PART, MAX_PARTS, MIN_PART};
 use writer::{Parked, S3Writer};
@@ -153,7 +155,11 @@ impl S3BlobStore {
             allow_http || !endpoint.to_ascii_lowercase().starts_with("http://"),
             "the S3 endpoint {endpoint} is plain http: set AWS_ALLOW_HTTP=true to use it (only on a network you trust), or give an https:// endpoint"
         );
-        let listing_http = ReqwestConnector::default().connect(&ClientOptions::new().with_allow_http(allow_http)).map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
+        let requests = requests::Requests::default();
+        b = b.with_http_connector(requests::MeteredConnector(requests.clone()));
+        let listing_http = requests::MeteredConnector(requests.clone())
+            .connect(&ClientOptions::new().with_allow_http(allow_http))
+            .map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
         let listing = Listing { bucket_url: format!("{}/{bucket}", endpoint.trim_end_matches('/')), region, http: listing_http };
         // Bodies go unsigned (and parts may be streamed, which needs it) where nothing on the
         // way can change them — TLS or loopback — unless `AWS_UNSIGNED_PAYLOAD` says otherwise:
@@ -172,6 +178,7 @@ impl S3BlobStore {
             bucket: bucket.to_string(),
             prefix: prefix.trim_matches('/').to_string(),
             floor: part_floor,
+            requests,
             deferred_part: DEFAULT_DEFERRED_PART.max(part_floor),
             listing,
             budget: Budget::new(DEFAULT_MAX_BUFFER),
@@ -190,6 +197,14 @@ impl S3BlobStore {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.parts_in_flight = n.max(1);
         }
+        self
+    }
+
+    /// The same store telling `observer` of every request it makes to S3, once answered
+    /// ([`RequestSeen`]: the S3 operation, the status class, the seconds). The first observer
+    /// installed stays.
+    pub fn with_request_observer(self, observer: RequestObserver) -> S3BlobStore {
+        self.inner.requests.observe_with(observer);
         self
     }
 
