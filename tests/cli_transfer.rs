@@ -290,7 +290,7 @@ async fn exit_codes() {
 
     // The exit codes are documented in --help.
     let o = out(&mut ferry(&s.base, &cache, &["--help"]));
-    for needle in ["Exit codes", "4  verification failed", "5  network", "6  authentication", "7  task start --wait, task get --wait: the task failed"] {
+    for needle in ["Exit codes", "4  verification failed", "5  network", "6  authentication", "7  task start --wait, task get --wait, task respond --wait: the task failed"] {
         assert!(stdout(&o).contains(needle), "--help lacks {needle:?}: {}", stdout(&o));
     }
 }
@@ -551,9 +551,14 @@ async fn wrong_declared_sha256_is_not_resumed_forever() {
     assert_eq!(b["resumed_from"], 0);
     let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", "--json", b["id"].as_str().unwrap()])));
     assert_eq!(st["name"], "two.bin");
-    // No --meta: the remembered upload, whatever its metadata.
+    // No --meta: the upload of the name the server will hold (the file's own, meta.bin), not
+    // one of another name; a second run resumes it.
     let c = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", src2.to_str().unwrap()])));
-    assert_eq!((&c["url"], &c["sent"]), (&b["url"], &Value::from(0)), "{c}");
+    assert!(c["url"] != a["url"] && c["url"] != b["url"], "{c}");
+    let st = ok_json(&out(&mut ferry(&s.base, &cache, &["status", "--json", c["id"].as_str().unwrap()])));
+    assert_eq!(st["name"], "meta.bin");
+    let again = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--json", "-q", src2.to_str().unwrap()])));
+    assert_eq!((&again["url"], &again["sent"]), (&c["url"], &Value::from(0)), "{again}");
 }
 
 /// The URL store is keyed by server and token: two principals uploading the same file keep

@@ -208,7 +208,7 @@ async fn external_producer_reports_progress_attaches_a_file_and_completes_once()
     };
     let r = api.post(&format!("/api/v1/tasks/{tid}/complete"), &format!(r#"{{"result":{{"rows":1000}},"files":["{partial}"]}}"#)).await;
     problem(r, 409, "upload_incomplete").await;
-    problem(api.post(&format!("/api/v1/tasks/{tid}/complete"), r#"{"files":["no-such-file"]}"#).await, 404, "not_found").await;
+    problem(api.post(&format!("/api/v1/tasks/{tid}/complete"), r#"{"files":["no-such-file"]}"#).await, 422, "not_found").await;
     assert_eq!(api.task(&tid).await["status"], "working", "a refused complete changes nothing");
 
     let r = api.post(&format!("/api/v1/tasks/{tid}/complete"), &format!(r#"{{"result":{{"rows":1000,"ok":true}},"files":["{file}"]}}"#)).await;
@@ -566,7 +566,7 @@ async fn another_principals_tasks_and_files_do_not_exist() {
     }
     // Bob cannot attach alice's file to his own task, nor archive or compress it.
     let own = id(&bob.start("external", "{}").await);
-    problem(bob.post(&format!("/api/v1/tasks/{own}/complete"), &format!(r#"{{"files":["{file}"]}}"#)).await, 404, "not_found").await;
+    problem(bob.post(&format!("/api/v1/tasks/{own}/complete"), &format!(r#"{{"files":["{file}"]}}"#)).await, 422, "not_found").await;
     assert_eq!(bob.task(&own).await["status"], "working");
     // Refused at the start as for an id nobody has: nothing of alice's file shows.
     let p = problem(bob.start_raw("archive", &format!(r#"{{"file_ids":["{file}"],"format":"zip"}}"#), None, None).await, 404, "not_found").await;

@@ -77,7 +77,7 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
                     most >> 30,
                     part_size >> 20
                 ),
-                "Send the file again as a new upload that gives its length when it is created (Upload-Length), so its parts are sized to fit; or an operator raises [s3] deferred_part_size.",
+                "Send the file again as a new upload that declares its length when it is created, so its parts are sized to fit; or an operator raises [s3] deferred_part_size.",
             );
         }
         BlobError::LeaseLost => return super::append::lease_lost(),
