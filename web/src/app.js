@@ -5,13 +5,21 @@
 // innerHTML — so names and metadata always render as text.
 import Uppy from '@uppy/core'
 import Tus from '@uppy/tus'
-import { $, setText, setState, formatBytes, shortBytes, CHUNK_SIZE, HASH_SLICE } from './util.js'
+import { $, setText, setState, formatBytes, shortBytes, CHUNK_SIZE } from './util.js'
+import { recall, forget, startHashing, keeper } from './resume.js'
 import { dashboard } from './dashboard.js'
 
+const WHEN = new Intl.DateTimeFormat(undefined, { dateStyle: 'full', timeStyle: 'short' })
+const RELATIVE = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' })
+
+/** `Tuesday, December 8, 2026 at 1:40 AM (in 3 hours)`: a Unix time in ms as this browser's
+ * locale writes it, in local time, with how far it is from now; `no limit` for none. */
 function formatTime(ms) {
   if (ms == null) return 'no limit'
-  const d = new Date(ms)
-  return `${d.toLocaleString()} (${d.toISOString()})`
+  const secs = Math.round((ms - Date.now()) / 1000)
+  const abs = Math.abs(secs)
+  const [n, unit] = abs < 60 ? [secs, 'second'] : abs < 3600 ? [secs / 60, 'minute'] : abs < 2 * 86400 ? [secs / 3600, 'hour'] : [secs / 86400, 'day']
+  return `${WHEN.format(new Date(ms))} (${RELATIVE.format(Math.round(n), unit)})`
 }
 
 function show(section) {
@@ -54,31 +62,6 @@ async function fetchInfo({ id, query }) {
     default:
       return { error: [`The server answered ${res.status}`, detail || 'Try again in a moment.'] }
   }
-}
-
-/** The file's sha256 (hex), computed by the worker in /assets/hash.js (web/src/hash.js), which
- * reads the file itself: hashing neither blocks nor shares this thread with the upload. Rejects
- * with the reason when the worker cannot start or cannot read the file. */
-function hashInWorker(file) {
-  return new Promise((resolve, reject) => {
-    let worker
-    try {
-      worker = new Worker('/assets/hash.js')
-    } catch (e) {
-      reject(e)
-      return
-    }
-    const end = (f, v) => {
-      worker.terminate()
-      f(v)
-    }
-    worker.onmessage = (e) => (e.data && e.data.sha256 ? end(resolve, e.data.sha256) : end(reject, new Error((e.data && e.data.error) || 'no answer')))
-    worker.onerror = (e) => {
-      e.preventDefault()
-      end(reject, new Error(e.message || 'the hashing script did not load'))
-    }
-    worker.postMessage({ file, slice: HASH_SLICE })
-  })
 }
 
 /** Media types people know by another name, and the words for them. */
@@ -168,29 +151,82 @@ function uploadPage(l, info) {
   setState('ready')
 }
 
-let started = false
+let busy = false
 
-function start(l, info, file) {
+/** Says why `file` was not taken, next to the drop zone; the input forgets it, and the person
+ * can choose again. */
+function refuse(why) {
+  setText('pick-problem', why)
+  $('pick-problem').hidden = false
+  $('pick').value = ''
+  $('drop').hidden = false
+  setText('status', '')
+  setState('refused')
+}
+
+async function start(l, info, file) {
   const f = info.file
-  if (started) return
+  if (busy) return
   if (f.size != null && file.size !== f.size) {
-    // Said next to the drop zone, and the input forgets the wrong file.
-    setText('pick-problem', `“${file.name}” has ${formatBytes(file.size)}; this request asks for exactly ${formatBytes(f.size)}. Choose the right file.`)
-    $('pick-problem').hidden = false
-    $('pick').value = ''
-    return
+    return refuse(`“${file.name}” has ${formatBytes(file.size)}; this request asks for exactly ${formatBytes(f.size)}. Choose the right file.`)
   }
-  started = true
+  busy = true
   $('pick-problem').hidden = true
   $('drop').hidden = true
+  // Hashing starts before anything is sent and runs beside the send (the worker's own thread);
+  // its whole-file answer is awaited only once every byte is sent.
+  const hashing = startHashing(file)
+  const kept = f.offset > 0 ? recall(l.id) : null
+  if (f.offset > 0 && !(await sameFile(f, file, hashing, kept))) {
+    hashing.stop()
+    busy = false
+    return
+  }
+  send(l, info, file, hashing, kept)
+}
+
+/** Part of the file arrived already: is `file` the one it came from? With what this browser
+ * kept (`kept`, see resume.js), the first `kept.at` bytes of `file` are hashed and compared, and
+ * a different file is refused (nothing is sent; the link stays as it was). Without it, the page
+ * cannot check: it says so and lets the person confirm — refusing would strand everyone who
+ * began in another browser, and the fingerprints compared at the end still show a wrong file. */
+async function sameFile(f, file, hashing, kept) {
+  let why = 'this browser did not send it (or no longer remembers doing so)'
+  if (kept) {
+    setState('checking')
+    setText('status', `Checking that “${file.name}” is the file you started with (reading its first ${formatBytes(kept.at)})…`)
+    const sha = kept.at <= file.size ? await hashing.prefix(kept.at) : 'shorter'
+    setText('status', '')
+    if (sha === kept.sha256) return true
+    if (sha) {
+      refuse(`“${file.name}” is not the file whose first ${formatBytes(kept.at)} already arrived: that was “${kept.name}”, ${formatBytes(kept.size)}. Nothing was sent. Choose that file to continue.`)
+      return false
+    }
+    why = 'this browser could not read the file you chose to compare it'
+  }
+  setText('confirm-text', `Part of the file has arrived already (${formatBytes(f.offset)}), but ${why}, so this page cannot check that “${file.name}” is the same file. Continue only if it is exactly the file you started with: the rest of another file would be joined onto what arrived, and this link could not take the right file afterwards. If you are not sure, ask the person who sent you this link for a new one.`)
+  $('confirm').hidden = false
+  setState('confirm')
+  const yes = await new Promise((resolve) => {
+    $('confirm-yes').onclick = () => resolve(true)
+    $('confirm-no').onclick = () => resolve(false)
+  })
+  $('confirm').hidden = true
+  if (!yes) {
+    $('pick').value = ''
+    $('drop').hidden = false
+    setState('ready')
+  }
+  return yes
+}
+
+/** Sends `file` into the upload with Uppy's tus plugin, keeps the sha256 of what was sent (see
+ * resume.js), and ends comparing the file's fingerprint with the one the server stored. */
+function send(l, info, file, hashing, kept) {
+  const f = info.file
   $('progress').hidden = false
   setText('status', `Sending “${file.name}”…`)
-  // Hashing starts with the send and runs beside it (the worker's own thread); its answer is
-  // awaited only once every byte is sent. A failure is kept as the reason to show then.
-  const hashing = hashInWorker(file).then(
-    (sha) => ({ sha }),
-    (err) => ({ err }),
-  )
+  const memory = keeper(l.id, file, hashing, kept)
   const uploadUrl = new URL(`/files/${encodeURIComponent(l.id)}${l.query}`, location.href).href
   const uppy = new Uppy({ autoProceed: false, allowMultipleUploadBatches: false })
   uppy.use(Tus, {
@@ -210,6 +246,7 @@ function start(l, info, file) {
     received(p.bytesUploaded, p.bytesTotal)
     if (!paused) setText('rate', speed.sample(p.bytesUploaded, p.bytesTotal))
     document.body.dataset.uploaded = String(p.bytesUploaded)
+    memory.sent(p.bytesUploaded)
   })
   $('pause').addEventListener('click', () => {
     paused = uppy.pauseResume(fileId)
@@ -227,8 +264,10 @@ function start(l, info, file) {
         return failed(err, info)
       }
       $('pause').hidden = true
-      setText('status', 'All bytes sent. Comparing checksums…')
-      const [local, server] = await Promise.all([hashing, serverSha(l)])
+      forget(l.id)
+      setText('status', 'All bytes sent. Comparing fingerprints…')
+      const [local, server] = await Promise.all([hashing.whole, serverSha(l)])
+      setText('up-size', formatBytes(file.size))
       received(file.size, file.size)
       setText('rate', speed.summary())
       $('result').hidden = false
@@ -236,13 +275,14 @@ function start(l, info, file) {
       setText('status', '')
       if (local.err) {
         setText('sha-local', `not computed: ${local.err.message || local.err}`)
-        setText('verdict', 'All bytes were sent, but this browser could not compute your file’s sha256: compare the server’s below with what sha256sum (Linux), shasum -a 256 (macOS) or Get-FileHash (Windows) says of your file.')
+        setText('verdict', 'All bytes were sent, but this browser could not compute your file’s fingerprint (sha256): compare the server’s below with what sha256sum (Linux), shasum -a 256 (macOS) or Get-FileHash (Windows) says of your file.')
+        $('fingerprints').open = true
         $('verdict').className = 'bad'
         return setState('unverified')
       }
       setText('sha-local', local.sha)
       const same = local.sha === server
-      setText('verdict', same ? '✓ Done: the server has exactly your file (sha256 matches).' : '✗ The checksums differ: the server did not receive your file intact.')
+      setText('verdict', same ? '✓ Done: the server has exactly your file (its fingerprint, sha256, matches yours).' : '✗ The fingerprints (sha256) differ: the server did not receive your file intact.')
       $('verdict').className = same ? 'ok' : 'bad'
       setState(same ? 'done' : 'mismatch')
     },

@@ -61,6 +61,7 @@ async function main() {
     await page.click('#pause')
     await waitState(page, ['done'], 300000)
     const finished = {
+      size: await text(page, 'up-size'),
       received: await text(page, 'up-received'),
       rate: await text(page, 'rate'),
       sha_local: await text(page, 'sha-local'),
