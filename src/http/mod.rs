@@ -213,9 +213,7 @@ where
                     403,
                     ErrorCode::Unauthorized,
                     detail,
-                    format!(
-                        "To let pages on {origin} upload, add it to [cors] allow_origins in ferry.toml (or start ferry with --cors-allow-origins {origin}, or FERRY_CORS_ALLOW_ORIGINS), then restart ferry."
-                    ),
+                    hints::foreign_origin(origin),
                 ))
                 .into_response();
                 return futures::future::Either::Left(std::future::ready(Ok(refused)));
