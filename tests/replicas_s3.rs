@@ -643,14 +643,14 @@ async fn tus_js_client_through_nginx_finishes_every_upload_through_a_kill_and_st
     let mut c = Cluster::start_public(&[], Some(&public)).await;
     let nginx = Nginx::start(&block, port, &c).await;
     let opts = r#"{"chunkSize":null,"retryDelays":[0,250,500,1000,2000,3000,5000,5000,5000,5000,5000,5000,5000,5000,5000,5000]}"#;
-    let files: Vec<(std::path::PathBuf, String)> = (0..6).map(|i| source(nginx.dir.path(), &format!("s{i}.bin"), 16 * MIB + 1000 * i, 0x40 + i as u64)).collect();
+    let files: Vec<(std::path::PathBuf, String)> = (0..6).map(|i| source(nginx.dir.path(), &format!("s{i}.bin"), 48 * MIB + 1000 * i, 0x40 + i as u64)).collect();
     let clients = futures::future::join_all(files.iter().map(|(path, _)| run_json_client(node_script("tus_options.js", &[&public, path.to_str().unwrap(), opts]), 600)));
     tokio::pin!(clients);
     let mut round = 0usize;
     let outs = loop {
         tokio::select! {
             outs = &mut clients => break outs,
-            _ = tokio::time::sleep(Duration::from_millis(700)) => {}
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
         }
         let i = round % 3;
         if round % 2 == 0 {

@@ -415,9 +415,7 @@ async fn a_command_killed_with_its_server_is_ended_by_the_cancel_or_the_next_run
     let bg = write_script(dir.path(), "bg.sh", &format!("sleep 300 &\necho \"$$ $!\" >> '{}'\necho 'progress 0.5 started' >&2\nwait\n", pids.display()));
     let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.bg]\nprogram = \"{}\"\n", bg.display()));
     let args = ["--config", cfg.to_str().unwrap(), "--task-lease", "2s"];
-    let runs = || -> Vec<Vec<u32>> {
-        std::fs::read_to_string(&pids).unwrap_or_default().lines().map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect()).collect()
-    };
+    let runs = || -> Vec<Vec<u32>> { std::fs::read_to_string(&pids).unwrap_or_default().lines().map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect()).collect() };
     let mut s = Server::start_in(&dir.path().join("data"), &args);
 
     // Killed, restarted, cancelled.
