@@ -653,7 +653,7 @@ async fn tus_js_client_through_nginx_finishes_every_upload_through_a_kill_and_st
             _ = tokio::time::sleep(Duration::from_millis(300)) => {}
         }
         let i = round % 3;
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             c.servers[i].restart_same_port();
         } else {
             c.signal(i, "STOP");
