@@ -267,16 +267,18 @@ impl Job for CommandJob {
     }
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
+        let mut state: Option<CommandCheckpoint> = checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
+        // A run killed with its server left its program's group running: it ends before
+        // anything else, even a refusal of the arguments (a command no longer declared), and
+        // before this run starts another (which would write the same file from the same
+        // checkpoint).
+        if let Some(group) = state.as_mut().and_then(|s| s.group.take()) {
+            end_left_over(ctx.task_id(), &group);
+        }
         let args = parse_args(args).map_err(JobError::failed)?;
         let spec = self.spec(&args).map_err(JobError::failed)?;
         let name = args.command.as_str();
         let params = args.params.clone().unwrap_or_else(|| Value::Object(Default::default())).to_string();
-        let mut state: Option<CommandCheckpoint> = checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
-        // A run killed with its server left its program's group running: it ends before this
-        // run starts another (which would write the same file from the same checkpoint).
-        if let Some(group) = state.as_mut().and_then(|s| s.group.take()) {
-            end_left_over(ctx.task_id(), &group);
-        }
 
         for _ in 0..MAX_RUNS {
             ctx.check()?;
