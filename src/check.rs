@@ -288,6 +288,10 @@ impl Checker {
                 Some(Damage { kind: "sha256_mismatch".into(), detail, found_at_ms: crate::upload::now_ms() })
             }
             Found::Short(stored) => {
+                // Bytes are missing only from a store that is there: without its mark (a bucket
+                // deleted or misnamed, a disk not mounted) every file would look missing, and
+                // `--repair-catalog` would mark them all. The check stops instead.
+                self.blobs.confirm_present().await?;
                 let detail = format!("the blob store has {stored} of the upload's {} bytes", t.size);
                 report.missing.push(Missing { id: t.id.clone(), size: t.size, stored });
                 Some(Damage { kind: "missing".into(), detail, found_at_ms: crate::upload::now_ms() })

@@ -228,6 +228,9 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     if tokens.is_empty() && cfg.cors.allow_origins == crate::app::Origins::Any {
         tracing::warn!("[cors] allow_origins is `*` on a server without tokens: any web page a browser visits may upload to it");
     }
+    if tokens.is_empty() && matches!(&cfg.cors.allow_origins, crate::app::Origins::Only(list) if list.iter().any(|o| o == "null")) {
+        tracing::warn!("[cors] allow_origins lists `null` on a server without tokens: any web page can make itself `null` (a sandboxed iframe) and upload to it; serve the uploading page from an origin of its own and list that one instead");
+    }
     let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
     let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
     // SIGTERM and SIGINT are caught before `listening on` is printed: a supervisor may stop the

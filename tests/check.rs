@@ -360,3 +360,92 @@ async fn check_refuses_a_store_that_is_not_the_catalogs() {
     let (code, _, err) = check(&server, None, &[], &[]);
     assert_eq!(code, 0, "the catalog's own store checks clean: {err}");
 }
+
+/// How a test takes a store away: moto's state reset (the bucket and every object gone, as
+/// after the bucket was deleted or misnamed), or the blob directory moved away (a disk not
+/// mounted; moved back by [`Gone::back`]).
+enum Gone {
+    Bucket { endpoint: String },
+    Dir { dir: std::path::PathBuf, moved: std::path::PathBuf },
+}
+
+impl Gone {
+    async fn away(&self) {
+        match self {
+            Gone::Bucket { endpoint } => {
+                let http = reqwest::Client::builder().no_proxy().build().unwrap();
+                assert!(http.post(format!("{endpoint}/moto-api/reset")).send().await.unwrap().status().is_success());
+                assert_eq!(http.head(format!("{endpoint}/ferry")).send().await.unwrap().status(), 404, "the bucket is gone");
+            }
+            Gone::Dir { dir, moved } => std::fs::rename(dir, moved).unwrap(),
+        }
+    }
+
+    /// The store back as it was; `false` when this way cannot bring it back (moto keeps
+    /// nothing of what it held).
+    fn back(&self) -> bool {
+        match self {
+            Gone::Bucket { .. } => false,
+            Gone::Dir { dir, moved } => {
+                std::fs::rename(moved, dir).unwrap();
+                true
+            }
+        }
+    }
+}
+
+/// Issue 48: a store that is gone is not damage. With the bucket gone (or, on fs, the blob
+/// directory), a download of a finished file answers the store's refusal (502
+/// `store_refused`) — never 500 `damaged` — and marks nothing; a `check` task with
+/// `repair_catalog` stops instead of calling every file missing and marking it; `ferry check
+/// --repair-catalog` refuses the store (exit 1, nothing `missing`). No file's view says
+/// damaged, and once the directory is back every file is served whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_gone_is_not_damage_and_marks_nothing() {
+    let moto = moto::Moto::start("ferry", 5 << 20).await;
+    moto.set_env();
+    let blobs = "s3://ferry/uploads";
+    let mut cases = vec![(Server::start(&["--blobs", blobs, "--s3-part-size", "5MiB"]), Some(blobs))];
+    if !blobs_are_s3() {
+        cases.push((Server::start(&[]), None));
+    }
+    for (server, blobs) in cases {
+        let api = Api::new(&server);
+        let mut files = Vec::new();
+        for (i, n) in [40_000usize, 1_000].into_iter().enumerate() {
+            let bytes = pseudo_random(n, 30 + i as u64);
+            let id = api.upload(&bytes, &format!("f{i}.bin")).await;
+            // Read once: on S3 that makes the object whole (a finish may be left to the first
+            // read), so the objects kept below are the whole store.
+            assert_eq!(api.download(&id).await, bytes);
+            files.push((id, bytes));
+        }
+        let gone = match blobs {
+            Some(_) => Gone::Bucket { endpoint: moto.endpoint.clone() },
+            None => Gone::Dir { dir: server.data.join("blobs"), moved: server.data.join("blobs-unmounted") },
+        };
+        gone.away().await;
+        for (id, _) in &files {
+            let r = api.send("GET", &format!("/files/{id}"), &[], None).await;
+            let status = r.status().as_u16();
+            let p = json(r).await;
+            assert!(status == 502 && p["code"] == "store_refused", "{blobs:?}: a store that is gone is no damage: {status} {p}");
+        }
+        let t = api.start("check", r#"{"repair_catalog": true}"#).await;
+        let t = api.wait_status(t["task_id"].as_str().or(t["id"].as_str()).unwrap(), "failed", 60).await;
+        assert!(t["result"]["missing"].as_array().is_none_or(|m| m.is_empty()), "{t}");
+        let env = if blobs.is_some() { moto.env() } else { Vec::new() };
+        let cli = check(&server, blobs, &env, &["--json", "--repair-catalog"]);
+        assert_eq!(cli.0, 1, "{blobs:?}: a store that is gone is not checked: {cli:?}");
+        assert!(!cli.1.contains("\"missing\":[{"), "{cli:?}");
+        for (id, _) in &files {
+            let v = json(api.send("GET", &format!("/api/v1/files/{id}"), &[], None).await).await;
+            assert!(v["damaged"].is_null(), "{blobs:?}: nothing was marked: {v}");
+        }
+        if gone.back() {
+            for (id, bytes) in &files {
+                assert_eq!(&api.download(id).await, bytes, "{blobs:?}: {id} was never marked damaged");
+            }
+        }
+    }
+}

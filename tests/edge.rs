@@ -121,6 +121,35 @@ async fn cors_origins_and_headers_are_configurable() {
     problem(t.request("OPTIONS", "/files/", &[("Origin", "https://app.example"), ("Access-Control-Request-Method", "PATCH")], None).await, 403, "unauthorized").await;
 }
 
+/// Issue 48: a refusal's hint names what the operator may list in `[cors] allow_origins`, and
+/// never `null` — the origin of sandboxed iframes and file:// pages, which any page can give
+/// itself, so listing it would admit every page — nor a value that is no origin (the setting
+/// refuses it). Those are told to serve the page from an origin of its own and list that. A web
+/// origin is named as the setting keeps it (lowercase, without the default port). The same on
+/// a tokenless server and on one with a list of origins; preflights included.
+#[tokio::test]
+async fn a_refused_origins_hint_never_offers_null_or_what_is_no_origin() {
+    let hint = |v: serde_json::Value| v["recovery_hint"].as_str().unwrap_or_default().to_string();
+    for args in [&[][..], &["--cors-allow-origins", "https://app.example"][..]] {
+        let s = Server::start(args);
+        let t = Tus::new(&s);
+        for origin in ["null", "evil.example/upload", "file:///home/me/page.html"] {
+            for r in [t.request("POST", "/files/", &[("Origin", origin), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await, preflight(&t, origin).await] {
+                let h = hint(problem(r, 403, "unauthorized").await);
+                assert!(!h.contains("--cors-allow-origins ") && !h.contains("add it"), "{args:?} {origin}: {h}");
+                assert!(h.contains("serve the page from a web origin of its own") && h.contains("allow_origins"), "{args:?} {origin}: {h}");
+                if origin == "null" {
+                    assert!(h.contains("do not list it") && h.contains("sandboxed"), "{h}");
+                }
+            }
+        }
+        let r = t.request("POST", "/files/", &[("Origin", "HTTP://Evil.Example:80"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await;
+        let h = hint(problem(r, 403, "unauthorized").await);
+        assert!(h.contains("--cors-allow-origins http://evil.example,") || h.contains("--cors-allow-origins http://evil.example "), "{args:?}: {h}");
+        assert_eq!(json(t.c.get(s.url("/api/v1/files")).send().await.unwrap()).await["files"].as_array().unwrap().len(), 0, "nothing refused was created");
+    }
+}
+
 /// Issue 48 kind 10: a server without tokens takes browser uploads only from its own pages and
 /// the origins it lists. Any web page the developer's browser visits used to be able to create
 /// and PATCH uploads on a tokenless loopback ferry (`Origin: http://evil.example`,

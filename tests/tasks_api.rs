@@ -393,6 +393,69 @@ async fn command_programs_get_no_server_secrets_and_nothing_they_start_outlives_
     assert!(!alive(pid), "a process the program started (pid {pid}) outlived the cancel");
 }
 
+/// Wait until none of `pids` runs (at most 10 s); the ones still running.
+async fn still_running(pids: &[u32]) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pids.iter().copied().filter(|p| alive(*p)).collect()
+}
+
+/// Issue 48: a `command` task's program, and what it started, do not outlive a server killed
+/// with `kill -9`. The program's process group is recorded in the task's checkpoint when it
+/// starts; after a restart, a cancel of the task (no run holds it) ends that group, and so does
+/// the task's next run before it starts the program again — which then runs alone. (The
+/// restarted server resumes its data dir's tasks at once, so the first cancel may meet the
+/// next run instead: the group ends either way.)
+#[tokio::test]
+async fn a_command_killed_with_its_server_is_ended_by_the_cancel_or_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each run appends its own pid and its background sleep's to its task's file, then waits
+    // (writing nothing, so a closed stdout does not end it).
+    let bg =
+        write_script(dir.path(), "bg.sh", &format!("sleep 300 &\necho \"$$ $!\" >> '{}/pids-'\"$FERRY_TASK_ID\"\necho 'progress 0.5 started' >&2\nwait\n", dir.path().display()));
+    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.bg]\nprogram = \"{}\"\n", bg.display()));
+    let args = ["--config", cfg.to_str().unwrap(), "--task-lease", "2s"];
+    let runs = |task: &str| -> Vec<Vec<u32>> {
+        std::fs::read_to_string(dir.path().join(format!("pids-{task}"))).unwrap_or_default().lines().map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect()).collect()
+    };
+    let mut s = Server::start_in(&dir.path().join("data"), &args);
+
+    // Killed, restarted, cancelled.
+    let api = Api::new(&s);
+    let tid = id(&api.start("command", r#"{"command":"bg"}"#).await);
+    api.wait_for(&tid, 30, "the program started its background sleep", |v| v["progress"]["fraction"].as_f64().is_some()).await;
+    let first = runs(&tid).pop().unwrap();
+    s.kill9();
+    assert!(first.iter().all(|p| alive(*p)), "kill -9 of the server leaves the program's group running: {first:?}");
+    // The restarted server may run the task again at once (it resumes what its data dir's
+    // previous process held) or take the cancel first: either ends the group.
+    s.restart_with(&args);
+    let api = Api::new(&s);
+    assert_eq!(json(api.post(&format!("/api/v1/tasks/{tid}/cancel"), "").await).await["status"], "cancelled");
+    assert_eq!(still_running(&first).await, Vec::<u32>::new(), "the cancel after the restart ended the group left running");
+
+    // Killed, restarted, run again once its lease ran out.
+    let tid = id(&api.start("command", r#"{"command":"bg"}"#).await);
+    api.wait_for(&tid, 30, "the program started its background sleep", |v| v["progress"]["fraction"].as_f64().is_some()).await;
+    let old = runs(&tid).pop().unwrap();
+    s.kill9();
+    assert!(old.iter().all(|p| alive(*p)), "{old:?}");
+    s.restart_with(&args);
+    let api = Api::new(&s);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runs(&tid).len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new = runs(&tid).pop().unwrap();
+    assert_ne!(new, old, "the task ran again after the restart");
+    assert_eq!(still_running(&old).await, Vec::<u32>::new(), "the run before the restart ended before the next one started");
+    assert!(new.iter().all(|p| alive(*p)), "the new run is not ended by its own record: {new:?}");
+    assert_eq!(json(api.post(&format!("/api/v1/tasks/{tid}/cancel"), "").await).await["status"], "cancelled");
+    assert_eq!(still_running(&new).await, Vec::<u32>::new());
+}
+
 /// The ids the server's blob store holds now.
 async fn stored_ids(s: &Server) -> std::collections::BTreeSet<String> {
     s.blob_store().inventory().await.expect("inventory").blobs.into_iter().collect()

@@ -67,6 +67,32 @@ impl CorsConfig {
     }
 }
 
+/// What an operator could list in `[cors] allow_origins` to admit pages that send `Origin:
+/// origin`, for the words of a refusal: the origin as ferry keeps it, or why listing it is not
+/// the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listable {
+    /// A web origin (`scheme://host[:port]`, normalised as [`CorsConfig::new`] keeps it).
+    Origin(String),
+    /// `null` (RFC 6454 §7.3): the opaque origin of sandboxed iframes, `file://` pages, `data:`
+    /// URLs and some redirects. Every page can put itself in a sandboxed iframe, so listing
+    /// `null` would admit every page, as `*` does.
+    Opaque,
+    /// Not an origin at all (a path, no scheme): no browser sends it, and the setting refuses it.
+    NotAnOrigin,
+}
+
+/// [`Listable`] of the `Origin` header value `origin`.
+pub fn listable(origin: &str) -> Listable {
+    if origin.trim() == "null" {
+        return Listable::Opaque;
+    }
+    match normalize_origin(origin) {
+        Ok(o) => Listable::Origin(o),
+        Err(_) => Listable::NotAnOrigin,
+    }
+}
+
 /// An origin as browsers send it (RFC 6454 §6.1): `scheme://host[:port]`, lowercase, without
 /// the scheme's default port and without a path; or `null`.
 fn normalize_origin(o: &str) -> anyhow::Result<String> {

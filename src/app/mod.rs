@@ -15,7 +15,7 @@ pub mod principal;
 pub use crate::tasks::schema_check;
 pub mod views;
 
-pub use cors::{CorsConfig, Origins};
+pub use cors::{listable, CorsConfig, Listable, Origins};
 pub use principal::{Principal, Tokens, LOCAL_PRINCIPAL};
 
 /// Marks a request authenticated by an upload-scoped token (`scope = "upload"`): it may only

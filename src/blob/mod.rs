@@ -411,6 +411,24 @@ pub trait BlobStore: Send + Sync + 'static {
     /// store.
     async fn set_mark(&self, mark: &str) -> BlobResult<()>;
 
+    /// `Ok` when the store answers and holds its mark ([`BlobStore::mark`]): it is there, and it
+    /// is a catalog's store. A blob found absent is lost bytes only then. A store without its
+    /// mark — a bucket deleted or misnamed (S3 answers a HEAD of any key in a missing bucket
+    /// 404, as for a missing object), a disk that is not mounted — is not the store the uploads
+    /// are in, and nothing it lacks is any upload's damage. Errors: [`BlobError::Refused`] when
+    /// the mark is not there (or S3 says `NoSuchBucket`), the store's own errors when it is
+    /// away.
+    async fn confirm_present(&self) -> BlobResult<()> {
+        match self.mark().await? {
+            Some(_) => Ok(()),
+            None => Err(BlobError::Refused {
+                what: format!("to show its mark {STORE_MARK}, which a store keeps while it holds a catalog's uploads (a bucket deleted or renamed, a disk not mounted?)"),
+                status: None,
+                code: Some("NoStoreMark".into()),
+            }),
+        }
+    }
+
     /// Stored length in bytes, garbage past the catalog offset included; `None` if absent.
     async fn len(&self, id: &str) -> BlobResult<Option<u64>>;
 

@@ -5,6 +5,25 @@
 
 use crate::error::{ErrorCode, Next, Refusal, TrailerFault};
 
+/// The next step for a browser upload refused because pages on `origin` may not upload to
+/// `/files/`. A web origin is named as `[cors] allow_origins` keeps it; `null` (a sandboxed
+/// iframe, a `file://` page) is never offered for the list — it would admit every page, as
+/// `*` does — nor is a value no browser sends: both are told to serve the page from an origin
+/// of its own and list that one.
+pub(crate) fn foreign_origin(origin: &str) -> String {
+    use crate::app::Listable;
+    let serve_it = "serve the page from a web origin of its own (for a local page, e.g. `python3 -m http.server` makes it http://localhost:8000), then add that origin to [cors] allow_origins in ferry.toml (or --cors-allow-origins, or FERRY_CORS_ALLOW_ORIGINS) and restart ferry";
+    match crate::app::listable(origin) {
+        Listable::Origin(o) => format!(
+            "To let pages on {o} upload, add it to [cors] allow_origins in ferry.toml (or start ferry with --cors-allow-origins {o}, or FERRY_CORS_ALLOW_ORIGINS), then restart ferry."
+        ),
+        Listable::Opaque => format!(
+            "The page has no origin of its own (`Origin: null`: a sandboxed iframe, a file:// page, a data: URL), and allowing `null` would let every such page upload, so do not list it: {serve_it}."
+        ),
+        Listable::NotAnOrigin => format!("{origin:?} is not a web origin (scheme://host[:port]), so it cannot be allowed: {serve_it}."),
+    }
+}
+
 /// The one next step of `e`, for an HTTP client.
 pub(crate) fn hint(e: &Refusal) -> String {
     let at = |c: Option<u64>| c.map_or_else(|| "the offset HEAD shows".to_string(), |c| format!("offset {c}"));

@@ -209,15 +209,7 @@ where
                         "uploads from web pages on {origin} are not allowed: this server has no tokens, so it takes browser uploads only from its own pages and the origins listed in [cors] allow_origins"
                     )
                 };
-                let refused = Problem(Refusal::new(
-                    403,
-                    ErrorCode::Unauthorized,
-                    detail,
-                    format!(
-                        "To let pages on {origin} upload, add it to [cors] allow_origins in ferry.toml (or start ferry with --cors-allow-origins {origin}, or FERRY_CORS_ALLOW_ORIGINS), then restart ferry."
-                    ),
-                ))
-                .into_response();
+                let refused = Problem(Refusal::new(403, ErrorCode::Unauthorized, detail, hints::foreign_origin(origin))).into_response();
                 return futures::future::Either::Left(std::future::ready(Ok(refused)));
             }
         }

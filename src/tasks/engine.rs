@@ -276,6 +276,11 @@ impl Engine {
         // go now, not when they expire a week later (issue 48). One a run still holds answers
         // `locked` and is left to that run.
         if !running_here && task.status == TaskStatus::Cancelled {
+            // What a run killed with its server left running (a `command`'s process group)
+            // ends before anything else is said to be over.
+            if let Some(job) = self.jobs.get(&task.kind) {
+                job.release(&task.id, task.checkpoint.as_deref());
+            }
             let files = super::context::checkpoint_files(task.checkpoint.as_deref());
             super::context::discard_unfinished(&self.uploads, &task.principal, &task.id, files, Duration::ZERO).await;
         }

@@ -134,6 +134,12 @@ pub trait Job: Send + Sync + 'static {
         Ok(())
     }
 
+    /// End what a run of task `task_id` that no process holds any more (its server was killed)
+    /// may have left running outside the server, as its `checkpoint` (the last value given to
+    /// [`JobContext::checkpoint`], JSON text) records it: called when such a task is
+    /// cancelled. A run that resumes the task does the same itself first. Default: nothing.
+    fn release(&self, _task_id: &str, _checkpoint: Option<&str>) {}
+
     /// Run the job, or resume it from `checkpoint` (the last value given to
     /// [`JobContext::checkpoint`]). Returns the task's result.
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<serde_json::Value>) -> Result<serde_json::Value, JobError>;

@@ -131,6 +131,9 @@ impl Appender {
             // syncs no blob creation, so a power loss can take the whole file. Nothing
             // survived: at offset 0 start it again; past 0, roll back to 0 (below).
             Err(BlobError::NotFound) if offset == rec.offset && !rec.is_finished() => {
+                // A store that is not there (a missing bucket, an unmounted disk) lost nothing:
+                // its refusal stands, and the upload keeps its offset.
+                engine.blobs.confirm_present().await?;
                 tracing::warn!(upload = rec.id, offset, "the upload's blob is gone (a power loss in relaxed durability?); starting it again from 0");
                 if offset == 0 {
                     engine.blobs.reset(&rec.id, &under).await?;

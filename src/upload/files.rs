@@ -101,7 +101,9 @@ impl UploadEngine {
             provisional: true,
         };
         self.check_space(0, None)?;
+        let began = std::time::Instant::now();
         self.blobs.create(&rec.id).await?;
+        self.in_time_to_record(&rec.id, began).await?;
         let inserted = match self.quota_of(principal) {
             Some(quota) => self.catalog.create_upload_within(&rec, None, &quota).await.map(|_| ()),
             None => self.catalog.create_upload(&rec).await,

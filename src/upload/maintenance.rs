@@ -345,6 +345,8 @@ impl UploadEngine {
         }
         // Bytes of deleted rows that a crash or a store away left behind.
         self.finish_removals().await?;
+        // Blobs of creations killed before they recorded their rows.
+        self.remove_strays().await?;
         Ok(n)
     }
 

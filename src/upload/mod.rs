@@ -142,6 +142,9 @@ pub struct UploadEngine {
     /// sync checkpoints ([`crate::blob::BlobStore::checkpoints_unsynced`]; issue 48, kind 9):
     /// an OS crash or power cut that could have lost them also ended this process.
     pub(crate) checked: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Blobs the store held with no row when last looked, and since when: removed once still
+    /// without one [`removal::STRAY_GRACE`] later ([`UploadEngine::remove_strays`]).
+    pub(crate) strays: std::sync::Mutex<removal::Strays>,
 }
 
 pub use crate::clock::now_ms;
@@ -211,6 +214,7 @@ impl UploadEngine {
             hooks: std::sync::OnceLock::new(),
             fences: locks::FenceCache::default(),
             checked: Default::default(),
+            strays: Default::default(),
         })
     }
 
@@ -463,7 +467,9 @@ impl UploadEngine {
             provisional: plan.with_body || completes_at_once,
         };
         self.check_space(rec.length.unwrap_or(0), None)?;
+        let began = std::time::Instant::now();
         self.blobs.create(&id).await?;
+        self.in_time_to_record(&id, began).await?;
         let created = match (&key, self.quota_of(principal)) {
             (key, Some(quota)) => self.catalog.create_upload_within(&rec, key.as_ref(), &quota).await,
             (None, None) => self.catalog.create_upload(&rec).await.map(|()| KeyedCreate::Created),
@@ -687,11 +693,20 @@ impl UploadEngine {
     /// (not retryable), as after a `ferry check --repair-catalog` mark, and a log line naming
     /// the upload. The upload is marked damaged as `ferry check --repair-catalog` would mark it
     /// (`missing`), so its views (`/api/v1/files`, `ferry ls`) say what downloads answer; a later
-    /// `ferry check --repair-catalog` that finds it whole clears the mark. Any other store error
-    /// keeps its own answer (503 for a store that is away).
+    /// `ferry check --repair-catalog` that finds it whole clears the mark — but only when the
+    /// store itself is there ([`crate::blob::BlobStore::confirm_present`]): a store without its
+    /// mark answers 502 `store_refused`, one that is away 503, and nothing is marked. Any other
+    /// store error keeps its own answer (503 for a store that is away).
     async fn bytes_gone(&self, rec: &UploadRecord, e: BlobError) -> Refusal {
         match e {
             BlobError::OutOfRange { .. } | BlobError::NotFound => {
+                // Only a store that is there can have lost an upload's bytes: a missing
+                // bucket, refused credentials or an unmounted disk make every blob look absent,
+                // and are the store's refusal (502 / 503), never a damage mark on every file.
+                if let Err(away) = self.blobs.confirm_present().await {
+                    tracing::warn!(upload = %rec.id, error = %away, "a finished upload's bytes were not found, and the blob store is not there either: not marked damaged");
+                    return away.into();
+                }
                 tracing::error!(upload = %rec.id, error = %e, "a finished upload's stored bytes are missing; marked damaged (ferry check --repair-catalog clears the mark if it finds them whole)");
                 let mark = crate::catalog::Damage { kind: "missing".into(), detail: format!("found when it was read: {e}"), found_at_ms: crate::clock::now_ms() };
                 if let Err(m) = self.catalog.set_damage(&rec.id, Some(&mark)).await {

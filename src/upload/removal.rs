@@ -15,13 +15,43 @@
 //! one (`tests/layers.rs`, `REMOVAL_GRANTORS`) — each from the catalog step that released the
 //! row: a deletion, a tombstone (expiry, a final that can never be built, retention), a row
 //! that was never written, or a queued removal.
+//!
+//! A creation makes its blob before its row. A process killed between the two leaves a blob
+//! no row names (S3: a `.created` marker), and nothing queued it: [`UploadEngine::remove_strays`]
+//! finds such blobs at start and in sweeps and removes each that still has no row
+//! [`STRAY_GRACE`] after it was first seen without one. A creation still in flight is never
+//! one of them: it records its row within [`CREATION_DEADLINE`] of making its blob, or
+//! removes the blob and refuses ([`UploadEngine::in_time_to_record`]), and the grace is twice
+//! that.
 
 use crate::blob::{BlobError, Unreferenced};
-use crate::catalog::CatalogResult;
+use crate::catalog::{BlobClaim, CatalogResult};
 
 use super::now_ms;
 
 use super::UploadEngine;
+
+/// How long after making its blob a creation may still record its row
+/// ([`UploadEngine::in_time_to_record`]): S3's bounded PUT of the marker (10 s) and then some.
+pub const CREATION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// How long a blob stays without a row, from when a search first saw it so, before it is taken
+/// for a creation's leftover and removed: twice [`CREATION_DEADLINE`], so every creation in
+/// flight when it was first seen has recorded its row or given up.
+pub const STRAY_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
+
+/// Sweeps between two searches for strays ([`UploadEngine::remove_strays`]): each lists the
+/// whole store and looks every blob up, so not every sweep (with the default `sweep_interval`
+/// of 60 s, one search an hour, and one at the first sweep after a start).
+pub const SWEEPS_PER_STRAY_SEARCH: u32 = 60;
+
+/// What [`UploadEngine::remove_strays`] remembers between searches: the blobs seen without a
+/// row, with when first seen so, and when it last searched.
+#[derive(Debug, Default)]
+pub struct Strays {
+    seen: std::collections::HashMap<String, std::time::Instant>,
+    last: Option<std::time::Instant>,
+}
 
 /// Queued removals taken per round of [`UploadEngine::finish_removals`].
 const REMOVALS_PAGE: u32 = 1000;
@@ -125,5 +155,58 @@ impl UploadEngine {
                 return Ok(n);
             }
         }
+    }
+
+    /// Before creation `id` records its row: `Ok` while that is within [`CREATION_DEADLINE`]
+    /// of `began` (just before its blob was made). Later — the process stalled (SIGSTOP, a
+    /// catalog that hung) — the blob may be taken for a leftover ([`STRAY_GRACE`]): the
+    /// creation removes it itself and answers 503, and the client creates again.
+    pub(super) async fn in_time_to_record(&self, id: &str, began: std::time::Instant) -> Result<(), crate::error::Refusal> {
+        if began.elapsed() < CREATION_DEADLINE {
+            return Ok(());
+        }
+        tracing::warn!(upload = id, waited_ms = began.elapsed().as_millis() as u64, "a creation stalled between making its blob and recording it; refused");
+        let _ = self.blobs.delete(&UploadEngine::never_recorded(id)).await;
+        Err(crate::error::Refusal::unavailable("the server was held up while creating this upload; nothing was created"))
+    }
+
+    /// Remove blobs that no row names and nothing queued (a creation killed between making its
+    /// blob and recording its row), at most once every [`SWEEPS_PER_STRAY_SEARCH`] sweeps: each
+    /// id the store lists with nothing in the catalog naming it ([`BlobClaim::Unclaimed`]) is
+    /// remembered the first time, and removed when a later search, at least [`STRAY_GRACE`]
+    /// on, still lists it unclaimed. Ids that are no upload id are left alone. Returns how many
+    /// were removed. Safe on every replica at once (a removal is idempotent, and an id with no
+    /// row that long never gets one: see [`CREATION_DEADLINE`]).
+    pub async fn remove_strays(&self) -> anyhow::Result<usize> {
+        let now = std::time::Instant::now();
+        let every = (self.cfg.sweep_interval * SWEEPS_PER_STRAY_SEARCH).max(STRAY_GRACE);
+        if self.strays.lock().unwrap_or_else(|p| p.into_inner()).last.is_some_and(|at| now.duration_since(at) < every) {
+            return Ok(0);
+        }
+        let listed = self.blobs.inventory().await?.blobs;
+        let before = std::mem::take(&mut self.strays.lock().unwrap_or_else(|p| p.into_inner()).seen);
+        let mut seen = std::collections::HashMap::new();
+        let mut n = 0;
+        // Each candidate is looked up after the listing: a row recorded meanwhile keeps its blob.
+        for id in listed.into_iter().filter(|id| super::is_valid_id(id)) {
+            if self.catalog.blob_claim(&id).await? != BlobClaim::Unclaimed {
+                continue;
+            }
+            let first = before.get(&id).copied().unwrap_or(now);
+            if now.duration_since(first) < STRAY_GRACE {
+                seen.insert(id, first);
+                continue;
+            }
+            tracing::warn!(upload = id, "removing a blob no upload names (a creation stopped before it recorded the upload)");
+            match self.remove_bytes(&UploadEngine::never_recorded(&id)).await {
+                Ok(()) => n += 1,
+                Err(e) => {
+                    tracing::warn!(upload = id, error = %e, "could not remove a blob no upload names yet; tried again at the next search");
+                    seen.insert(id, first);
+                }
+            }
+        }
+        *self.strays.lock().unwrap_or_else(|p| p.into_inner()) = Strays { seen, last: Some(now) };
+        Ok(n)
     }
 }

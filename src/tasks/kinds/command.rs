@@ -87,7 +87,11 @@
 //! Cancellation kills the program's whole process group: the program and every process it
 //! started that stayed in its group (a process that made a session or group of its own,
 //! `setsid`, left it). So does the end of a run: whatever the program left running in its
-//! group when it exited is killed.
+//! group when it exited is killed. A server killed outright (`kill -9`, a crash) cannot: the
+//! group's leader is recorded in the task's checkpoint when the program starts (its pid, start
+//! time, boot and pid namespace: [`command_group`](super::command_group)), and the task's next
+//! run, or a cancel while no run holds it, ends what is left of that group first — never a
+//! process that got the same pid later, nor one on another machine.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::{ExitStatus, Stdio};
@@ -103,6 +107,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::time::Instant;
 
+use super::command_group::{Ended, RecordedGroup};
 use crate::tasks::settings::CommandSpec;
 use crate::tasks::{Job, JobContext, JobError};
 use crate::upload::{FileCursor, FileWriter};
@@ -200,6 +205,10 @@ struct CommandCheckpoint {
     token: String,
     #[serde(default)]
     inputs: BTreeMap<String, Value>,
+    /// The process group of the run in progress, recorded when its program starts, so a run
+    /// killed with its server (kill -9) has it ended by the next run or a cancel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<RecordedGroup>,
 }
 
 #[async_trait]
@@ -250,12 +259,26 @@ impl Job for CommandJob {
         self.check_params(&args.command, args.params.as_ref())
     }
 
+    fn release(&self, task_id: &str, checkpoint: Option<&str>) {
+        let recorded = checkpoint.and_then(|c| serde_json::from_str::<CommandCheckpoint>(c).ok()).and_then(|c| c.group);
+        if let Some(group) = recorded {
+            end_left_over(task_id, &group);
+        }
+    }
+
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
+        let mut state: Option<CommandCheckpoint> = checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
+        // A run killed with its server left its program's group running: it ends before
+        // anything else, even a refusal of the arguments (a command no longer declared), and
+        // before this run starts another (which would write the same file from the same
+        // checkpoint).
+        if let Some(group) = state.as_mut().and_then(|s| s.group.take()) {
+            end_left_over(ctx.task_id(), &group);
+        }
         let args = parse_args(args).map_err(JobError::failed)?;
         let spec = self.spec(&args).map_err(JobError::failed)?;
         let name = args.command.as_str();
         let params = args.params.clone().unwrap_or_else(|| Value::Object(Default::default())).to_string();
-        let mut state: Option<CommandCheckpoint> = checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
 
         for _ in 0..MAX_RUNS {
             ctx.check()?;
@@ -273,20 +296,28 @@ impl Job for CommandJob {
                     let media_type = spec.media_type.as_deref().unwrap_or("application/octet-stream");
                     let mut w = ctx.create_file(&file_name, media_type).await?;
                     let cursor = w.sync().await?;
-                    let s = CommandCheckpoint { cursor, token: String::new(), inputs: BTreeMap::new() };
+                    let s = CommandCheckpoint { cursor, token: String::new(), inputs: BTreeMap::new(), group: None };
                     ctx.checkpoint(&s).await?;
                     state = Some(s);
                     w
                 }
             };
-            let cp = state.clone().expect("state set above");
+            let mut cp = state.clone().expect("state set above");
             let (child, group) = spawn(spec, name, ctx.task_id(), &params, &cp, &answers)?;
             let mark = ctx.partial_count().await;
+            // Recorded before a byte of its output is read: a server killed from here on
+            // leaves a group the next run or a cancel ends.
+            cp.group = child.id().and_then(RecordedGroup::of);
+            if cp.group.is_some() {
+                ctx.checkpoint_at(&cp, mark).await?;
+            }
             let mut run = Run { ctx, name, writer, state: cp, mark, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
             let status = run.supervise(child, &group).await;
             // Whatever the program left running in its group ends with the run.
             drop(group);
             let status = status?;
+            // The group ended with the run: no later run or cancel has it to end.
+            run.state.group = None;
             if run.asked {
                 // Record the requests (with the last durable cursor and the partial results it
                 // covers), then loop: parks, or restarts at once if the answers are already
@@ -307,6 +338,16 @@ impl Job for CommandJob {
             return Ok(serde_json::json!({ "file": handle, "exit_code": 0 }));
         }
         Err(JobError::failed(format!("command {name} asked for input {MAX_RUNS} times in a row without finishing")))
+    }
+}
+
+/// End the process group a run of task `task_id` killed with its server left running
+/// ([`RecordedGroup::end`]), saying so in the log.
+fn end_left_over(task_id: &str, group: &RecordedGroup) {
+    match group.end(task_id) {
+        Ended::Killed => tracing::warn!(task = task_id, pgid = group.pgid, "ended the process group a run of this task left running when its server stopped"),
+        Ended::Elsewhere => tracing::info!(task = task_id, pgid = group.pgid, "the task's last run was on another machine or boot: its process group is not this server's to end"),
+        Ended::NothingLeft => {}
     }
 }
 

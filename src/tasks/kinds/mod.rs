@@ -13,6 +13,7 @@ use super::{Job, JobError};
 pub mod archive;
 pub mod check;
 pub mod command;
+mod command_group;
 pub mod compress;
 pub mod concat;
 pub mod external;
