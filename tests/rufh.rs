@@ -230,7 +230,7 @@ async fn limits_are_announced_and_enforced() {
     let r = t.request("OPTIONS", "/files/", &[], None).await;
     assert!(header(&r, "accept-patch").is_some_and(|a| a.contains("application/partial-upload")), "OPTIONS Accept-Patch");
     assert!(header(&r, "upload-limit").is_some_and(|l| l.contains("max-size=1000")));
-    assert_eq!(header(&r, "upload-draft-interop-versions"), Some("5, 6, 8"));
+    assert_eq!(header(&r, "upload-draft-interop-versions"), Some("5, 6, 8, 9"));
     // Creation above max-size: 413 with Upload-Limit.
     let r = create(&t, &[("Upload-Complete", "?0"), ("Upload-Length", "1001")], None).await;
     assert_eq!(header(&r, "upload-limit"), Some("max-size=1000"));
@@ -251,7 +251,7 @@ async fn interop_versions_and_protocol_selection() {
     // An interop version ferry does not serve.
     let r = t.request("POST", "/files/", &[("Upload-Draft-Interop-Version", "7"), ("Upload-Complete", "?0")], None).await;
     let p = problem(r, 400, "invalid_argument").await;
-    assert!(p["recovery_hint"].as_str().unwrap().contains("5, 6, 8"), "{p}");
+    assert!(p["recovery_hint"].as_str().unwrap().contains("5, 6, 8, 9"), "{p}");
     // Missing Upload-Complete on a draft creation.
     problem(create(&t, &[], None).await, 400, "invalid_argument").await;
     // Version 6: an append needs application/partial-upload; version 5 takes any type.

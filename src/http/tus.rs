@@ -215,12 +215,13 @@ pub async fn create(
     State(s): State<AppState>,
     Extension(Principal(p)): Extension<Principal>,
     upload_only: Option<Extension<crate::app::UploadOnly>>,
+    interim: Option<Extension<super::wire::Interim>>,
     uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
     let upload_only = upload_only.map(|Extension(u)| u);
-    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body, upload_only));
+    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body, upload_only, interim.map(|Extension(i)| i)));
     version(Verb::Post, &h)?;
     let ch = CreationHeaders {
         upload_length: header(&h, "upload-length"),

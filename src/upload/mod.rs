@@ -520,6 +520,15 @@ impl UploadEngine {
         Ok(Created { upload, existing: true })
     }
 
+    /// Announce provisional upload `id` before its creation's bytes are taken in: its client
+    /// was told where it is (the draft's `104 Upload Resumption Supported`), so whatever ends
+    /// the body — a cut connection, a refused chunk — leaves it resumable at the offset it
+    /// reached ([`UploadEngine::settle_creation`] keeps an announced upload). Announcing twice
+    /// is harmless.
+    pub async fn announce_before_bytes(&self, id: &str) -> Result<(), Refusal> {
+        Ok(self.catalog.announce_upload(id).await?)
+    }
+
     /// Settle a creation that carried bytes (a creation-with-upload body, an empty upload
     /// completed at once) once `outcome`, the result of taking them in, is known (issue 23
     /// item 4):

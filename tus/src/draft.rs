@@ -35,16 +35,18 @@ pub enum InteropVersion {
     V5,
     /// Interop version 6: draft -05; tus-js-client 4.3 `protocol: 'ietf-draft-05'`.
     V6,
-    /// Interop version 8: draft -09 up to the newest editor's copy.
+    /// Interop version 8: draft -09 to -11.
     V8,
+    /// Interop version 9: draft -12 and later (ferry follows -15 of November 2026).
+    V9,
 }
 
 impl InteropVersion {
     /// Every version ferry serves, oldest first.
-    pub const ALL: [InteropVersion; 3] = [InteropVersion::V5, InteropVersion::V6, InteropVersion::V8];
+    pub const ALL: [InteropVersion; 4] = [InteropVersion::V5, InteropVersion::V6, InteropVersion::V8, InteropVersion::V9];
 
     /// The newest version ferry serves.
-    pub const NEWEST: InteropVersion = InteropVersion::V8;
+    pub const NEWEST: InteropVersion = InteropVersion::V9;
 
     /// The number sent in `Upload-Draft-Interop-Version`.
     pub fn number(self) -> u64 {
@@ -52,6 +54,7 @@ impl InteropVersion {
             InteropVersion::V5 => 5,
             InteropVersion::V6 => 6,
             InteropVersion::V8 => 8,
+            InteropVersion::V9 => 9,
         }
     }
 
@@ -60,7 +63,7 @@ impl InteropVersion {
         Self::ALL.into_iter().find(|v| v.number() == n)
     }
 
-    /// `"5, 6, 8"`: the versions ferry serves, as the README and OPTIONS list them.
+    /// `"5, 6, 8, 9"`: the versions ferry serves, as the README and OPTIONS list them.
     pub fn supported_list() -> String {
         Self::ALL.iter().map(|v| v.number().to_string()).collect::<Vec<_>>().join(", ")
     }
@@ -74,6 +77,13 @@ impl InteropVersion {
         Self::from_number(n).ok_or_else(|| TusError::bad_request(format!("this server does not speak interop version {n} of the resumable-upload draft"), hint()))
     }
 
+    /// Whether a creation carrying content is answered `104 (Upload Resumption Supported)` with
+    /// the upload's `Location` before its content is read: interop version 8 and later (draft
+    /// -09 added the 104 section, with `Upload-Draft-Interop-Version` required in it).
+    pub fn sends_104(self) -> bool {
+        self >= InteropVersion::V8
+    }
+
     /// Whether an append must declare `Content-Type: application/partial-upload` (draft -04 on).
     pub fn requires_partial_upload(self) -> bool {
         self >= InteropVersion::V6
@@ -85,7 +95,7 @@ impl InteropVersion {
         match self {
             InteropVersion::V5 => None,
             InteropVersion::V6 => Some(UploadLimit { max_size: Some(max_size), expires: lifetime_secs, ..UploadLimit::default() }),
-            InteropVersion::V8 => Some(UploadLimit { max_size: Some(max_size), max_age: lifetime_secs, ..UploadLimit::default() }),
+            InteropVersion::V8 | InteropVersion::V9 => Some(UploadLimit { max_size: Some(max_size), max_age: lifetime_secs, ..UploadLimit::default() }),
         }
     }
 }
@@ -418,10 +428,11 @@ mod tests {
         assert_eq!(InteropVersion::from_header("5"), Ok(InteropVersion::V5));
         assert_eq!(InteropVersion::from_header("6"), Ok(InteropVersion::V6));
         assert_eq!(InteropVersion::from_header("8"), Ok(InteropVersion::V8));
-        for bad in ["4", "7", "9", "x", "", "-6", "6.0"] {
+        assert_eq!(InteropVersion::from_header("9"), Ok(InteropVersion::V9));
+        for bad in ["4", "7", "10", "x", "", "-6", "6.0"] {
             let e = InteropVersion::from_header(bad).unwrap_err();
             assert_eq!(e.status, 400, "{bad}");
-            assert!(e.recovery_hint.contains("5, 6, 8"), "{}", e.recovery_hint);
+            assert!(e.recovery_hint.contains("5, 6, 8, 9"), "{}", e.recovery_hint);
         }
         assert_eq!(InteropVersion::V5.upload_limit(10, Some(60)), None);
         assert_eq!(InteropVersion::V6.upload_limit(10, Some(60)).unwrap().to_string(), "max-size=10, expires=60");
