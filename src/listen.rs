@@ -340,14 +340,21 @@ pub const H2_STREAM_WINDOW: u32 = 4 << 20;
 /// uploads over one connection are not held back by each other's unread bytes.
 pub const H2_CONNECTION_WINDOW: u32 = 32 << 20;
 
+/// The largest HTTP/2 frame payload a client may send, in bytes (RFC 9113 §4.2: 16 KiB unless
+/// the server says more, at most 16 MiB − 1). A body arrives frame by frame, each a chunk the
+/// upload engine hashes and writes: at 16 KiB, eight uploads over one connection took 1.4× the
+/// CPU per GiB of eight HTTP/1.1 connections; at 1 MiB, less than they (benches/RESULTS.md).
+/// The h2 crate's guard against CONTINUATION floods then lets a header block span at most 5
+/// frames (about 80 KiB in the 16 KiB frames clients split headers into; a TUS client sends
+/// under 2 KiB); a longer one ends the connection (`ENHANCE_YOUR_CALM`).
+pub const H2_MAX_FRAME: u32 = 1 << 20;
+
 /// The connection builder: HTTP/1.1, and HTTP/2 when the client starts with its connection
 /// preface (h2c with prior knowledge on a plain port, RFC 9113 §3.3) or chose `h2` by ALPN over
 /// TLS (§3.2). HTTP/1.1 keeps [`HEADER_READ_TIMEOUT`] and hyper's limits (100 header fields, a
 /// head of 408 KiB); HTTP/2 gets the same head limit as a header list size, at most
 /// [`H2_MAX_STREAMS`] streams, and windows sized for large bodies ([`H2_STREAM_WINDOW`],
-/// [`H2_CONNECTION_WINDOW`]). Frames stay at the protocol's 16 KiB: the h2 crate's guard
-/// against CONTINUATION floods allows a header block about the header list size in frames of
-/// the size we advertise, and clients split headers at 16 KiB whatever we advertise.
+/// [`H2_CONNECTION_WINDOW`]) and frames of up to [`H2_MAX_FRAME`].
 fn http_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -357,7 +364,8 @@ fn http_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::rt::Tok
         .max_concurrent_streams(H2_MAX_STREAMS)
         .max_header_list_size(crate::http::wire::MAX_HEAD_BYTES as u32)
         .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW);
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(H2_MAX_FRAME);
     http
 }
 
