@@ -434,3 +434,41 @@ async fn a_draft_upload_is_an_ordinary_ferry_file() {
     }
     assert_eq!(members, vec![("draft.bin".to_string(), data)], "the archive holds the draft upload byte for byte");
 }
+
+/// Interop version 9 (draft -12 and later): a draft client at 9 creates, appends and finishes as
+/// at 8; `GET` of the upload retrieves the offset as `HEAD` does (at 8 `GET` stays the download,
+/// 409 while unfinished); a browser may send `Incremental` (CORS preflight allows it).
+#[tokio::test]
+async fn interop_9_retrieves_the_offset_with_get_and_allows_incremental() {
+    let s = Server::start(&["--cors-allow-origins", "*"]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(100_000, 90);
+    let len = data.len().to_string();
+    let nine = [("Upload-Draft-Interop-Version", "9")];
+    let r = t.request("POST", "/files/", &[nine[0], ("Upload-Complete", "?0"), ("Upload-Length", &len), ("Incremental", "?1")], None).await;
+    assert_eq!(r.status(), 201);
+    let url = location(&t, &r);
+    let r = t
+        .request("PATCH", &url, &[nine[0], ("Upload-Offset", "0"), ("Upload-Complete", "?0"), ("Content-Type", PARTIAL), ("Incremental", "?1")], Some(data[..40_000].to_vec()))
+        .await;
+    assert_eq!(r.status(), 204);
+    let r = t.request("GET", &url, &nine, None).await;
+    assert_eq!(r.status(), 204, "GET at interop 9 is offset retrieval");
+    assert_eq!((header(&r, "upload-offset"), header(&r, "upload-complete")), (Some("40000"), Some("?0")));
+    assert_eq!(header(&r, "cache-control"), Some("no-store"));
+    let r = t.request("GET", &url, &[("Upload-Draft-Interop-Version", "8")], None).await;
+    assert_eq!(r.status(), 409, "GET at interop 8 is the download, refused while unfinished");
+    let r = t.request("PATCH", &url, &[nine[0], ("Upload-Offset", "40000"), ("Upload-Complete", "?1"), ("Content-Type", PARTIAL)], Some(data[40_000..].to_vec())).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(t.download(&url).await, data);
+    let r = t
+        .request(
+            "OPTIONS",
+            "/files/",
+            &[("Origin", "http://app.example"), ("Access-Control-Request-Method", "PATCH"), ("Access-Control-Request-Headers", "upload-draft-interop-version,incremental")],
+            None,
+        )
+        .await;
+    let allowed = header(&r, "access-control-allow-headers").unwrap_or_default().to_ascii_lowercase();
+    assert!(allowed.split(',').any(|h| h.trim() == "incremental"), "{allowed}");
+}

@@ -9,7 +9,8 @@
 //! | --- | --- | --- |
 //! | 5 | -03 (tus-js-client `ietf-draft-03`) | `Upload-Complete`; append with any `Content-Type`; no `Upload-Limit` |
 //! | 6 | -05 (tus-js-client `ietf-draft-05`) | append needs `Content-Type: application/partial-upload`; `Upload-Length`; `Upload-Limit` with `expires`; problem types for a mismatching offset and a completed upload |
-//! | 8 | -09 and later (the newest editor's copy says "the current interop version is 8") | `Upload-Limit` member `max-age` instead of `expires`; problem type for an inconsistent length; `Accept-Patch` on OPTIONS |
+//! | 8 | -09 to -11 | `Upload-Limit` member `max-age` instead of `expires`; problem type for an inconsistent length; `Accept-Patch` on OPTIONS; `104 (Upload Resumption Supported)` with `Location` |
+//! | 9 | -12 and later (to -15) | `GET` retrieves the offset as `HEAD` does; otherwise as 8 (see [`InteropVersion::V9`]) |
 //!
 //! Versions 5 and 6 also accept `Upload-Length` (tus-js-client sends it in both modes), and every
 //! version gets the three problem types: they only add members to ferry's problem body.
@@ -37,7 +38,12 @@ pub enum InteropVersion {
     V6,
     /// Interop version 8: draft -09 to -11.
     V8,
-    /// Interop version 9: draft -12 and later (ferry follows -15 of November 2026).
+    /// Interop version 9: draft -12 and later. As 8, and: `GET` retrieves the offset
+    /// ([`InteropVersion::offset_by_get`]); the `Incremental` request header passes CORS. What
+    /// else -12 changed (`Upload-Complete` in responses, an offset past what the client sent,
+    /// `Accept-Patch` no longer required) needs nothing new of ferry: its responses always
+    /// carry `Upload-Complete`, its offsets never pass what was sent, and it keeps sending
+    /// `Accept-Patch` on `OPTIONS` for version 8's clients.
     V9,
 }
 
@@ -82,6 +88,12 @@ impl InteropVersion {
     /// -09 added the 104 section, with `Upload-Draft-Interop-Version` required in it).
     pub fn sends_104(self) -> bool {
         self >= InteropVersion::V8
+    }
+
+    /// Whether `GET` of an upload retrieves its offset as `HEAD` does (draft -12, interop 9);
+    /// before, `GET` of an upload resource was left to the server (ferry: the download).
+    pub fn offset_by_get(self) -> bool {
+        self >= InteropVersion::V9
     }
 
     /// Whether an append must declare `Content-Type: application/partial-upload` (draft -04 on).
