@@ -102,7 +102,7 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
         repr_digest: header(&h, "repr-digest"),
         content_digest: header(&h, "content-digest"),
         content_length: header(&h, "content-length"),
-        has_body: has_body(&h),
+        has_body: has_body(&h, &body),
     };
     let limits = crate::app::limits::creation_limits(&s.engine);
     let planned = match plan_draft_creation(&dh, &limits) {
@@ -175,7 +175,7 @@ pub(super) async fn head(s: AppState, p: String, v: InteropVersion, id: String) 
 pub(super) async fn append(s: AppState, p: String, v: InteropVersion, id: String, h: HeaderMap, body: Body) -> Response {
     let owned: Vec<Option<String>> =
         ["content-type", "upload-offset", "upload-complete", "upload-length", "content-length", "content-digest"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
-    let body_present = has_body(&h);
+    let body_present = has_body(&h, &body);
     let max_size = s.engine.config().max_size;
     let decide = move |state: &ferry_tus::UploadState| {
         let dh = DraftAppendHeaders {
