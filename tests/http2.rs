@@ -72,14 +72,8 @@ async fn upload_cut_resume_download(s: &Server, dir: &Path, proto: &str) {
     let c = h2_client(base, dir);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     let body = reqwest::Body::wrap_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) }));
-    let patch = c
-        .patch(&url)
-        .header("Tus-Resumable", "1.0.0")
-        .header("Content-Type", OCTET)
-        .header("Upload-Offset", "0")
-        .header("Content-Length", total.to_string())
-        .body(body)
-        .send();
+    let patch =
+        c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Content-Length", total.to_string()).body(body).send();
     let patch = tokio::spawn(patch);
     tx.send(Ok(data[..3 << 20].to_vec())).await.unwrap();
     // The server's metrics say when the first MiB is written (a HEAD would stop the PATCH).
@@ -115,7 +109,23 @@ async fn upload_cut_resume_download(s: &Server, dir: &Path, proto: &str) {
     let out = curl(
         dir,
         proto,
-        &["-w", "%{http_version} %{http_code}", "-o", "/dev/null", "-X", "PATCH", &url, "-H", "Tus-Resumable: 1.0.0", "-H", &format!("Content-Type: {OCTET}"), "-H", &format!("Upload-Offset: {offset}"), "-T", "rest.bin"],
+        &[
+            "-w",
+            "%{http_version} %{http_code}",
+            "-o",
+            "/dev/null",
+            "-X",
+            "PATCH",
+            &url,
+            "-H",
+            "Tus-Resumable: 1.0.0",
+            "-H",
+            &format!("Content-Type: {OCTET}"),
+            "-H",
+            &format!("Upload-Offset: {offset}"),
+            "-T",
+            "rest.bin",
+        ],
     );
     assert_eq!(out, "2 204");
     let out = curl(dir, proto, &["-w", "%{http_version}", "-o", "copy.bin", &url]);
@@ -221,11 +231,7 @@ async fn read_head(conn: &mut tokio::net::TcpStream, rest: &mut Vec<u8>) -> Stri
 async fn creation_104_cut_and_resume(s: &Server, v: &str) {
     let data = pseudo_random(3 << 20, 9);
     let mut conn = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
-    let head = format!(
-        "POST /files/ HTTP/1.1\r\nHost: {}\r\nUpload-Draft-Interop-Version: {v}\r\nUpload-Complete: ?1\r\nContent-Length: {}\r\n\r\n",
-        s.addr(),
-        data.len()
-    );
+    let head = format!("POST /files/ HTTP/1.1\r\nHost: {}\r\nUpload-Draft-Interop-Version: {v}\r\nUpload-Complete: ?1\r\nContent-Length: {}\r\n\r\n", s.addr(), data.len());
     conn.write_all(head.as_bytes()).await.unwrap();
     let mut rest = Vec::new();
     let interim = read_head(&mut conn, &mut rest).await;
@@ -276,7 +282,22 @@ async fn curl_shows_the_104_and_http2_creations_answer_without_one() {
     std::fs::write(dir.join("body.bin"), pseudo_random(100_000, 1)).unwrap();
     let run = |proto: &str| {
         let out = Command::new("curl")
-            .args(["-sS", "-v", proto, "-o", "/dev/null", "-X", "POST", &s.url("/files/"), "-H", "Upload-Draft-Interop-Version: 9", "-H", "Upload-Complete: ?1", "--data-binary", "@body.bin"])
+            .args([
+                "-sS",
+                "-v",
+                proto,
+                "-o",
+                "/dev/null",
+                "-X",
+                "POST",
+                &s.url("/files/"),
+                "-H",
+                "Upload-Draft-Interop-Version: 9",
+                "-H",
+                "Upload-Complete: ?1",
+                "--data-binary",
+                "@body.bin",
+            ])
             .current_dir(dir)
             .output()
             .unwrap();

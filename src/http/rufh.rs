@@ -94,7 +94,15 @@ pub(super) fn options_headers(s: &AppState, hm: &mut HeaderMap) {
 /// `POST /files/` with `Upload-Complete` (§Upload Creation): creates the upload, appends the
 /// content if any, and answers 201 with `Location` and the upload's state (plus the file's
 /// JSON view when the request completed it).
-pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderMap, body: Body, upload_only: Option<crate::app::UploadOnly>, interim: Option<super::wire::Interim>) -> Response {
+pub(super) async fn create(
+    s: AppState,
+    p: String,
+    v: InteropVersion,
+    h: HeaderMap,
+    body: Body,
+    upload_only: Option<crate::app::UploadOnly>,
+    interim: Option<super::wire::Interim>,
+) -> Response {
     let dh = DraftCreationHeaders {
         upload_complete: header(&h, "upload-complete"),
         upload_length: header(&h, "upload-length"),

@@ -90,7 +90,18 @@ pub struct ConnState {
 
 impl Default for ConnState {
     fn default() -> Self {
-        ConnState { accepted: Instant::now(), unread: false.into(), busy: 0.into(), requested: false.into(), idle_read: false.into(), idle_since_ms: 0.into(), once: false.into(), h2: false.into(), interim: Default::default(), interim_queued: false.into() }
+        ConnState {
+            accepted: Instant::now(),
+            unread: false.into(),
+            busy: 0.into(),
+            requested: false.into(),
+            idle_read: false.into(),
+            idle_since_ms: 0.into(),
+            once: false.into(),
+            h2: false.into(),
+            interim: Default::default(),
+            interim_queued: false.into(),
+        }
     }
 }
 
