@@ -6,7 +6,8 @@
 //! limit is refused (431, the stream refused); many uploads share one connection. And the draft's `104 (Upload
 //! Resumption Supported)`: over HTTP/1.1 a raw client reads the 104 with `Location` before it
 //! sends the body, is cut off, resumes and finishes (interop 8 and 9); curl `-v` shows it; over
-//! HTTP/2 there is none and the creation still answers.
+//! HTTP/2 there is none and the creation still answers. tus-js-client (Uppy) in Chromium
+//! uploads over HTTPS and HTTP/2.
 
 mod common;
 
@@ -312,4 +313,31 @@ async fn curl_shows_the_104_and_http2_creations_answer_without_one() {
     let v = run("--http2-prior-knowledge");
     assert!(!v.contains(" 104"), "{v}");
     assert!(v.contains("< HTTP/2 201"), "{v}");
+}
+
+/// tus-js-client (through Uppy's `@uppy/tus`) in headless Chromium uploads to ferry over HTTPS
+/// and HTTP/2 (ALPN `h2`, as Chromium's network layer reports every answer), cross-origin,
+/// pausing and resuming; the stored file is the one the page hashed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tus_js_client_in_chromium_uploads_over_h2_with_tls() {
+    let chromium = std::env::var("FERRY_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(Path::new(&chromium).exists(), "Chromium not found at {chromium}: `bash .ci/run` installs it");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    make_certificates(dir);
+    let page_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let page_origin = format!("http://127.0.0.1:{page_port}");
+    let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+    let s = Server::start(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap(), "--cors-allow-origins", &page_origin]);
+    let shot = dir.join("uppy-h2.png");
+    let size = 6 * 1024 * 1024 + 7;
+    let mut run = node_script("uppy/run.js", &[&s.base, shot.to_str().unwrap(), &size.to_string(), &(512 * 1024).to_string()]);
+    run.env("PAGE_PORT", page_port.to_string()).env("TRUST_ANY_CERT", "1");
+    let out = run_json_client(run, 300).await;
+    let protocols: Vec<&str> = out["protocols"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    assert!(protocols.len() > 4 && protocols.iter().all(|p| *p == "h2"), "answers from ferry came over {protocols:?}");
+    let c = h2_client(&s.base, dir);
+    let r = c.get(out["url"].as_str().unwrap()).send().await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(sha256_hex(&r.bytes().await.unwrap()), out["sha256"].as_str().unwrap());
 }

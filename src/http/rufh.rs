@@ -128,21 +128,19 @@ pub(super) async fn create(
     let loc = location(&s, &h, &created.upload.id, upload_only);
     let rec = match (planned.body, created.existing) {
         (Some(plan), false) => {
-            if let Some(interim) = interim.filter(|i| v.sends_104() && i.can_send()) {
+            let told = interim.filter(|i| v.sends_104() && i.can_send());
+            if let Some(interim) = &told {
                 let mut hm = HeaderMap::new();
                 set(&mut hm, "location", &loc);
                 set(&mut hm, "upload-draft-interop-version", v.number());
                 if let Some(limit) = v.upload_limit(s.engine.config().max_size, lifetime_secs(&created.upload)) {
                     set(&mut hm, "upload-limit", limit);
                 }
-                // Told where the upload is, the client may resume it whatever ends the body.
-                if let Err(e) = s.engine.announce_before_bytes(&created.upload.id).await {
-                    return draft_problem(&s, Some(v), e);
-                }
                 interim.send(StatusCode::from_u16(104).expect("104 is a status"), "Upload Resumption Supported", &hm);
             }
             let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), BodyChunk::new(body, &h)).await;
-            match s.engine.settle_creation(&p, &created.upload.id, appended).await {
+            // Told where the upload is (the 104), the client may resume it if the body is cut.
+            match s.engine.settle_creation_told(&p, &created.upload.id, appended, told.is_some()).await {
                 Ok(rec) => rec,
                 Err(refused) => {
                     // Interrupted: say where, so the client can resume. Refused: nothing is
