@@ -1,4 +1,4 @@
-//! Accepting connections and serving HTTP/1.1 on them (hyper): the connection cap and what
+//! Accepting connections and serving HTTP/1.1 and HTTP/2 on them (hyper): the connection cap and what
 //! closes idle connections to make room, the spare descriptor that answers when `accept` runs
 //! out of descriptors below the cap, TLS handshakes, and graceful shutdown. What happens on
 //! each connection below the router (a lingering close, hyper's refusals worded) is
@@ -142,7 +142,7 @@ pub fn connection_cap(configured: Option<u32>) -> usize {
     cap
 }
 
-/// Accept HTTP/1.1 connections until `signal` resolves, then wait up to [`SHUTDOWN_GRACE`]
+/// Accept HTTP/1.1 and HTTP/2 connections ([`http_builder`]) until `signal` resolves, then wait up to [`SHUTDOWN_GRACE`]
 /// for in-flight requests (PATCHes checkpoint and end on the engine's shutdown token).
 ///
 /// At most `max_connections` are served at once. At the cap, a newcomer makes room by closing
@@ -172,10 +172,8 @@ pub async fn serve_http(
     max_connections: usize,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    use hyper_util::rt::TokioTimer;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    let http = http_builder();
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let conns = Arc::new(Conns::default());
     let spare = Spare::open();
@@ -328,6 +326,47 @@ pub async fn serve_http(
     if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
         tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; exiting");
     }
+}
+
+/// Most concurrent streams (requests) one HTTP/2 connection may have open: RFC 9113 §6.5.2
+/// recommends no fewer than 100. An HTTP/1.1 connection has one at a time; the connection cap
+/// bounds connections, this bounds what one connection multiplexes.
+pub const H2_MAX_STREAMS: u32 = 100;
+/// HTTP/2 flow control (RFC 9113 §6.9): the window each stream starts with, in bytes. 64 KiB
+/// (the protocol's default) holds a large PATCH to one window per round trip; 4 MiB lets a
+/// client keep sending while the server writes the previous chunk to the blob.
+pub const H2_STREAM_WINDOW: u32 = 4 << 20;
+/// The connection's window, in bytes: room for eight streams' full windows at once, so eight
+/// uploads over one connection are not held back by each other's unread bytes.
+pub const H2_CONNECTION_WINDOW: u32 = 32 << 20;
+
+/// The largest HTTP/2 frame payload a client may send, in bytes (RFC 9113 §4.2: 16 KiB unless
+/// the server says more, at most 16 MiB − 1). A body arrives frame by frame, each a chunk the
+/// upload engine hashes and writes: at 16 KiB, eight uploads over one connection took 1.4× the
+/// CPU per GiB of eight HTTP/1.1 connections; at 1 MiB, less than they (benches/RESULTS.md).
+/// The h2 crate's guard against CONTINUATION floods then lets a header block span at most 5
+/// frames (about 80 KiB in the 16 KiB frames clients split headers into; a TUS client sends
+/// under 2 KiB); a longer one ends the connection (`ENHANCE_YOUR_CALM`).
+pub const H2_MAX_FRAME: u32 = 1 << 20;
+
+/// The connection builder: HTTP/1.1, and HTTP/2 when the client starts with its connection
+/// preface (h2c with prior knowledge on a plain port, RFC 9113 §3.3) or chose `h2` by ALPN over
+/// TLS (§3.2). HTTP/1.1 keeps [`HEADER_READ_TIMEOUT`] and hyper's limits (100 header fields, a
+/// head of 408 KiB); HTTP/2 gets the same head limit as a header list size, at most
+/// [`H2_MAX_STREAMS`] streams, and windows sized for large bodies ([`H2_STREAM_WINDOW`],
+/// [`H2_CONNECTION_WINDOW`]) and frames of up to [`H2_MAX_FRAME`].
+fn http_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    http.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(crate::http::wire::MAX_HEAD_BYTES as u32)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(H2_MAX_FRAME);
+    http
 }
 
 /// The next connection on any of `listeners`.

@@ -71,14 +71,16 @@ impl TlsCertificate {
         (&self.cert_path, &self.key_path)
     }
 
-    /// A server configuration for HTTP/1.1 (ALPN `http/1.1`) resolving to this certificate.
+    /// A server configuration offering HTTP/2 and HTTP/1.1 by ALPN (`h2` first, then
+    /// `http/1.1`; RFC 7301, RFC 9113 §3.2), resolving to this certificate. A client that offers
+    /// no ALPN gets HTTP/1.1.
     pub fn acceptor(self: &Arc<Self>) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| anyhow::anyhow!("TLS: {e}"))?
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(self.clone())));
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
     }
 }

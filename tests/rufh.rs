@@ -230,7 +230,7 @@ async fn limits_are_announced_and_enforced() {
     let r = t.request("OPTIONS", "/files/", &[], None).await;
     assert!(header(&r, "accept-patch").is_some_and(|a| a.contains("application/partial-upload")), "OPTIONS Accept-Patch");
     assert!(header(&r, "upload-limit").is_some_and(|l| l.contains("max-size=1000")));
-    assert_eq!(header(&r, "upload-draft-interop-versions"), Some("5, 6, 8"));
+    assert_eq!(header(&r, "upload-draft-interop-versions"), Some("5, 6, 8, 9"));
     // Creation above max-size: 413 with Upload-Limit.
     let r = create(&t, &[("Upload-Complete", "?0"), ("Upload-Length", "1001")], None).await;
     assert_eq!(header(&r, "upload-limit"), Some("max-size=1000"));
@@ -251,7 +251,7 @@ async fn interop_versions_and_protocol_selection() {
     // An interop version ferry does not serve.
     let r = t.request("POST", "/files/", &[("Upload-Draft-Interop-Version", "7"), ("Upload-Complete", "?0")], None).await;
     let p = problem(r, 400, "invalid_argument").await;
-    assert!(p["recovery_hint"].as_str().unwrap().contains("5, 6, 8"), "{p}");
+    assert!(p["recovery_hint"].as_str().unwrap().contains("5, 6, 8, 9"), "{p}");
     // Missing Upload-Complete on a draft creation.
     problem(create(&t, &[], None).await, 400, "invalid_argument").await;
     // Version 6: an append needs application/partial-upload; version 5 takes any type.
@@ -433,4 +433,42 @@ async fn a_draft_upload_is_an_ordinary_ferry_file() {
         members.push((name, buf));
     }
     assert_eq!(members, vec![("draft.bin".to_string(), data)], "the archive holds the draft upload byte for byte");
+}
+
+/// Interop version 9 (draft -12 and later): a draft client at 9 creates, appends and finishes as
+/// at 8; `GET` of the upload retrieves the offset as `HEAD` does (at 8 `GET` stays the download,
+/// 409 while unfinished); a browser may send `Incremental` (CORS preflight allows it).
+#[tokio::test]
+async fn interop_9_retrieves_the_offset_with_get_and_allows_incremental() {
+    let s = Server::start(&["--cors-allow-origins", "*"]);
+    let t = Tus::new(&s);
+    let data = pseudo_random(100_000, 90);
+    let len = data.len().to_string();
+    let nine = [("Upload-Draft-Interop-Version", "9")];
+    let r = t.request("POST", "/files/", &[nine[0], ("Upload-Complete", "?0"), ("Upload-Length", &len), ("Incremental", "?1")], None).await;
+    assert_eq!(r.status(), 201);
+    let url = location(&t, &r);
+    let r = t
+        .request("PATCH", &url, &[nine[0], ("Upload-Offset", "0"), ("Upload-Complete", "?0"), ("Content-Type", PARTIAL), ("Incremental", "?1")], Some(data[..40_000].to_vec()))
+        .await;
+    assert_eq!(r.status(), 204);
+    let r = t.request("GET", &url, &nine, None).await;
+    assert_eq!(r.status(), 204, "GET at interop 9 is offset retrieval");
+    assert_eq!((header(&r, "upload-offset"), header(&r, "upload-complete")), (Some("40000"), Some("?0")));
+    assert_eq!(header(&r, "cache-control"), Some("no-store"));
+    let r = t.request("GET", &url, &[("Upload-Draft-Interop-Version", "8")], None).await;
+    assert_eq!(r.status(), 409, "GET at interop 8 is the download, refused while unfinished");
+    let r = t.request("PATCH", &url, &[nine[0], ("Upload-Offset", "40000"), ("Upload-Complete", "?1"), ("Content-Type", PARTIAL)], Some(data[40_000..].to_vec())).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(t.download(&url).await, data);
+    let r = t
+        .request(
+            "OPTIONS",
+            "/files/",
+            &[("Origin", "http://app.example"), ("Access-Control-Request-Method", "PATCH"), ("Access-Control-Request-Headers", "upload-draft-interop-version,incremental")],
+            None,
+        )
+        .await;
+    let allowed = header(&r, "access-control-allow-headers").unwrap_or_default().to_ascii_lowercase();
+    assert!(allowed.split(',').any(|h| h.trim() == "incremental"), "{allowed}");
 }

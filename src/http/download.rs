@@ -101,6 +101,9 @@ fn combined(h: &HeaderMap, name: &str) -> Option<String> {
 /// with `Content-Range: bytes */N` for an unsatisfiable range. 304 as `If-None-Match` /
 /// `If-Modified-Since` say; which of these, and 200 or 206, is [`ferry_tus::select_range`]'s.
 /// `?download=1` asks for `Content-Disposition: attachment` whatever the media type.
+///
+/// A `GET` at interop version 9 or later of the IETF draft (`Upload-Draft-Interop-Version`) is
+/// the draft's offset retrieval, answered as its `HEAD` ([`super::rufh::head`]).
 pub async fn get(
     State(s): State<AppState>,
     Extension(Principal(p)): Extension<Principal>,
@@ -108,6 +111,9 @@ pub async fn get(
     uri: axum::http::Uri,
     h: HeaderMap,
 ) -> Result<Response, Problem> {
+    if let Some(Ok(v)) = super::rufh::version_of(&h).filter(|v| v.as_ref().is_ok_and(|v| v.offset_by_get())) {
+        return Ok(super::rufh::head(s.clone(), p, v, id).await);
+    }
     answer(&s, &p, &id, &uri, &h, false).await
 }
 

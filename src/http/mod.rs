@@ -50,6 +50,9 @@ pub const ALLOW_HEADERS: &[&str] = &[
     "if-none-match",
     "if-range",
     "if-unmodified-since",
+    // draft-ietf-httpbis-incremental: asks intermediaries to forward the body as it comes
+    // (the resumable-upload draft recommends it from -12, interop 9).
+    "incremental",
     "range",
     "repr-digest",
     "tus-resumable",

@@ -7,10 +7,13 @@
 //! the result: the draft's state headers (`Upload-Offset`, `Upload-Complete`, `Upload-Length`,
 //! `Upload-Limit`) and its problem types through the shared problem renderer.
 //!
-//! No `104 (Upload Resumption Supported)` interim responses: hyper 1.x, which serves ferry, has
-//! no API for a server to send 1xx responses (hyperium/hyper PR #4114 is still open), so a
-//! client learns the upload URL from the final response (the draft's "careful" creation) —
-//! tus-js-client always works that way.
+//! `104 (Upload Resumption Supported)`: a creation that carries content, at interop version 8 or
+//! later, is told its upload's `Location` (with `Upload-Limit` and the interop version) in a 104
+//! before its content is read, so a client cut off mid-body can resume. hyper 1.x, which serves
+//! ferry, has no API for a server to send 1xx answers (hyperium/hyper PR #4114 is open); over
+//! HTTP/1.1 [`super::wire::Interim`] writes it on the connection, over HTTP/2 none is sent and a
+//! client learns the upload URL from the final answer (the draft's "careful" creation, as
+//! tus-js-client always works) or from an interrupted creation's problem answer.
 
 use crate::error::Refusal;
 use axum::body::Body;
@@ -91,7 +94,15 @@ pub(super) fn options_headers(s: &AppState, hm: &mut HeaderMap) {
 /// `POST /files/` with `Upload-Complete` (§Upload Creation): creates the upload, appends the
 /// content if any, and answers 201 with `Location` and the upload's state (plus the file's
 /// JSON view when the request completed it).
-pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderMap, body: Body, upload_only: Option<crate::app::UploadOnly>) -> Response {
+pub(super) async fn create(
+    s: AppState,
+    p: String,
+    v: InteropVersion,
+    h: HeaderMap,
+    body: Body,
+    upload_only: Option<crate::app::UploadOnly>,
+    interim: Option<super::wire::Interim>,
+) -> Response {
     let dh = DraftCreationHeaders {
         upload_complete: header(&h, "upload-complete"),
         upload_length: header(&h, "upload-length"),
@@ -99,7 +110,7 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
         repr_digest: header(&h, "repr-digest"),
         content_digest: header(&h, "content-digest"),
         content_length: header(&h, "content-length"),
-        has_body: has_body(&h),
+        has_body: has_body(&h, &body),
     };
     let limits = crate::app::limits::creation_limits(&s.engine);
     let planned = match plan_draft_creation(&dh, &limits) {
@@ -117,8 +128,19 @@ pub(super) async fn create(s: AppState, p: String, v: InteropVersion, h: HeaderM
     let loc = location(&s, &h, &created.upload.id, upload_only);
     let rec = match (planned.body, created.existing) {
         (Some(plan), false) => {
+            let told = interim.filter(|i| v.sends_104() && i.can_send());
+            if let Some(interim) = &told {
+                let mut hm = HeaderMap::new();
+                set(&mut hm, "location", &loc);
+                set(&mut hm, "upload-draft-interop-version", v.number());
+                if let Some(limit) = v.upload_limit(s.engine.config().max_size, lifetime_secs(&created.upload)) {
+                    set(&mut hm, "upload-limit", limit);
+                }
+                interim.send(StatusCode::from_u16(104).expect("104 is a status"), "Upload Resumption Supported", &hm);
+            }
             let appended = s.engine.append(p.clone(), created.upload.id.clone(), move |_| Ok(plan), BodyChunk::new(body, &h)).await;
-            match s.engine.settle_creation(&p, &created.upload.id, appended).await {
+            // Told where the upload is (the 104), the client may resume it if the body is cut.
+            match s.engine.settle_creation_told(&p, &created.upload.id, appended, told.is_some()).await {
                 Ok(rec) => rec,
                 Err(refused) => {
                     // Interrupted: say where, so the client can resume. Refused: nothing is
@@ -159,7 +181,7 @@ pub(super) async fn head(s: AppState, p: String, v: InteropVersion, id: String) 
 pub(super) async fn append(s: AppState, p: String, v: InteropVersion, id: String, h: HeaderMap, body: Body) -> Response {
     let owned: Vec<Option<String>> =
         ["content-type", "upload-offset", "upload-complete", "upload-length", "content-length", "content-digest"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
-    let body_present = has_body(&h);
+    let body_present = has_body(&h, &body);
     let max_size = s.engine.config().max_size;
     let decide = move |state: &ferry_tus::UploadState| {
         let dh = DraftAppendHeaders {

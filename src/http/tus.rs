@@ -203,10 +203,14 @@ fn location_unsigned(s: &AppState, h: &HeaderMap, id: &str) -> String {
     }
 }
 
-pub(super) fn has_body(h: &HeaderMap) -> bool {
+/// Whether a request carries content: `Content-Length` above 0, or a body whose end is not
+/// known yet. Over HTTP/1.1 the latter is `Transfer-Encoding: chunked`; over HTTP/2 a body has
+/// neither header when its length is unknown (RFC 9113 §8.1: the stream's frames frame it), so
+/// the body itself says whether more may come.
+pub(super) fn has_body(h: &HeaderMap, body: &Body) -> bool {
     match header(h, "content-length") {
         Some(cl) => cl != "0",
-        None => h.contains_key("transfer-encoding"),
+        None => !http_body::Body::is_end_stream(body),
     }
 }
 
@@ -215,12 +219,13 @@ pub async fn create(
     State(s): State<AppState>,
     Extension(Principal(p)): Extension<Principal>,
     upload_only: Option<Extension<crate::app::UploadOnly>>,
+    interim: Option<Extension<super::wire::Interim>>,
     uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
     let upload_only = upload_only.map(|Extension(u)| u);
-    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body, upload_only));
+    draft_or_tus!(s, h, |v| rufh::create(s.clone(), p, v, h, body, upload_only, interim.map(|Extension(i)| i)));
     version(Verb::Post, &h)?;
     let ch = CreationHeaders {
         upload_length: header(&h, "upload-length"),
@@ -231,7 +236,7 @@ pub async fn create(
         repr_digest: header(&h, "repr-digest"),
         content_type: header(&h, "content-type"),
         content_length: header(&h, "content-length"),
-        has_body: has_body(&h),
+        has_body: has_body(&h, &body),
     };
     let limits = crate::app::limits::creation_limits(&s.engine);
     let plan = plan_creation(&ch, &limits)?;

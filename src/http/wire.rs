@@ -18,6 +18,14 @@
 //!   with an empty body. [`Worded`] writes ferry's problem+json body instead, with the cause it
 //!   finds in the request head.
 //!
+//! - **Informational answers before the final one (HTTP/1.1).** hyper 1.x has no server API for a
+//!   1xx response other than its own `100 Continue` (hyperium/hyper PR #4114, which would add one
+//!   over HTTP/2, is open). A handler that wants one (the draft's `104 Upload Resumption
+//!   Supported`) queues it through the request's [`Interim`]; [`Worded`], which sits between
+//!   hyper and the socket, writes it at the next read or write of that connection while hyper
+//!   is between writes — before the request's body is read, and always before the final
+//!   answer's head. Over HTTP/2 the bytes are frames hyper owns, so [`Interim::send`] says no.
+//!
 //! [`ConnState`] is what the request and response of a connection tell its socket: serve.rs
 //! wraps each request with [`on_request`] and each response with [`on_response`].
 
@@ -48,7 +56,9 @@ const LINGER_BURST: usize = 1 << 20;
 const HEAD_COPY: usize = 16 << 10;
 /// hyper's limits (`hyper::proto::h1`): header fields, head bytes (its read buffer), URI bytes.
 const MAX_HEADERS: usize = 100;
-const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// The largest request head HTTP/1.1 reads, in bytes (hyper's read buffer); HTTP/2 takes it
+/// as its header list size (RFC 9113 §6.5.2: names and values plus 32 bytes a field).
+pub const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 const MAX_URI_BYTES: usize = u16::MAX as usize - 1;
 
 /// What one connection's requests and responses tell its socket, and what eviction reads.
@@ -69,11 +79,29 @@ pub struct ConnState {
     /// Close after the first answer (`Connection: close`): the connection holds a descriptor
     /// lent for one request.
     once: AtomicBool,
+    /// The connection speaks HTTP/2 (its requests say so): `Connection: close` means nothing
+    /// there (RFC 9113 §8.2.2).
+    h2: AtomicBool,
+    /// Informational answers queued by [`Interim::send`], not yet taken by [`Worded`].
+    interim: std::sync::Mutex<Vec<u8>>,
+    /// Bytes are in `interim`: [`Worded`] looks without taking the lock.
+    interim_queued: AtomicBool,
 }
 
 impl Default for ConnState {
     fn default() -> Self {
-        ConnState { accepted: Instant::now(), unread: false.into(), busy: 0.into(), requested: false.into(), idle_read: false.into(), idle_since_ms: 0.into(), once: false.into() }
+        ConnState {
+            accepted: Instant::now(),
+            unread: false.into(),
+            busy: 0.into(),
+            requested: false.into(),
+            idle_read: false.into(),
+            idle_since_ms: 0.into(),
+            once: false.into(),
+            h2: false.into(),
+            interim: Default::default(),
+            interim_queued: false.into(),
+        }
     }
 }
 
@@ -108,11 +136,15 @@ impl ConnState {
 /// makes the connection close lingering.
 pub fn on_request(conn: &Arc<ConnState>, req: Request<hyper::body::Incoming>) -> Request<Body> {
     conn.requested.store(true, Ordering::Relaxed);
+    if req.version() == axum::http::Version::HTTP_2 {
+        conn.h2.store(true, Ordering::Relaxed);
+    }
     conn.busy.fetch_add(1, Ordering::Relaxed);
     conn.idle_read.store(false, Ordering::Relaxed);
     // A new request on this connection: whatever an earlier body left was read after all.
     conn.unread.store(false, Ordering::Relaxed);
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    parts.extensions.insert(Interim { conn: conn.clone(), http1: parts.version <= axum::http::Version::HTTP_11 });
     let ended = http_body::Body::is_end_stream(&body);
     Request::from_parts(parts, Body::new(Tracked { inner: body, ended, conn: conn.clone() }))
 }
@@ -120,7 +152,7 @@ pub fn on_request(conn: &Arc<ConnState>, req: Request<hyper::body::Incoming>) ->
 /// A response as hyper gets it: when its body is done (sent or dropped) the connection is idle
 /// again.
 pub fn on_response(conn: &Arc<ConnState>, mut res: Response<Body>) -> Response<Body> {
-    if conn.once.load(Ordering::Relaxed) {
+    if conn.once.load(Ordering::Relaxed) && !conn.h2.load(Ordering::Relaxed) {
         res.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
     }
     let done = Answered(conn.clone());
@@ -130,6 +162,43 @@ pub fn on_response(conn: &Arc<ConnState>, mut res: Response<Body>) -> Response<B
             f
         }))
     })
+}
+
+/// Sends informational (1xx) answers ahead of a request's final answer; every request carries
+/// one in its extensions ([`on_request`]).
+#[derive(Clone, Debug)]
+pub struct Interim {
+    conn: Arc<ConnState>,
+    http1: bool,
+}
+
+impl Interim {
+    /// Whether [`Interim::send`] can send anything on this request's connection: HTTP/1.x.
+    pub fn can_send(&self) -> bool {
+        self.http1
+    }
+
+    /// Queue an informational answer (`status` 100–199 other than 101, `reason` its phrase, then
+    /// `headers`) to be written before the final answer. Over HTTP/1.x it reaches the client
+    /// when the request's body is read next (or, at the latest, just before the final answer's
+    /// head); returns false and sends nothing over HTTP/2, where hyper 1.x offers no way to send
+    /// one (hyperium/hyper PR #4114), or for a status that is not informational.
+    pub fn send(&self, status: StatusCode, reason: &str, headers: &axum::http::HeaderMap) -> bool {
+        if !self.http1 || !status.is_informational() || status == StatusCode::SWITCHING_PROTOCOLS {
+            return false;
+        }
+        let mut head = format!("HTTP/1.1 {} {reason}\r\n", status.as_u16()).into_bytes();
+        for (name, value) in headers {
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        self.conn.interim.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(&head);
+        self.conn.interim_queued.store(true, Ordering::Release);
+        true
+    }
 }
 
 struct Answered(Arc<ConnState>);
@@ -288,11 +357,42 @@ pub struct Worded<S> {
     /// The answer being written in place of hyper's, how much of it is written, and how many
     /// bytes of hyper's it stands for.
     rewriting: Option<(Vec<u8>, usize, usize)>,
+    /// Informational answers ([`Interim`]) being written, and how much of them is written.
+    interim: (Vec<u8>, usize),
+    /// hyper's last write took only part of what it offered: the rest follows, and nothing may
+    /// be written between.
+    mid_write: bool,
 }
 
 impl<S> Worded<S> {
     pub fn new(inner: S, conn: Arc<ConnState>) -> Self {
-        Worded { inner, conn, head: Vec::new(), rewriting: None }
+        Worded { inner, conn, head: Vec::new(), rewriting: None, interim: (Vec::new(), 0), mid_write: false }
+    }
+
+    /// Write the informational answers queued by [`Interim::send`], unless hyper is in the
+    /// middle of a write.
+    fn poll_interim(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>
+    where
+        S: AsyncWrite + Unpin,
+    {
+        if self.mid_write {
+            return Poll::Ready(Ok(()));
+        }
+        if self.interim.0.is_empty() && self.conn.interim_queued.swap(false, Ordering::Acquire) {
+            self.interim = (std::mem::take(&mut *self.conn.interim.lock().unwrap_or_else(|e| e.into_inner())), 0);
+        }
+        while self.interim.1 < self.interim.0.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.interim.0[self.interim.1..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.interim.1 += n;
+        }
+        if !self.interim.0.is_empty() {
+            self.interim = (Vec::new(), 0);
+            ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// The answer to write in place of `buf`, when `buf` is hyper's refusal of a request head
@@ -324,8 +424,11 @@ impl<S> Worded<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Worded<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Worded<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // hyper reads when the handler asks for the body: an informational answer queued
+        // before that goes out first.
+        ready!(self.poll_interim(cx))?;
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         let got = &buf.filled()[before..];
@@ -346,7 +449,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Worded<S> {
         if self.rewriting.is_none() {
             match self.replacement(buf) {
                 Some(bytes) => self.rewriting = Some((bytes, 0, buf.len())),
-                None => return Pin::new(&mut self.inner).poll_write(cx, buf),
+                None => {
+                    ready!(self.poll_interim(cx))?;
+                    let n = ready!(Pin::new(&mut self.inner).poll_write(cx, buf))?;
+                    self.mid_write = n < buf.len();
+                    return Poll::Ready(Ok(n));
+                }
             }
         }
         self.poll_rewrite(cx)
@@ -361,7 +469,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Worded<S> {
             };
             match only {
                 Some((bytes, n)) => self.rewriting = Some((bytes, 0, n)),
-                None => return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs),
+                None => {
+                    ready!(self.poll_interim(cx))?;
+                    let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, bufs))?;
+                    self.mid_write = n < bufs.iter().map(|b| b.len()).sum::<usize>();
+                    return Poll::Ready(Ok(n));
+                }
             }
         }
         self.poll_rewrite(cx)
@@ -372,6 +485,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Worded<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_interim(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 

@@ -546,7 +546,16 @@ impl UploadEngine {
     ///
     /// An upload a replayed creation handed out meanwhile (it is announced) is kept either way.
     pub async fn settle_creation(&self, principal: &str, id: &str, outcome: Result<UploadRecord, Refusal>) -> Result<UploadRecord, RefusedCreation> {
+        self.settle_creation_told(principal, id, outcome, false).await
+    }
+
+    /// [`UploadEngine::settle_creation`] for a creation whose client was `told` where the
+    /// upload is before its bytes were taken in (the draft's `104 Upload Resumption
+    /// Supported`): a body cut off (the connection dropped) is then interrupted, not refused —
+    /// what arrived is kept for the client to resume. Refusals stay refusals.
+    pub async fn settle_creation_told(&self, principal: &str, id: &str, outcome: Result<UploadRecord, Refusal>, told: bool) -> Result<UploadRecord, RefusedCreation> {
         use ErrorCode::{InsufficientStorage, Internal, Locked, Unavailable};
+        let cut = |e: &Refusal| told && matches!(e.next, Next::BodyCut);
         match outcome {
             Ok(_) => match self.catalog.announce_upload(id).await {
                 Ok(()) => {
@@ -555,7 +564,7 @@ impl UploadEngine {
                 }
                 Err(e) => Err(RefusedCreation { error: e.into(), kept: true }),
             },
-            Err(error) if matches!(error.code, Locked | Unavailable | InsufficientStorage | Internal) => {
+            Err(error) if matches!(error.code, Locked | Unavailable | InsufficientStorage | Internal) || cut(&error) => {
                 match self.catalog.announce_upload(id).await {
                     Ok(()) => {
                         self.metrics.uploads_created.inc();

@@ -330,9 +330,17 @@ pub async fn wait_bytes_received(server: &Server, at_least: u64) -> u64 {
     }
 }
 
-/// A blocking-free reqwest client with no proxy (tests talk to loopback only).
+/// A blocking-free reqwest client with no proxy (tests talk to loopback only). With
+/// `FERRY_TEST_HTTP2=1` it speaks HTTP/2 with prior knowledge (h2c), so a suite built on it
+/// ([`Tus`], [`Api`]) reruns over HTTP/2 (`.ci/run` reruns the TUS and draft suites so).
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(600)).build().unwrap()
+    let b = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(600));
+    if over_http2() { b.http2_prior_knowledge() } else { b }.build().unwrap()
+}
+
+/// Whether tests speak HTTP/2 to the servers they start (`FERRY_TEST_HTTP2=1`).
+pub fn over_http2() -> bool {
+    std::env::var("FERRY_TEST_HTTP2").is_ok_and(|v| v == "1")
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so sources are reproducible without storing them.

@@ -9,7 +9,8 @@
 //! | --- | --- | --- |
 //! | 5 | -03 (tus-js-client `ietf-draft-03`) | `Upload-Complete`; append with any `Content-Type`; no `Upload-Limit` |
 //! | 6 | -05 (tus-js-client `ietf-draft-05`) | append needs `Content-Type: application/partial-upload`; `Upload-Length`; `Upload-Limit` with `expires`; problem types for a mismatching offset and a completed upload |
-//! | 8 | -09 and later (the newest editor's copy says "the current interop version is 8") | `Upload-Limit` member `max-age` instead of `expires`; problem type for an inconsistent length; `Accept-Patch` on OPTIONS |
+//! | 8 | -09 to -11 | `Upload-Limit` member `max-age` instead of `expires`; problem type for an inconsistent length; `Accept-Patch` on OPTIONS; `104 (Upload Resumption Supported)` with `Location` |
+//! | 9 | -12 and later (to -15) | `GET` retrieves the offset as `HEAD` does; otherwise as 8 (see [`InteropVersion::V9`]) |
 //!
 //! Versions 5 and 6 also accept `Upload-Length` (tus-js-client sends it in both modes), and every
 //! version gets the three problem types: they only add members to ferry's problem body.
@@ -35,16 +36,23 @@ pub enum InteropVersion {
     V5,
     /// Interop version 6: draft -05; tus-js-client 4.3 `protocol: 'ietf-draft-05'`.
     V6,
-    /// Interop version 8: draft -09 up to the newest editor's copy.
+    /// Interop version 8: draft -09 to -11.
     V8,
+    /// Interop version 9: draft -12 and later. As 8, and: `GET` retrieves the offset
+    /// ([`InteropVersion::offset_by_get`]); the `Incremental` request header passes CORS. What
+    /// else -12 changed (`Upload-Complete` in responses, an offset past what the client sent,
+    /// `Accept-Patch` no longer required) needs nothing new of ferry: its responses always
+    /// carry `Upload-Complete`, its offsets never pass what was sent, and it keeps sending
+    /// `Accept-Patch` on `OPTIONS` for version 8's clients.
+    V9,
 }
 
 impl InteropVersion {
     /// Every version ferry serves, oldest first.
-    pub const ALL: [InteropVersion; 3] = [InteropVersion::V5, InteropVersion::V6, InteropVersion::V8];
+    pub const ALL: [InteropVersion; 4] = [InteropVersion::V5, InteropVersion::V6, InteropVersion::V8, InteropVersion::V9];
 
     /// The newest version ferry serves.
-    pub const NEWEST: InteropVersion = InteropVersion::V8;
+    pub const NEWEST: InteropVersion = InteropVersion::V9;
 
     /// The number sent in `Upload-Draft-Interop-Version`.
     pub fn number(self) -> u64 {
@@ -52,6 +60,7 @@ impl InteropVersion {
             InteropVersion::V5 => 5,
             InteropVersion::V6 => 6,
             InteropVersion::V8 => 8,
+            InteropVersion::V9 => 9,
         }
     }
 
@@ -60,7 +69,7 @@ impl InteropVersion {
         Self::ALL.into_iter().find(|v| v.number() == n)
     }
 
-    /// `"5, 6, 8"`: the versions ferry serves, as the README and OPTIONS list them.
+    /// `"5, 6, 8, 9"`: the versions ferry serves, as the README and OPTIONS list them.
     pub fn supported_list() -> String {
         Self::ALL.iter().map(|v| v.number().to_string()).collect::<Vec<_>>().join(", ")
     }
@@ -74,6 +83,19 @@ impl InteropVersion {
         Self::from_number(n).ok_or_else(|| TusError::bad_request(format!("this server does not speak interop version {n} of the resumable-upload draft"), hint()))
     }
 
+    /// Whether a creation carrying content is answered `104 (Upload Resumption Supported)` with
+    /// the upload's `Location` before its content is read: interop version 8 and later (draft
+    /// -09 added the 104 section, with `Upload-Draft-Interop-Version` required in it).
+    pub fn sends_104(self) -> bool {
+        self >= InteropVersion::V8
+    }
+
+    /// Whether `GET` of an upload retrieves its offset as `HEAD` does (draft -12, interop 9);
+    /// before, `GET` of an upload resource was left to the server (ferry: the download).
+    pub fn offset_by_get(self) -> bool {
+        self >= InteropVersion::V9
+    }
+
     /// Whether an append must declare `Content-Type: application/partial-upload` (draft -04 on).
     pub fn requires_partial_upload(self) -> bool {
         self >= InteropVersion::V6
@@ -85,7 +107,7 @@ impl InteropVersion {
         match self {
             InteropVersion::V5 => None,
             InteropVersion::V6 => Some(UploadLimit { max_size: Some(max_size), expires: lifetime_secs, ..UploadLimit::default() }),
-            InteropVersion::V8 => Some(UploadLimit { max_size: Some(max_size), max_age: lifetime_secs, ..UploadLimit::default() }),
+            InteropVersion::V8 | InteropVersion::V9 => Some(UploadLimit { max_size: Some(max_size), max_age: lifetime_secs, ..UploadLimit::default() }),
         }
     }
 }
@@ -418,10 +440,11 @@ mod tests {
         assert_eq!(InteropVersion::from_header("5"), Ok(InteropVersion::V5));
         assert_eq!(InteropVersion::from_header("6"), Ok(InteropVersion::V6));
         assert_eq!(InteropVersion::from_header("8"), Ok(InteropVersion::V8));
-        for bad in ["4", "7", "9", "x", "", "-6", "6.0"] {
+        assert_eq!(InteropVersion::from_header("9"), Ok(InteropVersion::V9));
+        for bad in ["4", "7", "10", "x", "", "-6", "6.0"] {
             let e = InteropVersion::from_header(bad).unwrap_err();
             assert_eq!(e.status, 400, "{bad}");
-            assert!(e.recovery_hint.contains("5, 6, 8"), "{}", e.recovery_hint);
+            assert!(e.recovery_hint.contains("5, 6, 8, 9"), "{}", e.recovery_hint);
         }
         assert_eq!(InteropVersion::V5.upload_limit(10, Some(60)), None);
         assert_eq!(InteropVersion::V6.upload_limit(10, Some(60)).unwrap().to_string(), "max-size=10, expires=60");

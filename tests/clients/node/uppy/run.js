@@ -2,7 +2,7 @@
 // Uppy in headless Chromium, on a page served from another origin than ferry (so CORS is
 // real): upload a generated file, pause, resume, finish; take a screenshot.
 //   node uppy/run.js SERVER_BASE SCREENSHOT.png [SIZE] [CHUNK_SIZE]
-// Prints {"url", "sha256", "size", "paused_at", "patches", "origin"} on success.
+// Prints {"url", "sha256", "size", "paused_at", "patches", "origin", "protocols"} on success.
 // The browser is Debian's chromium (FERRY_CHROMIUM overrides /usr/bin/chromium), driven by
 // playwright-core; nothing is downloaded. Run by tests/interop_uppy.rs.
 const fs = require('fs')
@@ -74,7 +74,16 @@ async function main() {
   const browser = await chromium.launch({ executablePath, headless: true, args: LAUNCH_FLAGS })
   const logs = []
   try {
-    const page = await browser.newPage({ viewport: { width: 1000, height: 520 } })
+    // TRUST_ANY_CERT=1: ferry serves HTTPS with a test CA's certificate (tests/http2.rs).
+    const page = await browser.newPage({ viewport: { width: 1000, height: 520 }, ignoreHTTPSErrors: process.env.TRUST_ANY_CERT === '1' })
+    // The protocol each answer from ferry came over (`h2`, `http/1.1`), as Chromium's network
+    // layer reports it (DevTools protocol: Network.responseReceived).
+    const protocols = []
+    const cdp = await page.context().newCDPSession(page)
+    await cdp.send('Network.enable')
+    cdp.on('Network.responseReceived', (e) => {
+      if (e.response.url.startsWith(endpoint)) protocols.push(e.response.protocol)
+    })
     page.on('console', (m) => logs.push(`console.${m.type()}: ${m.text()}`))
     page.on('pageerror', (e) => logs.push(`pageerror: ${e.message}`))
     page.on('requestfailed', (r) => logs.push(`requestfailed: ${r.method()} ${r.url()} ${r.failure() && r.failure().errorText}`))
@@ -86,7 +95,7 @@ async function main() {
       fs.mkdirSync(path.dirname(path.resolve(screenshot)), { recursive: true })
       await page.screenshot({ path: screenshot, fullPage: true })
     }
-    process.stdout.write(JSON.stringify(result) + '\n')
+    process.stdout.write(JSON.stringify({ ...result, protocols }) + '\n')
   } catch (err) {
     console.error(logs.join('\n'))
     throw err
