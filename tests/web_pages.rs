@@ -246,7 +246,9 @@ async fn request_page_hashes_in_a_worker_under_its_csp() {
 async fn request_page_refuses_another_file_after_a_reload() {
     require_browser();
     let s = Server::start(&[]);
-    let size: usize = 24 << 20;
+    // Large enough that what the socket buffers hold when the page pauses (at 4 MiB) is never
+    // the whole file: the upload must stay unfinished.
+    let size: usize = 96 << 20;
     let dir = tempfile::tempdir().unwrap();
     let a = pseudo_random(size, 48);
     // B: the same size, different from A only in a few bytes near its start.
@@ -291,7 +293,7 @@ async fn request_page_refuses_another_file_after_a_reload() {
     let problem = refused["refused"]["problem"].as_str().unwrap();
     assert!(
         problem.starts_with("“survey-draft.csv” is not the file whose first ")
-            && problem.contains("already arrived: that was “survey-final.csv”, 24.0 MiB (25,165,824 bytes). Nothing was sent."),
+            && problem.contains("already arrived: that was “survey-final.csv”, 96.0 MiB (100,663,296 bytes). Nothing was sent."),
         "{problem}"
     );
     assert!(problem.contains("Choose that file to continue"), "{problem}");
@@ -315,7 +317,7 @@ async fn request_page_refuses_another_file_after_a_reload() {
     assert_eq!(out["fingerprints_open"], false, "the hex digits show only when asked for: {out}");
     assert_eq!(out["problem_shown"], false, "{out}");
     assert_eq!(out["kept"], serde_json::json!([]), "a finished upload is forgotten: {out}");
-    assert!(out["size"].as_str().unwrap().contains("25,165,824 bytes"), "{out}");
+    assert!(out["size"].as_str().unwrap().contains("100,663,296 bytes"), "{out}");
     let expires = out["expires"].as_str().unwrap();
     let iso = expires.as_bytes().windows(3).any(|w| w[0].is_ascii_digit() && w[1] == b'T' && w[2].is_ascii_digit());
     assert!(!iso, "no ISO string: {expires}");
