@@ -130,14 +130,7 @@ async fn request_a_file_survives_pause_kill_9_restart_and_reload() {
 
     // Some bytes are durable (the catalog's offset, not the page's word), then ferry dies.
     let api = Api::new(&s);
-    let mut offset = 0;
-    for _ in 0..600 {
-        offset = api.file(&id).await["offset"].as_u64().unwrap();
-        if offset > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let offset = durable_offset(&api, &id).await;
     assert!(offset > 0 && offset < size, "durable offset before the kill: {offset}");
     s.restart_same_port();
     writeln!(stdin, "restarted").unwrap();
@@ -277,14 +270,7 @@ async fn request_page_refuses_another_file_after_a_reload() {
     assert_eq!(kept["sha256"], sha256_hex(&a[..kept_at as usize]).as_str(), "the fingerprint of A's first {kept_at} bytes: {paused}");
     // Some of A is durable (the catalog's offset); nothing moves it while the pages refuse B.
     let api = Api::new(&s);
-    let mut offset = 0;
-    for _ in 0..600 {
-        offset = api.file(&id).await["offset"].as_u64().unwrap();
-        if offset > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let offset = durable_offset(&api, &id).await;
     assert!(offset > 0 && offset < size as u64, "durable offset: {offset}");
     writeln!(stdin, "reload").unwrap();
 
@@ -762,4 +748,16 @@ async fn pages_of_links_that_cannot_work_answer_their_error_status() {
     let r = client().get(&gone).send().await.unwrap();
     assert_eq!(r.status(), 404, "deleted");
     assert!(r.text().await.unwrap().contains("/assets/app.js"), "still the page, which explains");
+}
+
+/// The catalog's offset of upload `id` once it is past 0 (at most 60 s), or 0.
+async fn durable_offset(api: &Api, id: &str) -> u64 {
+    for _ in 0..600 {
+        let offset = api.file(id).await["offset"].as_u64().unwrap();
+        if offset > 0 {
+            return offset;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    0
 }

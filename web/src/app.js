@@ -6,7 +6,7 @@
 import Uppy from '@uppy/core'
 import Tus from '@uppy/tus'
 import { $, setText, setState, formatBytes, shortBytes, CHUNK_SIZE } from './util.js'
-import { recall, forget, startHashing, keeper } from './resume.js'
+import { recall, startHashing, keeper } from './resume.js'
 import { dashboard } from './dashboard.js'
 
 const WHEN = new Intl.DateTimeFormat(undefined, { dateStyle: 'full', timeStyle: 'short' })
@@ -264,7 +264,7 @@ function send(l, info, file, hashing, kept) {
         return failed(err, info)
       }
       $('pause').hidden = true
-      forget(l.id)
+      memory.done()
       setText('status', 'All bytes sent. Comparing fingerprints…')
       const [local, server] = await Promise.all([hashing.whole, serverSha(l)])
       setText('up-size', formatBytes(file.size))

@@ -84,7 +84,9 @@ export function keeper(id, file, hashing, kept) {
   const marks = []
   let sent = 0
   let at = kept ? kept.at : 0
+  let finished = false
   const advance = () => {
+    if (finished) return
     let best = null
     while (marks.length && marks[0].at <= sent) best = marks.shift()
     if (!best || best.at <= at) return
@@ -101,6 +103,12 @@ export function keeper(id, file, hashing, kept) {
     sent(n) {
       sent = n
       advance()
+    },
+    /** The upload completed: forget what was kept, and keep nothing the hashing (which may
+     * lag behind the bytes sent) reports after. */
+    done() {
+      finished = true
+      forget(id)
     },
   }
 }
