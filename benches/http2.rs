@@ -134,7 +134,13 @@ async fn run(dir: &Path, pool: &Bytes, proto: Proto, n: usize, size: u64) -> Sam
     let c = proto.client();
     let mut urls = Vec::new();
     for _ in 0..n {
-        let r = c.post(format!("{}/files/", s.base)).header("Tus-Resumable", "1.0.0").header("Upload-Length", size.to_string()).send().await.expect("create");
+        let r = c
+            .post(format!("{}/files/", s.base))
+            .header("Tus-Resumable", "1.0.0")
+            .header("Upload-Length", size.to_string())
+            .send()
+            .await
+            .expect("create");
         assert_eq!(r.status(), 201, "create");
         let loc = r.headers()["location"].to_str().unwrap().to_string();
         urls.push(if loc.starts_with("http") { loc } else { format!("{}{loc}", s.base) });

@@ -141,7 +141,13 @@ impl Server {
     }
 
     fn control(&self, arg: &str) {
-        let ok = Command::new("callgrind_control").arg(arg).arg(self.child.id().to_string()).stdout(Stdio::null()).status().expect("callgrind_control").success();
+        let ok = Command::new("callgrind_control")
+            .arg(arg)
+            .arg(self.child.id().to_string())
+            .stdout(Stdio::null())
+            .status()
+            .expect("callgrind_control")
+            .success();
         assert!(ok, "callgrind_control {arg} failed");
     }
 
@@ -182,7 +188,12 @@ fn tus_create(c: &mut Conn, len: usize) -> String {
 }
 
 fn tus_patch(c: &mut Conn, url: &str, offset: usize, data: &[u8]) {
-    let r = c.send("PATCH", url, &[(TUS.0, TUS.1.into()), ("Content-Type", "application/offset+octet-stream".into()), ("Upload-Offset", offset.to_string())], data);
+    let r = c.send(
+        "PATCH",
+        url,
+        &[(TUS.0, TUS.1.into()), ("Content-Type", "application/offset+octet-stream".into()), ("Upload-Offset", offset.to_string())],
+        data,
+    );
     assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
 }
 

@@ -264,7 +264,12 @@ fn report(bytes: u64, secs: f64, requests: usize, mut lat_ms: Vec<f64>) {
     let mut line = format!("mbps={:.1} secs={secs:.3} bytes={bytes} requests={requests}", bytes as f64 / secs / 1e6);
     if !lat_ms.is_empty() {
         lat_ms.sort_by(f64::total_cmp);
-        line.push_str(&format!(" p50_ms={:.1} p99_ms={:.1} max_ms={:.1}", percentile(&lat_ms, 50.0), percentile(&lat_ms, 99.0), lat_ms.last().copied().unwrap_or(f64::NAN)));
+        line.push_str(&format!(
+            " p50_ms={:.1} p99_ms={:.1} max_ms={:.1}",
+            percentile(&lat_ms, 50.0),
+            percentile(&lat_ms, 99.0),
+            lat_ms.last().copied().unwrap_or(f64::NAN)
+        ));
     }
     println!("{line}");
 }
@@ -410,7 +415,13 @@ fn run(args: &[String]) -> Res<()> {
                     // Every body is open and has received all but its last slice: the peak.
                     memory = pid.map(|p| {
                         let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
-                        let kib = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()).unwrap_or(f64::NAN);
+                        let kib = |key: &str| {
+                            status
+                                .lines()
+                                .find_map(|l| l.strip_prefix(key))
+                                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                                .unwrap_or(f64::NAN)
+                        };
                         (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
                     });
                 }
@@ -427,7 +438,12 @@ fn run(args: &[String]) -> Res<()> {
                     return Err(format!("slow upload {i} answered {} at offset {:?}", res.status, res.header("upload-offset")));
                 }
             }
-            let mut line = format!("mbps={:.1} secs={:.3} bytes={} requests={n}", (n * len) as f64 / t.elapsed().as_secs_f64() / 1e6, t.elapsed().as_secs_f64(), n * len);
+            let mut line = format!(
+                "mbps={:.1} secs={:.3} bytes={} requests={n}",
+                (n * len) as f64 / t.elapsed().as_secs_f64() / 1e6,
+                t.elapsed().as_secs_f64(),
+                n * len
+            );
             if let Some((rss, hwm)) = memory {
                 line.push_str(&format!(" rss_mib={rss:.1} hwm_mib={hwm:.1}"));
             }

@@ -27,8 +27,15 @@ fn now_ms() -> i64 {
 /// Tasks claimed and finished per second by `claimers` loops spread over `handles`.
 async fn claim_throughput(handles: Vec<Arc<dyn Catalog>>, n: usize, claimers_per_handle: usize) -> f64 {
     for i in 0..n {
-        let t =
-            NewTask { id: format!("bench{i:08}"), principal: "bench".into(), kind: "noop".into(), args: "{}".into(), idempotency_key: None, ttl_ms: 3_600_000, now_ms: now_ms() };
+        let t = NewTask {
+            id: format!("bench{i:08}"),
+            principal: "bench".into(),
+            kind: "noop".into(),
+            args: "{}".into(),
+            idempotency_key: None,
+            ttl_ms: 3_600_000,
+            now_ms: now_ms(),
+        };
         handles[0].start_task(&t).await.unwrap();
     }
     let t0 = Instant::now();
@@ -61,7 +68,13 @@ async fn poll_latency(bases: &[String], secs: u64) -> (Duration, Duration, usize
     let mut ids = Vec::new();
     for i in 0..64 {
         let base = &bases[i % bases.len()];
-        let r = c.post(format!("{base}/api/v1/tasks")).header("content-type", "application/json").body(r#"{"kind":"external","args":{}}"#).send().await.unwrap();
+        let r = c
+            .post(format!("{base}/api/v1/tasks"))
+            .header("content-type", "application/json")
+            .body(r#"{"kind":"external","args":{}}"#)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 201);
         ids.push(r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string());
     }
@@ -129,7 +142,8 @@ fn main() {
         let sqlite: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&tmp.path().join("claims.db")).await.unwrap());
         let sq = claim_throughput(vec![sqlite], n, 4).await;
         let (db, url) = create_db().await;
-        let pg: Vec<Arc<dyn Catalog>> = vec![Arc::new(PostgresCatalog::connect(&url).await.unwrap()), Arc::new(PostgresCatalog::connect(&url).await.unwrap())];
+        let pg: Vec<Arc<dyn Catalog>> =
+            vec![Arc::new(PostgresCatalog::connect(&url).await.unwrap()), Arc::new(PostgresCatalog::connect(&url).await.unwrap())];
         let pgt = claim_throughput(pg, n, 4).await;
         drop_db(&db).await;
         println!("## Task claims ({n} tasks, claim + finish each)\n");

@@ -218,7 +218,11 @@ async fn slow_then_fast(base: &str, n: usize) -> (f64, Vec<(tokio::sync::mpsc::S
         let url = create(40 * MIB).await;
         let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(2);
         tx.send(bytes::Bytes::from(vec![1u8; 1024])).await.unwrap();
-        let body = reqwest::Body::wrap_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) }));
+        let body =
+            reqwest::Body::wrap_stream(futures::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) },
+            ));
         let req = c
             .patch(&url)
             .header("Tus-Resumable", "1.0.0")
@@ -344,7 +348,12 @@ async fn whole_and_replicas(tmp: &tempfile::TempDir, bytes: u64, part: u64, uplo
     drop(s);
     println!("## One upload of {mib:.0} MiB to S3 ({label}): through ferry vs object_store directly\n");
     println!("| path | seconds | MiB/s | ferry CPU s/GiB | ferry peak RSS MiB | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- | --- |");
-    println!("| object_store MultipartStore, {} MiB parts | {direct:.2} | {:.0} | — | — | {} |", part / MIB, mib / direct, s3_cpu_per_gib(direct_cost.s3_cpu, bytes));
+    println!(
+        "| object_store MultipartStore, {} MiB parts | {direct:.2} | {:.0} | — | — | {} |",
+        part / MIB,
+        mib / direct,
+        s3_cpu_per_gib(direct_cost.s3_cpu, bytes)
+    );
     println!(
         "| ferry, TUS PATCHes of {} MiB, SQLite catalog | {through:.2} | {:.0} | {:.2} | {:.0} | {} |",
         env_u64("BENCH_S3_PATCH_BYTES", 8 * MIB) / MIB,
@@ -375,7 +384,13 @@ async fn whole_and_replicas(tmp: &tempfile::TempDir, bytes: u64, part: u64, uplo
     println!("## {uploads} concurrent uploads of {} MiB to S3 ({label}), PostgreSQL catalog, one bucket\n", each / MIB);
     println!("| replicas | aggregate MiB/s | ferry CPU s/GiB (all replicas) | peak RSS MiB (largest replica / sum) | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- |");
     for (name, rate, c) in [("1", one, &one_cost), ("3 (round-robin)", three, &three_cost)] {
-        println!("| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |", c.ferry_cpu / (total as f64 / GIB), c.max_rss, c.sum_rss, s3_cpu_per_gib(c.s3_cpu, total));
+        println!(
+            "| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |",
+            c.ferry_cpu / (total as f64 / GIB),
+            c.max_rss,
+            c.sum_rss,
+            s3_cpu_per_gib(c.s3_cpu, total)
+        );
     }
     println!("\nratio three / one: {:.2}", three / one);
     println!("PATCHes refused (503/423/409) and resumed, both runs: {}", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));

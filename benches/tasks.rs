@@ -222,7 +222,15 @@ fn main() {
         println!("|--------:|---------:|------:|------------:|---------:|--------------------:|");
         for (workers, starters) in [(1, 1), (4, 1), (4, 16), (16, 16)] {
             let t = rt.block_on(throughput(root.path(), n, workers, starters));
-            println!("| {} | {} | {} | {:.2} s | {:.0} | {:.0} |", t.workers, t.starters, t.n, t.start_secs, t.n as f64 / t.start_secs, t.n as f64 / t.total_secs);
+            println!(
+                "| {} | {} | {} | {:.2} s | {:.0} | {:.0} |",
+                t.workers,
+                t.starters,
+                t.n,
+                t.start_secs,
+                t.n as f64 / t.start_secs,
+                t.n as f64 / t.total_secs
+            );
         }
     }
 

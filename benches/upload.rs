@@ -90,7 +90,11 @@ fn cpu_seconds(pid: &str) -> f64 {
 /// A field of /proc/PID/status in KiB (e.g. VmHWM).
 fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -175,7 +179,13 @@ impl Drop for Server {
 }
 
 async fn ferry_upload(client: &reqwest::Client, base: &str, pid: u32, pool: &Bytes, size: u64, expect: Option<[u8; 32]>) -> Sample {
-    let res = client.post(format!("{base}/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", size.to_string()).send().await.expect("POST /files/");
+    let res = client
+        .post(format!("{base}/files/"))
+        .header("Tus-Resumable", "1.0.0")
+        .header("Upload-Length", size.to_string())
+        .send()
+        .await
+        .expect("POST /files/");
     assert_eq!(res.status().as_u16(), 201, "POST: {:?}", res.text().await);
     let loc = res.headers().get("location").expect("Location").to_str().unwrap().to_string();
     let url = if loc.starts_with("http") { loc } else { format!("{base}{loc}") };
@@ -211,7 +221,15 @@ async fn ferry_upload(client: &reqwest::Client, base: &str, pid: u32, pool: &Byt
     Sample { elapsed, hwm_kib: status_kib(pid, "VmHWM"), server_cpu, client_cpu }
 }
 
-fn ferry_run(rt: &tokio::runtime::Runtime, client: &reqwest::Client, root: &Path, durability: &str, pool: &Bytes, size: u64, expect: Option<[u8; 32]>) -> Sample {
+fn ferry_run(
+    rt: &tokio::runtime::Runtime,
+    client: &reqwest::Client,
+    root: &Path,
+    durability: &str,
+    pool: &Bytes,
+    size: u64,
+    expect: Option<[u8; 32]>,
+) -> Sample {
     let dir = tempfile::Builder::new().prefix("run-").tempdir_in(root).expect("run dir");
     let server = Server::start(&dir.path().join("data"), durability);
     let sample = rt.block_on(ferry_upload(client, &server.base, server.child.id(), pool, size, expect));
@@ -260,7 +278,12 @@ fn main() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = reqwest::Client::builder().no_proxy().http1_only().timeout(Duration::from_secs(900)).build().unwrap();
 
-    eprintln!("ferry bench: {} MiB x {rounds} rounds (baseline, ferry full, ferry relaxed), then one {} MiB PATCH; data in {}", size / MIB, big / MIB, root.path().display());
+    eprintln!(
+        "ferry bench: {} MiB x {rounds} rounds (baseline, ferry full, ferry relaxed), then one {} MiB PATCH; data in {}",
+        size / MIB,
+        big / MIB,
+        root.path().display()
+    );
     let (mut base, mut full, mut relaxed) = (Vec::new(), Vec::new(), Vec::new());
     for r in 1..=rounds {
         let (b, digest) = baseline(root.path(), &pool, size);
@@ -290,7 +313,11 @@ fn main() {
     if let Some(s) = big_sample {
         let mib = s.hwm_kib as f64 / 1024.0;
         println!("{}", row(&format!("ferry PATCH {} (one PATCH), full", gib(big)), big, std::slice::from_ref(&s), Some(base_median)));
-        println!("peak server RSS (VmHWM) over one {} PATCH: {mib:.1} MiB (goal <= 64 MiB: {})", gib(big), if mib <= 64.0 { "met" } else { "NOT met" });
+        println!(
+            "peak server RSS (VmHWM) over one {} PATCH: {mib:.1} MiB (goal <= 64 MiB: {})",
+            gib(big),
+            if mib <= 64.0 { "met" } else { "NOT met" }
+        );
     }
     drop(root);
 }

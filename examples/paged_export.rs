@@ -53,7 +53,8 @@ async fn items(Query(q): Query<PageQuery>) -> Result<Json<Value>, (axum::http::S
     }
     tokio::time::sleep(PAGE_LATENCY).await;
     let first = (q.page - 1) * PER_PAGE;
-    let items: Vec<Value> = (first..first + PER_PAGE).map(|i| json!({ "id": i, "name": format!("item-{i:05}"), "price_cents": i * 7 % 1000 })).collect();
+    let items: Vec<Value> =
+        (first..first + PER_PAGE).map(|i| json!({ "id": i, "name": format!("item-{i:05}"), "price_cents": i * 7 % 1000 })).collect();
     let next = (q.page < PAGES).then_some(q.page + 1);
     Ok(Json(json!({ "items": items, "next": next, "total_pages": PAGES })))
 }
@@ -245,7 +246,11 @@ async fn main() -> anyhow::Result<()> {
     drop(engine);
     let resumed_from: ExportCheckpoint = serde_json::from_str(t.checkpoint.as_deref().context("a checkpoint")?)?;
     let resume_page = resumed_from.next_page.map_or("(none: all written)".to_string(), |p| p.to_string());
-    println!("task is {} with a checkpoint: next page {resume_page}, {} bytes of export.jsonl durable", t.status.as_str(), resumed_from.cursor.offset);
+    println!(
+        "task is {} with a checkpoint: next page {resume_page}, {} bytes of export.jsonl durable",
+        t.status.as_str(),
+        resumed_from.cursor.offset
+    );
 
     // A new engine on the same data dir (a restart) resumes the task from its checkpoint.
     let mut engine = open(&data).await?;

@@ -356,7 +356,9 @@ impl Checker {
                 Ok(None) => break,
                 Err(e) => match BlobError::from_stream(e) {
                     BlobError::NotFound => return Ok(Found::Short(got)),
-                    BlobError::Io(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Found::Short(got)),
+                    BlobError::Io(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Ok(Found::Short(got))
+                    }
                     other => return Err(other),
                 },
             }
@@ -370,7 +372,11 @@ impl Checker {
     /// Whether `t` is still a finished upload with the same sha256 (not deleted or expired
     /// since its row was read).
     async fn still_finished(&self, t: &Target) -> Result<bool, CheckError> {
-        Ok(self.catalog.get_upload(&t.id).await?.is_some_and(|r| r.is_finished() && !r.expired && r.sha256.map(hex::encode).as_deref() == Some(t.sha256.as_str())))
+        Ok(self
+            .catalog
+            .get_upload(&t.id)
+            .await?
+            .is_some_and(|r| r.is_finished() && !r.expired && r.sha256.map(hex::encode).as_deref() == Some(t.sha256.as_str())))
     }
 
     async fn stored(&self, id: &str) -> u64 {
@@ -436,7 +442,9 @@ impl Checker {
         let again = self.blobs.inventory().await?;
         report.leftovers.extend(still_left.into_iter().filter(|id| again.unfinished.binary_search(id).is_ok()));
         report.orphan_blobs.extend(still.into_iter().filter(|id| again.blobs.binary_search(id).is_ok()));
-        report.orphan_multiparts.extend(still_mp.into_iter().filter(|m| again.multiparts.contains(m)).map(|(id, upload_id)| OrphanMultipart { id, upload_id }));
+        report
+            .orphan_multiparts
+            .extend(still_mp.into_iter().filter(|m| again.multiparts.contains(m)).map(|(id, upload_id)| OrphanMultipart { id, upload_id }));
         Ok(())
     }
 

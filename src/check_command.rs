@@ -92,7 +92,13 @@ async fn check_all(checker: &Checker, ids_given: bool, quiet: bool) -> Result<cr
 
 /// Run `ferry check`.
 pub fn run(args: CheckArgs) -> ExitCode {
-    let serve = ServeArgs { config: args.config.clone(), data: args.data.clone(), catalog: args.catalog.clone(), blobs: args.blobs.clone(), ..ServeArgs::default() };
+    let serve = ServeArgs {
+        config: args.config.clone(),
+        data: args.data.clone(),
+        catalog: args.catalog.clone(),
+        blobs: args.blobs.clone(),
+        ..ServeArgs::default()
+    };
     let cfg = match Config::resolve(&serve) {
         Ok(c) => c,
         Err(e) => {
@@ -127,7 +133,11 @@ pub fn run(args: CheckArgs) -> ExitCode {
             eprintln!("ferry: {e:#}");
             return ExitCode::from(EXIT_UNCHECKED);
         }
-        let checker = Checker::new(catalog, blobs, CheckOptions { ids: args.ids.clone(), repair_catalog: args.repair_catalog, rate: args.rate, principal: None });
+        let checker = Checker::new(
+            catalog,
+            blobs,
+            CheckOptions { ids: args.ids.clone(), repair_catalog: args.repair_catalog, rate: args.rate, principal: None },
+        );
         let report = match check_all(&checker, !args.ids.is_empty(), args.quiet).await {
             Ok(r) => r,
             Err(e) => {

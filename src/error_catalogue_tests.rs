@@ -13,8 +13,8 @@ use crate::error::ErrorCode;
 pub(crate) fn says_retry(hint: &str) -> bool {
     const RETRY: [&str; 10] = ["retry", "try again", "send head", "resume", "re-send", "resend", "wait", "ask again", "call again", "repeat"];
     const REPAIR: [&str; 25] = [
-        "add", "delete", "finish", "fix", "use", "change", "ask", "upload", "begin", "create", "split", "check", "read", "start", "send", "pass", "omit", "encode", "call", "list",
-        "tell", "request", "look", "make", "remove",
+        "add", "delete", "finish", "fix", "use", "change", "ask", "upload", "begin", "create", "split", "check", "read", "start", "send", "pass",
+        "omit", "encode", "call", "list", "tell", "request", "look", "make", "remove",
     ];
     for c in hint.split(['.', ';', ':', ',', '(']).map(|c| c.trim().to_ascii_lowercase()) {
         let c = c.strip_prefix("then ").or_else(|| c.strip_prefix("and ")).or_else(|| c.strip_prefix("or ")).unwrap_or(&c);
@@ -174,8 +174,24 @@ fn a_hint_that_says_retry_has_a_retryable_code() {
 /// words in `mcp`.
 #[test]
 fn engines_speak_no_transport() {
-    const TRANSPORT: [&str; 16] =
-        ["HEAD", "GET ", "POST", "PATCH", "PUT ", "DELETE ", "/api/", "header", "Header", "Trailer", "Upload-", "Idempotency-Key", "Retry-After", "file_", "task_", "(MCP)"];
+    const TRANSPORT: [&str; 16] = [
+        "HEAD",
+        "GET ",
+        "POST",
+        "PATCH",
+        "PUT ",
+        "DELETE ",
+        "/api/",
+        "header",
+        "Header",
+        "Trailer",
+        "Upload-",
+        "Idempotency-Key",
+        "Retry-After",
+        "file_",
+        "task_",
+        "(MCP)",
+    ];
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for layer in ["upload", "tasks", "events", "catalog", "blob"] {

@@ -124,7 +124,11 @@ impl Reserve {
                 _ => Err(format!("invalid free-space reserve {s:?}: a percentage must be 0% to 99%")),
             };
         }
-        let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) { s.parse::<u64>().ok() } else { s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64()) };
+        let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            s.parse::<u64>().ok()
+        } else {
+            s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64())
+        };
         n.map(Reserve::Bytes).ok_or_else(|| format!("invalid free-space reserve {s:?}: expected bytes like 0, 512MiB, 1GiB, or a percentage like 5%"))
     }
 }
@@ -292,7 +296,9 @@ impl SpaceReserve {
 pub fn note_full_disk(err: anyhow::Error, dir: &Path) -> anyhow::Error {
     let free = nix::sys::statvfs::statvfs(dir).map(|st| st.blocks_available().saturating_mul(st.fragment_size()));
     match free {
-        Ok(free) if free < 1 << 20 => err.context(format!("the disk holding {} is full ({free} bytes free): free some space and start again", dir.display())),
+        Ok(free) if free < 1 << 20 => {
+            err.context(format!("the disk holding {} is full ({free} bytes free): free some space and start again", dir.display()))
+        }
         _ => err,
     }
 }

@@ -52,8 +52,10 @@ impl Conns {
     /// complete request, longest-waiting first. Returns how many.
     fn evict(&self, n: usize, older_than: Duration) -> usize {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let mut idle: Vec<&Arc<ConnSlot>> =
-            live.values().filter(|c| !c.state.requested() && c.state.idle() && !c.close.is_cancelled() && c.state.accepted().elapsed() >= older_than).collect();
+        let mut idle: Vec<&Arc<ConnSlot>> = live
+            .values()
+            .filter(|c| !c.state.requested() && c.state.idle() && !c.close.is_cancelled() && c.state.accepted().elapsed() >= older_than)
+            .collect();
         idle.sort_by_key(|c| c.state.accepted());
         idle.iter().take(n).for_each(|c| c.close.cancel());
         idle.len().min(n)
@@ -64,7 +66,8 @@ impl Conns {
     /// (longest-idle first). Returns how many.
     fn shed_idle(&self, n: usize, idle_for: Duration) -> usize {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let mut idle: Vec<&Arc<ConnSlot>> = live.values().filter(|c| c.state.idle() && !c.close.is_cancelled() && c.state.idle_since().elapsed() >= idle_for).collect();
+        let mut idle: Vec<&Arc<ConnSlot>> =
+            live.values().filter(|c| c.state.idle() && !c.close.is_cancelled() && c.state.idle_since().elapsed() >= idle_for).collect();
         idle.sort_by_key(|c| (c.state.requested(), c.state.idle_since()));
         idle.iter().take(n).for_each(|c| c.close.cancel());
         idle.len().min(n)
@@ -245,7 +248,10 @@ pub async fn serve_http(
             last_sweep = std::time::Instant::now();
             let n = conns.evict(usize::MAX, PRESSURE_HEADER_TIMEOUT);
             if n > 0 {
-                tracing::info!(closed = n, "near the connection cap: closed connections that sent no complete request within {PRESSURE_HEADER_TIMEOUT:?}");
+                tracing::info!(
+                    closed = n,
+                    "near the connection cap: closed connections that sent no complete request within {PRESSURE_HEADER_TIMEOUT:?}"
+                );
             }
         }
         let slot = match slots.clone().try_acquire_owned() {
@@ -256,7 +262,10 @@ pub async fn serve_http(
                 // in; when every connection is busy with a request, the newcomer waits.
                 let evicted = conns.evict(1, Duration::ZERO);
                 if !at_cap_logged {
-                    tracing::warn!(max_connections, "connection cap reached: closing connections that sent no complete request; otherwise new ones wait until one closes");
+                    tracing::warn!(
+                        max_connections,
+                        "connection cap reached: closing connections that sent no complete request; otherwise new ones wait until one closes"
+                    );
                     at_cap_logged = true;
                 }
                 tracing::debug!(evicted, "at the connection cap");

@@ -180,8 +180,16 @@ impl Default for Metrics {
         registry.register("uploads_terminated", "Uploads terminated by DELETE", m.uploads_terminated.clone());
         registry.register("uploads_expired", "Unfinished uploads removed by the expiry sweeper", m.uploads_expired.clone());
         registry.register("patches_in_flight", "Upload bodies being received", m.patches_in_flight.clone());
-        registry.register("webhook_attempts", "Webhook delivery attempts by outcome (delivered, retry, failed = given up)", m.webhook_deliveries.clone());
-        registry.register("webhook_deliveries_pending", "Webhook deliveries not yet acknowledged by their receiver (the backlog)", m.webhook_deliveries_pending.clone());
+        registry.register(
+            "webhook_attempts",
+            "Webhook delivery attempts by outcome (delivered, retry, failed = given up)",
+            m.webhook_deliveries.clone(),
+        );
+        registry.register(
+            "webhook_deliveries_pending",
+            "Webhook deliveries not yet acknowledged by their receiver (the backlog)",
+            m.webhook_deliveries_pending.clone(),
+        );
         registry.register("webhook_deliveries_failed", "Webhook deliveries given up after their retry window", m.webhook_deliveries_failed.clone());
         registry.register("bytes_sent", "File bytes sent in download bodies (GET /files/{id}, signed download links)", m.bytes_sent.clone());
         registry.register("task_bytes_written", "Bytes tasks wrote into their output files", m.task_bytes_written.clone());
@@ -205,27 +213,54 @@ impl Default for Metrics {
             prometheus_client::registry::Unit::Seconds,
             m.checkpoint_duration.clone(),
         );
-        registry.register_with_unit("disk_free", "Free space on the filesystem of the data (and blob) directory", prometheus_client::registry::Unit::Bytes, m.disk_free.clone());
+        registry.register_with_unit(
+            "disk_free",
+            "Free space on the filesystem of the data (and blob) directory",
+            prometheus_client::registry::Unit::Bytes,
+            m.disk_free.clone(),
+        );
         registry.register_with_unit(
             "s3_buffer",
             "S3 store: bytes of open parts, tails read back and streamed pieces held in memory now",
             prometheus_client::registry::Unit::Bytes,
             m.s3_buffer.clone(),
         );
-        registry.register_with_unit("s3_buffer_limit", "S3 store: the memory budget ([s3] max_buffer)", prometheus_client::registry::Unit::Bytes, m.s3_buffer_limit.clone());
+        registry.register_with_unit(
+            "s3_buffer_limit",
+            "S3 store: the memory budget ([s3] max_buffer)",
+            prometheus_client::registry::Unit::Bytes,
+            m.s3_buffer_limit.clone(),
+        );
         registry.register("s3_buffer_waiting", "S3 store: reservations waiting for room in the memory budget now", m.s3_buffer_waiting.clone());
-        registry.register("s3_buffer_waits", "S3 store: reservations that had to wait for room in the memory budget, since start", m.s3_buffer_waits.clone());
+        registry.register(
+            "s3_buffer_waits",
+            "S3 store: reservations that had to wait for room in the memory budget, since start",
+            m.s3_buffer_waits.clone(),
+        );
         registry.register_with_unit(
             "s3_buffer_wait",
             "S3 store: time reservations spent waiting for room in the memory budget, since start",
             prometheus_client::registry::Unit::Seconds,
             m.s3_buffer_wait_seconds.clone(),
         );
-        registry.register("s3_buffer_refused", "S3 store: reservations that found no room in time (their request answered 503), since start", m.s3_buffer_refused.clone());
+        registry.register(
+            "s3_buffer_refused",
+            "S3 store: reservations that found no room in time (their request answered 503), since start",
+            m.s3_buffer_refused.clone(),
+        );
         registry.register("uploads_retention_removed", "Finished files removed by retention (retain_finished)", m.uploads_retention_removed.clone());
         registry.register("check_files", "Finished files check tasks re-read and compared with their sha256", m.check_files.clone());
-        registry.register_with_unit("check_read", "Bytes check tasks read back from the blob store", prometheus_client::registry::Unit::Bytes, m.check_bytes_read.clone());
-        registry.register("check_findings", "What check tasks found: sha256_mismatch, missing (finished files), orphan_blob, orphan_multipart", m.check_findings.clone());
+        registry.register_with_unit(
+            "check_read",
+            "Bytes check tasks read back from the blob store",
+            prometheus_client::registry::Unit::Bytes,
+            m.check_bytes_read.clone(),
+        );
+        registry.register(
+            "check_findings",
+            "What check tasks found: sha256_mismatch, missing (finished files), orphan_blob, orphan_multipart",
+            m.check_findings.clone(),
+        );
         registry.register(
             "http_undocumented_answers",
             "Refusals an /api/v1 operation answered that its OpenAPI document does not list (should stay 0)",

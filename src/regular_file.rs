@@ -98,7 +98,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("pipe");
         nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        for opts in [OpenOptions::new().read(true).clone(), OpenOptions::new().write(true).clone(), OpenOptions::new().read(true).write(true).clone()] {
+        for opts in [OpenOptions::new().read(true).clone(), OpenOptions::new().write(true).clone(), OpenOptions::new().read(true).write(true).clone()]
+        {
             let e = open(&mut opts.clone(), &p).unwrap_err();
             assert!(is_not_regular(&e), "{e}");
             assert!(e.to_string().contains("is a FIFO, not a regular file"), "{e}");

@@ -109,9 +109,12 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     let locker: Arc<dyn Locker> = match cfg.leases {
         LeaseMode::Local => Arc::new(LocalLocker::new()),
         LeaseMode::Catalog => Arc::new(
-            CatalogLocker::start(catalog.clone(), CatalogLeaseConfig { owner: owner.clone(), ttl: cfg.upload_lease, retry: Duration::from_millis(50) })
-                .await
-                .context("listening for upload release requests")?,
+            CatalogLocker::start(
+                catalog.clone(),
+                CatalogLeaseConfig { owner: owner.clone(), ttl: cfg.upload_lease, retry: Duration::from_millis(50) },
+            )
+            .await
+            .context("listening for upload release requests")?,
         ),
     };
     // Bytes in S3 use no local disk: the reserve then guards the data directory (catalog, logs).
@@ -327,7 +330,9 @@ async fn reload_on_sighup(hangups: Hangups, cfg: Config, tokens: Tokens, tls: Op
         while hup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading tokens and the TLS certificate");
             match Config::resolve(&cfg.args) {
-                Err(e) => tracing::error!(error = %format!("{e:#}"), "reload refused: the configuration does not load; the tokens and certificate in use stay"),
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "reload refused: the configuration does not load; the tokens and certificate in use stay")
+                }
                 Ok(new) => {
                     if let Some(public) = open_to_anyone(&cfg, &new.tokens) {
                         tracing::error!(listen = %public, "reload refused: the new configuration has no bearer tokens, which would open this non-loopback server to anyone; the tokens in use stay");
@@ -367,19 +372,24 @@ async fn reload_on_sighup(_: Hangups, _: Config, _: Tokens, _: Option<Arc<crate:
 /// names the bucket and the cause (never a credential).
 pub async fn open_blobs(cfg: &Config, metrics: Option<&Arc<Metrics>>) -> anyhow::Result<Arc<dyn BlobStore>> {
     match &cfg.blobs {
-        BlobLocation::Dir(dir) => {
-            Ok(Arc::new(FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?.with_direct_writes(!cfg.buffered_writes)))
-        }
+        BlobLocation::Dir(dir) => Ok(Arc::new(
+            FsBlobStore::open(dir, cfg.durability == Durability::Full).context("opening the blob store")?.with_direct_writes(!cfg.buffered_writes),
+        )),
         BlobLocation::S3(url) => {
             let mut store = S3BlobStore::from_url(url, cfg.s3.part_size)?;
             if let Some(m) = metrics {
                 // Every S3 request, as `ferry_s3_request_duration_seconds{operation,outcome}`.
                 let m = m.clone();
                 store = store.with_request_observer(Arc::new(move |seen: crate::blob::s3::RequestSeen| {
-                    m.s3_request_duration.get_or_create(&crate::metrics::S3RequestLabels { operation: seen.operation, outcome: seen.outcome }).observe(seen.seconds)
+                    m.s3_request_duration
+                        .get_or_create(&crate::metrics::S3RequestLabels { operation: seen.operation, outcome: seen.outcome })
+                        .observe(seen.seconds)
                 }));
             }
-            let store = store.with_max_buffer(cfg.s3.max_buffer).with_deferred_part_size(cfg.s3.deferred_part_size).with_parts_in_flight(cfg.s3.parts_in_flight);
+            let store = store
+                .with_max_buffer(cfg.s3.max_buffer)
+                .with_deferred_part_size(cfg.s3.deferred_part_size)
+                .with_parts_in_flight(cfg.s3.parts_in_flight);
             store.ping().await.map_err(|e| {
                 // S3 answers NoSuchBucket (404) to a put into a bucket that is not there.
                 let no_bucket = match &e {
@@ -480,11 +490,16 @@ pub(crate) async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blob
 /// would interleave writes to the same blobs. Errors: the lock is held by another process.
 fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let path = data.join("lock");
-    let f = crate::regular_file::open(std::fs::OpenOptions::new().create(true).truncate(false).write(true), &path).with_context(|| format!("opening {}", path.display()))?;
+    let f = crate::regular_file::open(std::fs::OpenOptions::new().create(true).truncate(false).write(true), &path)
+        .with_context(|| format!("opening {}", path.display()))?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => {
-            anyhow::bail!("another ferry process is serving the data directory {} (it holds {}); stop it, or give this one its own --data", data.display(), path.display())
+            anyhow::bail!(
+                "another ferry process is serving the data directory {} (it holds {}); stop it, or give this one its own --data",
+                data.display(),
+                path.display()
+            )
         }
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }
@@ -518,7 +533,8 @@ fn allowed_hosts(cfg: &Config, addr: std::net::SocketAddr) -> Vec<String> {
     if addr.ip().is_unspecified() {
         return Vec::new();
     }
-    let mut hosts: Vec<String> = if addr.ip().is_loopback() { vec!["localhost".into(), "127.0.0.1".into(), "::1".into()] } else { vec![addr.ip().to_string()] };
+    let mut hosts: Vec<String> =
+        if addr.ip().is_loopback() { vec!["localhost".into(), "127.0.0.1".into(), "::1".into()] } else { vec![addr.ip().to_string()] };
     hosts.extend(cfg.listen_more.iter().map(|a| a.ip().to_string()));
     hosts.extend(cfg.listen_name.clone());
     if let Some(host) = cfg.public_url.as_deref().and_then(|u| u.parse::<http::Uri>().ok()).and_then(|u| u.host().map(str::to_owned)) {
@@ -581,12 +597,14 @@ mod tests {
     /// is not is open to anyone without tokens (the reload used to look at the first only).
     #[test]
     fn an_empty_token_set_is_refused_when_any_address_is_public() {
-        let args = crate::config::ServeArgs { listen: Some("127.0.0.1:8080".into()), data: Some("/nonexistent-ferry-test".into()), ..Default::default() };
+        let args =
+            crate::config::ServeArgs { listen: Some("127.0.0.1:8080".into()), data: Some("/nonexistent-ferry-test".into()), ..Default::default() };
         let mut cfg = Config::resolve(&args).unwrap();
         assert_eq!(open_to_anyone(&cfg, &[]), None, "loopback only");
         cfg.listen_more = vec!["192.0.2.7:8080".parse().unwrap()];
         assert_eq!(open_to_anyone(&cfg, &[]), Some("192.0.2.7:8080".parse().unwrap()), "a public second address");
-        let token = crate::app::principal::TokenEntry { principal: "p".into(), sha256: crate::app::principal::token_hash("t"), scope: None, expires: None };
+        let token =
+            crate::app::principal::TokenEntry { principal: "p".into(), sha256: crate::app::principal::token_hash("t"), scope: None, expires: None };
         assert_eq!(open_to_anyone(&cfg, &[token]), None, "tokens close it");
         cfg.insecure_no_auth = true;
         assert_eq!(open_to_anyone(&cfg, &[]), None, "--insecure-no-auth opens it on purpose");

@@ -185,7 +185,8 @@ impl UrlSigner {
             return Err(SignatureError::Incomplete);
         };
         let scope = Scope::parse(scope).ok_or(SignatureError::Mismatch)?;
-        let expires: i64 = ferry_tus::headers::parse_u64_digits(expires, "expires").ok().and_then(|v| i64::try_from(v).ok()).ok_or(SignatureError::Mismatch)?;
+        let expires: i64 =
+            ferry_tus::headers::parse_u64_digits(expires, "expires").ok().and_then(|v| i64::try_from(v).ok()).ok_or(SignatureError::Mismatch)?;
         let sig = data_encoding::BASE64URL_NOPAD.decode(sig.as_bytes()).map_err(|_| SignatureError::Mismatch)?;
         self.mac(scope, id, expires).verify_slice(&sig).map_err(|_| SignatureError::Mismatch)?;
         if expires <= now {

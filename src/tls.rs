@@ -29,7 +29,10 @@ pub async fn refused_plain_http(stream: &mut tokio::net::TcpStream, wait: std::t
         _ => return true,
     }
     let body = "This port speaks HTTPS: use https:// in the URL (curl: --cacert FILE for a private certificate).\n";
-    let answer = format!("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     let _ = stream.write_all(answer.as_bytes()).await;
     let _ = stream.shutdown().await;
     true
@@ -110,7 +113,9 @@ fn read_pair(cert_path: &Path, key_path: &Path) -> anyhow::Result<CertifiedKey> 
     })?;
     let provider = provider();
     let key = CertifiedKey::from_der(certs, key, &provider).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => anyhow::anyhow!("TLS key {key_name} does not belong to the certificate {cert_name} (their public keys differ)"),
+        rustls::Error::InconsistentKeys(_) => {
+            anyhow::anyhow!("TLS key {key_name} does not belong to the certificate {cert_name} (their public keys differ)")
+        }
         e => anyhow::anyhow!("TLS certificate {cert_name} / key {key_name}: {e}"),
     })?;
     Ok(key)

@@ -127,7 +127,8 @@ fn checked_tokens(path: &Path) -> Result<Vec<TokenEntry>, (u8, anyhow::Error)> {
     if !path.exists() {
         return Ok(Vec::new());
     }
-    crate::config::file_tokens(path).map_err(|e| usage(e.context(format!("{} is not a configuration ferry serve accepts; fix it first (nothing was changed)", path.display()))))
+    crate::config::file_tokens(path)
+        .map_err(|e| usage(e.context(format!("{} is not a configuration ferry serve accepts; fix it first (nothing was changed)", path.display()))))
 }
 
 fn create(a: &CreateArgs) -> CmdResult {
@@ -139,7 +140,12 @@ fn create(a: &CreateArgs) -> CmdResult {
     checked_tokens(path)?;
     let token = new_token();
     let expires = a.ttl.map(|ttl| humantime::format_rfc3339_seconds(std::time::SystemTime::now() + ttl).to_string());
-    let entry = TokenEntry { principal: name.clone(), sha256: token_hash(&token), scope: (a.scope != TokenScope::Full).then_some(a.scope), expires: expires.clone() };
+    let entry = TokenEntry {
+        principal: name.clone(),
+        sha256: token_hash(&token),
+        scope: (a.scope != TokenScope::Full).then_some(a.scope),
+        expires: expires.clone(),
+    };
     let mut text = format!("\n[[tokens]]\nprincipal = \"{name}\"\nsha256 = \"{}\"\n", entry.sha256);
     if let Some(scope) = entry.scope {
         text.push_str(&format!("scope = \"{}\"\n", scope.as_str()));
@@ -151,7 +157,8 @@ fn create(a: &CreateArgs) -> CmdResult {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| usage(anyhow::anyhow!("creating the directory {}: {e}", dir.display())))?;
     }
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| usage(anyhow::anyhow!("opening {}: {e}", path.display())))?;
+    let mut f =
+        std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| usage(anyhow::anyhow!("opening {}: {e}", path.display())))?;
     f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| (1, anyhow::anyhow!("writing {}: {e}", path.display())))?;
     let what = match (&entry.scope, &expires) {
         (Some(s), Some(e)) => format!(" (scope {}, expires {e})", s.as_str()),
@@ -204,7 +211,12 @@ fn list(a: &ListArgs) -> CmdResult {
             (Some(e), _) => e.to_string(),
             (None, _) => "never".into(),
         };
-        println!("{:<12}  {:<20}  {:<6}  {expires}", r["id"].as_str().unwrap_or(""), r["principal"].as_str().unwrap_or(""), r["scope"].as_str().unwrap_or(""));
+        println!(
+            "{:<12}  {:<20}  {:<6}  {expires}",
+            r["id"].as_str().unwrap_or(""),
+            r["principal"].as_str().unwrap_or(""),
+            r["scope"].as_str().unwrap_or("")
+        );
     }
     Ok(())
 }

@@ -9,7 +9,11 @@ const MAX_SIZE: u64 = i64::MAX as u64;
 /// A byte size: plain digits or a number with a unit (`64MiB`, `1TiB`, `500MB`); 1 to 2^63-1.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) { s.parse::<u64>().ok() } else { s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64()) };
+    let n = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<u64>().ok()
+    } else {
+        s.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64())
+    };
     match n {
         Some(n) if (1..=MAX_SIZE).contains(&n) => Ok(n),
         Some(_) => Err(format!("size {s:?} must be between 1 byte and 8EiB")),

@@ -21,7 +21,11 @@ fn mdbook() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_MDBOOK") {
         return PathBuf::from(p);
     }
-    let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).map(|d| d.join("mdbook")).find(|p| p.is_file());
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("mdbook"))
+        .find(|p| p.is_file());
     let in_cargo = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))

@@ -40,7 +40,14 @@ async fn browser_uploads_with_a_signed_url_or_an_upload_scoped_token_only() {
 
     // Flow 1: the backend creates the upload and shares only its signed upload URL.
     let size: usize = 700 * 1024 + 5;
-    let r = backend.send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", &size.to_string()), ("Upload-Metadata", "filename cGFnZS5iaW4=")], None).await;
+    let r = backend
+        .send(
+            "POST",
+            "/files/",
+            &[("Tus-Resumable", "1.0.0"), ("Upload-Length", &size.to_string()), ("Upload-Metadata", "filename cGFnZS5iaW4=")],
+            None,
+        )
+        .await;
     assert_eq!(r.status(), 201);
     let id = header(&r, "location").unwrap().trim_start_matches("/files/").to_string();
     let share = json(backend.post(&format!("/api/v1/files/{id}/share"), r#"{"scope":"upload","ttl_ms":3600000}"#).await).await;

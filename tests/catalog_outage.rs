@@ -18,7 +18,8 @@ use common::*;
 async fn proxied_catalog() -> (TestDb, TcpProxy, url::Url) {
     let db = TestDb::create().await;
     let mut url = url::Url::parse(&db.url).unwrap();
-    let target: SocketAddr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432)).parse().expect("FERRY_TEST_PG names an IP address");
+    let target: SocketAddr =
+        format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432)).parse().expect("FERRY_TEST_PG names an IP address");
     let proxy = TcpProxy::start(target).await;
     url.set_port(Some(proxy.port)).unwrap();
     (db, proxy, url)
@@ -105,7 +106,8 @@ async fn a_catalog_that_stops_answering_is_reported_not_waited_out() {
     let proxy = sender.await.unwrap();
     let p = problem(answered, 503, "unavailable").await;
     assert_eq!(p["retryable"], true, "{p}");
-    let create = tokio::time::timeout(Duration::from_secs(120), tus.post(&[("Upload-Length", "10")])).await.expect("a creation was held for the whole outage");
+    let create =
+        tokio::time::timeout(Duration::from_secs(120), tus.post(&[("Upload-Length", "10")])).await.expect("a creation was held for the whole outage");
     problem(create, 503, "unavailable").await;
     proxy.hang(false);
     let offset = offset_once_back(&tus, &upload).await;
@@ -227,7 +229,15 @@ async fn sigterm_ends_the_release_listener_without_reconnecting() {
     assert_eq!(r.status(), 201);
     let upload = r.headers()["location"].to_str().unwrap().to_string();
     let upload = if upload.starts_with("http") { upload } else { s.url(&upload) };
-    let r = c.patch(&upload).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body("abc").send().await.unwrap();
+    let r = c
+        .patch(&upload)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", "0")
+        .body("abc")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     let before = s.log().len();
     let (status, log) = s.terminate();
@@ -267,8 +277,15 @@ echo "line 2"
     let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.two]\nprogram = \"{}\"\noutput_name = \"two.txt\"\n", script.display()));
     let mut s = common::logged::LoggedServer::start(&dir.path().join("data"), &["--catalog", url.as_str(), "--config", cfg.to_str().unwrap()]);
     let c = client();
-    let t: serde_json::Value =
-        c.post(s.url("/api/v1/tasks")).json(&serde_json::json!({ "kind": "command", "args": { "command": "two" } })).send().await.unwrap().json().await.unwrap();
+    let t: serde_json::Value = c
+        .post(s.url("/api/v1/tasks"))
+        .json(&serde_json::json!({ "kind": "command", "args": { "command": "two" } }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let tid = t["id"].as_str().unwrap_or_else(|| panic!("{t}")).to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !waiting.exists() {

@@ -39,7 +39,8 @@ fn report(out: &(i32, String, String)) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<String> {
-    let mut out: Vec<String> = v.as_array().unwrap().iter().map(|m| m.get("id").and_then(Value::as_str).or(m.as_str()).unwrap().to_string()).collect();
+    let mut out: Vec<String> =
+        v.as_array().unwrap().iter().map(|m| m.get("id").and_then(Value::as_str).or(m.as_str()).unwrap().to_string()).collect();
     out.sort();
     out
 }
@@ -104,7 +105,12 @@ async fn check_finds_a_flipped_byte_a_deleted_blob_and_an_orphan_on_fs() {
     // Plain output: one line per finding.
     let plain = check(&server, None, &[], &[]);
     assert_eq!(plain.0, 4);
-    assert!(plain.1.contains(&format!("mismatch\t{a}")) && plain.1.contains(&format!("missing\t{b}")) && plain.1.contains(&format!("orphan-blob\t{orphan}")), "{plain:?}");
+    assert!(
+        plain.1.contains(&format!("mismatch\t{a}"))
+            && plain.1.contains(&format!("missing\t{b}"))
+            && plain.1.contains(&format!("orphan-blob\t{orphan}")),
+        "{plain:?}"
+    );
 
     // Named ids: only those, no orphan search; the whole one alone is exit 0.
     let one = check(&server, None, &[], &["--json", &c]);
@@ -182,7 +188,8 @@ async fn a_blob_cut_short_or_a_fifo_in_its_place_is_missing_and_holds_nothing_up
 
     let within = std::time::Duration::from_secs(20);
     for id in [&a, &b] {
-        let r = tokio::time::timeout(within, api.send("GET", &format!("/files/{id}"), &[], None)).await.expect("a download of a damaged blob answers");
+        let r =
+            tokio::time::timeout(within, api.send("GET", &format!("/files/{id}"), &[], None)).await.expect("a download of a damaged blob answers");
         let p = problem(r, 500, "damaged").await;
         assert_eq!(p["retryable"], false, "{p}");
     }
@@ -336,7 +343,11 @@ async fn check_reports_a_blob_longer_than_its_file_and_s3_leftovers() {
     let out = check(&server, Some(blobs), &env, &["--json"]);
     assert_eq!(out.0, 9, "{out:?}");
     let r = report(&out);
-    assert_eq!((r["ok"].as_u64(), r["leftovers"].clone(), r["orphan_blobs"].clone()), (Some(1), serde_json::json!([b]), serde_json::json!([])), "{r}");
+    assert_eq!(
+        (r["ok"].as_u64(), r["leftovers"].clone(), r["orphan_blobs"].clone()),
+        (Some(1), serde_json::json!([b]), serde_json::json!([])),
+        "{r}"
+    );
 }
 
 /// `ferry check` against a store that is not the catalog's (a forgotten or mistyped `--blobs`):

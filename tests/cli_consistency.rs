@@ -33,9 +33,12 @@ async fn each_name_of_one_content_is_its_own_upload() {
 
     let first = up(&[a.to_str().unwrap()]);
     let mut urls = vec![first["url"].as_str().unwrap().to_string()];
-    for args in
-        [vec![b.to_str().unwrap()], vec![hard.to_str().unwrap()], vec!["--name", "renamed.iso", a.to_str().unwrap()], vec!["--meta", "filename=meta.iso", a.to_str().unwrap()]]
-    {
+    for args in [
+        vec![b.to_str().unwrap()],
+        vec![hard.to_str().unwrap()],
+        vec!["--name", "renamed.iso", a.to_str().unwrap()],
+        vec!["--meta", "filename=meta.iso", a.to_str().unwrap()],
+    ] {
         let v = up(&args);
         assert_eq!(v["resumed_from"], 0, "{args:?} is a new upload: {v}");
         assert_eq!(v["sha256"], sha.as_str());
@@ -49,7 +52,11 @@ async fn each_name_of_one_content_is_its_own_upload() {
 
     // The same name and content again: the same upload, verified, nothing sent.
     let again = up(&[b.to_str().unwrap()]);
-    assert_eq!((again["url"].as_str().unwrap(), &again["sent"], &again["resumed_from"]), (urls[1].as_str(), &Value::from(0), &Value::from(300_000)), "{again}");
+    assert_eq!(
+        (again["url"].as_str().unwrap(), &again["sent"], &again["resumed_from"]),
+        (urls[1].as_str(), &Value::from(0), &Value::from(300_000)),
+        "{again}"
+    );
     assert_eq!(files(&s).await.len(), 5, "no sixth upload");
 }
 
@@ -115,7 +122,8 @@ async fn a_damaged_file_is_damaged_in_every_command() {
 
 /// `ferry token create PRINCIPAL ARGS…` in `cfg`: the token.
 fn token(cfg: &std::path::Path, principal: &str, extra: &[&str]) -> String {
-    let o = std::process::Command::new(ferry_bin()).args(["token", "create", principal, "--config", cfg.to_str().unwrap()]).args(extra).output().unwrap();
+    let o =
+        std::process::Command::new(ferry_bin()).args(["token", "create", principal, "--config", cfg.to_str().unwrap()]).args(extra).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap().trim().to_string()
 }

@@ -90,7 +90,10 @@ async fn not_ferry_fails_at_once_with_the_reason() {
         let o = run(&py.base, &cache, &args);
         let e = stderr(&o);
         assert_eq!(code(&o), 2, "{args:?}: {e}");
-        assert!(e.contains("is not a ferry server") && e.contains("HTTP 501") && e.contains("text/html") && e.contains("without Tus-Resumable"), "{args:?}: {e}");
+        assert!(
+            e.contains("is not a ferry server") && e.contains("HTTP 501") && e.contains("text/html") && e.contains("without Tus-Resumable"),
+            "{args:?}: {e}"
+        );
         assert!(e.contains("hint: Set --server or FERRY_SERVER"), "{args:?}: {e}");
         assert!(!e.contains("retry"), "{args:?} retried: {e}");
         assert!(!e.contains("<html") && !e.contains("<!DOCTYPE"), "{args:?} printed the HTML page: {e}");

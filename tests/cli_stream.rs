@@ -17,7 +17,12 @@ use serde_json::Value;
 /// `bash -c SCRIPT` with `ferry` as `$FERRY_BIN`, the server and cache set as for [`ferry`].
 fn shell(server: &str, cache: &std::path::Path, script: &str) -> Command {
     let mut c = loopback_command("bash");
-    c.arg("-c").arg(format!("set -euo pipefail\n{script}")).env("FERRY_BIN", ferry_bin()).env("FERRY_SERVER", server).env("FERRY_CACHE_DIR", cache).env_remove("FERRY_TOKEN");
+    c.arg("-c")
+        .arg(format!("set -euo pipefail\n{script}"))
+        .env("FERRY_BIN", ferry_bin())
+        .env("FERRY_SERVER", server)
+        .env("FERRY_CACHE_DIR", cache)
+        .env_remove("FERRY_TOKEN");
     c
 }
 
@@ -29,7 +34,11 @@ async fn stdin_from_a_real_program() {
     let copy = dir.path().join("what-head-wrote");
     // 50 MiB from /dev/urandom through tee: the CLI's sha256 must be that of what tee saw, in
     // 4 MiB pieces (13 PATCHes, the length declared with the last).
-    let o = out(&mut shell(&s.base, &cache, &format!("head -c 50M /dev/urandom | tee '{}' | \"$FERRY_BIN\" upload - --name db.sql --chunk-size 4MiB --json", copy.display())));
+    let o = out(&mut shell(
+        &s.base,
+        &cache,
+        &format!("head -c 50M /dev/urandom | tee '{}' | \"$FERRY_BIN\" upload - --name db.sql --chunk-size 4MiB --json", copy.display()),
+    ));
     let v = ok_json(&o);
     let want = sha256_hex(&std::fs::read(&copy).unwrap());
     assert_eq!(v["sha256"], want.as_str());
@@ -44,8 +53,12 @@ async fn stdin_from_a_real_program() {
     // Lengths around the piece size: empty, smaller, exactly two pieces, one byte more.
     for len in [0usize, 1000, 2 << 20, (2 << 20) + 1] {
         let data = pseudo_random(len, len as u64 + 1);
-        let mut child =
-            ferry(&s.base, &cache, &["upload", "-", "--chunk-size", "1MiB", "--json", "-q"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut child = ferry(&s.base, &cache, &["upload", "-", "--chunk-size", "1MiB", "--json", "-q"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut stdin = child.stdin.take().unwrap();
         let feed = std::thread::spawn(move || stdin.write_all(&data).unwrap());
         let o = child.wait_with_output().unwrap();
@@ -180,7 +193,8 @@ async fn upload_link_filled_and_resumed_without_a_token() {
     // Through a proxy that lets 8 MiB pass; killed once the server has some of it.
     let proxy = Proxy::start(s.addr(), 8 << 20, u64::MAX).await;
     let plink = link.replace(&s.base, &proxy.base);
-    let mut first = ferry(&proxy.base, &cache, &["upload", "--url", &plink, src.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut first =
+        ferry(&proxy.base, &cache, &["upload", "--url", &plink, src.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     wait_bytes_received(&s, 1 << 20).await;
     kill9(&mut first);
     proxy.up.open();
@@ -215,8 +229,12 @@ async fn pipe_survives_a_dropped_connection() {
     let gate = Proxy::start(s.addr(), (5 << 20) / 2, u64::MAX).await;
     let mut front = proxy::TcpProxy::start(gate.base.trim_start_matches("http://").parse().unwrap()).await;
     let data = pseudo_random(6 << 20, 21);
-    let mut child =
-        ferry(&front.http_url(), &cache, &["upload", "-", "--chunk-size", "1MiB", "--json"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = ferry(&front.http_url(), &cache, &["upload", "-", "--chunk-size", "1MiB", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let input = data.clone();
     let feed = std::thread::spawn(move || stdin.write_all(&input).unwrap());
@@ -261,7 +279,9 @@ async fn upload_link_of_unknown_length() {
     let v = ok_json(&out(&mut ferry(&s.base, &cache, &["upload", "--url", &u, "--json", "-q", src.to_str().unwrap()])));
     assert_eq!((v["size"].as_u64(), v["sha256"].as_str()), (Some(3_000_000), Some(sha.as_str())), "{v}");
     let u = link(&s).await;
-    let v = ok_json(&out(ferry(&s.base, &cache, &["upload", "-", "--url", &u, "--chunk-size", "1MiB", "--json", "-q"]).stdin(std::fs::File::open(&src).unwrap())));
+    let v = ok_json(&out(
+        ferry(&s.base, &cache, &["upload", "-", "--url", &u, "--chunk-size", "1MiB", "--json", "-q"]).stdin(std::fs::File::open(&src).unwrap())
+    ));
     assert_eq!((v["size"].as_u64(), v["sha256"].as_str()), (Some(3_000_000), Some(sha.as_str())), "{v}");
     assert_eq!(server_sha256(u.split('?').next().unwrap()).await, sha);
 }

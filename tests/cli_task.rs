@@ -106,7 +106,12 @@ async fn start_get_list_cancel_and_idempotency() {
     assert_eq!(c["status"], "cancelled");
     assert_eq!(ok_json(&run(base, &["get", &id]))["status"], "cancelled");
     // Cancelling a completed task leaves it completed.
-    let r = client().post(s.url(&format!("/api/v1/tasks/{}/complete", k1["id"].as_str().unwrap()))).body(r#"{"result":{"ok":true}}"#).send().await.unwrap();
+    let r = client()
+        .post(s.url(&format!("/api/v1/tasks/{}/complete", k1["id"].as_str().unwrap())))
+        .body(r#"{"result":{"ok":true}}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let c = ok_json(&run(base, &["cancel", k1["id"].as_str().unwrap()]));
     assert_eq!(c["status"], "completed");
@@ -158,12 +163,19 @@ async fn errors_and_exit_codes() {
     // The help documents the exit codes.
     let o = run(base, &["start", "--help"]);
     let help = String::from_utf8_lossy(&o.stdout);
-    assert!(help.contains("Exit codes") && help.contains("8  task start --wait, task get --wait, task respond --wait: the task was cancelled"), "{help}");
+    assert!(
+        help.contains("Exit codes") && help.contains("8  task start --wait, task get --wait, task respond --wait: the task was cancelled"),
+        "{help}"
+    );
 }
 
 /// Start `--wait` in the background, let `finish` end the task over REST, return the output.
 async fn wait_until(s: &Server, key: &str, finish: impl AsyncFnOnce(&str)) -> Output {
-    let child = ferry_task(&s.base, &["start", "external", "--idempotency-key", key, "--wait"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = ferry_task(&s.base, &["start", "external", "--idempotency-key", key, "--wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Find the task through the same key: 200 if the CLI started it, 201 if we did (the CLI
     // then joins ours, which is just as good).
     let r = client().post(s.url("/api/v1/tasks")).header("idempotency-key", key).body(r#"{"kind":"external"}"#).send().await.unwrap();

@@ -290,7 +290,13 @@ async fn exit_codes() {
 
     // The exit codes are documented in --help.
     let o = out(&mut ferry(&s.base, &cache, &["--help"]));
-    for needle in ["Exit codes", "4  verification failed", "5  network", "6  authentication", "7  task start --wait, task get --wait, task respond --wait: the task failed"] {
+    for needle in [
+        "Exit codes",
+        "4  verification failed",
+        "5  network",
+        "6  authentication",
+        "7  task start --wait, task get --wait, task respond --wait: the task failed",
+    ] {
         assert!(stdout(&o).contains(needle), "--help lacks {needle:?}: {}", stdout(&o));
     }
 }
@@ -571,7 +577,11 @@ async fn url_store_is_per_token() {
     let (t1, t2) = ("fy_cli_store_one", "fy_cli_store_two");
     std::fs::write(
         &cfg,
-        format!("[[tokens]]\nprincipal = \"one\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"two\"\nsha256 = \"{}\"\n", sha256_hex(t1.as_bytes()), sha256_hex(t2.as_bytes())),
+        format!(
+            "[[tokens]]\nprincipal = \"one\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"two\"\nsha256 = \"{}\"\n",
+            sha256_hex(t1.as_bytes()),
+            sha256_hex(t2.as_bytes())
+        ),
     )
     .unwrap();
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
@@ -599,7 +609,11 @@ async fn upload_of_a_file_that_changes_exits_4() {
     let size = 16 * 1024 * 1024;
     let (src, _) = source(dir.path(), "moving.bin", size, 80);
     let proxy = Proxy::start(s.addr(), 2 << 20, u64::MAX).await;
-    let child = ferry(&proxy.base, &cache, &["upload", "-q", "--chunk-size", "1MiB", src.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = ferry(&proxy.base, &cache, &["upload", "-q", "--chunk-size", "1MiB", src.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_until("1 MiB at the server", || async { metric(&s, "ferry_bytes_received_total").await >= 1 << 20 }).await;
     // Same size, new bytes, a later mtime.
     std::thread::sleep(Duration::from_millis(20));

@@ -69,7 +69,8 @@ fn help_flags() -> Vec<(String, Option<String>)> {
 
 #[test]
 fn the_table_lists_every_flag_of_serve_help_once_with_its_variable() {
-    let rows: Vec<Vec<String>> = chapter_table().lines().skip(2).map(|l| l.trim_matches('|').split(" | ").map(|c| c.trim().trim_matches('`').to_string()).collect()).collect();
+    let rows: Vec<Vec<String>> =
+        chapter_table().lines().skip(2).map(|l| l.trim_matches('|').split(" | ").map(|c| c.trim().trim_matches('`').to_string()).collect()).collect();
     let table: Vec<(String, String)> = rows.iter().filter(|r| r[0] != "—").map(|r| (r[0].clone(), r[1].clone())).collect();
     let help = help_flags();
     assert!(help.len() >= 30, "ferry serve --help: {help:?}");

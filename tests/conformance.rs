@@ -39,7 +39,8 @@ async fn task_read_cache_never_serves_a_row_older_than_a_finished_write() {
     let dir = tempfile::tempdir().unwrap();
     let cat = Arc::new(SqliteCatalog::open(&dir.path().join("ferry.db")).await.unwrap().with_read_cache());
     let id = "t".repeat(26);
-    let new = NewTask { id: id.clone(), principal: "p".into(), kind: "k".into(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 0 };
+    let new =
+        NewTask { id: id.clone(), principal: "p".into(), kind: "k".into(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 0 };
     cat.start_task(&new).await.unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let readers: Vec<_> = (0..4)
@@ -85,7 +86,8 @@ async fn read_cache_sees_a_write_whose_caller_stopped_waiting() {
     let cat = Arc::new(SqliteCatalog::open(&dir.path().join("ferry.db")).await.unwrap().with_read_cache());
     let ids: Vec<String> = (0..40).map(|i| format!("{i:0>26}")).collect();
     for id in &ids {
-        let new = NewTask { id: id.clone(), principal: "p".into(), kind: "k".into(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 0 };
+        let new =
+            NewTask { id: id.clone(), principal: "p".into(), kind: "k".into(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 0 };
         cat.start_task(&new).await.unwrap();
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -157,8 +159,11 @@ async fn postgres_kept_connections_close_when_idle() {
     let cat = PostgresCatalog::connect(&db.url).await.unwrap();
     let backends = || async {
         let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&common::pg::admin_url()).await.unwrap();
-        let n: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'ferry'").bind(&db.name).fetch_one(&mut admin).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'ferry'")
+            .bind(&db.name)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
         n
     };
     // A release is one of those statements; its connection is kept afterwards.

@@ -29,7 +29,14 @@ async fn upload_from(t: &Tus, url: &str, data: &[u8], acked: &std::sync::atomic:
     while off < data.len() {
         let end = (off + CHUNK).min(data.len());
         let body = bytes::Bytes::copy_from_slice(&data[off..end]);
-        let r = t.c.patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", off.to_string()).body(body).send().await;
+        let r =
+            t.c.patch(url)
+                .header("Tus-Resumable", "1.0.0")
+                .header("Content-Type", OCTET)
+                .header("Upload-Offset", off.to_string())
+                .body(body)
+                .send()
+                .await;
         match r {
             Ok(r) if r.status() == 204 => {
                 off = r.headers()["upload-offset"].to_str().unwrap().parse().unwrap();
@@ -122,7 +129,9 @@ async fn a_blob_a_killed_creation_left_without_a_row_is_removed_and_uploads_keep
         let _ = tokio::time::timeout(Duration::from_millis(20 + 15 * round), &mut all).await;
         s.restart_with(&args);
         let ids = all.await.into_iter().flatten().filter(|r| r.status() == 201);
-        answered.extend(ids.filter_map(|r| r.headers().get("location").and_then(|l| l.to_str().ok()).and_then(|l| l.rsplit('/').next()).map(str::to_string)));
+        answered.extend(
+            ids.filter_map(|r| r.headers().get("location").and_then(|l| l.to_str().ok()).and_then(|l| l.rsplit('/').next()).map(str::to_string)),
+        );
     }
     let t = Tus::new(&s);
     let kept = t.create(10).await;

@@ -123,15 +123,26 @@ async fn range_numbers_of_any_length() {
     let data = pseudo_random(10_000, 5);
     let url = finished(&t, &data, None).await;
     let get = |range: &'static str| t.c.get(&url).header("Range", range).send();
-    for range in
-        ["bytes=-10000", "bytes=-18446744073709551615", "bytes=-99999999999999999999", "bytes=0-99999999999999999999999", "bytes=0-18446744073709551615", "bytes=0000-9999"]
-    {
+    for range in [
+        "bytes=-10000",
+        "bytes=-18446744073709551615",
+        "bytes=-99999999999999999999",
+        "bytes=0-99999999999999999999999",
+        "bytes=0-18446744073709551615",
+        "bytes=0000-9999",
+    ] {
         let r = get(range).await.unwrap();
         assert_eq!(r.status(), 206, "{range}");
         assert_eq!(header(&r, "content-range"), Some("bytes 0-9999/10000"), "{range}");
         assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..], "{range}");
     }
-    for range in ["bytes=10000-", "bytes=18446744073709551615-", "bytes=18446744073709551616-", "bytes=99999999999999999999999-", "bytes=10000-99999999999999999999"] {
+    for range in [
+        "bytes=10000-",
+        "bytes=18446744073709551615-",
+        "bytes=18446744073709551616-",
+        "bytes=99999999999999999999999-",
+        "bytes=10000-99999999999999999999",
+    ] {
         let r = get(range).await.unwrap();
         assert_eq!(header(&r, "content-range"), Some("bytes */10000"), "{range}");
         problem(r, 416, "invalid_argument").await;
@@ -152,7 +163,9 @@ async fn several_ranges_or_range_lines_get_the_whole_file() {
     let t = Tus::new(&s);
     let data = pseudo_random(1000, 6);
     let url = finished(&t, &data, None).await;
-    for headers in [vec![("Range", "bytes=0-1,5-6")], vec![("Range", "bytes=0-1"), ("Range", "bytes=5-6")], vec![("Range", "bytes=0-1"), ("Range", "bytes=0-1")]] {
+    for headers in
+        [vec![("Range", "bytes=0-1,5-6")], vec![("Range", "bytes=0-1"), ("Range", "bytes=5-6")], vec![("Range", "bytes=0-1"), ("Range", "bytes=0-1")]]
+    {
         let r = t.request("GET", &url, &headers, None).await;
         assert_eq!(r.status(), 200, "{headers:?}");
         assert_eq!(header(&r, "content-range"), None);
@@ -285,7 +298,8 @@ async fn a_plain_head_is_the_get_without_its_body() {
         let head = t.request("HEAD", u, &h, None).await;
         assert_eq!(head.status(), get.status(), "{u} {h:?}");
         let fields = |r: &reqwest::Response| {
-            let mut v: Vec<(String, String)> = r.headers().iter().filter(|(k, _)| *k != "date").map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string())).collect();
+            let mut v: Vec<(String, String)> =
+                r.headers().iter().filter(|(k, _)| *k != "date").map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string())).collect();
             v.sort();
             v
         };

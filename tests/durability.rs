@@ -137,7 +137,13 @@ async fn racing_patches_never_interleave() {
     let c = t.c.clone();
     let u = url.clone();
     let a = tokio::spawn(async move {
-        c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(reqwest::Body::wrap_stream(rx)).send().await
+        c.patch(&u)
+            .header("Tus-Resumable", "1.0.0")
+            .header("Content-Type", OCTET)
+            .header("Upload-Offset", "0")
+            .body(reqwest::Body::wrap_stream(rx))
+            .send()
+            .await
     });
     // Once A has stored some bytes, B sends Y from offset 0: A is asked to stop, keeps what it
     // wrote, B learns the offset.

@@ -91,8 +91,10 @@ async fn send_whole_body(addr: &str, head: String, body_len: usize, pause_at: Op
         }
         Ok::<_, String>((status, headers, body))
     };
-    let (status, headers, body) =
-        tokio::time::timeout(Duration::from_secs(60), read).await.expect("no answer within a minute").unwrap_or_else(|e| panic!("reading the answer: {e}"));
+    let (status, headers, body) = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("no answer within a minute")
+        .unwrap_or_else(|e| panic!("reading the answer: {e}"));
     let send_error = tokio::time::timeout(Duration::from_secs(60), writer).await.expect("the body was not taken within a minute").unwrap().err();
     // What follows the answer: the end of the stream, a reset, or (a kept-alive connection) nothing.
     let mut rest = [0u8; 1024];
@@ -203,7 +205,10 @@ async fn every_early_answer_reaches_a_client_that_keeps_sending() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_file(dir.path(), "ferry.toml", &format!("[[tokens]]\nprincipal = \"p\"\nsha256 = \"{}\"\n", sha256_hex(b"fy_early_token")));
     let s2 = Server::start(&["--config", cfg.to_str().unwrap()]);
-    let head = format!("POST /files/ HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nUpload-Length: {LEN}\r\nContent-Type: {OCTET}\r\nContent-Length: {LEN}\r\n\r\n", s2.addr());
+    let head = format!(
+        "POST /files/ HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nUpload-Length: {LEN}\r\nContent-Type: {OCTET}\r\nContent-Length: {LEN}\r\n\r\n",
+        s2.addr()
+    );
     assert_answered(&send_whole_body(&s2.addr(), head, LEN, None).await, 401, "no token");
     assert_eq!(t.offset(&url).await, 0, "nothing of the refused bodies was stored");
 }
@@ -228,9 +233,24 @@ async fn refusals_below_the_handlers_explain_themselves() {
         ("a target too long", format!("GET {long_target} HTTP/1.1\r\nHost: {addr}\r\n\r\n"), 414, "longer than"),
         ("a malformed request line", format!("GET /healthz HTTP/9.9\r\nHost: {addr}\r\n\r\n"), 400, "request line"),
         ("a malformed header", format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nno colon here\r\n\r\n"), 400, "header line 2"),
-        ("a Content-Length that is not a length", format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nContent-Length: ten\r\n\r\n"), 400, "Content-Length"),
-        ("two Content-Lengths that differ", format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"), 400, "Content-Length"),
-        ("a Transfer-Encoding without chunked", format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: gzip\r\n\r\n"), 400, "Transfer-Encoding"),
+        (
+            "a Content-Length that is not a length",
+            format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nContent-Length: ten\r\n\r\n"),
+            400,
+            "Content-Length",
+        ),
+        (
+            "two Content-Lengths that differ",
+            format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"),
+            400,
+            "Content-Length",
+        ),
+        (
+            "a Transfer-Encoding without chunked",
+            format!("PATCH /files/x HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            400,
+            "Transfer-Encoding",
+        ),
     ];
     for (what, head, status, says) in cases {
         let seen = send_whole_body(&addr, head, 0, None).await;

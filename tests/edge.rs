@@ -65,18 +65,38 @@ async fn cors_preflight_allows_what_browser_tus_clients_send() {
         }
         assert!(header(&r, "access-control-allow-methods").unwrap().contains(method));
     }
-    let r = t.request("POST", "/files/", &[("Origin", "http://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1"), ("X-Request-ID", "4f0a")], None).await;
+    let r = t
+        .request(
+            "POST",
+            "/files/",
+            &[("Origin", "http://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1"), ("X-Request-ID", "4f0a")],
+            None,
+        )
+        .await;
     assert_eq!(r.status(), 201);
     let exposed = header(&r, "access-control-expose-headers").unwrap().to_ascii_lowercase();
-    for h in
-        ["location", "upload-offset", "upload-length", "tus-resumable", "upload-expires", "repr-digest", "etag", "content-range", "upload-complete", "upload-draft-interop-version"]
-    {
+    for h in [
+        "location",
+        "upload-offset",
+        "upload-length",
+        "tus-resumable",
+        "upload-expires",
+        "repr-digest",
+        "etag",
+        "content-range",
+        "upload-complete",
+        "upload-draft-interop-version",
+    ] {
         assert!(exposed.contains(h), "{h} not exposed: {exposed}");
     }
 }
 
 async fn preflight(t: &Tus, origin: &str) -> reqwest::Response {
-    let h = [("Origin", origin), ("Access-Control-Request-Method", "POST"), ("Access-Control-Request-Headers", "tus-resumable,upload-length,x-request-id,x-upload-tag")];
+    let h = [
+        ("Origin", origin),
+        ("Access-Control-Request-Method", "POST"),
+        ("Access-Control-Request-Headers", "tus-resumable,upload-length,x-request-id,x-upload-tag"),
+    ];
     t.request("OPTIONS", "/files/", &h, None).await
 }
 
@@ -85,7 +105,11 @@ async fn preflight(t: &Tus, origin: &str) -> reqwest::Response {
 #[tokio::test]
 async fn cors_origins_and_headers_are_configurable() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_file(dir.path(), "ferry.toml", "[cors]\nallow_origins = [\"https://app.example\"]\nallow_headers = [\"X-Upload-Tag\"]\nexpose_headers = [\"X-Trace\"]\n");
+    let cfg = write_file(
+        dir.path(),
+        "ferry.toml",
+        "[cors]\nallow_origins = [\"https://app.example\"]\nallow_headers = [\"X-Upload-Tag\"]\nexpose_headers = [\"X-Trace\"]\n",
+    );
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let t = Tus::new(&s);
     let r = preflight(&t, "https://app.example").await;
@@ -94,7 +118,14 @@ async fn cors_origins_and_headers_are_configurable() {
     assert!(r.headers().get_all("vary").iter().any(|v| v.to_str().unwrap_or("").to_ascii_lowercase().contains("origin")), "Vary: Origin for caches");
     let allowed = header(&r, "access-control-allow-headers").unwrap().to_ascii_lowercase();
     assert!(allowed.contains("x-upload-tag") && allowed.contains("x-request-id"), "{allowed}");
-    let r = t.request("POST", "/files/", &[("Origin", "https://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1"), ("X-Upload-Tag", "a")], None).await;
+    let r = t
+        .request(
+            "POST",
+            "/files/",
+            &[("Origin", "https://app.example"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1"), ("X-Upload-Tag", "a")],
+            None,
+        )
+        .await;
     assert_eq!(r.status(), 201);
     assert_eq!(header(&r, "access-control-allow-origin"), Some("https://app.example"));
     assert!(header(&r, "access-control-expose-headers").unwrap().to_ascii_lowercase().contains("x-trace"));
@@ -118,7 +149,12 @@ async fn cors_origins_and_headers_are_configurable() {
     let t = Tus::new(&s);
     let r = t.request("OPTIONS", "/files/", &[("Origin", "https://b.example"), ("Access-Control-Request-Method", "PATCH")], None).await;
     assert_eq!(header(&r, "access-control-allow-origin"), Some("https://b.example"));
-    problem(t.request("OPTIONS", "/files/", &[("Origin", "https://app.example"), ("Access-Control-Request-Method", "PATCH")], None).await, 403, "unauthorized").await;
+    problem(
+        t.request("OPTIONS", "/files/", &[("Origin", "https://app.example"), ("Access-Control-Request-Method", "PATCH")], None).await,
+        403,
+        "unauthorized",
+    )
+    .await;
 }
 
 /// Issue 48: a refusal's hint names what the operator may list in `[cors] allow_origins`, and
@@ -134,7 +170,10 @@ async fn a_refused_origins_hint_never_offers_null_or_what_is_no_origin() {
         let s = Server::start(args);
         let t = Tus::new(&s);
         for origin in ["null", "evil.example/upload", "file:///home/me/page.html"] {
-            for r in [t.request("POST", "/files/", &[("Origin", origin), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await, preflight(&t, origin).await] {
+            for r in [
+                t.request("POST", "/files/", &[("Origin", origin), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await,
+                preflight(&t, origin).await,
+            ] {
                 let h = hint(problem(r, 403, "unauthorized").await);
                 assert!(!h.contains("--cors-allow-origins ") && !h.contains("add it"), "{args:?} {origin}: {h}");
                 assert!(h.contains("serve the page from a web origin of its own") && h.contains("allow_origins"), "{args:?} {origin}: {h}");
@@ -146,7 +185,11 @@ async fn a_refused_origins_hint_never_offers_null_or_what_is_no_origin() {
         let r = t.request("POST", "/files/", &[("Origin", "HTTP://Evil.Example:80"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await;
         let h = hint(problem(r, 403, "unauthorized").await);
         assert!(h.contains("--cors-allow-origins http://evil.example,") || h.contains("--cors-allow-origins http://evil.example "), "{args:?}: {h}");
-        assert_eq!(json(t.c.get(s.url("/api/v1/files")).send().await.unwrap()).await["files"].as_array().unwrap().len(), 0, "nothing refused was created");
+        assert_eq!(
+            json(t.c.get(s.url("/api/v1/files")).send().await.unwrap()).await["files"].as_array().unwrap().len(),
+            0,
+            "nothing refused was created"
+        );
     }
 }
 
@@ -173,7 +216,9 @@ async fn a_tokenless_server_takes_browser_uploads_only_from_its_own_and_listed_o
         let hint = v["recovery_hint"].as_str().unwrap();
         assert!(hint.contains("allow_origins") && hint.contains("--cors-allow-origins http://evil.example"), "{what}: {v}");
     };
-    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> { [("Origin", evil)].into_iter().chain(tus).chain(extra.iter().copied()).collect() };
+    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> {
+        [("Origin", evil)].into_iter().chain(tus).chain(extra.iter().copied()).collect()
+    };
     refused(t.request("POST", "/files/", &with(&[("Upload-Length", "1000000000")]), None).await, "creation").await;
     refused(preflight(&t, evil).await, "preflight").await;
     let patch = with(&[("Content-Type", OCTET), ("Upload-Offset", "0")]);
@@ -188,7 +233,10 @@ async fn a_tokenless_server_takes_browser_uploads_only_from_its_own_and_listed_o
 
     // No Origin (curl, tuspy, the CLI) and the server's own pages: unaffected.
     let own = format!("http://{}", s.addr());
-    assert_eq!(t.request("POST", "/files/", &[("Origin", own.as_str()), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await.status(), 201);
+    assert_eq!(
+        t.request("POST", "/files/", &[("Origin", own.as_str()), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await.status(),
+        201
+    );
     assert_eq!(t.patch(&url, 0, b"0123456789".to_vec(), &[]).await.status(), 204);
     drop(s);
 
@@ -241,7 +289,8 @@ async fn forwarded_headers_are_ignored_unless_behind_proxy() {
     assert!(header(&r, "location").unwrap().starts_with("/files/"), "a host longer than a host name is not echoed");
 
     // Behind the proxy, a final may name its parts by the forwarded host's URLs, not another's.
-    let r = t.post(&[("Upload-Length", "1"), ("Upload-Concat", "partial"), ("X-Forwarded-Host", "files.example"), ("X-Forwarded-Proto", "https")]).await;
+    let r =
+        t.post(&[("Upload-Length", "1"), ("Upload-Concat", "partial"), ("X-Forwarded-Host", "files.example"), ("X-Forwarded-Proto", "https")]).await;
     let part = header(&r, "location").unwrap().to_string();
     assert!(part.starts_with("https://files.example/files/"), "{part}");
     let fwd = [("X-Forwarded-Host", "files.example"), ("X-Forwarded-Proto", "https")];
@@ -290,7 +339,9 @@ async fn graceful_shutdown_keeps_a_streaming_patch() {
     let body = reqwest::Body::wrap_stream(rx);
     let c = t.c.clone();
     let u = url.clone();
-    let pending = tokio::spawn(async move { c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(body).send().await });
+    let pending = tokio::spawn(async move {
+        c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(body).send().await
+    });
     wait_bytes_received(&s, 1 << 20).await;
     assert!(s.terminate().success(), "clean exit");
     drop(tx);

@@ -43,7 +43,12 @@ impl Receiver {
 
     /// Every request the receiver logged so far.
     fn records(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log).unwrap_or_default().lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     /// Deliveries it acknowledged (2xx), in arrival order.
@@ -95,7 +100,11 @@ type Change = (String, String, String);
 fn ids_per_change(records: &[serde_json::Value]) -> BTreeMap<Change, HashSet<String>> {
     let mut out: BTreeMap<Change, HashSet<String>> = BTreeMap::new();
     for r in records {
-        let key = (r["type"].as_str().unwrap_or("?").to_string(), r["subject"].as_str().unwrap_or("?").to_string(), r["data"]["status"].as_str().unwrap_or("").to_string());
+        let key = (
+            r["type"].as_str().unwrap_or("?").to_string(),
+            r["subject"].as_str().unwrap_or("?").to_string(),
+            r["data"]["status"].as_str().unwrap_or("").to_string(),
+        );
         out.entry(key).or_default().insert(r["id"].as_str().unwrap().to_string());
     }
     out
@@ -148,7 +157,8 @@ async fn webhooks_deliver_every_event_verified_once_in_order_despite_refusals() 
         let got: Vec<&str> = accepted.iter().filter(|r| r["subject"] == subject.as_str()).map(|r| r["type"].as_str().unwrap()).collect();
         assert_eq!(&got, want, "events of {subject} in order");
     }
-    let task_statuses: Vec<&str> = accepted.iter().filter(|r| r["subject"] == task_id.as_str()).map(|r| r["data"]["status"].as_str().unwrap()).collect();
+    let task_statuses: Vec<&str> =
+        accepted.iter().filter(|r| r["subject"] == task_id.as_str()).map(|r| r["data"]["status"].as_str().unwrap()).collect();
     assert_eq!(task_statuses, vec!["working", "cancelled"]);
     let finished: Vec<&serde_json::Value> = accepted.iter().filter(|r| r["type"] == "upload.finished").collect();
     for f in finished {
@@ -202,7 +212,10 @@ async fn kill9_after_the_final_patch_still_delivers_upload_finished_once() {
         assert_eq!(ids.len(), 1, "{ty} {status} of {subject} arrived under {} ids: {ids:?}", ids.len());
     }
     for id in &refused {
-        assert!(!acc.iter().any(|r| r["subject"] == id.as_str() && r["type"] == "upload.finished"), "no upload.finished for {id}, whose final PATCH was refused");
+        assert!(
+            !acc.iter().any(|r| r["subject"] == id.as_str() && r["type"] == "upload.finished"),
+            "no upload.finished for {id}, whose final PATCH was refused"
+        );
     }
     // A delivery cut off by the kill may arrive again under its one id (receivers deduplicate).
     let mut seen = HashSet::new();
@@ -244,7 +257,11 @@ async fn bad_receivers_never_block_uploads_and_show_up_as_pending() {
     loop {
         let v = json(api.get("/api/v1/webhooks/deliveries?state=pending&limit=1000").await).await;
         let list = v["deliveries"].as_array().unwrap().clone();
-        let tried: HashSet<&str> = list.iter().filter(|d| d["attempts"].as_u64() >= Some(1) && d["last_error"].is_string()).map(|d| d["webhook"].as_str().unwrap()).collect();
+        let tried: HashSet<&str> = list
+            .iter()
+            .filter(|d| d["attempts"].as_u64() >= Some(1) && d["last_error"].is_string())
+            .map(|d| d["webhook"].as_str().unwrap())
+            .collect();
         if ["hang", "fail", "redirect", "close", "refused"].iter().all(|w| tried.contains(w)) {
             let redirect = list.iter().find(|d| d["webhook"] == "redirect" && d["last_status"].is_u64()).expect("a redirect attempt");
             assert_eq!(redirect["last_status"], 307, "{redirect}");
@@ -347,7 +364,8 @@ async fn sse_resumes_with_last_event_id_and_shows_only_the_callers_events() {
     let ids: HashSet<&str> = all.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids.len(), all.len(), "no event twice across the reconnect");
     let seq: Vec<(String, String)> = all.iter().map(|m| (m.event.clone(), m.data["data"]["upload"].as_str().unwrap().to_string())).collect();
-    let want: Vec<(String, String)> = mine.iter().flat_map(|id| [("upload.created".to_string(), id.clone()), ("upload.finished".to_string(), id.clone())]).collect();
+    let want: Vec<(String, String)> =
+        mine.iter().flat_map(|id| [("upload.created".to_string(), id.clone()), ("upload.finished".to_string(), id.clone())]).collect();
     assert_eq!(seq, want, "every one of alice's events, in order, none missed");
     assert!(all.iter().all(|m| m.data["data"]["principal"] == "alice" && m.data["id"] == m.id.as_str()), "only alice's events");
 
@@ -417,7 +435,10 @@ async fn idle_sse_followers_do_not_query_the_catalog() {
     }
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     let scans = || async {
-        let n: i64 = sqlx::query_scalar("SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'events'").fetch_one(&pool).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'events'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
         n
     };
     tokio::time::sleep(Duration::from_secs(3)).await; // every follower is waiting
@@ -449,7 +470,11 @@ async fn every_surface_reports_the_same_metadata_map() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Receiver::start(dir.path(), "md", &[]);
     let hook_log = dir.path().join("hook.jsonl");
-    let mut hook = python_script("upload_hook.py", &["--log", hook_log.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start upload_hook.py");
+    let mut hook = python_script("upload_hook.py", &["--log", hook_log.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start upload_hook.py");
     let mut lines = BufReader::new(hook.stdout.take().unwrap()).lines();
     let hook_port: u16 = lines.next().unwrap().unwrap().strip_prefix("listening on ").unwrap().trim().parse().unwrap();
     std::thread::spawn(move || for _ in lines.by_ref() {});

@@ -135,7 +135,10 @@ async fn a_full_disk_answers_507_releases_the_tail_and_resumes_when_space_return
     // the catalog can record it): far more than the last periodic checkpoint (one every
     // 16 MiB), which is all an older ferry kept.
     assert!(cursor < 80 * MIB, "cursor {cursor}");
-    assert!(cursor > total.saturating_sub(8 * MIB) && cursor % (16 * MIB) != 0, "cursor {cursor}: the bytes written before the disk filled were not kept (filesystem of {total})");
+    assert!(
+        cursor > total.saturating_sub(8 * MIB) && cursor % (16 * MIB) != 0,
+        "cursor {cursor}: the bytes written before the disk filled were not kept (filesystem of {total})"
+    );
 
     // The truth: HEAD, the JSON view and the blob on disk all say `cursor`; what was past it
     // is released, so the filesystem holds little beyond the committed bytes.

@@ -18,11 +18,36 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 /// A CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it (`server.pem`, `server.key`).
 fn make_certificates(dir: &Path) {
-    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry test CA"]);
+    openssl(
+        dir,
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry test CA"],
+    );
     openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
-        .unwrap();
-    openssl(dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext"]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
+    );
 }
 
 /// `python3 -m http.server` over TLS serving `root` on a free loopback port.
@@ -46,7 +71,8 @@ impl HttpsServer {
             cert = certs.join("server.pem").to_str().unwrap(),
             key = certs.join("server.key").to_str().unwrap(),
         );
-        let child = Command::new("python3").arg("-c").arg(script).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("python3");
+        let child =
+            Command::new("python3").arg("-c").arg(script).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("python3");
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "the HTTPS server never listened");
@@ -101,7 +127,13 @@ async fn fetch_over_https_trusts_the_configured_ca_and_only_it() {
     // A ca_file that is not a certificate stops start-up with one clear line.
     let junk = write_file(tmp.path(), "junk.pem", "not a certificate\n");
     let bad = write_file(tmp.path(), "bad-ca.toml", &format!("{allow}ca_file = {:?}\n", junk.to_str().unwrap()));
-    let out = Command::new(ferry_bin()).args(["serve", "--listen", "127.0.0.1:0", "--data"]).arg(tmp.path().join("d")).arg("--config").arg(&bad).output().unwrap();
+    let out = Command::new(ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(tmp.path().join("d"))
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ca_file") && err.contains("junk.pem"), "{err}");

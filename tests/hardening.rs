@@ -12,8 +12,14 @@ async fn other_origins_cannot_drive_the_api_or_mcp_nor_upload_to_a_tokenless_ser
     let s = Server::start(&[]);
     let c = client();
     // A "simple" cross-origin POST (no preflight in a browser) is refused before it runs.
-    let r =
-        c.post(s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("content-type", "text/plain").body(r#"{"kind":"archive","args":{}}"#).send().await.unwrap();
+    let r = c
+        .post(s.url("/api/v1/tasks"))
+        .header("origin", "http://evil.example")
+        .header("content-type", "text/plain")
+        .body(r#"{"kind":"archive","args":{}}"#)
+        .send()
+        .await
+        .unwrap();
     problem(r, 403, "unauthorized").await;
     let r = c.get(s.url("/api/v1/files")).header("origin", "http://evil.example").send().await.unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none());
@@ -21,20 +27,45 @@ async fn other_origins_cannot_drive_the_api_or_mcp_nor_upload_to_a_tokenless_ser
     let r = c.post(s.url("/mcp")).header("origin", "http://evil.example").header("content-type", "application/json").body("{}").send().await.unwrap();
     problem(r, 403, "unauthorized").await;
     // No CORS preflight approval for the API.
-    let r =
-        c.request(reqwest::Method::OPTIONS, s.url("/api/v1/tasks")).header("origin", "http://evil.example").header("access-control-request-method", "POST").send().await.unwrap();
+    let r = c
+        .request(reqwest::Method::OPTIONS, s.url("/api/v1/tasks"))
+        .header("origin", "http://evil.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none(), "{:?}", r.headers());
     // Same origin is fine.
     let r = c.get(s.url("/api/v1/files")).header("origin", format!("http://{}", s.addr())).send().await.unwrap();
     assert_eq!(r.status(), 200);
     // Without tokens, TUS is closed to pages on other origins too (issue 48 kind 10), unless
     // they are listed (tests/edge.rs: `[cors] allow_origins`, `*`, a server with tokens).
-    let r = c.request(reqwest::Method::OPTIONS, s.url("/files/")).header("origin", "http://app.example").header("access-control-request-method", "PATCH").send().await.unwrap();
+    let r = c
+        .request(reqwest::Method::OPTIONS, s.url("/files/"))
+        .header("origin", "http://app.example")
+        .header("access-control-request-method", "PATCH")
+        .send()
+        .await
+        .unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none(), "{:?}", r.headers());
     problem(r, 403, "unauthorized").await;
-    let r = c.post(s.url("/files/")).header("origin", "http://app.example").header("tus-resumable", "1.0.0").header("upload-length", "1").send().await.unwrap();
+    let r = c
+        .post(s.url("/files/"))
+        .header("origin", "http://app.example")
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "1")
+        .send()
+        .await
+        .unwrap();
     problem(r, 403, "unauthorized").await;
-    let r = c.post(s.url("/files/")).header("origin", format!("http://{}", s.addr())).header("tus-resumable", "1.0.0").header("upload-length", "1").send().await.unwrap();
+    let r = c
+        .post(s.url("/files/"))
+        .header("origin", format!("http://{}", s.addr()))
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "1")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 201, "the server's own pages upload");
 }
 
@@ -55,7 +86,12 @@ async fn without_tokens_only_this_servers_host_names_are_served() {
 #[test]
 fn a_second_server_on_the_same_data_dir_is_refused() {
     let first = Server::start(&[]);
-    let out = std::process::Command::new(common::ferry_bin()).args(["serve", "--listen", "127.0.0.1:0", "--data"]).arg(&first.data).env("RUST_LOG", "error").output().unwrap();
+    let out = std::process::Command::new(common::ferry_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&first.data)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("another ferry process is serving the data directory"), "{err}");
@@ -71,7 +107,15 @@ async fn a_plain_head_does_not_interrupt_an_upload() {
     let c = t.c.clone();
     let u = t.abs(&url);
     let patch = tokio::spawn(async move {
-        c.patch(&u).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(reqwest::Body::wrap_stream(rx)).send().await.unwrap().status()
+        c.patch(&u)
+            .header("Tus-Resumable", "1.0.0")
+            .header("Content-Type", OCTET)
+            .header("Upload-Offset", "0")
+            .body(reqwest::Body::wrap_stream(rx))
+            .send()
+            .await
+            .unwrap()
+            .status()
     });
     // Wait until the server has received the first MiB (its metrics never interrupt).
     common::wait_bytes_received(&s, 1 << 20).await;

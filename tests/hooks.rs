@@ -210,7 +210,11 @@ async fn an_upload_whose_pre_finish_hook_is_down_is_finished_by_the_server_once_
         let p = problem(r, 503, "unavailable").await;
         assert!(p["detail"].as_str().unwrap().contains("still finishing"), "{p}");
         let view = Api::new(&server).file(&id).await;
-        assert_eq!((view["complete"].clone(), view["finishing"].clone(), view["offset"].clone()), (false.into(), true.into(), 3_000_000.into()), "{round}: {view}");
+        assert_eq!(
+            (view["complete"].clone(), view["finishing"].clone(), view["offset"].clone()),
+            (false.into(), true.into(), 3_000_000.into()),
+            "{round}: {view}"
+        );
         if round.starts_with("before") {
             server.restart();
         }

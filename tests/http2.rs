@@ -24,10 +24,32 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 /// A test CA and a certificate for 127.0.0.1 it signed: `ca.pem`, `server.pem`, `server.key`.
 fn make_certificates(dir: &Path) {
-    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry h2 test CA"]);
+    openssl(
+        dir,
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry h2 test CA"],
+    );
     std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
     openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]);
-    openssl(dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext"]);
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
+    );
 }
 
 /// curl with `proto` (`--http2-prior-knowledge` or `--http2`) in `dir`; its stdout. `-w` lines
@@ -64,7 +86,23 @@ async fn upload_cut_resume_download(s: &Server, dir: &Path, proto: &str) {
     let base = s.base.as_str();
     let data = pseudo_random((6 << 20) + 12_345, 42);
     let total = data.len() as u64;
-    let head = curl(dir, proto, &["-D", "-", "-o", "/dev/null", "-X", "POST", &format!("{base}/files/"), "-H", "Tus-Resumable: 1.0.0", "-H", &format!("Upload-Length: {total}")]);
+    let head = curl(
+        dir,
+        proto,
+        &[
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "-X",
+            "POST",
+            &format!("{base}/files/"),
+            "-H",
+            "Tus-Resumable: 1.0.0",
+            "-H",
+            &format!("Upload-Length: {total}"),
+        ],
+    );
     assert!(head.starts_with("HTTP/2 201"), "{head}");
     let url = format!("{base}{}", header_of(&head, "location").expect("Location"));
 
@@ -73,8 +111,14 @@ async fn upload_cut_resume_download(s: &Server, dir: &Path, proto: &str) {
     let c = h2_client(base, dir);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     let body = reqwest::Body::wrap_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) }));
-    let patch =
-        c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Content-Length", total.to_string()).body(body).send();
+    let patch = c
+        .patch(&url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", "0")
+        .header("Content-Length", total.to_string())
+        .body(body)
+        .send();
     let patch = tokio::spawn(patch);
     tx.send(Ok(data[..3 << 20].to_vec())).await.unwrap();
     // The server's metrics say when the first MiB is written (a HEAD would stop the PATCH).
@@ -232,7 +276,11 @@ async fn read_head(conn: &mut tokio::net::TcpStream, rest: &mut Vec<u8>) -> Stri
 async fn creation_104_cut_and_resume(s: &Server, v: &str) {
     let data = pseudo_random(3 << 20, 9);
     let mut conn = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
-    let head = format!("POST /files/ HTTP/1.1\r\nHost: {}\r\nUpload-Draft-Interop-Version: {v}\r\nUpload-Complete: ?1\r\nContent-Length: {}\r\n\r\n", s.addr(), data.len());
+    let head = format!(
+        "POST /files/ HTTP/1.1\r\nHost: {}\r\nUpload-Draft-Interop-Version: {v}\r\nUpload-Complete: ?1\r\nContent-Length: {}\r\n\r\n",
+        s.addr(),
+        data.len()
+    );
     conn.write_all(head.as_bytes()).await.unwrap();
     let mut rest = Vec::new();
     let interim = read_head(&mut conn, &mut rest).await;
@@ -259,7 +307,12 @@ async fn creation_104_cut_and_resume(s: &Server, v: &str) {
         .request(
             "PATCH",
             &url,
-            &[("Upload-Draft-Interop-Version", v), ("Upload-Offset", off.as_str()), ("Upload-Complete", "?1"), ("Content-Type", "application/partial-upload")],
+            &[
+                ("Upload-Draft-Interop-Version", v),
+                ("Upload-Offset", off.as_str()),
+                ("Upload-Complete", "?1"),
+                ("Content-Type", "application/partial-upload"),
+            ],
             Some(data[offset as usize..].to_vec()),
         )
         .await;

@@ -60,7 +60,9 @@ async fn an_idempotency_key_returns_the_first_upload_and_refuses_another_request
     assert_eq!(again.status(), 201);
     assert_eq!(location(&again), location(&first));
     // The bare (unquoted) form names the same key.
-    let bare = t.post(&[("Upload-Length", "10"), ("Upload-Metadata", "filename YS50eHQ="), ("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")]).await;
+    let bare = t
+        .post(&[("Upload-Length", "10"), ("Upload-Metadata", "filename YS50eHQ="), ("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")])
+        .await;
     assert_eq!(location(&bare), location(&first));
     assert_eq!(file_count(&s).await, 1);
 

@@ -28,7 +28,8 @@ async fn tuspy_with_upload_checksum() {
 async fn tuspy_without_upload_checksum() {
     let s = Server::start(&[]);
     let (_d, path, sha) = source(52);
-    let out = run_json_client(python_script("tuspy_upload.py", &[&s.base, path.to_str().unwrap(), "--chunk-size", "1048576", "--no-checksum"]), 300).await;
+    let out =
+        run_json_client(python_script("tuspy_upload.py", &[&s.base, path.to_str().unwrap(), "--chunk-size", "1048576", "--no-checksum"]), 300).await;
     assert_stored_sha256(&s, out["url"].as_str().unwrap(), &sha).await;
 }
 

@@ -235,7 +235,10 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
         }
         if TRANSPORT_FREE.contains(&top.as_str()) {
             for c in external_crates_named(src, TRANSPORT_CRATES) {
-                out.push(format!("src/{}: the {top} engine names the HTTP crate {c}; it takes bytes (upload::ChunkStream), and the transport adapts its body", rel.display()));
+                out.push(format!(
+                    "src/{}: the {top} engine names the HTTP crate {c}; it takes bytes (upload::ChunkStream), and the transport adapts its body",
+                    rel.display()
+                ));
             }
         }
         if NO_STORAGE.contains(&top.as_str()) {
@@ -269,7 +272,8 @@ fn no_module_imports_across_the_layers_design_forbids() {
 #[test]
 fn an_engine_importing_config_in_the_real_tree_is_caught() {
     let clean = source_tree();
-    let planted = ["events/webhooks.rs", "events/hooks.rs", "blob/s3/mod.rs", "upload/exhausted.rs", "tasks/kinds/mod.rs", "app/principal.rs", "http/mod.rs"];
+    let planted =
+        ["events/webhooks.rs", "events/hooks.rs", "blob/s3/mod.rs", "upload/exhausted.rs", "tasks/kinds/mod.rs", "app/principal.rs", "http/mod.rs"];
     for target in planted {
         let mut files = clean.clone();
         let (_, src) = files.iter_mut().find(|(p, _)| p == Path::new(target)).unwrap_or_else(|| panic!("src/{target} is in the tree"));
@@ -323,8 +327,12 @@ fn config_is_on_no_import_cycle() {
             .filter(|t| t != name)
             .collect()
     };
-    let config_imports: BTreeSet<String> =
-        files.iter().filter(|(rel, _)| rel.starts_with("config")).flat_map(|(rel, src)| imported_modules(&module_path(rel), src)).filter(|m| m != "config").collect();
+    let config_imports: BTreeSet<String> = files
+        .iter()
+        .filter(|(rel, _)| rel.starts_with("config"))
+        .flat_map(|(rel, src)| imported_modules(&module_path(rel), src))
+        .filter(|m| m != "config")
+        .collect();
     assert!(config_imports.contains("tasks") && config_imports.contains("events"), "config maps onto the engines' types: {config_imports:?}");
     let back: Vec<String> = tops_naming("config").intersection(&config_imports).cloned().collect();
     assert!(back.is_empty(), "config and these import each other: {back:?}");
@@ -575,7 +583,11 @@ fn only_the_removal_steps_vouch_that_bytes_are_unreferenced() {
     let files = source_tree();
     assert!(files.iter().any(|(p, src)| p == Path::new("upload/removal.rs") && src.contains("Unreferenced::vouched")), "the grantor was found");
     let v = unlicensed_removals(&files);
-    assert!(v.is_empty(), "bytes vouched unreferenced outside src/upload/removal.rs (make the evidence there, from the catalog step that released the row):\n{}", v.join("\n"));
+    assert!(
+        v.is_empty(),
+        "bytes vouched unreferenced outside src/upload/removal.rs (make the evidence there, from the catalog step that released the row):\n{}",
+        v.join("\n")
+    );
 }
 
 /// A vouching planted in the engine's other files, by each path it could take: each is

@@ -42,7 +42,8 @@ async fn raw(conn: &mut TcpStream, head: &str, body: &[u8]) -> u16 {
         buf.push(byte[0]);
     }
     let text = String::from_utf8_lossy(&buf).to_string();
-    let len: usize = text.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
+    let len: usize =
+        text.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
     let mut body = vec![0u8; len];
     conn.read_exact(&mut body).await.unwrap();
     text.split_whitespace().nth(1).unwrap().parse().unwrap()
@@ -243,7 +244,8 @@ async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_heal
     wait_bytes_received(&s, 20).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The lowest descriptor number not in use: a limit there leaves no number to open.
-    let used: std::collections::BTreeSet<u32> = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap()).collect();
+    let used: std::collections::BTreeSet<u32> =
+        std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap()).collect();
     let free = (0..).find(|n| !used.contains(n)).unwrap();
     assert!(std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={free}:1024")]).status().unwrap().success());
     let c = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(20)).pool_max_idle_per_host(0).build().unwrap();

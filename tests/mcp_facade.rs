@@ -24,7 +24,10 @@ type Client = RunningService<RoleClient, ClientConfig>;
 async fn connect(server: &Server, tasks: bool) -> Client {
     let caps = if tasks { ClientCapabilities::builder().enable_tasks().build() } else { ClientCapabilities::default() };
     let cfg = StreamableHttpClientTransportConfig::with_uri(server.url("/mcp"));
-    ClientConfig::new(caps, Implementation::new("ferry-tests", "0")).serve(StreamableHttpClientTransport::from_config(cfg)).await.expect("MCP over HTTP connects")
+    ClientConfig::new(caps, Implementation::new("ferry-tests", "0"))
+        .serve(StreamableHttpClientTransport::from_config(cfg))
+        .await
+        .expect("MCP over HTTP connects")
 }
 
 /// Call a tool; returns (structuredContent, isError). The result must validate against the
@@ -318,7 +321,9 @@ fn refused_config(toml: &str) -> String {
 
 #[test]
 fn an_invalid_params_schema_stops_start_up_with_one_clear_line() {
-    let err = refused_config("[commands.orders]\nprogram = \"/bin/true\"\n[commands.orders.params_schema]\ntype = \"object\"\nproperties.month = { type = \"text\" }\n");
+    let err = refused_config(
+        "[commands.orders]\nprogram = \"/bin/true\"\n[commands.orders.params_schema]\ntype = \"object\"\nproperties.month = { type = \"text\" }\n",
+    );
     assert!(err.contains("[commands.orders] params_schema") && err.contains("not a valid JSON Schema"), "{err}");
     let err = refused_config("[commands.orders]\nprogram = \"/bin/true\"\n[commands.orders.params_schema]\ntype = \"array\"\n");
     assert!(err.contains("[commands.orders] params_schema") && err.contains("object"), "{err}");

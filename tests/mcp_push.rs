@@ -102,7 +102,8 @@ async fn python_client_listening_on_one_replica_is_told_the_changes_made_on_anot
     let (_cfg, path) = config();
     let db = TestDb::create().await;
     let blobs = tempfile::tempdir().unwrap();
-    let replica = || Server::start(&["--catalog", db.url.as_str(), "--blobs", blobs.path().to_str().unwrap(), "--leases", "catalog", "--config", &path]);
+    let replica =
+        || Server::start(&["--catalog", db.url.as_str(), "--blobs", blobs.path().to_str().unwrap(), "--leases", "catalog", "--config", &path]);
     let (a, b) = (replica(), replica());
     let cmd = push_script(&a.data, &["--url", &a.url("/mcp"), "--url2", &b.url("/mcp")]);
     let v = run_json_client(cmd, CLIENT_SECS).await;
@@ -128,7 +129,10 @@ async fn listen_is_acknowledged_only_once_its_start_is_known(http: bool) {
         None => {
             let data = tmp.path().join("data");
             let ferry = ferry_bin();
-            push_script(&data, &["--gate", &gate_arg, "--hold", "--ferry", ferry.to_str().unwrap(), "--", "--catalog", db.url.as_str(), "--config", &path])
+            push_script(
+                &data,
+                &["--gate", &gate_arg, "--hold", "--ferry", ferry.to_str().unwrap(), "--", "--catalog", db.url.as_str(), "--config", &path],
+            )
         }
     };
     let client = tokio::spawn(run_json_client(cmd, CLIENT_SECS));

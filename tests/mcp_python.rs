@@ -110,7 +110,11 @@ fn run_client(mut cmd: Command) -> Value {
         panic!("{what} did not finish within {CLIENT_TIMEOUT:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
     };
     assert!(status.success(), "client failed ({status}): {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| panic!("no JSON line from {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"));
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line from {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?} from {what}: {e}"))
 }
 
@@ -354,7 +358,10 @@ fn python_stdio_task_output_is_locked() {
 #[test]
 fn typescript_sdk_call_tool_failing_and_succeeding() {
     let dir = manifest_dir().join("tests/clients/mcp-ts");
-    assert!(dir.join("node_modules/@modelcontextprotocol/sdk/package.json").exists(), "tests/clients/mcp-ts/node_modules is not installed: {INSTALL_HINT}");
+    assert!(
+        dir.join("node_modules/@modelcontextprotocol/sdk/package.json").exists(),
+        "tests/clients/mcp-ts/node_modules is not installed: {INSTALL_HINT}"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write_file(tmp.path(), "ferry.toml", "[commands.fail]\nprogram = \"/bin/false\"\n");
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);

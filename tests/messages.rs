@@ -67,7 +67,9 @@ async fn task_ttl_has_one_bound_and_one_message() {
         let v = problem(r, 400, "invalid_argument").await;
         assert_eq!(v["detail"], format!("body/ttl_ms must be a whole number of milliseconds from 1 to 31622400000 (366 days); got {ttl}"), "{v}");
     }
-    let r = api.send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(br#"{"kind":"external","ttl_ms":31622400000}"#.to_vec())).await;
+    let r = api
+        .send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(br#"{"kind":"external","ttl_ms":31622400000}"#.to_vec()))
+        .await;
     assert_eq!(r.status(), 201);
     let doc: Value = api.send("GET", "/api/v1/openapi.json", &[], None).await.json().await.unwrap();
     assert_eq!(doc["components"]["schemas"]["StartTask"]["properties"]["ttl_ms"]["maximum"], 31622400000i64);
@@ -86,9 +88,13 @@ async fn client_json_other_readers_cannot_take_is_refused_by_pointer() {
     // A result and a fragment of an external task are checked the same way.
     let r = api.send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(br#"{"kind":"external"}"#.to_vec())).await;
     let id = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
-    let r = api.send("POST", &format!("/api/v1/tasks/{id}/complete"), &[("content-type", "application/json")], Some(br#"{"result":{"x":-1e400}}"#.to_vec())).await;
+    let r = api
+        .send("POST", &format!("/api/v1/tasks/{id}/complete"), &[("content-type", "application/json")], Some(br#"{"result":{"x":-1e400}}"#.to_vec()))
+        .await;
     assert!(problem(r, 400, "invalid_argument").await["detail"].as_str().unwrap().contains("body/result/x"));
-    let r = api.send("POST", &format!("/api/v1/tasks/{id}/partial"), &[("content-type", "application/json")], Some(br#"{"fragment":"\udc00"}"#.to_vec())).await;
+    let r = api
+        .send("POST", &format!("/api/v1/tasks/{id}/partial"), &[("content-type", "application/json")], Some(br#"{"fragment":"\udc00"}"#.to_vec()))
+        .await;
     assert!(problem(r, 400, "invalid_argument").await["detail"].as_str().unwrap().contains("body/fragment"));
     // Unknown members are refused by name, in every body.
     for (path, body) in [
@@ -98,12 +104,15 @@ async fn client_json_other_readers_cannot_take_is_refused_by_pointer() {
         ("partial", r#"{"fragment":1,"extra":1}"#),
         ("progress", r#"{"fraction":0.5,"extra":1}"#),
     ] {
-        let r = api.send("POST", &format!("/api/v1/tasks/{id}/{path}"), &[("content-type", "application/json")], Some(body.as_bytes().to_vec())).await;
+        let r =
+            api.send("POST", &format!("/api/v1/tasks/{id}/{path}"), &[("content-type", "application/json")], Some(body.as_bytes().to_vec())).await;
         let v = problem(r, 400, "invalid_argument").await;
         assert!(v["detail"].as_str().unwrap().contains("extra"), "{path}: {v}");
     }
     // The deprecated `files` of complete is still a member.
-    let r = api.send("POST", &format!("/api/v1/tasks/{id}/complete"), &[("content-type", "application/json")], Some(br#"{"result":1,"files":[]}"#.to_vec())).await;
+    let r = api
+        .send("POST", &format!("/api/v1/tasks/{id}/complete"), &[("content-type", "application/json")], Some(br#"{"result":1,"files":[]}"#.to_vec()))
+        .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
 
@@ -114,8 +123,12 @@ async fn signed_urls_refuse_repeated_parameters_and_override_is_tus_only() {
     let r = create(&api, "", &[]).await;
     let loc = r.headers()["location"].to_str().unwrap().to_string();
     let id = loc.rsplit('/').next().unwrap().to_string();
-    let shared: Value =
-        api.send("POST", &format!("/api/v1/files/{id}/share"), &[("content-type", "application/json")], Some(br#"{"scope":"upload"}"#.to_vec())).await.json().await.unwrap();
+    let shared: Value = api
+        .send("POST", &format!("/api/v1/files/{id}/share"), &[("content-type", "application/json")], Some(br#"{"scope":"upload"}"#.to_vec()))
+        .await
+        .json()
+        .await
+        .unwrap();
     let url = shared["url"].as_str().unwrap().to_string();
     let plain = reqwest::Client::new();
     let r = plain.head(&url).header("Tus-Resumable", "1.0.0").send().await.unwrap();
@@ -131,7 +144,12 @@ async fn signed_urls_refuse_repeated_parameters_and_override_is_tus_only() {
         .send(
             "POST",
             &loc,
-            &[("X-HTTP-Method-Override", "PATCH"), ("Tus-Resumable", "1.0.0"), ("Content-Type", "application/offset+octet-stream"), ("Upload-Offset", "0")],
+            &[
+                ("X-HTTP-Method-Override", "PATCH"),
+                ("Tus-Resumable", "1.0.0"),
+                ("Content-Type", "application/offset+octet-stream"),
+                ("Upload-Offset", "0"),
+            ],
             Some(b"abc".to_vec()),
         )
         .await;
@@ -170,7 +188,12 @@ async fn mcp_answers_name_the_next_step() {
     assert!(v["error"]["recoveryHint"].as_str().unwrap().contains("file_upload_chunk"), "{v}");
     // task_respond that answers nothing is an error naming what the task waits for.
     let api = Api::new(&s);
-    let t: Value = api.send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(br#"{"kind":"external"}"#.to_vec())).await.json().await.unwrap();
+    let t: Value = api
+        .send("POST", "/api/v1/tasks", &[("content-type", "application/json")], Some(br#"{"kind":"external"}"#.to_vec()))
+        .await
+        .json()
+        .await
+        .unwrap();
     let (v, err) = call(&c, "task_respond", json!({ "task_id": t["id"], "key": "nope", "response": 1 })).await;
     assert!(err, "{v}");
     assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
@@ -194,7 +217,9 @@ async fn tools_call_with_params_of_the_wrong_shape_is_invalid_params() {
     let session = r.headers().get("mcp-session-id").map(|v| v.to_str().unwrap().to_string());
     let _ = r.text().await;
     let _ = post(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }), session.clone()).await.unwrap().text().await;
-    let r = post(json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": { "name": "file_list", "arguments": "str" } }), session).await.unwrap();
+    let r = post(json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": { "name": "file_list", "arguments": "str" } }), session)
+        .await
+        .unwrap();
     let text = r.text().await.unwrap();
     assert!(text.contains("-32602") && !text.contains("-32601"), "{text}");
 }

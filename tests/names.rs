@@ -38,7 +38,12 @@ async fn upload_named(t: &Tus, name: &str, data: &[u8]) -> String {
 async fn long_names_keep_response_headers_within_their_bound() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
-    let names = [format!("{}.pdf", "a".repeat(251)), format!("{}.pdf", "履".repeat(251)), format!("{}.pdf", "😀".repeat(251)), format!("{}x.pdf", "\u{1b}\u{202e}".repeat(125))];
+    let names = [
+        format!("{}.pdf", "a".repeat(251)),
+        format!("{}.pdf", "履".repeat(251)),
+        format!("{}.pdf", "😀".repeat(251)),
+        format!("{}x.pdf", "\u{1b}\u{202e}".repeat(125)),
+    ];
     for name in &names {
         assert_eq!(name.chars().count(), 255);
         let url = upload_named(&t, name, b"%PDF-1.7 tiny").await;

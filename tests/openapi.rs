@@ -97,7 +97,20 @@ async fn document_is_openapi_3_and_lists_every_route() {
     // Shapes: task view, file view, problem.
     let schemas = &doc["components"]["schemas"];
     let task = &schemas["Task"]["properties"];
-    for f in ["id", "kind", "status", "progress", "input_requests", "result", "error", "idempotency_key", "created_at", "updated_at", "ttl_ms", "poll_after_ms"] {
+    for f in [
+        "id",
+        "kind",
+        "status",
+        "progress",
+        "input_requests",
+        "result",
+        "error",
+        "idempotency_key",
+        "created_at",
+        "updated_at",
+        "ttl_ms",
+        "poll_after_ms",
+    ] {
         assert!(task.get(f).is_some(), "Task.{f} missing");
     }
     let statuses = &deref(&doc, &task["status"])["enum"];
@@ -197,7 +210,8 @@ async fn the_document_states_the_constraints_the_server_enforces() {
         assert_eq!(c.get(s.url(&format!("{path}?limit=1000"))).send().await.unwrap().status(), 200);
         problem(c.get(s.url(&format!("{path}?limit=1001"))).send().await.unwrap(), 400, "invalid_argument").await;
     }
-    let key = doc["paths"]["/api/v1/tasks"]["post"]["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "Idempotency-Key").unwrap().clone();
+    let key =
+        doc["paths"]["/api/v1/tasks"]["post"]["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "Idempotency-Key").unwrap().clone();
     assert_eq!((key["schema"]["minLength"].as_u64(), key["schema"]["maxLength"].as_u64()), (Some(1), Some(255)), "{key}");
     let share = &doc["components"]["schemas"]["ShareBody"]["properties"]["ttl_ms"];
     assert_eq!((share["minimum"].as_u64(), share["maximum"].as_u64()), (Some(1), Some(604_800_000)), "{share}");
@@ -249,7 +263,21 @@ async fn run_schemathesis(s: &Server, token: Option<&str>, extra: &[String]) {
     let work = s.data.join("schemathesis");
     std::fs::create_dir_all(&work).unwrap();
     cmd.current_dir(&work).arg("--config-file").arg(dir.join("schemathesis.toml"));
-    cmd.args(["run", &s.url("/api/v1/openapi.json"), "--url", &s.base, "--checks", "all", "--max-examples", "15", "--max-time", "25", "--seed", "7", "--no-shrink"]);
+    cmd.args([
+        "run",
+        &s.url("/api/v1/openapi.json"),
+        "--url",
+        &s.base,
+        "--checks",
+        "all",
+        "--max-examples",
+        "15",
+        "--max-time",
+        "25",
+        "--seed",
+        "7",
+        "--no-shrink",
+    ]);
     cmd.args(["--workers", "1", "--request-timeout", "20", "--generation-database", "none", "--report-dir"]).arg(work.join("report"));
     cmd.args(extra);
     if let Some(t) = token {
@@ -346,7 +374,11 @@ async fn each_kinds_args_schema_is_the_check() {
             let r = api.post("/api/v1/tasks", &body.to_string()).await;
             let status = r.status().as_u16();
             if (status == 400) == valid {
-                wrong.push(format!("{body}: the document says {}, the server answered {status} {}", if valid { "valid" } else { "invalid" }, r.text().await.unwrap()));
+                wrong.push(format!(
+                    "{body}: the document says {}, the server answered {status} {}",
+                    if valid { "valid" } else { "invalid" },
+                    r.text().await.unwrap()
+                ));
             }
         }
     }
@@ -411,7 +443,9 @@ async fn refusals_are_the_documents() {
 
     let archive = api.start("archive", &format!(r#"{{"file_ids":["{}"],"format":"tar"}}"#, api.upload(b"abc", "a.txt").await)).await;
     let aid = archive["id"].as_str().unwrap();
-    for (route, body) in [("progress", r#"{"fraction":0.5}"#), ("partial", r#"{"fragment":1}"#), ("complete", r#"{"result":1}"#), ("fail", r#"{"message":"no"}"#)] {
+    for (route, body) in
+        [("progress", r#"{"fraction":0.5}"#), ("partial", r#"{"fragment":1}"#), ("complete", r#"{"result":1}"#), ("fail", r#"{"message":"no"}"#)]
+    {
         problem(api.post(&format!("/api/v1/tasks/{aid}/{route}"), body).await, 409, "conflict").await;
         let path = format!("/api/v1/tasks/{{id}}/{route}");
         assert!(codes(&op(&path), "409").contains(&"conflict".to_string()), "{path}");

@@ -143,7 +143,12 @@ async fn listen_takes_a_host_name_and_logs_are_plain_when_piped() {
 
     // A name that does not resolve, or no port: one clear line, exit 2.
     for bad in ["no-such-host.invalid:8080", "localhost"] {
-        let out = Command::new(ferry_bin()).args(["serve", "--listen", bad, "--data"]).arg(tmp.path().join("d2")).env_remove("FERRY_LISTEN").output().unwrap();
+        let out = Command::new(ferry_bin())
+            .args(["serve", "--listen", bad, "--data"])
+            .arg(tmp.path().join("d2"))
+            .env_remove("FERRY_LISTEN")
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("listen") && err.contains(bad.split(':').next().unwrap()), "{bad}: {err}");
@@ -177,8 +182,12 @@ fn systemd_unit_verifies_and_is_hardened() {
     // verify exits 0 on unknown keys and bad values (it ignores them): any message fails.
     assert!(out.status.success() && said.trim().is_empty(), "systemd-analyze verify deploy/ferry.service:\n{said}");
 
-    let out =
-        Command::new(&analyze).args(["security", "--offline=yes", "--threshold=25", "--no-pager"]).arg(format!("--root={}", r.display())).arg("ferry.service").output().unwrap();
+    let out = Command::new(&analyze)
+        .args(["security", "--offline=yes", "--threshold=25", "--no-pager"])
+        .arg(format!("--root={}", r.display()))
+        .arg("ferry.service")
+        .output()
+        .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "systemd-analyze security: exposure above 2.5:\n{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("Overall exposure level for ferry.service"), "{said}");
@@ -345,7 +354,10 @@ async fn a_server_refuses_a_blob_store_that_is_not_its_catalogs() {
 
     // Another, empty directory as the blob store: none of the catalog's uploads is there.
     let err = refused_start(&data, &["--blobs", other.to_str().unwrap()]);
-    assert!(err.contains(other.to_str().unwrap()) && err.contains("is not the one this catalog's uploads are in") && err.contains("--blobs"), "{err}");
+    assert!(
+        err.contains(other.to_str().unwrap()) && err.contains("is not the one this catalog's uploads are in") && err.contains("--blobs"),
+        "{err}"
+    );
     assert!(!other.join(".ferry-store-mark").exists(), "a refused store is not marked");
 
     // Another catalog's store: refused by its mark alone.

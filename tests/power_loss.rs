@@ -100,7 +100,11 @@ impl Rig {
             eprintln!("skipping the power-loss suite: {why}");
             return None;
         }
-        let seed = std::env::var("FERRY_POWERLOSS_SEED").ok().filter(|s| !s.is_empty()).map(|s| s.parse().expect("FERRY_POWERLOSS_SEED: a number")).unwrap_or(0x9E11);
+        let seed = std::env::var("FERRY_POWERLOSS_SEED")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().expect("FERRY_POWERLOSS_SEED: a number"))
+            .unwrap_or(0x9E11);
         // One stream of draws per test, from the one seed.
         let seed = seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
         eprintln!("power-loss {name}: seed {seed} (FERRY_POWERLOSS_SEED to change)");
@@ -175,7 +179,10 @@ impl Rig {
         if tokio::time::timeout(Duration::from_secs(10), &mut work).await.is_err() {
             work.abort();
         }
-        let line = format!("cut {round}: armed {trigger:?}; happened {} ({}/{} unsynced inodes written back)", cut.at, cut.report.written_back, cut.report.unsynced);
+        let line = format!(
+            "cut {round}: armed {trigger:?}; happened {} ({}/{} unsynced inodes written back)",
+            cut.at, cut.report.written_back, cut.report.unsynced
+        );
         eprintln!("{line}");
         self.cuts.push(line);
         self.fs.remount().expect("remount after the cut");
@@ -283,7 +290,18 @@ async fn create(base: &str, ledger: &Shared, data: Arc<Vec<u8>>, draft: bool, co
     let loc = r.headers()["location"].to_str().unwrap();
     let path = format!("/files/{}", id_of(loc));
     let is_final = concat.is_some_and(|c| c.starts_with("final"));
-    let up = Up { path: path.clone(), data, draft, floor: 0, finished: false, delete_sent: false, deleted: false, is_final, partial: concat == Some("partial"), spare: false };
+    let up = Up {
+        path: path.clone(),
+        data,
+        draft,
+        floor: 0,
+        finished: false,
+        delete_sent: false,
+        deleted: false,
+        is_final,
+        partial: concat == Some("partial"),
+        spare: false,
+    };
     ledger.lock().unwrap().ups.push(up);
     Some(path)
 }
@@ -486,7 +504,13 @@ async fn tus_and_draft_uploads_survive_power_cuts() {
     }
     // Cuts inside finishes: a fresh upload sent up to its last chunk, then the power goes in
     // the last PATCH's blob fsync or its catalog commit.
-    let finishes = [(Op::Fsync, "/blobs/", 1), (Op::Fsync, "ferry.db-wal", 1), (Op::Fsync, "ferry.db-wal", 2), (Op::Write, "ferry.db-wal", 1), (Op::Write, "ferry.db-wal", 2)];
+    let finishes = [
+        (Op::Fsync, "/blobs/", 1),
+        (Op::Fsync, "ferry.db-wal", 1),
+        (Op::Fsync, "ferry.db-wal", 2),
+        (Op::Write, "ferry.db-wal", 1),
+        (Op::Write, "ferry.db-wal", 2),
+    ];
     for (i, (op, path, nth)) in finishes.into_iter().enumerate() {
         let data = Arc::new(pseudo_random(1 << 20, 100 + i as u64));
         let base = rig.base();
@@ -562,8 +586,18 @@ async fn concatenation_deletes_and_tasks_survive_power_cuts() {
                                 return;
                             }
                         }
-                        let done: Vec<String> = l.lock().unwrap().ups.iter().filter(|u| u.finished && !u.spare && !u.partial).map(|u| id_of(&u.path)).rev().take(3).collect();
-                        let args = serde_json::json!({"kind": "archive", "args": {"file_ids": &done, "format": if round % 2 == 0 { "tar" } else { "zip" }}});
+                        let done: Vec<String> = l
+                            .lock()
+                            .unwrap()
+                            .ups
+                            .iter()
+                            .filter(|u| u.finished && !u.spare && !u.partial)
+                            .map(|u| id_of(&u.path))
+                            .rev()
+                            .take(3)
+                            .collect();
+                        let args =
+                            serde_json::json!({"kind": "archive", "args": {"file_ids": &done, "format": if round % 2 == 0 { "tar" } else { "zip" }}});
                         let Ok(r) = client().post(format!("{base}/api/v1/tasks")).json(&args).send().await else { return };
                         if r.status() == 201 {
                             let v: serde_json::Value = r.json().await.unwrap();
@@ -598,7 +632,8 @@ async fn concatenation_deletes_and_tasks_survive_power_cuts() {
                     let Ok(r) = client().get(format!("{base}/api/v1/tasks/{}", t.id)).send().await else { return };
                     let Ok(v) = r.json::<serde_json::Value>().await else { return };
                     if v["status"] == "completed" {
-                        let res = (v["result"]["file"]["id"].as_str().unwrap().to_string(), v["result"]["file"]["sha256"].as_str().unwrap().to_string());
+                        let res =
+                            (v["result"]["file"]["id"].as_str().unwrap().to_string(), v["result"]["file"]["sha256"].as_str().unwrap().to_string());
                         l.lock().unwrap().tasks.iter_mut().filter(|x| x.id == t.id).for_each(|x| x.result = Some(res.clone()));
                     }
                 }
@@ -646,7 +681,8 @@ async fn relaxed_durability_resumes_from_what_survived() {
         let ctx = rig.context();
         let ups = ledger.lock().unwrap().ups.clone();
         for up in &ups {
-            let (off, complete) = head(&rig.base(), &up.path).await.unwrap_or_else(|s| panic!("{}: created, gone after the cut (HEAD {s})\n{ctx}", up.path));
+            let (off, complete) =
+                head(&rig.base(), &up.path).await.unwrap_or_else(|s| panic!("{}: created, gone after the cut (HEAD {s})\n{ctx}", up.path));
             assert!(off as usize <= up.data.len(), "{}: offset {off} past the length\n{ctx}", up.path);
             if up.finished || complete {
                 assert_served(&rig.base(), up, &ctx).await;
@@ -699,8 +735,13 @@ async fn a_delete_cut_anywhere_leaves_the_upload_whole_or_gone_and_no_orphan() {
         let r = tus(c.post(format!("{base}/files/"))).header("Upload-Length", data.len().to_string()).send().await.unwrap();
         assert_eq!(r.status(), 201);
         let path = format!("/files/{}", id_of(r.headers()["location"].to_str().unwrap()));
-        let r =
-            tus(c.patch(format!("{base}{path}"))).header("Upload-Offset", "0").header("Content-Type", "application/offset+octet-stream").body(data.clone()).send().await.unwrap();
+        let r = tus(c.patch(format!("{base}{path}")))
+            .header("Upload-Offset", "0")
+            .header("Content-Type", "application/offset+octet-stream")
+            .body(data.clone())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 204, "{path}");
         let answered = Arc::new(Mutex::new(None));
         let work = {
@@ -728,8 +769,17 @@ async fn a_delete_cut_anywhere_leaves_the_upload_whole_or_gone_and_no_orphan() {
             other => panic!("HEAD answered {other}: {ctx}"),
         }
     }
-    let out =
-        output_within(std::process::Command::new(ferry_bin()).args(["check", "--quiet", "--json", "--data"]).arg(&rig.data).env_remove("FERRY_CONFIG"), Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(0), "ferry check after the cuts: {} {}; {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), rig.context());
+    let out = output_within(
+        std::process::Command::new(ferry_bin()).args(["check", "--quiet", "--json", "--data"]).arg(&rig.data).env_remove("FERRY_CONFIG"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "ferry check after the cuts: {} {}; {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        rig.context()
+    );
     rig.summary();
 }

@@ -79,7 +79,12 @@ async fn race(servers: &[&Server]) {
             statuses.push(a.await.unwrap().status().as_u16());
         }
         let total = stored(servers[0]).await;
-        assert!(total <= QUOTA, "{} PATCHes (chunked: {chunked}) stored {total} bytes, {:.2}x the quota of {QUOTA}: {statuses:?}", urls.len(), total as f64 / QUOTA as f64);
+        assert!(
+            total <= QUOTA,
+            "{} PATCHes (chunked: {chunked}) stored {total} bytes, {:.2}x the quota of {QUOTA}: {statuses:?}",
+            urls.len(),
+            total as f64 / QUOTA as f64
+        );
         assert!(statuses.iter().all(|s| *s == 204 || *s == 507), "{statuses:?}");
         assert!(statuses.contains(&507), "some were refused: {statuses:?}");
         clear(servers[0]).await;
@@ -118,7 +123,9 @@ async fn race(servers: &[&Server]) {
         let st = a.await.unwrap().status().as_u16();
         assert!(st == 204 || st == 507, "{st}");
     }
-    let t = api.wait_for(task["id"].as_str().unwrap(), 60, "a terminal status", |t| ["completed", "failed"].contains(&t["status"].as_str().unwrap_or(""))).await;
+    let t = api
+        .wait_for(task["id"].as_str().unwrap(), 60, "a terminal status", |t| ["completed", "failed"].contains(&t["status"].as_str().unwrap_or("")))
+        .await;
     let total = stored(servers[0]).await;
     assert!(total <= QUOTA, "the input, a task file and two PATCHes stored {total} bytes, past the quota of {QUOTA} (task {})", t["status"]);
 }

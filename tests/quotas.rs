@@ -303,7 +303,10 @@ async fn wait_gone(api: &Api, id: &str) -> u16 {
 #[tokio::test]
 async fn retention_removes_finished_files_after_their_time_with_the_expiry_event() {
     let (alice_t, bob_t) = ("fy_alice_ret_token", "fy_bob_ret_token");
-    let config = format!("{}[limits]\nretain_finished = \"2s\"\n\n[limits.principals.alice]\nretain_finished = \"never\"\n", tokens(&[("alice", alice_t), ("bob", bob_t)]));
+    let config = format!(
+        "{}[limits]\nretain_finished = \"2s\"\n\n[limits.principals.alice]\nretain_finished = \"never\"\n",
+        tokens(&[("alice", alice_t), ("bob", bob_t)])
+    );
     let (_d, s) = server_with(&config, &["--sweep-interval", "200ms"]);
     let (alice, bob) = (Api::with_token(&s, alice_t), Api::with_token(&s, bob_t));
     // Bob's event stream from now on (SSE), to see the expiry machinery's event.

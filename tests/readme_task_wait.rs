@@ -83,7 +83,11 @@ async fn run_block(s: &Server, lang: &str, id: &str, other: Option<&str>, finish
         let line = tokio::task::block_in_place(|| rx.next()).unwrap_or_else(|| panic!("{lang}: no read of the task; stderr so far: {log:?}"));
         log.push(line);
     }
-    assert_eq!(log.iter().find(|l| l.starts_with("GOT ")).map(String::as_str), Some(format!("GOT {events_url}").as_str()), "{lang}: subscribe first: {log:?}");
+    assert_eq!(
+        log.iter().find(|l| l.starts_with("GOT ")).map(String::as_str),
+        Some(format!("GOT {events_url}").as_str()),
+        "{lang}: subscribe first: {log:?}"
+    );
     if let Some(o) = other {
         // Another task's status event passes by without ending the wait.
         let r = Api::new(s).post(&format!("/api/v1/tasks/{o}/cancel"), "").await;

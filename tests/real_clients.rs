@@ -81,7 +81,11 @@ async fn run_client(cmd: Command) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "client failed ({}): {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| panic!("no JSON line from {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"));
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line from {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"));
     let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?} from {what}: {e}"));
     assert!(v["url"].is_string(), "no \"url\" in {line}");
     eprintln!("{what}\n  -> {line}");
@@ -142,8 +146,12 @@ fn resolve(server: &Server, url: &str) -> String {
 
 /// Decode the sha-256 member of a `Repr-Digest` header to hex.
 fn repr_digest_sha256_hex(header: &str) -> String {
-    let member = header.split(',').map(str::trim).find_map(|m| m.strip_prefix("sha-256=")).unwrap_or_else(|| panic!("no sha-256 in Repr-Digest {header:?}"));
-    let b64 = member.strip_prefix(':').and_then(|m| m.strip_suffix(':')).unwrap_or_else(|| panic!("Repr-Digest sha-256 is not a byte sequence (:…:): {header:?}"));
+    let member =
+        header.split(',').map(str::trim).find_map(|m| m.strip_prefix("sha-256=")).unwrap_or_else(|| panic!("no sha-256 in Repr-Digest {header:?}"));
+    let b64 = member
+        .strip_prefix(':')
+        .and_then(|m| m.strip_suffix(':'))
+        .unwrap_or_else(|| panic!("Repr-Digest sha-256 is not a byte sequence (:…:): {header:?}"));
     let raw = base64::engine::general_purpose::STANDARD.decode(b64).unwrap_or_else(|e| panic!("Repr-Digest {header:?} is not base64: {e}"));
     assert_eq!(raw.len(), 32, "Repr-Digest sha-256 of {} bytes: {header:?}", raw.len());
     hex::encode(raw)
@@ -335,13 +343,20 @@ async fn curl_is_not_asked_for_a_body_that_is_refused() {
     let done = t.create(3).await;
     assert_eq!(t.patch(&done, 0, b"abc".to_vec(), &[]).await.status(), 204);
     let body = format!("@{}", src.path.display());
-    for (what, target, offset, status) in [("an offset that moved", &url, "7", "409"), ("past the length", &url, "0", "413"), ("a complete upload", &done, "3", "413")] {
+    for (what, target, offset, status) in
+        [("an offset that moved", &url, "7", "409"), ("past the length", &url, "0", "413"), ("a complete upload", &done, "3", "413")]
+    {
         let mut cmd = command("curl");
         cmd.args(["-sS", "--noproxy", "*", "--max-time", "120", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}", "-X", "PATCH"])
             .args(["-H", "Tus-Resumable: 1.0.0", "-H", "Content-Type: application/offset+octet-stream", "-H", &format!("Upload-Offset: {offset}")])
             .args(["--data-binary", &body, target]);
         let out = run(cmd).await;
-        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{status} 0"), "{what}: status and bytes curl uploaded ({})", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{status} 0"),
+            "{what}: status and bytes curl uploaded ({})",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     assert_eq!(t.offset(&url).await, 0);
     assert_eq!(t.download(&done).await, b"abc");
@@ -372,8 +387,23 @@ async fn curl_create_two_patches_and_range_download() {
     for part in [&part1, &part2] {
         let off_hdr = format!("Upload-Offset: {offset}");
         let data = format!("@{}", part.display());
-        let (code, h) =
-            curl(&["-X", "PATCH", "-H", "Tus-Resumable: 1.0.0", "-H", &off_hdr, "-H", "Content-Type: application/offset+octet-stream", "--data-binary", &data, &url], None).await;
+        let (code, h) = curl(
+            &[
+                "-X",
+                "PATCH",
+                "-H",
+                "Tus-Resumable: 1.0.0",
+                "-H",
+                &off_hdr,
+                "-H",
+                "Content-Type: application/offset+octet-stream",
+                "--data-binary",
+                &data,
+                &url,
+            ],
+            None,
+        )
+        .await;
         offset += std::fs::metadata(part).unwrap().len();
         assert_eq!(code, 204, "PATCH {url} at {off_hdr}: {h:?}");
         assert_eq!(h.get("upload-offset").map(String::as_str), Some(offset.to_string().as_str()), "{h:?}");

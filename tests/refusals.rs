@@ -30,7 +30,11 @@ struct HookServer {
 impl HookServer {
     fn start(dir: &Path) -> HookServer {
         let log = dir.join("hook.jsonl");
-        let mut child = python_script("upload_hook.py", &["--log", log.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start upload_hook.py");
+        let mut child = python_script("upload_hook.py", &["--log", log.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start upload_hook.py");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let line = lines.next().expect("hook exited before listening").unwrap();
         let port = line.strip_prefix("listening on ").expect("listening line").trim().parse().unwrap();
@@ -166,7 +170,10 @@ async fn call_tool(c: &McpClient, name: &str, args: Value) -> Value {
 async fn every_refused_creation_leaves_no_upload_blob_event_or_quota_use() {
     let dir = tempfile::tempdir().unwrap();
     let hook = HookServer::start(dir.path());
-    let s = server_with(dir.path(), &format!("[limits]\nmax_bytes = 10000\nmax_uploads_in_progress = 5\n\n[hooks.pre_create]\nurl = \"{}\"\n", hook.url("/pre-create")));
+    let s = server_with(
+        dir.path(),
+        &format!("[limits]\nmax_bytes = 10000\nmax_uploads_in_progress = 5\n\n[hooks.pre_create]\nurl = \"{}\"\n", hook.url("/pre-create")),
+    );
     let api = Api::with_token(&s, TOKEN);
     // One finished file before the walk: the input of a task below.
     let input = api.upload(&pseudo_random(6000, 1), "input.bin").await;
@@ -237,7 +244,8 @@ async fn every_refused_creation_leaves_no_upload_blob_event_or_quota_use() {
     refused("a creation body failing its checksum", &api.send("POST", "/files/", &ascii(&h), Some(b"hello".to_vec())).await, 460);
     let h = tus(&[("Upload-Length", "5".into()), ("Content-Type", OCTET.into())]);
     refused("a creation body past Upload-Length", &send_chunked(&api, &ascii(&h), b"hello world".to_vec()).await, 413);
-    let h = tus(&[("Upload-Length", "5".into()), ("Content-Type", OCTET.into()), ("Upload-Metadata", md(&[("sha256", sha_of(b"other").as_bytes())]))]);
+    let h =
+        tus(&[("Upload-Length", "5".into()), ("Content-Type", OCTET.into()), ("Upload-Metadata", md(&[("sha256", sha_of(b"other").as_bytes())]))]);
     refused("a whole body failing the declared sha256", &api.send("POST", "/files/", &ascii(&h), Some(b"hello".to_vec())).await, 460);
     let h = tus(&[("Upload-Defer-Length", "1".into()), ("Content-Type", OCTET.into())]);
     refused("a deferred-length body past the quota", &api.send("POST", "/files/", &ascii(&h), Some(pseudo_random(5000, 2))).await, 507);
@@ -343,14 +351,25 @@ async fn a_replay_has_no_side_effects() {
     assert_eq!(header(&again, "location"), header(&first, "location"), "with the first upload");
     // The same with the body along (creation-with-upload): the body is not appended twice.
     let note = md(&[("filename", b"note.txt")]);
-    let h = [("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Metadata", note.as_str()), ("Idempotency-Key", "k-tus-2")];
+    let h = [
+        ("Tus-Resumable", "1.0.0"),
+        ("Upload-Length", "5"),
+        ("Content-Type", OCTET),
+        ("Upload-Metadata", note.as_str()),
+        ("Idempotency-Key", "k-tus-2"),
+    ];
     let first_body = api.send("POST", "/files/", &h, Some(b"hello".to_vec())).await;
     assert_eq!(first_body.status(), 201);
     let again = api.send("POST", "/files/", &h, Some(b"hello".to_vec())).await;
     assert_eq!((again.status().as_u16(), header(&again, "location")), (201, header(&first_body, "location")));
     // The draft.
     let draft_md = md(&[("filename", b"draft.bin")]);
-    let h = [("Upload-Draft-Interop-Version", "8"), ("Upload-Complete", "?0"), ("Upload-Metadata", draft_md.as_str()), ("Idempotency-Key", "\"k-draft\"")];
+    let h = [
+        ("Upload-Draft-Interop-Version", "8"),
+        ("Upload-Complete", "?0"),
+        ("Upload-Metadata", draft_md.as_str()),
+        ("Idempotency-Key", "\"k-draft\""),
+    ];
     let first_draft = api.send("POST", "/files/", &h, None).await;
     assert_eq!(first_draft.status(), 201);
     let again = api.send("POST", "/files/", &h, None).await;
@@ -400,7 +419,8 @@ async fn a_replay_has_no_side_effects() {
 
     // Events: one upload.created per upload, one status change per task change, nothing for
     // the replays. The sentinel's creation closes the stream.
-    let sentinel = id_of(header(&api.send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await, "location").unwrap());
+    let sentinel =
+        id_of(header(&api.send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], None).await, "location").unwrap());
     let seen = read_until(&mut events, |e| e.event == "upload.created" && e.data["data"]["upload"] == sentinel.as_str()).await;
     let created: Vec<&str> = seen.iter().filter(|e| e.event == "upload.created").map(|e| e.data["data"]["upload"].as_str().unwrap()).collect();
     let unique: std::collections::HashSet<&&str> = created.iter().collect();
@@ -408,7 +428,11 @@ async fn a_replay_has_no_side_effects() {
     // report, note, draft, 2 parts, final, input, 2 archives, sentinel.
     assert_eq!(created.len(), 10, "{created:?}");
     for t in [&task_id, &mcp_task] {
-        let changes: Vec<&Value> = seen.iter().filter(|e| e.event == "task.status_changed" && e.data["data"]["task"] == t.as_str()).map(|e| &e.data["data"]["status"]).collect();
+        let changes: Vec<&Value> = seen
+            .iter()
+            .filter(|e| e.event == "task.status_changed" && e.data["data"]["task"] == t.as_str())
+            .map(|e| &e.data["data"]["status"])
+            .collect();
         assert_eq!(changes, [&json!("working"), &json!("completed")], "task {t}: one run");
         // The run's partial results (one per archive member) are announced once, too.
         let partials = seen.iter().filter(|e| e.event == "task.partial" && e.data["data"]["task"] == t.as_str()).count();
@@ -425,7 +449,9 @@ async fn non_utf8_upload(api: &Api) -> (String, String) {
     let r = api.send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "3"), ("Upload-Metadata", &raw)], None).await;
     assert_eq!(r.status(), 201);
     let id = id_of(header(&r, "location").unwrap());
-    let r = api.send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await;
+    let r = api
+        .send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"abc".to_vec()))
+        .await;
     assert_eq!(r.status(), 204);
     (id, raw)
 }
@@ -452,7 +478,10 @@ fn decoded(raw: &str) -> Vec<(String, Vec<u8>)> {
 async fn hooks_get_and_give_back_metadata_byte_exact() {
     let dir = tempfile::tempdir().unwrap();
     let hook = HookServer::start(dir.path());
-    let s = server_with(dir.path(), &format!("[hooks.pre_create]\nurl = \"{}\"\n\n[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/echo"), hook.url("/pre-finish")));
+    let s = server_with(
+        dir.path(),
+        &format!("[hooks.pre_create]\nurl = \"{}\"\n\n[hooks.pre_finish]\nurl = \"{}\"\n", hook.url("/echo"), hook.url("/pre-finish")),
+    );
     let api = Api::with_token(&s, TOKEN);
     let (id, _) = non_utf8_upload(&api).await;
     let calls = hook.calls();
@@ -571,7 +600,9 @@ async fn a_patch_refused_from_its_headers_is_answered_before_its_body() {
     let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
     let (rd, mut wr) = stream.into_split();
     let mut rd = tokio::io::BufReader::new(rd);
-    for (what, target, offset, status) in [("an offset that moved", &url, 7, 409), ("past the length", &url, 0, 413), ("a complete upload", &done, 3, 413)] {
+    for (what, target, offset, status) in
+        [("an offset that moved", &url, 7, 409), ("past the length", &url, 0, 413), ("a complete upload", &done, 3, 413)]
+    {
         let path = target.strip_prefix(&s.base).unwrap().to_string();
         let head =
             format!("PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: {offset}\r\nContent-Length: {LEN}\r\n\r\n", s.addr());
@@ -592,8 +623,9 @@ async fn a_patch_refused_from_its_headers_is_answered_before_its_body() {
             })
         };
         // A hang guard, not a timing check: a server that waits for the body never answers here.
-        let (code, h, problem) =
-            tokio::time::timeout(std::time::Duration::from_secs(120), read_response(&mut rd, false)).await.unwrap_or_else(|_| panic!("{what}: no answer before the body"));
+        let (code, h, problem) = tokio::time::timeout(std::time::Duration::from_secs(120), read_response(&mut rd, false))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer before the body"));
         answered.cancel();
         assert_eq!(code, status, "{what}: {}", String::from_utf8_lossy(&problem));
         let expected_offset = if target == &done { "3" } else { "0" };

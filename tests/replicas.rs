@@ -29,7 +29,8 @@ fn replica_with_lease(db: &TestDb, blobs: &Path, lease: &str, extra: &[&str]) ->
 fn streaming_patch(url: &str, offset: u64) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
-    let req = client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
+    let req =
+        client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
     (tx, tokio::spawn(req.send()))
 }
 
@@ -288,7 +289,8 @@ async fn mcp_calls_of_one_session_are_served_by_every_replica() {
 
     let caps = ClientCapabilities::builder().enable_tasks().build();
     let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(proxy.url("/mcp")));
-    let c = ClientConfig::new(caps, Implementation::new("ferry-replica-tests", "0")).serve(transport).await.expect("MCP session through the balancer");
+    let c =
+        ClientConfig::new(caps, Implementation::new("ferry-replica-tests", "0")).serve(transport).await.expect("MCP session through the balancer");
     let call = |name: &'static str, args: Value| {
         let c = &c;
         async move {
@@ -304,7 +306,15 @@ async fn mcp_calls_of_one_session_are_served_by_every_replica() {
     let begin = call("file_upload_begin", json!({ "name": "r.bin", "size": data.len() })).await;
     let url = begin["upload_url"].as_str().unwrap();
     assert!(url.starts_with(&public), "signed URLs name the balancer (--public-url): {url}");
-    let r = client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").body(data.clone()).send().await.unwrap();
+    let r = client()
+        .patch(url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", "0")
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     let id = begin["file"]["id"].as_str().unwrap().to_string();
     for _ in 0..3 {
@@ -338,7 +348,10 @@ async fn mcp_calls_of_one_session_are_served_by_every_replica() {
 
     // The TypeScript SDK (MCP 2025-11-25, sessions) through the same balancer.
     let dir = manifest_dir().join("tests/clients/mcp-ts");
-    assert!(dir.join("node_modules/@modelcontextprotocol/sdk/package.json").exists(), "tests/clients/mcp-ts/node_modules is not installed: run .ci/run");
+    assert!(
+        dir.join("node_modules/@modelcontextprotocol/sdk/package.json").exists(),
+        "tests/clients/mcp-ts/node_modules is not installed: run .ci/run"
+    );
     let before = proxy.served().len();
     let node = std::env::var_os("FERRY_NODE").unwrap_or_else(|| "node".into());
     let mut cmd = loopback_command(node);
@@ -373,7 +386,10 @@ async fn a_long_poll_on_one_replica_wakes_when_another_replica_ends_the_task() {
     assert_eq!(task["status"], "working", "{task}");
 
     let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(a.url("/mcp")));
-    let c = ClientConfig::new(ClientCapabilities::default(), Implementation::new("ferry-replica-tests", "0")).serve(transport).await.expect("MCP on replica A");
+    let c = ClientConfig::new(ClientCapabilities::default(), Implementation::new("ferry-replica-tests", "0"))
+        .serve(transport)
+        .await
+        .expect("MCP on replica A");
     let Value::Object(args) = json!({ "task_id": id, "wait_ms": WAIT_MS }) else { unreachable!() };
     let poll = tokio::spawn(async move {
         let r = c.call_tool(CallToolRequestParams::new("task_get").with_arguments(args)).await.expect("task_get");

@@ -63,7 +63,20 @@ impl Cluster {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let public = public.map(str::to_string).unwrap_or_else(|| format!("http://{}", listener.local_addr().unwrap()));
         let blobs = s3.url(PREFIX);
-        let mut args = vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", "2s", "--task-lease", "2s", "--public-url", &public];
+        let mut args = vec![
+            "--catalog",
+            db.url.as_str(),
+            "--blobs",
+            &blobs,
+            "--leases",
+            "catalog",
+            "--upload-lease",
+            "2s",
+            "--task-lease",
+            "2s",
+            "--public-url",
+            &public,
+        ];
         args.extend_from_slice(extra);
         let servers: Vec<Server> = (0..3).map(|_| Server::start(&args)).collect();
         let proxy = RoundRobin::serve(listener, &servers.iter().map(|s| s.base.clone()).collect::<Vec<_>>());
@@ -132,7 +145,8 @@ fn id_of(url: &str) -> String {
 fn streaming_patch(url: &str, offset: u64) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
-    let req = client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
+    let req =
+        client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
     (tx, tokio::spawn(req.send()))
 }
 
@@ -180,7 +194,9 @@ async fn real_clients_upload_256_mib_through_three_replicas() {
     let len = 256 * MIB;
     let (path, sha) = source(dir.path(), "big.bin", len, 0x256);
     let mut urls = Vec::new();
-    for (opts, name) in [(r#"{"parallelUploads":3,"chunkSize":5242880}"#, "tus-js 5 MiB"), (r#"{"parallelUploads":3,"chunkSize":1048576}"#, "tus-js 1 MiB")] {
+    for (opts, name) in
+        [(r#"{"parallelUploads":3,"chunkSize":5242880}"#, "tus-js 5 MiB"), (r#"{"parallelUploads":3,"chunkSize":1048576}"#, "tus-js 1 MiB")]
+    {
         let t = Instant::now();
         let out = run_json_client(node_script("tus_options.js", &[&c.proxy.base, path.to_str().unwrap(), opts]), 900).await;
         eprintln!("{name}: 256 MiB uploaded through 3 replicas in {:.1} s", t.elapsed().as_secs_f64());
@@ -190,7 +206,10 @@ async fn real_clients_upload_256_mib_through_three_replicas() {
     let cache = dir.path().join("cache");
     let t = Instant::now();
     let mut cmd = std::process::Command::new(ferry_bin());
-    cmd.args(["upload", "--json", "--parallel", "4", path.to_str().unwrap()]).env("FERRY_SERVER", &c.proxy.base).env("FERRY_CACHE_DIR", &cache).env_remove("FERRY_TOKEN");
+    cmd.args(["upload", "--json", "--parallel", "4", path.to_str().unwrap()])
+        .env("FERRY_SERVER", &c.proxy.base)
+        .env("FERRY_CACHE_DIR", &cache)
+        .env_remove("FERRY_TOKEN");
     let o = tokio::task::spawn_blocking(move || loopback_command_output(cmd)).await.unwrap();
     assert!(o.status.success(), "ferry upload: {}", String::from_utf8_lossy(&o.stderr));
     eprintln!("ferry upload --parallel 4: 256 MiB through 3 replicas in {:.1} s", t.elapsed().as_secs_f64());
@@ -419,8 +438,15 @@ async fn kill9_of_the_archive_runner_another_replica_resumes_from_the_checkpoint
     assert_eq!((f["sha256"].as_str(), f["size"].as_u64()), (Some(sha.as_str()), Some(n)));
     let head = client().get(c.proxy.url(&format!("/files/{partial_id}"))).header("Range", "bytes=0-511").send().await.unwrap().bytes().await.unwrap();
     let second_at = 512 + a.len() + (512 - a.len() % 512) % 512;
-    let head2 =
-        client().get(c.proxy.url(&format!("/files/{partial_id}"))).header("Range", format!("bytes={second_at}-{}", second_at + 511)).send().await.unwrap().bytes().await.unwrap();
+    let head2 = client()
+        .get(c.proxy.url(&format!("/files/{partial_id}")))
+        .header("Range", format!("bytes={second_at}-{}", second_at + 511))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     let mut reference = sha2::Sha256::new();
     let mut ref_len = 0u64;
     for ((data, name), hdr) in inputs.iter().zip([head, head2]) {
@@ -518,7 +544,8 @@ async fn the_books_nginx_configuration_balances_three_replicas() {
     let prefix = nginx.dir.path();
     let len = 24 * MIB + 333;
     let (path, sha) = source(prefix, "n.bin", len, 0x9);
-    let out = run_json_client(node_script("tus_options.js", &[&public, path.to_str().unwrap(), r#"{"parallelUploads":3,"chunkSize":1048576}"#]), 300).await;
+    let out =
+        run_json_client(node_script("tus_options.js", &[&public, path.to_str().unwrap(), r#"{"parallelUploads":3,"chunkSize":1048576}"#]), 300).await;
     let url = out["url"].as_str().unwrap();
     assert!(url.starts_with(&public), "{url}");
     c.assert_everywhere(url, &sha, len as u64).await;
@@ -597,7 +624,8 @@ impl Nginx {
         let nginx = std::env::var("FERRY_NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into());
         assert!(Path::new(&nginx).exists(), "{nginx} is missing: run .ci/run (apt-get install nginx) or set FERRY_NGINX");
         let conf_path = prefix.join("nginx.conf");
-        let t = std::process::Command::new(&nginx).arg("-t").arg("-c").arg(&conf_path).arg("-p").arg(prefix).arg("-e").arg("error.log").output().unwrap();
+        let t =
+            std::process::Command::new(&nginx).arg("-t").arg("-c").arg(&conf_path).arg("-p").arg(prefix).arg("-e").arg("error.log").output().unwrap();
         assert!(t.status.success(), "nginx -t: {}", String::from_utf8_lossy(&t.stderr));
         let child = std::process::Command::new(&nginx)
             .arg("-c")
@@ -643,8 +671,11 @@ async fn tus_js_client_through_nginx_finishes_every_upload_through_a_kill_and_st
     let mut c = Cluster::start_public(&[], Some(&public)).await;
     let nginx = Nginx::start(&block, port, &c).await;
     let opts = r#"{"chunkSize":null,"retryDelays":[0,250,500,1000,2000,3000,5000,5000,5000,5000,5000,5000,5000,5000,5000,5000]}"#;
-    let files: Vec<(std::path::PathBuf, String)> = (0..6).map(|i| source(nginx.dir.path(), &format!("s{i}.bin"), 48 * MIB + 1000 * i, 0x40 + i as u64)).collect();
-    let clients = futures::future::join_all(files.iter().map(|(path, _)| run_json_client(node_script("tus_options.js", &[&public, path.to_str().unwrap(), opts]), 600)));
+    let files: Vec<(std::path::PathBuf, String)> =
+        (0..6).map(|i| source(nginx.dir.path(), &format!("s{i}.bin"), 48 * MIB + 1000 * i, 0x40 + i as u64)).collect();
+    let clients = futures::future::join_all(
+        files.iter().map(|(path, _)| run_json_client(node_script("tus_options.js", &[&public, path.to_str().unwrap(), opts]), 600)),
+    );
     tokio::pin!(clients);
     let mut round = 0usize;
     let outs = loop {
@@ -795,7 +826,9 @@ fn swap_ports(text: &str, ports: &[u16]) -> String {
     let mut i = 0;
     while i < text.len() {
         let before_digit = i > 0 && bytes[i - 1].is_ascii_digit();
-        let hit = (!before_digit).then(|| BOOK.iter().position(|p| text[i..].starts_with(p) && !bytes.get(i + p.len()).is_some_and(u8::is_ascii_digit))).flatten();
+        let hit = (!before_digit)
+            .then(|| BOOK.iter().position(|p| text[i..].starts_with(p) && !bytes.get(i + p.len()).is_some_and(u8::is_ascii_digit)))
+            .flatten();
         match hit {
             Some(k) => {
                 out.push_str(&ports[k].to_string());

@@ -28,7 +28,8 @@ async fn create(t: &Tus, headers: &[(&str, &str)], body: Option<Vec<u8>>) -> req
 /// Append `body` at `offset` with `Upload-Complete: complete`.
 async fn append(t: &Tus, url: &str, offset: u64, complete: bool, body: Vec<u8>) -> reqwest::Response {
     let off = offset.to_string();
-    draft(t, "PATCH", url, &[("Content-Type", PARTIAL), ("Upload-Offset", &off), ("Upload-Complete", if complete { "?1" } else { "?0" })], Some(body)).await
+    draft(t, "PATCH", url, &[("Content-Type", PARTIAL), ("Upload-Offset", &off), ("Upload-Complete", if complete { "?1" } else { "?0" })], Some(body))
+        .await
 }
 
 async fn head(t: &Tus, url: &str) -> reqwest::Response {
@@ -77,7 +78,10 @@ async fn creation_without_content_then_appends_then_complete() {
     assert_eq!((header(&r, "upload-offset"), header(&r, "upload-complete")), (Some("100000"), Some("?0")));
     let r = append(&t, &url, 100_000, true, data[100_000..].to_vec()).await;
     assert_eq!(r.status(), 200, "the completing append answers with the file");
-    assert_eq!((header(&r, "upload-offset"), header(&r, "upload-complete"), header(&r, "upload-length")), (Some("300000"), Some("?1"), Some("300000")));
+    assert_eq!(
+        (header(&r, "upload-offset"), header(&r, "upload-complete"), header(&r, "upload-length")),
+        (Some("300000"), Some("?1"), Some("300000"))
+    );
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!((v["complete"].as_bool(), v["size"].as_u64()), (Some(true), Some(300_000)), "{v}");
     assert_eq!(v["sha256"], sha256_hex(&data));
@@ -112,7 +116,10 @@ async fn creation_with_partial_content_then_append() {
     let data = pseudo_random(200_000, 3);
     let r = create(&t, &[("Upload-Complete", "?0"), ("Upload-Length", "200000")], Some(data[..50_000].to_vec())).await;
     assert_eq!(r.status(), 201);
-    assert_eq!((header(&r, "upload-offset"), header(&r, "upload-complete"), header(&r, "upload-length")), (Some("50000"), Some("?0"), Some("200000")));
+    assert_eq!(
+        (header(&r, "upload-offset"), header(&r, "upload-complete"), header(&r, "upload-length")),
+        (Some("50000"), Some("?0"), Some("200000"))
+    );
     let url = location(&t, &r);
     let r = append(&t, &url, 50_000, true, data[50_000..].to_vec()).await;
     assert_eq!(r.status(), 200);
@@ -185,7 +192,14 @@ async fn inconsistent_lengths_are_refused() {
     // Append: another Upload-Length than recorded.
     let r = create(&t, &[("Upload-Complete", "?0"), ("Upload-Length", "100")], None).await;
     let url = location(&t, &r);
-    let r = draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?0"), ("Upload-Length", "99")], Some(vec![1; 10])).await;
+    let r = draft(
+        &t,
+        "PATCH",
+        &url,
+        &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?0"), ("Upload-Length", "99")],
+        Some(vec![1; 10]),
+    )
+    .await;
     let p = problem(r, 400, "invalid_argument").await;
     assert_eq!(p["type"], "https://iana.org/assignments/http-problem-types#inconsistent-upload-length");
     // Append with Upload-Complete: ?1 whose content does not reach the length.
@@ -258,7 +272,14 @@ async fn interop_versions_and_protocol_selection() {
     for (v, ct, want) in [("6", "application/offset+octet-stream", 415), ("6", PARTIAL, 204), ("5", "application/octet-stream", 204)] {
         let r = t.request("POST", "/files/", &[("Upload-Draft-Interop-Version", v), ("Upload-Complete", "?0")], None).await;
         let url = location(&t, &r);
-        let r = t.request("PATCH", &url, &[("Upload-Draft-Interop-Version", v), ("Content-Type", ct), ("Upload-Offset", "0"), ("Upload-Complete", "?0")], Some(vec![1; 10])).await;
+        let r = t
+            .request(
+                "PATCH",
+                &url,
+                &[("Upload-Draft-Interop-Version", v), ("Content-Type", ct), ("Upload-Offset", "0"), ("Upload-Complete", "?0")],
+                Some(vec![1; 10]),
+            )
+            .await;
         assert_eq!(r.status().as_u16(), want, "version {v}, {ct}");
         // Version 6 says its lifetime as `expires`; version 5 has no Upload-Limit.
         let h = t.request("HEAD", &url, &[("Upload-Draft-Interop-Version", v)], None).await;
@@ -287,17 +308,37 @@ async fn digests_are_checked() {
     // Content-Digest of one request: a mismatch discards the content.
     let r = create(&t, &[("Upload-Complete", "?0")], None).await;
     let url = location(&t, &r);
-    let r = draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", &bad)], Some(data.clone())).await;
+    let r = draft(
+        &t,
+        "PATCH",
+        &url,
+        &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", &bad)],
+        Some(data.clone()),
+    )
+    .await;
     let p = problem(r, 400, "checksum_mismatch").await;
     assert!(p["detail"].as_str().unwrap().contains("Content-Digest"), "{p}");
     assert_eq!(state(&t, &url).await, (0, false));
     // A malformed Content-Digest is named as such.
-    let r =
-        draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", "sha-256=:AAAA:")], Some(data.clone())).await;
+    let r = draft(
+        &t,
+        "PATCH",
+        &url,
+        &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", "sha-256=:AAAA:")],
+        Some(data.clone()),
+    )
+    .await;
     let p = problem(r, 400, "invalid_argument").await;
     assert!(p["detail"].as_str().unwrap().starts_with("invalid Content-Digest"), "{p}");
     assert_eq!(state(&t, &url).await, (0, false));
-    let r = draft(&t, "PATCH", &url, &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", &good)], Some(data.clone())).await;
+    let r = draft(
+        &t,
+        "PATCH",
+        &url,
+        &[("Content-Type", PARTIAL), ("Upload-Offset", "0"), ("Upload-Complete", "?1"), ("Content-Digest", &good)],
+        Some(data.clone()),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     // Repr-Digest of the whole representation, declared at creation.
     let r = create(&t, &[("Upload-Complete", "?1"), ("Repr-Digest", &bad)], Some(data.clone())).await;
@@ -417,7 +458,11 @@ async fn a_draft_upload_is_an_ordinary_ferry_file() {
     // The file API (the view MCP's file_status shares) knows its name and sha256.
     let api = Api::new(&s);
     let f = api.file(&id).await;
-    assert_eq!((f["name"].as_str(), f["sha256"].as_str(), f["complete"].as_bool()), (Some("draft.bin"), Some(sha256_hex(&data).as_str()), Some(true)), "{f}");
+    assert_eq!(
+        (f["name"].as_str(), f["sha256"].as_str(), f["complete"].as_bool()),
+        (Some("draft.bin"), Some(sha256_hex(&data).as_str()), Some(true)),
+        "{f}"
+    );
     // An archive task takes it as input.
     let task = api.start("archive", &serde_json::json!({ "files": [id], "format": "tar" }).to_string()).await;
     let done = api.wait_status(task["id"].as_str().unwrap(), "completed", 120).await;
@@ -449,7 +494,12 @@ async fn interop_9_retrieves_the_offset_with_get_and_allows_incremental() {
     assert_eq!(r.status(), 201);
     let url = location(&t, &r);
     let r = t
-        .request("PATCH", &url, &[nine[0], ("Upload-Offset", "0"), ("Upload-Complete", "?0"), ("Content-Type", PARTIAL), ("Incremental", "?1")], Some(data[..40_000].to_vec()))
+        .request(
+            "PATCH",
+            &url,
+            &[nine[0], ("Upload-Offset", "0"), ("Upload-Complete", "?0"), ("Content-Type", PARTIAL), ("Incremental", "?1")],
+            Some(data[..40_000].to_vec()),
+        )
         .await;
     assert_eq!(r.status(), 204);
     let r = t.request("GET", &url, &nine, None).await;
@@ -458,14 +508,25 @@ async fn interop_9_retrieves_the_offset_with_get_and_allows_incremental() {
     assert_eq!(header(&r, "cache-control"), Some("no-store"));
     let r = t.request("GET", &url, &[("Upload-Draft-Interop-Version", "8")], None).await;
     assert_eq!(r.status(), 409, "GET at interop 8 is the download, refused while unfinished");
-    let r = t.request("PATCH", &url, &[nine[0], ("Upload-Offset", "40000"), ("Upload-Complete", "?1"), ("Content-Type", PARTIAL)], Some(data[40_000..].to_vec())).await;
+    let r = t
+        .request(
+            "PATCH",
+            &url,
+            &[nine[0], ("Upload-Offset", "40000"), ("Upload-Complete", "?1"), ("Content-Type", PARTIAL)],
+            Some(data[40_000..].to_vec()),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(t.download(&url).await, data);
     let r = t
         .request(
             "OPTIONS",
             "/files/",
-            &[("Origin", "http://app.example"), ("Access-Control-Request-Method", "PATCH"), ("Access-Control-Request-Headers", "upload-draft-interop-version,incremental")],
+            &[
+                ("Origin", "http://app.example"),
+                ("Access-Control-Request-Method", "PATCH"),
+                ("Access-Control-Request-Headers", "upload-draft-interop-version,incremental"),
+            ],
             None,
         )
         .await;

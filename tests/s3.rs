@@ -36,7 +36,8 @@ async fn upload_kill9_resume_download_terminate_on_s3() {
     let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
     let body = reqwest::Body::wrap_stream(rx);
     let off = at.to_string();
-    let req = tus.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", off.as_str()).body(body).send();
+    let req =
+        tus.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", off.as_str()).body(body).send();
     let pending = tokio::spawn(req);
     let mut tx = tx;
     let id = path.rsplit('/').next().unwrap().to_string();
@@ -93,7 +94,11 @@ async fn upload_kill9_resume_download_terminate_on_s3() {
     }
     assert_eq!(moto.multipart_uploads("ferry").await, Vec::<String>::new(), "the finished upload left no multipart upload");
     let keys = moto.keys("ferry").await;
-    assert_eq!(keys.iter().filter(|k| k.contains(&id)).collect::<Vec<_>>(), vec![&format!("uploads/{id}")], "only the object itself remains: {keys:?}");
+    assert_eq!(
+        keys.iter().filter(|k| k.contains(&id)).collect::<Vec<_>>(),
+        vec![&format!("uploads/{id}")],
+        "only the object itself remains: {keys:?}"
+    );
 
     // Terminate an unfinished upload that has a multipart upload and a tail: both go.
     let url2 = tus.create(20 * MIB as u64).await;

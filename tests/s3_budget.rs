@@ -112,7 +112,11 @@ async fn a_deferred_length_upload_is_cut_into_the_configured_part_size() {
     for op in ["CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload", "GetObject", "PutObject"] {
         let line = format!("ferry_s3_request_duration_seconds_count{{operation=\"{op}\",outcome=\"2xx\"}} ");
         let n = metrics.lines().find_map(|l| l.strip_prefix(&line)).map(|v| v.parse::<u64>().unwrap());
-        assert!(n.is_some_and(|n| n > 0), "{op} requests are counted: {:?}", metrics.lines().filter(|l| l.starts_with("ferry_s3_request")).collect::<Vec<_>>());
+        assert!(
+            n.is_some_and(|n| n > 0),
+            "{op} requests are counted: {:?}",
+            metrics.lines().filter(|l| l.starts_with("ferry_s3_request")).collect::<Vec<_>>()
+        );
     }
 }
 

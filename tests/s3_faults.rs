@@ -47,7 +47,8 @@ impl Rig {
         std::env::set_var("FERRY_S3_PART_SIZE", "5MiB");
         let blobs = s3.url(PREFIX);
         let lease = format!("{}s", lease.as_secs());
-        let mut args = vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", &lease, "--min-free-space", "0"];
+        let mut args =
+            vec!["--catalog", db.url.as_str(), "--blobs", &blobs, "--leases", "catalog", "--upload-lease", &lease, "--min-free-space", "0"];
         args.extend_from_slice(extra);
         let (mut servers, mut proxies) = (Vec::new(), Vec::new());
         for _ in 0..replicas {
@@ -93,12 +94,17 @@ fn id_of(url: &str) -> String {
 fn streaming_patch(url: &str, offset: u64) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
-    let req = client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
+    let req =
+        client().patch(url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", offset.to_string()).body(body);
     (tx, tokio::spawn(req.send()))
 }
 
 /// As [`streaming_patch`], with the body's length declared (`Content-Length: len`).
-fn declared_patch(url: &str, offset: u64, len: usize) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+fn declared_patch(
+    url: &str,
+    offset: u64,
+    len: usize,
+) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let body = reqwest::Body::wrap_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>))));
     let req = client()
@@ -210,9 +216,13 @@ async fn fault1_parts_are_sized_so_ten_thousand_hold_the_declared_length() {
         assert_eq!(tus.patch(&url, at as u64, data[at..end].to_vec(), &[]).await.status(), 204, "PATCH at {at}");
         at = end;
     }
-    let parts: Vec<u64> = proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id) && s.status == 200).map(|s| s.len).collect();
+    let parts: Vec<u64> =
+        proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id) && s.status == 200).map(|s| s.len).collect();
     assert!(!parts.is_empty(), "a part was uploaded");
-    assert!(parts.iter().all(|&p| p >= at_least && p == parts[0]), "parts of {declared} bytes must be at least {at_least} bytes, of one size: {parts:?}");
+    assert!(
+        parts.iter().all(|&p| p >= at_least && p == parts[0]),
+        "parts of {declared} bytes must be at least {at_least} bytes, of one size: {parts:?}"
+    );
     assert_eq!(tus.request("DELETE", &url, &[("Tus-Resumable", "1.0.0")], None).await.status(), 204);
 }
 
@@ -393,7 +403,8 @@ async fn fault5_a_writer_that_lost_its_lease_changes_nothing_in_the_bucket() {
 /// Wait until every UploadPart of upload `id` that `proxy` saw has been answered (held ones
 /// released and forwarded included).
 async fn parts_landed(proxy: &S3Proxy, id: &str) {
-    let landed = eventually(60, || async { proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(id)).all(|s| s.status != 0) }).await;
+    let landed =
+        eventually(60, || async { proxy.seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(id)).all(|s| s.status != 0) }).await;
     assert!(landed, "the held parts reached S3: {:?}", proxy.seen());
 }
 
@@ -553,7 +564,8 @@ async fn a_part_is_sent_while_it_is_received_and_again_whole_if_its_stream_is_cu
     let data = pseudo_random(17 * MIB + 5, 0x27);
     let url = tus.create(data.len() as u64).await;
     let id = id_of(&url);
-    let parts = |status: u16| rig.proxies[0].seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id) && s.status == status).count();
+    let parts =
+        |status: u16| rig.proxies[0].seen().iter().filter(|s| s.kind == Kind::UploadPart && s.key.contains(&id) && s.status == status).count();
     let (tx, pending) = declared_patch(&url, 0, 10 * MIB);
     let mut pieces = data[..10 * MIB].chunks(MIB);
     for piece in pieces.by_ref().take(2) {
@@ -639,7 +651,11 @@ impl InFlight {
 }
 
 /// Sends `chunk` as one streamed PATCH body at `offset`, in 256 KiB pieces, leaving it open.
-async fn stream_open(url: &str, offset: usize, chunk: &[u8]) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+async fn stream_open(
+    url: &str,
+    offset: usize,
+    chunk: &[u8],
+) -> (tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
     let (tx, pending) = streaming_patch(url, offset as u64);
     for piece in chunk.chunks(256 << 10) {
         tx.send(Bytes::copy_from_slice(piece)).await.unwrap();
@@ -719,7 +735,15 @@ async fn fault6_a_replica_killed_while_finishing_leaves_nothing_behind() {
     rig.proxies[0].black_hole_after_complete();
     let last = tokio::spawn({
         let (c, url, body) = (tus.c.clone(), url.clone(), data[first..].to_vec());
-        async move { c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", first.to_string()).body(body).send().await }
+        async move {
+            c.patch(&url)
+                .header("Tus-Resumable", "1.0.0")
+                .header("Content-Type", OCTET)
+                .header("Upload-Offset", first.to_string())
+                .body(body)
+                .send()
+                .await
+        }
     });
     assert!(eventually(60, || async { !rig.proxies[0].completed().is_empty() }).await, "the multipart upload was completed");
     rig.servers[0].kill9();
@@ -778,7 +802,12 @@ async fn fault7_a_replica_cut_from_s3_lets_another_take_over_within_about_a_leas
     let off = offset_when_free(&b, &url_b).await;
     let took = t.elapsed();
     eprintln!("B took the upload over {:.1} s after A's S3 hung (lease {} s)", took.as_secs_f64(), LEASE.as_secs());
-    assert!(off <= (first + MIB) as u64, "B resumed at {off}, past what A had received when S3 hung; A: {:?}, B: {:?}", rig.proxies[0].seen(), rig.proxies[1].seen());
+    assert!(
+        off <= (first + MIB) as u64,
+        "B resumed at {off}, past what A had received when S3 hung; A: {:?}, B: {:?}",
+        rig.proxies[0].seen(),
+        rig.proxies[1].seen()
+    );
     patch_rest(&b, &url_b, &data, off as usize, data.len()).await;
     assert_stored_sha256(&rig.servers[1], &url_b, &sha256_hex(&data)).await;
     rig.proxies[0].set_black_hole(false);
@@ -880,7 +909,10 @@ async fn the_fault_proxy_forwards_requests_as_they_came() {
         .put(format!("{}/ferry/up/x?partNumber=1&uploadId=abc", proxy.url))
         .header("host", "bucket.s3.example.com")
         .header("x-amz-content-sha256", sha256_hex(&body))
-        .header("authorization", "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256, Signature=00")
+        .header(
+            "authorization",
+            "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256, Signature=00",
+        )
         .body(body.clone())
         .send()
         .await
@@ -893,7 +925,10 @@ async fn the_fault_proxy_forwards_requests_as_they_came() {
     let has = |h: &str| head.lines().any(|l| l.eq_ignore_ascii_case(h));
     assert!(has("host: bucket.s3.example.com"), "Host kept: {head}");
     assert!(has(&format!("x-amz-content-sha256: {}", sha256_hex(&body))), "{head}");
-    assert!(has("authorization: AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256, Signature=00"), "{head}");
+    assert!(
+        has("authorization: AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256, Signature=00"),
+        "{head}"
+    );
     assert!(raw[end + 4..] == body[..], "the body byte for byte");
     assert_eq!(proxy.count(Kind::UploadPart, "ferry/up/x"), 1);
 }
@@ -942,7 +977,11 @@ async fn concatenations_complete_on_a_store_that_wants_lengths_and_on_one_withou
 
     let (fin, all) = concatenation(&tus, &sizes, 0x71).await;
     let done = eventually(60, || async { header(&tus.head(&fin).await, "upload-offset") == Some(all.len().to_string().as_str()) }).await;
-    assert!(done, "the concatenation on a store that wants Content-Length never completed: {:?}", proxy.seen().iter().filter(|s| s.status >= 400).collect::<Vec<_>>());
+    assert!(
+        done,
+        "the concatenation on a store that wants Content-Length never completed: {:?}",
+        proxy.seen().iter().filter(|s| s.status >= 400).collect::<Vec<_>>()
+    );
     assert_stored_sha256(&rig.servers[0], &fin, &sha256_hex(&all)).await;
     assert!(proxy.seen().iter().any(|s| s.kind == Kind::UploadPartCopy && s.status == 200), "parts were copied inside S3");
     assert!(proxy.seen().iter().all(|s| s.status != 411), "every PUT and POST said its length");
@@ -970,7 +1009,10 @@ async fn a_store_refusing_for_good_is_named_to_the_client_and_loses_nothing() {
     assert_eq!(r.status(), 502);
     let body = r.text().await.unwrap();
     assert!(body.contains("store_refused") && body.contains("403 AccessDenied"), "{body}");
-    assert!(!body.contains("<Error>") && !body.contains(&format!("/{PREFIX}/")) && !body.contains("127.0.0.1"), "no raw store answer reaches the client: {body}");
+    assert!(
+        !body.contains("<Error>") && !body.contains(&format!("/{PREFIX}/")) && !body.contains("127.0.0.1"),
+        "no raw store answer reaches the client: {body}"
+    );
     let at = offset_when_free(&tus, &url).await;
     assert_eq!(at, MIB as u64, "the acknowledged offset is kept");
     patch_rest(&tus, &url, &data, at as usize, MIB).await;
@@ -1051,6 +1093,11 @@ async fn a_slow_completion_is_waited_out_never_sent_twice() {
     hold.release();
     let r = tokio::time::timeout(Duration::from_secs(60), last).await.expect("the last PATCH is answered").unwrap();
     assert_eq!(r.status(), 204, "{:?}", r.text().await);
-    assert_eq!(proxy.count(Kind::Complete, &id), 1, "one CompleteMultipartUpload, waited out: {:?}", proxy.seen().iter().filter(|s| s.kind == Kind::Complete).collect::<Vec<_>>());
+    assert_eq!(
+        proxy.count(Kind::Complete, &id),
+        1,
+        "one CompleteMultipartUpload, waited out: {:?}",
+        proxy.seen().iter().filter(|s| s.kind == Kind::Complete).collect::<Vec<_>>()
+    );
     assert_stored_sha256(&rig.servers[0], &url, &sha256_hex(&data)).await;
 }

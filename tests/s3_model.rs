@@ -362,7 +362,12 @@ fn op(cfg: Config) -> impl Strategy<Value = Op> {
         (1, u.clone().prop_map(|u| Op::Abort { u }).boxed()),
         (1, (0usize..IDS.len()).prop_map(|u| Op::Delete { u }).boxed()),
         (1, Just(Op::Restart).boxed()),
-        (2, (on(), prop_oneof![Just(404u16), Just(411), Just(500), Just(501), Just(503)], 1u32..4).prop_map(|(on, status, times)| Op::Fault { on, status, times }).boxed()),
+        (
+            2,
+            (on(), prop_oneof![Just(404u16), Just(411), Just(500), Just(501), Just(503)], 1u32..4)
+                .prop_map(|(on, status, times)| Op::Fault { on, status, times })
+                .boxed(),
+        ),
         (1, (on(), proptest::bool::ANY).prop_map(|(on, stall)| Op::Hold { on, stall }).boxed()),
         (1, proptest::bool::ANY.prop_map(|stall| Op::Late { stall }).boxed()),
         (1, Just(Op::DeliverLate).boxed()),
@@ -548,7 +553,14 @@ impl Model {
     }
 
     /// Open a writer as `Appender::open` does: a blob that is gone at offset 0 is created again.
-    async fn open_at(&self, u: usize, offset: u64, state: &BlobState, wl: &WriteLease, stall: Option<&Lease>) -> Result<Result<Box<dyn BlobWriter>, BlobError>, String> {
+    async fn open_at(
+        &self,
+        u: usize,
+        offset: u64,
+        state: &BlobState,
+        wl: &WriteLease,
+        stall: Option<&Lease>,
+    ) -> Result<Result<Box<dyn BlobWriter>, BlobError>, String> {
         match self.drive("open_writer_under", stall, self.store.open_writer_under(IDS[u], offset, state, wl)).await? {
             Err(BlobError::NotFound) if offset == 0 => {
                 if let Err(e) = self.drive("reset (open)", stall, self.store.reset(IDS[u], wl)).await? {
@@ -592,7 +604,10 @@ impl Model {
     fn no_xml(&self, what: &str, e: &BlobError) -> Check {
         if self.cfg.check_no_xml {
             let t = e.to_string();
-            check!(!(t.contains("<Error>") || t.contains("<Code>") || t.contains("RequestId")), "{what}: the store's raw XML reaches the caller: {t}");
+            check!(
+                !(t.contains("<Error>") || t.contains("<Code>") || t.contains("RequestId")),
+                "{what}: the store's raw XML reaches the caller: {t}"
+            );
         }
         Ok(())
     }
@@ -748,7 +763,11 @@ impl Model {
                     Err(e) => {
                         self.no_xml("open_writer_under", &e)?;
                         let by_budget = self.budget_refused();
-                        check!(by_budget || faulted(self), "open_writer_under({}, {offset}) failed on a store that answered every request: {e}", IDS[u]);
+                        check!(
+                            by_budget || faulted(self),
+                            "open_writer_under({}, {offset}) failed on a store that answered every request: {e}",
+                            IDS[u]
+                        );
                         self.rows[u].released = true;
                     }
                 }
@@ -956,7 +975,8 @@ impl Model {
                     check!(faulted(self), "ping failed on a store that answered every request: {e}");
                 }
                 if self.cfg.check_ping_reads {
-                    let writes: Vec<String> = self.s3.seen_since(from).iter().filter(|s| s.kind.writes()).map(|s| format!("{:?} {}", s.kind, s.key)).collect();
+                    let writes: Vec<String> =
+                        self.s3.seen_since(from).iter().filter(|s| s.kind.writes()).map(|s| format!("{:?} {}", s.kind, s.key)).collect();
                     check!(writes.is_empty(), "the readiness probe changed the store: {writes:?}");
                 }
             }
@@ -1045,7 +1065,12 @@ impl Model {
                     // Its commit is fenced.
                     return Ok(());
                 }
-                check!(self.s3.object(&key(f)).as_deref() == Some(&want[..]), "compose({:?}) succeeded but the final does not hold their {} bytes", sources, want.len());
+                check!(
+                    self.s3.object(&key(f)).as_deref() == Some(&want[..]),
+                    "compose({:?}) succeeded but the final does not hold their {} bytes",
+                    sources,
+                    want.len()
+                );
                 let row = &mut self.rows[f];
                 if row.fence == fence {
                     row.finished = true;
@@ -1105,7 +1130,11 @@ impl Model {
         // Memory.
         let buffered = self.store.buffered();
         let writers = self.slots.iter().flatten().count() as u64;
-        check!(buffered <= self.cfg.max_buffer.div_ceil(MIB) * MIB + writers * MIB, "{buffered} bytes buffered, over the budget of {}", self.cfg.max_buffer);
+        check!(
+            buffered <= self.cfg.max_buffer.div_ceil(MIB) * MIB + writers * MIB,
+            "{buffered} bytes buffered, over the budget of {}",
+            self.cfg.max_buffer
+        );
         if self.cfg.check_tail_budget {
             let holding = self.slots.iter().flatten().filter(|s| s.position() % PART != 0).count() as u64;
             check!(
@@ -1165,7 +1194,11 @@ impl Model {
             "{} acknowledged {} bytes, but {what} completed it from its committed state holding {}",
             IDS[u],
             row.offset,
-            obj.map_or("no object".into(), |o| if o.len() == row.data.len() { format!("{} other bytes", o.len()) } else { format!("{} bytes", o.len()) })
+            obj.map_or("no object".into(), |o| if o.len() == row.data.len() {
+                format!("{} other bytes", o.len())
+            } else {
+                format!("{} bytes", o.len())
+            })
         );
         if self.rows[u].fence == fence {
             let r = &mut self.rows[u];
@@ -1308,7 +1341,10 @@ fn found_sequences() {
     use Op::*;
     // A lifecycle abort of an upload committed at its full offset: the finisher rolls it back
     // (the store lost it), never "finished".
-    replay(Config::search(), vec![Open { w: 1, u: 0 }, Write { w: 1, n: 66536, declared: false }, Delete { u: 1 }, LifecycleAbort { u: 0 }, FinishCrash { w: 1 }]);
+    replay(
+        Config::search(),
+        vec![Open { w: 1, u: 0 }, Write { w: 1, n: 66536, declared: false }, Delete { u: 1 }, LifecycleAbort { u: 0 }, FinishCrash { w: 1 }],
+    );
     // A reset whose `.created` PUT fails leaves no blob at offset 0; the next writer creates it.
     replay(Config::search(), vec![Fault { on: On::PutObject, status: 404, times: 1 }, Reset { u: 0, stale: false }]);
 }
@@ -1387,7 +1423,10 @@ fn found_point2_a_writer_waits_for_budget_without_bound() {
 #[test]
 fn found_point3_a_resumed_tail_is_read_outside_the_budget() {
     use Op::*;
-    replay(Config { check_tail_budget: true, ..Config::search() }, vec![Open { w: 0, u: 0 }, Write { w: 0, n: 66536, declared: false }, Sync { w: 0 }, Open { w: 0, u: 0 }]);
+    replay(
+        Config { check_tail_budget: true, ..Config::search() },
+        vec![Open { w: 0, u: 0 }, Write { w: 0, n: 66536, declared: false }, Sync { w: 0 }, Open { w: 0, u: 0 }],
+    );
 }
 
 /// Point 4: UploadPartCopy goes without `Content-Length`; a store that requires it (AWS: 411
@@ -1409,7 +1448,10 @@ fn found_point4_upload_part_copy_goes_without_content_length() {
 fn found_point4_one_404_is_taken_as_proof_of_loss() {
     use Op::*;
     let cfg = Config { check_confirmed_loss: true, ..Config::search() };
-    replay(cfg, vec![Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Fault { on: On::Complete, status: 404, times: 1 }, Finish { w: 0 }]);
+    replay(
+        cfg,
+        vec![Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Fault { on: On::Complete, status: 404, times: 1 }, Finish { w: 0 }],
+    );
 }
 
 /// Point 4, an open question: one refusal for good of CompleteMultipartUpload (a 411 here) rolls
@@ -1421,7 +1463,8 @@ fn found_point4_one_404_is_taken_as_proof_of_loss() {
 fn found_point4_a_refused_completion_rolls_back_acknowledged_bytes() {
     use Op::*;
     let rt = runtime();
-    let ops = vec![Fault { on: On::Complete, status: 411, times: 1 }, Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Finish { w: 0 }];
+    let ops =
+        vec![Fault { on: On::Complete, status: 411, times: 1 }, Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Finish { w: 0 }];
     // Without the 411 exemption: a roll back of acknowledged bytes is a failure.
     let r = rt.block_on(async {
         let mut model = Model::new(Config { check_confirmed_loss: true, ..Config::search() }).await;
@@ -1462,7 +1505,13 @@ fn found_point4_a_404_from_abort_leaves_the_multipart_upload() {
     use Op::*;
     replay(
         Config { abort_404: true, ..Config::search() },
-        vec![Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Fault { on: On::AbortMultipart, status: 404, times: 3 }, FinishCrash { w: 0 }, Abort { u: 0 }],
+        vec![
+            Open { w: 0, u: 0 },
+            Write { w: 0, n: 65536, declared: false },
+            Fault { on: On::AbortMultipart, status: 404, times: 3 },
+            FinishCrash { w: 0 },
+            Abort { u: 0 },
+        ],
     );
 }
 
@@ -1473,7 +1522,10 @@ fn found_point4_a_404_from_abort_leaves_the_multipart_upload() {
 #[test]
 fn found_point4_an_aborted_upload_answered_with_500_is_retried_for_ever() {
     use Op::*;
-    replay(Config { moto: true, ..Config::search() }, vec![Open { w: 0, u: 0 }, Write { w: 0, n: 66536, declared: false }, Sync { w: 0 }, LifecycleAbort { u: 0 }]);
+    replay(
+        Config { moto: true, ..Config::search() },
+        vec![Open { w: 0, u: 0 }, Write { w: 0, n: 66536, declared: false }, Sync { w: 0 }, LifecycleAbort { u: 0 }],
+    );
 }
 
 /// Point 4, on the lead's fixes (14b3a6e): a multipart upload a lifecycle rule aborted, on a
@@ -1502,7 +1554,10 @@ fn found_point4_a_completion_of_an_aborted_upload_answered_with_500_is_retried_f
 #[test]
 fn found_point5_a_slow_completion_is_sent_again() {
     use Op::*;
-    replay(Config { slow_completions: true, ..Config::search() }, vec![SlowComplete, Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Finish { w: 0 }]);
+    replay(
+        Config { slow_completions: true, ..Config::search() },
+        vec![SlowComplete, Open { w: 0, u: 0 }, Write { w: 0, n: 65536, declared: false }, Finish { w: 0 }],
+    );
 }
 
 /// Point 6: after a part failed (it may still land: here it does), a failed number note

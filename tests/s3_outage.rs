@@ -91,8 +91,14 @@ async fn s3_cut_off_mid_upload_gives_503_and_the_upload_resumes_when_it_returns(
     // S3 goes away while a PATCH body streams in: 2 MiB have arrived, then the cut, then 4 MiB
     // more, which fill a part whose upload fails.
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
-    let req =
-        tus.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", first.to_string()).body(reqwest::Body::wrap_stream(rx)).send();
+    let req = tus
+        .c
+        .patch(&url)
+        .header("Tus-Resumable", "1.0.0")
+        .header("Content-Type", OCTET)
+        .header("Upload-Offset", first.to_string())
+        .body(reqwest::Body::wrap_stream(rx))
+        .send();
     let pending = tokio::spawn(req);
     let received = bytes_received(&s).await;
     let mut sent = first;

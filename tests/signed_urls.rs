@@ -36,7 +36,9 @@ async fn signed_urls_open_one_file_for_one_scope_until_they_expire() {
     assert_eq!(&r.bytes().await.unwrap()[..], &data[10..20]);
     assert_eq!(http.head(&url).send().await.unwrap().status(), 200);
     // HEAD answers what GET does (RFC 9110 §9.3.2), preconditions and ranges included.
-    for (name, value, status) in [("if-none-match", "*", 304), ("if-match", "\"x\"", 412), ("range", "bytes=00-01", 206), ("range", "bytes=18446744073709551616-", 416)] {
+    for (name, value, status) in
+        [("if-none-match", "*", 304), ("if-match", "\"x\"", 412), ("range", "bytes=00-01", 206), ("range", "bytes=18446744073709551616-", 416)]
+    {
         let get = http.get(&url).header(name, value).send().await.unwrap();
         let head = http.head(&url).header(name, value).send().await.unwrap();
         assert_eq!((get.status().as_u16(), head.status().as_u16()), (status, status), "{name}: {value}");
@@ -44,14 +46,22 @@ async fn signed_urls_open_one_file_for_one_scope_until_they_expire() {
     }
 
     // Wrong method for the scope, another file, a tampered signature or expiry.
-    let patch =
-        http.patch(&url).header("tus-resumable", "1.0.0").header("upload-offset", "0").header("content-type", "application/offset+octet-stream").body("x").send().await.unwrap();
+    let patch = http
+        .patch(&url)
+        .header("tus-resumable", "1.0.0")
+        .header("upload-offset", "0")
+        .header("content-type", "application/offset+octet-stream")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
     problem(patch, 403, "unauthorized").await;
     problem(http.get(url.replace(&a, &b)).send().await.unwrap(), 403, "unauthorized").await;
     let tampered = format!("{}{}", &url[..url.len() - 1], if url.ends_with('A') { 'B' } else { 'A' });
     problem(http.get(&tampered).send().await.unwrap(), 403, "unauthorized").await;
     let expires: i64 = url.split("expires=").nth(1).unwrap().split('&').next().unwrap().parse().unwrap();
-    problem(http.get(url.replace(&format!("expires={expires}"), &format!("expires={}", expires + 3600))).send().await.unwrap(), 403, "unauthorized").await;
+    problem(http.get(url.replace(&format!("expires={expires}"), &format!("expires={}", expires + 3600))).send().await.unwrap(), 403, "unauthorized")
+        .await;
     // A signature never opens other routes, even with a valid token alongside.
     let q = url.split_once('?').unwrap().1;
     let other = http.get(server.url(&format!("/api/v1/files/{a}?{q}"))).bearer_auth(token).send().await.unwrap();
@@ -114,7 +124,10 @@ async fn public_url_makes_locations_and_signed_urls_absolute() {
     let url = share(&api, id, r#"{"scope":"upload"}"#).await;
     assert!(url.starts_with(&format!("https://files.example.com/files/{id}?scope=upload")), "{url}");
     // A malformed public URL is a configuration error (exit code 2), not a silent default.
-    let out = std::process::Command::new(common::ferry_bin()).args(["serve", "--public-url", "files.example.com", "--listen", "127.0.0.1:0"]).output().unwrap();
+    let out = std::process::Command::new(common::ferry_bin())
+        .args(["serve", "--public-url", "files.example.com", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("public_url"));
 }

@@ -54,14 +54,27 @@ impl ChunkStream for PausingBody {}
 async fn engine(dir: &std::path::Path, owner: &str) -> Arc<UploadEngine> {
     let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&dir.join("shared.db")).await.unwrap());
     let blobs = Arc::new(FsBlobStore::open(&dir.join("blobs"), true).unwrap());
-    let locker = CatalogLocker::start(catalog.clone(), CatalogLeaseConfig { owner: owner.into(), ttl: Duration::from_secs(1), retry: Duration::from_millis(50) }).await.unwrap();
+    let locker = CatalogLocker::start(
+        catalog.clone(),
+        CatalogLeaseConfig { owner: owner.into(), ttl: Duration::from_secs(1), retry: Duration::from_millis(50) },
+    )
+    .await
+    .unwrap();
     let cfg = EngineConfig { takeover_wait: Duration::from_secs(20), ..EngineConfig::default() };
     UploadEngine::with_locker(catalog, blobs, cfg, Arc::new(Metrics::default()), Arc::new(locker))
 }
 
 fn at_durable_offset(st: &UploadState) -> Result<PatchPlan, Refusal> {
     let length = st.length.expect("length known");
-    Ok(PatchPlan { offset: st.offset, set_length: None, length: Some(length), max_bytes: length - st.offset, checksum: None, checksum_in_trailer: false, completes: false })
+    Ok(PatchPlan {
+        offset: st.offset,
+        set_length: None,
+        length: Some(length),
+        max_bytes: length - st.offset,
+        checksum: None,
+        checksum_in_trailer: false,
+        completes: false,
+    })
 }
 
 #[test]
@@ -69,7 +82,14 @@ fn a_paused_writer_never_adds_bytes_after_losing_its_lease() {
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let b = rt.block_on(engine(dir.path(), "replica-b"));
-    let plan = CreationPlan { length: Some(8 * MIB as u64), metadata: Default::default(), concat: None, expected_sha256: None, with_body: false, checksum: None };
+    let plan = CreationPlan {
+        length: Some(8 * MIB as u64),
+        metadata: Default::default(),
+        concat: None,
+        expected_sha256: None,
+        with_body: false,
+        checksum: None,
+    };
     let id = rt.block_on(b.create("p", &plan, "")).unwrap().id;
 
     // Replica A: 3 MiB (written to the blob as one batch), then paused 4 s (lease: 1 s), then
@@ -135,7 +155,14 @@ async fn a_kept_fence_saves_a_commit_per_patch_and_never_outlives_a_newer_fence(
     let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&dir.path().join("ferry.db")).await.unwrap());
     let blobs = Arc::new(FsBlobStore::open(&dir.path().join("blobs"), true).unwrap());
     let e = UploadEngine::new(catalog.clone(), blobs, EngineConfig::default(), Arc::new(Metrics::default()));
-    let plan = CreationPlan { length: Some(4 * MIB as u64), metadata: Default::default(), concat: None, expected_sha256: None, with_body: false, checksum: None };
+    let plan = CreationPlan {
+        length: Some(4 * MIB as u64),
+        metadata: Default::default(),
+        concat: None,
+        expected_sha256: None,
+        with_body: false,
+        checksum: None,
+    };
     let id = e.create("p", &plan, "").await.unwrap().id;
     let chunk = |b: u8| WholeChunk::from(vec![b; MIB]);
     for i in 0..3u8 {
@@ -152,7 +179,8 @@ async fn a_kept_fence_saves_a_commit_per_patch_and_never_outlives_a_newer_fence(
     let rec = e.append("p".into(), id.clone(), at_durable_offset, chunk(3)).await.unwrap();
     assert_eq!(rec.offset, 4 * MIB as u64);
     assert!(rec.is_finished());
-    let stored: Vec<Bytes> = FsBlobStore::open(&dir.path().join("blobs"), true).unwrap().read(&id, 0..4 * MIB as u64).await.unwrap().try_collect().await.unwrap();
+    let stored: Vec<Bytes> =
+        FsBlobStore::open(&dir.path().join("blobs"), true).unwrap().read(&id, 0..4 * MIB as u64).await.unwrap().try_collect().await.unwrap();
     let want: Vec<u8> = [0u8, 1, 2, 3].iter().flat_map(|b| vec![*b; MIB]).collect();
     assert!(stored.concat() == want, "bytes [0, 4 MiB) are the four accepted chunks");
 }

@@ -89,7 +89,12 @@ fn partial_seqs(sse: &[Sse], task: &str) -> Vec<u64> {
 }
 
 fn fragments(view: &Value) -> Vec<(u64, Value)> {
-    view["partial"]["fragments"].as_array().unwrap_or_else(|| panic!("no partial.fragments: {view}")).iter().map(|f| (f["seq"].as_u64().unwrap(), f["value"].clone())).collect()
+    view["partial"]["fragments"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no partial.fragments: {view}"))
+        .iter()
+        .map(|f| (f["seq"].as_u64().unwrap(), f["value"].clone()))
+        .collect()
 }
 
 fn rows(range: std::ops::RangeInclusive<u64>) -> Vec<(u64, Value)> {
@@ -235,7 +240,8 @@ async fn a_thousand_external_fragments_keep_the_view_within_64_kib() {
         let p = problem(api.post(&to, &body).await, 400, "invalid_argument").await;
         assert!(p["detail"].as_str().unwrap().contains("at most 64 levels"), "{p}");
     }
-    let p = problem(api.post("/api/v1/tasks", &format!("{{\"kind\":\"external\",\"args\":{}}}", nested(100_000))).await, 400, "invalid_argument").await;
+    let p =
+        problem(api.post("/api/v1/tasks", &format!("{{\"kind\":\"external\",\"args\":{}}}", nested(100_000))).await, 400, "invalid_argument").await;
     assert!(p["detail"].as_str().unwrap().contains("nests"), "{p}");
     assert_eq!(api.post(&url, &format!("{{\"fragment\":{}}}", nested(63))).await.status(), 200, "63 levels inside the body's own");
     assert_eq!(api.task(&tid).await["partial"]["next"], 1001);

@@ -191,7 +191,9 @@ async fn external_producer_reports_progress_attaches_a_file_and_completes_once()
     assert_eq!(t["status"], "working");
     assert!(t["poll_after_ms"].as_u64().is_some(), "{t}");
 
-    let r = api.post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"fraction":0.25,"message":"exported 250 rows","counters":{"rows":250,"pages":3}}"#).await;
+    let r = api
+        .post(&format!("/api/v1/tasks/{tid}/progress"), r#"{"fraction":0.25,"message":"exported 250 rows","counters":{"rows":250,"pages":3}}"#)
+        .await;
     assert_eq!(r.status(), 200);
     let v = api.task(&tid).await;
     assert_eq!(v["progress"]["fraction"], 0.25);
@@ -345,7 +347,8 @@ async fn cancel_command_kills_the_program_and_stays_cancelled() {
 
 /// Whether process `pid` is still running (a zombie, reaped by nobody yet, is not).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
 }
 
 /// Issue 48 kind 8: a `command` task's program gets the few variables every program needs and
@@ -378,7 +381,10 @@ async fn command_programs_get_no_server_secrets_and_nothing_they_start_outlives_
     }
     for name in &names {
         let ferry_own = ["FERRY_TASK_ID", "FERRY_PARAMS", "FERRY_CHECKPOINT", "FERRY_OFFSET", "FERRY_TEST_PASSED"].contains(name);
-        assert!(!name.starts_with("AWS_") && *name != "SEKRIT_TOKEN" && (ferry_own || !name.starts_with("FERRY_")), "the server's {name} reached the program: {text}");
+        assert!(
+            !name.starts_with("AWS_") && *name != "SEKRIT_TOKEN" && (ferry_own || !name.starts_with("FERRY_")),
+            "the server's {name} reached the program: {text}"
+        );
     }
 
     let tid = id(&api.start("command", r#"{"command":"bg"}"#).await);
@@ -413,12 +419,19 @@ async fn a_command_killed_with_its_server_is_ended_by_the_cancel_or_the_next_run
     let dir = tempfile::tempdir().unwrap();
     // Each run appends its own pid and its background sleep's to its task's file, then waits
     // (writing nothing, so a closed stdout does not end it).
-    let bg =
-        write_script(dir.path(), "bg.sh", &format!("sleep 300 &\necho \"$$ $!\" >> '{}/pids-'\"$FERRY_TASK_ID\"\necho 'progress 0.5 started' >&2\nwait\n", dir.path().display()));
+    let bg = write_script(
+        dir.path(),
+        "bg.sh",
+        &format!("sleep 300 &\necho \"$$ $!\" >> '{}/pids-'\"$FERRY_TASK_ID\"\necho 'progress 0.5 started' >&2\nwait\n", dir.path().display()),
+    );
     let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.bg]\nprogram = \"{}\"\n", bg.display()));
     let args = ["--config", cfg.to_str().unwrap(), "--task-lease", "2s"];
     let runs = |task: &str| -> Vec<Vec<u32>> {
-        std::fs::read_to_string(dir.path().join(format!("pids-{task}"))).unwrap_or_default().lines().map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect()).collect()
+        std::fs::read_to_string(dir.path().join(format!("pids-{task}")))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect())
+            .collect()
     };
     let mut s = Server::start_in(&dir.path().join("data"), &args);
 
@@ -469,8 +482,16 @@ async fn a_failed_or_cancelled_task_leaves_no_output_behind() {
     let dir = tempfile::tempdir().unwrap();
     let write = "head -c 3000000 /dev/zero\necho 'checkpoint 3000000 half' >&2\n";
     let fail = write_script(dir.path(), "fail.sh", &format!("{write}sleep 0.5\nexit 3\n"));
-    let ask = write_script(dir.path(), "ask.sh", &format!("[ -n \"$FERRY_INPUT_GO\" ] && exit 0\n{write}sleep 0.5\necho 'input go {{\"message\":\"go on?\"}}' >&2\nexit 0\n"));
-    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.fail]\nprogram = \"{}\"\n[commands.ask]\nprogram = \"{}\"\n", fail.display(), ask.display()));
+    let ask = write_script(
+        dir.path(),
+        "ask.sh",
+        &format!("[ -n \"$FERRY_INPUT_GO\" ] && exit 0\n{write}sleep 0.5\necho 'input go {{\"message\":\"go on?\"}}' >&2\nexit 0\n"),
+    );
+    let cfg = write_file(
+        dir.path(),
+        "ferry.toml",
+        &format!("[commands.fail]\nprogram = \"{}\"\n[commands.ask]\nprogram = \"{}\"\n", fail.display(), ask.display()),
+    );
     let s = Server::start_in(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
     let api = Api::new(&s);
     let before = stored_ids(&s).await;
@@ -509,7 +530,11 @@ async fn input_required_survives_a_restart_and_completes_when_answered() {
             "printf 'table=%s\\n' \"$FERRY_INPUT_DEST_NAME\"\n",
         ),
     );
-    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.ask]\nprogram = \"{}\"\noutput_name = \"answer.txt\"\nmedia_type = \"text/plain\"\n", script.display()));
+    let cfg = write_file(
+        dir.path(),
+        "ferry.toml",
+        &format!("[commands.ask]\nprogram = \"{}\"\noutput_name = \"answer.txt\"\nmedia_type = \"text/plain\"\n", script.display()),
+    );
     let mut s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let api = Api::new(&s);
     let tid = id(&api.start("command", r#"{"command":"ask","params":{"n":1}}"#).await);
@@ -620,7 +645,14 @@ async fn another_principals_tasks_and_files_do_not_exist() {
     for id in [&file, &unfinished] {
         let r = bob.send("HEAD", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0")], None).await;
         assert_eq!(r.status(), 404, "HEAD {id}");
-        let r = bob.send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"bob".to_vec())).await;
+        let r = bob
+            .send(
+                "PATCH",
+                &format!("/files/{id}"),
+                &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")],
+                Some(b"bob".to_vec()),
+            )
+            .await;
         problem(r, 404, "not_found").await;
         let r = bob.send("DELETE", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0")], None).await;
         problem(r, 404, "not_found").await;
@@ -681,7 +713,12 @@ async fn another_principals_tasks_and_files_do_not_exist() {
     for (m, path) in &no_auth {
         for who in [&anon, &wrong] {
             let r = who
-                .send(m, path, &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")], Some(br#"{"kind":"external","args":1}"#.to_vec()))
+                .send(
+                    m,
+                    path,
+                    &[("content-type", "application/json"), ("Tus-Resumable", "1.0.0"), ("Upload-Length", "1")],
+                    Some(br#"{"kind":"external","args":1}"#.to_vec()),
+                )
                 .await;
             assert_eq!(header(&r, "www-authenticate"), Some("Bearer"), "{m} {path}");
             problem(r, 401, "unauthorized").await;
@@ -874,7 +911,8 @@ async fn compress_zstd_and_gzip_decompress_to_the_input() {
 #[tokio::test]
 async fn final_progress_is_kept_when_a_job_completes() {
     let dir = tempfile::tempdir().unwrap();
-    let script = write_script(dir.path(), "quick.sh", "echo 'count rows 1' >&2\necho 'count rows 2' >&2\necho 'progress 1 all done' >&2\necho done\n");
+    let script =
+        write_script(dir.path(), "quick.sh", "echo 'count rows 1' >&2\necho 'count rows 2' >&2\necho 'progress 1 all done' >&2\necho done\n");
     let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.quick]\nprogram = \"{}\"\n", script.display()));
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let api = Api::new(&s);

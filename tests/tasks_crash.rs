@@ -26,7 +26,14 @@ async fn file_named(api: &Api, name: &str, except: &[&str]) -> Option<Value> {
 /// checkpoint exists), progress (`counter`) went on past that point, and the job is not done.
 /// Returns (progress counter, output file view) at that moment, or `None` when the job completed
 /// before the poller could catch it mid-way (the machine was faster than the poll).
-async fn try_wait_for_checkpoint(api: &Api, tid: &str, out: &str, inputs: &[&str], counter: &str, past: impl Fn(u64, u64) -> bool) -> Option<(u64, Value)> {
+async fn try_wait_for_checkpoint(
+    api: &Api,
+    tid: &str,
+    out: &str,
+    inputs: &[&str],
+    counter: &str,
+    past: impl Fn(u64, u64) -> bool,
+) -> Option<(u64, Value)> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let v = api.task(tid).await;
@@ -181,7 +188,11 @@ echo "all {N} lines written" >&2
             log = log.display()
         ),
     );
-    let cfg = write_file(dir.path(), "ferry.toml", &format!("[commands.lines]\nprogram = \"{}\"\noutput_name = \"lines.txt\"\nmedia_type = \"text/plain\"\n", script.display()));
+    let cfg = write_file(
+        dir.path(),
+        "ferry.toml",
+        &format!("[commands.lines]\nprogram = \"{}\"\noutput_name = \"lines.txt\"\nmedia_type = \"text/plain\"\n", script.display()),
+    );
     let cfg = cfg.to_str().unwrap();
     let mut s = Server::start(&["--config", cfg, "--task-lease", "2s"]);
     let api = Api::new(&s);

@@ -22,7 +22,10 @@ fn openssl(dir: &Path, args: &[&str]) -> String {
 
 /// A test CA (`ca.pem`, `ca.key`) in `dir`.
 fn make_ca(dir: &Path) {
-    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry test CA"]);
+    openssl(
+        dir,
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ferry test CA"],
+    );
     std::fs::write(
         dir.join("san.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
@@ -35,7 +38,10 @@ fn make_ca(dir: &Path) {
 fn make_server_cert(dir: &Path, name: &str) -> String {
     let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
     openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &format!("/CN=127.0.0.1/O={name}")]);
-    openssl(dir, &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", "san.ext"]);
+    openssl(
+        dir,
+        &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", "san.ext"],
+    );
     fingerprint_of_file(dir, &pem)
 }
 
@@ -86,10 +92,40 @@ async fn https_with_curl_and_tus_js_client_and_certificate_reload_on_sighup() {
     // curl: create, upload in one PATCH, download, over https verified against the test CA.
     let data = pseudo_random(3 << 20, 7);
     std::fs::write(dir.join("big.bin"), &data).unwrap();
-    let headers = curl(dir, &["-D", "-", "-o", "/dev/null", "-X", "POST", &s.url("/files/"), "-H", "Tus-Resumable: 1.0.0", "-H", &format!("Upload-Length: {}", data.len())]);
+    let headers = curl(
+        dir,
+        &[
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "-X",
+            "POST",
+            &s.url("/files/"),
+            "-H",
+            "Tus-Resumable: 1.0.0",
+            "-H",
+            &format!("Upload-Length: {}", data.len()),
+        ],
+    );
     let loc = headers.lines().find_map(|l| l.strip_prefix("location: ").or_else(|| l.strip_prefix("Location: "))).unwrap().trim().to_string();
     let url = s.url(&loc);
-    curl(dir, &["-X", "PATCH", &url, "-H", "Tus-Resumable: 1.0.0", "-H", "Content-Type: application/offset+octet-stream", "-H", "Upload-Offset: 0", "-T", "big.bin"]);
+    curl(
+        dir,
+        &[
+            "-X",
+            "PATCH",
+            &url,
+            "-H",
+            "Tus-Resumable: 1.0.0",
+            "-H",
+            "Content-Type: application/offset+octet-stream",
+            "-H",
+            "Upload-Offset: 0",
+            "-T",
+            "big.bin",
+        ],
+    );
     curl(dir, &["-o", "copy.bin", &url]);
     assert_eq!(sha256_hex(&std::fs::read(dir.join("copy.bin")).unwrap()), sha256_hex(&data));
 
@@ -157,7 +193,9 @@ async fn https_with_curl_and_tus_js_client_and_certificate_reload_on_sighup() {
     assert_eq!(r.status(), 200, "still serving");
 }
 
-fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
@@ -274,7 +312,10 @@ async fn the_cli_trusts_a_self_signed_server_with_cacert() {
             "subjectAltName=IP:127.0.0.1",
         ],
     );
-    let s = LoggedServer::start(&dir.join("data"), &["--tls-cert", dir.join("self.pem").to_str().unwrap(), "--tls-key", dir.join("self.key").to_str().unwrap()]);
+    let s = LoggedServer::start(
+        &dir.join("data"),
+        &["--tls-cert", dir.join("self.pem").to_str().unwrap(), "--tls-key", dir.join("self.key").to_str().unwrap()],
+    );
     curl(dir, &["--cacert", "self.pem", "-o", "/dev/null", &s.url("/healthz")]); // what curl takes
     let cache = dir.join("cache");
     let data = pseudo_random((1 << 20) + 77, 11);
@@ -304,7 +345,10 @@ async fn the_cli_trusts_a_self_signed_server_with_cacert() {
     // The usual chain: a CA file trusts the certificate it signed.
     make_ca(dir);
     make_server_cert(dir, "signed");
-    let s2 = LoggedServer::start(&dir.join("data2"), &["--tls-cert", dir.join("signed.pem").to_str().unwrap(), "--tls-key", dir.join("signed.key").to_str().unwrap()]);
+    let s2 = LoggedServer::start(
+        &dir.join("data2"),
+        &["--tls-cert", dir.join("signed.pem").to_str().unwrap(), "--tls-key", dir.join("signed.key").to_str().unwrap()],
+    );
     let o = out(&mut ferry(&s2.base, &cache, &["upload", "--json", "--cacert", dir.join("ca.pem").to_str().unwrap(), src.to_str().unwrap()]));
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     // The self-signed file does not vouch for another server's certificate.
@@ -319,7 +363,15 @@ fn run_hinted(err: &str, cache: &Path, cwd: &Path) -> std::process::Output {
     let cmd = &err[start..start + err[start..].find('`').unwrap()];
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_ferry")).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    Command::new("sh").args(["-c", cmd]).env("PATH", path).env("FERRY_CACHE_DIR", cache).env_remove("FERRY_SERVER").env_remove("FERRY_TOKEN").current_dir(cwd).output().unwrap()
+    Command::new("sh")
+        .args(["-c", cmd])
+        .env("PATH", path)
+        .env("FERRY_CACHE_DIR", cache)
+        .env_remove("FERRY_SERVER")
+        .env_remove("FERRY_TOKEN")
+        .current_dir(cwd)
+        .output()
+        .unwrap()
 }
 
 /// Issue 48 kind 6: every TLS failure of the CLI is said in words, with what to do — never
@@ -333,7 +385,8 @@ fn tls_failures_say_the_cause_and_the_command() {
     use common::cli::{code, ferry, out, stderr};
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let self_signed = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"];
+    let self_signed =
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"];
     openssl(dir, &[&self_signed[..], &["-keyout", "self.key", "-out", "self.pem"]].concat());
     openssl(dir, &[&self_signed[..], &["-keyout", "other.key", "-out", "other.pem"]].concat());
     make_ca(dir);

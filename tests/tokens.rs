@@ -203,7 +203,9 @@ async fn upload_scoped_token_creates_uploads_and_nothing_else_until_it_expires()
             assert!(p["detail"].as_str().unwrap().contains("scope upload"), "{p}");
         }
     }
-    let r = web.send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(vec![1])).await;
+    let r = web
+        .send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(vec![1]))
+        .await;
     assert_eq!(r.status(), 403);
     // The owner's file is untouched.
     assert_eq!(sha256_hex(&owner.download(&secret_id).await), sha256_hex(&secret));

@@ -17,8 +17,17 @@ async fn options_advertises_every_extension_and_algorithm() {
     assert_eq!(header(&r, "tus-max-size"), Some("5368709120"));
     assert_eq!(header(&r, "tus-checksum-algorithm"), Some("sha1,sha256,sha512,md5"));
     let ext: Vec<&str> = header(&r, "tus-extension").unwrap().split(',').collect();
-    for e in ["creation", "creation-with-upload", "creation-defer-length", "expiration", "checksum", "checksum-trailer", "termination", "concatenation", "concatenation-unfinished"]
-    {
+    for e in [
+        "creation",
+        "creation-with-upload",
+        "creation-defer-length",
+        "expiration",
+        "checksum",
+        "checksum-trailer",
+        "termination",
+        "concatenation",
+        "concatenation-unfinished",
+    ] {
         assert!(ext.contains(&e), "{e} missing from {ext:?}");
     }
 }
@@ -28,7 +37,14 @@ async fn unsupported_version_is_412_on_every_method() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let url = t.create(10).await;
-    for (m, u) in [("POST", "/files/"), ("HEAD", url.as_str()), ("PATCH", url.as_str()), ("DELETE", url.as_str()), ("GET", url.as_str()), ("OPTIONS", "/files/")] {
+    for (m, u) in [
+        ("POST", "/files/"),
+        ("HEAD", url.as_str()),
+        ("PATCH", url.as_str()),
+        ("DELETE", url.as_str()),
+        ("GET", url.as_str()),
+        ("OPTIONS", "/files/"),
+    ] {
         let r = t.request(m, u, &[("Tus-Resumable", "0.2.2"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Offset", "0")], None).await;
         assert_eq!(r.status(), 412, "{m}");
         assert_eq!(header(&r, "tus-version"), Some("1.0.0"), "{m}");
@@ -69,7 +85,8 @@ async fn patch_content_type_offset_and_overflow_rules() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let url = t.create(10).await;
-    let r = t.request("PATCH", &url, &[("Tus-Resumable", "1.0.0"), ("Content-Type", "text/plain"), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await;
+    let r =
+        t.request("PATCH", &url, &[("Tus-Resumable", "1.0.0"), ("Content-Type", "text/plain"), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await;
     problem(r, 415, "invalid_argument").await;
     let r = t.request("PATCH", &url, &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET)], Some(b"abc".to_vec())).await;
     problem(r, 400, "invalid_argument").await;
@@ -88,7 +105,8 @@ async fn patch_content_type_offset_and_overflow_rules() {
     assert_eq!(t.offset(&url).await, 4);
     // ... and with a chunked body that only overflows mid-stream.
     let body = reqwest::Body::wrap_stream(futures::stream::iter(vec![Ok::<_, std::io::Error>(vec![2u8; 3]), Ok(vec![3u8; 4])]));
-    let r = t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "4").body(body).send().await.unwrap();
+    let r =
+        t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "4").body(body).send().await.unwrap();
     problem(r, 413, "size_exceeded").await;
     assert_eq!(t.offset(&url).await, 4, "offset unchanged");
     assert_eq!(t.patch(&url, 4, b"efghij".to_vec(), &[]).await.status(), 204);
@@ -169,8 +187,14 @@ async fn method_override_is_honoured() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let url = t.create(3).await;
-    let r =
-        t.request("POST", &url, &[("X-HTTP-Method-Override", "PATCH"), ("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"abc".to_vec())).await;
+    let r = t
+        .request(
+            "POST",
+            &url,
+            &[("X-HTTP-Method-Override", "PATCH"), ("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")],
+            Some(b"abc".to_vec()),
+        )
+        .await;
     assert_eq!(r.status(), 204);
     assert_eq!(t.download(&url).await, b"abc");
     let r = t.request("POST", &url, &[("X-HTTP-Method-Override", "DELETE"), ("Tus-Resumable", "1.0.0")], None).await;
@@ -192,7 +216,8 @@ async fn finished_upload_accepts_an_empty_patch_and_refuses_more() {
     assert!(v["recovery_hint"].as_str().unwrap().starts_with("Nothing more can be sent to this upload"), "{v}");
     // The same without a Content-Length (chunked): found while reading, told alike.
     let body = reqwest::Body::wrap_stream(futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"c"))]));
-    let r = t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "2").body(body).send().await.unwrap();
+    let r =
+        t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "2").body(body).send().await.unwrap();
     let v = problem(r, 413, "size_exceeded").await;
     assert!(v["detail"].as_str().unwrap().starts_with("the upload already holds all of its 2 bytes"), "{v}");
     assert!(v["recovery_hint"].as_str().unwrap().starts_with("Nothing more can be sent to this upload"), "{v}");
@@ -205,23 +230,46 @@ async fn duplicated_headers_are_refused_not_guessed() {
     let t = Tus::new(&s);
     let url = t.create(10).await;
     let r =
-        t.c.patch(&url).header("Tus-Resumable", "1.0.0").header("Content-Type", OCTET).header("Upload-Offset", "0").header("Upload-Offset", "5").body("abc").send().await.unwrap();
+        t.c.patch(&url)
+            .header("Tus-Resumable", "1.0.0")
+            .header("Content-Type", OCTET)
+            .header("Upload-Offset", "0")
+            .header("Upload-Offset", "5")
+            .body("abc")
+            .send()
+            .await
+            .unwrap();
     let v = problem(r, 400, "invalid_argument").await;
     assert_eq!(v["detail"], "the Upload-Offset header was sent 2 times; it carries one value", "{v}");
     assert_eq!(v["recovery_hint"], "Send Upload-Offset once.");
-    let r = t.c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "5").header("Upload-Length", "6").send().await.unwrap();
+    let r =
+        t.c.post(s.url("/files/")).header("Tus-Resumable", "1.0.0").header("Upload-Length", "5").header("Upload-Length", "6").send().await.unwrap();
     let v = problem(r, 400, "invalid_argument").await;
     assert!(v["detail"].as_str().unwrap().starts_with("the Upload-Length header was sent 2 times"), "{v}");
     // The draft's headers too, on a creation that would carry bytes: nothing is created.
     let r =
-        t.c.post(s.url("/files/")).header("Upload-Draft-Interop-Version", "6").header("Upload-Complete", "?1").header("Upload-Complete", "?0").body("abc").send().await.unwrap();
+        t.c.post(s.url("/files/"))
+            .header("Upload-Draft-Interop-Version", "6")
+            .header("Upload-Complete", "?1")
+            .header("Upload-Complete", "?0")
+            .body("abc")
+            .send()
+            .await
+            .unwrap();
     assert_eq!(r.status(), 400);
     assert!(header(&r, "location").is_none());
     assert_eq!(t.offset(&url).await, 0);
     let files = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
     assert_eq!(files["files"].as_array().unwrap().len(), 1, "{files}");
     // The task API's Idempotency-Key, by the same words.
-    let r = t.c.post(s.url("/api/v1/tasks")).header("Idempotency-Key", "k1").header("Idempotency-Key", "k1").body(r#"{"kind":"external","args":{}}"#).send().await.unwrap();
+    let r =
+        t.c.post(s.url("/api/v1/tasks"))
+            .header("Idempotency-Key", "k1")
+            .header("Idempotency-Key", "k1")
+            .body(r#"{"kind":"external","args":{}}"#)
+            .send()
+            .await
+            .unwrap();
     let v = problem(r, 400, "invalid_argument").await;
     assert_eq!(v["detail"], "the Idempotency-Key header was sent 2 times; it carries one value", "{v}");
     // Host (RFC 9112 §3.2): none, or two, is 400 before anything reads it; nothing is listed
@@ -229,7 +277,10 @@ async fn duplicated_headers_are_refused_not_guessed() {
     use std::io::{Read, Write};
     for req in [
         "GET /api/v1/files HTTP/1.1\r\nConnection: close\r\n\r\n".to_string(),
-        format!("POST /files/ HTTP/1.1\r\nHost: {}\r\nHost: evil.example\r\nTus-Resumable: 1.0.0\r\nUpload-Length: 5\r\nConnection: close\r\n\r\n", s.addr()),
+        format!(
+            "POST /files/ HTTP/1.1\r\nHost: {}\r\nHost: evil.example\r\nTus-Resumable: 1.0.0\r\nUpload-Length: 5\r\nConnection: close\r\n\r\n",
+            s.addr()
+        ),
     ] {
         let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
         sock.write_all(req.as_bytes()).unwrap();

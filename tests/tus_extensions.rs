@@ -136,7 +136,12 @@ async fn a_wrong_length_digest_is_a_mismatch_everywhere_a_checksum_is_read() {
     // On a creation-with-upload body: a mismatch as everywhere, and the refused creation leaves
     // no upload and names none (issue 23 item 4).
     let r = t
-        .request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", "sha1 AAAA")], Some(b"hello".to_vec()))
+        .request(
+            "POST",
+            "/files/",
+            &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", OCTET), ("Upload-Checksum", "sha1 AAAA")],
+            Some(b"hello".to_vec()),
+        )
         .await;
     assert!(header(&r, "location").is_none(), "a refused creation names no upload");
     assert!(header(&r, "upload-offset").is_none(), "nothing is left to resume");
@@ -155,11 +160,15 @@ async fn a_declared_sha256_of_the_wrong_length_is_refused_at_creation() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
     let short = "ab".repeat(31);
-    let v = problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(short.as_bytes())))]).await, 400, "invalid_argument").await;
+    let v =
+        problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(short.as_bytes())))]).await, 400, "invalid_argument")
+            .await;
     assert!(v["detail"].as_str().unwrap().contains("62 hex digits"), "{v}");
-    let v = problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(b"not hex")))]).await, 400, "invalid_argument").await;
+    let v =
+        problem(t.post(&[("Upload-Length", "1"), ("Upload-Metadata", &format!("sha256 {}", b64(b"not hex")))]).await, 400, "invalid_argument").await;
     assert!(v["detail"].as_str().unwrap().contains("not hexadecimal"), "{v}");
-    let v = problem(t.post(&[("Upload-Length", "1"), ("Repr-Digest", &format!("sha-256=:{}:", b64(&[1u8; 31])))]).await, 400, "invalid_argument").await;
+    let v =
+        problem(t.post(&[("Upload-Length", "1"), ("Repr-Digest", &format!("sha-256=:{}:", b64(&[1u8; 31])))]).await, 400, "invalid_argument").await;
     assert!(v["detail"].as_str().unwrap().contains("32 bytes"), "{v}");
     let listed = t.c.get(s.url("/api/v1/files")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
     assert_eq!(listed["files"].as_array().map(Vec::len), Some(0), "nothing was created");
@@ -213,9 +222,11 @@ async fn checksum_trailer_is_verified() {
     let (st, _) = chunked_patch_with_trailer(&s.addr(), &path, 0, &data[..2_500], "");
     assert_eq!(st, 400, "an announced trailer that never arrives");
     assert_eq!(t.offset(&url).await, 0);
-    let (st, text) = chunked_patch_with_trailer(&s.addr(), &path, 0, &data[..2_500], &format!("Upload-Checksum: {}\r\n", checksum("md5", &data[..2_500])));
+    let (st, text) =
+        chunked_patch_with_trailer(&s.addr(), &path, 0, &data[..2_500], &format!("Upload-Checksum: {}\r\n", checksum("md5", &data[..2_500])));
     assert_eq!(st, 204, "{text}");
-    let (st, _) = chunked_patch_with_trailer(&s.addr(), &path, 2_500, &data[2_500..], &format!("Upload-Checksum: {}\r\n", checksum("sha1", &data[2_500..])));
+    let (st, _) =
+        chunked_patch_with_trailer(&s.addr(), &path, 2_500, &data[2_500..], &format!("Upload-Checksum: {}\r\n", checksum("sha1", &data[2_500..])));
     assert_eq!(st, 204);
     assert_eq!(t.download(&url).await, data);
 }
@@ -224,14 +235,17 @@ async fn checksum_trailer_is_verified() {
 async fn creation_with_upload_stores_the_first_chunk() {
     let s = Server::start(&[]);
     let t = Tus::new(&s);
-    let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "11"), ("Content-Type", OCTET)], Some(b"hello".to_vec())).await;
+    let r =
+        t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "11"), ("Content-Type", OCTET)], Some(b"hello".to_vec())).await;
     assert_eq!(r.status(), 201);
     assert_eq!(header(&r, "upload-offset"), Some("5"));
     let url = t.abs(header(&r, "location").unwrap());
     assert_eq!(t.patch(&url, 5, b" world".to_vec(), &[]).await.status(), 204);
     assert_eq!(t.download(&url).await, b"hello world");
     // A body with the wrong media type is refused before anything is created.
-    let r = t.request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", "text/plain")], Some(b"hello".to_vec())).await;
+    let r = t
+        .request("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "5"), ("Content-Type", "text/plain")], Some(b"hello".to_vec()))
+        .await;
     problem(r, 415, "invalid_argument").await;
     // A creation body with a failing checksum is refused whole: no upload is left, and the
     // answer names none (issue 23 item 4; tests/refusals.rs walks every such refusal).

@@ -280,7 +280,11 @@ fn found_sequences() {
     let cases: Vec<Vec<Op>> = vec![
         // A PATCH refused before its body (413: its Content-Length runs past the length) whose
         // client then drops the connection; the next PATCH must not find the upload held.
-        vec![Op::Create { len: 4, partial: true }, Op::Dropped { u: 0, bytes: 6, more: 10 }, Op::Patch { u: 0, offset: OffsetChoice::Right, bytes: 4, checksum: Checksum::Good }],
+        vec![
+            Op::Create { len: 4, partial: true },
+            Op::Dropped { u: 0, bytes: 6, more: 10 },
+            Op::Patch { u: 0, offset: OffsetChoice::Right, bytes: 4, checksum: Checksum::Good },
+        ],
         vec![
             Op::Create { len: 4, partial: true },
             Op::Restart,
@@ -310,9 +314,10 @@ async fn creation_with_a_body_past_the_max_size_is_refused_before_the_body() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = Server::start(&["--max-size", "1MiB"]);
     let addr = server.base.trim_start_matches("http://").to_string();
-    for extra in
-        ["Tus-Resumable: 1.0.0\r\nUpload-Defer-Length: 1\r\nContent-Type: application/offset+octet-stream\r\n", "Upload-Draft-Interop-Version: 8\r\nUpload-Complete: ?0\r\n"]
-    {
+    for extra in [
+        "Tus-Resumable: 1.0.0\r\nUpload-Defer-Length: 1\r\nContent-Type: application/offset+octet-stream\r\n",
+        "Upload-Draft-Interop-Version: 8\r\nUpload-Complete: ?0\r\n",
+    ] {
         let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
         let head = format!("POST /files/ HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 2000000\r\n\r\n");
         sock.write_all(head.as_bytes()).await.unwrap();

@@ -266,7 +266,10 @@ async fn request_page_refuses_another_file_after_a_reload() {
     assert_eq!(kept["key"], format!("ferry.request.{id}"), "{paused}");
     assert_eq!(kept["name"], "survey-final.csv", "{paused}");
     let kept_at = kept["at"].as_u64().unwrap();
-    assert!(kept_at >= 1 << 20 && kept_at.is_multiple_of(1 << 20) && kept_at <= paused["uploaded"].as_u64().unwrap(), "a whole MiB at most what was sent: {paused}");
+    assert!(
+        kept_at >= 1 << 20 && kept_at.is_multiple_of(1 << 20) && kept_at <= paused["uploaded"].as_u64().unwrap(),
+        "a whole MiB at most what was sent: {paused}"
+    );
     assert_eq!(kept["sha256"], sha256_hex(&a[..kept_at as usize]).as_str(), "the fingerprint of A's first {kept_at} bytes: {paused}");
     // Some of A is durable (the catalog's offset); nothing moves it while the pages refuse B.
     let api = Api::new(&s);
@@ -307,7 +310,10 @@ async fn request_page_refuses_another_file_after_a_reload() {
     let expires = out["expires"].as_str().unwrap();
     let iso = expires.as_bytes().windows(3).any(|w| w[0].is_ascii_digit() && w[1] == b'T' && w[2].is_ascii_digit());
     assert!(!iso, "no ISO string: {expires}");
-    assert!(expires.contains(" at ") && expires.contains("(in ") && (expires.ends_with(" minutes)") || expires.ends_with("(in 1 hour)")), "a date, a time and how far away (the link lasts 1 h: `in 1 hour` when read at once, else minutes): {expires}");
+    assert!(
+        expires.contains(" at ") && expires.contains("(in ") && (expires.ends_with(" minutes)") || expires.ends_with("(in 1 hour)")),
+        "a date, a time and how far away (the link lasts 1 h: `in 1 hour` when read at once, else minutes): {expires}"
+    );
     assert_eq!(out["dialogs"], serde_json::json!([]));
     assert_eq!(out["errors"], serde_json::json!([]), "{out}");
     assert_stored_sha256(&s, &format!("/files/{id}"), &want).await;
@@ -394,11 +400,23 @@ async fn page_headers_attachment_and_assets() {
     let plain = client().get(untyped["url"].as_str().unwrap()).send().await.unwrap();
     assert!(header(&plain, "content-disposition").unwrap().starts_with("attachment"));
     let created = Api::new(&s)
-        .send("POST", "/files/", &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "10"), ("Upload-Metadata", "filename bm90ZXMudHh0,filetype dGV4dC9wbGFpbg==")], None)
+        .send(
+            "POST",
+            "/files/",
+            &[("Tus-Resumable", "1.0.0"), ("Upload-Length", "10"), ("Upload-Metadata", "filename bm90ZXMudHh0,filetype dGV4dC9wbGFpbg==")],
+            None,
+        )
         .await;
     assert_eq!(created.status(), 201);
     let id = header(&created, "location").unwrap().rsplit('/').next().unwrap().to_string();
-    let r = Api::new(&s).send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")], Some(b"plain text".to_vec())).await;
+    let r = Api::new(&s)
+        .send(
+            "PATCH",
+            &format!("/files/{id}"),
+            &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", "0")],
+            Some(b"plain text".to_vec()),
+        )
+        .await;
     assert_eq!(r.status(), 204);
     let shared = share(&s, &id, "download", 60_000).await;
     let url = shared["url"].as_str().unwrap();
@@ -582,9 +600,13 @@ echo "progress 1 all rows" >&2
     assert!(!end["activity"].as_array().unwrap().iter().any(|e| e["subject"] == bob_during.as_str()), "{end}");
     assert_eq!(end["live"], "stream");
     let requests = end["resumed"]["requests"].as_array().unwrap();
-    assert!(requests.iter().all(|r| r["authorization"] == true && !r["url"].as_str().unwrap().contains("fy_")), "the token goes in a header, never the URL: {requests:?}");
+    assert!(
+        requests.iter().all(|r| r["authorization"] == true && !r["url"].as_str().unwrap().contains("fy_")),
+        "the token goes in a header, never the URL: {requests:?}"
+    );
     assert!(requests[0]["last_event_id"].is_null(), "{requests:?}");
-    let resumed = requests.iter().find(|r| !r["last_event_id"].is_null()).unwrap_or_else(|| panic!("no reconnection with Last-Event-ID: {requests:?}"));
+    let resumed =
+        requests.iter().find(|r| !r["last_event_id"].is_null()).unwrap_or_else(|| panic!("no reconnection with Last-Event-ID: {requests:?}"));
     // It resumed right after the last event it had shown: newer than that one (the activity
     // list is newest first) are only the events of the file added while it was away, and the
     // page's own delete that came later.
@@ -604,7 +626,10 @@ echo "progress 1 all rows" >&2
     // The only console errors are the 401s of the first look before the token is pasted (how
     // the page learns that this server needs one) and the refused connections while ferry was
     // down: no page error, no CSP violation.
-    assert!(end["errors"].as_array().unwrap().iter().all(|e| e.as_str().unwrap().contains("status of 401") || e.as_str().unwrap().contains("net::ERR_")), "{end}");
+    assert!(
+        end["errors"].as_array().unwrap().iter().all(|e| e.as_str().unwrap().contains("status of 401") || e.as_str().unwrap().contains("net::ERR_")),
+        "{end}"
+    );
     let r = a.get(&format!("/api/v1/files/{}", up["chosen"]["id"].as_str().unwrap())).await;
     assert_eq!(r.status(), 404, "deleted through the page");
     let status = node.child.wait().unwrap();
@@ -685,7 +710,11 @@ async fn a_request_for_a_file_of_any_size_from_the_cli_and_the_dashboard() {
     assert_eq!(out["revisit"]["local_shown"], false, "a revisit shows no empty 'sha256 of your file': {out}");
     assert_eq!(out["revisit"]["sha_server"], want.as_str());
     let stored = Api::new(&s).file(&id).await;
-    assert_eq!((stored["size"].as_u64(), stored["name"].as_str(), stored["sha256"].as_str()), (Some(size as u64), Some("holiday photos.zip"), Some(want.as_str())), "{stored}");
+    assert_eq!(
+        (stored["size"].as_u64(), stored["name"].as_str(), stored["sha256"].as_str()),
+        (Some(size as u64), Some("holiday photos.zip"), Some(want.as_str())),
+        "{stored}"
+    );
     assert_stored_sha256(&s, &format!("/files/{id}"), &want).await;
 
     // The dashboard's "Request a file".
@@ -698,7 +727,11 @@ async fn a_request_for_a_file_of_any_size_from_the_cli_and_the_dashboard() {
     assert_eq!(made["sha_server"], sha256_hex(&small).as_str(), "{made}");
     let dash_id = made["id"].as_str().unwrap();
     let f = Api::new(&s).file(dash_id).await;
-    assert_eq!((f["size"].as_u64(), f["name"].as_str(), f["sha256"].as_str()), (Some(small.len() as u64), Some("contract scan.pdf"), Some(sha256_hex(&small).as_str())), "{f}");
+    assert_eq!(
+        (f["size"].as_u64(), f["name"].as_str(), f["sha256"].as_str()),
+        (Some(small.len() as u64), Some("contract scan.pdf"), Some(sha256_hex(&small).as_str())),
+        "{f}"
+    );
     assert_eq!(f["metadata"]["requested"], "1", "marked as a requested upload, as `ferry request` marks them: {f}");
     assert!(made["row"].as_str().unwrap().contains("contract scan.pdf"), "{made}");
     assert_eq!(out["dialogs"], serde_json::json!([]));

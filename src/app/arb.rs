@@ -23,21 +23,27 @@ pub fn json_value() -> impl Strategy<Value = Value> {
         "[a-z ]{0,8}".prop_map(Value::from),
     ];
     leaf.prop_recursive(3, 16, 4, |inner| {
-        prop_oneof![vec(inner.clone(), 0..3).prop_map(Value::Array), btree_map("[a-z]{1,6}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect())),]
+        prop_oneof![
+            vec(inner.clone(), 0..3).prop_map(Value::Array),
+            btree_map("[a-z]{1,6}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
     })
 }
 
 /// Progress as jobs and `external` producers record it: every member optional.
 pub fn progress() -> impl Strategy<Value = Progress> {
-    (option::of(0.0f64..=1.0), option::of("[a-z. 0-9]{0,12}"), btree_map("[a-z_]{1,8}", any::<u64>(), 0..3)).prop_map(|(fraction, message, counters)| Progress {
-        fraction,
-        message,
-        counters,
-    })
+    (option::of(0.0f64..=1.0), option::of("[a-z. 0-9]{0,12}"), btree_map("[a-z_]{1,8}", any::<u64>(), 0..3))
+        .prop_map(|(fraction, message, counters)| Progress { fraction, message, counters })
 }
 
 fn status() -> impl Strategy<Value = TaskStatus> {
-    prop_oneof![Just(TaskStatus::Working), Just(TaskStatus::InputRequired), Just(TaskStatus::Completed), Just(TaskStatus::Failed), Just(TaskStatus::Cancelled)]
+    prop_oneof![
+        Just(TaskStatus::Working),
+        Just(TaskStatus::InputRequired),
+        Just(TaskStatus::Completed),
+        Just(TaskStatus::Failed),
+        Just(TaskStatus::Cancelled)
+    ]
 }
 
 /// A file handle as built-in kinds store it in a result (`{"id", "name", …}`).
@@ -138,8 +144,8 @@ pub fn task_record() -> impl Strategy<Value = TaskRecord> {
 fn metadata() -> impl Strategy<Value = String> {
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    (option::of("[a-zA-Z0-9 ._-]{1,12}"), option::of(prop_oneof![Just("text/plain"), Just("application/pdf")]), any::<bool>(), any::<bool>()).prop_map(
-        move |(name, media, bare, binary)| {
+    (option::of("[a-zA-Z0-9 ._-]{1,12}"), option::of(prop_oneof![Just("text/plain"), Just("application/pdf")]), any::<bool>(), any::<bool>())
+        .prop_map(move |(name, media, bare, binary)| {
             let mut pairs = Vec::new();
             if let Some(n) = name {
                 pairs.push(format!("filename {}", b64(n.as_bytes())));
@@ -154,14 +160,22 @@ fn metadata() -> impl Strategy<Value = String> {
                 pairs.push(format!("raw {}", b64(&[0xff, 0xfe, 0, b'a'])));
             }
             pairs.join(",")
-        },
-    )
+        })
 }
 
 /// Any upload record: unfinished (length known or deferred), finishing, finished, expired.
 pub fn upload_record() -> impl Strategy<Value = UploadRecord> {
-    ("[a-z0-9]{26}", option::of(0u64..1 << 40), 0u64..1 << 40, metadata(), any::<bool>(), option::of(0i64..i64::MAX / 4), any::<bool>(), any::<bool>()).prop_map(
-        |(id, length, offset, metadata, finished, expires, expired, at_end)| {
+    (
+        "[a-z0-9]{26}",
+        option::of(0u64..1 << 40),
+        0u64..1 << 40,
+        metadata(),
+        any::<bool>(),
+        option::of(0i64..i64::MAX / 4),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(id, length, offset, metadata, finished, expires, expired, at_end)| {
             let offset = match length {
                 Some(l) if at_end || finished => l,
                 Some(l) => offset.min(l),
@@ -187,6 +201,5 @@ pub fn upload_record() -> impl Strategy<Value = UploadRecord> {
                 // A provisional upload is never shown to a client (issue 23 item 4).
                 provisional: false,
             }
-        },
-    )
+        })
 }

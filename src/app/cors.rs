@@ -59,11 +59,17 @@ impl CorsConfig {
             list.iter()
                 .map(|h| {
                     let h = h.trim().to_ascii_lowercase();
-                    http::HeaderName::from_bytes(h.as_bytes()).map(|_| h.clone()).map_err(|_| anyhow::anyhow!("cors {key}: {h:?} is not a header name"))
+                    http::HeaderName::from_bytes(h.as_bytes())
+                        .map(|_| h.clone())
+                        .map_err(|_| anyhow::anyhow!("cors {key}: {h:?} is not a header name"))
                 })
                 .collect()
         };
-        Ok(CorsConfig { allow_origins, allow_headers: names(allow_headers, "allow_headers")?, expose_headers: names(expose_headers, "expose_headers")? })
+        Ok(CorsConfig {
+            allow_origins,
+            allow_headers: names(allow_headers, "allow_headers")?,
+            expose_headers: names(expose_headers, "expose_headers")?,
+        })
     }
 }
 

@@ -206,7 +206,10 @@ mod tests {
         copied.sha256 = copied.sha256.to_ascii_uppercase();
         let e = Tokens::new(&[entry("bob", "b", None, None), copied]).unwrap_err().to_string();
         assert!(e.contains("listed twice") && e.contains("\"bob\"") && e.contains("\"mallory\""), "{e}");
-        assert!(Tokens::new(&[entry("bob", "b", None, None), entry("bob", "b", Some(TokenScope::Upload), None)]).is_err(), "same principal, another scope");
+        assert!(
+            Tokens::new(&[entry("bob", "b", None, None), entry("bob", "b", Some(TokenScope::Upload), None)]).is_err(),
+            "same principal, another scope"
+        );
         let t = Tokens::new(&[entry("bob", "b", None, None)]).unwrap();
         assert!(t.replace(&[entry("bob", "b", None, None), entry("mallory", "b", None, None)]).is_err());
         assert_eq!(t.grant("b", 0).unwrap().principal, "bob", "the reload is refused and bob stays bob");

@@ -143,7 +143,13 @@ pub fn produced_file(r: &UploadRecord) -> Option<FileHandle> {
         return None;
     }
     let d = describe_raw(&r.metadata);
-    Some(FileHandle { id: r.id.clone(), name: d.name.unwrap_or_else(|| r.id.clone()), media_type: d.media_type.to_string(), size, sha256: hex::encode(sha) })
+    Some(FileHandle {
+        id: r.id.clone(),
+        name: d.name.unwrap_or_else(|| r.id.clone()),
+        media_type: d.media_type.to_string(),
+        size,
+        sha256: hex::encode(sha),
+    })
 }
 
 /// A task's result split into the files it produced and everything else.
@@ -195,8 +201,11 @@ pub struct TaskError {
 /// The [`TaskError`] of a task's stored error text.
 pub fn task_error(stored: Option<&str>) -> Option<TaskError> {
     let e: Value = serde_json::from_str(stored?).unwrap_or_default();
-    let code =
-        e.get("code").and_then(Value::as_str).and_then(|c| crate::error::ErrorCode::ALL.into_iter().find(|k| k.as_str() == c)).unwrap_or(crate::error::ErrorCode::TaskFailed);
+    let code = e
+        .get("code")
+        .and_then(Value::as_str)
+        .and_then(|c| crate::error::ErrorCode::ALL.into_iter().find(|k| k.as_str() == c))
+        .unwrap_or(crate::error::ErrorCode::TaskFailed);
     let message = e.get("message").and_then(Value::as_str).unwrap_or("the task failed").to_string();
     Some(TaskError { code: code.as_str(), message })
 }

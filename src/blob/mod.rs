@@ -221,7 +221,11 @@ impl Default for WriteLease {
 
 impl std::fmt::Debug for WriteLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteLease").field("size_hint", &self.size_hint).field("fence", &self.fence).field("generation", &self.generation).finish_non_exhaustive()
+        f.debug_struct("WriteLease")
+            .field("size_hint", &self.size_hint)
+            .field("fence", &self.fence)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
     }
 }
 

@@ -179,7 +179,16 @@ pub async fn check_expiry_and_tombstones(cat: &dyn Catalog, p: &str) {
     assert!(cat.mark_expired(&id, 6_000).await.unwrap());
     assert!(cat.mark_expired(&id, 7_000).await.expect("idempotent"), "a tombstone stays one");
     assert!(cat.get_upload(&id).await.unwrap().unwrap().expired);
-    let cp = Checkpoint { offset: 1, hash_state: vec![], blob_state: Vec::new(), blob_entries_from: None, length: None, finished_sha256: None, expires_at_ms: None, now_ms: 1 };
+    let cp = Checkpoint {
+        offset: 1,
+        hash_state: vec![],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: None,
+        finished_sha256: None,
+        expires_at_ms: None,
+        now_ms: 1,
+    };
     assert!(matches!(cat.checkpoint(&id, f, &cp).await, Err(CatalogError::Fenced)), "expiry fences out writers");
     assert!(!cat.list_expired(i64::MAX, 100).await.unwrap().contains(&id), "tombstones are not listed again");
     assert!(!cat.list_tombstones(6_000, 100).await.unwrap().contains(&id), "kept until its time");
@@ -390,7 +399,10 @@ pub async fn check_reopen_keeps_the_fence_monotonic(cat: &dyn Catalog, p: &str) 
     let got = cat.get_upload(&id).await.unwrap().unwrap();
     assert_eq!((got.offset, got.length, got.sha256, got.finished_at_ms, got.expires_at_ms), (20, None, None, None, Some(13_000)));
     assert_eq!(got.blob_state, vec![1, 20]);
-    assert!(matches!(cat.checkpoint(&id, old, &cp(21, 3_100)).await, Err(CatalogError::Fenced)), "an older writer's token never becomes current again");
+    assert!(
+        matches!(cat.checkpoint(&id, old, &cp(21, 3_100)).await, Err(CatalogError::Fenced)),
+        "an older writer's token never becomes current again"
+    );
     let next = cat.acquire_fence(&id).await.unwrap();
     assert!(next > f, "the fence keeps growing after a reopen ({next} > {f})");
     assert!(matches!(cat.reopen_upload(&format!("{p}nope"), 1, &cp(0, 1)).await, Err(CatalogError::NotFound)));
@@ -436,7 +448,11 @@ pub async fn check_lease_expiry_uses_the_database_clock(cat: &dyn Catalog, p: &s
     // the database may run elsewhere), whatever `now_ms` values rows carry (here ~1970).
     let local = unix_ms();
     let g = granted(cat.acquire_upload_lease(&id, "a", 60_000).await.unwrap());
-    assert!((g.expires_at_ms - (local + 60_000)).abs() < 600_000, "lease expiry {} is database now + ttl in Unix ms (local {local})", g.expires_at_ms);
+    assert!(
+        (g.expires_at_ms - (local + 60_000)).abs() < 600_000,
+        "lease expiry {} is database now + ttl in Unix ms (local {local})",
+        g.expires_at_ms
+    );
     // A lease whose time is up on the database clock is free: a zero-length lease is expired
     // at once, and its taker learns it must repair.
     let id2 = format!("{p}leasezero");
@@ -531,12 +547,23 @@ pub async fn check_reclaim_owner(cat: &dyn Catalog, p: &str) {
     let again = cat.claim_task("me-now", std::slice::from_ref(&kind), 60_000).await.unwrap().expect("a reclaimed task is claimable at once");
     assert_eq!(again.id, claimed.id);
     assert!(again.fence > claimed.fence, "task fences grow too");
-    assert!(matches!(cat.update_task(&claimed.id, Some(claimed.fence), &Default::default()).await, Err(CatalogError::Fenced)), "the dead run is fenced out");
+    assert!(
+        matches!(cat.update_task(&claimed.id, Some(claimed.fence), &Default::default()).await, Err(CatalogError::Fenced)),
+        "the dead run is fenced out"
+    );
     assert_eq!(cat.reclaim_owner(&format!("{p}nobody")).await.unwrap(), (0, 0));
 }
 
 fn new_task(id: &str, kind: &str) -> NewTask {
-    NewTask { id: id.to_string(), principal: "alice".into(), kind: kind.to_string(), args: "{}".into(), idempotency_key: None, ttl_ms: 60_000, now_ms: 1_000 }
+    NewTask {
+        id: id.to_string(),
+        principal: "alice".into(),
+        kind: kind.to_string(),
+        args: "{}".into(),
+        idempotency_key: None,
+        ttl_ms: 60_000,
+        now_ms: 1_000,
+    }
 }
 
 pub async fn check_task_lease_database_clock(cat: &dyn Catalog, p: &str) {
@@ -614,7 +641,8 @@ pub async fn check_racing_claim(a: &dyn Catalog, b: &dyn Catalog, p: &str) {
     }
     let mut seen = std::collections::HashSet::new();
     for _ in 0..20 {
-        let (x, y) = futures::join!(a.claim_task("a", std::slice::from_ref(&kind), 3_600_000), b.claim_task("b", std::slice::from_ref(&kind), 3_600_000));
+        let (x, y) =
+            futures::join!(a.claim_task("a", std::slice::from_ref(&kind), 3_600_000), b.claim_task("b", std::slice::from_ref(&kind), 3_600_000));
         for t in [x.unwrap(), y.unwrap()].into_iter().flatten() {
             assert!(seen.insert(t.id.clone()), "task {} claimed twice", t.id);
         }

@@ -5,7 +5,9 @@
 
 use std::collections::HashSet;
 
-use super::{AttemptOutcome, Catalog, CatalogError, Checkpoint, Concat, CreationKey, DeliveryState, EventFilter, EventRecord, NewTask, TaskEnd, UploadRecord};
+use super::{
+    AttemptOutcome, Catalog, CatalogError, Checkpoint, Concat, CreationKey, DeliveryState, EventFilter, EventRecord, NewTask, TaskEnd, UploadRecord,
+};
 
 fn record(id: &str, principal: &str) -> UploadRecord {
     UploadRecord {
@@ -106,7 +108,11 @@ pub async fn check_upload_events(cat: &dyn Catalog, p: &str) {
     let ids: HashSet<&str> = evs.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids.len(), evs.len(), "every event has its own id");
     for e in &evs {
-        assert!(e.id.len() == 36 && e.id.starts_with("evt_") && e.id[4..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "event id shape: {}", e.id);
+        assert!(
+            e.id.len() == 36 && e.id.starts_with("evt_") && e.id[4..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "event id shape: {}",
+            e.id
+        );
         assert_eq!(e.principal, who);
         assert!(e.at_ms > 1_600_000_000_000, "at_ms is Unix ms on the database clock: {}", e.at_ms);
         assert_eq!(cat.event_by_id(&e.id).await.unwrap().as_ref(), Some(e), "event_by_id reads the same row");
@@ -121,16 +127,26 @@ pub async fn check_task_events(cat: &dyn Catalog, p: &str) {
     cat.start_task(&task(&id, &who)).await.unwrap();
     let claimed = cat.claim_task("w", &[format!("{who}-kind")], 60_000).await.unwrap().expect("claimed");
     assert_eq!(claimed.id, id);
-    cat.update_task(&id, Some(claimed.fence), &super::TaskUpdate { progress: None, checkpoint: Some("{}".into()), partial_mark: None, now_ms: 1_500 }).await.unwrap();
+    cat.update_task(
+        &id,
+        Some(claimed.fence),
+        &super::TaskUpdate { progress: None, checkpoint: Some("{}".into()), partial_mark: None, now_ms: 1_500 },
+    )
+    .await
+    .unwrap();
     cat.park_for_input(&id, claimed.fence, "q", "{\"ask\":\"?\"}", 2_000).await.unwrap();
     assert!(cat.respond_input(&id, "q", "\"yes\"", 3_000).await.unwrap());
     assert!(cat.finish_task(&id, None, &TaskEnd::Completed("{\"file\":\"h1\"}".into()), 4_000).await.unwrap());
     let evs = events_of(cat, &who).await;
-    let statuses: Vec<(String, String)> = evs.iter().map(|e| (e.event_type.clone(), body(e)["status"].as_str().unwrap_or_default().to_string())).collect();
+    let statuses: Vec<(String, String)> =
+        evs.iter().map(|e| (e.event_type.clone(), body(e)["status"].as_str().unwrap_or_default().to_string())).collect();
     let want = ["working", "input_required", "working", "completed"].map(|s| ("task.status_changed".to_string(), s.to_string()));
     assert_eq!(statuses, want, "one event per status change; progress and checkpoints are none");
     let done = body(&evs[3]);
-    assert_eq!((done["task"].as_str(), done["kind"].as_str(), done["previous_status"].as_str()), (Some(id.as_str()), Some(format!("{who}-kind").as_str()), Some("working")));
+    assert_eq!(
+        (done["task"].as_str(), done["kind"].as_str(), done["previous_status"].as_str()),
+        (Some(id.as_str()), Some(format!("{who}-kind").as_str()), Some("working"))
+    );
     assert_eq!(done["result"], serde_json::json!({"file": "h1"}), "the result is embedded as JSON");
 
     let other = format!("{p}evtask2");
@@ -227,25 +243,46 @@ pub async fn check_deliveries(cat: &dyn Catalog, p: &str) {
     assert_eq!(subjects, vec![u1.as_str(), u2.as_str()], "one delivery per subject at a time, oldest first");
     assert!(cat.claim_deliveries("r2", 1_000, 60_000, 10).await.unwrap().is_empty(), "leased deliveries are not claimed twice");
     let d1 = &first[0];
-    assert!(!cat.settle_delivery(&hook, d1.event.seq, "r2", &AttemptOutcome::Delivered { status: 200 }, 1_100).await.unwrap(), "only the holder settles");
+    assert!(
+        !cat.settle_delivery(&hook, d1.event.seq, "r2", &AttemptOutcome::Delivered { status: 200 }, 1_100).await.unwrap(),
+        "only the holder settles"
+    );
     let retry = AttemptOutcome::Retry { status: Some(500), error: "HTTP 500".into(), next_attempt_ms: 5_000 };
     assert!(cat.settle_delivery(&hook, d1.event.seq, "r1", &retry, 1_100).await.unwrap());
     assert!(cat.settle_delivery(&hook, first[1].event.seq, "r1", &AttemptOutcome::Delivered { status: 204 }, 1_100).await.unwrap());
     assert!(cat.claim_deliveries("r1", 2_000, 60_000, 10).await.unwrap().is_empty(), "not due yet, and u1's next event still waits");
     let again = cat.claim_deliveries("r1", 5_000, -1, 10).await.unwrap(); // a lease that has already run out
     assert_eq!(again.len(), 1);
-    assert_eq!((again[0].event.id.as_str(), again[0].attempts, again[0].last_status), (d1.event.id.as_str(), 1, Some(500)), "the same event id on every attempt");
+    assert_eq!(
+        (again[0].event.id.as_str(), again[0].attempts, again[0].last_status),
+        (d1.event.id.as_str(), 1, Some(500)),
+        "the same event id on every attempt"
+    );
     let stolen = cat.claim_deliveries("r2", 5_000, 60_000, 10).await.unwrap();
     assert_eq!(stolen.len(), 1, "an expired lease is claimed by another holder");
-    assert!(!cat.settle_delivery(&hook, d1.event.seq, "r1", &AttemptOutcome::Delivered { status: 200 }, 5_100).await.unwrap(), "the old holder lost it");
-    assert!(cat.settle_delivery(&hook, d1.event.seq, "r2", &AttemptOutcome::GiveUp { status: None, error: "timed out".into() }, 5_100).await.unwrap());
+    assert!(
+        !cat.settle_delivery(&hook, d1.event.seq, "r1", &AttemptOutcome::Delivered { status: 200 }, 5_100).await.unwrap(),
+        "the old holder lost it"
+    );
+    assert!(cat
+        .settle_delivery(&hook, d1.event.seq, "r2", &AttemptOutcome::GiveUp { status: None, error: "timed out".into() }, 5_100)
+        .await
+        .unwrap());
     let failed = cat.list_deliveries(Some(&who), &[DeliveryState::Failed], 10).await.unwrap();
     assert_eq!((failed.len(), failed[0].attempts, failed[0].last_error.as_deref()), (1, 2, Some("timed out")));
     let next = cat.claim_deliveries("r1", 5_000, 60_000, 10).await.unwrap();
-    assert_eq!(next.iter().map(|d| d.event.event_type.as_str()).collect::<Vec<_>>(), vec!["upload.terminated"], "a given-up delivery no longer holds its subject back");
+    assert_eq!(
+        next.iter().map(|d| d.event.event_type.as_str()).collect::<Vec<_>>(),
+        vec!["upload.terminated"],
+        "a given-up delivery no longer holds its subject back"
+    );
     assert!(cat.settle_delivery(&hook, next[0].event.seq, "r1", &AttemptOutcome::Delivered { status: 200 }, 5_100).await.unwrap());
     assert_eq!(cat.delivery_backlog().await.unwrap(), (0, 1));
-    assert!(cat.list_deliveries(Some("nobody"), &[DeliveryState::Failed, DeliveryState::Pending, DeliveryState::Delivered], 10).await.unwrap().is_empty());
+    assert!(cat
+        .list_deliveries(Some("nobody"), &[DeliveryState::Failed, DeliveryState::Pending, DeliveryState::Delivered], 10)
+        .await
+        .unwrap()
+        .is_empty());
 
     // Pruning: far in the future everything settled goes, and with it every event.
     cat.prune_events(i64::MAX).await.unwrap();

@@ -84,7 +84,13 @@ pub async fn check_task_create_get_exact_json(cat: &dyn Catalog, p: &str) {
 
     let claimed = claim_this(cat, "w1", &kind, &t.id, LIVE).await.expect("claim");
     let checkpoint = "{\"page\" : 10,\"cursor\":\"x\\\"y\",\"f\":1.50}";
-    cat.update_task(&t.id, Some(claimed.fence), &TaskUpdate { progress: None, checkpoint: Some(checkpoint.into()), partial_mark: None, now_ms: now() }).await.unwrap();
+    cat.update_task(
+        &t.id,
+        Some(claimed.fence),
+        &TaskUpdate { progress: None, checkpoint: Some(checkpoint.into()), partial_mark: None, now_ms: now() },
+    )
+    .await
+    .unwrap();
     assert_eq!(cat.get_task(&t.id).await.unwrap().unwrap().checkpoint.as_deref(), Some(checkpoint), "checkpoint text kept exactly");
     let request = "{\"question\" : \"ok?\",  \"choices\":[\"y\",\"n\"]}";
     cat.park_for_input(&t.id, claimed.fence, "q1", request, now()).await.unwrap();
@@ -134,14 +140,23 @@ pub async fn check_task_idempotency(cat: &dyn Catalog, p: &str) {
     }
     // The same JSON value in other text (spaces, key order, number spelling) is the same
     // request; the row keeps the first text exactly.
-    let first2 = created(cat.start_task(&new_task(&format!("{p}idem1b"), "alice", &kind, "{\"n\":1,\"m\":[1,{\"a\":true,\"b\":null}]}", Some("key-json"))).await.unwrap());
-    for (i, text) in ["{ \"m\" : [ 1.0, {\"b\":null, \"a\":true} ], \"n\" : 1e0 }", "\n{\"n\": 1, \"m\": [1, {\"a\": true, \"b\": null}]}\n"].iter().enumerate() {
+    let first2 = created(
+        cat.start_task(&new_task(&format!("{p}idem1b"), "alice", &kind, "{\"n\":1,\"m\":[1,{\"a\":true,\"b\":null}]}", Some("key-json")))
+            .await
+            .unwrap(),
+    );
+    for (i, text) in
+        ["{ \"m\" : [ 1.0, {\"b\":null, \"a\":true} ], \"n\" : 1e0 }", "\n{\"n\": 1, \"m\": [1, {\"a\": true, \"b\": null}]}\n"].iter().enumerate()
+    {
         match cat.start_task(&new_task(&format!("{p}idem1c{i}"), "alice", &kind, text, Some("key-json"))).await.unwrap() {
-            StartOutcome::Existing(t) => assert_eq!((t.id.as_str(), t.args.as_str()), (first2.id.as_str(), first2.args.as_str()), "reformatted JSON joins the task"),
+            StartOutcome::Existing(t) => {
+                assert_eq!((t.id.as_str(), t.args.as_str()), (first2.id.as_str(), first2.args.as_str()), "reformatted JSON joins the task")
+            }
             other => panic!("same key, same JSON value in other text {text:?}: expected Existing, got {other:?}"),
         }
     }
-    for text in ["{\"n\":1,\"m\":[{\"a\":true,\"b\":null},1]}", "{\"n\":1,\"m\":[1,{\"a\":true}]}", "{\"n\":\"1\",\"m\":[1,{\"a\":true,\"b\":null}]}"] {
+    for text in ["{\"n\":1,\"m\":[{\"a\":true,\"b\":null},1]}", "{\"n\":1,\"m\":[1,{\"a\":true}]}", "{\"n\":\"1\",\"m\":[1,{\"a\":true,\"b\":null}]}"]
+    {
         match cat.start_task(&new_task(&format!("{p}idem1d"), "alice", &kind, text, Some("key-json"))).await.unwrap() {
             StartOutcome::Conflict(id) => assert_eq!(id, first2.id, "array order, a missing member or a type change is another request"),
             other => panic!("same key, other JSON value {text:?}: expected Conflict, got {other:?}"),
@@ -179,7 +194,10 @@ pub async fn check_task_idempotency(cat: &dyn Catalog, p: &str) {
     // Cancelled → a new run.
     let t = created(cat.start_task(&new_task(&format!("{p}idem8"), "alice", &kind, "{}", Some("key-2"))).await.unwrap());
     cat.cancel_task(&t.id, now()).await.unwrap();
-    assert!(matches!(cat.start_task(&new_task(&format!("{p}idem9"), "alice", &kind, "{}", Some("key-2"))).await.unwrap(), StartOutcome::Retried { .. }));
+    assert!(matches!(
+        cat.start_task(&new_task(&format!("{p}idem9"), "alice", &kind, "{}", Some("key-2"))).await.unwrap(),
+        StartOutcome::Retried { .. }
+    ));
     for id in ["idem4", "idem5", "idem9"] {
         cat.cancel_task(&format!("{p}{id}"), now()).await.unwrap();
     }
@@ -205,13 +223,25 @@ pub async fn check_task_claim_and_lease(cat: &dyn Catalog, p: &str) {
     let b = claim_this(cat, "worker-b", &kind, &t.id, LIVE).await.expect("an expired lease is taken over");
     assert!(b.fence > short.fence && b.runs == short.runs + 1, "takeover grows fence and runs");
     assert_eq!(b.lease_owner.as_deref(), Some("worker-b"));
-    let stale = TaskUpdate { progress: Some(Progress { fraction: Some(0.5), ..Default::default() }), checkpoint: Some("1".into()), partial_mark: None, now_ms: now() };
+    let stale = TaskUpdate {
+        progress: Some(Progress { fraction: Some(0.5), ..Default::default() }),
+        checkpoint: Some("1".into()),
+        partial_mark: None,
+        now_ms: now(),
+    };
     assert!(matches!(cat.update_task(&t.id, Some(short.fence), &stale).await, Err(CatalogError::Fenced)), "the old holder's checkpoint is refused");
     assert!(matches!(cat.renew_lease(&t.id, short.fence, LIVE).await, Err(CatalogError::Fenced)), "the old holder cannot renew");
-    assert!(!cat.finish_task(&t.id, Some(short.fence), &TaskEnd::Completed("\"late\"".into()), now()).await.unwrap(), "the old holder's result is discarded");
+    assert!(
+        !cat.finish_task(&t.id, Some(short.fence), &TaskEnd::Completed("\"late\"".into()), now()).await.unwrap(),
+        "the old holder's result is discarded"
+    );
     assert!(matches!(cat.park_for_input(&t.id, short.fence, "k", "{}", now()).await, Err(CatalogError::Fenced)), "the old holder cannot park");
     let row = cat.get_task(&t.id).await.unwrap().unwrap();
-    assert_eq!((row.status, row.checkpoint.as_deref(), row.lease_owner.as_deref()), (TaskStatus::Working, None, Some("worker-b")), "nothing of the old holder landed");
+    assert_eq!(
+        (row.status, row.checkpoint.as_deref(), row.lease_owner.as_deref()),
+        (TaskStatus::Working, None, Some("worker-b")),
+        "nothing of the old holder landed"
+    );
     assert!(cat.finish_task(&t.id, Some(b.fence), &TaskEnd::Completed("1".into()), now()).await.unwrap());
     let done = cat.get_task(&t.id).await.unwrap().unwrap();
     assert_eq!((done.lease_owner, done.lease_expires_ms), (None, None), "a finished task holds no lease");
@@ -243,13 +273,20 @@ pub async fn check_task_checkpoint_fenced(cat: &dyn Catalog, p: &str) {
     let mut counters = std::collections::BTreeMap::new();
     counters.insert("pages".to_string(), 7u64);
     let progress = Progress { fraction: Some(0.25), message: Some("page 7".into()), counters };
-    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: Some(progress.clone()), checkpoint: Some("{\"page\":7}".into()), partial_mark: None, now_ms: now() })
-        .await
-        .unwrap();
+    cat.update_task(
+        &t.id,
+        Some(a.fence),
+        &TaskUpdate { progress: Some(progress.clone()), checkpoint: Some("{\"page\":7}".into()), partial_mark: None, now_ms: now() },
+    )
+    .await
+    .unwrap();
     cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: None, checkpoint: None, partial_mark: None, now_ms: now() }).await.unwrap();
     let row = cat.get_task(&t.id).await.unwrap().unwrap();
     assert_eq!((row.progress, row.checkpoint.as_deref()), (progress, Some("{\"page\":7}")), "None leaves fields as they were");
-    assert!(matches!(cat.update_task(&t.id, Some(a.fence + 1), &TaskUpdate::default()).await, Err(CatalogError::Fenced)), "a fence not yet issued is refused");
+    assert!(
+        matches!(cat.update_task(&t.id, Some(a.fence + 1), &TaskUpdate::default()).await, Err(CatalogError::Fenced)),
+        "a fence not yet issued is refused"
+    );
     cat.update_task(&t.id, None, &TaskUpdate { progress: Some(Progress::default()), checkpoint: None, partial_mark: None, now_ms: now() })
         .await
         .expect("an external producer reports without a fence");
@@ -353,13 +390,23 @@ pub async fn check_task_partials(cat: &dyn Catalog, p: &str) {
         assert_eq!(cat.append_partial(&t.id, Some(a.fence), i as u64 + 1, v, now()).await.unwrap(), Appended::Stored(i as u64 + 1));
     }
     let page = cat.task_partials(&t.id, 0).await.unwrap();
-    assert_eq!(page.fragments.iter().map(|f| (f.seq, f.value.get())).collect::<Vec<_>>(), vec![(1, values[0]), (2, values[1]), (3, values[2])], "in order, exact text");
+    assert_eq!(
+        page.fragments.iter().map(|f| (f.seq, f.value.get())).collect::<Vec<_>>(),
+        vec![(1, values[0]), (2, values[1]), (3, values[2])],
+        "in order, exact text"
+    );
     assert_eq!((page.next, page.dropped), (3, 0));
     let newer = cat.task_partials(&t.id, 2).await.unwrap();
     assert_eq!(newer.fragments.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![3], "partial_after 2 → only 3");
     assert!(cat.task_partials(&t.id, 3).await.unwrap().fragments.is_empty());
 
-    let events: Vec<_> = cat.list_events(Some("alice"), 0, 10_000).await.unwrap().into_iter().filter(|e| e.subject == t.id && e.event_type == "task.partial").collect();
+    let events: Vec<_> = cat
+        .list_events(Some("alice"), 0, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.subject == t.id && e.event_type == "task.partial")
+        .collect();
     assert_eq!(events.len(), 3, "one task.partial event per fragment");
     for (i, e) in events.iter().enumerate() {
         let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
@@ -369,12 +416,18 @@ pub async fn check_task_partials(cat: &dyn Catalog, p: &str) {
     }
 
     // A checkpoint covering two fragments; the run dies; the next run replays from there.
-    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: None, checkpoint: Some("{}".into()), partial_mark: Some(2), now_ms: now() }).await.unwrap();
+    cat.update_task(&t.id, Some(a.fence), &TaskUpdate { progress: None, checkpoint: Some("{}".into()), partial_mark: Some(2), now_ms: now() })
+        .await
+        .unwrap();
     assert_eq!(cat.get_task(&t.id).await.unwrap().unwrap().partial_mark, 2);
     cat.release_task(&t.id, a.fence).await.unwrap();
     let b = claim_this(cat, "w2", &kind, &t.id, LIVE).await.expect("reclaim");
     assert_eq!((b.partial_mark, b.partial_seq), (2, 3), "the claimed row says where to number from");
-    assert_eq!(cat.append_partial(&t.id, Some(b.fence), 3, "\"three again\"", now()).await.unwrap(), Appended::Replayed(3), "a taken number is a replay");
+    assert_eq!(
+        cat.append_partial(&t.id, Some(b.fence), 3, "\"three again\"", now()).await.unwrap(),
+        Appended::Replayed(3),
+        "a taken number is a replay"
+    );
     assert_eq!(cat.append_partial(&t.id, Some(b.fence), 4, "4", now()).await.unwrap(), Appended::Stored(4));
     assert!(matches!(cat.append_partial(&t.id, Some(a.fence), 5, "5", now()).await, Err(CatalogError::Fenced)), "the old run's fence is refused");
     let page = cat.task_partials(&t.id, 0).await.unwrap();
@@ -383,7 +436,8 @@ pub async fn check_task_partials(cat: &dyn Catalog, p: &str) {
         vec![(1, values[0]), (2, values[1]), (3, values[2]), (4, "4")],
         "no duplicate, the first text kept"
     );
-    let events = cat.list_events(Some("alice"), 0, 10_000).await.unwrap().into_iter().filter(|e| e.subject == t.id && e.event_type == "task.partial").count();
+    let events =
+        cat.list_events(Some("alice"), 0, 10_000).await.unwrap().into_iter().filter(|e| e.subject == t.id && e.event_type == "task.partial").count();
     assert_eq!(events, 4, "a replay writes no event");
 
     // An external producer (no fence): the next number, whatever it passes.
@@ -395,7 +449,10 @@ pub async fn check_task_partials(cat: &dyn Catalog, p: &str) {
     }
     let page = cat.task_partials(&t.id, 0).await.unwrap();
     assert_eq!(page.fragments.len(), MAX_FRAGMENTS);
-    assert_eq!((page.fragments[0].seq, page.fragments.last().unwrap().seq, page.dropped, page.next), (300 - MAX_FRAGMENTS as u64 + 1, 300, 300 - MAX_FRAGMENTS as u64, 300));
+    assert_eq!(
+        (page.fragments[0].seq, page.fragments.last().unwrap().seq, page.dropped, page.next),
+        (300 - MAX_FRAGMENTS as u64 + 1, 300, 300 - MAX_FRAGMENTS as u64, 300)
+    );
     // Big ones keep the view within its bytes.
     let big = format!("\"{}\"", "é".repeat((MAX_FRAGMENT_BYTES - 2) / 2));
     for i in 301..=310u64 {

@@ -186,12 +186,16 @@ pub(super) use sql;
 
 #[cfg(test)]
 mod tests {
-    const S: super::Stmt = sql!("UPDATE t SET a = ?, b = {now} + ? WHERE c = {false} AND d = {greatest}(e, ?)", " RETURNING x{pg: FOR UPDATE}{sqlite:;}");
+    const S: super::Stmt =
+        sql!("UPDATE t SET a = ?, b = {now} + ? WHERE c = {false} AND d = {greatest}(e, ?)", " RETURNING x{pg: FOR UPDATE}{sqlite:;}");
     const N: super::Stmt = sql!("SELECT ?1, ?12::int4[], ?1 WHERE {strpos}(a, ?2) > 0 AND b = {true}");
 
     #[test]
     fn placeholders_and_marks_render_per_dialect() {
-        assert_eq!(S.sqlite, "UPDATE t SET a = ?, b = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? WHERE c = 0 AND d = MAX(e, ?) RETURNING x;");
+        assert_eq!(
+            S.sqlite,
+            "UPDATE t SET a = ?, b = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? WHERE c = 0 AND d = MAX(e, ?) RETURNING x;"
+        );
         assert_eq!(S.pg, "UPDATE t SET a = $1, b = ferry_now_ms() + $2 WHERE c = FALSE AND d = GREATEST(e, $3) RETURNING x FOR UPDATE");
         assert_eq!(N.sqlite, "SELECT ?1, ?12::int4[], ?1 WHERE instr(a, ?2) > 0 AND b = 1");
         assert_eq!(N.pg, "SELECT $1, $12::int4[], $1 WHERE strpos(a, $2) > 0 AND b = TRUE");

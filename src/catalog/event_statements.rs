@@ -9,7 +9,8 @@ use super::dialect::{sql, Stmt};
 use super::events::{delivery_columns, event_columns};
 
 /// (after_seq, principal or NULL, limit).
-pub(super) const LIST_EVENTS: Stmt = sql!("SELECT ", event_columns!(), " FROM events e WHERE e.seq > ?1 AND (?2{pg:::TEXT} IS NULL OR e.principal = ?2) ORDER BY e.seq LIMIT ?3");
+pub(super) const LIST_EVENTS: Stmt =
+    sql!("SELECT ", event_columns!(), " FROM events e WHERE e.seq > ?1 AND (?2{pg:::TEXT} IS NULL OR e.principal = ?2) ORDER BY e.seq LIMIT ?3");
 
 /// id → the event.
 pub(super) const EVENT_BY_ID: Stmt = sql!("SELECT ", event_columns!(), " FROM events e WHERE e.id = ?");
@@ -18,7 +19,8 @@ pub(super) const EVENT_BY_ID: Stmt = sql!("SELECT ", event_columns!(), " FROM ev
 pub(super) const EVENTS_AFTER: Stmt = sql!("SELECT ", event_columns!(), " FROM events e WHERE e.seq > ? ORDER BY e.seq LIMIT ?");
 
 /// before_ms: settled deliveries older than that go.
-pub(super) const PRUNE_DELIVERIES: Stmt = sql!("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < ?");
+pub(super) const PRUNE_DELIVERIES: Stmt =
+    sql!("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND COALESCE(last_attempt_ms, created_at_ms) < ?");
 
 /// webhook → its cursor; on PostgreSQL locked, so replicas take turns and each reads the
 /// cursor the last one left.
@@ -34,8 +36,13 @@ pub(super) const INSERT_DELIVERY: Stmt = sql!(
 pub(super) const SET_CURSOR: Stmt = sql!("UPDATE webhook_cursors SET last_seq = ? WHERE webhook = ?");
 
 /// (webhook, event_seq) → the delivery and its event.
-pub(super) const DELIVERY: Stmt =
-    sql!("SELECT ", delivery_columns!(), ", ", event_columns!(), " FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq WHERE d.webhook = ? AND d.event_seq = ?");
+pub(super) const DELIVERY: Stmt = sql!(
+    "SELECT ",
+    delivery_columns!(),
+    ", ",
+    event_columns!(),
+    " FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq WHERE d.webhook = ? AND d.event_seq = ?"
+);
 
 /// (state, now_ms, status, error, next_attempt_ms or NULL, webhook, event_seq, owner).
 pub(super) const SETTLE_DELIVERY: Stmt = sql!(
@@ -45,8 +52,9 @@ pub(super) const SETTLE_DELIVERY: Stmt = sql!(
 );
 
 /// → pending, failed.
-pub(super) const DELIVERY_BACKLOG: Stmt =
-    sql!("SELECT COUNT(*) FILTER (WHERE state = 'pending'), COUNT(*) FILTER (WHERE state = 'failed') FROM webhook_deliveries WHERE state <> 'delivered'");
+pub(super) const DELIVERY_BACKLOG: Stmt = sql!(
+    "SELECT COUNT(*) FILTER (WHERE state = 'pending'), COUNT(*) FILTER (WHERE state = 'failed') FROM webhook_deliveries WHERE state <> 'delivered'"
+);
 
 /// The start of `list_deliveries`; the backend adds its state filter.
 macro_rules! deliveries_joined {

@@ -57,7 +57,11 @@ fn refusal(catalog: &str, exclusive: bool, lock: &str) -> anyhow::Error {
 async fn pg_lock(url: &str, shown: &str, exclusive: bool) -> anyhow::Result<Option<sqlx::PgConnection>> {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await.map_err(|e| anyhow::anyhow!("cannot connect to the catalog {shown}: {e}"))?;
-    let sql = if exclusive { "SELECT pg_try_advisory_lock(hashtextextended($1, 0))" } else { "SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))" };
+    let sql = if exclusive {
+        "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
+    } else {
+        "SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))"
+    };
     let got: bool = sqlx::query_scalar(sql).bind(PG_LOCK).fetch_one(&mut conn).await.with_context(|| format!("locking the catalog {shown}"))?;
     Ok(got.then_some(conn))
 }

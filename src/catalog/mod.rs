@@ -211,7 +211,12 @@ impl Usage {
         }
         if let Some(limit) = quota.max_bytes {
             if self.bytes > limit {
-                return Some(crate::error::QuotaDetail { name: "bytes", limit, used: self.bytes.saturating_sub(added_bytes), requested: added_bytes });
+                return Some(crate::error::QuotaDetail {
+                    name: "bytes",
+                    limit,
+                    used: self.bytes.saturating_sub(added_bytes),
+                    requested: added_bytes,
+                });
             }
         }
         None
@@ -633,7 +638,10 @@ impl CatalogUrl {
             }
             return Ok(CatalogUrl::Sqlite(path.into()));
         }
-        Err(format!("unsupported catalog {:?}: use sqlite:PATH or postgres://USER:PASSWORD@HOST:PORT/DATABASE", if s.contains('@') { "<redacted>" } else { s }))
+        Err(format!(
+            "unsupported catalog {:?}: use sqlite:PATH or postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+            if s.contains('@') { "<redacted>" } else { s }
+        ))
     }
 
     /// For messages and logs: the path, or the URL with its password replaced by `***`.

@@ -108,7 +108,10 @@ pub fn keep_from(newest_first: &[(u64, usize)]) -> Option<u64> {
 /// `Err` is a message for the caller.
 pub fn check_fragment(text: &str) -> Result<Box<RawValue>, String> {
     if text.len() > MAX_FRAGMENT_BYTES {
-        return Err(format!("a partial result fragment may be at most {MAX_FRAGMENT_BYTES} bytes of JSON, got {}; put big data in a file", text.len()));
+        return Err(format!(
+            "a partial result fragment may be at most {MAX_FRAGMENT_BYTES} bytes of JSON, got {}; put big data in a file",
+            text.len()
+        ));
     }
     serde_json::from_str::<Box<RawValue>>(text).map_err(|e| format!("a partial result fragment must be JSON: {e}"))
 }

@@ -5,6 +5,10 @@
 //! and the rest both share are in `sql.rs`; tasks and events in `postgres_tasks.rs` and
 //! `postgres_events.rs`.
 //!
+//! One file of ~960 lines because it is the one implementation of the upload half of the
+//! [`Catalog`] trait for PostgreSQL, kept beside its SQLite twin (`sqlite.rs`) method for method so
+//! the two are read side by side; the shared parts already live in `statements.rs` and `sql.rs`.
+//!
 //! The same rows as the SQLite catalog (migrations/postgres/ mirrors migrations/sqlite/), with
 //! the differences that matter across processes:
 //! - leases and claims compare against the **database's** clock (`ferry_now_ms()`), never a
@@ -29,8 +33,8 @@ use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
 use super::sql::{row_to_record, to_i64};
 use super::statements as st;
 use super::{
-    join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
-    ReleaseRequests, UploadRecord, Usage,
+    join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope,
+    Quota, ReleaseRequest, ReleaseRequests, UploadRecord, Usage,
 };
 use super::{Damage, FinalFailure};
 
@@ -220,7 +224,8 @@ pub fn redact_url(url: &str) -> String {
         let _ = u.set_password(Some("***"));
     }
     if u.query_pairs().any(|(k, _)| k == "password") {
-        let pairs: Vec<(String, String)> = u.query_pairs().map(|(k, v)| (k.to_string(), if k == "password" { "***".to_string() } else { v.to_string() })).collect();
+        let pairs: Vec<(String, String)> =
+            u.query_pairs().map(|(k, v)| (k.to_string(), if k == "password" { "***".to_string() } else { v.to_string() })).collect();
         u.query_pairs_mut().clear().extend_pairs(pairs);
     }
     u.to_string()
@@ -240,7 +245,9 @@ impl PostgresCatalog {
     /// [`PostgresCatalog::connect`] with another pool size.
     pub async fn connect_with_max(url: &str, max_connections: u32) -> anyhow::Result<Self> {
         let shown = redact_url(url);
-        let opts = PgConnectOptions::from_str(url).map_err(|e| anyhow::anyhow!("invalid catalog URL {shown}: {}", scrub(&e.to_string(), url)))?.application_name("ferry");
+        let opts = PgConnectOptions::from_str(url)
+            .map_err(|e| anyhow::anyhow!("invalid catalog URL {shown}: {}", scrub(&e.to_string(), url)))?
+            .application_name("ferry");
         // One plain connection first: its error names the cause (refused, login, no such
         // database), where the pool would only report that it timed out.
         match tokio::time::timeout(CONNECT_TIMEOUT, opts.connect()).await {
@@ -384,7 +391,9 @@ impl PostgresCatalog {
     async fn update_with_entries(
         &self,
         sql: (&'static str, &'static str),
-        bind: impl FnOnce(sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        bind: impl FnOnce(
+            sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
         from: Option<u32>,
         entries: &[&[u8]],
     ) -> CatalogResult<u64> {
@@ -441,8 +450,12 @@ impl Catalog for PostgresCatalog {
     async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
         within(async {
             // The unique index decides between concurrent holders of the key (`sql::create_keyed`).
-            super::sql::create_keyed(|| self.insert(rec, Some(key)), || self.by_creation_key(&rec.principal, &key.key), || async { Ok(self.get_upload(&rec.id).await?.is_some()) })
-                .await
+            super::sql::create_keyed(
+                || self.insert(rec, Some(key)),
+                || self.by_creation_key(&rec.principal, &key.key),
+                || async { Ok(self.get_upload(&rec.id).await?.is_some()) },
+            )
+            .await
         })
         .await
     }
@@ -488,7 +501,8 @@ impl Catalog for PostgresCatalog {
 
     async fn reserve_upload_bytes(&self, id: &str, to: u64, max_bytes: u64, now_ms: i64) -> CatalogResult<super::Reservation> {
         within(async {
-            let principal: Option<String> = sqlx::query_scalar("SELECT principal FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+            let principal: Option<String> =
+                sqlx::query_scalar("SELECT principal FROM uploads WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
             let Some(principal) = principal else { return Err(CatalogError::NotFound) };
             let mut tx = self.pool.begin().await?;
             let out: CatalogResult<Tx<_>> = async {
@@ -498,8 +512,11 @@ impl Catalog for PostgresCatalog {
                 let row = sqlx::query(st::RESERVATION_ROW.pg).bind(id).fetch_optional(&mut *tx).await?;
                 let Some(row) = row else { return Err(CatalogError::NotFound) };
                 let n = |v: i64| v.max(0) as u64;
-                let (offset, length, reserved_to) =
-                    (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
+                let (offset, length, reserved_to) = (
+                    n(row.try_get("offset")?),
+                    row.try_get::<Option<i64>, _>("length")?.map(n),
+                    row.try_get::<Option<i64>, _>("reserved_to")?.map(n),
+                );
                 let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
                 let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
                 sqlx::query(st::SET_RESERVATION.pg).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
@@ -522,8 +539,12 @@ impl Catalog for PostgresCatalog {
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
         within(async {
             let rows = match scope {
-                PrincipalScope::Only(p) => sqlx::query(st::FINISHED_BEFORE_OF.pg).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?,
-                PrincipalScope::AllExcept(ps) => sqlx::query(st::FINISHED_BEFORE_EXCEPT_PG.pg).bind(finished_before_ms).bind(ps).bind(limit as i64).fetch_all(&self.pool).await?,
+                PrincipalScope::Only(p) => {
+                    sqlx::query(st::FINISHED_BEFORE_OF.pg).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?
+                }
+                PrincipalScope::AllExcept(ps) => {
+                    sqlx::query(st::FINISHED_BEFORE_EXCEPT_PG.pg).bind(finished_before_ms).bind(ps).bind(limit as i64).fetch_all(&self.pool).await?
+                }
             };
             rows.iter().map(|r| r.try_get::<String, _>(0).map_err(Into::into)).collect()
         })
@@ -677,9 +698,10 @@ impl Catalog for PostgresCatalog {
             }
             let row = sqlx::query(st::LEASE_HOLDER.pg).bind(id).fetch_optional(&self.pool).await?;
             match row {
-                Some(r) if !r.try_get::<bool, _>(2)? => {
-                    Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
-                }
+                Some(r) if !r.try_get::<bool, _>(2)? => Ok(LeaseOutcome::Held {
+                    owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                    expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0),
+                }),
                 _ => Err(CatalogError::NotFound),
             }
         })
@@ -688,7 +710,8 @@ impl Catalog for PostgresCatalog {
 
     async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
         within(async {
-            let until: Option<i64> = sqlx::query_scalar(st::RENEW_LEASE.pg).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
+            let until: Option<i64> =
+                sqlx::query_scalar(st::RENEW_LEASE.pg).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_optional(&self.pool).await?;
             match until {
                 Some(t) => Ok(t),
                 None => self.fenced_or_missing(id, 0).await.map(|_| 0),
@@ -870,7 +893,8 @@ impl Catalog for PostgresCatalog {
     }
 
     async fn forget_mcp_sessions(&self, before_ms: i64) -> CatalogResult<u64> {
-        within_for(SWEEP_DEADLINE, async { Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected()) }).await
+        within_for(SWEEP_DEADLINE, async { Ok(sqlx::query(st::FORGET_MCP_SESSIONS.pg).bind(before_ms).execute(&self.pool).await?.rows_affected()) })
+            .await
     }
 
     async fn list_uploads_after(&self, after: &str, limit: u32) -> CatalogResult<Vec<UploadRecord>> {
@@ -902,7 +926,13 @@ impl Catalog for PostgresCatalog {
 
     async fn set_final_failure(&self, id: &str, failure: &FinalFailure) -> CatalogResult<bool> {
         within(async {
-            let done = sqlx::query(st::SET_FINAL_FAILURE.pg).bind(&failure.code).bind(&failure.detail).bind(failure.failed_at_ms).bind(id).execute(&self.pool).await?;
+            let done = sqlx::query(st::SET_FINAL_FAILURE.pg)
+                .bind(&failure.code)
+                .bind(&failure.detail)
+                .bind(failure.failed_at_ms)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
             Ok(done.rows_affected() > 0)
         })
         .await

@@ -155,12 +155,15 @@ impl EventCatalog for PostgresCatalog {
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {
         within(async {
             let states: Vec<String> = states.iter().map(|s| s.as_str().to_string()).collect();
-            let rows = sqlx::query(sql!(deliveries_joined!(), "WHERE d.state = ANY(?1) AND (?2::TEXT IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3").pg)
-                .bind(states)
-                .bind(principal)
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = sqlx::query(
+                sql!(deliveries_joined!(), "WHERE d.state = ANY(?1) AND (?2::TEXT IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3")
+                    .pg,
+            )
+            .bind(states)
+            .bind(principal)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
             rows.iter().map(row_to_delivery).collect()
         })
         .await

@@ -43,7 +43,8 @@ async fn start_in(tx: &mut Transaction<'static, Postgres>, new: &NewTask) -> Cat
     // collision only serialises two unrelated keys.
     let lock_key = serde_json::to_string(&[&new.principal, &new.kind, key]).expect("strings serialise");
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(&lock_key).execute(&mut **tx).await?;
-    let existing: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.pg).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut **tx).await?;
+    let existing: Option<String> =
+        sqlx::query_scalar(st::TASK_BY_KEY.pg).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut **tx).await?;
     let prior = match existing {
         None => None,
         Some(old_id) => match task_for_update(tx, &old_id).await? {
@@ -72,7 +73,14 @@ async fn park_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: u64, 
     Ok(Tx::Commit(()))
 }
 
-async fn append_in(tx: &mut Transaction<'static, Postgres>, id: &str, fence: Option<u64>, seq: u64, value: &str, now_ms: i64) -> CatalogResult<Tx<Appended>> {
+async fn append_in(
+    tx: &mut Transaction<'static, Postgres>,
+    id: &str,
+    fence: Option<u64>,
+    seq: u64,
+    value: &str,
+    now_ms: i64,
+) -> CatalogResult<Tx<Appended>> {
     let task = task_for_update(tx, id).await?.ok_or(CatalogError::NotFound)?;
     if task.status.is_terminal() || fence.is_some_and(|f| f != task.fence) {
         return Err(CatalogError::Fenced);
@@ -107,10 +115,11 @@ async fn respond_in(tx: &mut Transaction<'static, Postgres>, id: &str, key: &str
 }
 
 async fn sweep_in(tx: &mut Transaction<'static, Postgres>, now_ms: i64) -> CatalogResult<Tx<u64>> {
-    let swept: Vec<String> = sqlx::query_scalar("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= $1 RETURNING id")
-        .bind(now_ms)
-        .fetch_all(&mut **tx)
-        .await?;
+    let swept: Vec<String> =
+        sqlx::query_scalar("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= $1 RETURNING id")
+            .bind(now_ms)
+            .fetch_all(&mut **tx)
+            .await?;
     // Only keys that still name a deleted task (a retry may have moved the key on).
     sqlx::query("DELETE FROM task_keys WHERE task_id = ANY($1)").bind(&swept).execute(&mut **tx).await?;
     Ok(Tx::Commit(swept.len() as u64))
@@ -184,7 +193,8 @@ impl TaskCatalog for PostgresCatalog {
 
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
         within(async {
-            let status: Option<String> = sqlx::query_scalar(st::RENEW_TASK_LEASE.pg).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
+            let status: Option<String> =
+                sqlx::query_scalar(st::RENEW_TASK_LEASE.pg).bind(lease_ms).bind(id).bind(fence as i64).fetch_optional(&self.pool).await?;
             match status {
                 Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
                 None => Err(CatalogError::Fenced),
@@ -227,7 +237,8 @@ impl TaskCatalog for PostgresCatalog {
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
         within(async {
-            let rows: Vec<super::partials::PageRow> = sqlx::query_as(st::PARTIAL_PAGE.pg).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
+            let rows: Vec<super::partials::PageRow> =
+                sqlx::query_as(st::PARTIAL_PAGE.pg).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
             super::partials::page_of(rows).ok_or(CatalogError::NotFound)
         })
         .await
@@ -257,7 +268,15 @@ impl TaskCatalog for PostgresCatalog {
                 TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
                 TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
             };
-            let done = sqlx::query(st::FINISH_TASK.pg).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&self.pool).await?;
+            let done = sqlx::query(st::FINISH_TASK.pg)
+                .bind(status)
+                .bind(result)
+                .bind(error)
+                .bind(now_ms)
+                .bind(id)
+                .bind(fence.map(|f| f as i64))
+                .execute(&self.pool)
+                .await?;
             Ok(done.rows_affected() == 1)
         })
         .await

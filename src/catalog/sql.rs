@@ -71,7 +71,10 @@ pub(super) fn row_to_record(r: &impl Cols) -> CatalogResult<UploadRecord> {
         "partial" => Concat::Partial,
         "final" => {
             let parts: String = r.col::<Option<String>>("concat_parts")?.unwrap_or_default();
-            Concat::Final { parts: parts.split_whitespace().map(str::to_owned).collect(), header: r.col::<Option<String>>("concat_header")?.unwrap_or_default() }
+            Concat::Final {
+                parts: parts.split_whitespace().map(str::to_owned).collect(),
+                header: r.col::<Option<String>>("concat_header")?.unwrap_or_default(),
+            }
         }
         _ => Concat::None,
     };

@@ -18,8 +18,8 @@ use super::dialect::sql;
 use super::sql::{row_to_record, to_i64};
 use super::statements as st;
 use super::{
-    join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope, Quota, ReleaseRequest,
-    ReleaseRequests, UploadRecord, Usage,
+    join_blob_state, Catalog, CatalogError, CatalogResult, Checkpoint, Concat, CreationKey, KeyedCreate, LeaseGrant, LeaseOutcome, PrincipalScope,
+    Quota, ReleaseRequest, ReleaseRequests, UploadRecord, Usage,
 };
 use super::{Damage, FinalFailure};
 
@@ -136,7 +136,12 @@ impl SqliteCatalog {
         if changed == 1 {
             sqlx::query("DELETE FROM upload_blob_entries WHERE upload_id = ? AND seq >= ?").bind(id).bind(from as i64).execute(&mut *tx).await?;
             for (seq, entry) in entries.iter().enumerate().skip(from as usize) {
-                sqlx::query("INSERT INTO upload_blob_entries (upload_id, seq, entry) VALUES (?, ?, ?)").bind(id).bind(seq as i64).bind(*entry).execute(&mut *tx).await?;
+                sqlx::query("INSERT INTO upload_blob_entries (upload_id, seq, entry) VALUES (?, ?, ?)")
+                    .bind(id)
+                    .bind(seq as i64)
+                    .bind(*entry)
+                    .execute(&mut *tx)
+                    .await?;
             }
         }
         tx.commit().await?;
@@ -145,7 +150,11 @@ impl SqliteCatalog {
 
     /// Open (creating if missing) the database file and run pending migrations.
     pub async fn open(path: &Path) -> anyhow::Result<Self> {
-        let opts = SqliteConnectOptions::new().filename(path).create_if_missing(true).synchronous(SqliteSynchronous::Full).busy_timeout(Duration::from_secs(10));
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10));
         let mut catalog = Self::connect(opts, false).await?;
         catalog.marks = Some(super::damage_marks::MarksFile::beside(path));
         // SQLite fsyncs the directory for the journal files it creates, not for the database
@@ -226,7 +235,10 @@ impl SqliteCatalog {
     /// reserved for a request that ended is given back by the upload's next PATCH or its expiry.
     ///
     /// [`Invalidate`]: super::sqlite_tasks::Invalidate
-    pub(super) async fn to_end<T: Send + 'static>(&self, write: impl std::future::Future<Output = CatalogResult<T>> + Send + 'static) -> CatalogResult<T> {
+    pub(super) async fn to_end<T: Send + 'static>(
+        &self,
+        write: impl std::future::Future<Output = CatalogResult<T>> + Send + 'static,
+    ) -> CatalogResult<T> {
         if self.upload_cache.is_none() && self.task_cache.is_none() {
             return write.await;
         }
@@ -356,8 +368,12 @@ impl Catalog for SqliteCatalog {
 
     async fn create_upload_keyed(&self, rec: &UploadRecord, key: &CreationKey) -> CatalogResult<KeyedCreate> {
         // The unique index decides between concurrent holders of the key (`sql::create_keyed`).
-        super::sql::create_keyed(|| self.insert(rec, Some(key)), || self.by_creation_key(&rec.principal, &key.key), || async { Ok(self.get_upload(&rec.id).await?.is_some()) })
-            .await
+        super::sql::create_keyed(
+            || self.insert(rec, Some(key)),
+            || self.by_creation_key(&rec.principal, &key.key),
+            || async { Ok(self.get_upload(&rec.id).await?.is_some()) },
+        )
+        .await
     }
 
     async fn create_upload_within(&self, rec: &UploadRecord, key: Option<&CreationKey>, quota: &Quota) -> CatalogResult<KeyedCreate> {
@@ -424,7 +440,9 @@ impl Catalog for SqliteCatalog {
 
     async fn list_finished_before(&self, scope: &PrincipalScope, finished_before_ms: i64, limit: u32) -> CatalogResult<Vec<String>> {
         let rows = match scope {
-            PrincipalScope::Only(p) => sqlx::query(st::FINISHED_BEFORE_OF.sqlite).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?,
+            PrincipalScope::Only(p) => {
+                sqlx::query(st::FINISHED_BEFORE_OF.sqlite).bind(finished_before_ms).bind(p).bind(limit as i64).fetch_all(&self.pool).await?
+            }
             PrincipalScope::AllExcept(ps) => {
                 let marks = vec!["?"; ps.len()].join(",");
                 let not_in = if ps.is_empty() { String::new() } else { format!(" AND principal NOT IN ({marks})") };
@@ -603,15 +621,17 @@ impl Catalog for SqliteCatalog {
         }
         let row = sqlx::query(st::LEASE_HOLDER.sqlite).bind(id).fetch_optional(&self.pool).await?;
         match row {
-            Some(r) if !r.try_get::<bool, _>(2)? => {
-                Ok(LeaseOutcome::Held { owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(), expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0) })
-            }
+            Some(r) if !r.try_get::<bool, _>(2)? => Ok(LeaseOutcome::Held {
+                owner: r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                expires_at_ms: r.try_get::<Option<i64>, _>(1)?.unwrap_or(0),
+            }),
             _ => Err(CatalogError::NotFound),
         }
     }
 
     async fn renew_upload_lease(&self, id: &str, fence: u64, ttl_ms: i64) -> CatalogResult<i64> {
-        let until: Option<i64> = first(sqlx::query_scalar(st::RENEW_LEASE.sqlite).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_all(&self.pool).await?);
+        let until: Option<i64> =
+            first(sqlx::query_scalar(st::RENEW_LEASE.sqlite).bind(ttl_ms).bind(id).bind(to_i64(fence)?).fetch_all(&self.pool).await?);
         match until {
             Some(t) => Ok(t),
             None => self.fenced_or_missing(id, 0).await.map(|_| 0),
@@ -657,7 +677,11 @@ impl Catalog for SqliteCatalog {
     async fn request_release(&self, id: &str, from: &str) -> CatalogResult<()> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(sql!("DELETE FROM lease_requests WHERE at_ms < {now} - ?").sqlite).bind(RELEASE_REQUEST_TTL_MS).execute(&mut *tx).await?;
-        sqlx::query(sql!("INSERT INTO lease_requests (upload_id, from_owner, at_ms) VALUES (?, ?, {now})").sqlite).bind(id).bind(from).execute(&mut *tx).await?;
+        sqlx::query(sql!("INSERT INTO lease_requests (upload_id, from_owner, at_ms) VALUES (?, ?, {now})").sqlite)
+            .bind(id)
+            .bind(from)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -672,7 +696,11 @@ impl Catalog for SqliteCatalog {
                     _ = tx.closed() => return,
                     _ = tokio::time::sleep(RELEASE_POLL) => {}
                 }
-                let rows = match sqlx::query("SELECT seq, upload_id, from_owner FROM lease_requests WHERE seq > ? ORDER BY seq").bind(seen).fetch_all(&pool).await {
+                let rows = match sqlx::query("SELECT seq, upload_id, from_owner FROM lease_requests WHERE seq > ? ORDER BY seq")
+                    .bind(seen)
+                    .fetch_all(&pool)
+                    .await
+                {
                     Ok(rows) => rows,
                     Err(e) => {
                         tracing::warn!(error = %e, "polling release requests");
@@ -680,7 +708,9 @@ impl Catalog for SqliteCatalog {
                     }
                 };
                 for r in rows {
-                    let (Ok(seq), Ok(upload_id), Ok(from)) = (r.try_get::<i64, _>(0), r.try_get::<String, _>(1), r.try_get::<String, _>(2)) else { continue };
+                    let (Ok(seq), Ok(upload_id), Ok(from)) = (r.try_get::<i64, _>(0), r.try_get::<String, _>(1), r.try_get::<String, _>(2)) else {
+                        continue;
+                    };
                     seen = seen.max(seq);
                     if tx.send(ReleaseRequest { upload_id, from }).await.is_err() {
                         return;
@@ -784,7 +814,13 @@ impl Catalog for SqliteCatalog {
     }
 
     async fn set_final_failure(&self, id: &str, failure: &FinalFailure) -> CatalogResult<bool> {
-        let done = sqlx::query(st::SET_FINAL_FAILURE.sqlite).bind(&failure.code).bind(&failure.detail).bind(failure.failed_at_ms).bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(st::SET_FINAL_FAILURE.sqlite)
+            .bind(&failure.code)
+            .bind(&failure.detail)
+            .bind(failure.failed_at_ms)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 

@@ -84,13 +84,15 @@ impl EventCatalog for SqliteCatalog {
         .await?;
         let mut out = Vec::with_capacity(keys.len());
         for (webhook, seq) in keys {
-            sqlx::query(sql!("UPDATE webhook_deliveries SET lease_owner = ?, lease_expires_ms = {now} + ? WHERE webhook = ? AND event_seq = ?").sqlite)
-                .bind(owner)
-                .bind(lease_ms)
-                .bind(&webhook)
-                .bind(seq)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                sql!("UPDATE webhook_deliveries SET lease_owner = ?, lease_expires_ms = {now} + ? WHERE webhook = ? AND event_seq = ?").sqlite,
+            )
+            .bind(owner)
+            .bind(lease_ms)
+            .bind(&webhook)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
             let row = sqlx::query(st::DELIVERY.sqlite).bind(&webhook).bind(seq).fetch_optional(&mut *tx).await?;
             if let Some(r) = row {
                 out.push(row_to_delivery(&r)?);
@@ -125,7 +127,11 @@ impl EventCatalog for SqliteCatalog {
     async fn list_deliveries(&self, principal: Option<&str>, states: &[DeliveryState], limit: u32) -> CatalogResult<Vec<Delivery>> {
         let states_json = serde_json::to_string(&states.iter().map(|s| s.as_str()).collect::<Vec<_>>()).expect("strings serialise");
         let rows = sqlx::query(
-            sql!(deliveries_joined!(), "WHERE d.state IN (SELECT value FROM json_each(?1)) AND (?2 IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3").sqlite,
+            sql!(
+                deliveries_joined!(),
+                "WHERE d.state IN (SELECT value FROM json_each(?1)) AND (?2 IS NULL OR e.principal = ?2) ORDER BY d.event_seq DESC LIMIT ?3"
+            )
+            .sqlite,
         )
         .bind(states_json)
         .bind(principal)

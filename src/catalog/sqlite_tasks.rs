@@ -343,7 +343,8 @@ impl TaskCatalog for SqliteCatalog {
     }
 
     async fn task_partials(&self, id: &str, after: u64) -> CatalogResult<PartialPage> {
-        let rows: Vec<super::partials::PageRow> = sqlx::query_as(st::PARTIAL_PAGE.sqlite).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
+        let rows: Vec<super::partials::PageRow> =
+            sqlx::query_as(st::PARTIAL_PAGE.sqlite).bind(after.min(i64::MAX as u64) as i64).bind(id).fetch_all(&self.pool).await?;
         super::partials::page_of(rows).ok_or(CatalogError::NotFound)
     }
 
@@ -424,7 +425,10 @@ impl TaskCatalog for SqliteCatalog {
             .bind(now_ms)
             .execute(&mut *tx)
             .await?;
-            let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?").bind(now_ms).execute(&mut *tx).await?;
+            let done = sqlx::query("DELETE FROM tasks WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at_ms + ttl_ms <= ?")
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
             Ok(done.rows_affected())
         })

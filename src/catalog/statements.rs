@@ -5,7 +5,8 @@ use super::dialect::{sql, Stmt};
 use super::sql::upload_columns;
 
 /// An upload row: the 18 [`upload_columns`], then `creation_key`, `creation_fingerprint`.
-pub(super) const INSERT_UPLOAD: Stmt = sql!("INSERT INTO uploads (", upload_columns!(), ", creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+pub(super) const INSERT_UPLOAD: Stmt =
+    sql!("INSERT INTO uploads (", upload_columns!(), ", creation_key, creation_fingerprint) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
 
 /// (principal, now_ms) → `bytes`, `open`: what a principal holds (quotas).
 pub(super) const USAGE: Stmt = sql!(
@@ -16,7 +17,8 @@ pub(super) const USAGE: Stmt = sql!(
 );
 
 /// (principal, key) → the live upload holding the creation key, and its fingerprint.
-pub(super) const BY_CREATION_KEY: Stmt = sql!("SELECT ", upload_columns!(), ", creation_fingerprint FROM uploads WHERE principal = ? AND creation_key = ? AND expired = {false}");
+pub(super) const BY_CREATION_KEY: Stmt =
+    sql!("SELECT ", upload_columns!(), ", creation_fingerprint FROM uploads WHERE principal = ? AND creation_key = ? AND expired = {false}");
 
 pub(super) const ANNOUNCE: Stmt = sql!("UPDATE uploads SET announced = {true} WHERE id = ? AND announced = {false}");
 
@@ -178,7 +180,8 @@ pub(super) const RELEASE_LEASE: Stmt = sql!("UPDATE uploads SET lease_owner = NU
 /// owner: its upload leases expire now.
 pub(super) const RECLAIM_UPLOADS: Stmt = sql!("UPDATE uploads SET lease_expires_ms = 0 WHERE lease_owner = ?");
 /// owner: its task leases are let go.
-pub(super) const RECLAIM_TASKS: Stmt = sql!("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ? AND status IN ('working', 'input_required')");
+pub(super) const RECLAIM_TASKS: Stmt =
+    sql!("UPDATE tasks SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ? AND status IN ('working', 'input_required')");
 /// owner: its delivery leases are let go.
 pub(super) const RECLAIM_DELIVERIES: Stmt = sql!("UPDATE webhook_deliveries SET lease_owner = NULL, lease_expires_ms = NULL WHERE lease_owner = ?");
 
@@ -208,7 +211,8 @@ pub(super) const FINALS_NAMING: Stmt = sql!(
 );
 
 /// (principal, limit).
-pub(super) const LIST_UPLOADS: Stmt = sql!("SELECT ", upload_columns!(), " FROM uploads WHERE principal = ? AND expired = {false} ORDER BY created_at_ms DESC LIMIT ?");
+pub(super) const LIST_UPLOADS: Stmt =
+    sql!("SELECT ", upload_columns!(), " FROM uploads WHERE principal = ? AND expired = {false} ORDER BY created_at_ms DESC LIMIT ?");
 
 /// (after, limit).
 pub(super) const LIST_UPLOADS_AFTER: Stmt = sql!("SELECT ", upload_columns!(), " FROM uploads WHERE id > ? ORDER BY id LIMIT ?");

@@ -56,7 +56,8 @@ pub(super) const PARTIAL_SIZES: Stmt = sql!(
 pub(super) const DROP_PARTIALS: Stmt = sql!("DELETE FROM task_partials WHERE task_id = ? AND seq < ?");
 
 /// (partial_seq, dropped, now_ms, id).
-pub(super) const SET_PARTIAL_SEQ: Stmt = sql!("UPDATE tasks SET partial_seq = ?, partial_dropped = partial_dropped + ?, updated_at_ms = ? WHERE id = ?");
+pub(super) const SET_PARTIAL_SEQ: Stmt =
+    sql!("UPDATE tasks SET partial_seq = ?, partial_dropped = partial_dropped + ?, updated_at_ms = ? WHERE id = ?");
 
 /// (after, id) → a page of fragments (`partials::PageRow`).
 pub(super) const PARTIAL_PAGE: Stmt = sql!(

@@ -65,7 +65,11 @@ pub struct Progress {
 
 fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, u64>, D::Error> {
     let raw = <Option<BTreeMap<String, serde_json::Number>> as serde::Deserialize>::deserialize(d)?.unwrap_or_default();
-    raw.into_iter().map(|(k, n)| whole_number(&n).map(|v| (k, v)).ok_or_else(|| serde::de::Error::custom(format!("counter values are whole numbers ≥ 0, got {n}")))).collect()
+    raw.into_iter()
+        .map(|(k, n)| {
+            whole_number(&n).map(|v| (k, v)).ok_or_else(|| serde::de::Error::custom(format!("counter values are whole numbers ≥ 0, got {n}")))
+        })
+        .collect()
 }
 
 /// A JSON number as a `u64` when it is a whole number ≥ 0, also when written with a zero
@@ -298,7 +302,12 @@ where
     i64: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
     String: for<'q> sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
 {
-    Ok(TaskCount { kind: r.try_get("kind")?, status: r.try_get("status")?, count: r.try_get::<i64, _>("n")?.max(0) as u64, waiting: r.try_get::<i64, _>("waiting")?.max(0) as u64 })
+    Ok(TaskCount {
+        kind: r.try_get("kind")?,
+        status: r.try_get("status")?,
+        count: r.try_get::<i64, _>("n")?.max(0) as u64,
+        waiting: r.try_get::<i64, _>("waiting")?.max(0) as u64,
+    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! answers), RFC 9457 problem bodies, retry with exponential backoff, and the exit codes of
 //! every client command ([`EXIT_CODES`]).
 //!
-//! One file of ~920 lines because every client command shares this plumbing; the commands
+//! One file of ~1 080 lines because every client command shares this plumbing; the commands
 //! themselves live in their own files.
 
 use std::sync::Arc;
@@ -274,7 +274,9 @@ impl CliError {
             _ if body.trim().is_empty() => String::from("no details"),
             // A page (a proxy's or another server's error page) is not a message: never
             // print its markup.
-            _ if body.trim_start().starts_with('<') => format!("an HTML or XML page of {} bytes (not an answer from ferry: a proxy in between?)", body.len()),
+            _ if body.trim_start().starts_with('<') => {
+                format!("an HTML or XML page of {} bytes (not an answer from ferry: a proxy in between?)", body.len())
+            }
             _ => body.trim().chars().take(300).collect(),
         };
         let mut e = CliError::new(code, format!("{what}: HTTP {status}: {detail}"));
@@ -379,7 +381,9 @@ pub fn command_with_origin(wrong: &reqwest::Url, right: &reqwest::Url) -> String
             None => args.extend(["--server".to_string(), right.origin().ascii_serialization()]),
         }
     }
-    words.push(shlex::try_join(std::iter::once("ferry").chain(args.iter().map(String::as_str))).unwrap_or_else(|_| format!("ferry {}", args.join(" "))));
+    words.push(
+        shlex::try_join(std::iter::once("ferry").chain(args.iter().map(String::as_str))).unwrap_or_else(|_| format!("ferry {}", args.join(" "))),
+    );
     words.join(" ")
 }
 
@@ -469,7 +473,12 @@ impl Retry {
         if spent >= self.budget {
             let mut e = CliError::new(
                 EXIT_NETWORK,
-                format!("gave up after {} of failures ({} attempts): {}", humantime::format_duration(Duration::from_secs(spent.as_secs().max(1))), self.attempts + 1, err.message),
+                format!(
+                    "gave up after {} of failures ({} attempts): {}",
+                    humantime::format_duration(Duration::from_secs(spent.as_secs().max(1))),
+                    self.attempts + 1,
+                    err.message
+                ),
             );
             // Still what the server said: callers may act on its code.
             (e.server_code, e.server_retryable, e.retry_after) = (err.server_code, err.server_retryable, err.retry_after);
@@ -521,8 +530,14 @@ impl Client {
     /// A client on `http` (e.g. one with an overall timeout, for API calls).
     pub fn with_http(conn: &Connection, http: reqwest::Client) -> Result<Client, CliError> {
         let base = conn.base()?;
-        let mut c =
-            Client { http, base, token: conn.token(), cacert: conn.cacert(), discovery: reqwest::Url::parse("http://invalid/").expect("valid"), contact: Default::default() };
+        let mut c = Client {
+            http,
+            base,
+            token: conn.token(),
+            cacert: conn.cacert(),
+            discovery: reqwest::Url::parse("http://invalid/").expect("valid"),
+            contact: Default::default(),
+        };
         c.discovery = c.url("/files/");
         Ok(c)
     }
@@ -570,7 +585,9 @@ impl Client {
                 return Err(CliError::unreachable(
                     format!("cannot connect to {origin}"),
                     &e,
-                    Some(format!("Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried.")),
+                    Some(format!(
+                    "Is `ferry serve` running at {origin}? Set --server or FERRY_SERVER. Nothing was sent; a failed first connection is not retried."
+                )),
                 ))
             }
         };
@@ -612,8 +629,10 @@ impl Client {
                 .hint("Is it an https:// server? Check --server.");
         };
         let who = if r.headers().contains_key("tus-resumable") { "ferry answers there" } else { "something answers there" };
-        CliError::usage(format!("{origin} speaks plain HTTP, not HTTPS: {who} over http://"))
-            .hint(format!("Use http:// for this port: `{}`. (A ferry server speaks https:// only when started with --tls-cert and --tls-key.)", command_with_origin(url, &plain)))
+        CliError::usage(format!("{origin} speaks plain HTTP, not HTTPS: {who} over http://")).hint(format!(
+            "Use http:// for this port: `{}`. (A ferry server speaks https:// only when started with --tls-cert and --tls-key.)",
+            command_with_origin(url, &plain)
+        ))
     }
 
     /// Plain HTTP to `url` was answered 400 without `Tus-Resumable`: does the port speak TLS?
@@ -623,13 +642,14 @@ impl Client {
     async fn speaks_https(&self, url: &reqwest::Url) -> Option<CliError> {
         use super::tls::TlsFailure;
         let tls = other_scheme(url);
-        let untrusted = match self.http.request(reqwest::Method::OPTIONS, tls.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await {
-            Ok(_) => None,
-            Err(e) => match super::tls::tls_failure(&e) {
-                Some(f @ (TlsFailure::Untrusted { .. } | TlsFailure::WrongName { .. } | TlsFailure::OutOfDate { .. })) => Some(f),
-                _ => return None,
-            },
-        };
+        let untrusted =
+            match self.http.request(reqwest::Method::OPTIONS, tls.clone()).header("tus-resumable", super::upload::TUS_VERSION).send().await {
+                Ok(_) => None,
+                Err(e) => match super::tls::tls_failure(&e) {
+                    Some(f @ (TlsFailure::Untrusted { .. } | TlsFailure::WrongName { .. } | TlsFailure::OutOfDate { .. })) => Some(f),
+                    _ => return None,
+                },
+            };
         let origin = url.origin().ascii_serialization();
         let host = url.host_str().unwrap_or("the server");
         let then = match &untrusted {
@@ -729,7 +749,12 @@ impl Client {
 
     /// Send, retrying network errors and retryable statuses within `retry`; returns the
     /// first answer that is not retryable (which may be an error status).
-    pub async fn send_retrying(&self, retry: &mut Retry, what: &str, build: impl Fn() -> reqwest::RequestBuilder) -> Result<reqwest::Response, CliError> {
+    pub async fn send_retrying(
+        &self,
+        retry: &mut Retry,
+        what: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, CliError> {
         self.contact().await?;
         loop {
             match build().send().await {
@@ -739,7 +764,11 @@ impl Client {
                 // HEADs still runs out of `--retry-for` (issue 9, item 6).
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    let err = CliError::unreachable(what.to_string(), &e, Some(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base)));
+                    let err = CliError::unreachable(
+                        what.to_string(),
+                        &e,
+                        Some(format!("Is `ferry serve` running at {}? Set --server or FERRY_SERVER.", self.base)),
+                    );
                     retry.wait(err).await?
                 }
             }
@@ -748,7 +777,14 @@ impl Client {
 
     /// A JSON API call (`/api/v1{path}` with the `query` pairs) with retries; a non-2xx answer
     /// becomes a [`CliError`] naming the request (`GET /api/v1/files?limit=5`).
-    pub async fn api(&self, retry: &mut Retry, method: reqwest::Method, path: &str, query: &[(&str, String)], body: Option<String>) -> Result<String, CliError> {
+    pub async fn api(
+        &self,
+        retry: &mut Retry,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<String>,
+    ) -> Result<String, CliError> {
         self.api_with(retry, method, path, query, &[], body).await.map(|(_, text)| text)
     }
 
@@ -790,7 +826,9 @@ impl Client {
     /// `DELETE` an upload (TUS 1.0 §Termination) with retries.
     pub async fn terminate(&self, retry: &mut Retry, url: &reqwest::Url) -> Result<(), CliError> {
         let what = describe(&reqwest::Method::DELETE, url);
-        let res = self.send_retrying(retry, &what, || self.request(reqwest::Method::DELETE, url).header("tus-resumable", super::upload::TUS_VERSION)).await?;
+        let res = self
+            .send_retrying(retry, &what, || self.request(reqwest::Method::DELETE, url).header("tus-resumable", super::upload::TUS_VERSION))
+            .await?;
         let status = res.status().as_u16();
         if !(200..300).contains(&status) {
             let body = res.text().await.unwrap_or_default();
@@ -848,7 +886,11 @@ pub fn typed_header<T: std::str::FromStr>(h: &reqwest::header::HeaderMap, name: 
 
 /// A two-worker tokio runtime, or exit code 1.
 pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the async runtime: {e}")))
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the async runtime: {e}")))
 }
 
 /// Run an async command body and map it to a process exit code (printing the error).
@@ -867,7 +909,10 @@ pub fn run_command<F: std::future::Future<Output = Result<(), CliError>>>(f: imp
 /// (`resume`) and exit code 130, instead of ending the process without a word. The server
 /// keeps what it acknowledged, and the local state (URL store, `.part` sidecar) is written as
 /// the transfer goes, so nothing else needs saving here.
-pub fn run_interruptible<F: std::future::Future<Output = Result<(), CliError>>>(resume: &'static str, f: impl FnOnce() -> F) -> std::process::ExitCode {
+pub fn run_interruptible<F: std::future::Future<Output = Result<(), CliError>>>(
+    resume: &'static str,
+    f: impl FnOnce() -> F,
+) -> std::process::ExitCode {
     run_command(|| async move {
         tokio::select! {
             r = f() => r,
@@ -1018,7 +1063,11 @@ mod tests {
         assert_eq!(CliError::from_status("x", 401, "").code, EXIT_AUTH);
         assert_eq!(CliError::from_status("x", 413, "").code, EXIT_USAGE);
         assert_eq!(CliError::from_status("x", 503, "").code, EXIT_NETWORK);
-        assert_eq!(CliError::from_status("GET /files/x", 500, r#"{"code":"damaged","retryable":false}"#).code, EXIT_VERIFY, "as a failed verify (issue 48 kind 6)");
+        assert_eq!(
+            CliError::from_status("GET /files/x", 500, r#"{"code":"damaged","retryable":false}"#).code,
+            EXIT_VERIFY,
+            "as a failed verify (issue 48 kind 6)"
+        );
         let page = CliError::from_status("PATCH /files/x", 502, "<html><body><h1>502 Bad Gateway</h1></body></html>");
         assert_eq!(page.code, EXIT_NETWORK);
         assert!(!page.message.contains("<h1>") && page.message.contains("an HTML or XML page"), "{}", page.message);

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{
-    describe, exit_codes_help, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE,
-    EXIT_NETWORK, EXIT_USAGE, EXIT_VERIFY,
+    describe, exit_codes_help, header_str, id_of, parse_duration, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client,
+    Connection, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_USAGE, EXIT_VERIFY,
 };
 use super::progress::Progress;
 
@@ -141,7 +141,8 @@ fn follow_symlinks(path: &Path) -> Result<PathBuf, CliError> {
     for _ in 0..MAX_SYMLINKS {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
-                let target = std::fs::read_link(&p).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot read the symlink {}: {e}", p.display())))?;
+                let target =
+                    std::fs::read_link(&p).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot read the symlink {}: {e}", p.display())))?;
                 p = match p.parent() {
                     Some(dir) if target.is_relative() => dir.join(target),
                     _ => target,
@@ -164,7 +165,8 @@ async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, C
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // Said before any byte moves, not as a failure to create `PATH.part` later.
             if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
-                return Err(CliError::new(EXIT_USAGE, format!("{} is not an existing directory", path.display())).hint("Create the directory first, or give -o a file name."));
+                return Err(CliError::new(EXIT_USAGE, format!("{} is not an existing directory", path.display()))
+                    .hint("Create the directory first, or give -o a file name."));
             }
             let dir = resolved.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
             if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
@@ -182,10 +184,14 @@ async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, C
                 if sha256_of(&resolved).await? == want {
                     return Ok(Output::Verified(resolved));
                 }
-                return Err(CliError::new(EXIT_USAGE, format!("{} already exists, and is not the server's file (its sha256 differs)", path.display()))
-                    .hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
+                return Err(CliError::new(
+                    EXIT_USAGE,
+                    format!("{} already exists, and is not the server's file (its sha256 differs)", path.display()),
+                )
+                .hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
             }
-            return Err(CliError::new(EXIT_USAGE, format!("{} already exists", path.display())).hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
+            return Err(CliError::new(EXIT_USAGE, format!("{} already exists", path.display()))
+                .hint("Pass --force to overwrite it, or -o PATH to write elsewhere."));
         }
         return Ok(Output::Part(resolved));
     }
@@ -215,8 +221,11 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
         // Bytes that cannot be checked are not a download (a page link's HTML is not the file;
         // an empty file has no byte to check: ferry answers its probe 416 without a digest).
         let kind = probe.content_type.as_deref().map(|t| format!(", {t}")).unwrap_or_default();
-        return Err(CliError::new(EXIT_VERIFY, format!("{url} declares no sha256 (Repr-Digest{kind}), so its bytes cannot be verified; nothing was written"))
-            .hint("Pass a ferry link (a file id, …/files/ID, a signed link or a …/share/ID page link), or --no-verify to keep unverified bytes."));
+        return Err(CliError::new(
+            EXIT_VERIFY,
+            format!("{url} declares no sha256 (Repr-Digest{kind}), so its bytes cannot be verified; nothing was written"),
+        )
+        .hint("Pass a ferry link (a file id, …/files/ID, a signed link or a …/share/ID page link), or --no-verify to keep unverified bytes."));
     }
     let server_name = || PathBuf::from(probe.filename.clone().unwrap_or_else(|| id_of(&url)));
     let (shown, output) = match &args.output {
@@ -250,7 +259,11 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
         if !args.quiet {
             eprintln!("ferry: {}: already downloaded (same size and sha256 as the server's file); nothing to do", path.display());
         }
-        return if args.json { print_line(&serde_json::to_string(&done).expect("serialises")) } else { print_line(&format!("{}\t{}", done.path, done.sha256)) };
+        return if args.json {
+            print_line(&serde_json::to_string(&done).expect("serialises"))
+        } else {
+            print_line(&format!("{}\t{}", done.path, done.sha256))
+        };
     }
     let progress = Progress::new(&label, probe.total, 0, args.quiet);
     let result = transfer(&client, &mut retry, &url, &probe, &output, &progress).await;
@@ -301,7 +314,10 @@ fn replace(part: &Path, path: &Path) -> Result<(), CliError> {
             std::fs::set_permissions(part, m.permissions()).map_err(fail)?;
         }
         Ok(_) => {
-            return Err(CliError::new(EXIT_FAILURE, format!("{} is no longer a regular file; not replacing it (the download is in {})", path.display(), part.display())));
+            return Err(CliError::new(
+                EXIT_FAILURE,
+                format!("{} is no longer a regular file; not replacing it (the download is in {})", path.display(), part.display()),
+            ));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(fail(e)),
@@ -391,7 +407,14 @@ fn disposition_filename(cd: &str) -> Option<String> {
 
 /// Receive the file into `PATH.part` (or stdout, or a device), resuming and retrying.
 /// Returns (resumed_from, received, sha256 hex).
-async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe: &Probe, output: &Output, progress: &Progress) -> Result<(u64, u64, String), CliError> {
+async fn transfer(
+    client: &Client,
+    retry: &mut Retry,
+    url: &reqwest::Url,
+    probe: &Probe,
+    output: &Output,
+    progress: &Progress,
+) -> Result<(u64, u64, String), CliError> {
     let mut hasher = Sha256::new();
     let mut pos = 0u64;
     let path = match output {
@@ -400,20 +423,29 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
     };
     let write_error = |e: std::io::Error| match output {
         Output::Stdout => stdout_error(&e),
-        Output::Direct(p) | Output::Part(p) | Output::Verified(p) => CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display())),
+        Output::Direct(p) | Output::Part(p) | Output::Verified(p) => {
+            CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display()))
+        }
     };
     let mut out: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match output {
         Output::Stdout => Box::new(tokio::io::stdout()),
         Output::Verified(_) => unreachable!("a verified PATH is not transferred"),
         Output::Direct(p) => {
             // Never created, truncated or renamed: it is a device or FIFO.
-            let f = tokio::fs::OpenOptions::new().write(true).open(p).await.map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot open {}: {e}", p.display())))?;
+            let f = tokio::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .await
+                .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot open {}: {e}", p.display())))?;
             Box::new(f)
         }
         Output::Part(p) => {
             let part = part_path(p);
             let info = PartInfo { url: url.to_string(), etag: probe.etag.clone().unwrap_or_default() };
-            let same = std::fs::read(info_path(p)).ok().and_then(|b| serde_json::from_slice::<PartInfo>(&b).ok()).is_some_and(|old| old == info && !info.etag.is_empty());
+            let same = std::fs::read(info_path(p))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<PartInfo>(&b).ok())
+                .is_some_and(|old| old == info && !info.etag.is_empty());
             let kept = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
             if same && kept <= probe.total {
                 pos = kept;
@@ -481,7 +513,10 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
                     _ => None,
                 };
                 if start != Some(pos) {
-                    return Err(CliError::new(EXIT_FAILURE, format!("{what}: the server answered a different range ({:?})", header_str(res.headers(), "content-range"))));
+                    return Err(CliError::new(
+                        EXIT_FAILURE,
+                        format!("{what}: the server answered a different range ({:?})", header_str(res.headers(), "content-range")),
+                    ));
                 }
             }
             _ => {
@@ -519,7 +554,10 @@ async fn transfer(client: &Client, retry: &mut Retry, url: &reqwest::Url, probe:
     }
     if let Some(p) = path {
         // Durable before the rename makes it look complete.
-        let f = std::fs::OpenOptions::new().write(true).open(part_path(p)).map_err(|e| CliError::new(EXIT_FAILURE, format!("syncing {}: {e}", part_path(p).display())))?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(part_path(p))
+            .map_err(|e| CliError::new(EXIT_FAILURE, format!("syncing {}: {e}", part_path(p).display())))?;
         f.sync_all().map_err(|e| CliError::new(EXIT_FAILURE, format!("syncing {}: {e}", part_path(p).display())))?;
     }
     Ok((resumed_from, received, hex::encode(hasher.finalize())))
@@ -530,7 +568,12 @@ async fn restart(out: &mut Box<dyn tokio::io::AsyncWrite + Unpin + Send>, path: 
     let Some(p) = path else { return Ok(()) };
     out.flush().await.ok();
     let part = part_path(p);
-    let f = tokio::fs::OpenOptions::new().write(true).truncate(true).open(&part).await.map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot write {}: {e}", part.display())))?;
+    let f = tokio::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&part)
+        .await
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot write {}: {e}", part.display())))?;
     *out = Box::new(f);
     Ok(())
 }

@@ -104,12 +104,20 @@ pub fn ls(args: LsArgs) -> std::process::ExitCode {
         struct List {
             files: Vec<FileInfo>,
         }
-        let list: List = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file list is not as expected: {e}")))?;
+        let list: List =
+            serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file list is not as expected: {e}")))?;
         let shown = list.files.len();
         print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  NAME", "ID", "SIZE", "STATE", "CREATED (UTC)"))?;
         for f in list.files {
             let size = f.size.map_or_else(|| "?".to_string(), human_size);
-            print_line(&format!("{:<26}  {:>10}  {:<14}  {:<17}  {}", f.id, size, f.state_short(), utc_minutes(f.created_at), display_name(f.name.as_deref().unwrap_or(""))))?;
+            print_line(&format!(
+                "{:<26}  {:>10}  {:<14}  {:<17}  {}",
+                f.id,
+                size,
+                f.state_short(),
+                utc_minutes(f.created_at),
+                display_name(f.name.as_deref().unwrap_or(""))
+            ))?;
         }
         let limit = args.limit.unwrap_or(LS_DEFAULT_LIMIT);
         if shown as u64 >= u64::from(limit) && limit < 1000 {
@@ -262,7 +270,8 @@ pub fn status(args: StatusArgs) -> std::process::ExitCode {
         if args.json {
             return print_line(body.trim_end());
         }
-        let f: FileInfo = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file view is not as expected: {e}")))?;
+        let f: FileInfo =
+            serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's file view is not as expected: {e}")))?;
         for l in status_lines(&f, &client) {
             print_line(&l)?;
         }
@@ -336,13 +345,16 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
             #[serde(default)]
             page_url: Option<String>,
         }
-        let shared: Shared = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no url ({e}): {}", body.trim())))?;
+        let shared: Shared =
+            serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no url ({e}): {}", body.trim())))?;
         if let Some(page) = &shared.page_url {
             eprintln!("ferry: page for a browser: {}", client.resolve(page)?);
         }
         if args.scope == "download" {
             // A download link of an upload still in progress works only once it is complete.
-            let info = client.api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &format!("/files/{}", super::client::id_segment(&id)?), &[], None).await;
+            let info = client
+                .api(&mut Retry::new(args.retry_for), reqwest::Method::GET, &format!("/files/{}", super::client::id_segment(&id)?), &[], None)
+                .await;
             let info = info.ok().and_then(|b| serde_json::from_str::<FileInfo>(&b).ok());
             if let Some(d) = info.as_ref().and_then(|f| f.damaged.as_ref()) {
                 eprintln!("ferry: warning: {id} is damaged on the server ({}): this download link is refused until it is uploaded again", d.words());

@@ -117,7 +117,14 @@ impl Progress {
             b.reset_eta();
             b
         });
-        Progress { bar, label: label.to_string(), total, quiet, rate, state: Mutex::new(Plain { pos, actual: pos, behind_noted: false, last_line: None, last_pos: None }) }
+        Progress {
+            bar,
+            label: label.to_string(),
+            total,
+            quiet,
+            rate,
+            state: Mutex::new(Plain { pos, actual: pos, behind_noted: false, last_line: None, last_pos: None }),
+        }
     }
 
     /// `n` more bytes went over the wire.

@@ -58,9 +58,11 @@ pub fn run(args: RequestArgs) -> std::process::ExitCode {
             #[serde(default)]
             expires_at: Option<String>,
         }
-        let shared: Shared = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no url ({e}): {}", body.trim())))?;
+        let shared: Shared =
+            serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no url ({e}): {}", body.trim())))?;
         if args.json {
-            let mut v: serde_json::Value = serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer is not JSON: {e}")))?;
+            let mut v: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer is not JSON: {e}")))?;
             v["id"] = serde_json::Value::String(id);
             return print_line(&v.to_string());
         }
@@ -68,7 +70,9 @@ pub fn run(args: RequestArgs) -> std::process::ExitCode {
         let name = crate::names::display_name(&args.name);
         match &shared.page_url {
             Some(page) => {
-                eprintln!("ferry: request {id} for a file of any size, stored as {name}{until}. Send this link; `ferry status {id}` shows what arrived:");
+                eprintln!(
+                    "ferry: request {id} for a file of any size, stored as {name}{until}. Send this link; `ferry status {id}` shows what arrived:"
+                );
                 print_line(client.resolve(page)?.as_str())
             }
             None => {

@@ -85,7 +85,12 @@ impl Store {
     /// Run `f` on the entries under the lock, then write them back if `f` changed them.
     fn update<T>(&self, f: impl FnOnce(&mut BTreeMap<String, Entry>) -> T) -> Result<T, CliError> {
         let lock_path = self.path.with_extension("json.lock");
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| io_err("cannot open", &lock_path, e))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_err("cannot open", &lock_path, e))?;
         lock.lock().map_err(|e| io_err("cannot lock", &lock_path, e))?;
         let mut entries: BTreeMap<String, Entry> = match std::fs::read(&self.path) {
             // A damaged store only costs resumability: start over with an empty one.

@@ -35,9 +35,18 @@ pub const STREAM_CHUNK: u64 = 16 << 20;
 
 /// Upload the stream `path` (`-` for stdin) into a new upload with `meta` as its
 /// `Upload-Metadata`, or into the existing upload `given` (`--url`).
-pub(super) async fn upload(client: &Client, args: &UploadArgs, meta: Option<String>, path: &Path, given: Option<reqwest::Url>) -> Result<Done, CliError> {
-    let mut src: Box<dyn AsyncRead + Unpin + Send> =
-        if path.as_os_str() == "-" { Box::new(tokio::io::stdin()) } else { Box::new(tokio::fs::File::open(path).await.map_err(|e| local_error(path, e))?) };
+pub(super) async fn upload(
+    client: &Client,
+    args: &UploadArgs,
+    meta: Option<String>,
+    path: &Path,
+    given: Option<reqwest::Url>,
+) -> Result<Done, CliError> {
+    let mut src: Box<dyn AsyncRead + Unpin + Send> = if path.as_os_str() == "-" {
+        Box::new(tokio::io::stdin())
+    } else {
+        Box::new(tokio::fs::File::open(path).await.map_err(|e| local_error(path, e))?)
+    };
     let chunk = usize::try_from(args.chunk_size.unwrap_or(STREAM_CHUNK)).unwrap_or(usize::MAX - 1).max(1);
     let label = if path.as_os_str() == "-" { "stdin".to_string() } else { path.display().to_string() };
     let progress = Arc::new(Progress::unknown(&label, args.quiet));
@@ -64,14 +73,22 @@ struct Sender<'a> {
 }
 
 impl Sender<'_> {
-    async fn run(&mut self, src: &mut (dyn AsyncRead + Unpin + Send), chunk: usize, meta: Option<String>, given: Option<reqwest::Url>) -> Result<Done, CliError> {
+    async fn run(
+        &mut self,
+        src: &mut (dyn AsyncRead + Unpin + Send),
+        chunk: usize,
+        meta: Option<String>,
+        given: Option<reqwest::Url>,
+    ) -> Result<Done, CliError> {
         let mut buf: Vec<u8> = Vec::with_capacity(chunk.saturating_add(1).min(64 << 20));
         let known_length;
         let (url, mut offset, resumed_from) = match given {
             Some(url) => {
                 let info = head(self.client, &mut Retry::new(self.retry_for), &url).await?;
                 known_length = info.length;
-                let offset = info.offset.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
+                let offset = info
+                    .offset
+                    .ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
                 if offset > 0 {
                     self.progress
                         .note(&format!("the server has {offset} bytes of {url}: reading them from the input again (not sent; the final sha256 tells whether they are the same)"));
@@ -113,7 +130,10 @@ impl Sender<'_> {
             }
             let total = eof.then_some(offset + piece as u64);
             if piece > 0 || known_length != total {
-                offset = self.send(&url, offset, Bytes::copy_from_slice(&buf[..piece]), total, &mut retry).await.map_err(|e| self.continue_hint(e, &url, eof))?;
+                offset = self
+                    .send(&url, offset, Bytes::copy_from_slice(&buf[..piece]), total, &mut retry)
+                    .await
+                    .map_err(|e| self.continue_hint(e, &url, eof))?;
                 buf.drain(..piece);
             }
             if eof {
@@ -125,13 +145,24 @@ impl Sender<'_> {
         // Retryable while the server is still finishing it (a pre-finish hook that is down).
         let server = super::upload::finished_sha256(self.client, self.retry_for, &url, offset).await?;
         if local != server {
-            return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the input was {local}, the server stored {server} at {url}")).hint(if resumed_from > 0 {
-                "The producer did not write the same bytes as the first time; upload its output as a new upload (without --url)."
-            } else {
-                "Upload it again."
-            }));
+            return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the input was {local}, the server stored {server} at {url}")).hint(
+                if resumed_from > 0 {
+                    "The producer did not write the same bytes as the first time; upload its output as a new upload (without --url)."
+                } else {
+                    "Upload it again."
+                },
+            ));
         }
-        Ok(Done { file: "-".into(), id: id_of(&url), url: url.to_string(), upload_url: None, size: offset, sha256: local, resumed_from, sent: self.sent })
+        Ok(Done {
+            file: "-".into(),
+            id: id_of(&url),
+            url: url.to_string(),
+            upload_url: None,
+            size: offset,
+            sha256: local,
+            resumed_from,
+            sent: self.sent,
+        })
     }
 
     /// After a failure mid-stream: how to continue with a new run.
@@ -168,7 +199,10 @@ impl Sender<'_> {
             let room = ((n - self.read) as usize).min(tmp.len());
             let got = src.read(&mut tmp[..room]).await.map_err(|e| CliError::new(EXIT_FAILURE, format!("reading the input: {e}")))?;
             if got == 0 {
-                return Err(CliError::new(EXIT_VERIFY, format!("the input ended after {} bytes, before the {n} bytes the server already has: it is not the same data", self.read)));
+                return Err(CliError::new(
+                    EXIT_VERIFY,
+                    format!("the input ended after {} bytes, before the {n} bytes the server already has: it is not the same data", self.read),
+                ));
             }
             self.hasher.update(&tmp[..got]);
             self.read += got as u64;

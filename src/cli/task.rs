@@ -24,7 +24,8 @@ use serde_json::value::RawValue;
 
 pub use super::client::Connection;
 use super::client::{
-    error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_NOT_FOUND, EXIT_TASK_CANCELLED, EXIT_TASK_FAILED,
+    error_chain, exit_codes_help, parse_duration, print_line, CliError, Client, Retry, EXIT_FAILURE, EXIT_NETWORK, EXIT_NOT_FOUND,
+    EXIT_TASK_CANCELLED, EXIT_TASK_FAILED,
 };
 
 /// `ferry task …`: start, inspect, list and cancel tasks on a running ferry server.
@@ -178,8 +179,9 @@ fn read_json(given: Option<String>, file: Option<PathBuf>, what: &str, flag: &st
         }
         (None, None) => return Ok(None),
     };
-    let raw: Box<RawValue> = serde_json::from_str(&text)
-        .map_err(|e| usage(format_args!("{what} from {source}: not JSON: {e}")).hint("Text is quoted in JSON: '\"orders\"' (`task respond` takes --text orders)."))?;
+    let raw: Box<RawValue> = serde_json::from_str(&text).map_err(|e| {
+        usage(format_args!("{what} from {source}: not JSON: {e}")).hint("Text is quoted in JSON: '\"orders\"' (`task respond` takes --text orders).")
+    })?;
     Ok(Some(raw.get().to_string()))
 }
 
@@ -234,7 +236,8 @@ async fn execute(args: TaskArgs) -> Result<(), CliError> {
             let path = format!("{}/input", task_path(&id)?);
             let answer = match text {
                 Some(t) => serde_json::to_string(&t).expect("serialises"),
-                None => read_json(response, response_file, "the answer", "--response-file")?.ok_or_else(|| usage("give the answer: JSON, --text or --response-file"))?,
+                None => read_json(response, response_file, "the answer", "--response-file")?
+                    .ok_or_else(|| usage("give the answer: JSON, --text or --response-file"))?,
             };
             let raw: &RawValue = serde_json::from_str(&answer).expect("checked above");
             let body = serde_json::json!({ "key": key, "response": raw }).to_string();
@@ -246,10 +249,15 @@ async fn execute(args: TaskArgs) -> Result<(), CliError> {
                 accepted: bool,
                 task: TaskSummary,
             }
-            let a: Answered = serde_json::from_str(&text).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer is not as expected ({e}): {}", text.trim())))?;
+            let a: Answered = serde_json::from_str(&text)
+                .map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer is not as expected ({e}): {}", text.trim())))?;
             if !a.accepted {
                 let waiting: Vec<&str> = a.task.input_requests.keys().map(String::as_str).collect();
-                let now = if waiting.is_empty() { format!("it waits for no input now ({})", a.task.status) } else { format!("it waits for {}", waiting.join(", ")) };
+                let now = if waiting.is_empty() {
+                    format!("it waits for no input now ({})", a.task.status)
+                } else {
+                    format!("it waits for {}", waiting.join(", "))
+                };
                 return Err(CliError::new(EXIT_NOT_FOUND, format!("task {id} is not waiting for input {key:?}: nothing was changed; {now}"))
                     .hint(format!("`ferry task get {id}` shows its input_requests.")));
             }
@@ -332,7 +340,9 @@ async fn open_events(client: &Client, last_id: Option<&str>) -> Result<reqwest::
         200 if sse => Ok(res),
         // No stream here (an older server, a proxy that does not pass it), or the stream is
         // failing (5xx) while the task may still be read: poll instead.
-        200 | 404 | 405 | 500..=599 => Err(StreamError::Unavailable(format!("{what} answered HTTP {status}{}", if status == 200 { " without text/event-stream" } else { "" }))),
+        200 | 404 | 405 | 500..=599 => {
+            Err(StreamError::Unavailable(format!("{what} answered HTTP {status}{}", if status == 200 { " without text/event-stream" } else { "" })))
+        }
         _ => Err(StreamError::Failed(CliError::from_status(&what, status, &res.text().await.unwrap_or_default()))),
     }
 }

@@ -56,11 +56,21 @@ impl ServerCertVerifier for FileTrust {
         })
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
@@ -78,14 +88,16 @@ pub fn client_config(file: &Path) -> Result<rustls::ClientConfig, CliError> {
             .hint("Pass a PEM file with the server's certificate or the authority that signed it (what curl --cacert takes).")
     };
     let pem = std::fs::read(file).map_err(|e| bad(e.to_string()))?;
-    let pinned: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| bad(format!("not PEM certificates: {e}")))?;
+    let pinned: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| bad(format!("not PEM certificates: {e}")))?;
     if pinned.is_empty() {
         return Err(bad("holds no certificate (-----BEGIN CERTIFICATE-----)".into()));
     }
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     let (_added, _ignored) = roots.add_parsable_certificates(pinned.iter().cloned());
-    let authorities = if roots.is_empty() { None } else { WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().ok() };
+    let authorities =
+        if roots.is_empty() { None } else { WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().ok() };
     let verifier = FileTrust { file: file.to_path_buf(), pinned, authorities, provider: provider.clone() };
     let cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -137,7 +149,9 @@ impl TlsFailure {
             TlsFailure::Untrusted { self_signed: true, cacert: None } => {
                 "the server's certificate is self-signed (as `openssl req -x509` makes them), and this client does not trust it".into()
             }
-            TlsFailure::Untrusted { self_signed: false, cacert: None } => "the server's certificate is signed by an authority this system does not trust".into(),
+            TlsFailure::Untrusted { self_signed: false, cacert: None } => {
+                "the server's certificate is signed by an authority this system does not trust".into()
+            }
             TlsFailure::Untrusted { self_signed, cacert: Some(f) } => {
                 let what = if *self_signed { "a self-signed certificate" } else { "a certificate" };
                 format!("the server presented {what} that the --cacert file {} neither holds nor signed", f.display())

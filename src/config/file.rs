@@ -149,7 +149,8 @@ impl LimitsFileConfig {
             }
             Ok(l)
         }
-        let top = LimitsEntry { max_bytes: self.max_bytes, max_uploads_in_progress: self.max_uploads_in_progress, retain_finished: self.retain_finished };
+        let top =
+            LimitsEntry { max_bytes: self.max_bytes, max_uploads_in_progress: self.max_uploads_in_progress, retain_finished: self.retain_finished };
         let default = apply(crate::upload::Limits::default(), top, "[limits]")?;
         let mut principals = BTreeMap::new();
         for (name, e) in self.principals {
@@ -185,7 +186,11 @@ impl HookFileConfig {
         if !matches!(url.scheme(), "http" | "https") {
             anyhow::bail!("[hooks.{which}] url {:?} must be http:// or https://", self.url);
         }
-        let timeout = self.timeout.map(|t| parse_interval(&t).map_err(|e| anyhow::anyhow!("[hooks.{which}] timeout: {e}"))).transpose()?.unwrap_or(Duration::from_secs(5));
+        let timeout = self
+            .timeout
+            .map(|t| parse_interval(&t).map_err(|e| anyhow::anyhow!("[hooks.{which}] timeout: {e}")))
+            .transpose()?
+            .unwrap_or(Duration::from_secs(5));
         Ok(HookConfig { url, timeout, on_failure: self.on_failure.unwrap_or(HookFailure::Reject) })
     }
 }
@@ -298,7 +303,10 @@ impl FileConfig {
             }
             t.expires_ms()?;
             if t.sha256.eq_ignore_ascii_case(EMPTY_TOKEN_SHA256) {
-                anyhow::bail!("[[tokens]] sha256 for {:?} is the hash of an empty token; write a real one with `ferry token create NAME`", t.principal);
+                anyhow::bail!(
+                    "[[tokens]] sha256 for {:?} is the hash of an empty token; write a real one with `ferry token create NAME`",
+                    t.principal
+                );
             }
         }
         if let Some(secret) = &self.url_secret {

@@ -128,14 +128,16 @@ pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(vec![a]);
     }
-    let (host, port) = s.rsplit_once(':').ok_or_else(|| format!("listen address {s:?} needs a port: HOST:PORT, e.g. localhost:8080 or 127.0.0.1:8080"))?;
+    let (host, port) =
+        s.rsplit_once(':').ok_or_else(|| format!("listen address {s:?} needs a port: HOST:PORT, e.g. localhost:8080 or 127.0.0.1:8080"))?;
     let port: u16 = port.parse().map_err(|_| format!("listen address {s:?}: {port:?} is not a port (0-65535)"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
         return Err(format!("listen address {s:?} needs a host: HOST:PORT, e.g. localhost:8080 or 0.0.0.0:8080"));
     }
     use std::net::ToSocketAddrs;
-    let mut addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| format!("listen address {s:?}: cannot resolve {host:?}: {e}"))?.collect();
+    let mut addrs: Vec<SocketAddr> =
+        (host, port).to_socket_addrs().map_err(|e| format!("listen address {s:?}: cannot resolve {host:?}: {e}"))?.collect();
     addrs.sort_by_key(|a| a.is_ipv6());
     addrs.dedup();
     if addrs.is_empty() {
@@ -240,7 +242,9 @@ impl Config {
             flag_list(&args.cors_allow_headers).unwrap_or(file.cors.allow_headers),
             flag_list(&args.cors_expose_headers).unwrap_or(file.cors.expose_headers),
         )?;
-        let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> { v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose() };
+        let dur = |v: Option<String>, key: &str| -> anyhow::Result<Option<Duration>> {
+            v.map(|s| parse_interval(&s).map_err(|e| anyhow::anyhow!("{key}: {e}"))).transpose()
+        };
         let expire_file = file.expire_after.map(|s| parse_expiry(&s).map_err(|e| anyhow::anyhow!("expire_after: {e}"))).transpose()?;
         let data = args.data.clone().or(file.data).unwrap_or_else(|| PathBuf::from("ferry-data"));
         let catalog = match args.catalog.as_deref().or(file.catalog.as_deref()) {
@@ -248,11 +252,13 @@ impl Config {
             None => CatalogUrl::Sqlite(data.join("ferry.db")),
         };
         // A shared catalog means several processes: leases must live in it too.
-        let leases = args.leases.or(file.leases).unwrap_or(if matches!(catalog, CatalogUrl::Postgres(_)) { LeaseMode::Catalog } else { LeaseMode::Local });
+        let leases =
+            args.leases.or(file.leases).unwrap_or(if matches!(catalog, CatalogUrl::Postgres(_)) { LeaseMode::Catalog } else { LeaseMode::Local });
         let listen_text = args.listen.clone().or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".to_string());
         let mut listen_addrs = parse_listen(&listen_text).map_err(|e| anyhow::anyhow!("listen: {e}"))?;
         let listen = listen_addrs.remove(0);
-        let listen_name = listen_text.trim().parse::<SocketAddr>().is_err().then(|| listen_text.trim().rsplit_once(':').map_or("", |(h, _)| h).to_string());
+        let listen_name =
+            listen_text.trim().parse::<SocketAddr>().is_err().then(|| listen_text.trim().rsplit_once(':').map_or("", |(h, _)| h).to_string());
         Ok(Config {
             listen,
             listen_more: listen_addrs,
@@ -268,22 +274,42 @@ impl Config {
                 part_size: s3_part_size(
                     match args.s3_part_size {
                         Some(v) => v,
-                        None => file.s3.part_size.clone().map(|v| size_value(v, "[s3] part_size")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_PART_FLOOR),
+                        None => file
+                            .s3
+                            .part_size
+                            .clone()
+                            .map(|v| size_value(v, "[s3] part_size"))
+                            .transpose()?
+                            .unwrap_or(crate::blob::s3::DEFAULT_PART_FLOOR),
                     },
                     "part_size",
                 )?,
                 deferred_part_size: s3_part_size(
                     match args.s3_deferred_part_size {
                         Some(v) => v,
-                        None => file.s3.deferred_part_size.clone().map(|v| size_value(v, "[s3] deferred_part_size")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_DEFERRED_PART),
+                        None => file
+                            .s3
+                            .deferred_part_size
+                            .clone()
+                            .map(|v| size_value(v, "[s3] deferred_part_size"))
+                            .transpose()?
+                            .unwrap_or(crate::blob::s3::DEFAULT_DEFERRED_PART),
                     },
                     "deferred_part_size",
                 )?,
                 max_buffer: match args.s3_max_buffer {
                     Some(v) => v,
-                    None => file.s3.max_buffer.clone().map(|v| size_value(v, "[s3] max_buffer")).transpose()?.unwrap_or(crate::blob::s3::DEFAULT_MAX_BUFFER),
+                    None => file
+                        .s3
+                        .max_buffer
+                        .clone()
+                        .map(|v| size_value(v, "[s3] max_buffer"))
+                        .transpose()?
+                        .unwrap_or(crate::blob::s3::DEFAULT_MAX_BUFFER),
                 },
-                parts_in_flight: s3_parts_in_flight(args.s3_parts_in_flight.or(file.s3.parts_in_flight).unwrap_or(crate::blob::s3::DEFAULT_PARTS_IN_FLIGHT as u64))?,
+                parts_in_flight: s3_parts_in_flight(
+                    args.s3_parts_in_flight.or(file.s3.parts_in_flight).unwrap_or(crate::blob::s3::DEFAULT_PARTS_IN_FLIGHT as u64),
+                )?,
             },
             max_size: match args.max_size {
                 Some(v) => v,
@@ -356,8 +382,12 @@ impl Config {
             tls: match (args.tls_cert.clone().or(file.tls_cert), args.tls_key.clone().or(file.tls_key)) {
                 (Some(cert), Some(key)) => Some((cert, key)),
                 (None, None) => None,
-                (Some(_), None) => anyhow::bail!("tls_cert is set but tls_key is not: give both (--tls-cert and --tls-key, or both keys in ferry.toml)"),
-                (None, Some(_)) => anyhow::bail!("tls_key is set but tls_cert is not: give both (--tls-cert and --tls-key, or both keys in ferry.toml)"),
+                (Some(_), None) => {
+                    anyhow::bail!("tls_cert is set but tls_key is not: give both (--tls-cert and --tls-key, or both keys in ferry.toml)")
+                }
+                (None, Some(_)) => {
+                    anyhow::bail!("tls_key is set but tls_cert is not: give both (--tls-cert and --tls-key, or both keys in ferry.toml)")
+                }
             },
             args: args.clone(),
         })

@@ -163,9 +163,21 @@ pub fn rows() -> Vec<Row> {
             None if switch => "off".to_string(),
             None => "none".to_string(),
         };
-        rows.push(Row { flag: Some(format!("--{long}")), env: arg.get_env().map(|e| e.to_string_lossy().into_owned()), file_key: file_key.map(str::to_string), default, meaning });
+        rows.push(Row {
+            flag: Some(format!("--{long}")),
+            env: arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+            file_key: file_key.map(str::to_string),
+            default,
+            meaning,
+        });
     }
-    rows.extend(FILE_ONLY.iter().map(|k| Row { flag: None, env: None, file_key: Some(k.key.to_string()), default: k.default.to_string(), meaning: k.meaning.to_string() }));
+    rows.extend(FILE_ONLY.iter().map(|k| Row {
+        flag: None,
+        env: None,
+        file_key: Some(k.key.to_string()),
+        default: k.default.to_string(),
+        meaning: k.meaning.to_string(),
+    }));
     rows
 }
 
@@ -311,7 +323,10 @@ mod tests {
                 "tokens" | "webhooks" => vec![format!("[[{field}]]")],
                 "commands" => vec!["[commands.NAME]".into()],
                 "hooks" => fields_of::<HooksFileConfig>().iter().map(|h| format!("[hooks.{h}]")).collect(),
-                "limits" => fields_of::<LimitsFileConfig>().iter().map(|l| if *l == "principals" { "[limits.principals.NAME]".into() } else { format!("[limits] {l}") }).collect(),
+                "limits" => fields_of::<LimitsFileConfig>()
+                    .iter()
+                    .map(|l| if *l == "principals" { "[limits.principals.NAME]".into() } else { format!("[limits] {l}") })
+                    .collect(),
                 section => match sections.iter().find(|(s, _)| *s == section) {
                     Some((_, subs)) => subs.iter().map(|s| format!("[{section}] {s}")).collect(),
                     None => vec![section.to_string()],
@@ -340,7 +355,10 @@ mod tests {
     #[test]
     fn a_default_is_taken_out_of_the_help_text() {
         assert_eq!(split_default("Data directory [default: ./ferry-data]."), ("Data directory.".to_string(), Some("./ferry-data".to_string())));
-        assert_eq!(split_default("Log format [default: text]. Logs go to stderr"), ("Log format. Logs go to stderr".to_string(), Some("text".to_string())));
+        assert_eq!(
+            split_default("Log format [default: text]. Logs go to stderr"),
+            ("Log format. Logs go to stderr".to_string(), Some("text".to_string()))
+        );
         assert_eq!(split_default("No default here."), ("No default here.".to_string(), None));
     }
 

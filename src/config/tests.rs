@@ -45,14 +45,22 @@ fn file_values_that_could_never_work_are_refused() {
 fn cors_origins_and_headers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ferry.toml");
-    std::fs::write(&path, "[cors]\nallow_origins = [\"HTTPS://App.Example:443\", \"http://localhost:5173\", \"null\"]\nallow_headers = [\"X-Custom\"]\n").unwrap();
+    std::fs::write(
+        &path,
+        "[cors]\nallow_origins = [\"HTTPS://App.Example:443\", \"http://localhost:5173\", \"null\"]\nallow_headers = [\"X-Custom\"]\n",
+    )
+    .unwrap();
     let c = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
     assert_eq!(c.cors.allow_origins, Origins::Only(vec!["https://app.example".to_string(), "http://localhost:5173".into(), "null".into()]));
     assert_eq!(c.cors.allow_headers, vec!["x-custom".to_string()]);
     // Flags replace the file's list.
     let args = ServeArgs { config: Some(path.clone()), cors_allow_origins: vec!["*".into()], ..Default::default() };
     assert_eq!(Config::resolve(&args).unwrap().cors.allow_origins, Origins::Any, "`*` configured");
-    assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().cors, CorsConfig::default(), "default: any origin with tokens, the server's own without");
+    assert_eq!(
+        Config::resolve(&ServeArgs::default()).unwrap().cors,
+        CorsConfig::default(),
+        "default: any origin with tokens, the server's own without"
+    );
     for bad in [
         "[cors]\nallow_origins = [\"https://app.example/path\"]\n",
         "[cors]\nallow_origins = [\"app.example\"]\n",
@@ -113,7 +121,11 @@ fn limits_default_and_per_principal_overrides() {
     let l = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap().limits;
     let day = Duration::from_secs(86_400);
     assert_eq!(l.of("carol"), crate::upload::Limits { max_bytes: Some(1 << 30), max_uploads_in_progress: Some(5), retain_finished: Some(30 * day) });
-    assert_eq!(l.of("alice"), crate::upload::Limits { max_bytes: None, max_uploads_in_progress: Some(5), retain_finished: None }, "keys left out are the default's");
+    assert_eq!(
+        l.of("alice"),
+        crate::upload::Limits { max_bytes: None, max_uploads_in_progress: Some(5), retain_finished: None },
+        "keys left out are the default's"
+    );
     assert_eq!(l.of("bob").max_uploads_in_progress, Some(0));
     assert_eq!(Config::resolve(&ServeArgs::default()).unwrap().limits, crate::upload::PrincipalLimits::default(), "no limits by default");
     for bad in [
@@ -184,7 +196,8 @@ fn every_source_of_a_setting_gets_the_same_check() {
         let e = refused(&format!("[fetch]\nallow_hosts = [{bad:?}]\n"));
         assert!(e.contains("names no host"), "{bad:?}: {e}");
     }
-    std::fs::write(&path, "[fetch]\nallow_hosts = [\"files.example.com\", \"10.0.0.5:8080\", \"[::1]:8443\", \"::1\", \"Files.Example.COM.\"]\n").unwrap();
+    std::fs::write(&path, "[fetch]\nallow_hosts = [\"files.example.com\", \"10.0.0.5:8080\", \"[::1]:8443\", \"::1\", \"Files.Example.COM.\"]\n")
+        .unwrap();
     Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
 }
 
@@ -197,7 +210,11 @@ fn s3_deferred_part_size_from_file_and_flag_within_s3s_part_limits() {
     assert_eq!(resolve(ServeArgs::default()).unwrap().s3.deferred_part_size, crate::blob::s3::DEFAULT_DEFERRED_PART);
     std::fs::write(&path, "[s3]\ndeferred_part_size = \"32MiB\"\n").unwrap();
     assert_eq!(resolve(ServeArgs::default()).unwrap().s3.deferred_part_size, 32 << 20);
-    assert_eq!(resolve(ServeArgs { s3_deferred_part_size: Some(8 << 20), ..Default::default() }).unwrap().s3.deferred_part_size, 8 << 20, "the flag beats the file");
+    assert_eq!(
+        resolve(ServeArgs { s3_deferred_part_size: Some(8 << 20), ..Default::default() }).unwrap().s3.deferred_part_size,
+        8 << 20,
+        "the flag beats the file"
+    );
     let e = resolve(ServeArgs { s3_deferred_part_size: Some(1 << 20), ..Default::default() }).unwrap_err().to_string();
     assert!(e.contains("deferred_part_size") && e.contains("5MiB to 5GiB"), "{e}");
 }

@@ -73,7 +73,14 @@ impl HttpHooks {
 
     async fn call(&self, hook: &HookConfig, body: serde_json::Value) -> Answer {
         let exchange = async {
-            let resp = self.client.post(hook.url.clone()).header(http::header::CONTENT_TYPE, "application/json").body(body.to_string()).send().await.map_err(|e| e.to_string())?;
+            let resp = self
+                .client
+                .post(hook.url.clone())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
             let status = resp.status();
             let mut body = Vec::new();
             let mut stream = resp.bytes_stream();
@@ -121,7 +128,9 @@ impl HttpHooks {
         tracing::warn!(hook = which, url = %hook.url, reason = why, policy = ?hook.on_failure, "upload hook failed");
         match hook.on_failure {
             HookFailure::Allow => Ok(()),
-            HookFailure::Reject => Err(Refusal::new(503, ErrorCode::Unavailable, format!("the {which} hook did not answer ({why})"), "Try again in a moment.")),
+            HookFailure::Reject => {
+                Err(Refusal::new(503, ErrorCode::Unavailable, format!("the {which} hook did not answer ({why})"), "Try again in a moment."))
+            }
         }
     }
 

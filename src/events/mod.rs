@@ -90,7 +90,13 @@ impl EventView {
             }
         }
         let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms.max(0) as u64);
-        EventView { id: e.id.clone(), event_type: e.event_type.clone(), timestamp: humantime::format_rfc3339_millis(at).to_string(), data, seq: e.seq }
+        EventView {
+            id: e.id.clone(),
+            event_type: e.event_type.clone(),
+            timestamp: humantime::format_rfc3339_millis(at).to_string(),
+            data,
+            seq: e.seq,
+        }
     }
 
     /// The webhook payload: `{"type", "timestamp", "data"}` (the id travels in `webhook-id`).
@@ -265,7 +271,11 @@ impl Events {
     /// unknown, [`HEAD_UNKNOWN_SEQ`]; an idle follower makes no query); a catalog
     /// error ends the stream with that error (the client reconnects with its last id). Errors
     /// at start: [`FollowError::UnknownEvent`].
-    pub async fn follow(&self, principal: &str, cursor: Cursor) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
+    pub async fn follow(
+        &self,
+        principal: &str,
+        cursor: Cursor,
+    ) -> Result<impl Stream<Item = Result<EventView, CatalogError>> + Send + 'static, FollowError> {
         let after = match cursor {
             Cursor::Now => self.position().await?,
             Cursor::Position(seq) => seq,
@@ -279,47 +289,50 @@ impl Events {
         let head = self.head();
         // State: the cursor, events read but not yet yielded, whether the stream ended, the
         // head receiver, and whether the outbox must be read before waiting again.
-        Ok(futures::stream::unfold((after, std::collections::VecDeque::new(), false, head, true), move |(mut after, mut buf, done, mut head, mut read)| {
-            let catalog = catalog.clone();
-            let principal = principal.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    if let Some(e) = buf.pop_front() {
-                        return Some((Ok(EventView::of(&e)), (after, buf, false, head, true)));
+        Ok(futures::stream::unfold(
+            (after, std::collections::VecDeque::new(), false, head, true),
+            move |(mut after, mut buf, done, mut head, mut read)| {
+                let catalog = catalog.clone();
+                let principal = principal.clone();
+                async move {
+                    if done {
+                        return None;
                     }
-                    if read {
-                        head.borrow_and_update();
-                        match catalog.list_events(Some(&principal), after, PAGE).await {
-                            Ok(page) if page.is_empty() => {}
-                            Ok(page) => {
-                                after = page.last().map_or(after, |e| e.seq);
-                                buf.extend(page);
-                                continue;
+                    loop {
+                        if let Some(e) = buf.pop_front() {
+                            return Some((Ok(EventView::of(&e)), (after, buf, false, head, true)));
+                        }
+                        if read {
+                            head.borrow_and_update();
+                            match catalog.list_events(Some(&principal), after, PAGE).await {
+                                Ok(page) if page.is_empty() => {}
+                                Ok(page) => {
+                                    after = page.last().map_or(after, |e| e.seq);
+                                    buf.extend(page);
+                                    continue;
+                                }
+                                Err(e) => return Some((Err(e), (after, buf, true, head, true))),
                             }
-                            Err(e) => return Some((Err(e), (after, buf, true, head, true))),
                         }
+                        // Woken when any event commits (most are another principal's: then the read
+                        // finds nothing and this waits again). A wait that times out reads again
+                        // only when the head is unknown (the watcher is failing or has not read it
+                        // yet): an idle follower costs no query.
+                        read = match tokio::time::timeout(POLL, head.changed()).await {
+                            Ok(Ok(())) => {
+                                let h = *head.borrow();
+                                h == HEAD_UNKNOWN_SEQ || h > after
+                            }
+                            Ok(Err(_)) => {
+                                tokio::time::sleep(POLL).await; // the watcher is gone (shutting down)
+                                true
+                            }
+                            Err(_) => *head.borrow() == HEAD_UNKNOWN_SEQ,
+                        };
                     }
-                    // Woken when any event commits (most are another principal's: then the read
-                    // finds nothing and this waits again). A wait that times out reads again
-                    // only when the head is unknown (the watcher is failing or has not read it
-                    // yet): an idle follower costs no query.
-                    read = match tokio::time::timeout(POLL, head.changed()).await {
-                        Ok(Ok(())) => {
-                            let h = *head.borrow();
-                            h == HEAD_UNKNOWN_SEQ || h > after
-                        }
-                        Ok(Err(_)) => {
-                            tokio::time::sleep(POLL).await; // the watcher is gone (shutting down)
-                            true
-                        }
-                        Err(_) => *head.borrow() == HEAD_UNKNOWN_SEQ,
-                    };
                 }
-            }
-        }))
+            },
+        ))
     }
 
     /// Deliveries of `principal`'s events in `states`, newest first, at most `limit`.

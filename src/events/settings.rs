@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// Event types ferry writes (DESIGN §8).
-pub const EVENT_TYPES: [&str; 6] = ["upload.created", "upload.finished", "upload.terminated", "upload.expired", "task.status_changed", "task.partial"];
+pub const EVENT_TYPES: [&str; 6] =
+    ["upload.created", "upload.finished", "upload.terminated", "upload.expired", "task.status_changed", "task.partial"];
 
 /// One `[[webhooks]]` receiver: every event of `events` (types, or prefixes like `upload.*`;
 /// empty = all) of `principals` (empty = all) is POSTed to `url` in the Standard Webhooks
@@ -70,9 +71,13 @@ pub fn check_webhook_secret(secret: &str) -> Result<(), String> {
     let Some(b64) = secret.strip_prefix("whsec_") else {
         return Err("must be `whsec_` followed by base64 (Standard Webhooks)".into());
     };
-    let key = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| "must be `whsec_` followed by base64 (Standard Webhooks)".to_string())?;
+    let key =
+        base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| "must be `whsec_` followed by base64 (Standard Webhooks)".to_string())?;
     if key.len() < MIN_WEBHOOK_KEY_BYTES {
-        return Err(format!("has a {}-byte key; Standard Webhooks keys are {MIN_WEBHOOK_KEY_BYTES} to 64 random bytes (e.g. `whsec_$(openssl rand -base64 32)`)", key.len()));
+        return Err(format!(
+            "has a {}-byte key; Standard Webhooks keys are {MIN_WEBHOOK_KEY_BYTES} to 64 random bytes (e.g. `whsec_$(openssl rand -base64 32)`)",
+            key.len()
+        ));
     }
     if key.iter().all(|b| *b == key[0]) {
         return Err("is one byte repeated; use random bytes (e.g. `whsec_$(openssl rand -base64 32)`)".into());

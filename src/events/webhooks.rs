@@ -93,11 +93,18 @@ impl WebhookWorker {
     /// A worker for `hooks`, claiming deliveries as `owner` (this process's lease owner id),
     /// woken by `head` ([`super::Events::head`]).
     /// Errors: a secret that is not Standard Webhooks base64 (the configuration checks it first).
-    pub fn new(catalog: Arc<dyn Catalog>, hooks: &[WebhookConfig], owner: String, metrics: Arc<Metrics>, head: tokio::sync::watch::Receiver<i64>) -> anyhow::Result<WebhookWorker> {
+    pub fn new(
+        catalog: Arc<dyn Catalog>,
+        hooks: &[WebhookConfig],
+        owner: String,
+        metrics: Arc<Metrics>,
+        head: tokio::sync::watch::Receiver<i64>,
+    ) -> anyhow::Result<WebhookWorker> {
         let hooks = hooks
             .iter()
             .map(|cfg| {
-                let signer = standardwebhooks::Webhook::new(&cfg.secret).map_err(|_| anyhow::anyhow!("webhook {}: the secret is not `whsec_` + base64", cfg.name))?;
+                let signer = standardwebhooks::Webhook::new(&cfg.secret)
+                    .map_err(|_| anyhow::anyhow!("webhook {}: the secret is not `whsec_` + base64", cfg.name))?;
                 Ok(Hook { filter: EventFilter { types: cfg.events.clone(), principals: cfg.principals.clone() }, cfg: cfg.clone(), signer })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -176,11 +183,17 @@ impl WebhookWorker {
                 Ok(done) => {
                     for (s, ok) in batch.iter().zip(done) {
                         if !ok {
-                            tracing::warn!(webhook = s.settlement.webhook, event = s.event_id, "lost the delivery's lease before settling it; another worker retries");
+                            tracing::warn!(
+                                webhook = s.settlement.webhook,
+                                event = s.event_id,
+                                "lost the delivery's lease before settling it; another worker retries"
+                            );
                         }
                     }
                 }
-                Err(e) => tracing::warn!(deliveries = batch.len(), error = %e, "could not record delivery attempts; they are retried when their leases lapse"),
+                Err(e) => {
+                    tracing::warn!(deliveries = batch.len(), error = %e, "could not record delivery attempts; they are retried when their leases lapse")
+                }
             }
             batch.clear();
         }
@@ -189,7 +202,11 @@ impl WebhookWorker {
     /// One round: enqueue, claim as many deliveries as there are free slots, start sending them.
     /// Returns what to do next. An idle round costs two reads (the last event seq, the
     /// backlog), no write.
-    async fn round(self: &Arc<Self>, slots: &Arc<tokio::sync::Semaphore>, settle: &tokio::sync::mpsc::UnboundedSender<Settle>) -> anyhow::Result<Next> {
+    async fn round(
+        self: &Arc<Self>,
+        slots: &Arc<tokio::sync::Semaphore>,
+        settle: &tokio::sync::mpsc::UnboundedSender<Settle>,
+    ) -> anyhow::Result<Next> {
         use std::sync::atomic::Ordering;
         let now = now_ms();
         let mut busy = false;
@@ -245,9 +262,18 @@ impl WebhookWorker {
         };
         let outcome = self.attempt(hook, d).await;
         match &outcome {
-            AttemptOutcome::Delivered { .. } => self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "delivered" }).inc(),
+            AttemptOutcome::Delivered { .. } => {
+                self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "delivered" }).inc()
+            }
             AttemptOutcome::Retry { status, error, .. } => {
-                tracing::info!(webhook = hook.cfg.name, event = d.event.id, attempt = d.attempts + 1, ?status, error, "webhook delivery failed; will retry");
+                tracing::info!(
+                    webhook = hook.cfg.name,
+                    event = d.event.id,
+                    attempt = d.attempts + 1,
+                    ?status,
+                    error,
+                    "webhook delivery failed; will retry"
+                );
                 self.metrics.webhook_deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: "retry" }).inc()
             }
             AttemptOutcome::GiveUp { status, error } => {

@@ -1,7 +1,7 @@
 //! The JSON API under `/api/v1`: tasks (start with `Idempotency-Key`, get, list, answer
 //! input, cancel, and the `external` producer's progress/complete/fail) and files (list, info).
 //!
-//! One file of ~1 060 lines because the routes, their handlers and the OpenAPI document generated
+//! One file of ~1 100 lines because the routes, their handlers and the OpenAPI document generated
 //! from the handlers' annotations change together: a route added to [`routes`] gets its
 //! annotation and its `paths(...)` entry in [`ApiDoc`] in the same file. The schema-only types
 //! (`*Doc`, about 130 lines) are the part that could move out if the file grows.
@@ -91,7 +91,10 @@ impl utoipa::Modify for DocExtras {
             ),
         );
         let problem = |description: &str| {
-            ResponseBuilder::new().description(description).content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build()).build()
+            ResponseBuilder::new()
+                .description(description)
+                .content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build())
+                .build()
         };
         components.responses.insert("Problem".into(), RefOr::T(problem("An RFC 9457 problem (see the `code`).")));
     }
@@ -142,14 +145,14 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
         }
     }
     if let Some(complete) = doc.pointer_mut("/components/schemas/CompleteTask") {
-        complete["properties"]["files"] =
-            json!({ "type": "array", "items": { "type": "string" }, "deprecated": true, "description": "Deprecated name of file_ids; send one of the two." });
+        complete["properties"]["files"] = json!({ "type": "array", "items": { "type": "string" }, "deprecated": true, "description": "Deprecated name of file_ids; send one of the two." });
         complete["not"] = json!({ "required": ["file_ids", "files"] });
     }
     if let Some(ttl) = doc.pointer_mut("/components/schemas/StartTask/properties/ttl_ms") {
         ttl["minimum"] = json!(1);
         ttl["maximum"] = json!(crate::tasks::MAX_TASK_TTL_MS);
-        ttl["description"] = json!(format!("Keep the task this long after it finishes, ms: 1 to {} (366 days; default 24 h).", crate::tasks::MAX_TASK_TTL_MS));
+        ttl["description"] =
+            json!(format!("Keep the task this long after it finishes, ms: 1 to {} (366 days; default 24 h).", crate::tasks::MAX_TASK_TTL_MS));
     }
     if let Some(share) = doc.pointer_mut("/components/schemas/ShareBody") {
         share["required"] = json!([]);
@@ -290,7 +293,9 @@ struct TaskErrorDoc {
     /// Whether starting the task again as it was can succeed (the code's retryability).
     retryable: bool,
     /// The one next step, in HTTP terms.
-    #[schema(example = "Read message, fix the arguments or inputs it names, and start the task again (POST /api/v1/tasks; the same Idempotency-Key starts a new run).")]
+    #[schema(
+        example = "Read message, fix the arguments or inputs it names, and start the task again (POST /api/v1/tasks; the same Idempotency-Key starts a new run)."
+    )]
     recovery_hint: String,
 }
 
@@ -377,7 +382,10 @@ fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
     match q {
         Ok(Query(ListQuery { limit: None })) => Ok(DEFAULT_LIST_LIMIT),
         Ok(Query(ListQuery { limit: Some(n) })) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
-        _ => Err(Problem(Refusal::bad_request(format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"), format!("Send ?limit={DEFAULT_LIST_LIMIT} or omit it.")))),
+        _ => Err(Problem(Refusal::bad_request(
+            format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
+            format!("Send ?limit={DEFAULT_LIST_LIMIT} or omit it."),
+        ))),
     }
 }
 
@@ -390,9 +398,9 @@ fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: Option<&str>) -> Re
         return Err(Problem(Refusal::bad_request("the request body must be a JSON object", hint)));
     }
     serde_json::from_slice(body).map_err(|e| {
-        let past = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| crate::app::schema_check::number_past_64_bits(&v, schema.and_then(|name| BODY_DOC.pointer(&format!("/components/schemas/{name}")))));
+        let past = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| {
+            crate::app::schema_check::number_past_64_bits(&v, schema.and_then(|name| BODY_DOC.pointer(&format!("/components/schemas/{name}"))))
+        });
         Problem(Refusal::bad_request(format!("invalid JSON body: {}", past.map_or_else(|| e.to_string(), |m| format!("body{m}"))), hint))
     })
 }
@@ -466,13 +474,19 @@ pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str)
     // Members kept as written must be JSON every reader takes alike: no lone surrogate, no
     // number past a double (issue: `"\ud800"`, `1e999` were stored verbatim).
     if let Some(m) = std::str::from_utf8(body).ok().and_then(crate::app::schema_check::unportable_json) {
-        return Err(Problem(Refusal::bad_request(format!("the JSON body cannot be stored as sent: body{m}"), "Fix the value at that place, then send the request again.")));
+        return Err(Problem(Refusal::bad_request(
+            format!("the JSON body cannot be stored as sent: body{m}"),
+            "Fix the value at that place, then send the request again.",
+        )));
     }
     // A body serde_json cannot hold as a value (a number past f64, kept exact in `args`) is
     // read as it is: the members the schemas constrain are never such numbers.
     if let (Some(v), Ok(value)) = (BODY_SCHEMAS.get(schema), serde_json::from_slice::<serde_json::Value>(body)) {
         crate::app::schema_check::check(v, &value, "body").map_err(|m| {
-            Problem(Refusal::bad_request(format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"), format!("Fix the places named in detail ({hint})")))
+            Problem(Refusal::bad_request(
+                format!("the body does not match the {schema} schema of /api/v1/openapi.json: {m}"),
+                format!("Fix the places named in detail ({hint})"),
+            ))
         })?;
     }
     json_body(body, Some(schema))
@@ -482,7 +496,8 @@ pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str)
 /// JSON Schema's `integer` allows.
 fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let n: Option<serde_json::Number> = Option::deserialize(d)?;
-    n.map(|n| crate::catalog::tasks::whole_number(&n).ok_or_else(|| serde::de::Error::custom(format!("expected a whole number ≥ 0, got {n}")))).transpose()
+    n.map(|n| crate::catalog::tasks::whole_number(&n).ok_or_else(|| serde::de::Error::custom(format!("expected a whole number ≥ 0, got {n}"))))
+        .transpose()
 }
 
 /// [`opt_whole`] for a task's `ttl_ms` (signed in the catalog): values past `i64::MAX` are
@@ -643,7 +658,12 @@ struct StartBody<'a> {
             headers(("location" = String, description = "/api/v1/tasks/{id}"))),
         (status = 200, description = "The task the Idempotency-Key already names.", body = TaskView),
     ))]
-async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, h: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn start_task(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    h: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     ttl_in_range(&body)?;
     let b: StartBody = checked_body(&body, "StartTask")?;
@@ -657,7 +677,8 @@ async fn start_task(State(s): State<AppState>, Extension(Principal(p)): Extensio
     }
     let args = b.args.map(RawValue::get).unwrap_or("null");
     let started = s.tasks.start(&p, &b.kind, args, key.as_ref().map(|k| k.as_str()), b.ttl_ms).await?;
-    let mut res = super::task_partials::task_json_after(&s, if started.created { StatusCode::CREATED } else { StatusCode::OK }, &started.task, 0).await?;
+    let mut res =
+        super::task_partials::task_json_after(&s, if started.created { StatusCode::CREATED } else { StatusCode::OK }, &started.task, 0).await?;
     if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/tasks/{}", started.task.id)) {
         res.headers_mut().insert("location", loc);
     }
@@ -679,7 +700,11 @@ struct TaskList<'a> {
 #[utoipa::path(get, path = "/api/v1/tasks", tag = "tasks", operation_id = "list_tasks",
     params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many, 1 to 1000 (default 100); other values are 400.")),
     responses((status = 200, description = "The tasks.", body = TaskList)))]
-async fn list_tasks(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, q: Result<Query<ListQuery>, QueryRejection>) -> Result<Response, Problem> {
+async fn list_tasks(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, Problem> {
     let tasks = s.tasks.list(&p, limit(q)?).await?;
     Ok(axum::Json(TaskList { tasks: tasks.iter().map(task_view).collect() }).into_response())
 }
@@ -824,8 +849,13 @@ async fn complete(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body).is_ok_and(|m| m.contains_key("file_ids") && m.contains_key("files")) {
-        return Err(Problem(Refusal::bad_request("the body has both file_ids and files; files is the deprecated name of file_ids", "Send the file ids once, as file_ids.")));
+    if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body)
+        .is_ok_and(|m| m.contains_key("file_ids") && m.contains_key("files"))
+    {
+        return Err(Problem(Refusal::bad_request(
+            "the body has both file_ids and files; files is the deprecated name of file_ids",
+            "Send the file ids once, as file_ids.",
+        )));
     }
     let b: CompleteBody = checked_body(&body, "CompleteTask")?;
     let result = b.result.map(RawValue::get).unwrap_or("null");
@@ -840,8 +870,13 @@ async fn complete(
             // The same handle built-in kinds store for the files they produce.
             let Some(handle) = crate::app::views::produced_file(&rec) else {
                 return Err(Problem(
-                    Refusal::new(409, crate::error::ErrorCode::UploadIncomplete, format!("file {f} is not complete"), "Finish uploading the file, then complete the task.")
-                        .with_cursor(rec.offset),
+                    Refusal::new(
+                        409,
+                        crate::error::ErrorCode::UploadIncomplete,
+                        format!("file {f} is not complete"),
+                        "Finish uploading the file, then complete the task.",
+                    )
+                    .with_cursor(rec.offset),
                 ));
             };
             infos.push(handle);
@@ -873,7 +908,12 @@ struct FailBody {
     responses(
         (status = 200, description = "The failed task.", body = TaskView),
     ))]
-async fn fail(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn fail(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
     let b: FailBody = checked_body(&body, "FailTask")?;
     super::task_partials::task_json_after(&s, StatusCode::OK, &s.tasks.finish_external(&p, &id, Err(b.message)).await?, 0).await
@@ -890,7 +930,11 @@ struct FileList {
 #[utoipa::path(get, path = "/api/v1/files", tag = "files", operation_id = "list_files",
     params(("limit" = Option<u32>, Query, minimum = 1, description = "At most this many (default 100).")),
     responses((status = 200, description = "The files.", body = FileList)))]
-async fn list_files(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, q: Result<Query<ListQuery>, QueryRejection>) -> Result<Response, Problem> {
+async fn list_files(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, Problem> {
     let files = s.engine.list(&p, limit(q)?).await?;
     let mut views = Vec::with_capacity(files.len());
     for f in &files {
@@ -964,7 +1008,8 @@ async fn share_file(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let body = body_bytes(body)?;
-    let req: ShareBody = if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { checked_body(&body, "ShareBody")? };
+    let req: ShareBody =
+        if body.iter().all(u8::is_ascii_whitespace) { ShareBody { scope: None, ttl_ms: None } } else { checked_body(&body, "ShareBody")? };
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_SHARE_TTL_MS);
     if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
         return Err(Problem(Refusal::bad_request(

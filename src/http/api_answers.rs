@@ -25,14 +25,20 @@ const fn a(status: u16, code: ErrorCode, when: &'static str) -> Answer {
     Answer { status, code, when }
 }
 
-use ErrorCode::{Conflict, InsufficientStorage, Internal, InvalidArgument, NotFound, SizeExceeded, Unauthorized, Unavailable, UploadExpired, UploadIncomplete};
+use ErrorCode::{
+    Conflict, InsufficientStorage, Internal, InvalidArgument, NotFound, SizeExceeded, Unauthorized, Unavailable, UploadExpired, UploadIncomplete,
+};
 
 /// What every operation may answer, whatever it does: a request the HTTP layer refuses (no or
 /// several `Host`s, `X-HTTP-Method-Override`, a path segment or query that is not UTF-8), a web
 /// page's origin or a `Host` that is not this server's, a token without the right, and the
 /// catalog failing briefly or for good.
 pub const EVERY: &[Answer] = &[
-    a(400, InvalidArgument, "The request is malformed: a missing or repeated `Host`, `X-HTTP-Method-Override`, or a query the operation does not take."),
+    a(
+        400,
+        InvalidArgument,
+        "The request is malformed: a missing or repeated `Host`, `X-HTTP-Method-Override`, or a query the operation does not take.",
+    ),
     a(401, Unauthorized, "Missing or invalid bearer token (only on a server with tokens)."),
     a(403, Unauthorized, "A token whose scope does not allow this, an `Origin` other than this server's, or a `Host` that is not one of its names."),
     a(500, Internal, "The server failed; nothing was changed."),
@@ -248,6 +254,10 @@ mod tests {
         let m = crate::metrics::Metrics::default();
         assert!(observe(&m, "start_task", 422, ErrorCode::Conflict));
         assert!(!observe(&m, "start_task", 400, ErrorCode::Conflict));
-        assert!(m.encode().contains(r#"ferry_http_undocumented_answers_total{operation="start_task",status="400",code="conflict"} 1"#), "{}", m.encode());
+        assert!(
+            m.encode().contains(r#"ferry_http_undocumented_answers_total{operation="start_task",status="400",code="conflict"} 1"#),
+            "{}",
+            m.encode()
+        );
     }
 }

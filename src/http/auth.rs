@@ -13,7 +13,9 @@ use crate::app::{AppState, Principal, UploadOnly, LOCAL_PRINCIPAL};
 use crate::signing::SignedQuery;
 
 fn unauthorized(detail: &str) -> Response {
-    let mut res = Problem(Refusal::new(401, ErrorCode::Unauthorized, detail, "Send `Authorization: Bearer <token>`; `ferry token create NAME` makes one.")).into_response();
+    let mut res =
+        Problem(Refusal::new(401, ErrorCode::Unauthorized, detail, "Send `Authorization: Bearer <token>`; `ferry token create NAME` makes one."))
+            .into_response();
     res.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
     res
 }

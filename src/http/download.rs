@@ -34,15 +34,38 @@ pub fn etag(sha256: &[u8; 32]) -> String {
 /// `charset` `utf-8` / `us-ascii` (case-insensitive, RFC 2046 §4.1.2): another charset
 /// (`utf-7`, …) is one a browser might decode into markup.
 fn is_inline(m: &mime::Mime) -> bool {
-    const PASSIVE: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/bmp", "text/plain", "text/csv", "application/json", "application/pdf"];
+    const PASSIVE: &[&str] = &[
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "image/avif",
+        "image/bmp",
+        "text/plain",
+        "text/csv",
+        "application/json",
+        "application/pdf",
+    ];
     let passive = PASSIVE.contains(&m.essence_str()) || matches!(m.type_(), mime::AUDIO | mime::VIDEO);
-    let charset_ok = m.type_() != mime::TEXT || m.get_param(mime::CHARSET).is_none_or(|c| c.as_str().eq_ignore_ascii_case("utf-8") || c.as_str().eq_ignore_ascii_case("us-ascii"));
+    let charset_ok = m.type_() != mime::TEXT
+        || m.get_param(mime::CHARSET).is_none_or(|c| c.as_str().eq_ignore_ascii_case("utf-8") || c.as_str().eq_ignore_ascii_case("us-ascii"));
     passive && charset_ok
 }
 
 /// RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~".
-const ATTR_CHAR: &AsciiSet =
-    &NON_ALPHANUMERIC.remove(b'!').remove(b'#').remove(b'$').remove(b'&').remove(b'+').remove(b'-').remove(b'.').remove(b'^').remove(b'_').remove(b'`').remove(b'|').remove(b'~');
+const ATTR_CHAR: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'!')
+    .remove(b'#')
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'+')
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'^')
+    .remove(b'_')
+    .remove(b'`')
+    .remove(b'|')
+    .remove(b'~');
 
 /// Most bytes of the name [`content_disposition`] offers (before percent-encoding, which at
 /// most triples it): the header stays under about 900 bytes whatever the stored name.
@@ -58,7 +81,8 @@ fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
         return disposition.to_string();
     };
     let name = crate::names::shorten(&crate::names::display_name(name), DISPOSITION_NAME_BYTES);
-    let fallback: String = name.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, '"' | '\\' | '%' | ';') || c == ' ' { c } else { '_' }).collect();
+    let fallback: String =
+        name.chars().map(|c| if c.is_ascii_graphic() && !matches!(c, '"' | '\\' | '%' | ';') || c == ' ' { c } else { '_' }).collect();
     if fallback == name {
         return format!("{disposition}; filename=\"{fallback}\"");
     }
@@ -192,7 +216,11 @@ async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &Head
                 416,
                 ErrorCode::InvalidArgument,
                 format!("the range is outside the file's {len} bytes"),
-                if len == 0 { "The file is empty: request it without a Range header.".to_string() } else { format!("Request a range within bytes 0-{}.", len - 1) },
+                if len == 0 {
+                    "The file is empty: request it without a Range header.".to_string()
+                } else {
+                    format!("Request a range within bytes 0-{}.", len - 1)
+                },
             ))
             .into_response();
             if let Some(cr) = outcome.content_range(len) {
@@ -238,7 +266,10 @@ mod tests {
     fn disposition_is_safe() {
         assert_eq!(content_disposition("inline", None), "inline");
         assert_eq!(content_disposition("inline", Some("..")), "inline");
-        assert_eq!(content_disposition("attachment", Some("../evil\"name.html")), "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html");
+        assert_eq!(
+            content_disposition("attachment", Some("../evil\"name.html")),
+            "attachment; filename=\"evil_name.html\"; filename*=UTF-8''evil%22name.html"
+        );
         assert_eq!(content_disposition("inline", Some("résumé.pdf")), "inline; filename=\"r_sum_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9.pdf");
         assert_eq!(content_disposition("inline", Some("plain name.txt")), "inline; filename=\"plain name.txt\"");
         assert_eq!(content_disposition("attachment", Some("100%.txt")), "attachment; filename=\"100_.txt\"; filename*=UTF-8''100%25.txt");

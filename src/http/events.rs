@@ -50,9 +50,12 @@ pub(super) async fn events(
     let last = h.get("last-event-id").and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string()).or(from_query).filter(|v| !v.is_empty());
     let cursor = last.map_or(Cursor::Now, Cursor::After);
     let stream = s.events.follow(&p, cursor).await.map_err(|e| match e {
-        FollowError::UnknownEvent(..) => {
-            Problem(Refusal::new(404, ErrorCode::NotFound, e.to_string(), "Reconnect without Last-Event-ID and read current state from /api/v1/files and /api/v1/tasks."))
-        }
+        FollowError::UnknownEvent(..) => Problem(Refusal::new(
+            404,
+            ErrorCode::NotFound,
+            e.to_string(),
+            "Reconnect without Last-Event-ID and read current state from /api/v1/files and /api/v1/tasks.",
+        )),
         FollowError::Catalog(c) => Problem(c.into()),
     })?;
     let shutdown = s.http.shutdown.clone();
@@ -111,7 +114,10 @@ pub(super) async fn deliveries(
     let Ok(Query(q)) = q else { return Err(bad("the query must be state=…&limit=…".into())) };
     let states = match q.state.as_deref() {
         None => vec![DeliveryState::Pending, DeliveryState::Failed],
-        Some(list) => list.split(',').map(|s| DeliveryState::parse(s.trim()).ok_or_else(|| bad(format!("unknown delivery state {s:?}")))).collect::<Result<Vec<_>, _>>()?,
+        Some(list) => list
+            .split(',')
+            .map(|s| DeliveryState::parse(s.trim()).ok_or_else(|| bad(format!("unknown delivery state {s:?}"))))
+            .collect::<Result<Vec<_>, _>>()?,
     };
     let limit = match q.limit {
         None => 100,

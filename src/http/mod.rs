@@ -131,7 +131,8 @@ fn tus_origin_allowed(cfg: &crate::app::CorsConfig, own: &[String], origin: &str
 /// one of `own` (`--public-url`'s origin — behind a proxy that rewrites `Host`, e.g. nginx's
 /// `$host`, which drops the port, the pages still come from the public URL).
 fn same_origin(own: &[String], origin: &str, host: &str) -> bool {
-    origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false) || crate::app::origin_of(origin).is_some_and(|o| own.contains(&o))
+    origin.split_once("://").map(|(_, authority)| authority.eq_ignore_ascii_case(host)).unwrap_or(false)
+        || crate::app::origin_of(origin).is_some_and(|o| own.contains(&o))
 }
 
 /// `DELETE /mcp` (a client closing its session) answers `204 No Content` where rmcp answers
@@ -170,7 +171,12 @@ where
         .nest("/api/v1", api::routes().layer(DefaultBodyLimit::max(api::MAX_JSON_BODY)))
         .merge(health::routes())
         .fallback(|| async {
-            Problem(Refusal::new(404, ErrorCode::NotFound, "no such route", "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json)."))
+            Problem(Refusal::new(
+                404,
+                ErrorCode::NotFound,
+                "no such route",
+                "Uploads live under /files/, the task and file API under /api/v1/ (see /api/v1/openapi.json).",
+            ))
         })
         .method_not_allowed_fallback(|| async {
             Problem(Refusal::new(

@@ -179,8 +179,10 @@ pub(super) async fn head(s: AppState, p: String, v: InteropVersion, id: String) 
 /// `PATCH /files/{id}` (§Upload Append): append at `Upload-Offset`; 204 with the new state, or
 /// 200 with the file's JSON view when the upload is complete.
 pub(super) async fn append(s: AppState, p: String, v: InteropVersion, id: String, h: HeaderMap, body: Body) -> Response {
-    let owned: Vec<Option<String>> =
-        ["content-type", "upload-offset", "upload-complete", "upload-length", "content-length", "content-digest"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
+    let owned: Vec<Option<String>> = ["content-type", "upload-offset", "upload-complete", "upload-length", "content-length", "content-digest"]
+        .iter()
+        .map(|n| header(&h, n).map(str::to_owned))
+        .collect();
     let body_present = has_body(&h, &body);
     let max_size = s.engine.config().max_size;
     let decide = move |state: &ferry_tus::UploadState| {

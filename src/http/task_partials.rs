@@ -68,7 +68,9 @@ pub(super) fn partial_after(q: Result<Query<TaskQuery>, QueryRejection>) -> Resu
     match q {
         Ok(Query(TaskQuery { partial_after: None })) => Ok(0),
         // Fragment numbers are signed 64-bit in the catalog; the document says the same bound.
-        Ok(Query(TaskQuery { partial_after: Some(v) })) => ferry_tus::parse_u64_digits(&v, "partial_after").ok().filter(|n| i64::try_from(*n).is_ok()).ok_or_else(bad),
+        Ok(Query(TaskQuery { partial_after: Some(v) })) => {
+            ferry_tus::parse_u64_digits(&v, "partial_after").ok().filter(|n| i64::try_from(*n).is_ok()).ok_or_else(bad)
+        }
         Err(_) => Err(bad()),
     }
 }

@@ -405,7 +405,10 @@ pub(super) fn idempotency_key(h: &HeaderMap) -> Result<Option<ferry_tus::Idempot
             v.parse::<ferry_tus::IdempotencyKey>().map_err(|e| {
                 Problem(Refusal::bad_request(
                     format!("{e}"),
-                    format!("Send one Idempotency-Key of 1 to {} characters, e.g. \"8e03978e-40d5-43e8-bc93-6894a57f9324\".", ferry_tus::IdempotencyKey::MAX_LEN),
+                    format!(
+                        "Send one Idempotency-Key of 1 to {} characters, e.g. \"8e03978e-40d5-43e8-bc93-6894a57f9324\".",
+                        ferry_tus::IdempotencyKey::MAX_LEN
+                    ),
                 ))
             })
         })
@@ -471,11 +474,19 @@ pub async fn head(
 }
 
 /// `PATCH /files/{id}`: append a chunk at `Upload-Offset`.
-pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap, body: Body) -> Result<Response, Problem> {
+pub async fn patch(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
     draft_or_tus!(s, h, |v| rufh::append(s.clone(), p, v, id, h, body));
     version(Verb::Patch, &h)?;
-    let owned: Vec<Option<String>> =
-        ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"].iter().map(|n| header(&h, n).map(str::to_owned)).collect();
+    let owned: Vec<Option<String>> = ["content-type", "upload-offset", "upload-length", "upload-checksum", "content-length", "trailer"]
+        .iter()
+        .map(|n| header(&h, n).map(str::to_owned))
+        .collect();
     let max_size = s.engine.config().max_size;
     let decide = move |state: &ferry_tus::UploadState| -> Result<ferry_tus::PatchPlan, Refusal> {
         let ph = PatchHeaders {
@@ -500,7 +511,12 @@ pub async fn patch(State(s): State<AppState>, Extension(Principal(p)): Extension
 }
 
 /// `DELETE /files/{id}`: termination (TUS 1.0 §Termination).
-pub async fn terminate(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>, h: HeaderMap) -> Result<Response, Problem> {
+pub async fn terminate(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, Problem> {
     draft_or_tus!(s, h, |v| rufh::cancel(s.clone(), p, v, id));
     version(Verb::Delete, &h)?;
     s.engine.terminate(&p, &id).await?;

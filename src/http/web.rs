@@ -216,7 +216,8 @@ mod tests {
             let html = std::str::from_utf8(asset.bytes).unwrap();
             // No inline script (a `<script>` element with a body, an `on…=` handler attribute) or style.
             let handler = html.match_indices(" on").any(|(i, _)| {
-                html[i + 3..].chars().take_while(|c| c.is_ascii_alphabetic()).count() > 0 && html[i + 3..].trim_start_matches(|c: char| c.is_ascii_alphabetic()).starts_with('=')
+                html[i + 3..].chars().take_while(|c| c.is_ascii_alphabetic()).count() > 0
+                    && html[i + 3..].trim_start_matches(|c: char| c.is_ascii_alphabetic()).starts_with('=')
             });
             assert!(!html.contains("<script>") && !handler && !html.contains("style="), "inline script or style in {name}");
             assert!(html.contains(r#"<script src="/assets/app.js""#), "{name}");

@@ -623,7 +623,13 @@ fn malformed(head: &[u8]) -> (String, String) {
         }
         return (format!("the request head is malformed ({e})"), "Send a well-formed HTTP/1.1 request head.".into());
     }
-    let values = |name: &str| req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).map(|h| String::from_utf8_lossy(h.value).trim().to_string()).collect::<Vec<_>>();
+    let values = |name: &str| {
+        req.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
+            .collect::<Vec<_>>()
+    };
     let lengths = values("content-length");
     let codings = values("transfer-encoding");
     if !codings.is_empty() {

@@ -1,7 +1,7 @@
 //! The MCP facade (DESIGN §5) on rmcp: tools that hand a model handles, sizes, hashes,
 //! progress and repairable failures — never the bytes.
 //!
-//! One file of ~1 260 lines because rmcp's `#[tool_router]` wants every tool of the server in one
+//! One file of ~1 440 lines because rmcp's `#[tool_router]` wants every tool of the server in one
 //! `impl` block; arguments, results, envelopes, sessions and push live in their own files.
 //!
 //! Served at `/mcp` (Streamable HTTP, behind the same bearer auth as REST; the principal comes
@@ -72,7 +72,9 @@ pub fn streamable_http_service(
     // Room for a chunk several times the limit, so an oversized one gets `chunk_too_large`
     // from the tool rather than a bare 413 from the transport.
     let max_body = (state.mcp.max_chunk as usize).saturating_mul(4).saturating_add(1 << 20);
-    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default().with_cancellation_token(state.http.shutdown.child_token()).with_max_request_body_bytes(max_body);
+    let mut cfg = rmcp::transport::StreamableHttpServerConfig::default()
+        .with_cancellation_token(state.http.shutdown.child_token())
+        .with_max_request_body_bytes(max_body);
     cfg.session_store = Some(Arc::new(sessions::CatalogSessions::new(state.engine.catalog.clone())));
     cfg = if state.http.allowed_hosts.is_empty() { cfg.disable_allowed_hosts() } else { cfg.with_allowed_hosts(state.http.allowed_hosts.clone()) };
     let rmcp = rmcp::transport::StreamableHttpService::new(move || Ok(mcp.for_session()), Arc::new(LocalSessionManager::default()), cfg);
@@ -173,7 +175,11 @@ impl FerryMcp {
 
     /// The caller: the principal the HTTP auth middleware resolved, else `local` (stdio).
     fn principal(ctx: &RequestContext<RoleServer>) -> String {
-        ctx.extensions.get::<http::request::Parts>().and_then(|p| p.extensions.get::<Principal>()).map(|p| p.0.clone()).unwrap_or_else(|| LOCAL_PRINCIPAL.to_string())
+        ctx.extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Principal>())
+            .map(|p| p.0.clone())
+            .unwrap_or_else(|| LOCAL_PRINCIPAL.to_string())
     }
 
     async fn dispatch(&self, p: &str, req: &CallToolRequestParams, ctx: &RequestContext<RoleServer>) -> Outcome {
@@ -204,7 +210,10 @@ impl FerryMcp {
             "task_get" => {
                 let TaskGetArg { task_id, wait_ms, partial_after } = args(&req.name, a)?;
                 if wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
-                    return Err(invalid(format!("wait_ms must be at most {MAX_WAIT_MS}"), "Call task_get again after each wait; 50000 ms is the longest single wait."));
+                    return Err(invalid(
+                        format!("wait_ms must be at most {MAX_WAIT_MS}"),
+                        "Call task_get again after each wait; 50000 ms is the longest single wait.",
+                    ));
                 }
                 let token = req.progress_token().or_else(|| ctx.meta.get_progress_token());
                 let t = self.wait_task(p, &task_id, wait_ms.unwrap_or(0).min(MAX_WAIT_MS), token, ctx).await?;
@@ -241,7 +250,15 @@ impl FerryMcp {
     /// sender) named `name`: the one creation of `file_upload_begin` and `file_request`.
     /// `requested`: a person will send it through a link (`file_request`), marked in its metadata
     /// ([`crate::names::REQUESTED_METADATA_KEY`]).
-    async fn create_named(&self, p: &str, name: &str, size: Option<u64>, media_type: Option<&str>, sha256: Option<&str>, requested: bool) -> Result<UploadRecord, Refusal> {
+    async fn create_named(
+        &self,
+        p: &str,
+        name: &str,
+        size: Option<u64>,
+        media_type: Option<&str>,
+        sha256: Option<&str>,
+        requested: bool,
+    ) -> Result<UploadRecord, Refusal> {
         if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Err(invalid("name must be 1 to 255 bytes without control characters", "Pass a plain file name such as report.pdf."));
         }
@@ -332,9 +349,9 @@ impl FerryMcp {
         if (a.data.len() as u64) / 4 * 3 > max + 2 {
             return Err(too_large((a.data.len() as u64) / 4 * 3));
         }
-        let data = base64::engine::general_purpose::STANDARD
-            .decode(a.data.trim())
-            .map_err(|e| invalid(format!("data is not standard base64: {e}"), "Encode the chunk with standard base64 (RFC 4648 §4, with padding)."))?;
+        let data = base64::engine::general_purpose::STANDARD.decode(a.data.trim()).map_err(|e| {
+            invalid(format!("data is not standard base64: {e}"), "Encode the chunk with standard base64 (RFC 4648 §4, with padding).")
+        })?;
         if data.len() as u64 > max {
             return Err(too_large(data.len() as u64));
         }
@@ -398,7 +415,11 @@ impl FerryMcp {
         }
         let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
         let (file, link) = handle(&r);
-        Ok(result(&UrlOut { status: OkStatus::Ok, download_url: s.url, page_url: s.page_url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file }, vec![link], false))
+        Ok(result(
+            &UrlOut { status: OkStatus::Ok, download_url: s.url, page_url: s.page_url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file },
+            vec![link],
+            false,
+        ))
     }
 
     /// Up to `max` bytes of a finished file from `offset`.
@@ -432,7 +453,8 @@ impl FerryMcp {
             ));
         }
         if offset > size {
-            return Err(invalid(format!("offset {offset} is past the end of the file ({size} bytes)"), format!("Read from an offset below {size}.")).with_cursor(size));
+            return Err(invalid(format!("offset {offset} is past the end of the file ({size} bytes)"), format!("Read from an offset below {size}."))
+                .with_cursor(size));
         }
         let bytes = self.read_bytes(&r, offset, length).await?;
         let n = bytes.len() as u64;
@@ -447,11 +469,22 @@ impl FerryMcp {
                         let b = e.into_bytes();
                         let s = String::from_utf8(b[..valid].to_vec()).expect("valid prefix");
                         let next = offset + valid as u64;
-                        let out = ReadOut { status: OkStatus::Ok, offset, length: valid as u64, next_offset: next, eof: next >= size, encoding: Encoding::Text, data: s };
+                        let out = ReadOut {
+                            status: OkStatus::Ok,
+                            offset,
+                            length: valid as u64,
+                            next_offset: next,
+                            eof: next >= size,
+                            encoding: Encoding::Text,
+                            data: s,
+                        };
                         return Ok(result(&out, vec![], false));
                     }
-                    return Err(invalid(format!("bytes at {} are not UTF-8 text", offset + valid as u64), "Call file_read_chunk again with encoding \"base64\".")
-                        .with_cursor(offset + valid as u64));
+                    return Err(invalid(
+                        format!("bytes at {} are not UTF-8 text", offset + valid as u64),
+                        "Call file_read_chunk again with encoding \"base64\".",
+                    )
+                    .with_cursor(offset + valid as u64));
                 }
             },
             other => return Err(invalid(format!("encoding {other:?} is not text or base64"), "Use encoding \"text\" or \"base64\".")),
@@ -499,7 +532,14 @@ impl FerryMcp {
     /// call carried a progress token; logs a failure or an input request it ends on
     /// (`notifications/message`, [`watch`]).
     #[allow(deprecated)] // LoggingLevel: see the ServerHandler impl
-    async fn wait_task(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, Refusal> {
+    async fn wait_task(
+        &self,
+        p: &str,
+        id: &str,
+        wait_ms: u64,
+        token: Option<ProgressToken>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<TaskRecord, Refusal> {
         let t = self.wait_task_status(p, id, wait_ms, token, ctx).await?;
         match t.status {
             FerryStatus::Failed => {
@@ -508,14 +548,22 @@ impl FerryMcp {
             }
             FerryStatus::InputRequired => {
                 let keys: Vec<String> = outstanding(&t).into_keys().collect();
-                self.log(ctx, LoggingLevel::Notice, json!({ "task_id": t.id, "kind": t.kind, "status": "input_required", "input_requests": keys })).await;
+                self.log(ctx, LoggingLevel::Notice, json!({ "task_id": t.id, "kind": t.kind, "status": "input_required", "input_requests": keys }))
+                    .await;
             }
             _ => {}
         }
         Ok(t)
     }
 
-    async fn wait_task_status(&self, p: &str, id: &str, wait_ms: u64, token: Option<ProgressToken>, ctx: &RequestContext<RoleServer>) -> Result<TaskRecord, Refusal> {
+    async fn wait_task_status(
+        &self,
+        p: &str,
+        id: &str,
+        wait_ms: u64,
+        token: Option<ProgressToken>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<TaskRecord, Refusal> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         let mut last = None;
         let mut beat = watch::Heartbeat::new();
@@ -787,7 +835,9 @@ fn elicitation(request: &Value) -> Result<InputRequest, McpError> {
     let message = request.get("message").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| format!("The task asks: {request}"));
     let schema = match request.get("schema") {
         Some(s @ Value::Object(_)) => s.clone(),
-        _ => json!({ "type": "object", "properties": { "answer": { "type": "string", "description": "Your answer (JSON or text)." } }, "required": ["answer"] }),
+        _ => {
+            json!({ "type": "object", "properties": { "answer": { "type": "string", "description": "Your answer (JSON or text)." } }, "required": ["answer"] })
+        }
     };
     serde_json::from_value(json!({ "method": "elicitation/create", "params": { "mode": "form", "message": message, "requestedSchema": schema } }))
         .map_err(|e| McpError::internal_error(format!("input request does not fit an elicitation form: {e}"), None))
@@ -832,9 +882,19 @@ fn call(tool: &str) -> String {
 /// Whether a hint already names a call of this facade (a tool and its arguments), as the
 /// hints job kinds give for their input files do.
 fn names_a_call(hint: &str) -> bool {
-    ["file_list", "file_status", "file_upload_begin", "file_upload_chunk", "file_download_url", "file_read_chunk", "task_get", "task_list", "task_respond"]
-        .iter()
-        .any(|t| hint.contains(t))
+    [
+        "file_list",
+        "file_status",
+        "file_upload_begin",
+        "file_upload_chunk",
+        "file_download_url",
+        "file_read_chunk",
+        "task_get",
+        "task_list",
+        "task_respond",
+    ]
+    .iter()
+    .any(|t| hint.contains(t))
 }
 
 /// The recovery hint of `e` for a model that called `tool`, worded from its code and the
@@ -992,7 +1052,14 @@ error.code, retryable, recoveryHint (the next step) and partial.cursor (where to
 #[allow(deprecated)]
 impl ServerHandler for FerryMcp {
     fn get_info(&self) -> ServerConfig {
-        let caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_subscribe().enable_logging().enable_completions().enable_tasks().build();
+        let caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .enable_logging()
+            .enable_completions()
+            .enable_tasks()
+            .build();
         ServerConfig::new(caps).with_server_info(Implementation::new("ferry", env!("CARGO_PKG_VERSION"))).with_instructions(INSTRUCTIONS)
     }
 
@@ -1152,7 +1219,11 @@ impl ServerHandler for FerryMcp {
         Ok(ListResourcesResult::with_all_items(resources))
     }
 
-    async fn list_resource_templates(&self, _r: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListResourceTemplatesResult, McpError> {
+    async fn list_resource_templates(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
         let t: ResourceTemplate = serde_json::from_value(json!({
             "uriTemplate": FILE_TEMPLATE, "name": "file",
             "description": "A ferry file by id: reading returns a text preview of small text files; others point to file_download_url.",
@@ -1182,7 +1253,11 @@ impl ServerHandler for FerryMcp {
             }
             None => {
                 let s = self.state.links.signed(Scope::Download, id, DOWNLOAD_URL_TTL_MS, now_ms());
-                let why = if too_big { format!("{size} bytes, more than the {MAX_RESOURCE_TEXT}-byte preview limit") } else { "not UTF-8 text".to_string() };
+                let why = if too_big {
+                    format!("{size} bytes, more than the {MAX_RESOURCE_TEXT}-byte preview limit")
+                } else {
+                    "not UTF-8 text".to_string()
+                };
                 Err(McpError::invalid_params(
                     format!("file {id} is {why}; download it from the URL in data.download_url (or call file_download_url)"),
                     Some(json!({ "download_url": s.url, "size": size, "sha256": v.sha256, "mimeType": v.media_type })),
@@ -1275,7 +1350,11 @@ mod schema_tests {
                                 | ErrorCode::Internal
                                 | ErrorCode::Rejected
                         );
-                        if store_said_no && matches!(t.name.as_ref(), "file_upload_begin" | "file_request") && e.cursor.is_none() && hint.contains("file_status") {
+                        if store_said_no
+                            && matches!(t.name.as_ref(), "file_upload_begin" | "file_request")
+                            && e.cursor.is_none()
+                            && hint.contains("file_status")
+                        {
                             wrong.push(format!("{} {}: {hint:?} names file_status, but no file was created", t.name, code.as_str()));
                         }
                         if crate::error_catalogue_tests::says_retry(&hint) && !code.retryable() {

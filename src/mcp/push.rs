@@ -39,8 +39,8 @@ use axum::extract::State;
 use axum::middleware::Next;
 use futures::StreamExt;
 use rmcp::model::{
-    ClientNotification, ClientRequest, NotificationMetaObject, ProtocolVersion, RequestId, ServerConfig, ServerNotification, ServerResult, TaskStatusNotification,
-    TaskStatusNotificationParams,
+    ClientNotification, ClientRequest, NotificationMetaObject, ProtocolVersion, RequestId, ServerConfig, ServerNotification, ServerResult,
+    TaskStatusNotification, TaskStatusNotificationParams,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
@@ -62,13 +62,20 @@ pub(super) struct ListenStart(Result<i64, Refusal>);
 
 impl ListenStart {
     async fn read(events: &Events) -> ListenStart {
-        ListenStart(events.position().await.map_err(|e| Refusal::unavailable(format!("the event outbox could not be read to start this stream ({e}); listen again"))))
+        ListenStart(
+            events
+                .position()
+                .await
+                .map_err(|e| Refusal::unavailable(format!("the event outbox could not be read to start this stream ({e}); listen again"))),
+        )
     }
 
     /// The listen request's start, from its context: `None` when nothing noted it (a handler
     /// served without [`FerryService`] or the HTTP layer).
     fn of(ctx: &RequestContext<RoleServer>) -> Option<&ListenStart> {
-        ctx.extensions.get::<ListenStart>().or_else(|| ctx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<ListenStart>()))
+        ctx.extensions
+            .get::<ListenStart>()
+            .or_else(|| ctx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<ListenStart>()))
     }
 }
 
@@ -87,7 +94,9 @@ impl Service<RoleServer> for FerryService {
             }
             // Before rmcp checks the request's `_meta`: a removed method is not found, whatever
             // else is wrong with the request.
-            ClientRequest::CustomRequest(r) if super::transport_errors::is_removed(&r.method, context.meta.protocol_version().as_ref().map(|v| v.as_str())) => {
+            ClientRequest::CustomRequest(r)
+                if super::transport_errors::is_removed(&r.method, context.meta.protocol_version().as_ref().map(|v| v.as_str())) =>
+            {
                 return Err(super::transport_errors::removed(&r.method));
             }
             _ => {}

@@ -84,7 +84,13 @@ impl FerryMcp {
         let rec = self.create_named(p, &a.name, None, a.media_type.as_deref(), None, true).await?;
         let signed = self.state.links.signed(Scope::Upload, &rec.id, ttl, now_ms());
         let (file, link) = handle(&rec);
-        let out = RequestOut { status: OkStatus::Ok, file, page_url: signed.page_url, upload_url: signed.url, expires_at: crate::upload::rfc3339(signed.expires_at_ms) };
+        let out = RequestOut {
+            status: OkStatus::Ok,
+            file,
+            page_url: signed.page_url,
+            upload_url: signed.url,
+            expires_at: crate::upload::rfc3339(signed.expires_at_ms),
+        };
         Ok(result(&out, vec![link], false))
     }
 }

@@ -419,7 +419,8 @@ pub fn output_schema<T: JsonSchema>() -> Map<String, Value> {
 fn clean(v: &mut Value) {
     match v {
         Value::Object(m) => {
-            if m.get("format").and_then(Value::as_str).is_some_and(|f| f.starts_with("int") || f.starts_with("uint") || f == "double" || f == "float") {
+            if m.get("format").and_then(Value::as_str).is_some_and(|f| f.starts_with("int") || f.starts_with("uint") || f == "double" || f == "float")
+            {
                 m.remove("format");
             }
             m.values_mut().for_each(clean);

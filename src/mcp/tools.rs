@@ -31,7 +31,8 @@ fn tool(name: String, title: &str, description: String, input: Value, output: Ma
     let mut t = Tool::new(name, description, Arc::new(input));
     t.title = Some(title.to_string());
     t.output_schema = Some(Arc::new(output));
-    t.annotations = Some(ToolAnnotations::from_raw(Some(title.to_string()), Some(h.read_only), Some(h.destructive), Some(h.idempotent), Some(h.open_world)));
+    t.annotations =
+        Some(ToolAnnotations::from_raw(Some(title.to_string()), Some(h.read_only), Some(h.destructive), Some(h.idempotent), Some(h.open_world)));
     t
 }
 
@@ -65,7 +66,8 @@ fn export_input(params_schema: Option<&Value>) -> Value {
     let defs: Vec<(String, Value)> = ["$defs", "definitions"].into_iter().filter_map(|k| params.remove(k).map(|v| (k.to_string(), v))).collect();
     params.entry("description").or_insert_with(|| json!(DESC));
     let requires = params.get("required").and_then(Value::as_array).is_some_and(|r| !r.is_empty());
-    let mut input = object(json!({ "params": Value::Object(params), "idempotency_key": idempotency_key() }), if requires { &["params"] } else { &[] });
+    let mut input =
+        object(json!({ "params": Value::Object(params), "idempotency_key": idempotency_key() }), if requires { &["params"] } else { &[] });
     for (k, v) in defs {
         input[k] = v;
     }
@@ -203,7 +205,8 @@ pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<T
     tools.push(tool(
         "fetch_url".into(),
         "Import a URL",
-        "Start a task that downloads an http URL (hosts allow-listed by the operator) into a new file, resuming with Range after interruptions.".into(),
+        "Start a task that downloads an http URL (hosts allow-listed by the operator) into a new file, resuming with Range after interruptions."
+            .into(),
         object(json!({ "url": { "type": "string" }, "name": { "type": "string" }, "idempotency_key": idempotency_key() }), &["url"]),
         output_schema::<TaskOut>(),
         Hints { open_world: true, ..JOB },

@@ -38,7 +38,11 @@ fn header_text(req: &axum::extract::Request, name: &str) -> Option<String> {
 
 /// The -32601 answer to a removed method (JSON-RPC 2.0 §5.1 "Method not found").
 pub fn removed(method: &str) -> rmcp::ErrorData {
-    rmcp::ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, format!("{method}: MCP removed this method"), Some(serde_json::json!({ "method": method })))
+    rmcp::ErrorData::new(
+        rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+        format!("{method}: MCP removed this method"),
+        Some(serde_json::json!({ "method": method })),
+    )
 }
 
 /// Middleware before rmcp's Streamable HTTP service: a request whose `Mcp-Method` header

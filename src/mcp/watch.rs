@@ -33,8 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CompleteRequestParams, CompleteResult, CompletionInfo, LoggingLevel, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken, Reference,
-    SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams,
+    CompleteRequestParams, CompleteResult, CompletionInfo, LoggingLevel, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
+    Reference, SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext, RoleServer};
 use rmcp::ErrorData as McpError;
@@ -261,7 +261,8 @@ impl FerryMcp {
         let total = all.len();
         let values: Vec<String> = all.into_iter().take(MAX_COMPLETIONS).collect();
         tracing::debug!(template, typed, total, "completion of file ids");
-        let info = CompletionInfo::with_pagination(values, Some(total as u32), total > MAX_COMPLETIONS).map_err(|e| McpError::internal_error(e, None))?;
+        let info =
+            CompletionInfo::with_pagination(values, Some(total as u32), total > MAX_COMPLETIONS).map_err(|e| McpError::internal_error(e, None))?;
         Ok(CompleteResult::new(info))
     }
 }
@@ -278,7 +279,12 @@ async fn send_updated(peer: &Peer<RoleServer>, uri: String) -> bool {
 
 /// `notifications/progress` every [`HEARTBEAT`] for a tool call with a progress token, while
 /// it runs: `progress` counts the seconds waited (it must grow with every notification).
-pub(super) async fn with_heartbeat<T>(token: Option<ProgressToken>, tool: &str, ctx: &RequestContext<RoleServer>, work: impl std::future::Future<Output = T>) -> T {
+pub(super) async fn with_heartbeat<T>(
+    token: Option<ProgressToken>,
+    tool: &str,
+    ctx: &RequestContext<RoleServer>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
     let Some(token) = token else { return work.await };
     let started = Instant::now();
     let mut work = std::pin::pin!(work);
@@ -296,7 +302,8 @@ pub(super) async fn with_heartbeat<T>(token: Option<ProgressToken>, tool: &str, 
 
 /// A `notifications/progress` param.
 pub(super) fn progress(token: &ProgressToken, progress: f64, total: Option<f64>, message: Option<String>) -> ProgressNotificationParam {
-    serde_json::from_value(json!({ "progressToken": token, "progress": progress, "total": total, "message": message })).expect("progress notification shape")
+    serde_json::from_value(json!({ "progressToken": token, "progress": progress, "total": total, "message": message }))
+        .expect("progress notification shape")
 }
 
 /// The progress a `task_get` wait reports: the task's fraction of 1, never going back, and

@@ -270,7 +270,10 @@ pub(super) async fn discard_unfinished(uploads: &UploadEngine, principal: &str, 
                     tracing::info!(task = task_id, upload = id, "removed the unfinished output of a failed or cancelled task");
                     break;
                 }
-                Err(e) if matches!(e.code, crate::error::ErrorCode::Locked | crate::error::ErrorCode::Unavailable) && tokio::time::Instant::now() + pause < deadline => {
+                Err(e)
+                    if matches!(e.code, crate::error::ErrorCode::Locked | crate::error::ErrorCode::Unavailable)
+                        && tokio::time::Instant::now() + pause < deadline =>
+                {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }

@@ -100,7 +100,16 @@ fn error_json(code: ErrorCode, message: &str) -> String {
 impl Engine {
     pub fn new(catalog: Arc<dyn Catalog>, uploads: Arc<UploadEngine>, cfg: TaskConfig) -> Engine {
         let owner = cfg.owner.clone();
-        Engine { catalog, uploads, cfg, jobs: HashMap::new(), owner, running: Mutex::new(HashMap::new()), wake: Notify::new(), shutdown: CancellationToken::new() }
+        Engine {
+            catalog,
+            uploads,
+            cfg,
+            jobs: HashMap::new(),
+            owner,
+            running: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            shutdown: CancellationToken::new(),
+        }
     }
 
     /// Add a job kind (replacing one of the same name).
@@ -156,33 +165,53 @@ impl Engine {
     /// `invalid_argument` (or the check's own status, e.g. 403 for a host not allowed); input files that are unknown → 404 `not_found`, or not
     /// complete → 409 `upload_incomplete` ([`Job::check_inputs`]); the key names a task with other arguments → 422 `conflict`
     /// (draft-ietf-httpapi-idempotency-key-header).
-    pub async fn start(&self, principal: &str, kind: &str, args: &str, idempotency_key: Option<&str>, ttl_ms: Option<i64>) -> Result<Started, Refusal> {
-        let job = self.jobs.get(kind).ok_or_else(|| Refusal::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
-        let raw: Box<RawValue> = serde_json::from_str(args).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+    pub async fn start(
+        &self,
+        principal: &str,
+        kind: &str,
+        args: &str,
+        idempotency_key: Option<&str>,
+        ttl_ms: Option<i64>,
+    ) -> Result<Started, Refusal> {
+        let job = self
+            .jobs
+            .get(kind)
+            .ok_or_else(|| Refusal::bad_request(format!("unknown task kind {kind:?}"), format!("Use one of: {}.", self.kinds().join(", "))))?;
+        let raw: Box<RawValue> =
+            serde_json::from_str(args).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
         if let Some(m) = super::schema_check::unportable_json(raw.get()) {
-            return Err(Refusal::bad_request(format!("args{m}"), "Fix args at that place (JSON every reader takes alike), then start the task again."));
+            return Err(Refusal::bad_request(
+                format!("args{m}"),
+                "Fix args at that place (JSON every reader takes alike), then start the task again.",
+            ));
         }
         if let Some(k) = idempotency_key {
             // The one notion of a valid key (also for `Idempotency-Key` on POST /files/).
             ferry_tus::IdempotencyKey::new(k).map_err(|e| {
-                Refusal::bad_request(format!("{e}"), format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN))
+                Refusal::bad_request(
+                    format!("{e}"),
+                    format!("Send an idempotency key of 1 to {} characters without control characters.", ferry_tus::IdempotencyKey::MAX_LEN),
+                )
             })?;
             // A replay of a start that is running or done is answered from the task it started,
             // before any check with side effects or a different answer (its input files may be
             // gone by now): no new run, no event (issue 23 item 5).
             if let Some(old) = self.catalog.task_by_key(principal, kind, k).await.map_err(catalog_err)? {
-                if crate::catalog::tasks::same_args(&old.args, raw.get()) && !matches!(old.status, crate::catalog::TaskStatus::Failed | crate::catalog::TaskStatus::Cancelled) {
+                if crate::catalog::tasks::same_args(&old.args, raw.get())
+                    && !matches!(old.status, crate::catalog::TaskStatus::Failed | crate::catalog::TaskStatus::Cancelled)
+                {
                     return Ok(Started { task: old, created: false });
                 }
             }
         }
         // A kind's schema that does not compile (a bug of the kind, the same on every call) is
         // logged and left out: the kind's own check still runs, and no caller is told to retry.
-        let schema = job
-            .args_schema()
-            .and_then(|s| jsonschema::validator_for(&s).inspect_err(|e| tracing::error!(kind, error = %e, "the args schema of a task kind does not compile")).ok());
+        let schema = job.args_schema().and_then(|s| {
+            jsonschema::validator_for(&s).inspect_err(|e| tracing::error!(kind, error = %e, "the args schema of a task kind does not compile")).ok()
+        });
         if let Some(v) = schema {
-            let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
+            let value: serde_json::Value =
+                serde_json::from_str(raw.get()).map_err(|e| Refusal::bad_request(format!("args are not JSON: {e}"), "Send args as a JSON value."))?;
             super::schema_check::check(&v, &value, "args")
                 .map_err(|m| Refusal::bad_request(format!("invalid args for {kind}: {m}"), Next::ArgsSchema { kind: kind.to_string() }))?;
         }
@@ -251,7 +280,8 @@ impl Engine {
                 "Send a shorter answer, or upload the data as a file and answer with its id.",
             ));
         }
-        let raw: Box<RawValue> = serde_json::from_str(response).map_err(|e| Refusal::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
+        let raw: Box<RawValue> = serde_json::from_str(response)
+            .map_err(|e| Refusal::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
         check_response(&task, key, raw.get())?;
         let accepted = self.catalog.respond_input(id, key, raw.get(), now_ms()).await.map_err(catalog_err)?;
         self.wake.notify_one();
@@ -308,11 +338,16 @@ impl Engine {
             return Err(Refusal::new(
                 413,
                 ErrorCode::SizeExceeded,
-                format!("a partial result fragment may be at most {} bytes of JSON, got {}", crate::catalog::partials::MAX_FRAGMENT_BYTES, fragment.len()),
+                format!(
+                    "a partial result fragment may be at most {} bytes of JSON, got {}",
+                    crate::catalog::partials::MAX_FRAGMENT_BYTES,
+                    fragment.len()
+                ),
                 "Send a smaller fragment; put big data in a file (upload it with TUS) and send its id.",
             ));
         }
-        let value = crate::catalog::partials::check_fragment(fragment).map_err(|m| Refusal::bad_request(m, "Send the fragment as one JSON value."))?;
+        let value =
+            crate::catalog::partials::check_fragment(fragment).map_err(|m| Refusal::bad_request(m, "Send the fragment as one JSON value."))?;
         match self.catalog.append_partial(&task.id, None, 0, value.get(), now_ms()).await {
             Ok(crate::catalog::Appended::Stored(seq) | crate::catalog::Appended::Replayed(seq)) => Ok((seq, self.get(principal, id).await?)),
             Err(CatalogError::Fenced) => Err(terminal(&self.get(principal, id).await.unwrap_or(task))),
@@ -483,7 +518,8 @@ impl Engine {
         if matches!(out, Ok(Ok(_)) | Ok(Err(JobError::Failed { .. })) | Ok(Err(JobError::Parked))) {
             let _ = ctx.flush_progress().await;
         }
-        let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled))) && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
+        let user_cancelled = matches!(out, Ok(Err(JobError::Cancelled)))
+            && self.catalog.get_task(&task.id).await.ok().flatten().is_some_and(|t| t.status == TaskStatus::Cancelled);
         // The catalog or a store away for a moment (503 `unavailable`: a restart, a network
         // blip, out of file descriptors) is no fault of the task: it keeps its files and its
         // checkpoint and runs again, here or on another replica — unless it has met one on
@@ -513,7 +549,10 @@ impl Engine {
             }
             Ok(Err(JobError::Exhausted(e))) => {
                 tracing::warn!(task = task.id, error = %e, "task failed: a resource ran out; its unfinished files were removed");
-                Some(TaskEnd::Failed(error_json(e.code, &format!("{}; the task's unfinished files were removed — start it again once the server has room", e.detail))))
+                Some(TaskEnd::Failed(error_json(
+                    e.code,
+                    &format!("{}; the task's unfinished files were removed — start it again once the server has room", e.detail),
+                )))
             }
             Ok(Err(JobError::Parked)) => None,
             Ok(Err(JobError::Busy(msg))) => {
@@ -560,19 +599,28 @@ impl Engine {
             match self.catalog.finish_task(&task.id, Some(task.fence), end, now).await {
                 Ok(true) => return tracing::info!(task = task.id, "task ended"),
                 Ok(false) => return tracing::info!(task = task.id, "late result discarded (cancelled or taken over)"),
-                Err(e @ (CatalogError::Full(_) | CatalogError::Unavailable(_))) if std::time::Instant::now() + wait < deadline && !self.shutdown.is_cancelled() => {
+                Err(e @ (CatalogError::Full(_) | CatalogError::Unavailable(_)))
+                    if std::time::Instant::now() + wait < deadline && !self.shutdown.is_cancelled() =>
+                {
                     tracing::warn!(task = task.id, error = %e, "recording a task's end failed; retrying");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(1));
                 }
-                Err(e) => return tracing::error!(task = task.id, error = %e, "recording a task's end failed; the task runs again when its lease expires"),
+                Err(e) => {
+                    return tracing::error!(task = task.id, error = %e, "recording a task's end failed; the task runs again when its lease expires")
+                }
             }
         }
     }
 }
 
 fn terminal(task: &TaskRecord) -> Refusal {
-    Refusal::new(409, ErrorCode::Conflict, format!("task {} is already {}", task.id, task.status.as_str()), "A finished task cannot change; start a new one.")
+    Refusal::new(
+        409,
+        ErrorCode::Conflict,
+        format!("task {} is already {}", task.id, task.status.as_str()),
+        "A finished task cannot change; start a new one.",
+    )
 }
 
 /// An answer to outstanding input request `key` of `task` against the request's `schema`
@@ -586,7 +634,8 @@ fn check_response(task: &TaskRecord, key: &str, response: &str) -> Result<(), Re
     };
     // A schema the job wrote that is not one cannot be held against the answer.
     let Ok(v) = jsonschema::validator_for(schema) else { return Ok(()) };
-    let value: serde_json::Value = serde_json::from_str(response).map_err(|e| Refusal::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
+    let value: serde_json::Value = serde_json::from_str(response)
+        .map_err(|e| Refusal::bad_request(format!("response is not JSON: {e}"), "Send the response as a JSON value."))?;
     super::schema_check::check(&v, &value, "response").map_err(|m| {
         Refusal::bad_request(
             format!("the response does not match the schema of input request {key:?}: {m}"),

@@ -80,10 +80,13 @@ impl JobError {
 impl From<crate::error::Refusal> for JobError {
     fn from(e: crate::error::Refusal) -> Self {
         match e.code {
-            crate::error::ErrorCode::NotFound | crate::error::ErrorCode::InvalidArgument | crate::error::ErrorCode::UploadIncomplete | crate::error::ErrorCode::UploadExpired => {
-                JobError::failed(e.detail)
+            crate::error::ErrorCode::NotFound
+            | crate::error::ErrorCode::InvalidArgument
+            | crate::error::ErrorCode::UploadIncomplete
+            | crate::error::ErrorCode::UploadExpired => JobError::failed(e.detail),
+            crate::error::ErrorCode::InsufficientStorage | crate::error::ErrorCode::Unavailable | crate::error::ErrorCode::QuotaExceeded => {
+                JobError::Exhausted(e)
             }
-            crate::error::ErrorCode::InsufficientStorage | crate::error::ErrorCode::Unavailable | crate::error::ErrorCode::QuotaExceeded => JobError::Exhausted(e),
             crate::error::ErrorCode::Locked => JobError::Busy(e.detail),
             _ => JobError::Internal(e.to_string()),
         }
@@ -122,7 +125,9 @@ pub trait Job: Send + Sync + 'static {
     /// overrides it to answer with another code (`fetch`: 403 `unauthorized` for a host
     /// outside the allow list).
     fn check(&self, args: &RawValue) -> Result<(), crate::error::Refusal> {
-        self.validate(args).map_err(|m| crate::error::Refusal::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again."))
+        self.validate(args).map_err(|m| {
+            crate::error::Refusal::bad_request(format!("invalid args for {}: {m}", self.kind()), "Fix the arguments and start the task again.")
+        })
     }
 
     /// Check, before a task is created, what the arguments name for `principal` — the input

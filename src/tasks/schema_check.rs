@@ -50,7 +50,8 @@ pub fn number_past_64_bits(value: &Value, schema: Option<&Value>) -> Option<Stri
                 let len = at.len();
                 at.push('/');
                 at.push_str(&k.replace('~', "~0").replace('/', "~1"));
-                let inner = schema.and_then(|s| s.get("properties").and_then(|p| p.get(k)).or_else(|| s.get("additionalProperties").filter(|a| a.is_object())));
+                let inner = schema
+                    .and_then(|s| s.get("properties").and_then(|p| p.get(k)).or_else(|| s.get("additionalProperties").filter(|a| a.is_object())));
                 let found = find(v, inner, at);
                 at.truncate(len);
                 found
@@ -135,7 +136,10 @@ pub fn unportable_json(text: &str) -> Option<String> {
                 if is_key {
                     let key = serde_json::from_str::<String>(&format!("\"{raw}\"")).unwrap_or_else(|_| raw.to_string());
                     if let Some(u) = lone {
-                        return Some(format!("{}: the member name {raw:?} holds a lone surrogate \\u{u:04x}, which is no Unicode character", pointer(&stack)));
+                        return Some(format!(
+                            "{}: the member name {raw:?} holds a lone surrogate \\u{u:04x}, which is no Unicode character",
+                            pointer(&stack)
+                        ));
                     }
                     if let Some(Frame::Obj(k)) = stack.last_mut() {
                         *k = Some(key);
@@ -155,7 +159,10 @@ pub fn unportable_json(text: &str) -> Option<String> {
                 }
                 let n = &text[start..=i];
                 if n.parse::<f64>().is_ok_and(|f| f.is_infinite()) {
-                    return Some(format!("{}: the number {n} is beyond the range of a double (about 1.8e308); other JSON readers take it as Infinity", pointer(&stack)));
+                    return Some(format!(
+                        "{}: the number {n} is beyond the range of a double (about 1.8e308); other JSON readers take it as Infinity",
+                        pointer(&stack)
+                    ));
                 }
             }
             _ => {}

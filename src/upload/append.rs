@@ -1,7 +1,7 @@
 //! Appending a chunk (TUS 1.0 §PATCH, §Checksum, checksum-trailer, creation-with-upload):
 //! stream the body into the blob while hashing, and checkpoint per DESIGN §2.
 //!
-//! One file of ~1 020 lines because it is one PATCH's state machine — the [`Appender`] (open under
+//! One file of ~1 070 lines because it is one PATCH's state machine — the [`Appender`] (open under
 //! the lease, stream, background checkpoints, the ways a body ends, completion) and the
 //! `UploadEngine` methods that drive it — whose states are easiest to check when read together;
 //! hashing is in `hash.rs`, the free-space watch in `exhausted.rs`.
@@ -117,7 +117,14 @@ impl Appender {
     /// taker owes) with the lease's fence, or a fresh catalog fence for in-process leases.
     /// A blob shorter than its checkpoint, or gone (relaxed durability after a power loss), is
     /// rolled back to what survived and the caller gets 409 with that offset.
-    pub(crate) async fn open(engine: &Arc<UploadEngine>, rec: UploadRecord, offset: u64, length: Option<u64>, set_length: Option<u64>, lease: &Lease) -> Result<Appender, Refusal> {
+    pub(crate) async fn open(
+        engine: &Arc<UploadEngine>,
+        rec: UploadRecord,
+        offset: u64,
+        length: Option<u64>,
+        set_length: Option<u64>,
+        lease: &Lease,
+    ) -> Result<Appender, Refusal> {
         let engine = engine.clone();
         let state = if offset == rec.offset { engine.blob_state_of(&rec).await? } else { BlobState::default() };
         // S3 sizes the upload's parts from the hint (fixed at the first writer).
@@ -332,7 +339,9 @@ impl Appender {
                     return e.with_cursor(kept);
                 }
                 Ok(None) => {}
-                Err(se) => tracing::warn!(upload = self.rec.id, error = %se.detail, "keeping the bytes written before the disk filled failed; releasing them"),
+                Err(se) => {
+                    tracing::warn!(upload = self.rec.id, error = %se.detail, "keeping the bytes written before the disk filled failed; releasing them")
+                }
             }
         }
         let keep = self.committed.0;
@@ -654,7 +663,13 @@ impl Appender {
                 self.committed_blob = blob.clone();
             }
             if let Some(hooks) = self.engine.hooks.get().filter(|h| h.has_pre_finish()) {
-                let finishing = super::hooks::FinishingUpload { id: &self.rec.id, principal: &self.rec.principal, size: offset, sha256: digest, metadata: &self.rec.metadata };
+                let finishing = super::hooks::FinishingUpload {
+                    id: &self.rec.id,
+                    principal: &self.rec.principal,
+                    size: offset,
+                    sha256: digest,
+                    metadata: &self.rec.metadata,
+                };
                 match hooks.pre_finish(&finishing).await {
                     Ok(()) => {}
                     Err(refused) if refused.code == crate::error::ErrorCode::Rejected => {
@@ -715,7 +730,9 @@ impl UploadEngine {
         F: FnOnce(&UploadState) -> Result<PatchPlan, Refusal> + Send + 'static,
     {
         let me = self.clone();
-        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, chunk).await }).await.map_err(|e| internal("append task", e))?
+        tokio::spawn(async move { UploadEngine::append_owned(&me, &principal, &id, decide, chunk).await })
+            .await
+            .map_err(|e| internal("append task", e))?
     }
 
     async fn append_owned<C, F>(self: &Arc<Self>, principal: &str, id: &str, decide: F, mut body: C) -> Result<AppendOutcome, Refusal>

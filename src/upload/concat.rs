@@ -98,12 +98,20 @@ impl UploadEngine {
             match self.final_breach(&f.principal, at_least, parts_bytes) {
                 None => {}
                 Some(Breach::MaxSize(max)) => {
-                    return Err(Refusal::new(413, ErrorCode::SizeExceeded, format!("{what}, above the maximum upload size of {max} bytes (Tus-Max-Size)"), Next::Say(hint.into()))
-                        .with_cursor(rec.offset));
+                    return Err(Refusal::new(
+                        413,
+                        ErrorCode::SizeExceeded,
+                        format!("{what}, above the maximum upload size of {max} bytes (Tus-Max-Size)"),
+                        Next::Say(hint.into()),
+                    )
+                    .with_cursor(rec.offset));
                 }
                 Some(Breach::Quota(max)) => {
                     let used = self.catalog.usage(&f.principal, now_ms()).await.map(|u| u.bytes).unwrap_or(0);
-                    let mut e = Refusal::quota_exceeded(QuotaDetail { name: "bytes", limit: max, used, requested: len.saturating_sub(rec.offset) }, Some(rec.offset));
+                    let mut e = Refusal::quota_exceeded(
+                        QuotaDetail { name: "bytes", limit: max, used, requested: len.saturating_sub(rec.offset) },
+                        Some(rec.offset),
+                    );
                     e.detail = format!(
                         "{what}: with its parts ({parts_bytes} bytes) that is more than the bytes quota of {max} bytes, so it could never be built (a final is stored beside its parts)"
                     );

@@ -98,7 +98,11 @@ pub fn metadata_from_json(v: &serde_json::Value) -> Result<String, String> {
             Value::String(s) => Some(s.as_bytes().to_vec()),
             Value::Object(o) if o.len() == 1 && o.get("base64").is_some_and(Value::is_string) => {
                 let b64 = o["base64"].as_str().unwrap_or_default();
-                Some(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("metadata value of {k:?}: base64 {b64:?} does not decode: {e}"))?)
+                Some(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .map_err(|e| format!("metadata value of {k:?}: base64 {b64:?} does not decode: {e}"))?,
+                )
             }
             other => return Err(format!("metadata value of {k:?} must be text, {{\"base64\": \"…\"}} or null, got {other}")),
         };
@@ -113,7 +117,11 @@ pub fn metadata_from_json(v: &serde_json::Value) -> Result<String, String> {
 /// Describe a file from its parsed metadata.
 pub fn describe(md: &UploadMetadata) -> Description {
     let name = NAME_KEYS.iter().find_map(|k| md.get_str(k)).map(str::to_owned);
-    let media_type = MEDIA_TYPE_KEYS.iter().filter_map(|k| md.get_str(k)).find_map(|t| t.trim().parse::<mime::Mime>().ok()).unwrap_or(mime::APPLICATION_OCTET_STREAM);
+    let media_type = MEDIA_TYPE_KEYS
+        .iter()
+        .filter_map(|k| md.get_str(k))
+        .find_map(|t| t.trim().parse::<mime::Mime>().ok())
+        .unwrap_or(mime::APPLICATION_OCTET_STREAM);
     Description { name, media_type }
 }
 

@@ -276,7 +276,10 @@ impl UploadEngine {
     pub async fn readiness(&self) -> Readiness {
         let mut checks = Vec::new();
         let late = || format!("did not answer within {}", crate::units::human_duration(READY_PROBE_TIMEOUT));
-        let (catalog, blobs) = tokio::join!(tokio::time::timeout(READY_PROBE_TIMEOUT, self.catalog.ping()), tokio::time::timeout(READY_PROBE_TIMEOUT, self.blobs.ping()));
+        let (catalog, blobs) = tokio::join!(
+            tokio::time::timeout(READY_PROBE_TIMEOUT, self.catalog.ping()),
+            tokio::time::timeout(READY_PROBE_TIMEOUT, self.blobs.ping())
+        );
         let catalog = match catalog {
             Err(_) => Some(format!("the catalog {}", late())),
             Ok(Err(e)) => Some(format!("the catalog does not answer: {e}")),
@@ -292,7 +295,12 @@ impl UploadEngine {
         let space = self.cfg.reserve.measure();
         if let Some(s) = space {
             let low = s.available <= s.reserve;
-            let reason = low.then(|| format!("free space is below the reserve: {} bytes free, {} kept in reserve; new uploads are refused with 507", s.available, s.reserve));
+            let reason = low.then(|| {
+                format!(
+                    "free space is below the reserve: {} bytes free, {} kept in reserve; new uploads are refused with 507",
+                    s.available, s.reserve
+                )
+            });
             checks.push(Check { store: "free_space", ok: !low, reason });
         }
         Readiness { ready: checks.iter().all(|c| c.ok), checks, free_bytes: space.map(|s| s.available), reserve_bytes: space.map(|s| s.reserve) }

@@ -115,7 +115,15 @@ impl UploadEngine {
         let slot = self.pin(&rec.id).await?;
         self.metrics.uploads_created.inc();
         let app = Appender::open(self, rec, 0, None, None, &slot).await?;
-        Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), reserved: None, name: name.to_string(), media_type: media_type.to_string(), _slot: slot })
+        Ok(FileWriter {
+            app,
+            principal: principal.to_string(),
+            space: Default::default(),
+            reserved: None,
+            name: name.to_string(),
+            media_type: media_type.to_string(),
+            _slot: slot,
+        })
     }
 
     /// Reopen a file at `cursor` (after a crash or a resumed job): bytes past the cursor are

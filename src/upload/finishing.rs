@@ -128,7 +128,12 @@ impl UploadEngine {
         if let Concat::Final { parts, .. } = &rec.concat {
             let n = parts.len();
             let parts = if n == 1 { "its part is".to_string() } else { format!("each of its {n} parts is") };
-            return Refusal::new(409, ErrorCode::UploadIncomplete, format!("final upload {} is not built yet: that happens once {parts} uploaded", rec.id), Next::AwaitParts);
+            return Refusal::new(
+                409,
+                ErrorCode::UploadIncomplete,
+                format!("final upload {} is not built yet: that happens once {parts} uploaded", rec.id),
+                Next::AwaitParts,
+            );
         }
         let of = rec.length.map_or_else(|| "an unknown length".to_string(), |l| l.to_string());
         Refusal::new(

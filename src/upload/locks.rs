@@ -373,11 +373,27 @@ impl Locker for CatalogLocker {
             match self.catalog.acquire_upload_lease(id, &self.cfg.owner, self.ttl_ms()).await? {
                 LeaseOutcome::Granted(g) => {
                     let validity = Validity::until(sent + self.cfg.ttl);
-                    let heartbeat = spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
+                    let heartbeat =
+                        spawn_heartbeat(self.catalog.clone(), id.to_string(), g.fence, self.cfg.ttl, validity.clone(), local.stop.clone());
                     let stop = local.stop.clone();
                     let run_out = LetRunOut::default();
-                    let hold = CatalogHold { catalog: self.catalog.clone(), id: id.to_string(), fence: g.fence, run_out: run_out.clone(), heartbeat, local: Some(local) };
-                    return Ok(Lease { stop, fence: Some(g.fence), takeovers: Some(g.takeovers), validity, row: g.row, run_out, _hold: Box::new(hold) });
+                    let hold = CatalogHold {
+                        catalog: self.catalog.clone(),
+                        id: id.to_string(),
+                        fence: g.fence,
+                        run_out: run_out.clone(),
+                        heartbeat,
+                        local: Some(local),
+                    };
+                    return Ok(Lease {
+                        stop,
+                        fence: Some(g.fence),
+                        takeovers: Some(g.takeovers),
+                        validity,
+                        row: g.row,
+                        run_out,
+                        _hold: Box::new(hold),
+                    });
                 }
                 LeaseOutcome::Held { .. } if want == Want::IfFree => return Err(LockError::Locked),
                 LeaseOutcome::Held { .. } => {
@@ -400,7 +416,14 @@ impl Locker for CatalogLocker {
 }
 
 /// Renew every third of `ttl`; on a lost lease, end validity and fire the holder's stop token.
-fn spawn_heartbeat(catalog: Arc<dyn Catalog>, id: String, fence: u64, ttl: Duration, validity: Validity, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+fn spawn_heartbeat(
+    catalog: Arc<dyn Catalog>,
+    id: String,
+    fence: u64,
+    ttl: Duration,
+    validity: Validity,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(ttl / 3).await;

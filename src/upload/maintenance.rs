@@ -203,7 +203,8 @@ impl UploadEngine {
             // Asked as for any other upload before it is called finished. If the hook cannot
             // answer, the final stays unfinished and is composed again later (the background
             // finisher, or the client's retry); if it refuses, the final and its bytes go.
-            let finishing = super::hooks::FinishingUpload { id: &rec.id, principal: &rec.principal, size: total, sha256: digest, metadata: &rec.metadata };
+            let finishing =
+                super::hooks::FinishingUpload { id: &rec.id, principal: &rec.principal, size: total, sha256: digest, metadata: &rec.metadata };
             if let Err(e) = hooks.pre_finish(&finishing).await {
                 if e.code == crate::error::ErrorCode::Rejected {
                     // The row first; it queues its bytes (`super::removal`).
@@ -258,7 +259,12 @@ impl UploadEngine {
     /// under the caller's `fence`; the blob is started again ([`crate::blob::BlobStore::reset`])
     /// only under its write lease `lease`.
     pub(super) async fn roll_back_to(&self, rec: &UploadRecord, len: u64, fence: u64, lease: &crate::blob::WriteLease) -> Result<(), Refusal> {
-        tracing::warn!(upload = rec.id, len, offset = rec.offset, "the blob store holds fewer of this upload's bytes than its checkpoint; rolling back to what it holds");
+        tracing::warn!(
+            upload = rec.id,
+            len,
+            offset = rec.offset,
+            "the blob store holds fewer of this upload's bytes than its checkpoint; rolling back to what it holds"
+        );
         let mut hasher = RunningSha256::new();
         if len > 0 {
             let mut stream = self.blobs.read(&rec.id, 0..len).await?;

@@ -203,7 +203,13 @@ impl UploadEngine {
 
     /// An engine whose upload leases come from `locker` (a [`locks::CatalogLocker`] when
     /// several processes share the catalog).
-    pub fn with_locker(catalog: Arc<dyn Catalog>, blobs: Arc<dyn BlobStore>, cfg: EngineConfig, metrics: Arc<Metrics>, locker: Arc<dyn Locker>) -> Arc<Self> {
+    pub fn with_locker(
+        catalog: Arc<dyn Catalog>,
+        blobs: Arc<dyn BlobStore>,
+        cfg: EngineConfig,
+        metrics: Arc<Metrics>,
+        locker: Arc<dyn Locker>,
+    ) -> Arc<Self> {
         Arc::new(UploadEngine {
             catalog,
             blobs,
@@ -383,7 +389,13 @@ impl UploadEngine {
     /// hook call, no quota check, no blob, no event (issue 23 item 5). Otherwise a pre-create
     /// hook (when configured) is asked first, with the request as sent: it may refuse (its error
     /// is returned, nothing is created) or replace the metadata.
-    pub async fn create_keyed(self: &Arc<Self>, principal: &str, plan: &CreationPlan, metadata_raw: &str, key: Option<&IdempotencyKey>) -> Result<Created, Refusal> {
+    pub async fn create_keyed(
+        self: &Arc<Self>,
+        principal: &str,
+        plan: &CreationPlan,
+        metadata_raw: &str,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Created, Refusal> {
         let fingerprint = creation_fingerprint(plan, metadata_raw);
         let key = match (key, &plan.concat) {
             (Some(k), _) => Some(CreationKey { key: format!("k:{}", k.as_str()), fingerprint }),
@@ -553,7 +565,13 @@ impl UploadEngine {
     /// upload is before its bytes were taken in (the draft's `104 Upload Resumption
     /// Supported`): a body cut off (the connection dropped) is then interrupted, not refused —
     /// what arrived is kept for the client to resume. Refusals stay refusals.
-    pub async fn settle_creation_told(&self, principal: &str, id: &str, outcome: Result<UploadRecord, Refusal>, told: bool) -> Result<UploadRecord, RefusedCreation> {
+    pub async fn settle_creation_told(
+        &self,
+        principal: &str,
+        id: &str,
+        outcome: Result<UploadRecord, Refusal>,
+        told: bool,
+    ) -> Result<UploadRecord, RefusedCreation> {
         use ErrorCode::{InsufficientStorage, Internal, Locked, Unavailable};
         let cut = |e: &Refusal| told && matches!(e.next, Next::BodyCut);
         match outcome {
@@ -578,7 +596,9 @@ impl UploadEngine {
                 // Nothing is left to resume: no offset, and the step is the creation again.
                 if !kept && error.cursor.is_some() {
                     error.cursor = None;
-                    error.next = Next::Say("Nothing of this upload was kept: send the creation request again, with a body that matches what it declares.".into());
+                    error.next = Next::Say(
+                        "Nothing of this upload was kept: send the creation request again, with a body that matches what it declares.".into(),
+                    );
                 }
                 Err(RefusedCreation { error, kept })
             }
@@ -616,7 +636,15 @@ impl UploadEngine {
     /// The plan for the body of a creation-with-upload request, which starts at offset 0.
     pub fn creation_body_plan(&self, plan: &CreationPlan) -> PatchPlan {
         let limit = plan.length.unwrap_or(self.cfg.max_size);
-        PatchPlan { offset: 0, set_length: None, length: plan.length, max_bytes: limit, checksum: plan.checksum.clone(), checksum_in_trailer: false, completes: false }
+        PatchPlan {
+            offset: 0,
+            set_length: None,
+            length: plan.length,
+            max_bytes: limit,
+            checksum: plan.checksum.clone(),
+            checksum_in_trailer: false,
+            completes: false,
+        }
     }
 
     /// Terminate (TUS 1.0 §Termination): the record and bytes are gone; the id answers 404.
@@ -717,7 +745,11 @@ impl UploadEngine {
                     return away.into();
                 }
                 tracing::error!(upload = %rec.id, error = %e, "a finished upload's stored bytes are missing; marked damaged (ferry check --repair-catalog clears the mark if it finds them whole)");
-                let mark = crate::catalog::Damage { kind: "missing".into(), detail: format!("found when it was read: {e}"), found_at_ms: crate::clock::now_ms() };
+                let mark = crate::catalog::Damage {
+                    kind: "missing".into(),
+                    detail: format!("found when it was read: {e}"),
+                    found_at_ms: crate::clock::now_ms(),
+                };
                 if let Err(m) = self.catalog.set_damage(&rec.id, Some(&mark)).await {
                     tracing::warn!(upload = %rec.id, error = %m, "could not mark the upload damaged");
                 }
@@ -775,7 +807,8 @@ impl UploadEngine {
     /// A principal's uploads (finished or not, expired ones excluded), newest first.
     pub async fn list(&self, principal: &str, limit: u32) -> Result<Vec<UploadRecord>, Refusal> {
         let now = now_ms();
-        let mut all: Vec<UploadRecord> = self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?.into_iter().map(|r| self.with_retention(r)).collect();
+        let mut all: Vec<UploadRecord> =
+            self.catalog.list_uploads(principal, limit.clamp(1, 1000)).await?.into_iter().map(|r| self.with_retention(r)).collect();
         // Expired but not swept yet: gone for clients already (as `get` answers 410).
         all.retain(|r| !is_expired(r, now));
         Ok(all)

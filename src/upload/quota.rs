@@ -114,7 +114,12 @@ impl UploadEngine {
     /// dropped (the PATCH ended). `want` is the most the PATCH can add (its body's length when
     /// known). When the PATCH declares the length (`set_length`), the whole length is reserved
     /// now: 507 `quota_exceeded` with the upload's offset as cursor if it does not fit.
-    pub(crate) async fn patch_room(&self, rec: &UploadRecord, set_length: Option<u64>, want: u64) -> Result<(Option<u64>, Option<RoomHeld>), Refusal> {
+    pub(crate) async fn patch_room(
+        &self,
+        rec: &UploadRecord,
+        set_length: Option<u64>,
+        want: u64,
+    ) -> Result<(Option<u64>, Option<RoomHeld>), Refusal> {
         let Some(limit) = self.cfg.limits.of(&rec.principal).max_bytes else { return Ok((None, None)) };
         if rec.length.is_some() {
             return Ok((None, None));
@@ -152,7 +157,15 @@ impl UploadEngine {
     /// `committed`), holding room up to `*reserved`: when `position` passes it, room up to
     /// `position + ahead` is reserved in the catalog (as for a PATCH); 507 `quota_exceeded` when
     /// not even `position` fits. `*reserved` stays `None` without a bytes quota.
-    pub(crate) async fn file_room(&self, principal: &str, id: &str, position: u64, committed: u64, ahead: u64, reserved: &mut Option<u64>) -> Result<(), Refusal> {
+    pub(crate) async fn file_room(
+        &self,
+        principal: &str,
+        id: &str,
+        position: u64,
+        committed: u64,
+        ahead: u64,
+        reserved: &mut Option<u64>,
+    ) -> Result<(), Refusal> {
         let Some(limit) = self.cfg.limits.of(principal).max_bytes else { return Ok(()) };
         if reserved.is_some_and(|r| position <= r) {
             return Ok(());
@@ -161,7 +174,10 @@ impl UploadEngine {
         *reserved = Some(r.granted_to);
         if r.granted_to < position {
             let used = self.catalog.usage(principal, now_ms()).await.map(|u| u.bytes).unwrap_or(limit);
-            return Err(Refusal::quota_exceeded(QuotaDetail { name: "bytes", limit, used, requested: position.saturating_sub(r.granted_to) }, Some(committed)));
+            return Err(Refusal::quota_exceeded(
+                QuotaDetail { name: "bytes", limit, used, requested: position.saturating_sub(r.granted_to) },
+                Some(committed),
+            ));
         }
         Ok(())
     }

@@ -147,7 +147,9 @@ impl UploadEngine {
             for id in fresh {
                 match self.remove_bytes(&Unreferenced::vouched(id.as_str())).await {
                     Ok(()) => n += 1,
-                    Err(e) => tracing::warn!(upload = id, error = %e, "could not remove the bytes of a deleted upload yet; tried again at the next sweep"),
+                    Err(e) => {
+                        tracing::warn!(upload = id, error = %e, "could not remove the bytes of a deleted upload yet; tried again at the next sweep")
+                    }
                 }
                 seen.insert(id);
             }
@@ -165,7 +167,11 @@ impl UploadEngine {
         if began.elapsed() < CREATION_DEADLINE {
             return Ok(());
         }
-        tracing::warn!(upload = id, waited_ms = began.elapsed().as_millis() as u64, "a creation stalled between making its blob and recording it; refused");
+        tracing::warn!(
+            upload = id,
+            waited_ms = began.elapsed().as_millis() as u64,
+            "a creation stalled between making its blob and recording it; refused"
+        );
         let _ = self.blobs.delete(&UploadEngine::never_recorded(id)).await;
         Err(crate::error::Refusal::unavailable("the server was held up while creating this upload; nothing was created"))
     }

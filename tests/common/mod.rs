@@ -213,7 +213,15 @@ impl Server {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        Server { child, base, data: data.to_path_buf(), extra_args: args.iter().map(|s| s.to_string()).collect(), pg_db: catalog.map(|c| c.0), s3_blobs: bucket, _tmp: None }
+        Server {
+            child,
+            base,
+            data: data.to_path_buf(),
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            pg_db: catalog.map(|c| c.0),
+            s3_blobs: bucket,
+            _tmp: None,
+        }
     }
 
     /// `kill -9` the process and wait for it to be gone.
@@ -609,7 +617,14 @@ impl Api {
         while off < data.len() || data.is_empty() {
             let end = (off + (32 << 20)).min(data.len());
             let o = off.to_string();
-            let r = self.send("PATCH", &format!("/files/{id}"), &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", &o)], Some(data[off..end].to_vec())).await;
+            let r = self
+                .send(
+                    "PATCH",
+                    &format!("/files/{id}"),
+                    &[("Tus-Resumable", "1.0.0"), ("Content-Type", OCTET), ("Upload-Offset", &o)],
+                    Some(data[off..end].to_vec()),
+                )
+                .await;
             assert_eq!(r.status(), 204, "PATCH {id} at {off}");
             off = end;
             if data.is_empty() {
@@ -707,7 +722,8 @@ pub async fn run_json_client(mut cmd: Command, secs: u64) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "client failed ({}): {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| panic!("no JSON line from {what}\n{stdout}\n{stderr}"));
+    let line =
+        stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| panic!("no JSON line from {what}\n{stdout}\n{stderr}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?} from {what}: {e}"))
 }
 

@@ -102,7 +102,11 @@ impl Moto {
     pub async fn create_multipart(&self, bucket: &str, key: &str) -> String {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let body = http.post(format!("{}/{bucket}/{key}?uploads", self.endpoint)).send().await.unwrap().text().await.unwrap();
-        body.split("<UploadId>").nth(1).and_then(|s| s.split("</UploadId>").next()).unwrap_or_else(|| panic!("CreateMultipartUpload: {body}")).to_string()
+        body.split("<UploadId>")
+            .nth(1)
+            .and_then(|s| s.split("</UploadId>").next())
+            .unwrap_or_else(|| panic!("CreateMultipartUpload: {body}"))
+            .to_string()
     }
 
     /// ListObjectsV2: every key in the bucket but the stores' marks (`.ferry-store-mark`, one

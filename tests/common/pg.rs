@@ -59,7 +59,10 @@ impl TestDb {
     pub async fn create() -> TestDb {
         let mut conn = admin_connection().await;
         // Drop what earlier test processes left behind when they died.
-        let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'ferry\\_test\\_%'").fetch_all(&mut conn).await.expect("list databases");
+        let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'ferry\\_test\\_%'")
+            .fetch_all(&mut conn)
+            .await
+            .expect("list databases");
         for old in names {
             let pid = old.strip_prefix("ferry_test_").and_then(|r| r.split('_').next()).and_then(|p| p.parse::<u32>().ok());
             if pid.is_some_and(|p| !pid_alive(p)) {

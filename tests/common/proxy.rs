@@ -173,7 +173,8 @@ async fn forward(axum::extract::State(s): axum::extract::State<Arc<FaultState>>,
     let refuse = s.fault.lock().unwrap().as_ref().is_some_and(|f| f(&method, &pq));
     if refuse {
         s.refused.fetch_add(1, Ordering::SeqCst);
-        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+        let body =
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
         return (http::StatusCode::SERVICE_UNAVAILABLE, [("content-type", "application/xml")], body).into_response();
     }
     let headers = req.headers().clone();

@@ -138,8 +138,13 @@ impl TestS3 {
             return TestS3 { config, bucket, root: unique_root(), moto: None };
         }
         let moto = Moto::start(bucket, min_part).await;
-        let config =
-            S3Config { endpoint: moto.endpoint.clone(), access_key_id: "testing".into(), secret_access_key: "testing".into(), region: "us-east-1".into(), shared_bucket: None };
+        let config = S3Config {
+            endpoint: moto.endpoint.clone(),
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+            region: "us-east-1".into(),
+            shared_bucket: None,
+        };
         TestS3 { config, bucket: bucket.to_string(), root: String::new(), moto: Some(moto) }
     }
 

@@ -227,7 +227,8 @@ impl S3Proxy {
     /// upstream (AbortMultipartUpload signed as `s3`, the upstream's own configuration) and
     /// from now on every request naming it gets `404 NoSuchUpload`. Returns the upload ids.
     pub async fn lifecycle_abort(&self, key_part: &str, s3: &super::s3::S3Config) -> Vec<String> {
-        let ids: Vec<(String, String)> = self.state.uploads.lock().unwrap().iter().filter(|(_, k)| k.contains(key_part)).map(|(u, k)| (u.clone(), k.clone())).collect();
+        let ids: Vec<(String, String)> =
+            self.state.uploads.lock().unwrap().iter().filter(|(_, k)| k.contains(key_part)).map(|(u, k)| (u.clone(), k.clone())).collect();
         for (upload, key) in &ids {
             self.state.aborted.lock().unwrap().insert(upload.clone());
             let r = s3.request("DELETE", &format!("/{key}"), &[("uploadId", upload)]).send().await.expect("AbortMultipartUpload");
@@ -274,7 +275,10 @@ fn has_param(query: &str, name: &str) -> bool {
 }
 
 fn param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|p| p.strip_prefix(&format!("{name}="))).map(|v| percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix(&format!("{name}=")))
+        .map(|v| percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
 }
 
 fn kind_of(method: &http::Method, query: &str, copy: bool) -> Kind {

@@ -339,8 +339,13 @@ impl S3Strict {
 
     /// Open multipart uploads whose `bucket/key` starts with `prefix`: (key, upload id).
     pub fn open_uploads(&self, prefix: &str) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> =
-            self.store().uploads.iter().filter(|(_, u)| u.state == UploadState::Open && u.key.starts_with(prefix)).map(|(id, u)| (u.key.clone(), id.clone())).collect();
+        let mut v: Vec<(String, String)> = self
+            .store()
+            .uploads
+            .iter()
+            .filter(|(_, u)| u.state == UploadState::Open && u.key.starts_with(prefix))
+            .map(|(id, u)| (u.key.clone(), id.clone()))
+            .collect();
         v.sort();
         v
     }
@@ -392,7 +397,10 @@ fn has_param(query: &str, name: &str) -> bool {
 }
 
 fn param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|p| p.strip_prefix(&format!("{name}="))).map(|v| percent_encoding::percent_decode_str(&v.replace('+', " ")).decode_utf8_lossy().into_owned())
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix(&format!("{name}=")))
+        .map(|v| percent_encoding::percent_decode_str(&v.replace('+', " ")).decode_utf8_lossy().into_owned())
 }
 
 fn kind_of(method: &http::Method, query: &str, copy: bool, has_key: bool) -> Kind {
@@ -450,9 +458,10 @@ fn empty(status: u16) -> Resp {
 /// The status an injected fault answers, with S3's code and message.
 fn fault_error(status: u16, kind: Kind, resource: &str) -> Resp {
     let (code, msg) = match status {
-        404 if matches!(kind, Kind::UploadPart | Kind::UploadPartCopy | Kind::Complete | Kind::AbortMultipart) => {
-            ("NoSuchUpload", "The specified multipart upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed.")
-        }
+        404 if matches!(kind, Kind::UploadPart | Kind::UploadPartCopy | Kind::Complete | Kind::AbortMultipart) => (
+            "NoSuchUpload",
+            "The specified multipart upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed.",
+        ),
         404 => ("NoSuchKey", "The specified key does not exist."),
         411 => ("MissingContentLength", "You must provide the Content-Length HTTP header."),
         500 => ("InternalError", "We encountered an internal error. Please try again."),
@@ -591,7 +600,18 @@ async fn handle(st: Arc<State>, req: hyper::Request<Incoming>) -> Result<Resp, S
 }
 
 #[allow(clippy::too_many_arguments)]
-fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, query: &str, copy_source: Option<&str>, headers: &http::HeaderMap, body: Bytes, rules: Rules) -> Resp {
+fn apply(
+    st: &State,
+    kind: Kind,
+    bucket: &str,
+    object_key: &str,
+    path: &str,
+    query: &str,
+    copy_source: Option<&str>,
+    headers: &http::HeaderMap,
+    body: Bytes,
+    rules: Rules,
+) -> Resp {
     let now = SystemTime::now();
     let mut s = st.store.lock().unwrap();
     let upload_id = param(query, "uploadId");
@@ -624,7 +644,11 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
                 return xml_error(404, "NoSuchKey", "The specified key does not exist.", copy_source.unwrap_or(""));
             };
             s.objects.insert(path.to_string(), Object { modified: now, ..src.clone() });
-            xml_ok(format!("<CopyObjectResult><ETag>{}</ETag><LastModified>{}</LastModified></CopyObjectResult>", esc(&src.etag), humantime::format_rfc3339_millis(now)))
+            xml_ok(format!(
+                "<CopyObjectResult><ETag>{}</ETag><LastModified>{}</LastModified></CopyObjectResult>",
+                esc(&src.etag),
+                humantime::format_rfc3339_millis(now)
+            ))
         }
         Kind::GetObject | Kind::HeadObject => {
             let Some(o) = s.objects.get(path).cloned() else {
@@ -643,14 +667,21 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
                     (None, None) => (total, 0),
                 }
             });
-            let b = hyper::Response::builder().header("etag", &o.etag).header("last-modified", httpdate::fmt_http_date(o.modified)).header("accept-ranges", "bytes");
+            let b = hyper::Response::builder()
+                .header("etag", &o.etag)
+                .header("last-modified", httpdate::fmt_http_date(o.modified))
+                .header("accept-ranges", "bytes");
             match range {
                 Some((a, z)) if kind == Kind::GetObject => {
                     if a >= total || z < a {
                         return xml_error(416, "InvalidRange", "The requested range is not satisfiable", path);
                     }
                     let data = o.data.slice(a as usize..=z as usize);
-                    b.status(206).header("content-range", format!("bytes {a}-{z}/{total}")).header("content-length", data.len()).body(Full::new(data)).unwrap()
+                    b.status(206)
+                        .header("content-range", format!("bytes {a}-{z}/{total}"))
+                        .header("content-length", data.len())
+                        .body(Full::new(data))
+                        .unwrap()
                 }
                 _ if kind == Kind::HeadObject => b.status(200).header("content-length", total).body(Full::new(Bytes::new())).unwrap(),
                 _ => b.status(200).header("content-length", total).body(Full::new(o.data.clone())).unwrap(),
@@ -755,7 +786,10 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
                 match headers.get("x-amz-copy-source-range").and_then(|v| v.to_str().ok()) {
                     None => src.data.clone(),
                     Some(r) => {
-                        let parsed = r.strip_prefix("bytes=").and_then(|r| r.split_once('-')).and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+                        let parsed = r
+                            .strip_prefix("bytes=")
+                            .and_then(|r| r.split_once('-'))
+                            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
                         match parsed {
                             Some((a, z)) if a <= z && z < total => src.data.slice(a as usize..=z as usize),
                             _ => return xml_error(400, "InvalidArgument", "The x-amz-copy-source-range value must be of the form bytes=first-last where first and last are the zero-based offsets of the first and last bytes to copy", path),
@@ -769,19 +803,33 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
             if kind == Kind::UploadPart {
                 hyper::Response::builder().status(200).header("etag", etag).body(Full::new(Bytes::new())).unwrap()
             } else {
-                xml_ok(format!("<CopyPartResult><LastModified>{}</LastModified><ETag>{}</ETag></CopyPartResult>", humantime::format_rfc3339_millis(now), esc(&etag)))
+                xml_ok(format!(
+                    "<CopyPartResult><LastModified>{}</LastModified><ETag>{}</ETag></CopyPartResult>",
+                    humantime::format_rfc3339_millis(now),
+                    esc(&etag)
+                ))
             }
         }
         Kind::Complete => {
             let text = String::from_utf8_lossy(&body).into_owned();
             let Some(listed) = listed_parts(&text).filter(|l| !l.is_empty()) else {
-                return xml_error(400, "MalformedXML", "The XML you provided was not well-formed or did not validate against our published schema.", path);
+                return xml_error(
+                    400,
+                    "MalformedXML",
+                    "The XML you provided was not well-formed or did not validate against our published schema.",
+                    path,
+                );
             };
             if listed.len() > rules.max_parts {
                 return xml_error(400, "InvalidArgument", "Too many parts.", path);
             }
             if listed.windows(2).any(|w| w[0].0 >= w[1].0) {
-                return xml_error(400, "InvalidPartOrder", "The list of parts was not in ascending order. The parts list must be specified in order by part number.", path);
+                return xml_error(
+                    400,
+                    "InvalidPartOrder",
+                    "The list of parts was not in ascending order. The parts list must be specified in order by part number.",
+                    path,
+                );
             }
             let u = s.uploads.get(upload_id.as_deref().unwrap_or("")).expect("checked above");
             let mut datas = Vec::with_capacity(listed.len());
@@ -801,7 +849,12 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
             let sizes: Vec<u64> = datas.iter().map(|d| d.len() as u64).collect();
             let (_, init) = sizes.split_last().expect("not empty");
             if let Some(small) = init.iter().find(|&&n| n < rules.min_part) {
-                return xml_error(400, "EntityTooSmall", &format!("Your proposed upload is smaller than the minimum allowed size ({small} bytes)."), path);
+                return xml_error(
+                    400,
+                    "EntityTooSmall",
+                    &format!("Your proposed upload is smaller than the minimum allowed size ({small} bytes)."),
+                    path,
+                );
             }
             if rules.equal_parts && init.windows(2).any(|w| w[0] != w[1]) {
                 return xml_error(400, "InvalidPart", "All non-trailing parts must have the same length.", path);
@@ -837,7 +890,8 @@ fn apply(st: &State, kind: Kind, bucket: &str, object_key: &str, path: &str, que
         Kind::ListMultipart => {
             let prefix = param(query, "prefix").unwrap_or_default();
             let full = format!("{bucket}/{prefix}");
-            let mut ups: Vec<(&String, &Upload)> = s.uploads.iter().filter(|(_, u)| u.state == UploadState::Open && u.key.starts_with(&full)).collect();
+            let mut ups: Vec<(&String, &Upload)> =
+                s.uploads.iter().filter(|(_, u)| u.state == UploadState::Open && u.key.starts_with(&full)).collect();
             ups.sort_by(|a, b| (&a.1.key, a.0).cmp(&(&b.1.key, b.0)));
             let mut out = format!(
                 "<ListMultipartUploadsResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>{}</Bucket><Prefix>{}</Prefix><IsTruncated>false</IsTruncated>",

@@ -22,8 +22,13 @@
 
 use std::fmt;
 
-use crate::protocol::{content_length, parse_opt, plan_creation, too_large, CreationHeaders, CreationLimits, CreationPlan, PatchPlan, UploadState, OFFSET_OCTET_STREAM};
-use crate::{ChecksumAlgorithm, ContentDigest, ErrorCode, RufhLength, RufhOffset, TusError, UploadChecksum, UploadComplete, UploadDraftInteropVersion, UploadLimit};
+use crate::protocol::{
+    content_length, parse_opt, plan_creation, too_large, CreationHeaders, CreationLimits, CreationPlan, PatchPlan, UploadState, OFFSET_OCTET_STREAM,
+};
+use crate::{
+    ChecksumAlgorithm, ContentDigest, ErrorCode, RufhLength, RufhOffset, TusError, UploadChecksum, UploadComplete, UploadDraftInteropVersion,
+    UploadLimit,
+};
 
 /// The media type of an append's body since draft -04 (interop version 6):
 /// draft-ietf-httpbis-resumable-upload §Media Type `application/partial-upload`.
@@ -80,7 +85,8 @@ impl InteropVersion {
     pub fn from_header(raw: &str) -> Result<Self, TusError> {
         let hint = || format!("Send Upload-Draft-Interop-Version with one of {}, or speak TUS 1.0 (Tus-Resumable: 1.0.0).", Self::supported_list());
         let n = raw.parse::<UploadDraftInteropVersion>().map_err(|e| TusError::bad_request(e.to_string(), hint()))?.0;
-        Self::from_number(n).ok_or_else(|| TusError::bad_request(format!("this server does not speak interop version {n} of the resumable-upload draft"), hint()))
+        Self::from_number(n)
+            .ok_or_else(|| TusError::bad_request(format!("this server does not speak interop version {n} of the resumable-upload draft"), hint()))
     }
 
     /// Whether a creation carrying content is answered `104 (Upload Resumption Supported)` with
@@ -107,7 +113,9 @@ impl InteropVersion {
         match self {
             InteropVersion::V5 => None,
             InteropVersion::V6 => Some(UploadLimit { max_size: Some(max_size), expires: lifetime_secs, ..UploadLimit::default() }),
-            InteropVersion::V8 | InteropVersion::V9 => Some(UploadLimit { max_size: Some(max_size), max_age: lifetime_secs, ..UploadLimit::default() }),
+            InteropVersion::V8 | InteropVersion::V9 => {
+                Some(UploadLimit { max_size: Some(max_size), max_age: lifetime_secs, ..UploadLimit::default() })
+            }
         }
     }
 }
@@ -168,9 +176,14 @@ impl DraftProblem {
 /// 400 `conflict` + `completed-upload`: an empty append to an upload that is complete.
 /// `length` is its length (the cursor: nothing is left to send).
 pub fn completed_upload(length: u64) -> TusError {
-    TusError::new(400, ErrorCode::Conflict, "this upload is complete; nothing can be appended to it", "Nothing is left to send: fetch the file with GET.")
-        .with_cursor(length)
-        .with_draft(DraftProblem::CompletedUpload)
+    TusError::new(
+        400,
+        ErrorCode::Conflict,
+        "this upload is complete; nothing can be appended to it",
+        "Nothing is left to send: fetch the file with GET.",
+    )
+    .with_cursor(length)
+    .with_draft(DraftProblem::CompletedUpload)
 }
 
 /// 400 `invalid_argument` + `inconsistent-upload-length`.
@@ -201,7 +214,10 @@ fn required_complete(raw: Option<&str>) -> Result<bool, TusError> {
 /// a malformed field or a sha-256 value that is not 32 bytes.
 pub fn content_digest_checksum(raw: Option<&str>) -> Result<Option<UploadChecksum>, TusError> {
     let d: Option<ContentDigest> = raw
-        .map(|s| s.parse::<ContentDigest>().map_err(|e| TusError::bad_request(e.to_string(), "Send Content-Digest: sha-256=:<base64 of the 32-byte digest>:, or omit it.")))
+        .map(|s| {
+            s.parse::<ContentDigest>()
+                .map_err(|e| TusError::bad_request(e.to_string(), "Send Content-Digest: sha-256=:<base64 of the 32-byte digest>:, or omit it."))
+        })
         .transpose()?;
     Ok(d.and_then(|d| d.sha256).map(|digest| UploadChecksum { algorithm: ChecksumAlgorithm::Sha256, digest: digest.to_vec() }))
 }
@@ -261,7 +277,10 @@ pub fn plan_draft_creation(h: &DraftCreationHeaders<'_>, limits: &CreationLimits
     };
     if let (Some(len), Some(cl)) = (length, cl) {
         if cl > len {
-            return Err(inconsistent_length(format!("the content ({cl} bytes) is longer than Upload-Length {len}"), format!("Send at most {len} bytes.")));
+            return Err(inconsistent_length(
+                format!("the content ({cl} bytes) is longer than Upload-Length {len}"),
+                format!("Send at most {len} bytes."),
+            ));
         }
     }
     let length_text = length.map(|l| l.to_string());
@@ -326,7 +345,12 @@ fn is_partial_upload(content_type: Option<&str>) -> bool {
 /// → 400.
 pub fn plan_draft_append(version: InteropVersion, state: &UploadState, h: &DraftAppendHeaders<'_>, max_size: u64) -> Result<PatchPlan, TusError> {
     if state.is_final {
-        return Err(TusError::new(403, ErrorCode::Conflict, "a final (concatenated) upload cannot be appended to", "Send the bytes to its partial uploads instead."));
+        return Err(TusError::new(
+            403,
+            ErrorCode::Conflict,
+            "a final (concatenated) upload cannot be appended to",
+            "Send the bytes to its partial uploads instead.",
+        ));
     }
     if version.requires_partial_upload() && !is_partial_upload(h.content_type) {
         return Err(TusError::new(
@@ -338,7 +362,11 @@ pub fn plan_draft_append(version: InteropVersion, state: &UploadState, h: &Draft
     }
     let offset = match h.upload_offset {
         None => {
-            return Err(TusError::bad_request("missing Upload-Offset", "Add the Upload-Offset header (HEAD shows the offset) and send the append again.").with_cursor(state.offset))
+            return Err(TusError::bad_request(
+                "missing Upload-Offset",
+                "Add the Upload-Offset header (HEAD shows the offset) and send the append again.",
+            )
+            .with_cursor(state.offset))
         }
         Some(raw) => raw.parse::<RufhOffset>().map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?.0,
     };
@@ -354,8 +382,11 @@ pub fn plan_draft_append(version: InteropVersion, state: &UploadState, h: &Draft
     }
     if state.length == Some(state.offset) {
         return Err(if h.has_body {
-            inconsistent_length("this upload is complete; content appended to it would run past its length", "Nothing is left to send: fetch the file with GET.")
-                .with_cursor(state.offset)
+            inconsistent_length(
+                "this upload is complete; content appended to it would run past its length",
+                "Nothing is left to send: fetch the file with GET.",
+            )
+            .with_cursor(state.offset)
         } else {
             completed_upload(state.offset)
         });
@@ -365,7 +396,10 @@ pub fn plan_draft_append(version: InteropVersion, state: &UploadState, h: &Draft
     let mut set_length = None;
     let mut length = match (state.length, declared.map(|d| d.0)) {
         (Some(stored), Some(n)) if n != stored => {
-            return Err(inconsistent_length(format!("Upload-Length {n} differs from the recorded length {stored}"), format!("Send Upload-Length: {stored}, or omit it.")))
+            return Err(inconsistent_length(
+                format!("Upload-Length {n} differs from the recorded length {stored}"),
+                format!("Send Upload-Length: {stored}, or omit it."),
+            ))
         }
         (Some(stored), _) => Some(stored),
         (None, Some(n)) => {
@@ -409,10 +443,11 @@ pub fn plan_draft_append(version: InteropVersion, state: &UploadState, h: &Draft
     if let Some(cl) = cl {
         if cl > max_bytes {
             return Err(match length {
-                Some(len) => {
-                    inconsistent_length(format!("the content ({cl} bytes) would run past the upload length {len}"), format!("Send at most {max_bytes} bytes from offset {offset}."))
-                        .with_cursor(offset)
-                }
+                Some(len) => inconsistent_length(
+                    format!("the content ({cl} bytes) would run past the upload length {len}"),
+                    format!("Send at most {max_bytes} bytes from offset {offset}."),
+                )
+                .with_cursor(offset),
                 None => too_large(max_size),
             });
         }
@@ -466,13 +501,31 @@ mod tests {
         assert_eq!(c.plan.length, Some(10));
         assert_eq!(c.body.as_ref().map(|b| (b.completes, b.max_bytes)), Some((true, 10)));
         // ?0 with Upload-Length and part of the content.
-        let h = DraftCreationHeaders { upload_complete: Some("?0"), upload_length: Some("100"), content_length: Some("10"), has_body: true, ..Default::default() };
+        let h = DraftCreationHeaders {
+            upload_complete: Some("?0"),
+            upload_length: Some("100"),
+            content_length: Some("10"),
+            has_body: true,
+            ..Default::default()
+        };
         let c = plan_draft_creation(&h, &LIMITS).unwrap();
         assert_eq!((c.plan.length, c.body.map(|b| b.completes)), (Some(100), Some(false)));
         // Disagreeing indicators.
-        let h = DraftCreationHeaders { upload_complete: Some("?1"), upload_length: Some("11"), content_length: Some("10"), has_body: true, ..Default::default() };
+        let h = DraftCreationHeaders {
+            upload_complete: Some("?1"),
+            upload_length: Some("11"),
+            content_length: Some("10"),
+            has_body: true,
+            ..Default::default()
+        };
         assert_eq!(plan_draft_creation(&h, &LIMITS).unwrap_err().draft, Some(DraftProblem::InconsistentLength));
-        let h = DraftCreationHeaders { upload_complete: Some("?0"), upload_length: Some("5"), content_length: Some("10"), has_body: true, ..Default::default() };
+        let h = DraftCreationHeaders {
+            upload_complete: Some("?0"),
+            upload_length: Some("5"),
+            content_length: Some("10"),
+            has_body: true,
+            ..Default::default()
+        };
         assert_eq!(plan_draft_creation(&h, &LIMITS).unwrap_err().draft, Some(DraftProblem::InconsistentLength));
         // Limits and malformed fields.
         let h = DraftCreationHeaders { upload_complete: Some("?0"), upload_length: Some("1001"), ..Default::default() };

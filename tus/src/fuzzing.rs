@@ -11,8 +11,8 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use crate::{
-    ByteRanges, ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat, UploadDraftInteropVersion,
-    UploadExpires, UploadLength, UploadLimit, UploadMetadata, UploadOffset,
+    ByteRanges, ContentDigest, ParseError, ReprDigest, RufhLength, RufhOffset, TusResumable, UploadChecksum, UploadComplete, UploadConcat,
+    UploadDraftInteropVersion, UploadExpires, UploadLength, UploadLimit, UploadMetadata, UploadOffset,
 };
 
 /// Every target name, one per parser; each is a `[[bin]]` in `fuzz/Cargo.toml`.
@@ -155,7 +155,8 @@ mod decisions {
 
     use crate::draft::{plan_draft_append, plan_draft_creation, DraftAppendHeaders, DraftCreationHeaders, InteropVersion};
     use crate::{
-        plan_concatenation, plan_creation, plan_patch, select_range, ConcatPart, Conditions, CreationHeaders, CreationLimits, PatchHeaders, RangeOutcome, TusError, UploadState,
+        plan_concatenation, plan_creation, plan_patch, select_range, ConcatPart, Conditions, CreationHeaders, CreationLimits, PatchHeaders,
+        RangeOutcome, TusError, UploadState,
     };
 
     /// A number near the interesting ones (0, `near`, its neighbours, `u64::MAX`) or any.
@@ -437,7 +438,14 @@ mod decisions {
                 let im = if u.ratio(1, 6)? { Some(*u.choose(&tags)?) } else { None };
                 let ims = if u.ratio(1, 6)? { Some(*u.choose(&dates)?) } else { None };
                 let ius = if u.ratio(1, 6)? { Some(*u.choose(&dates)?) } else { None };
-                let c = Conditions { if_match: im, if_unmodified_since: ius, if_none_match: inm, if_modified_since: ims, range: range.as_deref(), if_range };
+                let c = Conditions {
+                    if_match: im,
+                    if_unmodified_since: ius,
+                    if_none_match: inm,
+                    if_modified_since: ims,
+                    range: range.as_deref(),
+                    if_range,
+                };
                 let o = select_range(&c, len, etag, date);
                 let cr = o.content_range(len);
                 match o {
@@ -466,7 +474,8 @@ mod decisions {
                 let max_parts = u.int_in_range(0..=10usize)?;
                 let mut parts: Vec<(&str, Option<ConcatPart>)> = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let p = if u.ratio(1, 10)? { None } else { Some(ConcatPart { length: if u.ratio(1, 6)? { None } else { Some(num(u, max / 3)?) } }) };
+                    let p =
+                        if u.ratio(1, 10)? { None } else { Some(ConcatPart { length: if u.ratio(1, 6)? { None } else { Some(num(u, max / 3)?) } }) };
                     parts.push(("p", p));
                 }
                 match plan_concatenation(&parts, max_parts, max) {

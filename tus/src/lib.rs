@@ -37,8 +37,17 @@ pub use headers::rufh::{RufhLength, RufhOffset, UploadComplete, UploadDraftInter
 
 /// The TUS extensions ferry implements, in the order advertised in `Tus-Extension`
 /// (TUS 1.0 §Tus-Extension).
-pub const TUS_EXTENSIONS: &[&str] =
-    &["creation", "creation-with-upload", "creation-defer-length", "expiration", "checksum", "checksum-trailer", "termination", "concatenation", "concatenation-unfinished"];
+pub const TUS_EXTENSIONS: &[&str] = &[
+    "creation",
+    "creation-with-upload",
+    "creation-defer-length",
+    "expiration",
+    "checksum",
+    "checksum-trailer",
+    "termination",
+    "concatenation",
+    "concatenation-unfinished",
+];
 
 pub mod protocol;
 pub use protocol::*;

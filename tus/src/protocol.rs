@@ -9,7 +9,10 @@
 
 use std::fmt;
 
-use crate::{ChecksumAlgorithm, ParseError, ReprDigest, UploadChecksum, UploadConcat, UploadDeferLength, UploadLength, UploadMetadata, UploadOffset, TUS_VERSION};
+use crate::{
+    ChecksumAlgorithm, ParseError, ReprDigest, UploadChecksum, UploadConcat, UploadDeferLength, UploadLength, UploadMetadata, UploadOffset,
+    TUS_VERSION,
+};
 
 /// The media type every PATCH body must declare (TUS 1.0 §PATCH).
 pub const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
@@ -132,9 +135,14 @@ impl TusError {
 
     /// 409 `offset_mismatch`: the client's offset is not the stored one.
     pub fn offset_mismatch(expected: u64, got: u64) -> Self {
-        TusError::new(409, ErrorCode::OffsetMismatch, format!("expected offset {expected}, got {got}"), format!("Re-send this chunk starting at offset {expected}."))
-            .with_cursor(expected)
-            .with_draft(crate::draft::DraftProblem::MismatchingOffset { expected, provided: got })
+        TusError::new(
+            409,
+            ErrorCode::OffsetMismatch,
+            format!("expected offset {expected}, got {got}"),
+            format!("Re-send this chunk starting at offset {expected}."),
+        )
+        .with_cursor(expected)
+        .with_draft(crate::draft::DraftProblem::MismatchingOffset { expected, provided: got })
     }
 
     pub(crate) fn from_parse(e: &ParseError) -> Self {
@@ -243,7 +251,12 @@ pub(crate) fn content_length(v: Option<&str>) -> Result<Option<u64>, TusError> {
 }
 
 pub(crate) fn too_large(max: u64) -> TusError {
-    TusError::new(413, ErrorCode::SizeExceeded, format!("upload exceeds the maximum size of {max} bytes"), format!("Split the file into uploads of at most {max} bytes."))
+    TusError::new(
+        413,
+        ErrorCode::SizeExceeded,
+        format!("upload exceeds the maximum size of {max} bytes"),
+        format!("Split the file into uploads of at most {max} bytes."),
+    )
 }
 
 /// TUS 1.0 §Creation, §Creation With Upload, §Creation Defer Length, §Concatenation.
@@ -256,7 +269,10 @@ pub(crate) fn too_large(max: u64) -> TusError {
 pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result<CreationPlan, TusError> {
     let metadata = match h.upload_metadata {
         Some(raw) if raw.len() > limits.max_metadata => {
-            return Err(TusError::bad_request(format!("Upload-Metadata is longer than {} bytes", limits.max_metadata), "Send fewer or shorter metadata values."))
+            return Err(TusError::bad_request(
+                format!("Upload-Metadata is longer than {} bytes", limits.max_metadata),
+                "Send fewer or shorter metadata values.",
+            ))
         }
         Some(raw) => raw.parse::<UploadMetadata>().map_err(|e| TusError::from_parse(&e))?,
         None => UploadMetadata::default(),
@@ -276,7 +292,10 @@ pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result
             ));
         }
         if h.has_body {
-            return Err(TusError::bad_request("a final upload cannot carry a body", "Send the bytes to the partial uploads, then create the final upload without a body."));
+            return Err(TusError::bad_request(
+                "a final upload cannot carry a body",
+                "Send the bytes to the partial uploads, then create the final upload without a body.",
+            ));
         }
         None
     } else {
@@ -342,11 +361,17 @@ pub fn plan_creation(h: &CreationHeaders<'_>, limits: &CreationLimits) -> Result
 pub fn parse_declared_sha256(hexed: &str) -> Result<[u8; 32], TusError> {
     let hint = "Send the expected sha256 of the whole file as 64 hex digits (0-9, a-f), or omit it.";
     if let Some((i, c)) = hexed.chars().enumerate().find(|(_, c)| !c.is_ascii_hexdigit()) {
-        return Err(TusError::bad_request(format!("the declared sha256 is not hexadecimal: character {} is {c:?}; a sha256 is 64 hexadecimal digits", i + 1), hint));
+        return Err(TusError::bad_request(
+            format!("the declared sha256 is not hexadecimal: character {} is {c:?}; a sha256 is 64 hexadecimal digits", i + 1),
+            hint,
+        ));
     }
     let digits = hexed.len();
     if digits != 64 {
-        return Err(TusError::bad_request(format!("the declared sha256 has {digits} hex digits; a sha256 is 64 hexadecimal digits, so no file could match it"), hint));
+        return Err(TusError::bad_request(
+            format!("the declared sha256 has {digits} hex digits; a sha256 is 64 hexadecimal digits, so no file could match it"),
+            hint,
+        ));
     }
     let mut out = [0u8; 32];
     for (o, pair) in out.iter_mut().zip(hexed.as_bytes().chunks(2)) {
@@ -361,7 +386,12 @@ fn is_octet_stream(content_type: Option<&str>) -> bool {
 }
 
 fn unsupported_media() -> TusError {
-    TusError::new(415, ErrorCode::InvalidArgument, format!("the body must be sent as Content-Type: {OFFSET_OCTET_STREAM}"), format!("Send Content-Type: {OFFSET_OCTET_STREAM}."))
+    TusError::new(
+        415,
+        ErrorCode::InvalidArgument,
+        format!("the body must be sent as Content-Type: {OFFSET_OCTET_STREAM}"),
+        format!("Send Content-Type: {OFFSET_OCTET_STREAM}."),
+    )
 }
 
 fn past_length(offset: u64, length: u64) -> TusError {
@@ -429,14 +459,23 @@ pub struct PatchPlan {
 /// a `Content-Length` past the length → 413; a malformed checksum or unknown algorithm → 400.
 pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> Result<PatchPlan, TusError> {
     if state.is_final {
-        return Err(TusError::new(403, ErrorCode::Conflict, "a final (concatenated) upload cannot be patched", "Send the bytes to its partial uploads instead."));
+        return Err(TusError::new(
+            403,
+            ErrorCode::Conflict,
+            "a final (concatenated) upload cannot be patched",
+            "Send the bytes to its partial uploads instead.",
+        ));
     }
     if !is_octet_stream(h.content_type) {
         return Err(unsupported_media());
     }
     let offset = match h.upload_offset {
         None => {
-            return Err(TusError::bad_request("missing Upload-Offset", "Add the Upload-Offset header (HEAD shows the offset) and send the PATCH again.").with_cursor(state.offset))
+            return Err(TusError::bad_request(
+                "missing Upload-Offset",
+                "Add the Upload-Offset header (HEAD shows the offset) and send the PATCH again.",
+            )
+            .with_cursor(state.offset))
         }
         Some(raw) => raw.parse::<UploadOffset>().map_err(|e| TusError::from_parse(&e).with_cursor(state.offset))?.0,
     };
@@ -444,7 +483,10 @@ pub fn plan_patch(state: &UploadState, h: &PatchHeaders<'_>, max_size: u64) -> R
     let mut set_length = None;
     let length = match (state.length, declared) {
         (Some(stored), Some(UploadLength(n))) if n != stored => {
-            return Err(TusError::bad_request(format!("Upload-Length {n} differs from the stored length {stored}"), "Omit Upload-Length once it is set."))
+            return Err(TusError::bad_request(
+                format!("Upload-Length {n} differs from the stored length {stored}"),
+                "Omit Upload-Length once it is set.",
+            ))
         }
         (Some(stored), _) => Some(stored),
         (None, Some(UploadLength(n))) => {
@@ -656,20 +698,31 @@ mod tests {
         let md = |hexed: &str| format!("sha256 {}", base64::engine::general_purpose::STANDARD.encode(hexed));
         let good = "ab".repeat(32);
         assert_eq!(parse_declared_sha256(&good.to_ascii_uppercase()), Ok([0xab; 32]));
-        let created = plan_creation(&CreationHeaders { upload_length: Some("10"), upload_metadata: Some(&md(&good)), ..Default::default() }, &limits).unwrap();
+        let created =
+            plan_creation(&CreationHeaders { upload_length: Some("10"), upload_metadata: Some(&md(&good)), ..Default::default() }, &limits).unwrap();
         assert_eq!(created.expected_sha256, Some([0xab; 32]));
         // Hex of the wrong length (odd counts too): an invalid digest value (400), said as such.
         for short in ["ab".repeat(31), "ab".repeat(33), "ab".to_string(), "abc".to_string(), String::new()] {
             let e = parse_declared_sha256(&short).unwrap_err();
             assert_eq!(e.status, 400);
-            assert_eq!(e.detail, format!("the declared sha256 has {} hex digits; a sha256 is 64 hexadecimal digits, so no file could match it", short.len()));
+            assert_eq!(
+                e.detail,
+                format!("the declared sha256 has {} hex digits; a sha256 is 64 hexadecimal digits, so no file could match it", short.len())
+            );
             if !short.is_empty() {
                 let h = md(&short);
-                assert_eq!(plan_creation(&CreationHeaders { upload_length: Some("10"), upload_metadata: Some(&h), ..Default::default() }, &limits).unwrap_err(), e);
+                assert_eq!(
+                    plan_creation(&CreationHeaders { upload_length: Some("10"), upload_metadata: Some(&h), ..Default::default() }, &limits)
+                        .unwrap_err(),
+                    e
+                );
             }
         }
         // A character that is no hex digit: named with its position.
-        assert_eq!(parse_declared_sha256("xyz").unwrap_err().detail, "the declared sha256 is not hexadecimal: character 1 is 'x'; a sha256 is 64 hexadecimal digits");
+        assert_eq!(
+            parse_declared_sha256("xyz").unwrap_err().detail,
+            "the declared sha256 is not hexadecimal: character 1 is 'x'; a sha256 is 64 hexadecimal digits"
+        );
         let e = parse_declared_sha256(&format!("{}g{}", "a".repeat(10), "a".repeat(53))).unwrap_err();
         assert!(e.detail.contains("character 11 is 'g'"), "{}", e.detail);
         // Repr-Digest (RFC 9530): a sha-256 byte sequence of another length is an invalid value, 400.

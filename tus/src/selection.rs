@@ -240,7 +240,13 @@ mod tests {
         for last in ["bytes=0-9999", "bytes=0-18446744073709551615", "bytes=0-99999999999999999999999", "bytes=000-0099999999999999999999999"] {
             assert_eq!(d(last), whole, "{last}");
         }
-        for first in ["bytes=10000-", "bytes=18446744073709551615-", "bytes=18446744073709551616-", "bytes=99999999999999999999999-", "bytes=10000-99999999999999999999999"] {
+        for first in [
+            "bytes=10000-",
+            "bytes=18446744073709551615-",
+            "bytes=18446744073709551616-",
+            "bytes=99999999999999999999999-",
+            "bytes=10000-99999999999999999999999",
+        ] {
             assert_eq!(d(first), RangeOutcome::Unsatisfiable, "{first}");
         }
         assert_eq!(d("bytes=99999999999999999999999-18446744073709551616"), RangeOutcome::Whole, "last before first: invalid, ignored");

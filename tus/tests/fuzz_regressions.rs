@@ -7,7 +7,8 @@ use std::path::Path;
 #[test]
 fn replay_fuzz_regressions() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
-    let mut dirs: Vec<_> = std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())).map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    let mut dirs: Vec<_> =
+        std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())).map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     dirs.sort();
     let mut replayed = 0;
     for dir in &dirs {

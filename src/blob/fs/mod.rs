@@ -195,7 +195,10 @@ fn not_a_directory(root: &Path) -> std::io::Result<()> {
         }
         Err(e) => return Err(e),
     };
-    Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("the blob directory {} {why}: give --blobs a directory (it is created if missing)", root.display())))
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("the blob directory {} {why}: give --blobs a directory (it is created if missing)", root.display()),
+    ))
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -300,7 +303,9 @@ impl BlobStore for FsBlobStore {
             Some(opened) => opened,
             None => {
                 let p = path.clone();
-                blocking(move || open_for_writing(&p, offset, durable, want_direct, false)).await?.expect("an open on a blocking thread waits rather than declines")
+                blocking(move || open_for_writing(&p, offset, durable, want_direct, false))
+                    .await?
+                    .expect("an open on a blocking thread waits rather than declines")
             }
         };
         Ok(Box::new(FsWriter {

@@ -195,7 +195,8 @@ pub(super) fn on_local_disk(root: &Path) -> bool {
     {
         use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
         // ext2, ext3 and ext4 share one magic number.
-        statfs(root).is_ok_and(|s| [EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC].contains(&s.filesystem_type()))
+        statfs(root)
+            .is_ok_and(|s| [EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC].contains(&s.filesystem_type()))
     }
     #[cfg(not(target_os = "linux"))]
     {

@@ -94,10 +94,13 @@ pub(super) fn hold_writer_lock(f: &File) -> BlobResult<()> {
     loop {
         match f.try_lock() {
             Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(BlobError::Unavailable(
-                    "another writer (a paused or cut-off process on a shared directory) still has this upload's file open; nothing was written".into(),
+                    "another writer (a paused or cut-off process on a shared directory) still has this upload's file open; nothing was written"
+                        .into(),
                 ))
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
@@ -156,7 +159,8 @@ impl FsWriter {
         let bufs = std::mem::take(&mut self.gathered);
         let n = std::mem::take(&mut self.gathered_len) as u64;
         self.lease.check()?;
-        let (file, start, writeback, lease, direct) = (self.file.clone(), self.flushed, writeback && self.durable, self.lease.clone(), self.direct.clone());
+        let (file, start, writeback, lease, direct) =
+            (self.file.clone(), self.flushed, writeback && self.durable, self.lease.clone(), self.direct.clone());
         self.in_flight = Some(tokio::task::spawn_blocking(move || {
             if !lease.holds() {
                 return Err(std::io::Error::other(BlobError::LeaseLost));

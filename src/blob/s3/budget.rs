@@ -54,7 +54,14 @@ impl Budget {
     /// A budget of `bytes` (at least one MiB).
     pub(super) fn new(bytes: u64) -> Budget {
         let mib = u32::try_from(bytes.div_ceil(BUDGET_UNIT).max(1)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
-        Budget { sem: Arc::new(Semaphore::new(mib as usize)), mib, waiting: AtomicU64::new(0), waits: AtomicU64::new(0), waited_ms: AtomicU64::new(0), refused: AtomicU64::new(0) }
+        Budget {
+            sem: Arc::new(Semaphore::new(mib as usize)),
+            mib,
+            waiting: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            waited_ms: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
     }
 
     /// Bytes reserved now (active and parked open parts, tails being read, streamed pieces).

@@ -176,7 +176,9 @@ impl Inner {
         match bounded(REQUEST_DEADLINE, self.s3.abort_multipart(&path, &MultipartId::from(mp.clone()))).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) && self.multipart_gone(&path, &mp).await => Ok(()),
-            Err(e) if is_not_found(&e) => Err(BlobError::Unavailable("S3 AbortMultipartUpload: 404 NoSuchUpload while the multipart upload is still listed".into())),
+            Err(e) if is_not_found(&e) => {
+                Err(BlobError::Unavailable("S3 AbortMultipartUpload: 404 NoSuchUpload while the multipart upload is still listed".into()))
+            }
             Err(e) => Err(io(e)),
         }
     }
@@ -308,8 +310,14 @@ mod tests {
 
     #[test]
     fn parts_stream_only_over_tls_or_loopback() {
-        for yes in ["https://s3.eu-west-1.amazonaws.com", "https://10.0.0.5:3900", "http://127.0.0.1:3900", "http://127.1.2.3:9000/", "http://[::1]:9000", "http://localhost:9000"]
-        {
+        for yes in [
+            "https://s3.eu-west-1.amazonaws.com",
+            "https://10.0.0.5:3900",
+            "http://127.0.0.1:3900",
+            "http://127.1.2.3:9000/",
+            "http://[::1]:9000",
+            "http://localhost:9000",
+        ] {
             assert!(may_stream_parts(yes), "{yes}");
         }
         for no in ["http://10.0.0.5:3900", "http://s3.internal:9000", "http://localhost.example.com", "not a url", ""] {

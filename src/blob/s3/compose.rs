@@ -96,7 +96,11 @@ impl Inner {
             }
             Err(a) => return Err(refusal(&op, &a).into()),
         };
-        let etag = body.split("<ETag>").nth(1).and_then(|t| t.split("</ETag>").next()).ok_or_else(|| BlobError::Unavailable(format!("S3 {op}: no ETag in the answer")))?;
+        let etag = body
+            .split("<ETag>")
+            .nth(1)
+            .and_then(|t| t.split("</ETag>").next())
+            .ok_or_else(|| BlobError::Unavailable(format!("S3 {op}: no ETag in the answer")))?;
         Ok(PartId { content_id: etag.replace("&quot;", "\"").replace("&#34;", "\"").replace("&amp;", "&") })
     }
 
@@ -110,7 +114,14 @@ impl Inner {
     /// for S3's answer once the body is whole. Errors: a body that ends short of `size` (the
     /// sender went away) or any refusal, as [`BlobError::Unavailable`] with S3's status and
     /// code; the caller then sends the part whole.
-    pub(super) async fn stream_part(&self, to: &Path, mp: &str, number: u32, size: u64, mut body: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> BlobResult<PartId> {
+    pub(super) async fn stream_part(
+        &self,
+        to: &Path,
+        mp: &str,
+        number: u32,
+        size: u64,
+        mut body: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    ) -> BlobResult<PartId> {
         use object_store::signer::Signer;
         let url = self.s3.signed_url_opts(http::Method::PUT, to, Duration::from_secs(3600), &part_query(mp, number as usize)).await.map_err(io)?;
         let unavailable = |what: String| BlobError::Unavailable(format!("S3 UploadPart {number}, streamed: {what}"));
@@ -158,7 +169,10 @@ impl Inner {
         let deadline = completion_deadline(parts.len());
         let attempt = || async {
             let sent = tokio::time::timeout(deadline, async {
-                let r = self.requests.send("CompleteMultipartUpload", self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone())).await?;
+                let r = self
+                    .requests
+                    .send("CompleteMultipartUpload", self.http.post(url.clone()).header("content-type", "application/xml").body(xml.clone()))
+                    .await?;
                 let status = r.status();
                 Ok::<_, reqwest::Error>((status, r.text().await?))
             })
@@ -193,10 +207,17 @@ impl Inner {
             Ok(()) => Ok(()),
             Err(a) => match a.failure() {
                 Failure::Unavailable => Err(BlobError::Unavailable(format!("S3 CompleteMultipartUpload: {a}"))),
-                Failure::NotFound => Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it; confirmed by listing): {a}"))),
+                Failure::NotFound => {
+                    Err(lost(format!("NoSuchUpload (a bucket lifecycle rule, or someone else aborted it; confirmed by listing): {a}")))
+                }
                 // The parts cannot make the object (S3 API reference, CompleteMultipartUpload
                 // errors): the upload is rolled back to what the store still has.
-                Failure::Refused if matches!(a.code.as_deref(), Some("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "EntityTooLarge" | "MalformedXML")) => {
+                Failure::Refused
+                    if matches!(
+                        a.code.as_deref(),
+                        Some("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "EntityTooLarge" | "MalformedXML")
+                    ) =>
+                {
                     Err(lost(a.to_string()))
                 }
                 // Refused for another reason (credentials, a policy, a request it does not
@@ -240,7 +261,14 @@ impl Inner {
     }
 
     /// [`Inner::compose_part`] for [`WriteLease::run`](crate::blob::WriteLease::run).
-    async fn compose_part_under(&self, path: &Path, mp: &str, idx: usize, piece: &Piece, sources: &[(String, u64)]) -> BlobResult<Result<PartId, ComposeError>> {
+    async fn compose_part_under(
+        &self,
+        path: &Path,
+        mp: &str,
+        idx: usize,
+        piece: &Piece,
+        sources: &[(String, u64)],
+    ) -> BlobResult<Result<PartId, ComposeError>> {
         Ok(self.compose_part(path, mp, idx, piece, sources).await)
     }
 
@@ -270,7 +298,13 @@ impl Inner {
     /// multipart uploads and tail go, a fresh multipart upload is completed on the key, so a
     /// composer whose lease ran out mid-way (a stall, a pause) can at most complete the same
     /// bytes again — a final another composer finished stays readable.
-    pub(super) async fn compose(&self, id: &str, sources: &[(String, u64)], plan: &[Piece], lease: &crate::blob::WriteLease) -> Result<(), ComposeError> {
+    pub(super) async fn compose(
+        &self,
+        id: &str,
+        sources: &[(String, u64)],
+        plan: &[Piece],
+        lease: &crate::blob::WriteLease,
+    ) -> Result<(), ComposeError> {
         let total: u64 = sources.iter().map(|s| s.1).sum();
         lease
             .run(async {

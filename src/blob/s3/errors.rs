@@ -129,9 +129,16 @@ pub(super) fn error_code(body: &str) -> Option<&str> {
 pub(super) fn decide(status: Option<u16>, code: Option<&str>) -> Failure {
     match code {
         Some("NoSuchKey" | "NoSuchUpload") => return Failure::NotFound,
-        Some("SlowDown" | "InternalError" | "ServiceUnavailable" | "RequestTimeout" | "OperationAborted" | "RequestTimeTooSkewed" | "ExpiredToken" | "TooManyRequests") => {
-            return Failure::Unavailable
-        }
+        Some(
+            "SlowDown"
+            | "InternalError"
+            | "ServiceUnavailable"
+            | "RequestTimeout"
+            | "OperationAborted"
+            | "RequestTimeTooSkewed"
+            | "ExpiredToken"
+            | "TooManyRequests",
+        ) => return Failure::Unavailable,
         Some(
             "AccessDenied"
             | "InvalidAccessKeyId"
@@ -315,20 +322,27 @@ mod tests {
 
     #[test]
     fn object_stores_errors_give_their_status_and_code() {
-        let m = |tail: &str| format!("Error performing PUT http://127.0.0.1:1/b/k in 1.2s, after 3 retries, max_retries: 3, retry_timeout: 10s  - {tail}");
+        let m = |tail: &str| {
+            format!("Error performing PUT http://127.0.0.1:1/b/k in 1.2s, after 3 retries, max_retries: 3, retry_timeout: 10s  - {tail}")
+        };
         let generic = |msg: String| object_store::Error::Generic { store: "S3", source: msg.into() };
-        let slow = generic(m("Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code><Message>x</Message></Error>"));
+        let slow =
+            generic(m("Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code><Message>x</Message></Error>"));
         assert_eq!(answer_of(&slow), Answer { status: Some(503), code: Some("SlowDown".into()) });
         let body_error = generic(m("Server returned error response: <Error><Code>InternalError</Code></Error>"));
         assert_eq!(answer_of(&body_error), Answer { status: Some(200), code: Some("InternalError".into()) });
         let length = generic(m("Server returned non-2xx status code: 411 Length Required: <Error><Code>MissingContentLength</Code></Error>"));
         assert_eq!(classify(&length), Failure::Refused);
-        let bulk = generic("DeleteObjects request failed for key p/up/x.created: Internal error: Could not reach quorum (code: InternalError)".into());
+        let bulk =
+            generic("DeleteObjects request failed for key p/up/x.created: Internal error: Could not reach quorum (code: InternalError)".into());
         assert_eq!(answer_of(&bulk).code.as_deref(), Some("InternalError"));
         assert_eq!(classify(&bulk), Failure::Unavailable, "Garage under load");
         assert_eq!(classify(&generic("Got invalid multipart response: missing field".into())), Failure::Refused);
         let denied = object_store::Error::PermissionDenied { path: "k".into(), source: "AccessDenied".into() };
-        assert!(matches!(io(denied), BlobError::Refused { status: Some(403), .. }), "a bucket that refuses writes is refused for good, by its status");
+        assert!(
+            matches!(io(denied), BlobError::Refused { status: Some(403), .. }),
+            "a bucket that refuses writes is refused for good, by its status"
+        );
         let missing = object_store::Error::NotFound { path: "k".into(), source: "NoSuchKey".into() };
         assert!(matches!(io(missing), BlobError::NotFound));
         match io(slow) {

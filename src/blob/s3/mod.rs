@@ -97,7 +97,12 @@ pub struct S3Settings {
 
 impl Default for S3Settings {
     fn default() -> Self {
-        S3Settings { part_size: DEFAULT_PART_FLOOR, deferred_part_size: DEFAULT_DEFERRED_PART, max_buffer: DEFAULT_MAX_BUFFER, parts_in_flight: DEFAULT_PARTS_IN_FLIGHT }
+        S3Settings {
+            part_size: DEFAULT_PART_FLOOR,
+            deferred_part_size: DEFAULT_DEFERRED_PART,
+            max_buffer: DEFAULT_MAX_BUFFER,
+            parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
+        }
     }
 }
 
@@ -171,7 +176,8 @@ impl S3BlobStore {
             b = b.with_unsigned_payload(true);
         }
         let s3 = b.with_retry(retry_config()).build().map_err(|e| anyhow::anyhow!("configuring S3 for {url}: {e}"))?;
-        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().map_err(|e| anyhow::anyhow!("HTTP client for {url}: {e}"))?;
+        let http =
+            reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build().map_err(|e| anyhow::anyhow!("HTTP client for {url}: {e}"))?;
         let inner = Inner {
             s3,
             http,
@@ -291,7 +297,9 @@ impl S3BlobStore {
                         None => state::part_number(st.schedule, idx, u64::from(after) + 1),
                     };
                     let deadline = deadline_for(tail.len() as u64);
-                    let pid = bounded(deadline, s.s3.put_part(&s.object(id), &mpid, number as usize - 1, PutPayload::from(tail.freeze()))).await.map_err(io)?;
+                    let pid = bounded(deadline, s.s3.put_part(&s.object(id), &mpid, number as usize - 1, PutPayload::from(tail.freeze())))
+                        .await
+                        .map_err(io)?;
                     parts.push((number, pid.content_id));
                 }
                 match s.complete_numbered(&s.object(id), mp, &parts, Some(st.offset())).await {

@@ -157,6 +157,10 @@ mod tests {
         for (status, _) in [(Some(204), "2xx"), (Some(404), "4xx"), (Some(503), "5xx"), (None, "error")] {
             r.seen("UploadPart", status, Instant::now());
         }
-        assert_eq!(*seen.lock().unwrap(), [("UploadPart", "2xx"), ("UploadPart", "4xx"), ("UploadPart", "5xx"), ("UploadPart", "error")], "none kept before an observer");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [("UploadPart", "2xx"), ("UploadPart", "4xx"), ("UploadPart", "5xx"), ("UploadPart", "error")],
+            "none kept before an observer"
+        );
     }
 }

@@ -602,7 +602,13 @@ mod tests {
         let st = S3State::decode(&BlobState(v)).unwrap().unwrap();
         assert_eq!(
             st,
-            S3State { schedule: Schedule::Doubling(MIN_PART), multipart: Some("m".into()), parts: vec![(1, "e".into())], tail: vec![(None, MIN_PART + 3)], numbering: None }
+            S3State {
+                schedule: Schedule::Doubling(MIN_PART),
+                multipart: Some("m".into()),
+                parts: vec![(1, "e".into())],
+                tail: vec![(None, MIN_PART + 3)],
+                numbering: None
+            }
         );
         assert_eq!(st.segments()[0].name(), format!("1-{MIN_PART}-{}", MIN_PART + 3), "version-2 keys have no fence");
         // Re-encoded as version 4 and back, unchanged.

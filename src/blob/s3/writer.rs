@@ -506,7 +506,10 @@ impl S3Writer {
                             }
                             Err(_) => {
                                 abort.abort();
-                                Some(Err(BlobError::Unavailable(format!("S3 did not answer part {number} within {} s", deadline_for(size).as_secs()))))
+                                Some(Err(BlobError::Unavailable(format!(
+                                    "S3 did not answer part {number} within {} s",
+                                    deadline_for(size).as_secs()
+                                ))))
                             }
                         }
                     }
@@ -549,7 +552,10 @@ impl S3Writer {
         }
         let Some(mp) = self.part.st.multipart.clone() else {
             let data = self.part.buf.clone().freeze();
-            let put = self.lease.run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&path, PutPayload::from(data.clone()))).await.map(drop).map_err(io) }).await;
+            let put = self
+                .lease
+                .run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&path, PutPayload::from(data.clone()))).await.map(drop).map_err(io) })
+                .await;
             return self.guard(put);
         };
         let mpid = MultipartId::from(mp.clone());
@@ -562,7 +568,9 @@ impl S3Writer {
             let sent = self
                 .lease
                 .run(async {
-                    match bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone()))).await {
+                    match bounded(deadline_for(data.len() as u64), s.s3.put_part(&path, &mpid, number as usize - 1, PutPayload::from(data.clone())))
+                        .await
+                    {
                         Ok(pid) => Ok(pid),
                         Err(e) => Err(part_error(&s, &path, &mpid, e).await),
                     }
@@ -645,7 +653,10 @@ impl BlobWriter for S3Writer {
             let seg = Segment { part: self.part.st.parts.len() as u64, start: synced, end: pos, fence: Some(self.lease.fence) };
             let data = Bytes::copy_from_slice(&self.part.buf[(synced - self.parts_end()) as usize..]);
             let key = s.segment(&self.id, &seg);
-            let put = self.lease.run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&key, PutPayload::from(data))).await.map(drop).map_err(io) }).await;
+            let put = self
+                .lease
+                .run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&key, PutPayload::from(data))).await.map(drop).map_err(io) })
+                .await;
             self.guard(put)?;
             self.part.st.tail.push((seg.fence, pos));
             self.part.known.push(seg);
@@ -707,7 +718,9 @@ impl BlobWriter for S3Writer {
         let mut cur = start;
         while cur < len {
             let Some(&next) = self.part.known.iter().filter(|k| k.part == idx && k.start == cur).max_by_key(|k| k.end) else {
-                return Err(BlobError::Io(std::io::Error::other(format!("cannot rewind to {len}: those bytes were sent as part {idx} and no tail holds them"))));
+                return Err(BlobError::Io(std::io::Error::other(format!(
+                    "cannot rewind to {len}: those bytes were sent as part {idx} and no tail holds them"
+                ))));
             };
             chain.push(next);
             cur = next.end;

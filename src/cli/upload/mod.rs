@@ -36,8 +36,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::client::{
-    describe, exit_codes_help, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client, Connection, Retry, EXIT_FAILURE,
-    EXIT_NOT_FOUND, EXIT_VERIFY,
+    describe, exit_codes_help, id_of, parse_duration, parse_size, print_line, repr_digest_sha256, token_identity, typed_header, CliError, Client,
+    Connection, Retry, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_VERIFY,
 };
 use super::progress::Progress;
 use super::store::{fingerprint, Store};
@@ -140,7 +140,9 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
     let mut client = Client::new(&args.conn, READ_TIMEOUT)?;
     if let Some(u) = &args.url {
         if args.files.len() != 1 || args.parallel != 1 || !metadata.is_empty() || args.name.is_some() || args.fresh {
-            return Err(CliError::usage("--url takes one FILE, and no --parallel, --meta, --name or --fresh (the upload already exists, with its metadata)"));
+            return Err(CliError::usage(
+                "--url takes one FILE, and no --parallel, --meta, --name or --fresh (the upload already exists, with its metadata)",
+            ));
         }
         let url = upload_url(u)?;
         client.discover_at(&url);
@@ -161,7 +163,9 @@ async fn execute(args: UploadArgs) -> Result<(), CliError> {
         let result = match is_stream(path) {
             Err(e) => Err(e),
             Ok(true) if args.parallel > 1 => Err(CliError::usage("--parallel needs a regular file (a pipe can be read only once, in order)")),
-            Ok(true) => super::stream::upload(&client, &args, Some(metadata_header(display_name(&args, path).as_deref(), &metadata)), path, None).await,
+            Ok(true) => {
+                super::stream::upload(&client, &args, Some(metadata_header(display_name(&args, path).as_deref(), &metadata)), path, None).await
+            }
             Ok(false) => upload_one(&client, &store, Some(&identity), &args, &metadata, path, None).await,
         };
         match result {
@@ -222,7 +226,8 @@ fn is_stream(path: &Path) -> Result<bool, CliError> {
     }
     let md = std::fs::metadata(path).map_err(|e| local_error(path, e))?;
     if md.is_dir() {
-        return Err(CliError::usage(format!("{} is a directory", path.display())).hint("Upload its files, or an archive of it (e.g. `tar c DIR | ferry upload - --name DIR.tar`)."));
+        return Err(CliError::usage(format!("{} is a directory", path.display()))
+            .hint("Upload its files, or an archive of it (e.g. `tar c DIR | ferry upload - --name DIR.tar`)."));
     }
     Ok(!md.is_file())
 }
@@ -257,9 +262,9 @@ fn metadata_pairs(meta: &[String]) -> Result<Vec<(String, String)>, CliError> {
     meta.iter()
         .map(|kv| {
             let (k, v) = kv.split_once('=').ok_or_else(|| CliError::usage(format!("--meta {kv:?} is not KEY=VALUE")))?;
-            check
-                .insert(k, Some(v.as_bytes().to_vec()))
-                .map_err(|e| CliError::usage(format!("--meta key {k:?}: {e} (keys are non-empty ASCII without spaces or commas, each given once)")))?;
+            check.insert(k, Some(v.as_bytes().to_vec())).map_err(|e| {
+                CliError::usage(format!("--meta key {k:?}: {e} (keys are non-empty ASCII without spaces or commas, each given once)"))
+            })?;
             Ok((k.to_string(), v.to_string()))
         })
         .collect()
@@ -430,7 +435,9 @@ async fn upload_one(
         None => None,
         Some(url) => {
             let info = head(client, &mut Retry::new(args.retry_for), &url).await?;
-            let offset = info.offset.ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
+            let offset = info
+                .offset
+                .ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
             match info.length {
                 Some(l) if l != size => {
                     return Err(CliError::usage(format!("the upload at {url} expects {l} bytes, and this file has {size}"))
@@ -476,8 +483,11 @@ async fn upload_one(
     }
     if out.local != out.server {
         job.forget()?;
-        return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: the local file is {}, the server stored {} at {}", out.local, out.server, out.url))
-            .hint("The file may have changed while it was uploaded. Re-run with --fresh to upload it again from the start."));
+        return Err(CliError::new(
+            EXIT_VERIFY,
+            format!("sha256 mismatch: the local file is {}, the server stored {} at {}", out.local, out.server, out.url),
+        )
+        .hint("The file may have changed while it was uploaded. Re-run with --fresh to upload it again from the start."));
     }
     if !out.parts.is_empty() {
         // The final upload is a copy: the parts only take space now (TUS 1.0 §Termination).
@@ -485,7 +495,10 @@ async fn upload_one(
             match client.terminate(&mut Retry::new(job.retry_for.min(CLEANUP_RETRY)), part).await {
                 Ok(()) => {}
                 Err(e) if e.code == EXIT_NOT_FOUND => {}
-                Err(e) => eprintln!("ferry: warning: {}: could not delete the partial upload {part} ({}); delete it with `ferry rm {part}`", job.display, e.message),
+                Err(e) => eprintln!(
+                    "ferry: warning: {}: could not delete the partial upload {part} ({}); delete it with `ferry rm {part}`",
+                    job.display, e.message
+                ),
             }
         }
         job.remember(&[], Some(out.url.as_str()), &job.meta)?;
@@ -505,8 +518,12 @@ async fn upload_one(
 /// Exit code 2: the upload is larger than the server's `Tus-Max-Size`; nothing was sent.
 pub(super) fn too_large(size: u64, max: u64) -> CliError {
     let b = |n: u64| bytesize::ByteSize::b(n).display().iec().to_string();
-    CliError::usage(format!("{size} bytes ({}) is more than this server accepts: Tus-Max-Size is {max} bytes ({}); nothing was sent", b(size), b(max)))
-        .hint("--parallel does not help (the joined upload counts). Upload a smaller file, or ask the operator to raise --max-size.")
+    CliError::usage(format!(
+        "{size} bytes ({}) is more than this server accepts: Tus-Max-Size is {max} bytes ({}); nothing was sent",
+        b(size),
+        b(max)
+    ))
+    .hint("--parallel does not help (the joined upload counts). Upload a smaller file, or ask the operator to raise --max-size.")
 }
 
 pub(super) fn local_error(path: &Path, e: std::io::Error) -> CliError {
@@ -667,8 +684,11 @@ pub(super) async fn finished_sha256(client: &Client, retry_for: Duration, url: &
         }
         retry
             .wait(
-                CliError::new(super::client::EXIT_NETWORK, format!("the server has every byte of {url} but has not finished the upload yet (no Repr-Digest)"))
-                    .hint("Re-run the same command to keep waiting: the server finishes it once its pre-finish hook or store answers again."),
+                CliError::new(
+                    super::client::EXIT_NETWORK,
+                    format!("the server has every byte of {url} but has not finished the upload yet (no Repr-Digest)"),
+                )
+                .hint("Re-run the same command to keep waiting: the server finishes it once its pre-finish hook or store answers again."),
             )
             .await?;
     }

@@ -17,7 +17,9 @@ pub(super) async fn concatenated(job: &Job<'_>, stored: Option<crate::cli::store
         let found = head(job.client, &mut retry, &url).await;
         let damaged = found.is_ok() && damaged_on_server(job.client, &url).await;
         match found {
-            Ok(_) if damaged => job.progress.note(&format!("the remembered upload {url} is damaged on the server (downloads are refused); starting over")),
+            Ok(_) if damaged => {
+                job.progress.note(&format!("the remembered upload {url} is damaged on the server (downloads are refused); starting over"))
+            }
             Ok(_) => {
                 job.progress.note(&format!("the parts were already joined into {url}"));
                 job.progress.set(size, false);
@@ -91,8 +93,11 @@ pub(super) async fn concatenated(job: &Job<'_>, stored: Option<crate::cli::store
             }
             // No metadata remembered: the next run joins them with its own --meta.
             job.remember(&part_urls(&parts), None, "")?;
-            return Err(CliError::new(EXIT_VERIFY, format!("the file's sha256 does not match the declared --meta sha256: the server discarded the joined upload ({})", e.message))
-                .hint("Check --meta sha256=… (or leave it out); a re-run joins the parts already on the server again."));
+            return Err(CliError::new(
+                EXIT_VERIFY,
+                format!("the file's sha256 does not match the declared --meta sha256: the server discarded the joined upload ({})", e.message),
+            )
+            .hint("Check --meta sha256=… (or leave it out); a re-run joins the parts already on the server again."));
         }
     };
     let parts = parts.into_iter().map(|(u, _)| u).collect();

@@ -78,7 +78,14 @@ pub(super) async fn hash_to(path: &Path, display: &str, hashing: &Mutex<Hashing>
 /// Send bytes `[base + offset, base + len)` of the file to upload `url` (whose own offsets
 /// run from 0 to `len`), starting at its current `offset`, in PATCHes of at most
 /// `chunk_size` (TUS 1.0 §PATCH). With `hashing`, the bytes are hashed as they are sent.
-pub(super) async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64, mut offset: u64, hashing: Option<&Arc<Mutex<Hashing>>>) -> Result<(), CliError> {
+pub(super) async fn push(
+    job: &Job<'_>,
+    url: &reqwest::Url,
+    base: u64,
+    len: u64,
+    mut offset: u64,
+    hashing: Option<&Arc<Mutex<Hashing>>>,
+) -> Result<(), CliError> {
     let mut retry = Retry::new(job.retry_for);
     let mut conflicts = 0;
     job.progress.reached(job.progress_pos(base, offset));
@@ -137,8 +144,10 @@ pub(super) async fn push(job: &Job<'_>, url: &reqwest::Url, base: u64, len: u64,
         retry.wait(failure).await?;
         // Ask the server what it kept (a new HEAD also ends a PATCH of ours still in flight).
         let info = head(job.client, &mut retry, url).await?;
-        offset =
-            info.offset.filter(|o| *o <= len).ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no usable Upload-Offset", describe(&reqwest::Method::HEAD, url))))?;
+        offset = info
+            .offset
+            .filter(|o| *o <= len)
+            .ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no usable Upload-Offset", describe(&reqwest::Method::HEAD, url))))?;
         job.progress.set(job.progress_pos(base, offset), false);
     }
 }

@@ -104,7 +104,8 @@ impl Job for CheckJob {
             metrics.check_findings.get_or_create(&FindingLabel { kind: "sha256_mismatch" }).inc_by((report.mismatched.len() - before.0) as u64);
             metrics.check_findings.get_or_create(&FindingLabel { kind: "missing" }).inc_by((report.missing.len() - before.1) as u64);
             done += t.size;
-            let counters = [("files_checked", report.files_checked), ("mismatched", report.mismatched.len() as u64), ("missing", report.missing.len() as u64)];
+            let counters =
+                [("files_checked", report.files_checked), ("mismatched", report.mismatched.len() as u64), ("missing", report.missing.len() as u64)];
             ctx.progress(Some(done as f64 / total as f64), Some("re-reading finished files"), &counters).await?;
             ctx.checkpoint(&Cursor { after: t.id.clone(), report: report.clone() }).await?;
         }

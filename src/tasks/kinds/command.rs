@@ -1,7 +1,7 @@
 //! The `command` kind: run a program declared in ferry.toml (`[commands.NAME]`), stream its
 //! stdout into a file, and read progress, checkpoints and input requests from its stderr.
 //!
-//! One file of ~960 lines because running a declared program is one state machine (spawn, stdout
+//! One file of ~1 060 lines because running a declared program is one state machine (spawn, stdout
 //! into the file, the stderr protocol of progress, checkpoints, input requests and partial
 //! results); about a third is its tests.
 //!
@@ -142,7 +142,8 @@ const MAX_SCHEMA_ERRORS: usize = 10;
 
 impl CommandJob {
     pub fn new(commands: BTreeMap<String, CommandSpec>) -> Self {
-        let validators = commands.iter().filter_map(|(n, c)| c.params_schema.as_ref().map(|s| (n.clone(), crate::tasks::settings::params_validator(s)))).collect();
+        let validators =
+            commands.iter().filter_map(|(n, c)| c.params_schema.as_ref().map(|s| (n.clone(), crate::tasks::settings::params_validator(s)))).collect();
         CommandJob { commands, validators }
     }
 
@@ -233,8 +234,11 @@ impl Job for CommandJob {
                 }
                 // Absent params are checked as `{}`: required when the schema requires members.
                 let requires = s.get("required").and_then(Value::as_array).is_some_and(|r| !r.is_empty());
-                let then =
-                    if requires { serde_json::json!({ "properties": { "params": s }, "required": ["params"] }) } else { serde_json::json!({ "properties": { "params": s } }) };
+                let then = if requires {
+                    serde_json::json!({ "properties": { "params": s }, "required": ["params"] })
+                } else {
+                    serde_json::json!({ "properties": { "params": s } })
+                };
                 serde_json::json!({ "if": { "properties": { "command": { "const": n } } }, "then": then })
             })
             .collect();
@@ -267,7 +271,8 @@ impl Job for CommandJob {
     }
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
-        let mut state: Option<CommandCheckpoint> = checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
+        let mut state: Option<CommandCheckpoint> =
+            checkpoint.map(serde_json::from_value).transpose().map_err(|e| JobError::Internal(format!("command checkpoint: {e}")))?;
         // A run killed with its server left its program's group running: it ends before
         // anything else, even a refusal of the arguments (a command no longer declared), and
         // before this run starts another (which would write the same file from the same
@@ -311,7 +316,18 @@ impl Job for CommandJob {
             if cp.group.is_some() {
                 ctx.checkpoint_at(&cp, mark).await?;
             }
-            let mut run = Run { ctx, name, writer, state: cp, mark, run_bytes: 0, pending: VecDeque::new(), tail: Tail::default(), asked: false, answered: answers };
+            let mut run = Run {
+                ctx,
+                name,
+                writer,
+                state: cp,
+                mark,
+                run_bytes: 0,
+                pending: VecDeque::new(),
+                tail: Tail::default(),
+                asked: false,
+                answered: answers,
+            };
             let status = run.supervise(child, &group).await;
             // Whatever the program left running in its group ends with the run.
             drop(group);
@@ -345,8 +361,14 @@ impl Job for CommandJob {
 /// ([`RecordedGroup::end`]), saying so in the log.
 fn end_left_over(task_id: &str, group: &RecordedGroup) {
     match group.end(task_id) {
-        Ended::Killed => tracing::warn!(task = task_id, pgid = group.pgid, "ended the process group a run of this task left running when its server stopped"),
-        Ended::Elsewhere => tracing::info!(task = task_id, pgid = group.pgid, "the task's last run was on another machine or boot: its process group is not this server's to end"),
+        Ended::Killed => {
+            tracing::warn!(task = task_id, pgid = group.pgid, "ended the process group a run of this task left running when its server stopped")
+        }
+        Ended::Elsewhere => tracing::info!(
+            task = task_id,
+            pgid = group.pgid,
+            "the task's last run was on another machine or boot: its process group is not this server's to end"
+        ),
         Ended::NothingLeft => {}
     }
 }
@@ -368,7 +390,14 @@ fn passed(spec: &CommandSpec, name: &str) -> bool {
     !name.starts_with("FERRY_INPUT_") && (PASSED_ENV.contains(&name) || name.starts_with("LC_") || spec.env.iter().any(|n| n == name))
 }
 
-fn spawn(spec: &CommandSpec, name: &str, task_id: &str, params: &str, cp: &CommandCheckpoint, answers: &BTreeMap<String, Value>) -> Result<(Child, Group), JobError> {
+fn spawn(
+    spec: &CommandSpec,
+    name: &str,
+    task_id: &str,
+    params: &str,
+    cp: &CommandCheckpoint,
+    answers: &BTreeMap<String, Value>,
+) -> Result<(Child, Group), JobError> {
     let mut cmd = tokio::process::Command::new(&spec.program);
     // A group of its own (its id is the program's pid): cancelling kills the group.
     cmd.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
@@ -381,7 +410,10 @@ fn spawn(spec: &CommandSpec, name: &str, task_id: &str, params: &str, cp: &Comma
             cmd.env(k, v);
         }
     }
-    cmd.env("FERRY_TASK_ID", task_id).env("FERRY_PARAMS", params).env("FERRY_CHECKPOINT", &cp.token).env("FERRY_OFFSET", cp.cursor.offset.to_string());
+    cmd.env("FERRY_TASK_ID", task_id)
+        .env("FERRY_PARAMS", params)
+        .env("FERRY_CHECKPOINT", &cp.token)
+        .env("FERRY_OFFSET", cp.cursor.offset.to_string());
     for (k, v) in answers {
         cmd.env(input_env(k), v.to_string());
     }
@@ -728,7 +760,10 @@ pub(crate) mod tests {
         assert_eq!(parse_line("progress 1").unwrap(), Line::Progress { fraction: 1.0, message: None });
         assert_eq!(parse_line("count rows 42").unwrap(), Line::Count { name: "rows".into(), value: 42 });
         assert_eq!(parse_line("checkpoint 1024 page=7 cursor=abc").unwrap(), Line::Checkpoint { bytes: 1024, token: "page=7 cursor=abc".into() });
-        assert_eq!(parse_line(r#"input confirm {"message":"go?"}"#).unwrap(), Line::Input { key: "confirm".into(), request: serde_json::json!({"message": "go?"}) });
+        assert_eq!(
+            parse_line(r#"input confirm {"message":"go?"}"#).unwrap(),
+            Line::Input { key: "confirm".into(), request: serde_json::json!({"message": "go?"}) }
+        );
     }
 
     #[test]
@@ -827,7 +862,16 @@ pub(crate) mod tests {
 
     #[test]
     fn validate_names_declared_commands() {
-        let spec = CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, env: vec![], description: None, params_schema: None };
+        let spec = CommandSpec {
+            program: "/bin/true".into(),
+            args: vec![],
+            output_name: None,
+            media_type: None,
+            cwd: None,
+            env: vec![],
+            description: None,
+            params_schema: None,
+        };
         let job = CommandJob::new(BTreeMap::from([("export".to_string(), spec.clone()), ("dump".to_string(), spec)]));
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         assert!(job.validate(&raw(r#"{"command":"export","params":{"a":1}}"#)).is_ok());
@@ -842,8 +886,16 @@ pub(crate) mod tests {
     fn params_are_checked_against_the_declared_schema() {
         let schema = serde_json::json!({ "type": "object", "required": ["month"], "additionalProperties": false,
             "properties": { "month": { "type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$" } } });
-        let spec =
-            CommandSpec { program: "/bin/true".into(), args: vec![], output_name: None, media_type: None, cwd: None, env: vec![], description: None, params_schema: Some(schema) };
+        let spec = CommandSpec {
+            program: "/bin/true".into(),
+            args: vec![],
+            output_name: None,
+            media_type: None,
+            cwd: None,
+            env: vec![],
+            description: None,
+            params_schema: Some(schema),
+        };
         let job = CommandJob::new(BTreeMap::from([("orders".to_string(), spec)]));
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         assert!(job.validate(&raw(r#"{"command":"orders","params":{"month":"2026-11"}}"#)).is_ok());
@@ -894,7 +946,16 @@ pub(crate) mod tests {
         let path = dir.join("prog.sh");
         std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        CommandSpec { program: path, args: vec![], output_name: None, media_type: Some("text/plain".into()), cwd: None, env: vec![], description: None, params_schema: None }
+        CommandSpec {
+            program: path,
+            args: vec![],
+            output_name: None,
+            media_type: Some("text/plain".into()),
+            cwd: None,
+            env: vec![],
+            description: None,
+            params_schema: None,
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -984,7 +1045,10 @@ printf 'b\n'
     async fn large_output_with_many_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
         // 200 blocks of 4 KiB, a checkpoint after each; stdout and stderr both busy.
-        let spec = script(dir.path(), "i=0\nwhile [ $i -lt 200 ]; do i=$((i+1)); head -c 4096 /dev/zero; echo \"checkpoint $((i*4096)) b$i\" >&2; echo \"log $i\" >&2; done\n");
+        let spec = script(
+            dir.path(),
+            "i=0\nwhile [ $i -lt 200 ]; do i=$((i+1)); head -c 4096 /dev/zero; echo \"checkpoint $((i*4096)) b$i\" >&2; echo \"log $i\" >&2; done\n",
+        );
         let e = engine(dir.path(), std::sync::Arc::new(CommandJob::new(BTreeMap::from([("prog".to_string(), spec)])))).await;
         let t = e.start("p", "command", r#"{"command":"prog"}"#, None, None).await.unwrap().task;
         let t = settle(&e, &t.id).await;

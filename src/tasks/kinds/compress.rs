@@ -220,7 +220,9 @@ impl Job for CompressJob {
         let rec = match ctx.uploads().get(ctx.principal(), id).await {
             Ok(r) => r,
             Err(e) if e.code == crate::error::ErrorCode::NotFound => return Err(JobError::failed(format!("compress: no upload {id:?}"))),
-            Err(e) if e.code == crate::error::ErrorCode::UploadExpired => return Err(JobError::failed(format!("compress: upload {id:?} has expired"))),
+            Err(e) if e.code == crate::error::ErrorCode::UploadExpired => {
+                return Err(JobError::failed(format!("compress: upload {id:?} has expired")))
+            }
             Err(e) => return Err(e.into()),
         };
         let len = match rec.length {
@@ -304,7 +306,12 @@ impl Job for CompressJob {
 
         let output_bytes = w.position();
         let file = w.finish().await?;
-        ctx.progress(Some(1.0), Some(&format!("compressed {len} bytes into {output_bytes}")), &[("input_bytes", len), ("output_bytes", output_bytes)]).await?;
+        ctx.progress(
+            Some(1.0),
+            Some(&format!("compressed {len} bytes into {output_bytes}")),
+            &[("input_bytes", len), ("output_bytes", output_bytes)],
+        )
+        .await?;
         let result = serde_json::json!({ "file": file, "input_bytes": len });
         ctx.checkpoint(&serde_json::json!({ "result": result })).await?;
         Ok(result)

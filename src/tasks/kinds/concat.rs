@@ -38,11 +38,15 @@ impl Job for ConcatJob {
         ctx.progress(Some(0.0), Some("concatenating"), &[]).await?;
         match uploads.build_final(&a.final_id).await {
             // Built never (too large for a limit): the final says so too (`failed_final`).
-            Err(e) if e.status == 409 && matches!(e.code, ErrorCode::SizeExceeded | ErrorCode::QuotaExceeded) => return Err(JobError::failed(e.detail)),
+            Err(e) if e.status == 409 && matches!(e.code, ErrorCode::SizeExceeded | ErrorCode::QuotaExceeded) => {
+                return Err(JobError::failed(e.detail))
+            }
             r => r?,
         }
         let rec = match uploads.get(ctx.principal(), &a.final_id).await {
-            Err(e) if e.status == 409 && matches!(e.code, ErrorCode::SizeExceeded | ErrorCode::QuotaExceeded) => return Err(JobError::failed(e.detail)),
+            Err(e) if e.status == 409 && matches!(e.code, ErrorCode::SizeExceeded | ErrorCode::QuotaExceeded) => {
+                return Err(JobError::failed(e.detail))
+            }
             r => r?,
         };
         if !rec.is_finished() {

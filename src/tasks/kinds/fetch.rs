@@ -120,7 +120,8 @@ struct FetchArgs {
 
 /// Parse and check the arguments: the URL to fetch and the explicit name, if any.
 fn parse_args(allow: &[String], args: &RawValue) -> Result<(Url, Option<String>), String> {
-    let a: FetchArgs = serde_json::from_str(args.get()).map_err(|e| format!("fetch arguments: {e} (expected {{\"url\": \"http://...\", \"name\": ...}})"))?;
+    let a: FetchArgs =
+        serde_json::from_str(args.get()).map_err(|e| format!("fetch arguments: {e} (expected {{\"url\": \"http://...\", \"name\": ...}})"))?;
     let url = check_url(allow, &a.url).map_err(|r| r.to_string())?;
     if let Some(n) = &a.name {
         if n.is_empty() || n.len() > 255 || n.chars().any(|c| crate::names::is_hidden_control(c) || c == '/' || c == '\\') {
@@ -168,7 +169,9 @@ impl From<Refusal> for crate::error::Refusal {
 fn allow_entry(entry: &str) -> Option<(url::Host<String>, Option<u16>)> {
     let e = entry.trim();
     let (host, port) = match e.rsplit_once(':') {
-        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']')) => (h, Some(p.parse::<u16>().ok()?)),
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']')) => {
+            (h, Some(p.parse::<u16>().ok()?))
+        }
         _ => (e, None),
     };
     let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
@@ -188,7 +191,9 @@ pub fn check_allow_entry(entry: &str) -> Result<(), String> {
     }
     match allow_entry(entry) {
         Some(_) => Ok(()),
-        None => Err(format!("{entry:?} names no host; write a host name, an IP address or host:port (e.g. \"files.example.com\" or \"10.0.0.5:8080\")")),
+        None => {
+            Err(format!("{entry:?} names no host; write a host name, an IP address or host:port (e.g. \"files.example.com\" or \"10.0.0.5:8080\")"))
+        }
     }
 }
 
@@ -293,7 +298,9 @@ fn decide(status: StatusCode, offset: u64, known_total: Option<u64>, content_ran
     let cr = content_range.and_then(parse_content_range);
     match status.as_u16() {
         206 => match cr {
-            Some(ContentRange::Bytes { first, total, .. }) if first == offset && (known_total.is_none() || total.is_none() || total == known_total) => {
+            Some(ContentRange::Bytes { first, total, .. })
+                if first == offset && (known_total.is_none() || total.is_none() || total == known_total) =>
+            {
                 Reply::Body { from: offset, total: total.or(known_total) }
             }
             _ if offset == 0 => Reply::Fail(format!("server answered 206 with Content-Range {:?} to a plain GET", content_range.unwrap_or(""))),
@@ -418,7 +425,8 @@ impl Job for FetchJob {
                 return Err(r.into());
             }
         }
-        self.validate(args).map_err(|m| crate::error::Refusal::bad_request(format!("invalid args for fetch: {m}"), "Fix the arguments and start the task again."))
+        self.validate(args)
+            .map_err(|m| crate::error::Refusal::bad_request(format!("invalid args for fetch: {m}"), "Fix the arguments and start the task again."))
     }
 
     async fn run(&self, ctx: &JobContext, args: &RawValue, checkpoint: Option<Value>) -> Result<Value, JobError> {
@@ -535,7 +543,10 @@ impl Job for FetchJob {
                             failures = 0;
                         }
                         if f.total.is_some_and(|t| pos > t) {
-                            return Err(JobError::failed(format!("fetch {shown}: server sent more than the {} bytes it announced", f.total.unwrap_or(0))));
+                            return Err(JobError::failed(format!(
+                                "fetch {shown}: server sent more than the {} bytes it announced",
+                                f.total.unwrap_or(0)
+                            )));
                         }
                         let fraction = f.total.filter(|&t| t > 0).map(|t| pos as f64 / t as f64);
                         ctx.progress(fraction, None, &[("bytes", pos)]).await?;
@@ -572,7 +583,15 @@ impl Job for FetchJob {
 
 /// Start the file over at byte 0 for a full (`200`) answer: create it on the first answer
 /// (and checkpoint at once), or reopen it at its start.
-async fn restart(ctx: &JobContext, file: Option<Open>, url: &Url, name: Option<&str>, h: &HeaderMap, total: Option<u64>, shown: &str) -> Result<Open, JobError> {
+async fn restart(
+    ctx: &JobContext,
+    file: Option<Open>,
+    url: &Url,
+    name: Option<&str>,
+    h: &HeaderMap,
+    total: Option<u64>,
+    shown: &str,
+) -> Result<Open, JobError> {
     let validator = Validator::from_headers(h);
     match file {
         Some(f) => {
@@ -582,7 +601,8 @@ async fn restart(ctx: &JobContext, file: Option<Open>, url: &Url, name: Option<&
             Ok(Open { writer, start, validator, total, synced: 0 })
         }
         None => {
-            let media_type = h.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::trim).filter(|t| !t.is_empty()).unwrap_or("application/octet-stream");
+            let media_type =
+                h.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::trim).filter(|t| !t.is_empty()).unwrap_or("application/octet-stream");
             let mut writer = ctx.create_file(&file_name(url, name), media_type).await?;
             let start = writer.sync().await?;
             let mut f = Open { writer, start, validator, total, synced: 0 };
@@ -746,8 +766,15 @@ mod tests {
                     let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\n{head}content-length: 10\r\n\r\n").as_bytes()).await;
                     let _ = sock.write_all(&body[..5]).await;
                 } else if let (Some(from), true) = (range, if_range_ok) {
-                    let _ =
-                        sock.write_all(format!("HTTP/1.1 206 Partial Content\r\n{head}content-range: bytes {from}-9/10\r\ncontent-length: {}\r\n\r\n", 10 - from).as_bytes()).await;
+                    let _ = sock
+                        .write_all(
+                            format!(
+                                "HTTP/1.1 206 Partial Content\r\n{head}content-range: bytes {from}-9/10\r\ncontent-length: {}\r\n\r\n",
+                                10 - from
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
                     let _ = sock.write_all(&body[from..]).await;
                 } else {
                     let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\n{head}content-length: 10\r\n\r\n").as_bytes()).await;

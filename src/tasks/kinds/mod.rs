@@ -49,7 +49,12 @@ fn name_ids(ids: &[&str]) -> String {
 /// ([`Job::check_inputs`]): ids that are not (unknown, another principal's, expired or
 /// deleted) → 404 `not_found` naming them; else ids still uploading → 409
 /// `upload_incomplete` naming them (with `partial.cursor` = the offset when there is one).
-pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String], uploads: &crate::upload::UploadEngine) -> Result<(), crate::error::Refusal> {
+pub(crate) async fn check_input_files(
+    kind: &str,
+    principal: &str,
+    ids: &[String],
+    uploads: &crate::upload::UploadEngine,
+) -> Result<(), crate::error::Refusal> {
     use crate::error::{ErrorCode, Next, Refusal};
     let mut unknown: Vec<&str> = Vec::new();
     let mut incomplete: Vec<(&str, u64)> = Vec::new();
@@ -65,7 +70,12 @@ pub(crate) async fn check_input_files(kind: &str, principal: &str, ids: &[String
     if !unknown.is_empty() {
         let list = name_ids(&unknown);
         let what = if unknown.len() == 1 { "id" } else { "ids" };
-        return Err(Refusal::new(404, ErrorCode::NotFound, format!("{kind}: unknown file {what}: {list}"), Next::UnknownFiles { ids: list, many: unknown.len() > 1 }));
+        return Err(Refusal::new(
+            404,
+            ErrorCode::NotFound,
+            format!("{kind}: unknown file {what}: {list}"),
+            Next::UnknownFiles { ids: list, many: unknown.len() > 1 },
+        ));
     }
     if !incomplete.is_empty() {
         let ids: Vec<&str> = incomplete.iter().map(|(id, _)| *id).collect();

@@ -20,8 +20,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
 };
 
 pub use model::CutReport;
@@ -317,7 +317,17 @@ impl Filesystem for Ops {
         }
     }
 
-    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
         match self.lock().and_then(|g| g.model.read(ino.0, offset, size as usize)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(e)),
@@ -367,7 +377,8 @@ impl Filesystem for Ops {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let listed = self.lock().and_then(|g| {
-            let mut all = vec![(OsStr::new(".").to_os_string(), ino.0, FileType::Directory), (OsStr::new("..").to_os_string(), ino.0, FileType::Directory)];
+            let mut all =
+                vec![(OsStr::new(".").to_os_string(), ino.0, FileType::Directory), (OsStr::new("..").to_os_string(), ino.0, FileType::Directory)];
             for (name, child) in g.model.list(ino.0)? {
                 let kind = if g.model.node(child)?.is_dir() { FileType::Directory } else { FileType::RegularFile };
                 all.push((name, child, kind));
@@ -404,7 +415,11 @@ impl Filesystem for Ops {
     }
 
     fn create(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
-        let r = self.mutate(Op::Create, |g| g.child_path(parent.0, name), |g| g.model.create(parent.0, name, false, (mode & !umask & 0o7777) as u16).and_then(|ino| g.attr(ino)));
+        let r = self.mutate(
+            Op::Create,
+            |g| g.child_path(parent.0, name),
+            |g| g.model.create(parent.0, name, false, (mode & !umask & 0o7777) as u16).and_then(|ino| g.attr(ino)),
+        );
         match r {
             Ok(attr) => reply.created(&TTL, &attr, Generation(0), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno(e)),
@@ -470,7 +485,8 @@ impl PowerFs {
             g.generation
         };
         let mut config = fuser::Config::default();
-        config.mount_options = vec![fuser::MountOption::FSName("powerfs".into()), fuser::MountOption::DefaultPermissions, fuser::MountOption::NoAtime];
+        config.mount_options =
+            vec![fuser::MountOption::FSName("powerfs".into()), fuser::MountOption::DefaultPermissions, fuser::MountOption::NoAtime];
         let session = fuser::spawn_mount(Ops { shared: self.shared.clone(), generation }, &self.mountpoint, &config)?;
         self.session = Some(session);
         Ok(())

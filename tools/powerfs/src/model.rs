@@ -142,7 +142,13 @@ pub struct Model {
 
 impl Default for Model {
     fn default() -> Self {
-        let root = Node { body: Body::Dir { vol: BTreeMap::new(), dur: BTreeMap::new() }, perm: 0o755, path: String::new(), dirty: false, mtime: std::time::SystemTime::now() };
+        let root = Node {
+            body: Body::Dir { vol: BTreeMap::new(), dur: BTreeMap::new() },
+            perm: 0o755,
+            path: String::new(),
+            dirty: false,
+            mtime: std::time::SystemTime::now(),
+        };
         Model { nodes: HashMap::from([(ROOT, root)]), next_ino: ROOT + 1 }
     }
 }
@@ -199,7 +205,8 @@ impl Model {
         let ino = self.next_ino;
         self.next_ino += 1;
         let path = format!("{}/{}", self.node(dir)?.path, name.to_string_lossy());
-        let body = if is_dir { Body::Dir { vol: BTreeMap::new(), dur: BTreeMap::new() } } else { Body::File { vol: Data::default(), dur: Data::default() } };
+        let body =
+            if is_dir { Body::Dir { vol: BTreeMap::new(), dur: BTreeMap::new() } } else { Body::File { vol: Data::default(), dur: Data::default() } };
         self.nodes.insert(ino, Node { body, perm, path, dirty: true, mtime: std::time::SystemTime::now() });
         self.entries_mut(dir)?.insert(name.to_os_string(), ino);
         Ok(ino)

@@ -30,7 +30,8 @@ pub enum ChecksumAlgorithm {
 
 impl ChecksumAlgorithm {
     /// Every algorithm, in the order advertised in `Tus-Checksum-Algorithm`.
-    pub const ALL: &'static [ChecksumAlgorithm] = &[ChecksumAlgorithm::Sha1, ChecksumAlgorithm::Sha256, ChecksumAlgorithm::Sha512, ChecksumAlgorithm::Md5];
+    pub const ALL: &'static [ChecksumAlgorithm] =
+        &[ChecksumAlgorithm::Sha1, ChecksumAlgorithm::Sha256, ChecksumAlgorithm::Sha512, ChecksumAlgorithm::Md5];
 
     /// Digest length in bytes: 20, 32, 64, 16.
     pub fn digest_len(&self) -> usize {

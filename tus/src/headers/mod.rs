@@ -48,7 +48,12 @@ pub fn parse_u64_digits(s: &str, header: &'static str) -> Result<u64, ParseError
         if !b.is_ascii_digit() {
             return Err(ParseError::syntax(header, i, "expected ASCII digit"));
         }
-        n = n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))).ok_or(ParseError::new(header, i, ParseErrorKind::Overflow, "number does not fit in 64 bits"))?;
+        n = n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))).ok_or(ParseError::new(
+            header,
+            i,
+            ParseErrorKind::Overflow,
+            "number does not fit in 64 bits",
+        ))?;
     }
     Ok(n)
 }

@@ -232,8 +232,18 @@ mod tests {
 
     #[test]
     fn strict() {
-        for bad in ["bytes +10-19/100", "bytes 10-+19/100", "bytes 10-19/+100", "bytes 19-10/100", "bytes 10-100/100", "bytes 1 -2/3", "items 1-2/3", "bytes */*", "bytes 1-2", ""]
-        {
+        for bad in [
+            "bytes +10-19/100",
+            "bytes 10-+19/100",
+            "bytes 10-19/+100",
+            "bytes 19-10/100",
+            "bytes 10-100/100",
+            "bytes 1 -2/3",
+            "items 1-2/3",
+            "bytes */*",
+            "bytes 1-2",
+            "",
+        ] {
             assert!(bad.parse::<ContentRange>().is_err(), "{bad}");
         }
     }

@@ -215,7 +215,14 @@ mod tests {
 
     #[test]
     fn limit_round_trip() {
-        let all = UploadLimit { max_size: Some(1 << 40), min_size: Some(0), max_append_size: Some(64 << 20), min_append_size: Some(5 << 20), expires: Some(86_400), max_age: None };
+        let all = UploadLimit {
+            max_size: Some(1 << 40),
+            min_size: Some(0),
+            max_append_size: Some(64 << 20),
+            min_append_size: Some(5 << 20),
+            expires: Some(86_400),
+            max_age: None,
+        };
         let s = all.to_string();
         assert_eq!(s, "max-size=1099511627776, min-size=0, max-append-size=67108864, min-append-size=5242880, expires=86400");
         assert_eq!(s.parse(), Ok(all));

@@ -150,8 +150,11 @@ impl Job for ArchiveJob {
             recs.push(member_record(ctx, id).await?);
         }
         let names = member_names(recs.iter().map(|r| (r.id.as_str(), r.metadata.as_str())));
-        let members: Vec<Member> =
-            recs.iter().zip(names).map(|(r, name)| Member { name, size: r.length.unwrap_or(0), mtime: r.finished_at_ms.unwrap_or(0).max(0) as u64 / 1000 }).collect();
+        let members: Vec<Member> = recs
+            .iter()
+            .zip(names)
+            .map(|(r, name)| Member { name, size: r.length.unwrap_or(0), mtime: r.finished_at_ms.unwrap_or(0).max(0) as u64 / 1000 })
+            .collect();
         let layout = Layout::new(args.format, &members);
         let total: u64 = members.iter().map(|m| m.size).sum();
         let n = members.len();
