@@ -36,6 +36,8 @@
 //! BENCH_S3_PID=$(cat "${TMPDIR:-/tmp}/ferry-ci-garage/pid") cargo bench --bench s3
 //! ```
 //!
+//! `BENCH_S3_ONLY=whole` runs section 1 alone, `BENCH_S3_ONLY=budget` section 3 alone.
+//!
 //! `FERRY_BENCH_BIN=target/release/ferry` measures that binary instead of the bench profile's:
 //! with `cargo test --bench s3 --no-run` the bench itself builds in seconds on the tests'
 //! dependencies (run the printed executable with `--bench`).
@@ -364,6 +366,9 @@ async fn whole_and_replicas(tmp: &tempfile::TempDir, bytes: u64, part: u64, uplo
     );
     println!("\nratio throughput ferry / direct: {:.2}\n", direct / through);
     println!("PATCHes refused (503/423/409) and resumed: {}\n", RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed));
+    if std::env::var("BENCH_S3_ONLY").is_ok_and(|v| v == "whole") {
+        return;
+    }
 
     // 2. three replicas vs one, PostgreSQL + one bucket.
     let s = TestS3::start("replicas", 5 * MIB).await;
@@ -410,10 +415,13 @@ fn main() {
         };
         let tmp = tempfile::tempdir().unwrap();
 
-        // `BENCH_S3_ONLY=budget`: section 3 alone.
-        let only_budget = std::env::var("BENCH_S3_ONLY").is_ok_and(|v| v == "budget");
-        if !only_budget {
+        // `BENCH_S3_ONLY=budget`: section 3 alone; `BENCH_S3_ONLY=whole`: section 1 alone.
+        let only = std::env::var("BENCH_S3_ONLY").unwrap_or_default();
+        if only != "budget" {
             whole_and_replicas(&tmp, bytes, part, uploads, each, s3_pid, &label).await;
+        }
+        if only == "whole" {
+            return;
         }
         // 3. slow clients, then resumes after a restart, against the memory budget.
         let s = TestS3::start("budget", 5 * MIB).await;

@@ -188,10 +188,10 @@ async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &Head
     let range = outcome.bytes(len);
     match outcome {
         RangeOutcome::NotModified => {
-            // A 304 sends no Content-Length (hyper drops it on a GET); a HEAD's would be sent,
-            // and axum would set it to 0 for an empty body of known size — which RFC 9110
-            // §8.6 forbids (only the 200's length may be). A body of unknown size gets none.
-            let body = if head { Body::from_stream(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>()) } else { Body::empty() };
+            // A 304 sends no Content-Length. An empty body of known size would get one of 0 —
+            // from axum on a HEAD, from hyper on an HTTP/2 GET — which RFC 9110 §8.6 forbids
+            // (only the 200's length may be). A body of unknown size gets none on either protocol.
+            let body = Body::from_stream(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>());
             let mut res = (StatusCode::NOT_MODIFIED, body).into_response();
             res.headers_mut().extend(headers);
             return Ok(res);

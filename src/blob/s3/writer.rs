@@ -104,6 +104,34 @@ pub(super) struct OpenPart {
     pub permit: Option<OwnedSemaphorePermit>,
 }
 
+/// An open part's bytes lent out as [`Bytes`] while a request sends some of them, and given back
+/// to the part when dropped — after the request, or when the future sending it is dropped: the
+/// part is whole again on every path. Back without a copy (and with its capacity) when nothing
+/// else still holds the bytes; a copy otherwise.
+struct Lent<'a> {
+    part: &'a mut BytesMut,
+    whole: Option<Bytes>,
+}
+
+impl<'a> Lent<'a> {
+    fn new(part: &'a mut BytesMut) -> Lent<'a> {
+        let whole = std::mem::take(part).freeze();
+        Lent { part, whole: Some(whole) }
+    }
+
+    fn whole(&self) -> &Bytes {
+        self.whole.as_ref().expect("lent until dropped")
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(whole) = self.whole.take() {
+            *self.part = whole.try_into_mut().unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+        }
+    }
+}
+
 /// Open parts of writers that ended, by upload id, with the state each last synced.
 #[derive(Default)]
 pub(super) struct Parked(Mutex<HashMap<String, (BlobState, Instant, OpenPart)>>);
@@ -651,12 +679,17 @@ impl BlobWriter for S3Writer {
         let pos = self.position();
         if pos > synced {
             let seg = Segment { part: self.part.st.parts.len() as u64, start: synced, end: pos, fence: Some(self.lease.fence) };
-            let data = Bytes::copy_from_slice(&self.part.buf[(synced - self.parts_end()) as usize..]);
+            let from = (synced - self.parts_end()) as usize;
             let key = s.segment(&self.id, &seg);
+            // The tail PUT sends the open part's new bytes themselves, not a copy: a copy is
+            // memory outside the budget, and 200 uploads syncing at once held 200 such copies.
+            let lent = Lent::new(&mut self.part.buf);
+            let data = lent.whole().slice(from..);
             let put = self
                 .lease
                 .run(async { bounded(deadline_for(data.len() as u64), s.s3.put(&key, PutPayload::from(data))).await.map(drop).map_err(io) })
                 .await;
+            drop(lent);
             self.guard(put)?;
             self.part.st.tail.push((seg.fence, pos));
             self.part.known.push(seg);
