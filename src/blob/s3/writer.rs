@@ -267,6 +267,13 @@ impl S3Writer {
         if !self.store.stream_parts || self.streaming.is_some() || idx < self.stream_from || !fills || !self.numbers_to_spare(idx) {
             return Ok(());
         }
+        // The bytes already in the open part (a resumed tail) go first, as a copy the stream
+        // holds until S3 has read it: budget for it too, held by the stream, or no stream (the
+        // part is gathered and sent whole, as it is when streaming does not apply).
+        let mut copy_permit = None;
+        if !self.part.buf.is_empty() && !self.store.budget.try_cover(&mut copy_permit, self.part.buf.len() as u64, &self.store.parked) {
+            return Ok(());
+        }
         let mp = self.ensure_multipart().await?;
         let (number, fallback) = (self.take_number(idx)?, self.take_number(idx)?);
         let holds = self.lease.check();
@@ -278,7 +285,10 @@ impl S3Writer {
         }
         let (s, lease) = (self.store.clone(), self.lease.clone());
         let path = s.object(&self.id);
-        let task = tokio::spawn(async move { lease.run(s.stream_part(&path, &mp, number, size, body)).await });
+        let task = tokio::spawn(async move {
+            let _copy = copy_permit;
+            lease.run(s.stream_part(&path, &mp, number, size, body)).await
+        });
         self.streaming = Some(Streaming { idx, number, fallback, feed: Some(feed), task });
         Ok(())
     }
