@@ -149,8 +149,9 @@ async fn three_files_download_as_one_resumable_zip() {
     let p = problem(alice.get(&format!("/api/v1/zip?files={a},nosuchfile,{b}")).await, 404, "not_found").await;
     assert!(p["detail"].as_str().unwrap().contains("nosuchfile"), "{p}");
     problem(bob.get(&format!("/api/v1/zip?files={a}")).await, 404, "not_found").await;
-    problem(alice.get(&format!("/api/v1/zip?files={a},{a}")).await, 400, "invalid_argument").await;
+    problem(alice.get(&format!("/api/v1/zip?files={a},{a}")).await, 422, "invalid_argument").await;
     problem(alice.get("/api/v1/zip?files=").await, 400, "invalid_argument").await;
+    problem(alice.get(&format!("/api/v1/zip?files={a},,{b}")).await, 400, "invalid_argument").await;
     problem(alice.get("/api/v1/zip").await, 400, "invalid_argument").await;
     problem(alice.get(&format!("/api/v1/zip?files={a}&level=9")).await, 400, "invalid_argument").await;
     let many: Vec<String> = (0..1001).map(|i| format!("id{i}")).collect();

@@ -130,6 +130,11 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
             }
         }
     }
+    if let Some(params) = doc.pointer_mut("/paths/~1api~1v1~1zip/get/parameters").and_then(Value::as_array_mut) {
+        for p in params.iter_mut().filter(|p| p["name"] == "files") {
+            p["schema"] = json!({ "type": "string", "pattern": super::zip::FILES_PATTERN });
+        }
+    }
     if let Some(params) = doc.pointer_mut("/paths/~1api~1v1~1tasks/post/parameters").and_then(Value::as_array_mut) {
         for p in params.iter_mut().filter(|p| p["name"] == "Idempotency-Key") {
             let max = ferry_tus::IdempotencyKey::MAX_LEN;

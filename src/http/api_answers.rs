@@ -140,7 +140,8 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
         "zip_files",
         false,
         &[
-            a(400, InvalidArgument, "`files` names no id, more than 1000, or one twice; or a query member other than `files` and `name`."),
+            a(400, InvalidArgument, "`files` is not 1 to 1000 ids separated by commas, or the query has a member other than `files` and `name`."),
+            a(422, InvalidArgument, "`files` names an id twice."),
             a(404, NotFound, "A file in `files` is not one of the caller's (the ids in `detail`)."),
             a(409, UploadIncomplete, "A file in `files` is not fully uploaded (`detail` names it)."),
             a(410, UploadExpired, "A file in `files` expired before it was finished."),

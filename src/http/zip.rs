@@ -41,6 +41,10 @@ use crate::zip_layout::{Member, Part, Piece, ZipLayout};
 /// Most files one zip holds (`GET /api/v1/zip` answers 400 beyond it).
 pub const MAX_ZIP_FILES: usize = 1000;
 
+/// What `files` of `GET /api/v1/zip` is, as the OpenAPI document states it: 1 to
+/// [`MAX_ZIP_FILES`] ids separated by commas (the server also trims spaces around each).
+pub const FILES_PATTERN: &str = "^[^,\\s]+(,[^,\\s]+){0,999}$";
+
 /// The name a zip gets when the request names none.
 pub const DEFAULT_ZIP_NAME: &str = "files.zip";
 
@@ -255,17 +259,20 @@ pub(super) async fn zip_files(
         )
         .into());
     };
-    let ids: Vec<&str> = q.files.split(',').map(str::trim).filter(|id| !id.is_empty()).collect();
-    if ids.is_empty() || ids.len() > MAX_ZIP_FILES {
+    let ids: Vec<&str> = q.files.split(',').map(str::trim).collect();
+    if ids.iter().any(|id| id.is_empty()) || ids.len() > MAX_ZIP_FILES {
         return Err(Refusal::bad_request(
-            format!("files names {} ids; a zip holds 1 to {MAX_ZIP_FILES} files", ids.len()),
-            format!("Send 1 to {MAX_ZIP_FILES} ids separated by commas (several zips for more)."),
+            format!(
+                "files must name 1 to {MAX_ZIP_FILES} ids separated by single commas; it names {}",
+                ids.iter().filter(|id| !id.is_empty()).count()
+            ),
+            format!("Send ?files=ID,ID,… with 1 to {MAX_ZIP_FILES} ids (several zips for more)."),
         )
         .into());
     }
     let mut seen = std::collections::HashSet::new();
     if let Some(twice) = ids.iter().find(|id| !seen.insert(**id)) {
-        return Err(Refusal::bad_request(format!("file {twice} is named twice"), "Name each file once.").into());
+        return Err(Refusal::new(422, ErrorCode::InvalidArgument, format!("file {twice} is named twice"), "Name each file once.").into());
     }
     let mut files = Vec::with_capacity(ids.len());
     let mut unknown = Vec::new();
