@@ -31,6 +31,7 @@ pub mod tls;
 pub mod token_command;
 pub mod units;
 pub mod upload;
+pub mod zip_layout;
 
 #[cfg(test)]
 mod error_catalogue_tests;

@@ -71,9 +71,78 @@ pub fn is_requested(metadata: &str) -> bool {
     metadata.parse::<ferry_tus::UploadMetadata>().is_ok_and(|m| m.get(REQUESTED_METADATA_KEY).is_some())
 }
 
+/// Most bytes of one zip member's name (before a ` (n)` suffix), extension kept.
+pub const MEMBER_NAME_BYTES: usize = 200;
+
+/// Names for the members of one archive that are safe to extract and unique, from the names
+/// the files were uploaded with (`None`: the file has none; `fallback` names it, e.g. its id).
+/// A name keeps only its last path segment (after `/` or `\`), has control and bidi characters
+/// (NUL included) replaced by U+FFFD ([`display_name`]) and is cut to [`MEMBER_NAME_BYTES`]
+/// ([`shorten`]); an empty name, `.` or `..` becomes the fallback. A name already taken
+/// (compared without case, as Windows and macOS file systems do) gets ` (2)`, ` (3)`… before
+/// its extension.
+pub fn unique_member_names(wanted: &[(Option<String>, String)]) -> Vec<String> {
+    let safe = |n: &str| {
+        let last = n.rsplit(['/', '\\']).next().unwrap_or(n);
+        let shown = shorten(&display_name(last), MEMBER_NAME_BYTES);
+        (!shown.trim().is_empty() && shown != "." && shown != "..").then_some(shown)
+    };
+    let mut taken = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(wanted.len());
+    for (name, fallback) in wanted {
+        let base = name.as_deref().and_then(safe).or_else(|| safe(fallback)).unwrap_or_else(|| "file".to_string());
+        let (stem, ext) = match base.rfind('.') {
+            Some(dot) if dot > 0 => base.split_at(dot),
+            _ => (base.as_str(), ""),
+        };
+        let mut candidate = base.clone();
+        let mut n = 2;
+        while !taken.insert(candidate.to_lowercase()) {
+            candidate = format!("{stem} ({n}){ext}");
+            n += 1;
+        }
+        out.push(candidate);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_names_are_safe_and_unique() {
+        let w = |n: Option<&str>, f: &str| (n.map(str::to_string), f.to_string());
+        let names = unique_member_names(&[
+            w(Some("report.pdf"), "id1"),
+            w(Some("REPORT.pdf"), "id2"),
+            w(Some("../../etc/passwd"), "id3"),
+            w(Some("a\\b\\report.pdf"), "id4"),
+            w(Some(".."), "id5"),
+            w(None, "id6"),
+            w(Some("nul\0byte"), "id7"),
+            w(Some("report (2).pdf"), "id8"),
+            w(Some(".bashrc"), "id9"),
+            w(Some(".bashrc"), "id10"),
+            w(Some(""), "id6"),
+        ]);
+        let want = [
+            "report.pdf",
+            "REPORT (2).pdf",
+            "passwd",
+            "report (3).pdf",
+            "id5",
+            "id6",
+            "nul\u{FFFD}byte",
+            "report (2) (2).pdf",
+            ".bashrc",
+            ".bashrc (2)",
+            "id6 (2)",
+        ];
+        assert_eq!(names, want);
+        let long = unique_member_names(&[w(Some(&("x".repeat(400) + ".tar.gz")), "id")]);
+        assert!(long[0].len() <= MEMBER_NAME_BYTES && long[0].ends_with(".gz"), "{}", long[0]);
+    }
 
     #[test]
     fn controls_and_bidi_overrides_are_replaced_visibly() {

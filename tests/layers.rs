@@ -45,8 +45,8 @@ const CONFIG_READERS: &[&str] = &["config", "serve", "check_command", "token_com
 
 /// Leaf modules: they name no module of the crate at all (each defines one concept every layer
 /// may use: sizes and durations, the clock, the backoff schedule, the error catalogue, framed
-/// blob states).
-const LEAVES: &[&str] = &["units", "clock", "retry", "error", "framed"];
+/// blob states, the zip format's records).
+const LEAVES: &[&str] = &["units", "clock", "retry", "error", "framed", "zip_layout"];
 
 /// Engines that know no transport (issue 25 item 3): the upload engine takes a chunk's bytes
 /// and its checksum (`upload::ChunkStream`), never an HTTP body or header, so TUS, the draft,

@@ -22,6 +22,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/files"),
     ("get", "/api/v1/files/{id}"),
     ("post", "/api/v1/files/{id}/share"),
+    ("get", "/api/v1/zip"),
     ("get", "/api/v1/openapi.json"),
     ("get", "/api/v1/events"),
     ("get", "/api/v1/webhooks/deliveries"),

@@ -67,6 +67,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     check_deleting_a_row_queues_its_bytes(cat, prefix).await;
     check_concat_lookup(cat, prefix).await;
     check_final_failures(cat, prefix).await;
+    check_kept_crc32s(cat, prefix).await;
     check_listing_is_per_principal(cat, prefix).await;
     check_creation_keys(cat, prefix).await;
     check_blob_state_in_checkpoint(cat, prefix).await;
@@ -261,6 +262,45 @@ pub async fn check_final_failures(cat: &dyn Catalog, p: &str) {
     assert!(cat.finals_waiting_on(&part).await.unwrap().is_empty(), "a failed final waits on nothing");
     assert!(cat.delete_upload(&fin).await.unwrap());
     assert_eq!(cat.final_failure(&fin).await.unwrap(), None, "the failure goes with its upload");
+}
+
+/// A finished upload's CRC-32: kept for finished live uploads only (the first value stays, all
+/// 32 bits of it), forgotten by a damage mark set or cleared, gone with the row.
+pub async fn check_kept_crc32s(cat: &dyn Catalog, p: &str) {
+    let (open, done) = (format!("{p}crc-open"), format!("{p}crc-done"));
+    for id in [&open, &done] {
+        cat.create_upload(&record(id, "alice", Concat::None)).await.unwrap();
+    }
+    let f = cat.acquire_fence(&done).await.unwrap();
+    let finish = Checkpoint {
+        offset: 10,
+        hash_state: vec![1],
+        blob_state: Vec::new(),
+        blob_entries_from: None,
+        length: Some(10),
+        finished_sha256: Some([4; 32]),
+        expires_at_ms: None,
+        now_ms: 5,
+    };
+    cat.checkpoint(&done, f, &finish).await.unwrap();
+    assert!(!cat.keep_crc32(&open, 7).await.unwrap(), "an unfinished upload keeps none");
+    assert!(!cat.keep_crc32(&format!("{p}crc-none"), 7).await.unwrap(), "an unknown id keeps none");
+    assert_eq!(cat.crc32(&open).await.unwrap(), None);
+    assert!(cat.keep_crc32(&done, u32::MAX).await.unwrap());
+    assert!(!cat.keep_crc32(&done, 1).await.unwrap(), "the first value stays");
+    assert_eq!(cat.crc32(&done).await.unwrap(), Some(u32::MAX));
+    let d = super::Damage { kind: "missing".into(), detail: "gone".into(), found_at_ms: 7 };
+    cat.set_damage(&done, Some(&d)).await.unwrap();
+    assert_eq!(cat.crc32(&done).await.unwrap(), None, "a damage mark forgets it");
+    cat.set_damage(&done, None).await.unwrap();
+    assert!(cat.keep_crc32(&done, 0).await.unwrap());
+    cat.set_damage(&done, None).await.unwrap();
+    assert_eq!(cat.crc32(&done).await.unwrap(), None, "clearing a mark forgets it too (the bytes were restored)");
+    assert!(cat.keep_crc32(&done, 3).await.unwrap());
+    assert!(cat.delete_upload(&done).await.unwrap());
+    assert_eq!(cat.crc32(&done).await.unwrap(), None, "the value goes with its upload");
+    cat.create_upload(&record(&done, "alice", Concat::None)).await.unwrap();
+    assert_eq!(cat.crc32(&done).await.unwrap(), None, "a new upload of the same id starts without one");
 }
 
 pub async fn check_listing_is_per_principal(cat: &dyn Catalog, p: &str) {

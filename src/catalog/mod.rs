@@ -575,6 +575,15 @@ pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
 
     /// Why final upload `id` could not be built, if [`Catalog::set_final_failure`] recorded it.
     async fn final_failure(&self, id: &str) -> CatalogResult<Option<FinalFailure>>;
+
+    /// Keep `crc32`, the CRC-32 of finished upload `id`'s bytes (a zip's members need it). A
+    /// no-op (returns `false`) unless the upload exists, is finished and is not a tombstone;
+    /// the first value kept stays. It goes with the upload's row, and a damage mark set or
+    /// cleared ([`Catalog::set_damage`]) forgets it.
+    async fn keep_crc32(&self, id: &str, crc32: u32) -> CatalogResult<bool>;
+
+    /// The CRC-32 [`Catalog::keep_crc32`] kept for upload `id`, if any.
+    async fn crc32(&self, id: &str) -> CatalogResult<Option<u32>>;
 }
 
 /// What names a blob id in the catalog ([`Catalog::blob_claim`]).

@@ -911,6 +911,7 @@ impl Catalog for PostgresCatalog {
                 Some(d) => sqlx::query(st::SET_DAMAGE.pg).bind(&d.kind).bind(&d.detail).bind(d.found_at_ms).bind(id).execute(&self.pool).await?,
                 None => sqlx::query(st::CLEAR_DAMAGE.pg).bind(id).execute(&self.pool).await?,
             };
+            sqlx::query(st::FORGET_CRC32.pg).bind(id).execute(&self.pool).await?;
             Ok(done.rows_affected() > 0)
         })
         .await
@@ -942,6 +943,22 @@ impl Catalog for PostgresCatalog {
         within(async {
             let row: Option<(String, String, i64)> = sqlx::query_as(st::FINAL_FAILURE.pg).bind(id).fetch_optional(&self.pool).await?;
             Ok(row.map(|(code, detail, failed_at_ms)| FinalFailure { code, detail, failed_at_ms }))
+        })
+        .await
+    }
+
+    async fn keep_crc32(&self, id: &str, crc32: u32) -> CatalogResult<bool> {
+        within(async {
+            let done = sqlx::query(st::KEEP_CRC32.pg).bind(i64::from(crc32)).bind(id).execute(&self.pool).await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
+    }
+
+    async fn crc32(&self, id: &str) -> CatalogResult<Option<u32>> {
+        within(async {
+            let row: Option<(i64,)> = sqlx::query_as(st::CRC32.pg).bind(id).fetch_optional(&self.pool).await?;
+            Ok(row.and_then(|(v,)| u32::try_from(v).ok()))
         })
         .await
     }

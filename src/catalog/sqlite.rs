@@ -797,6 +797,7 @@ impl Catalog for SqliteCatalog {
             }
             None => sqlx::query(st::CLEAR_DAMAGE.sqlite).bind(id).execute(&self.pool).await?,
         };
+        sqlx::query(st::FORGET_CRC32.sqlite).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -827,6 +828,16 @@ impl Catalog for SqliteCatalog {
     async fn final_failure(&self, id: &str) -> CatalogResult<Option<FinalFailure>> {
         let row: Option<(String, String, i64)> = sqlx::query_as(st::FINAL_FAILURE.sqlite).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.map(|(code, detail, failed_at_ms)| FinalFailure { code, detail, failed_at_ms }))
+    }
+
+    async fn keep_crc32(&self, id: &str, crc32: u32) -> CatalogResult<bool> {
+        let done = sqlx::query(st::KEEP_CRC32.sqlite).bind(i64::from(crc32)).bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn crc32(&self, id: &str) -> CatalogResult<Option<u32>> {
+        let row: Option<(i64,)> = sqlx::query_as(st::CRC32.sqlite).bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.and_then(|(v,)| u32::try_from(v).ok()))
     }
 }
 

@@ -247,3 +247,14 @@ pub(super) const SET_FINAL_FAILURE: Stmt = sql!(
 );
 /// id → code, detail, failed_at_ms.
 pub(super) const FINAL_FAILURE: Stmt = sql!("SELECT code, detail, failed_at_ms FROM final_failures WHERE id = ?");
+
+/// (crc32, id): kept for a finished upload that is not a tombstone; the first value stays.
+pub(super) const KEEP_CRC32: Stmt = sql!(
+    "INSERT INTO upload_crc32 (id, crc32) SELECT id, ? FROM uploads WHERE id = ? AND finished_at_ms IS NOT NULL AND expired = {false} \
+     ON CONFLICT (id) DO NOTHING"
+);
+/// id: a damage mark set or cleared forgets the kept value (the bytes it was computed from
+/// were wrong, or were restored).
+pub(super) const FORGET_CRC32: Stmt = sql!("DELETE FROM upload_crc32 WHERE id = ?");
+/// id → crc32.
+pub(super) const CRC32: Stmt = sql!("SELECT crc32 FROM upload_crc32 WHERE id = ?");

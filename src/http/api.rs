@@ -45,6 +45,7 @@ pub fn routes() -> Router<AppState> {
         .route("/files", get(list_files))
         .route("/files/{id}", get(file_info))
         .route("/files/{id}/share", post(share_file))
+        .route("/zip", get(super::zip::zip_files))
         .route("/openapi.json", get(openapi_json))
         .route("/events", get(super::events::events))
         .route("/webhooks/deliveries", get(super::events::deliveries))
@@ -59,7 +60,7 @@ pub fn routes() -> Router<AppState> {
             Uploads themselves use TUS 1.0 on /files/ and are not described here. \
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
-    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail, list_files, file_info, share_file, openapi_json, super::events::events, super::events::deliveries),
+    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail, list_files, file_info, share_file, super::zip::zip_files, openapi_json, super::events::events, super::events::deliveries),
     components(schemas(TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, DamageView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
     modifiers(&DocExtras),
     security(("bearer" = [])),
@@ -127,6 +128,11 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
                 p["schema"] = limit.clone();
                 p["description"] = json!(format!("At most this many, 1 to {MAX_LIST_LIMIT} (default {DEFAULT_LIST_LIMIT}); other values are 400."));
             }
+        }
+    }
+    if let Some(params) = doc.pointer_mut("/paths/~1api~1v1~1zip/get/parameters").and_then(Value::as_array_mut) {
+        for p in params.iter_mut().filter(|p| p["name"] == "files") {
+            p["schema"] = json!({ "type": "string", "pattern": super::zip::FILES_PATTERN });
         }
     }
     if let Some(params) = doc.pointer_mut("/paths/~1api~1v1~1tasks/post/parameters").and_then(Value::as_array_mut) {

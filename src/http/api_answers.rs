@@ -26,7 +26,8 @@ const fn a(status: u16, code: ErrorCode, when: &'static str) -> Answer {
 }
 
 use ErrorCode::{
-    Conflict, InsufficientStorage, Internal, InvalidArgument, NotFound, SizeExceeded, Unauthorized, Unavailable, UploadExpired, UploadIncomplete,
+    Conflict, Damaged, InsufficientStorage, Internal, InvalidArgument, NotFound, SizeExceeded, Unauthorized, Unavailable, UploadExpired,
+    UploadIncomplete,
 };
 
 /// What every operation may answer, whatever it does: a request the HTTP layer refuses (no or
@@ -133,6 +134,20 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
             a(404, NotFound, "No such file for this principal."),
             a(409, Conflict, "Scope `upload` for a file that is already complete."),
             a(410, UploadExpired, "The upload expired before it was finished."),
+        ],
+    ),
+    (
+        "zip_files",
+        false,
+        &[
+            a(400, InvalidArgument, "`files` is not 1 to 1000 ids separated by commas, or the query has a member other than `files` and `name`."),
+            a(422, InvalidArgument, "`files` names an id twice."),
+            a(404, NotFound, "A file in `files` is not one of the caller's (the ids in `detail`)."),
+            a(409, UploadIncomplete, "A file in `files` is not fully uploaded (`detail` names it)."),
+            a(410, UploadExpired, "A file in `files` expired before it was finished."),
+            a(412, Conflict, "`If-Match` or `If-Unmodified-Since` does not hold for this zip."),
+            a(416, InvalidArgument, "The range is outside the zip (`Content-Range: bytes */N`)."),
+            a(500, Damaged, "A file's stored bytes were found damaged (`ferry check`); nothing is served."),
         ],
     ),
     ("openapi", false, &[]),

@@ -76,7 +76,7 @@ pub const DISPOSITION_NAME_BYTES: usize = 200;
 /// [`DISPOSITION_NAME_BYTES`] with its extension kept ([`crate::names::shorten`]); a
 /// `filename` that is that name when plain ASCII says it faithfully, else an ASCII fallback
 /// (other characters, `"`, `\\` and `%` and `;` as `_`) followed by `filename*` (RFC 8187, UTF-8).
-fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
+pub(super) fn content_disposition(disposition: &str, filename: Option<&str>) -> String {
     let Some(name) = filename.map(|n| n.rsplit(['/', '\\']).next().unwrap_or(n)).filter(|n| !n.is_empty() && *n != "." && *n != "..") else {
         return disposition.to_string();
     };
@@ -179,62 +179,10 @@ async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &Head
     let mut headers = HeaderMap::new();
     super::tus::upload_headers(&mut headers, &rec);
     representation_headers(&mut headers, &rec, attachment);
-    let last_modified = headers.get("last-modified").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let fields = ["if-match", "if-unmodified-since", "if-none-match", "if-modified-since", "range", "if-range"].map(|n| combined(h, n));
-    let [if_match, if_unmodified_since, if_none_match, if_modified_since, range, if_range] = fields.each_ref().map(Option::as_deref);
-    let conditions = ferry_tus::Conditions { if_match, if_unmodified_since, if_none_match, if_modified_since, range, if_range };
-    let outcome = ferry_tus::select_range(&conditions, len, &tag, &last_modified);
-    let status = StatusCode::from_u16(outcome.status()).expect("a valid status");
-    let range = outcome.bytes(len);
-    match outcome {
-        RangeOutcome::NotModified => {
-            // A 304 sends no Content-Length. An empty body of known size would get one of 0 —
-            // from axum on a HEAD, from hyper on an HTTP/2 GET — which RFC 9110 §8.6 forbids
-            // (only the 200's length may be). A body of unknown size gets none on either protocol.
-            let body = Body::from_stream(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>());
-            let mut res = (StatusCode::NOT_MODIFIED, body).into_response();
-            res.headers_mut().extend(headers);
-            return Ok(res);
-        }
-        RangeOutcome::PreconditionFailed => {
-            let mut res = Problem(Refusal::new(
-                412,
-                ErrorCode::Conflict,
-                format!("the file is not the one If-Match or If-Unmodified-Since names: its ETag is {tag}, last modified {last_modified}"),
-                "Send the request without If-Match and If-Unmodified-Since to get the file as it is now (its ETag and Last-Modified are in this answer's headers).",
-            ))
-            .into_response();
-            for name in ["etag", "last-modified", "repr-digest"] {
-                if let Some(v) = headers.get(name) {
-                    res.headers_mut().insert(name, v.clone());
-                }
-            }
-            return Ok(res);
-        }
-        RangeOutcome::Unsatisfiable => {
-            let mut res = Problem(Refusal::new(
-                416,
-                ErrorCode::InvalidArgument,
-                format!("the range is outside the file's {len} bytes"),
-                if len == 0 {
-                    "The file is empty: request it without a Range header.".to_string()
-                } else {
-                    format!("Request a range within bytes 0-{}.", len - 1)
-                },
-            ))
-            .into_response();
-            if let Some(cr) = outcome.content_range(len) {
-                res.headers_mut().insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
-            }
-            return Ok(res);
-        }
-        RangeOutcome::Whole | RangeOutcome::Partial { .. } => {
-            if let Some(cr) = outcome.content_range(len) {
-                headers.insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
-            }
-        }
-    }
-    headers.insert("content-length", HeaderValue::from(range.end - range.start));
+    let (status, range) = match select(h, len, &tag, &mut headers) {
+        Selected::Send { status, range } => (status, range),
+        Selected::Done(res) => return Ok(res),
+    };
     tus_headers(&mut headers);
     if head {
         let mut res = status.into_response();
@@ -256,6 +204,81 @@ async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &Head
     let mut res = (status, Body::from_stream(stream)).into_response();
     res.headers_mut().extend(headers);
     Ok(res)
+}
+
+/// What [`select`] decided.
+pub(super) enum Selected {
+    /// Send bytes `range` of the representation with `status` (200 or 206); `headers` now
+    /// carry `Content-Length` and, for a 206, `Content-Range`.
+    Send { status: StatusCode, range: std::ops::Range<u64> },
+    /// The whole answer, without a body: 304, 412 or 416.
+    Done(Response),
+}
+
+/// The conditional and range decision of a `GET` (or `HEAD`) of a representation of `len`
+/// bytes whose validators are `tag` (a strong ETag) and the `last-modified` in `headers`
+/// ([`ferry_tus::select_range`]: RFC 9110 §13.2.2 order, a single range, If-Range), rendered:
+/// a 304 with `headers`, a 412 or 416 problem (the 416 with `Content-Range: bytes */N`), or
+/// what to send. Both downloads of one file ([`get`]) and zips of several
+/// ([`super::zip::serve_zip`]) answer through it.
+pub(super) fn select(h: &HeaderMap, len: u64, tag: &str, headers: &mut HeaderMap) -> Selected {
+    let last_modified = headers.get("last-modified").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let fields = ["if-match", "if-unmodified-since", "if-none-match", "if-modified-since", "range", "if-range"].map(|n| combined(h, n));
+    let [if_match, if_unmodified_since, if_none_match, if_modified_since, range, if_range] = fields.each_ref().map(Option::as_deref);
+    let conditions = ferry_tus::Conditions { if_match, if_unmodified_since, if_none_match, if_modified_since, range, if_range };
+    let outcome = ferry_tus::select_range(&conditions, len, tag, &last_modified);
+    let status = StatusCode::from_u16(outcome.status()).expect("a valid status");
+    let range = outcome.bytes(len);
+    match outcome {
+        RangeOutcome::NotModified => {
+            // A 304 sends no Content-Length. An empty body of known size would get one of 0 —
+            // from axum on a HEAD, from hyper on an HTTP/2 GET — which RFC 9110 §8.6 forbids
+            // (only the 200's length may be). A body of unknown size gets none on either protocol.
+            let body = Body::from_stream(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>());
+            let mut res = (StatusCode::NOT_MODIFIED, body).into_response();
+            res.headers_mut().extend(headers.clone());
+            return Selected::Done(res);
+        }
+        RangeOutcome::PreconditionFailed => {
+            let mut res = Problem(Refusal::new(
+                412,
+                ErrorCode::Conflict,
+                format!("the file is not the one If-Match or If-Unmodified-Since names: its ETag is {tag}, last modified {last_modified}"),
+                "Send the request without If-Match and If-Unmodified-Since to get the file as it is now (its ETag and Last-Modified are in this answer's headers).",
+            ))
+            .into_response();
+            for name in ["etag", "last-modified", "repr-digest"] {
+                if let Some(v) = headers.get(name) {
+                    res.headers_mut().insert(name, v.clone());
+                }
+            }
+            return Selected::Done(res);
+        }
+        RangeOutcome::Unsatisfiable => {
+            let mut res = Problem(Refusal::new(
+                416,
+                ErrorCode::InvalidArgument,
+                format!("the range is outside the file's {len} bytes"),
+                if len == 0 {
+                    "The file is empty: request it without a Range header.".to_string()
+                } else {
+                    format!("Request a range within bytes 0-{}.", len - 1)
+                },
+            ))
+            .into_response();
+            if let Some(cr) = outcome.content_range(len) {
+                res.headers_mut().insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+            }
+            return Selected::Done(res);
+        }
+        RangeOutcome::Whole | RangeOutcome::Partial { .. } => {
+            if let Some(cr) = outcome.content_range(len) {
+                headers.insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+            }
+        }
+    }
+    headers.insert("content-length", HeaderValue::from(range.end - range.start));
+    Selected::Send { status, range }
 }
 
 #[cfg(test)]

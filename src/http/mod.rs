@@ -28,6 +28,7 @@ mod task_partials;
 pub(crate) mod tus;
 pub mod web;
 pub(crate) mod wire;
+pub(crate) mod zip;
 
 pub use crate::app::views::FILES_PATH;
 use crate::app::Origins;

@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 mod append;
 mod chunk;
 mod concat;
+mod crc32;
 pub mod describe;
 mod exhausted;
 mod files;

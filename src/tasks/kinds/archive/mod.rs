@@ -97,14 +97,8 @@ struct Checkpoint {
     crc: u32,
 }
 
-/// One member as it goes into the archive.
-#[derive(Debug, Clone)]
-struct Member {
-    name: String,
-    size: u64,
-    /// Unix seconds.
-    mtime: u64,
-}
+// One member as it goes into the archive (name, size, Unix seconds): the zip records' own.
+use crate::zip_layout::Member;
 
 #[async_trait]
 impl Job for ArchiveJob {
