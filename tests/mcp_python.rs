@@ -317,7 +317,8 @@ fn gated_config() -> (tempfile::TempDir, String, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
     let toml = format!(
-        "[commands.gated]\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"printf partial; i=0; while [ -d '{}' ] && [ ! -e '{}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; printf more\"]\noutput_name = \"gated.out\"\n",
+        "[commands.gated]\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"printf partial; i=0; while [ -d '{}' ] && [ ! -e \
+         '{}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; printf more\"]\noutput_name = \"gated.out\"\n",
         dir.path().display(),
         gate.display()
     );

@@ -143,7 +143,8 @@ impl HttpHooks {
                 502,
                 ErrorCode::HookInvalid,
                 format!("the {which} hook's answer is not valid: {why}"),
-                "The operator's hook is broken; asking again gets the same answer: tell the operator (the reason is in detail). Bytes already sent are kept.",
+                "The operator's hook is broken; asking again gets the same answer: tell \
+                 the operator (the reason is in detail). Bytes already sent are kept.",
             )),
         }
     }

@@ -146,7 +146,8 @@ pub fn unportable_json(text: &str) -> Option<String> {
                     }
                 } else if let Some(u) = lone {
                     return Some(format!(
-                        "{}: the string holds a lone surrogate \\u{u:04x}, which is no Unicode character; send text as UTF-8, or a pair \\ud83d\\ude00 for a character past U+FFFF",
+                        "{}: the string holds a lone surrogate \\u{u:04x}, which is no Unicode character; \
+                         send text as UTF-8, or a pair \\ud83d\\ude00 for a character past U+FFFF",
                         pointer(&stack)
                     ));
                 }

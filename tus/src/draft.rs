@@ -195,7 +195,10 @@ pub fn inconsistent_length(detail: impl Into<String>, hint: impl Into<String>) -
 /// `length`: the bytes that arrived are kept (the offset is `end`) and the upload stays open.
 pub fn length_short(length: u64, end: u64) -> TusError {
     inconsistent_length(
-        format!("the request said it completes the upload, but its content ended at offset {end}, short of the upload length {length}; the bytes were kept"),
+        format!(
+            "the request said it completes the upload, but its content ended at \
+             offset {end}, short of the upload length {length}; the bytes were kept"
+        ),
         format!("Send the remaining {} bytes from offset {end} with Upload-Complete: ?1.", length - end),
     )
     .with_cursor(end)

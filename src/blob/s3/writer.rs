@@ -151,7 +151,9 @@ async fn part_error(s: &Inner, path: &object_store::path::Path, mp: &MultipartId
     if suspect && s.multipart_gone(path, mp.as_ref()).await {
         return BlobError::Lost {
             kept: 0,
-            why: "its S3 multipart upload is gone (NoSuchUpload, confirmed by listing): a bucket lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it".into(),
+            why: "its S3 multipart upload is gone (NoSuchUpload, confirmed by listing): a bucket \
+                  lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it"
+                .into(),
         };
     }
     match err {
@@ -305,7 +307,8 @@ impl S3Writer {
             tracing::warn!(
                 upload = %self.id,
                 part = number,
-                "this upload has used up its spare S3 part numbers (taken over many times): parts now go under numbers that may have been sent before, and a stale part that reaches S3 late can make its completion fail"
+                "this upload has used up its spare S3 part numbers (taken over many times): parts now go under numbers \
+                 that may have been sent before, and a stale part that reaches S3 late can make its completion fail"
             );
         }
         Ok(number)

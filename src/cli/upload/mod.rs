@@ -116,7 +116,8 @@ pub struct UploadArgs {
 /// every file).
 pub fn run(args: UploadArgs) -> std::process::ExitCode {
     super::client::run_interruptible(
-        "The server keeps what it received: run the same command again to continue from there (for standard input, the `--url` command printed above).",
+        "The server keeps what it received: run the same command again to continue \
+         from there (for standard input, the `--url` command printed above).",
         || execute(args),
     )
 }
@@ -198,7 +199,9 @@ fn print_done(args: &UploadArgs, done: &Done) -> Result<(), CliError> {
     if let Some(plain) = unsigned(&done.url) {
         done.upload_url = Some(std::mem::replace(&mut done.url, plain));
         eprintln!(
-            "ferry: note: {} was sent through a signed upload URL (an upload-only token, or a request link), which lets its holder only send bytes into this upload: it is no link to share. {} names the file; a link to download it is made by its owner, with a full token: `ferry share {}`.",
+            "ferry: note: {} was sent through a signed upload URL (an upload-only token, or a request link), \
+             which lets its holder only send bytes into this upload: it is no link to share. {} names the \
+             file; a link to download it is made by its owner, with a full token: `ferry share {}`.",
             done.file, done.url, done.id
         );
     }
