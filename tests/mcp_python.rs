@@ -46,7 +46,10 @@ args = ["-c", "printf partial; exec sleep 30"]
 
 [commands.ask]
 program = "/bin/sh"
-args = ["-c", "if [ -z \"$FERRY_INPUT_NAME\" ]; then echo 'input name {\"message\":\"What is your name?\"}' >&2; exit 0; fi; printf 'hello %s' \"$FERRY_INPUT_NAME\""]
+args = [
+  "-c",
+  '''if [ -z "$FERRY_INPUT_NAME" ]; then echo 'input name {"message":"What is your name?"}' >&2; exit 0; fi; printf 'hello %s' "$FERRY_INPUT_NAME"''',
+]
 
 [fetch]
 allow_hosts = ["127.0.0.1"]

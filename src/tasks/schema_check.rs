@@ -190,7 +190,11 @@ mod tests {
 
     #[test]
     fn a_field_with_its_own_bound_is_named_with_it() {
-        let schema = json!({ "properties": { "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000 }, "list": { "items": { "maximum": 9 } }, "m": { "additionalProperties": { "maximum": 5 } } } });
+        let schema = json!({ "properties": {
+            "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000 },
+            "list": { "items": { "maximum": 9 } },
+            "m": { "additionalProperties": { "maximum": 5 } }
+        } });
         let v: serde_json::Value = serde_json::from_str(r#"{"ttl_ms":18446744073709551616}"#).unwrap();
         let m = number_past_64_bits(&v, Some(&schema)).unwrap();
         assert!(m.starts_with("/ttl_ms: ") && m.ends_with("is outside the whole numbers accepted here (from 1 to 604800000)"), "{m}");

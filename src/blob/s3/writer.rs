@@ -396,8 +396,8 @@ impl S3Writer {
     }
 
     /// Make the open part's reservation in the store's budget cover `bytes` (whole MiB, grown
-    /// as the part fills; [`Budget::cover`](super::budget::Budget::cover)): never waits past [`BUDGET_WAIT`](super::budget::BUDGET_WAIT), and a writer
-    /// asked to let go stops waiting.
+    /// as the part fills; [`Budget::cover`](super::budget::Budget::cover)): never waits past
+    /// [`BUDGET_WAIT`](super::budget::BUDGET_WAIT), and a writer asked to let go stops waiting.
     async fn cover(&mut self, bytes: u64) -> BlobResult<()> {
         let s = self.store.clone();
         loop {

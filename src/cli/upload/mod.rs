@@ -8,8 +8,9 @@
 //!   URL (TUS 1.0 §HEAD) and continues from the server's `Upload-Offset`; a finished upload is
 //!   only verified again. A remembered upload created with other `--meta` is not resumed.
 //! - **Retries** network errors, 5xx, 423 and 429 with exponential backoff (at least an
-//!   answer's `Retry-After`, RFC 9110 §10.2.3) until `--retry-for` has passed without progress (then exit code 5); after a failed PATCH a HEAD tells what
-//!   the server kept (TUS 1.0 §PATCH: the offset is authoritative).
+//!   answer's `Retry-After`, RFC 9110 §10.2.3) until `--retry-for` has passed without progress
+//!   (then exit code 5); after a failed PATCH a HEAD tells what the server kept (TUS 1.0 §PATCH:
+//!   the offset is authoritative).
 //! - **Verified.** The file's sha256 is computed while its bytes are sent; on resume the
 //!   prefix already on the server is re-read locally (a snapshot of the hash state is kept
 //!   every 16 MiB, so a failed request re-reads at most that much). At the end the local
