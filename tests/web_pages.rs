@@ -7,7 +7,7 @@
 //! the CSP and refuses framing; `--no-web` turns the pages off. Screenshots (desktop and
 //! 390×844) go to `target/test-artifacts/`.
 //!
-//! One file of ~760 lines because every test here drives the same pages through the same
+//! One file of ~800 lines because every test here drives the same pages through the same
 //! harness (a Chromium behind playwright-core, the node scripts' event lines, the share and
 //! creation helpers below); split, each part would carry a copy of it.
 //!

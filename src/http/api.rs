@@ -1,7 +1,7 @@
 //! The JSON API under `/api/v1`: tasks (start with `Idempotency-Key`, get, list, answer
 //! input, cancel, and the `external` producer's progress/complete/fail) and files (list, info).
 //!
-//! One file of ~1 100 lines because the routes, their handlers and the OpenAPI document generated
+//! One file of ~1 140 lines because the routes, their handlers and the OpenAPI document generated
 //! from the handlers' annotations change together: a route added to [`routes`] gets its
 //! annotation and its `paths(...)` entry in [`ApiDoc`] in the same file. The schema-only types
 //! (`*Doc`, about 130 lines) are the part that could move out if the file grows.

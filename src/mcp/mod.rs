@@ -1,7 +1,7 @@
 //! The MCP facade (DESIGN §5) on rmcp: tools that hand a model handles, sizes, hashes,
 //! progress and repairable failures — never the bytes.
 //!
-//! One file of ~1 440 lines because rmcp's `#[tool_router]` wants every tool of the server in one
+//! One file of ~1 500 lines because rmcp's `#[tool_router]` wants every tool of the server in one
 //! `impl` block; arguments, results, envelopes, sessions and push live in their own files.
 //!
 //! Served at `/mcp` (Streamable HTTP, behind the same bearer auth as REST; the principal comes

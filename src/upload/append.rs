@@ -1,7 +1,7 @@
 //! Appending a chunk (TUS 1.0 §PATCH, §Checksum, checksum-trailer, creation-with-upload):
 //! stream the body into the blob while hashing, and checkpoint per DESIGN §2.
 //!
-//! One file of ~1 070 lines because it is one PATCH's state machine — the [`Appender`] (open under
+//! One file of ~1 090 lines because it is one PATCH's state machine — the [`Appender`] (open under
 //! the lease, stream, background checkpoints, the ways a body ends, completion) and the
 //! `UploadEngine` methods that drive it — whose states are easiest to check when read together;
 //! hashing is in `hash.rs`, the free-space watch in `exhausted.rs`.

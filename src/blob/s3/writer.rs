@@ -26,7 +26,7 @@
 //!   a part whose upload returns after the lease ran out is not recorded. A writer cut or
 //!   fenced is broken: it changes nothing more and is never parked.
 //!
-//! One file of ~770 lines because it is one writer's state machine (the open part, the parts on
+//! One file of ~790 lines because it is one writer's state machine (the open part, the parts on
 //! their way, the stream, the numbers taken) whose every method moves the same fields; the
 //! budget it reserves from is `budget.rs`, the part model `state.rs`.
 

@@ -1,6 +1,6 @@
 //! The `fetch` kind: import a URL into a file, resuming with `Range` after failures.
 //!
-//! One file of ~780 lines because a resumable fetch is one loop (request, `Range` resume, redirects
+//! One file of ~840 lines because a resumable fetch is one loop (request, `Range` resume, redirects
 //! to allowed hosts, TLS roots) whose steps share its state; about a quarter is its tests.
 //!
 //! # Arguments
