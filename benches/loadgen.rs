@@ -400,7 +400,8 @@ fn run(args: &[String]) -> Res<()> {
                 let path = tus_create(&mut c, &url.path, len)?;
                 eprintln!("upload={path}");
                 let head = format!(
-                    "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {len}\r\n\r\n",
+                    "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+                     application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {len}\r\n\r\n",
                     url.host
                 );
                 c.stream()?.get_mut().write_all(head.as_bytes()).map_err(|e| format!("send PATCH {i}: {e}"))?;

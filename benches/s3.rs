@@ -387,7 +387,10 @@ async fn whole_and_replicas(tmp: &tempfile::TempDir, bytes: u64, part: u64, uplo
     drop(s);
     let total = uploads as u64 * each;
     println!("## {uploads} concurrent uploads of {} MiB to S3 ({label}), PostgreSQL catalog, one bucket\n", each / MIB);
-    println!("| replicas | aggregate MiB/s | ferry CPU s/GiB (all replicas) | peak RSS MiB (largest replica / sum) | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- |");
+    println!(
+        "| replicas | aggregate MiB/s | ferry CPU s/GiB (all replicas) | peak RSS MiB \
+         (largest replica / sum) | S3 server CPU s/GiB |\n| --- | --- | --- | --- | --- |"
+    );
     for (name, rate, c) in [("1", one, &one_cost), ("3 (round-robin)", three, &three_cost)] {
         println!(
             "| {name} | {rate:.0} | {:.2} | {:.0} / {:.0} | {} |",
@@ -441,14 +444,16 @@ fn main() {
         let urls: Vec<String> = urls.into_iter().map(|u| format!("{base}{}", &u[u.find("/files/").unwrap()..])).collect();
         let ((), cost) = measured(&[srv.id()], s3_pid, resume_all(&urls, tail)).await;
         let metrics = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-        let metric = |name: &str| metrics.lines().find(|l| l.starts_with(&format!("{name} "))).and_then(|l| l.rsplit(' ').next()).unwrap_or("0").to_string();
+        let metric =
+            |name: &str| metrics.lines().find(|l| l.starts_with(&format!("{name} "))).and_then(|l| l.rsplit(' ').next()).unwrap_or("0").to_string();
         stop(srv);
         drop(s);
         let budget = 512.0;
         println!("\n## The S3 memory budget ({label}, default settings: 16 MiB parts, max_buffer 512 MiB)\n");
         println!("{slow} uploads each holding 1 KiB of an open part, then one 20 MiB PATCH: answered in {fast_secs:.2} s\n");
         println!(
-            "{resumes} deferred-length uploads with {} MiB tails each ({:.0} MiB of tails), resumed at once after a restart: idle RSS {idle:.0} MiB, peak {:.0} MiB; (peak − idle) / max_buffer = {:.2}; reservations that waited {}, gave up (503, resumed) {}; ferry CPU {:.1} s",
+            "{resumes} deferred-length uploads with {} MiB tails each ({:.0} MiB of tails), resumed at once after a restart: idle RSS {idle:.0} \
+             MiB, peak {:.0} MiB; (peak − idle) / max_buffer = {:.2}; reservations that waited {}, gave up (503, resumed) {}; ferry CPU {:.1} s",
             tail / MIB,
             (resumes as u64 * tail) as f64 / MIB as f64,
             cost.max_rss,

@@ -26,9 +26,10 @@ pub const EXIT_UNCHECKED: u8 = 1;
 /// Exit code: configuration error, or an ID that is unknown or not a finished upload.
 pub const EXIT_USAGE: u8 = 2;
 
-const AFTER: &str = "Exit codes: 0 every file checked is whole (and no orphans), 4 a file's bytes do not match its sha256 or are missing, \
-9 no damage but orphans (or a blob longer than its upload) found, 1 some files could not be read (the store failed) or the stores could not be opened, \
-2 configuration error or an ID that is unknown or unfinished. Damage wins over orphans, orphans over unread files.";
+const AFTER: &str = "Exit codes: 0 every file checked is whole (and no orphans), 4 a file's bytes do not match its \
+                     sha256 or are missing, 9 no damage but orphans (or a blob longer than its upload) found, 1 some \
+                     files could not be read (the store failed) or the stores could not be opened, 2 configuration \
+                     error or an ID that is unknown or unfinished. Damage wins over orphans, orphans over unread files.";
 
 #[derive(Debug, Args)]
 #[command(after_help = AFTER)]

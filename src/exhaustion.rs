@@ -260,7 +260,8 @@ impl SpaceReserve {
     pub fn fits_the_disk(&self) -> Result<(), String> {
         match self.measure() {
             Some(s) if s.reserve >= s.total => Err(format!(
-                "the free-space reserve (--min-free-space) of {} bytes is not smaller than the filesystem holding {} ({} bytes): nothing could be stored; lower it",
+                "the free-space reserve (--min-free-space) of {} bytes is not smaller than \
+                 the filesystem holding {} ({} bytes): nothing could be stored; lower it",
                 s.reserve,
                 self.dir.display(),
                 s.total

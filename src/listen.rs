@@ -193,7 +193,12 @@ pub async fn serve_http(
                     // The cap assumed descriptors that other files hold. accept() fails so
                     // whether or not a client waits: the spare descriptor tells which.
                     if emfile_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                        tracing::warn!(error = %e, live = conns.live.lock().unwrap_or_else(|e| e.into_inner()).len(), "accept failed: out of file descriptors below the connection cap; answering with the spare descriptor and closing idle connections");
+                        tracing::warn!(
+                            error = %e,
+                            live = conns.live.lock().unwrap_or_else(|e| e.into_inner()).len(),
+                            "accept failed: out of file descriptors below the connection cap; \
+                             answering with the spare descriptor and closing idle connections"
+                        );
                         emfile_logged = Some(std::time::Instant::now());
                     }
                     if spare.give_up() || spare.restore() && spare.give_up() {

@@ -201,7 +201,8 @@ impl Default for Metrics {
         );
         registry.register_with_unit(
             "s3_request_duration",
-            "S3 store requests by S3 operation and outcome (status class, or error: no answer): seconds until the answer's head (a part's upload included)",
+            "S3 store requests by S3 operation and outcome (status class, or error: \
+             no answer): seconds until the answer's head (a part's upload included)",
             prometheus_client::registry::Unit::Seconds,
             m.s3_request_duration.clone(),
         );

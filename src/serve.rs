@@ -193,7 +193,11 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
         }
     }
     if cfg.public_url.is_none() && addr.ip().is_unspecified() {
-        tracing::warn!(%addr, "listening on a wildcard address without --public-url: signed URLs and MCP results will name {addr}, which clients cannot reach; set --public-url");
+        tracing::warn!(
+            %addr,
+            "listening on a wildcard address without --public-url: signed URLs and MCP \
+             results will name {addr}, which clients cannot reach; set --public-url"
+        );
     }
     let scheme = if tls.is_some() { "https" } else { "http" };
     let links = Links::new(cfg.public_url.clone().unwrap_or_else(|| format!("{scheme}://{addr}")), signer).with_pages(!cfg.no_web);
@@ -226,13 +230,24 @@ pub async fn run(cfg: Config, hangups: Hangups) -> anyhow::Result<()> {
     // The MCP service is built here, once, and nested at `/mcp`: http and mcp never import
     // each other (DESIGN §1).
     let router = app(state.clone(), crate::mcp::streamable_http_service(&state));
-    tracing::info!(%addr, data = %cfg.data.display(), durability = ?cfg.durability, replica, leases = ?cfg.leases, tls = tls.is_some(), "ferry serving");
+    tracing::info!(
+        %addr,
+        data = %cfg.data.display(),
+        durability = ?cfg.durability,
+        replica,
+        leases = ?cfg.leases,
+        tls = tls.is_some(),
+        "ferry serving"
+    );
     log_principals(&tokens, "configured");
     if tokens.is_empty() && cfg.cors.allow_origins == crate::app::Origins::Any {
         tracing::warn!("[cors] allow_origins is `*` on a server without tokens: any web page a browser visits may upload to it");
     }
     if tokens.is_empty() && matches!(&cfg.cors.allow_origins, crate::app::Origins::Only(list) if list.iter().any(|o| o == "null")) {
-        tracing::warn!("[cors] allow_origins lists `null` on a server without tokens: any web page can make itself `null` (a sandboxed iframe) and upload to it; serve the uploading page from an origin of its own and list that one instead");
+        tracing::warn!(
+            "[cors] allow_origins lists `null` on a server without tokens: any web page can make itself `null` (a sandboxed \
+             iframe) and upload to it; serve the uploading page from an origin of its own and list that one instead"
+        );
     }
     let acceptor = tls.as_ref().map(|t| t.acceptor()).transpose()?;
     let reloader = tokio::spawn(reload_on_sighup(hangups, cfg.clone(), tokens.clone(), tls.clone()));
@@ -331,11 +346,18 @@ async fn reload_on_sighup(hangups: Hangups, cfg: Config, tokens: Tokens, tls: Op
             tracing::info!("SIGHUP: reloading tokens and the TLS certificate");
             match Config::resolve(&cfg.args) {
                 Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), "reload refused: the configuration does not load; the tokens and certificate in use stay")
+                    tracing::error!(
+                        error = %format!("{e:#}"),
+                        "reload refused: the configuration does not load; the tokens and certificate in use stay"
+                    )
                 }
                 Ok(new) => {
                     if let Some(public) = open_to_anyone(&cfg, &new.tokens) {
-                        tracing::error!(listen = %public, "reload refused: the new configuration has no bearer tokens, which would open this non-loopback server to anyone; the tokens in use stay");
+                        tracing::error!(
+                            listen = %public,
+                            "reload refused: the new configuration has no bearer tokens, which \
+                             would open this non-loopback server to anyone; the tokens in use stay"
+                        );
                     } else {
                         match tokens.replace(&new.tokens) {
                             Ok(()) => log_principals(&tokens, "loaded"),
@@ -401,8 +423,13 @@ pub async fn open_blobs(cfg: &Config, metrics: Option<&Arc<Metrics>>) -> anyhow:
                 let hint = match &e {
                     crate::blob::BlobError::Refused { status, code, .. } => match code.as_deref() {
                         Some("InvalidAccessKeyId" | "SignatureDoesNotMatch") => Some("check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
-                        Some("AuthorizationHeaderMalformed" | "IllegalLocationConstraintException" | "PermanentRedirect") => Some("check AWS_REGION (and AWS_ENDPOINT_URL)"),
-                        _ if *status == Some(403) || *status == Some(401) => Some("check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the bucket's policy (ferry needs to put, get, list and delete objects and multipart uploads under the prefix)"),
+                        Some("AuthorizationHeaderMalformed" | "IllegalLocationConstraintException" | "PermanentRedirect") => {
+                            Some("check AWS_REGION (and AWS_ENDPOINT_URL)")
+                        }
+                        _ if *status == Some(403) || *status == Some(401) => Some(
+                            "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the bucket's policy (ferry \
+                             needs to put, get, list and delete objects and multipart uploads under the prefix)",
+                        ),
                         _ => None,
                     },
                     _ => None,
@@ -448,7 +475,9 @@ pub(crate) async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blob
     match here {
         Some(mark) if mark == theirs => return Ok(()),
         Some(mark) => anyhow::bail!(
-            "the blob store {store} belongs to another catalog (its {} is {mark}, this catalog's store is marked {theirs}): every server of one catalog must use the same blob store (--blobs, bucket and prefix); give this catalog its own store, or this server the catalog that store belongs to",
+            "the blob store {store} belongs to another catalog (its {} is {mark}, this catalog's store is \
+             marked {theirs}): every server of one catalog must use the same blob store (--blobs, bucket \
+             and prefix); give this catalog its own store, or this server the catalog that store belongs to",
             crate::blob::STORE_MARK
         ),
         None => {}
@@ -473,7 +502,9 @@ pub(crate) async fn check_store_mark(catalog: &dyn crate::catalog::Catalog, blob
     }
     if checked > 0 && missing == checked {
         anyhow::bail!(
-            "the blob store {store} is not the one this catalog's uploads are in: none of the {checked} uploads with bytes looked up is in it, and it lacks the catalog's mark ({} = {theirs}). Every server of one catalog must use the same blob store (--blobs, bucket and prefix); if the bytes were moved on purpose, copy {} with them",
+            "the blob store {store} is not the one this catalog's uploads are in: none of the {checked} uploads with \
+             bytes looked up is in it, and it lacks the catalog's mark ({} = {theirs}). Every server of one catalog must \
+             use the same blob store (--blobs, bucket and prefix); if the bytes were moved on purpose, copy {} with them",
             crate::blob::STORE_MARK,
             crate::blob::STORE_MARK
         );

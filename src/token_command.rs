@@ -233,7 +233,8 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
             let want = if id.starts_with("fy_") { token_hash(id) } else { id.trim().to_ascii_lowercase() };
             if want.len() < MIN_ID_LEN || !want.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(usage(anyhow::anyhow!(
-                    "{id:?} is not a token id: give at least {MIN_ID_LEN} hex digits as `ferry token list` shows them, the token itself, or --principal NAME"
+                    "{id:?} is not a token id: give at least {MIN_ID_LEN} hex digits as \
+                     `ferry token list` shows them, the token itself, or --principal NAME"
                 )));
             }
             Which::HashPrefix(want)
@@ -269,7 +270,8 @@ fn revoke(a: &RevokeArgs) -> CmdResult {
     }
     if now_empty {
         eprintln!(
-            "{} has no tokens left: a server using it serves everything as the principal `local` (loopback only), and a server on another address keeps its old tokens on SIGHUP",
+            "{} has no tokens left: a server using it serves everything as the principal `local` \
+             (loopback only), and a server on another address keeps its old tokens on SIGHUP",
             path.display()
         );
     }

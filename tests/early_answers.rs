@@ -170,12 +170,18 @@ async fn every_early_answer_reaches_a_client_that_keeps_sending() {
     let cases: Vec<(&str, String, u16)> = vec![
         (
             "a TUS version not spoken",
-            format!("PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 0.2.2\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nContent-Length: {LEN}\r\n\r\n"),
+            format!(
+                "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 0.2.2\r\n\
+                 Content-Type: {OCTET}\r\nUpload-Offset: 0\r\nContent-Length: {LEN}\r\n\r\n"
+            ),
             412,
         ),
         (
             "a wrong Content-Type",
-            format!("PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: text/plain\r\nUpload-Offset: 0\r\nContent-Length: {LEN}\r\n\r\n"),
+            format!(
+                "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\n\
+                 Content-Type: text/plain\r\nUpload-Offset: 0\r\nContent-Length: {LEN}\r\n\r\n"
+            ),
             415,
         ),
         ("an offset that moved", patch_head(&addr, &path, "Upload-Offset: 7\r\n", LEN), 409),
@@ -184,16 +190,30 @@ async fn every_early_answer_reaches_a_client_that_keeps_sending() {
         ("a foreign web page", patch_head(&addr, &path, "Upload-Offset: 0\r\nOrigin: http://evil.example\r\n", LEN), 403),
         (
             "a creation too large",
-            format!("POST /files/ HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nUpload-Length: 99999999999999999\r\nContent-Type: {OCTET}\r\nContent-Length: {LEN}\r\n\r\n"),
+            format!(
+                "POST /files/ HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nUpload-Length: \
+                 99999999999999999\r\nContent-Type: {OCTET}\r\nContent-Length: {LEN}\r\n\r\n"
+            ),
             413,
         ),
         (
             "chunked past the length",
-            format!("PATCH {small} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            format!(
+                "PATCH {small} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\n\
+                 Content-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ),
             413,
         ),
-        ("a malformed header before the body", format!("PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nbad header line\r\nContent-Length: {LEN}\r\n\r\n"), 400),
-        ("an invalid Content-Length", format!("PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Length: {LEN}x\r\n\r\n"), 400),
+        (
+            "a malformed header before the body",
+            format!("PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nbad header line\r\nContent-Length: {LEN}\r\n\r\n"),
+            400,
+        ),
+        (
+            "an invalid Content-Length",
+            format!("PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Length: {LEN}x\r\n\r\n"),
+            400,
+        ),
     ];
     for (what, head, status) in cases {
         // A chunked body is sent as one endless chunk: its length says more than the upload takes.

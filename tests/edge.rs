@@ -452,7 +452,8 @@ async fn checksum_mismatch_has_a_reason_phrase() {
     let path = url.trim_start_matches(&s.base).to_string();
     let mut conn = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
     let req = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nUpload-Checksum: sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\n\
+         Upload-Checksum: sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
         s.addr()
     );
     conn.write_all(req.as_bytes()).await.unwrap();

@@ -30,7 +30,11 @@ struct SmallFs {
 impl SmallFs {
     fn mount(size_mib: u64) -> SmallFs {
         let is_root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
-        assert!(is_root, "tests/exhaustion.rs needs root: it mounts a small tmpfs as the data directory to fill the disk for real (CI runs `.ci/run` as root); run it as root");
+        assert!(
+            is_root,
+            "tests/exhaustion.rs needs root: it mounts a small tmpfs as the data directory \
+             to fill the disk for real (CI runs `.ci/run` as root); run it as root"
+        );
         let parent = tempfile::tempdir().unwrap();
         let dir = parent.path().join("fs");
         std::fs::create_dir(&dir).unwrap();

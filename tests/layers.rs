@@ -223,7 +223,8 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
         }
         if !CONFIG_READERS.contains(&top.as_str()) && names.contains("config") {
             out.push(format!(
-                "src/{}: the {top} module imports crate::config; settings belong to the engines and only the composition root ({}) reads the configuration",
+                "src/{}: the {top} module imports crate::config; settings belong to the \
+                 engines and only the composition root ({}) reads the configuration",
                 rel.display(),
                 CONFIG_READERS.join(", ")
             ));

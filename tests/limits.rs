@@ -93,7 +93,8 @@ async fn at_the_connection_cap_accepted_connections_keep_being_served() {
     assert_eq!(raw(&mut mine, &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"), b"").await, 200);
     let body = pseudo_random(2 << 20, 6);
     let head = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {}\r\n\r\n",
+        "PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+         application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     assert_eq!(raw(&mut mine, &head, &body).await, 204, "PATCH on an accepted connection at the cap");
@@ -226,7 +227,13 @@ async fn accept_out_of_descriptors_with_every_connection_busy_still_answers_heal
     for _ in 0..20 {
         let path = tus.create(1 << 20).await.trim_start_matches(&s.base).to_string();
         let mut c = TcpStream::connect(s.addr()).await.unwrap();
-        let (stop, head) = (stop.clone(), format!("PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: 1048576\r\n\r\n"));
+        let (stop, head) = (
+            stop.clone(),
+            format!(
+                "PATCH {path} HTTP/1.1\r\nHost: {host}\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+                 application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: 1048576\r\n\r\n"
+            ),
+        );
         busy.push(tokio::spawn(async move {
             if c.write_all(head.as_bytes()).await.is_err() {
                 return;

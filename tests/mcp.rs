@@ -255,7 +255,8 @@ async fn input_requests_are_elicitation_forms_and_answers_resume_the_task() {
     let script = write_script(
         tmp.path(),
         "ask.sh",
-        "if [ -z \"$FERRY_INPUT_TITLE\" ]; then echo 'input title {\"message\":\"Title of the report?\"}' >&2; exit 0; fi\nprintf 'title=%s\\n' \"$FERRY_INPUT_TITLE\"\n",
+        "if [ -z \"$FERRY_INPUT_TITLE\" ]; then echo 'input title {\"message\":\"Title of the report?\"}' \
+         >&2; exit 0; fi\nprintf 'title=%s\\n' \"$FERRY_INPUT_TITLE\"\n",
     );
     let cfg = write_file(tmp.path(), "ferry.toml", &format!("[commands.ask]\nprogram = \"{}\"\n", script.display()));
     let server = Server::start(&["--config", cfg.to_str().unwrap()]);

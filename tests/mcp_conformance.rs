@@ -62,7 +62,8 @@ fn node22() -> Option<PathBuf> {
         return Some(p);
     }
     eprintln!(
-        "SKIPPED: Node 22 or the MCP conformance suite is not installed here ({} / {}): run `(cd tests/clients/mcp-conformance && npm ci)` (.ci/run does)",
+        "SKIPPED: Node 22 or the MCP conformance suite is not installed here ({} \
+         / {}): run `(cd tests/clients/mcp-conformance && npm ci)` (.ci/run does)",
         p.display(),
         suite.display()
     );

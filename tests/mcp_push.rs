@@ -21,7 +21,10 @@ use serde_json::Value;
 const ASK_TOML: &str = r#"
 [commands.ask]
 program = "/bin/sh"
-args = ["-c", "if [ -z \"$FERRY_INPUT_NAME\" ]; then echo 'input name {\"message\":\"What is your name?\"}' >&2; exit 0; fi; printf 'hello %s' \"$FERRY_INPUT_NAME\""]
+args = [
+  "-c",
+  '''if [ -z "$FERRY_INPUT_NAME" ]; then echo 'input name {"message":"What is your name?"}' >&2; exit 0; fi; printf 'hello %s' "$FERRY_INPUT_NAME"''',
+]
 "#;
 
 /// Per client run.

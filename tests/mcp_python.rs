@@ -46,7 +46,10 @@ args = ["-c", "printf partial; exec sleep 30"]
 
 [commands.ask]
 program = "/bin/sh"
-args = ["-c", "if [ -z \"$FERRY_INPUT_NAME\" ]; then echo 'input name {\"message\":\"What is your name?\"}' >&2; exit 0; fi; printf 'hello %s' \"$FERRY_INPUT_NAME\""]
+args = [
+  "-c",
+  '''if [ -z "$FERRY_INPUT_NAME" ]; then echo 'input name {"message":"What is your name?"}' >&2; exit 0; fi; printf 'hello %s' "$FERRY_INPUT_NAME"''',
+]
 
 [fetch]
 allow_hosts = ["127.0.0.1"]
@@ -317,7 +320,8 @@ fn gated_config() -> (tempfile::TempDir, String, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
     let toml = format!(
-        "[commands.gated]\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"printf partial; i=0; while [ -d '{}' ] && [ ! -e '{}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; printf more\"]\noutput_name = \"gated.out\"\n",
+        "[commands.gated]\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"printf partial; i=0; while [ -d '{}' ] && [ ! -e \
+         '{}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; printf more\"]\noutput_name = \"gated.out\"\n",
         dir.path().display(),
         gate.display()
     );

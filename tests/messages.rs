@@ -212,7 +212,12 @@ async fn tools_call_with_params_of_the_wrong_shape_is_invalid_params() {
         }
         r.body(body.to_string()).send()
     };
-    let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": { "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } } });
+    let init = json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": { "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } }
+    });
     let r = post(init, None).await.unwrap();
     let session = r.headers().get("mcp-session-id").map(|v| v.to_str().unwrap().to_string());
     let _ = r.text().await;

@@ -313,7 +313,8 @@ async fn each_kinds_args_schema_is_the_check() {
     let cfg = write_file(
         dir.path(),
         "ferry.toml",
-        "[fetch]\nallow_hosts = [\"127.0.0.1\"]\n\n[commands.orders]\nprogram = \"/bin/true\"\nparams_schema = { type = \"object\", required = [\"month\"], properties = { month = { type = \"string\", pattern = \"^[0-9]{4}-[0-9]{2}$\" } } }\n",
+        "[fetch]\nallow_hosts = [\"127.0.0.1\"]\n\n[commands.orders]\nprogram = \"/bin/true\"\nparams_schema = \
+         { type = \"object\", required = [\"month\"], properties = { month = { type = \"string\", pattern = \"^[0-9]{4}-[0-9]{2}$\" } } }\n",
     );
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);
     let doc = fetch(&s).await;

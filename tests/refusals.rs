@@ -604,8 +604,11 @@ async fn a_patch_refused_from_its_headers_is_answered_before_its_body() {
         [("an offset that moved", &url, 7, 409), ("past the length", &url, 0, 413), ("a complete upload", &done, 3, 413)]
     {
         let path = target.strip_prefix(&s.base).unwrap().to_string();
-        let head =
-            format!("PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: {offset}\r\nContent-Length: {LEN}\r\n\r\n", s.addr());
+        let head = format!(
+            "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+             {OCTET}\r\nUpload-Offset: {offset}\r\nContent-Length: {LEN}\r\n\r\n",
+            s.addr()
+        );
         wr.write_all(head.as_bytes()).await.unwrap();
         // The body trickles (1 KiB every 100 ms) until the answer is read, then the rest goes.
         let answered = tokio_util::sync::CancellationToken::new();

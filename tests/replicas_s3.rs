@@ -755,7 +755,8 @@ async fn the_books_replica_walk_through_runs_as_written() {
     let conf = book_nginx_conf();
     assert!(!conf.contains("\nNGINX_CONF\n"));
     let script = format!(
-        "set -euo pipefail\nexport PATH='{bin}':/usr/sbin:/usr/bin:/sbin:/bin\n{start}\ncat >\"$W/nginx.conf\" <<'NGINX_CONF'\n{conf}NGINX_CONF\n{rest}",
+        "set -euo pipefail\nexport PATH='{bin}':/usr/sbin:/usr/bin:/sbin:/bin\n\
+         {start}\ncat >\"$W/nginx.conf\" <<'NGINX_CONF'\n{conf}NGINX_CONF\n{rest}",
         bin = ferry_bin().parent().unwrap().display(),
         rest = sh[1],
     );

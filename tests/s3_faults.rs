@@ -869,7 +869,8 @@ async fn fault8_reads_of_an_unfinished_upload_fetch_no_per_part_data() {
     // Version 3 kept each part inline (with a 4-byte length more, and a 4-byte count), and no
     // 9-byte frame.
     eprintln!(
-        "an unfinished upload of {n_many} parts: a read selects {s_many} bytes of S3 state (it was {} inline); {beside} bytes of parts beside the row",
+        "an unfinished upload of {n_many} parts: a read selects {s_many} bytes \
+         of S3 state (it was {} inline); {beside} bytes of parts beside the row",
         s_many - 9 + 4 + beside + 4 * n_many
     );
     patch_rest(&tus, &many, &data, 31 * MIB + 7, 4 * MIB).await;

@@ -631,7 +631,8 @@ impl Model {
         }
         let open = self.s3.open_uploads(&key(u));
         Err(format!(
-            "{what}: answered {e}, and the engine rolls {} back from its acknowledged offset {}, though no lifecycle rule took its bytes (open multipart uploads: {open:?})",
+            "{what}: answered {e}, and the engine rolls {} back from its acknowledged offset \
+             {}, though no lifecycle rule took its bytes (open multipart uploads: {open:?})",
             IDS[u], row.offset
         ))
     }
@@ -1600,7 +1601,8 @@ fn found_point6_raw_store_xml_reaches_the_caller() {
 
 /// Point 6: the readiness probe PUTs and DELETEs an object. Found with `FERRY_S3_MODEL_ON=ping`.
 #[test]
-#[ignore = "judgement (issue 47 point 6): /readyz still writes its probe object, at most every 10 s, so a bucket that stops taking writes shows as not ready; this test asserts a probe never writes"]
+#[ignore = "judgement (issue 47 point 6): /readyz still writes its probe object, at most every 10 s, so \
+            a bucket that stops taking writes shows as not ready; this test asserts a probe never writes"]
 fn found_point6_the_readiness_probe_writes() {
     replay(Config { check_ping_reads: true, ..Config::search() }, vec![Op::Ping]);
 }

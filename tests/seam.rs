@@ -195,7 +195,8 @@ async fn a_restarted_server_takes_its_own_upload_leases_back_at_once() {
     // A PATCH that holds the lease and stays open.
     let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
     let head = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: 1000\r\nContent-Length: {}\r\n\r\n",
+        "PATCH {path} HTTP/1.1\r\nHost: {}\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+         application/offset+octet-stream\r\nUpload-Offset: 1000\r\nContent-Length: {}\r\n\r\n",
         s.addr(),
         data.len() - 1000
     );

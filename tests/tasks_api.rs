@@ -322,7 +322,8 @@ async fn cancel_command_kills_the_program_and_stays_cancelled() {
         dir.path(),
         "slow.sh",
         &format!(
-            "i=0\nwhile [ $i -lt 40 ]; do\n  i=$((i+1))\n  echo \"row $i\"\n  echo \"progress 0.$((i * 2)) row $i\" >&2\n  echo \"count rows $i\" >&2\n  sleep 0.1\ndone\ntouch '{}'\n",
+            "i=0\nwhile [ $i -lt 40 ]; do\n  i=$((i+1))\n  echo \"row $i\"\n  echo \"progress 0.$((i \
+             * 2)) row $i\" >&2\n  echo \"count rows $i\" >&2\n  sleep 0.1\ndone\ntouch '{}'\n",
             marker.display()
         ),
     );

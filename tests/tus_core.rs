@@ -311,7 +311,8 @@ async fn a_malformed_chunked_body_is_400_and_keeps_what_arrived() {
     let path = url.trim_start_matches(&s.base).to_string();
     let mut sock = std::net::TcpStream::connect(s.addr()).unwrap();
     let req = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n"
+        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+         {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n"
     );
     sock.write_all(req.as_bytes()).unwrap();
     sock.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();

@@ -420,13 +420,15 @@ async fn unannounced_or_conflicting_trailers_are_refused() {
     let path = url.trim_start_matches(&s.base).to_string();
     let wrong = format!("Upload-Checksum: {}\r\n", checksum("sha256", b"x"));
     let req = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n{wrong}\r\n"
+        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\n\
+         Upload-Offset: 0\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n{wrong}\r\n"
     );
     let (st, _) = raw(&s.addr(), req.as_bytes());
     assert_eq!(st, 400, "an unannounced trailer cannot be verified");
     let good = checksum("sha256", b"hello");
     let req = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nUpload-Checksum: {good}\r\nTrailer: Upload-Checksum\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n{wrong}\r\n"
+        "PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\nContent-Type: {OCTET}\r\nUpload-Offset: 0\r\nUpload-Checksum: \
+         {good}\r\nTrailer: Upload-Checksum\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n{wrong}\r\n"
     );
     let (st, _) = raw(&s.addr(), req.as_bytes());
     assert_eq!(st, 400, "header and trailer disagree");

@@ -97,7 +97,8 @@ async fn dropped_patch(base: &str, url: &str, offset: u64, declared: u64, body: 
     let path = url.split_once("/files/").map(|(_, p)| format!("/files/{p}")).unwrap();
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!(
-        "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: application/offset+octet-stream\r\nUpload-Offset: {offset}\r\nContent-Length: {declared}\r\n\r\n"
+        "PATCH {path} HTTP/1.1\r\nHost: {addr}\r\nTus-Resumable: 1.0.0\r\nContent-Type: \
+         application/offset+octet-stream\r\nUpload-Offset: {offset}\r\nContent-Length: {declared}\r\n\r\n"
     );
     sock.write_all(head.as_bytes()).await.unwrap();
     sock.write_all(body).await.unwrap();

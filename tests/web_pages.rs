@@ -7,7 +7,7 @@
 //! the CSP and refuses framing; `--no-web` turns the pages off. Screenshots (desktop and
 //! 390×844) go to `target/test-artifacts/`.
 //!
-//! One file of ~760 lines because every test here drives the same pages through the same
+//! One file of ~800 lines because every test here drives the same pages through the same
 //! harness (a Chromium behind playwright-core, the node scripts' event lines, the share and
 //! creation helpers below); split, each part would carry a copy of it.
 //!
@@ -483,7 +483,8 @@ async fn dashboard_live_input_form_progress_cancel_upload_and_isolation() {
         tmp.path(),
         "ask.sh",
         r#"if [ -z "$FERRY_INPUT_COLOUR" ]; then
-  echo 'input colour {"message":"Which colour should the export use?","schema":{"type":"object","properties":{"colour":{"type":"string","title":"Colour","enum":["red","green"]},"rows":{"type":"integer","title":"Rows"}},"required":["colour"]}}' >&2
+  echo 'input colour {"message":"Which colour should the export use?","schema":{"type":"object","properties":'\
+'{"colour":{"type":"string","title":"Colour","enum":["red","green"]},"rows":{"type":"integer","title":"Rows"}},"required":["colour"]}}' >&2
   exit 0
 fi
 echo "progress 0.5 half way" >&2

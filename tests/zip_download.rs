@@ -42,8 +42,10 @@ fn curl(url: &str, args: &[&str]) {
 fn python_reads(path: &std::path::Path) -> serde_json::Value {
     let script = "import hashlib, json, sys, zipfile\n\
         z = zipfile.ZipFile(sys.argv[1])\n\
-        print(json.dumps({'bad': z.testzip(), 'members': {i.filename: hashlib.sha256(z.read(i)).hexdigest() for i in z.infolist()}, \
-        'order': [i.filename for i in z.infolist()], 'flags': [i.flag_bits for i in z.infolist()], 'stored': all(i.compress_type == 0 for i in z.infolist())}))\n";
+        print(json.dumps({'bad': z.testzip(), \
+        'members': {i.filename: hashlib.sha256(z.read(i)).hexdigest() for i in z.infolist()}, \
+        'order': [i.filename for i in z.infolist()], 'flags': [i.flag_bits for i in z.infolist()], \
+        'stored': all(i.compress_type == 0 for i in z.infolist())}))\n";
     let out = Command::new(python_bin()).arg("-c").arg(script).arg(path).output().expect("python runs");
     assert!(out.status.success(), "python zipfile: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("one JSON line")

@@ -119,7 +119,8 @@ fn grants(entries: &[TokenEntry]) -> anyhow::Result<HashMap<String, Grant>> {
         if let Some(first) = out.get(&hash) {
             let first: &Grant = first;
             anyhow::bail!(
-                "[[tokens]]: the token whose sha256 starts {} is listed twice (for {:?} and {:?}); a token names one principal — remove one entry, or create a new token for the second (`ferry token create NAME`)",
+                "[[tokens]]: the token whose sha256 starts {} is listed twice (for {:?} and {:?}); a token names one \
+                 principal — remove one entry, or create a new token for the second (`ferry token create NAME`)",
                 &hash[..hash.len().min(12)],
                 first.principal,
                 e.principal

@@ -426,7 +426,10 @@ pub trait BlobStore: Send + Sync + 'static {
         match self.mark().await? {
             Some(_) => Ok(()),
             None => Err(BlobError::Refused {
-                what: format!("to show its mark {STORE_MARK}, which a store keeps while it holds a catalog's uploads (a bucket deleted or renamed, a disk not mounted?)"),
+                what: format!(
+                    "to show its mark {STORE_MARK}, which a store keeps while it holds a \
+                     catalog's uploads (a bucket deleted or renamed, a disk not mounted?)"
+                ),
                 status: None,
                 code: Some("NoStoreMark".into()),
             }),

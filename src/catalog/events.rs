@@ -229,9 +229,10 @@ pub trait EventCatalog: Send + Sync {
     async fn enqueue_deliveries(&self, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32>;
 
     /// Claim up to `limit` pending deliveries due at `now_ms` whose lease is free or expired
-    /// (database clock; [`super::Catalog::reclaim_owner`] frees a dead incarnation's at once) and that no earlier pending delivery of the same webhook and subject
-    /// precedes (per-subject order): each gets `owner`'s lease for `lease_ms`. Of concurrent
-    /// claimers (any replica) exactly one gets a given delivery. Oldest event first.
+    /// (database clock; [`super::Catalog::reclaim_owner`] frees a dead incarnation's at once) and
+    /// that no earlier pending delivery of the same webhook and subject precedes (per-subject
+    /// order): each gets `owner`'s lease for `lease_ms`. Of concurrent claimers (any replica)
+    /// exactly one gets a given delivery. Oldest event first.
     async fn claim_deliveries(&self, owner: &str, now_ms: i64, lease_ms: i64, limit: u32) -> CatalogResult<Vec<Delivery>>;
 
     /// Record attempts of claimed deliveries and release their leases, in one transaction (one

@@ -38,6 +38,9 @@ use super::{
 };
 use super::{Damage, FinalFailure};
 
+/// A PostgreSQL statement whose `$n` placeholders are being bound (the value `sqlx::query` returns).
+type PgQuery = sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>;
+
 /// The `NOTIFY` channel of release requests (release-on-request across replicas).
 const RELEASE_CHANNEL: &str = "ferry_release";
 
@@ -391,9 +394,7 @@ impl PostgresCatalog {
     async fn update_with_entries(
         &self,
         sql: (&'static str, &'static str),
-        bind: impl FnOnce(
-            sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
-        ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        bind: impl FnOnce(PgQuery) -> PgQuery,
         from: Option<u32>,
         entries: &[&[u8]],
     ) -> CatalogResult<u64> {
@@ -588,7 +589,7 @@ impl Catalog for PostgresCatalog {
         within(async {
             let (row, entries) = crate::framed::split(&cp.blob_state);
             let (offset, length, fence) = (to_i64(cp.offset)?, cp.length.map(to_i64).transpose()?, to_i64(fence)?);
-            let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+            let bind = |q: PgQuery| -> PgQuery {
                 q.bind(offset)
                     .bind(cp.hash_state.clone())
                     .bind(row.to_vec())
@@ -599,7 +600,8 @@ impl Catalog for PostgresCatalog {
                     .bind(id.to_string())
                     .bind(fence)
             };
-            let changed = self.update_with_entries((st::CHECKPOINT.pg, st::CHECKPOINT_WITH_ENTRIES_PG.pg), bind, cp.blob_entries_from, &entries).await?;
+            let changed =
+                self.update_with_entries((st::CHECKPOINT.pg, st::CHECKPOINT_WITH_ENTRIES_PG.pg), bind, cp.blob_entries_from, &entries).await?;
             self.fenced_or_missing(id, changed).await
         })
         .await
@@ -671,10 +673,12 @@ impl Catalog for PostgresCatalog {
         within(async {
             let (row, entries) = crate::framed::split(&cp.blob_state);
             let (offset, fence) = (to_i64(cp.offset)?, to_i64(fence)?);
-            let bind = |q: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>| -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+            let bind = |q: PgQuery| -> PgQuery {
                 q.bind(offset).bind(cp.hash_state.clone()).bind(row.to_vec()).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id.to_string()).bind(fence)
             };
-            let changed = self.update_with_entries((st::REOPEN.pg, st::REOPEN_WITH_ENTRIES_PG.pg), bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
+            let changed = self
+                .update_with_entries((st::REOPEN.pg, st::REOPEN_WITH_ENTRIES_PG.pg), bind, Some(cp.blob_entries_from.unwrap_or(0)), &entries)
+                .await?;
             self.fenced_or_missing(id, changed).await
         })
         .await

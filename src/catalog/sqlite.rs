@@ -421,7 +421,8 @@ impl Catalog for SqliteCatalog {
             let Some(row) = row else { return Err(CatalogError::NotFound) };
             let principal: String = row.try_get("principal")?;
             let n = |v: i64| v.max(0) as u64;
-            let (offset, length, reserved_to) = (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
+            let (offset, length, reserved_to) =
+                (n(row.try_get("offset")?), row.try_get::<Option<i64>, _>("length")?.map(n), row.try_get::<Option<i64>, _>("reserved_to")?.map(n));
             let used = usage_on(&mut *tx, &principal, now_ms).await?.bytes;
             let r = super::Reservation::grant(offset, length, reserved_to, used, to, max_bytes);
             sqlx::query(st::SET_RESERVATION.sqlite).bind(to_i64(r.granted_to)?).bind(&r.nonce).bind(id).execute(&mut *tx).await?;
@@ -601,8 +602,14 @@ impl Catalog for SqliteCatalog {
         to_end!(self, this, [id: &str, cp: &Checkpoint], {
             let _changed = this.upload_changed(id);
             let (row, entries) = crate::framed::split(&cp.blob_state);
-            let update =
-                sqlx::query(st::REOPEN.sqlite).bind(to_i64(cp.offset)?).bind(&cp.hash_state).bind(row).bind(cp.expires_at_ms).bind(cp.now_ms).bind(id).bind(to_i64(fence)?);
+            let update = sqlx::query(st::REOPEN.sqlite)
+                .bind(to_i64(cp.offset)?)
+                .bind(&cp.hash_state)
+                .bind(row)
+                .bind(cp.expires_at_ms)
+                .bind(cp.now_ms)
+                .bind(id)
+                .bind(to_i64(fence)?);
             let changed = this.update_with_entries(update, id, Some(cp.blob_entries_from.unwrap_or(0)), &entries).await?;
             this.fenced_or_missing(id, changed).await
         })
@@ -791,7 +798,10 @@ impl Catalog for SqliteCatalog {
                 // After the commit (see `damage_marks`): a server beside this process forgets
                 // which uploads it found unmarked.
                 if let Some(Err(e)) = self.marks.as_ref().map(|m| m.bump()) {
-                    tracing::warn!(error = %e, "could not append to the damage marks file: a server on this catalog serves the upload for up to 1 s more");
+                    tracing::warn!(
+                        error = %e,
+                        "could not append to the damage marks file: a server on this catalog serves the upload for up to 1 s more"
+                    );
                 }
                 done
             }

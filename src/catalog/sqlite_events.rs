@@ -46,7 +46,8 @@ impl EventCatalog for SqliteCatalog {
     async fn enqueue_deliveries(&self, webhook: &str, filter: &EventFilter, now_ms: i64, limit: u32) -> CatalogResult<u32> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
-            "INSERT INTO webhook_cursors (webhook, last_seq) VALUES (?, COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)) ON CONFLICT (webhook) DO NOTHING",
+            "INSERT INTO webhook_cursors (webhook, last_seq) VALUES (?, COALESCE((SELECT seq \
+             FROM sqlite_sequence WHERE name = 'events'), 0)) ON CONFLICT (webhook) DO NOTHING",
         )
         .bind(webhook)
         .execute(&mut *tx)

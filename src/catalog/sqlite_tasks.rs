@@ -197,7 +197,8 @@ impl TaskCatalog for SqliteCatalog {
                 tx.commit().await?;
                 return Ok(StartOutcome::Created(task));
             };
-            let existing: Option<String> = sqlx::query_scalar(st::TASK_BY_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut *tx).await?;
+            let existing: Option<String> =
+                sqlx::query_scalar(st::TASK_BY_KEY.sqlite).bind(&new.principal).bind(&new.kind).bind(key).fetch_optional(&mut *tx).await?;
             let prior = match existing {
                 None => None,
                 Some(old_id) => match task_in(&mut tx, &old_id).await? {
@@ -269,7 +270,13 @@ impl TaskCatalog for SqliteCatalog {
                 changed.narrow_to(None);
                 return Ok(None);
             };
-            sqlx::query(sql!("UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 WHERE id = ?").sqlite)
+            sqlx::query(
+                sql!(
+                    "UPDATE tasks SET lease_owner = ?, lease_expires_ms = {now} + ?, fence = fence + 1, runs = runs + 1 \
+                     WHERE id = ?"
+                )
+                .sqlite,
+            )
                 .bind(owner)
                 .bind(lease_ms)
                 .bind(&id)
@@ -285,8 +292,9 @@ impl TaskCatalog for SqliteCatalog {
     async fn renew_lease(&self, id: &str, fence: u64, lease_ms: i64) -> CatalogResult<TaskStatus> {
         to_end!(self, this, [id: &str], {
             let _changed = this.tasks_changed(Some(id));
-            let status: Option<String> =
-                super::sqlite::first(sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_all(&this.pool).await?);
+            let status: Option<String> = super::sqlite::first(
+                sqlx::query_scalar(st::RENEW_TASK_LEASE.sqlite).bind(lease_ms).bind(id).bind(fence as i64).fetch_all(&this.pool).await?,
+            );
             match status {
                 Some(s) => TaskStatus::parse(&s).ok_or_else(|| corrupt("status")),
                 None => Err(CatalogError::Fenced),
@@ -390,7 +398,15 @@ impl TaskCatalog for SqliteCatalog {
                 TaskEnd::Completed(r) => ("completed", Some(r.as_str()), None),
                 TaskEnd::Failed(e) => ("failed", None, Some(e.as_str())),
             };
-            let done = sqlx::query(st::FINISH_TASK.sqlite).bind(status).bind(result).bind(error).bind(now_ms).bind(id).bind(fence.map(|f| f as i64)).execute(&this.pool).await?;
+            let done = sqlx::query(st::FINISH_TASK.sqlite)
+                .bind(status)
+                .bind(result)
+                .bind(error)
+                .bind(now_ms)
+                .bind(id)
+                .bind(fence.map(|f| f as i64))
+                .execute(&this.pool)
+                .await?;
             Ok(done.rows_affected() == 1)
         })
     }

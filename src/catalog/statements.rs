@@ -140,8 +140,10 @@ pub(super) const LIST_BLOB_REMOVALS: Stmt = sql!("SELECT id FROM blob_removals O
 pub(super) const FORGET_BLOB_REMOVAL: Stmt = sql!("DELETE FROM blob_removals WHERE id = ?");
 
 /// id → rows naming it, queued removals naming it: one statement, so one snapshot.
-pub(super) const BLOB_CLAIM: Stmt =
-    sql!("SELECT CAST((SELECT COUNT(*) FROM uploads WHERE id = ?1) AS BIGINT) AS uploads, CAST((SELECT COUNT(*) FROM blob_removals WHERE id = ?1) AS BIGINT) AS removals");
+pub(super) const BLOB_CLAIM: Stmt = sql!(
+    "SELECT CAST((SELECT COUNT(*) FROM uploads WHERE id = ?1) AS BIGINT) AS uploads, \
+     CAST((SELECT COUNT(*) FROM blob_removals WHERE id = ?1) AS BIGINT) AS removals"
+);
 
 /// (id, before_ms).
 pub(super) const DELETE_TOMBSTONE: Stmt = sql!("DELETE FROM uploads WHERE id = ? AND expired = {true} AND updated_at_ms < ?");
@@ -232,8 +234,8 @@ pub(super) const FORGET_MCP_SESSIONS: Stmt = sql!("DELETE FROM mcp_sessions WHER
 
 /// (kind, detail, found_at_ms, id): only a finished, live upload is marked.
 pub(super) const SET_DAMAGE: Stmt = sql!(
-    "INSERT INTO upload_damage (id, kind, detail, found_at_ms) SELECT id, ?, ?, ? FROM uploads WHERE id = ? AND finished_at_ms IS NOT NULL AND expired = {false} \
-     ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, detail = excluded.detail, found_at_ms = excluded.found_at_ms"
+    "INSERT INTO upload_damage (id, kind, detail, found_at_ms) SELECT id, ?, ?, ? FROM uploads WHERE id = ? AND finished_at_ms IS NOT NULL \
+     AND expired = {false} ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, detail = excluded.detail, found_at_ms = excluded.found_at_ms"
 );
 pub(super) const CLEAR_DAMAGE: Stmt = sql!("DELETE FROM upload_damage WHERE id = ?");
 /// id → kind, detail, found_at_ms.

@@ -48,16 +48,19 @@ pub const EXIT_CODES: &[ExitCodeDoc] = &[
     ExitCodeDoc { code: EXIT_FAILURE, meaning: "other failure: an unexpected answer from the server, a local I/O error" },
     ExitCodeDoc {
         code: EXIT_USAGE,
-        meaning: "usage or configuration error (also: --server answers, but is not a ferry server, or its port speaks the other scheme: http:// for https:// or back), or the server refused the request as invalid (other 4xx, e.g. 413 too large)",
+        meaning: "usage or configuration error (also: --server answers, but is not a ferry server, or its port speaks the other \
+                  scheme: http:// for https:// or back), or the server refused the request as invalid (other 4xx, e.g. 413 too large)",
     },
     ExitCodeDoc { code: EXIT_NOT_FOUND, meaning: "not found: no such file or task on the server (404) or it expired (410); a local FILE is missing" },
     ExitCodeDoc {
         code: EXIT_VERIFY,
-        meaning: "verification failed: the sha256 of the bytes differs from the server's or from a declared --meta sha256 (460), the file changed while it was being uploaded, or the server's copy is damaged (500 damaged: `ferry ls` and `status` show it so)",
+        meaning: "verification failed: the sha256 of the bytes differs from the server's or from a declared --meta sha256 (460), the file \
+                  changed while it was being uploaded, or the server's copy is damaged (500 damaged: `ferry ls` and `status` show it so)",
     },
     ExitCodeDoc {
         code: EXIT_NETWORK,
-        meaning: "network: no connection to the server (at once, no retries), or after it first answered, 5xx / 423 / dropped connections until --retry-for ran out without progress (re-run to resume)",
+        meaning: "network: no connection to the server (at once, no retries), or after it first answered, 5xx \
+                  / 423 / dropped connections until --retry-for ran out without progress (re-run to resume)",
     },
     ExitCodeDoc { code: EXIT_AUTH, meaning: "authentication: the token is missing, unknown or not allowed (401, 403)" },
     ExitCodeDoc { code: EXIT_TASK_FAILED, meaning: "`task start --wait`, `task get --wait`, `task respond --wait`: the task failed" },
@@ -286,7 +289,11 @@ impl CliError {
         // A signed link (`…?exp=…&sig=…`) is its own credential: a token would not help.
         let signed = what.split_once('?').is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("sig=")));
         e.hint = match status {
-            401 | 403 if signed => Some("This signed link was refused: it has expired, was changed (copied incompletely?), or belongs to another server. Ask whoever sent it for a new one (`ferry share ID` makes one).".into()),
+            401 | 403 if signed => Some(
+                "This signed link was refused: it has expired, was changed (copied incompletely?), or \
+                 belongs to another server. Ask whoever sent it for a new one (`ferry share ID` makes one)."
+                    .into(),
+            ),
             // The server's hint for 401 speaks HTTP (`Authorization: Bearer`).
             401 => Some(cli_auth.into()),
             _ => problem.recovery_hint.filter(|h| !h.is_empty()).map(|h| cli_words(&h)).or_else(|| (code == EXIT_AUTH).then(|| cli_auth.into())),

@@ -275,9 +275,13 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
                 Output::Part(path) => {
                     let _ = std::fs::remove_file(part_path(path));
                     let _ = std::fs::remove_file(info_path(path));
-                    "The partial file was deleted; re-run to download it again. If it fails again the server's own copy no longer matches its sha256: ask the operator to run `ferry check` on it."
+                    "The partial file was deleted; re-run to download it again. If it fails again the server's \
+                     own copy no longer matches its sha256: ask the operator to run `ferry check` on it."
                 }
-                _ => "Re-run to download it again. If it fails again the server's own copy no longer matches its sha256: ask the operator to run `ferry check` on it.",
+                _ => {
+                    "Re-run to download it again. If it fails again the server's own copy no \
+                     longer matches its sha256: ask the operator to run `ferry check` on it."
+                }
             };
             return Err(CliError::new(EXIT_VERIFY, format!("sha256 mismatch: received {local}, the server declares {server} for {url}")).hint(hint));
         }
@@ -585,7 +589,8 @@ mod tests {
     #[test]
     fn filenames_from_disposition() {
         assert_eq!(disposition_filename("inline; filename=\"a.bin\"").as_deref(), Some("a.bin"));
-        assert_eq!(disposition_filename("attachment; filename=\"r_sum_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9.pdf").as_deref(), Some("résumé.pdf"));
+        let both = "attachment; filename=\"r_sum_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9.pdf";
+        assert_eq!(disposition_filename(both).as_deref(), Some("résumé.pdf"));
         assert_eq!(disposition_filename("inline; filename=\"../../etc/passwd\"").as_deref(), Some("passwd"));
         assert_eq!(disposition_filename("inline; filename=\"..\""), None);
         assert_eq!(disposition_filename("inline; filename=\".bashrc\""), None);

@@ -361,7 +361,8 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
             }
             if let Some(f) = info.filter(|f| !f.complete) {
                 eprintln!(
-                    "ferry: note: {} is not complete yet ({}); this download link works once it is. To let someone send the rest, use --scope upload.",
+                    "ferry: note: {} is not complete yet ({}); this download link works \
+                     once it is. To let someone send the rest, use --scope upload.",
                     f.id,
                     f.state_short()
                 );

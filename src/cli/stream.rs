@@ -90,8 +90,10 @@ impl Sender<'_> {
                     .offset
                     .ok_or_else(|| CliError::new(EXIT_FAILURE, format!("{} reported no Upload-Offset", describe(&reqwest::Method::HEAD, &url))))?;
                 if offset > 0 {
-                    self.progress
-                        .note(&format!("the server has {offset} bytes of {url}: reading them from the input again (not sent; the final sha256 tells whether they are the same)"));
+                    self.progress.note(&format!(
+                        "the server has {offset} bytes of {url}: reading them from the input \
+                         again (not sent; the final sha256 tells whether they are the same)"
+                    ));
                     self.skip(src, offset).await?;
                 }
                 (url, offset, offset)
@@ -293,7 +295,10 @@ impl Sender<'_> {
                 o => {
                     return Err(CliError::new(
                         EXIT_FAILURE,
-                        format!("the server's offset for {url} is {o:?}, outside the piece still held in memory ({offset} to {end}); a pipe cannot be read again"),
+                        format!(
+                            "the server's offset for {url} is {o:?}, outside the piece still \
+                             held in memory ({offset} to {end}); a pipe cannot be read again"
+                        ),
                     ))
                 }
             }

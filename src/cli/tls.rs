@@ -168,20 +168,27 @@ impl TlsFailure {
     pub fn hint(&self) -> String {
         match self {
             TlsFailure::NotTls => "Use http:// for this port.".into(),
-            TlsFailure::Untrusted { cacert: None, .. } => {
-                "For a server with a private or self-signed certificate, pass --cacert FILE (or set FERRY_CACERT) with its certificate or the authority that signed it.".into()
-            }
+            TlsFailure::Untrusted { cacert: None, .. } => "For a server with a private or self-signed certificate, pass --cacert FILE \
+                                                           (or set FERRY_CACERT) with its certificate or the authority that signed it."
+                .into(),
             TlsFailure::Untrusted { cacert: Some(_), .. } => {
-                "Pass the server's own certificate (the file its --tls-cert names) or the authority that signed it; `openssl s_client -connect HOST:PORT -showcerts` shows what it presents.".into()
+                "Pass the server's own certificate (the file its --tls-cert names) or the authority that \
+                 signed it; `openssl s_client -connect HOST:PORT -showcerts` shows what it presents."
+                    .into()
             }
             TlsFailure::WrongName { names } => {
                 let example = names.first().map(|n| format!(" (e.g. https://{n}:PORT)")).unwrap_or_default();
-                format!("Connect with a name the certificate holds{example}, or have the certificate made again with this name in its subjectAltName; no --cacert changes the names a certificate holds.")
+                format!(
+                    "Connect with a name the certificate holds{example}, or have the certificate made again \
+                     with this name in its subjectAltName; no --cacert changes the names a certificate holds."
+                )
             }
-            TlsFailure::OutOfDate { .. } => "The server's operator must renew its certificate (--tls-cert, then SIGHUP); nothing on this side makes it valid.".into(),
-            TlsFailure::Other(_) => {
-                "For a server with a private or self-signed certificate, pass --cacert FILE (or set FERRY_CACERT) with its certificate or the authority that signed it.".into()
-            }
+            TlsFailure::OutOfDate { .. } => "The server's operator must renew its certificate (--tls-cert, \
+                                             then SIGHUP); nothing on this side makes it valid."
+                .into(),
+            TlsFailure::Other(_) => "For a server with a private or self-signed certificate, pass --cacert FILE \
+                                     (or set FERRY_CACERT) with its certificate or the authority that signed it."
+                .into(),
         }
     }
 }

@@ -90,22 +90,30 @@ pub const FILE_ONLY: &[FileKey] = &[
     FileKey {
         key: "url_secret",
         default: "created once in the catalog, shared by every replica",
-        meaning: "64 hex digits (32 random bytes, e.g. `openssl rand -hex 32`; one byte repeated is refused at start-up): the HMAC key of signed URLs. Keep it stable: changing it voids every issued URL. A `DATA/url-secret` from an older version is adopted, so earlier links stay valid",
+        meaning: "64 hex digits (32 random bytes, e.g. `openssl rand -hex 32`; one byte repeated is refused \
+                  at start-up): the HMAC key of signed URLs. Keep it stable: changing it voids every issued \
+                  URL. A `DATA/url-secret` from an older version is adopted, so earlier links stay valid",
     },
     FileKey {
         key: "[[tokens]]",
         default: "none",
-        meaning: "`principal` + `sha256` of a bearer token, optionally `scope` (`full` or `upload`) and `expires` (RFC 3339); written by `ferry token create`, see [Principals and tokens](tokens.md). A token listed twice (the same `sha256`, under one principal or two) is refused at start and on reload. Re-read on SIGHUP",
+        meaning: "`principal` + `sha256` of a bearer token, optionally `scope` (`full` or `upload`) and `expires` (RFC \
+                  3339); written by `ferry token create`, see [Principals and tokens](tokens.md). A token listed twice \
+                  (the same `sha256`, under one principal or two) is refused at start and on reload. Re-read on SIGHUP",
     },
     FileKey {
         key: "[commands.NAME]",
         default: "none",
-        meaning: "a program the `command` task kind may run: `program`, `args`, `cwd`, `env` (names of the server's variables the program also gets), `output_name`, `media_type`, `description`, `params_schema` (a JSON Schema of `params`); see [the program's side](../tasks.md#the-programs-side-environment-stdout-and-the-stderr-protocol)",
+        meaning: "a program the `command` task kind may run: `program`, `args`, `cwd`, `env` (names of the server's variables \
+                  the program also gets), `output_name`, `media_type`, `description`, `params_schema` (a JSON Schema of \
+                  `params`); see [the program's side](../tasks.md#the-programs-side-environment-stdout-and-the-stderr-protocol)",
     },
     FileKey {
         key: "[fetch] allow_hosts",
         default: "`[]`",
-        meaning: "hosts (or `host:port`; IPv6 as `[::1]` or `[::1]:8080`) the `fetch` kind may download from; case-insensitive, an entry without a port allows every port; a URL outside the list is refused with 403 `unauthorized` over REST and MCP alike; an entry that is a URL or names no host stops start-up",
+        meaning: "hosts (or `host:port`; IPv6 as `[::1]` or `[::1]:8080`) the `fetch` kind may download from; \
+                  case-insensitive, an entry without a port allows every port; a URL outside the list is refused with \
+                  403 `unauthorized` over REST and MCP alike; an entry that is a URL or names no host stops start-up",
     },
     FileKey {
         key: "[fetch] ca_file",
@@ -116,23 +124,47 @@ pub const FILE_ONLY: &[FileKey] = &[
     FileKey {
         key: "[[webhooks]]",
         default: "none",
-        meaning: "event receivers: `url`, `secret`, `events`, `principals`, `retry_for` (`24h`), `timeout` (`10s`), `name`; see [Webhooks](../integrating.md#webhooks)",
+        meaning: "event receivers: `url`, `secret`, `events`, `principals`, `retry_for` (`24h`), \
+                  `timeout` (`10s`), `name`; see [Webhooks](../integrating.md#webhooks)",
     },
     FileKey {
         key: "[events] retention",
         default: "`24h`",
-        meaning: "how long events are kept for `GET /api/v1/events` resumption (a pending webhook delivery keeps its event longer, and so does a webhook that has not reached it yet: its server is behind or down)",
+        meaning: "how long events are kept for `GET /api/v1/events` resumption (a pending webhook delivery keeps its \
+                  event longer, and so does a webhook that has not reached it yet: its server is behind or down)",
     },
     FileKey {
         key: "[hooks.pre_create]",
         default: "none",
-        meaning: "synchronous hook asked before an upload is created: `url`, `timeout` (`5s`), `on_failure` (`reject` or `allow`); see [Pre-create and pre-finish hooks](../integrating.md#pre-create-and-pre-finish-hooks)",
+        meaning: "synchronous hook asked before an upload is created: `url`, `timeout` (`5s`), `on_failure` (`reject` \
+                  or `allow`); see [Pre-create and pre-finish hooks](../integrating.md#pre-create-and-pre-finish-hooks)",
     },
-    FileKey { key: "[hooks.pre_finish]", default: "none", meaning: "synchronous hook asked before an upload is called finished: the same keys as `[hooks.pre_create]`" },
-    FileKey { key: "[limits] max_bytes", default: "unlimited", meaning: "bytes each principal may store (a size, `0`, or `\"unlimited\"`); see [Limits and retention](limits.md)" },
-    FileKey { key: "[limits] max_uploads_in_progress", default: "unlimited", meaning: "unfinished uploads each principal may have at once (a count or `\"unlimited\"`)" },
-    FileKey { key: "[limits] retain_finished", default: "`never`", meaning: "finished files are removed this long after they finished (a duration or `\"never\"`)" },
-    FileKey { key: "[limits.principals.NAME]", default: "none", meaning: "the same three keys (`max_bytes`, `max_uploads_in_progress`, `retain_finished`) for principal `NAME`; keys it leaves out are `[limits]`'s" },
+    FileKey {
+        key: "[hooks.pre_finish]",
+        default: "none",
+        meaning: "synchronous hook asked before an upload is called finished: the same keys as `[hooks.pre_create]`",
+    },
+    FileKey {
+        key: "[limits] max_bytes",
+        default: "unlimited",
+        meaning: "bytes each principal may store (a size, `0`, or `\"unlimited\"`); see [Limits and retention](limits.md)",
+    },
+    FileKey {
+        key: "[limits] max_uploads_in_progress",
+        default: "unlimited",
+        meaning: "unfinished uploads each principal may have at once (a count or `\"unlimited\"`)",
+    },
+    FileKey {
+        key: "[limits] retain_finished",
+        default: "`never`",
+        meaning: "finished files are removed this long after they finished (a duration or `\"never\"`)",
+    },
+    FileKey {
+        key: "[limits.principals.NAME]",
+        default: "none",
+        meaning: "the same three keys (`max_bytes`, `max_uploads_in_progress`, \
+                  `retain_finished`) for principal `NAME`; keys it leaves out are `[limits]`'s",
+    },
 ];
 
 /// One row of the table.

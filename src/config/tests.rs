@@ -115,7 +115,8 @@ fn limits_default_and_per_principal_overrides() {
     let path = dir.path().join("ferry.toml");
     std::fs::write(
         &path,
-        "[limits]\nmax_bytes = \"1GiB\"\nmax_uploads_in_progress = 5\nretain_finished = \"30d\"\n\n[limits.principals.alice]\nmax_bytes = \"unlimited\"\nretain_finished = \"never\"\n\n[limits.principals.bob]\nmax_uploads_in_progress = 0\n",
+        "[limits]\nmax_bytes = \"1GiB\"\nmax_uploads_in_progress = 5\nretain_finished = \"30d\"\n\n[limits.principals.alice]\n\
+         max_bytes = \"unlimited\"\nretain_finished = \"never\"\n\n[limits.principals.bob]\nmax_uploads_in_progress = 0\n",
     )
     .unwrap();
     let l = Config::resolve(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap().limits;

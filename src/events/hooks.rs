@@ -143,7 +143,8 @@ impl HttpHooks {
                 502,
                 ErrorCode::HookInvalid,
                 format!("the {which} hook's answer is not valid: {why}"),
-                "The operator's hook is broken; asking again gets the same answer: tell the operator (the reason is in detail). Bytes already sent are kept.",
+                "The operator's hook is broken; asking again gets the same answer: tell \
+                 the operator (the reason is in detail). Bytes already sent are kept.",
             )),
         }
     }
@@ -176,7 +177,8 @@ impl UploadHooks for HttpHooks {
     async fn pre_finish(&self, upload: &FinishingUpload<'_>) -> Result<(), Refusal> {
         let Some(hook) = &self.pre_finish else { return Ok(()) };
         let body = serde_json::json!({"type": "pre-finish", "upload": {
-            "id": upload.id, "principal": upload.principal, "size": upload.size, "sha256": hex::encode(upload.sha256), "metadata": metadata_json(upload.metadata)}});
+            "id": upload.id, "principal": upload.principal, "size": upload.size, "sha256": hex::encode(upload.sha256),
+            "metadata": metadata_json(upload.metadata)}});
         match self.call(hook, body).await {
             Answer::Refused { status, message } => Err(refused(status, message)),
             Answer::Failed(why) => Self::failed("pre-finish", hook, &why),

@@ -192,7 +192,11 @@ impl WebhookWorker {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(deliveries = batch.len(), error = %e, "could not record delivery attempts; they are retried when their leases lapse")
+                    tracing::warn!(
+                        deliveries = batch.len(),
+                        error = %e,
+                        "could not record delivery attempts; they are retried when their leases lapse"
+                    )
                 }
             }
             batch.clear();

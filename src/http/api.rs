@@ -1,7 +1,7 @@
 //! The JSON API under `/api/v1`: tasks (start with `Idempotency-Key`, get, list, answer
 //! input, cancel, and the `external` producer's progress/complete/fail) and files (list, info).
 //!
-//! One file of ~1 100 lines because the routes, their handlers and the OpenAPI document generated
+//! One file of ~1 140 lines because the routes, their handlers and the OpenAPI document generated
 //! from the handlers' annotations change together: a route added to [`routes`] gets its
 //! annotation and its `paths(...)` entry in [`ApiDoc`] in the same file. The schema-only types
 //! (`*Doc`, about 130 lines) are the part that could move out if the file grows.
@@ -60,12 +60,20 @@ pub fn routes() -> Router<AppState> {
             Uploads themselves use TUS 1.0 on /files/ and are not described here. \
             Every error is RFC 9457 `application/problem+json` with ferry's stable `code`, `retryable` and `recovery_hint`."
     ),
-    paths(start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail, list_files, file_info, share_file, super::zip::zip_files, openapi_json, super::events::events, super::events::deliveries),
-    components(schemas(TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody, TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, DamageView, FileList, ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList)),
+    paths(
+        start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail,
+        list_files, file_info, share_file, super::zip::zip_files, openapi_json, super::events::events, super::events::deliveries
+    ),
+    components(schemas(
+        TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody,
+        TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, DamageView, FileList,
+        ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList
+    )),
     modifiers(&DocExtras),
     security(("bearer" = [])),
     tags(
-        (name = "tasks", description = "Durable background jobs: start (idempotently), poll, answer input, cancel; and the `external` producer's reports."),
+        (name = "tasks", description = "Durable background jobs: start (idempotently), poll, answer \
+                                        input, cancel; and the `external` producer's reports."),
         (name = "files", description = "Uploads and task artifacts: list and info. Download with GET /files/{id} (ranged)."),
         (name = "events", description = "Live events of the caller's uploads and tasks (Server-Sent Events) and webhook deliveries."),
         (name = "meta", description = "This document."),
@@ -86,7 +94,8 @@ impl utoipa::Modify for DocExtras {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "A token from `ferry token create NAME`. Required only when the server has tokens configured; otherwise every request acts as principal `local`.",
+                        "A token from `ferry token create NAME`. Required only when the server has \
+                         tokens configured; otherwise every request acts as principal `local`.",
                     ))
                     .build(),
             ),
@@ -151,7 +160,12 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
         }
     }
     if let Some(complete) = doc.pointer_mut("/components/schemas/CompleteTask") {
-        complete["properties"]["files"] = json!({ "type": "array", "items": { "type": "string" }, "deprecated": true, "description": "Deprecated name of file_ids; send one of the two." });
+        complete["properties"]["files"] = json!({
+            "type": "array",
+            "items": { "type": "string" },
+            "deprecated": true,
+            "description": "Deprecated name of file_ids; send one of the two."
+        });
         complete["not"] = json!({ "required": ["file_ids", "files"] });
     }
     if let Some(ttl) = doc.pointer_mut("/components/schemas/StartTask/properties/ttl_ms") {
@@ -162,7 +176,11 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
     }
     if let Some(share) = doc.pointer_mut("/components/schemas/ShareBody") {
         share["required"] = json!([]);
-        share["properties"]["scope"] = json!({ "type": ["string", "null"], "enum": ["download", "upload", null], "description": "`download` (GET/HEAD of the finished file, the default) or `upload` (TUS HEAD/PATCH to finish it)." });
+        share["properties"]["scope"] = json!({
+            "type": ["string", "null"],
+            "enum": ["download", "upload", null],
+            "description": "`download` (GET/HEAD of the finished file, the default) or `upload` (TUS HEAD/PATCH to finish it)."
+        });
         share["properties"]["ttl_ms"]["minimum"] = json!(1);
         share["properties"]["ttl_ms"]["maximum"] = json!(crate::signing::MAX_URL_TTL_MS);
     }
@@ -299,9 +317,8 @@ struct TaskErrorDoc {
     /// Whether starting the task again as it was can succeed (the code's retryability).
     retryable: bool,
     /// The one next step, in HTTP terms.
-    #[schema(
-        example = "Read message, fix the arguments or inputs it names, and start the task again (POST /api/v1/tasks; the same Idempotency-Key starts a new run)."
-    )]
+    #[schema(example = "Read message, fix the arguments or inputs it names, and start the task \
+                        again (POST /api/v1/tasks; the same Idempotency-Key starts a new run).")]
     recovery_hint: String,
 }
 
@@ -322,10 +339,16 @@ impl TaskErrorView {
         let recovery_hint = match code {
             ErrorCode::Internal => format!("Start the task again ({again}); the failure was on the server's side."),
             ErrorCode::QuotaExceeded => {
-                format!("The task's output would exceed the storage quota; its partial output was removed. Delete files you no longer need (DELETE /files/ID), then start the task again ({again}).")
+                format!(
+                    "The task's output would exceed the storage quota; its partial output was removed. \
+                     Delete files you no longer need (DELETE /files/ID), then start the task again ({again})."
+                )
             }
             ErrorCode::InsufficientStorage | ErrorCode::Unavailable => {
-                format!("The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later ({again}).")
+                format!(
+                    "The server ran out of disk space (or another resource) while running the \
+                     task; its partial output was removed. Start the task again later ({again})."
+                )
             }
             _ => format!("Read message, fix the arguments or inputs it names, and start the task again ({again})."),
         };
@@ -704,7 +727,10 @@ struct TaskList<'a> {
 
 /// List the caller's tasks, newest first.
 #[utoipa::path(get, path = "/api/v1/tasks", tag = "tasks", operation_id = "list_tasks",
-    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many, 1 to 1000 (default 100); other values are 400.")),
+    params((
+        "limit" = Option<u32>, Query, minimum = 1, maximum = 1000,
+        description = "At most this many, 1 to 1000 (default 100); other values are 400."
+    )),
     responses((status = 200, description = "The tasks.", body = TaskList)))]
 async fn list_tasks(
     State(s): State<AppState>,
@@ -719,7 +745,11 @@ async fn list_tasks(
 #[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks", operation_id = "get_task",
     params(
         ("id" = String, Path, description = "Task id."),
-        ("partial_after" = Option<u64>, Query, minimum = 0, maximum = 9223372036854775807_i64, description = "Show only partial result fragments numbered above this (the `partial.next` of the last view read); default 0, every kept fragment."),
+        (
+            "partial_after" = Option<u64>, Query, minimum = 0, maximum = 9223372036854775807_i64,
+            description = "Show only partial result fragments numbered above this (the `partial.next` of the last view read); default 0, \
+                           every kept fragment."
+        ),
     ),
     responses(
         (status = 200, description = "The task.", body = TaskView),

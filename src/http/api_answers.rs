@@ -64,15 +64,16 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
             a(404, NotFound, "An input file the arguments name is not one of the caller's files (the ids in `detail`)."),
             a(409, UploadIncomplete, "An input file is still being uploaded."),
             a(422, Conflict, "The Idempotency-Key names a task started with other arguments (compared as JSON values)."),
-            a(422, InvalidArgument, "Arguments that fit the kind's schema but that the kind cannot use (a URL whose host is no domain name, a command's `params` outside its `params_schema`…): `detail` says which."),
+            a(
+                422,
+                InvalidArgument,
+                "Arguments that fit the kind's schema but that the kind cannot use (a URL whose host is no \
+                 domain name, a command's `params` outside its `params_schema`…): `detail` says which.",
+            ),
         ],
     ),
     ("list_tasks", false, &[a(400, InvalidArgument, "`limit` is not a whole number from 1 to 1000.")]),
-    (
-        "get_task",
-        false,
-        &[a(400, InvalidArgument, "`partial_after` is not a whole number."), a(404, NotFound, "No such task for this principal.")],
-    ),
+    ("get_task", false, &[a(400, InvalidArgument, "`partial_after` is not a whole number."), a(404, NotFound, "No such task for this principal.")]),
     ("get_task_args", false, &[a(404, NotFound, "No such task for this principal.")]),
     (
         "answer_input",
@@ -125,7 +126,10 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
     (
         "get_file",
         false,
-        &[a(404, NotFound, "No such file for this principal."), a(410, UploadExpired, "The upload expired before it was finished; its bytes were removed.")],
+        &[
+            a(404, NotFound, "No such file for this principal."),
+            a(410, UploadExpired, "The upload expired before it was finished; its bytes were removed."),
+        ],
     ),
     (
         "share_file",
@@ -151,7 +155,11 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
         ],
     ),
     ("openapi", false, &[]),
-    ("events", false, &[a(404, NotFound, "`Last-Event-ID` names no event kept for this principal; reconnect without it, or list state with the API.")]),
+    (
+        "events",
+        false,
+        &[a(404, NotFound, "`Last-Event-ID` names no event kept for this principal; reconnect without it, or list state with the API.")],
+    ),
     ("webhook_deliveries", false, &[a(400, InvalidArgument, "`state` or `limit` is not one the operation takes.")]),
 ];
 

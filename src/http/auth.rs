@@ -101,7 +101,8 @@ fn forbidden(detail: String) -> Response {
         403,
         ErrorCode::Unauthorized,
         detail,
-        "Get a fresh signed URL (MCP `file_download_url` or `file_upload_begin`, `ferry share ID`, or POST /api/v1/files/{id}/share), or send a bearer token instead.",
+        "Get a fresh signed URL (MCP `file_download_url` or `file_upload_begin`, `ferry \
+         share ID`, or POST /api/v1/files/{id}/share), or send a bearer token instead.",
     ))
     .into_response()
 }

@@ -244,7 +244,8 @@ pub(super) fn select(h: &HeaderMap, len: u64, tag: &str, headers: &mut HeaderMap
                 412,
                 ErrorCode::Conflict,
                 format!("the file is not the one If-Match or If-Unmodified-Since names: its ETag is {tag}, last modified {last_modified}"),
-                "Send the request without If-Match and If-Unmodified-Since to get the file as it is now (its ETag and Last-Modified are in this answer's headers).",
+                "Send the request without If-Match and If-Unmodified-Since to get the file \
+                 as it is now (its ETag and Last-Modified are in this answer's headers).",
             ))
             .into_response();
             for name in ["etag", "last-modified", "repr-digest"] {

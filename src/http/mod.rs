@@ -216,7 +216,8 @@ where
                     format!("uploads from web pages on {origin} are not allowed")
                 } else {
                     format!(
-                        "uploads from web pages on {origin} are not allowed: this server has no tokens, so it takes browser uploads only from its own pages and the origins listed in [cors] allow_origins"
+                        "uploads from web pages on {origin} are not allowed: this server has no tokens, so it takes \
+                         browser uploads only from its own pages and the origins listed in [cors] allow_origins"
                     )
                 };
                 let refused = Problem(Refusal::new(403, ErrorCode::Unauthorized, detail, hints::foreign_origin(origin))).into_response();
@@ -318,7 +319,8 @@ async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Re
                     403,
                     ErrorCode::Unauthorized,
                     format!("cross-origin requests from {origin} are refused on {path}"),
-                    "Call the API from a server-side client (curl, the ferry CLI, an MCP client), not from a web page; browsers may upload with TUS on /files/.",
+                    "Call the API from a server-side client (curl, the ferry CLI, an MCP \
+                     client), not from a web page; browsers may upload with TUS on /files/.",
                 ))
                 .into_response();
             }

@@ -313,14 +313,18 @@ fn check_part_count(parts: usize, metadata_len: usize) -> Result<(), Problem> {
     if parts > MAX_PARTS {
         return Err(Problem(Refusal::bad_request(
             format!("a final upload may name at most {MAX_PARTS} partial uploads; this one names {parts}"),
-            format!("Upload the file in at most {MAX_PARTS} parts, or concatenate in stages (a final upload cannot be a part, so join fewer, larger parts)."),
+            format!(
+                "Upload the file in at most {MAX_PARTS} parts, or concatenate in \
+                 stages (a final upload cannot be a part, so join fewer, larger parts)."
+            ),
         )));
     }
     let answered = concat_answer_len(parts);
     if metadata_len + answered > MAX_METADATA_BYTES {
         return Err(Problem(Refusal::bad_request(
             format!(
-                "a final upload's Upload-Metadata ({metadata_len} bytes) and the part list it answers in Upload-Concat ({answered} bytes for {parts} parts, {} per part) may take at most {MAX_METADATA_BYTES} bytes together",
+                "a final upload's Upload-Metadata ({metadata_len} bytes) and the part list it answers in Upload-Concat \
+                 ({answered} bytes for {parts} parts, {} per part) may take at most {MAX_METADATA_BYTES} bytes together",
                 FILES_PATH.len() + 27
             ),
             "Send less metadata with the final upload, or join fewer parts.",

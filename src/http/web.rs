@@ -32,14 +32,15 @@ pub const ASSETS_PATH: &str = "/assets/";
 /// server's own files, requests only to this server, no plugins, no framing, no forms.
 /// Workers (`worker-src`, falling back to `script-src`) come only from this server too: the
 /// request-a-file page's hashing worker is `/assets/hash.js`.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                       connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// `Content-Security-Policy` of `/assets/hash.js` (a dedicated worker runs under the policy of
 /// its own script's response): [`CSP`] plus `'wasm-unsafe-eval'`, which lets that worker compile
 /// its inline WebAssembly sha256 (hash-wasm) and allows no JavaScript `eval`. Only the worker
 /// gets it; the pages themselves cannot compile WebAssembly.
-pub const WORKER_CSP: &str =
-    "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub const WORKER_CSP: &str = "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self'; img-src \
+                              'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// One embedded file, with its gzip form and ETag computed on first use.
 struct Asset {

@@ -553,7 +553,8 @@ fn refusal_of(status: u16, head: &[u8]) -> Refusal {
             };
             refuse(
                 detail,
-                "Send at most 100 header fields and a head of at most 400 KiB (a TUS client needs fewer than 20 headers); a proxy or script that adds headers may be the cause.",
+                "Send at most 100 header fields and a head of at most 400 KiB (a TUS client needs \
+                 fewer than 20 headers); a proxy or script that adds headers may be the cause.",
             )
         }
         _ => {

@@ -236,10 +236,13 @@ pub(super) struct ZipQuery {
 /// every time): ranged and resumable like a single file's download.
 #[utoipa::path(get, path = "/api/v1/zip", tag = "files", operation_id = "zip_files",
     params(
-        ("files" = String, Query, description = "Ids of the caller's finished files, separated by commas, 1 to 1000; the zip holds them in this order."),
-        ("name" = Option<String>, Query, description = "The zip's file name (`Content-Disposition`); `.zip` is added when missing. Default `files.zip`."),
+        ("files" = String, Query, description = "Ids of the caller's finished files, separated by commas, 1 to 1000; \
+            the zip holds them in this order."),
+        ("name" = Option<String>, Query, description = "The zip's file name (`Content-Disposition`); \
+            `.zip` is added when missing. Default `files.zip`."),
         ("Range" = Option<String>, Header, description = "One byte range (`bytes=N-`, `bytes=N-M`, `bytes=-N`), as for a single file's download."),
-        ("If-Range" = Option<String>, Header, description = "The ETag of an earlier answer: the range is served only if the zip is still that one, else the whole zip (200)."),
+        ("If-Range" = Option<String>, Header, description = "The ETag of an earlier answer: the range is served only if the zip is \
+            still that one, else the whole zip (200)."),
     ),
     responses(
         (status = 200, description = "The whole zip.", content_type = "application/zip", body = Vec<u8>),

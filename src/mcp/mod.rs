@@ -1,7 +1,7 @@
 //! The MCP facade (DESIGN §5) on rmcp: tools that hand a model handles, sizes, hashes,
 //! progress and repairable failures — never the bytes.
 //!
-//! One file of ~1 440 lines because rmcp's `#[tool_router]` wants every tool of the server in one
+//! One file of ~1 500 lines because rmcp's `#[tool_router]` wants every tool of the server in one
 //! `impl` block; arguments, results, envelopes, sessions and push live in their own files.
 //!
 //! Served at `/mcp` (Streamable HTTP, behind the same bearer auth as REST; the principal comes
@@ -393,7 +393,8 @@ impl FerryMcp {
                 // to send; wait and poll.
                 e.next = Next::Say(
                     format!(
-                        "A person is sending this file through the link from file_request ({} of {} bytes so far): wait, and poll {} (every 30 s or so) until its status is complete; then call this again.",
+                        "A person is sending this file through the link from file_request ({} of {} bytes so far): \
+                         wait, and poll {} (every 30 s or so) until its status is complete; then call this again.",
                         r.offset,
                         r.length.map_or_else(|| "an unknown number of".to_string(), |l| l.to_string()),
                         call("file_status")
@@ -764,13 +765,18 @@ fn task_out(t: &TaskRecord, produced: Vec<ProducedFile>) -> (TaskOut, bool) {
             let hint = match code {
                 ErrorCode::Internal => format!("Start the task again ({again}, a new idempotency_key); the failure was on the server's side."),
                 ErrorCode::QuotaExceeded => format!(
-                    "The task's output would exceed the storage quota; its partial output was removed. Delete files that are no longer needed ({}), then start the task again ({again}).",
+                    "The task's output would exceed the storage quota; its partial output was removed. \
+                     Delete files that are no longer needed ({}), then start the task again ({again}).",
                     call("file_delete")
                 ),
                 ErrorCode::InsufficientStorage | ErrorCode::Unavailable => format!(
-                    "The server ran out of disk space (or another resource) while running the task; its partial output was removed. Start the task again later ({again}; the same idempotency_key starts a new run)."
+                    "The server ran out of disk space (or another resource) while running the task; its partial output \
+                     was removed. Start the task again later ({again}; the same idempotency_key starts a new run)."
                 ),
-                _ => format!("Read error.message, fix the arguments or inputs it names, and start the task again ({again}; the same idempotency_key starts a new run)."),
+                _ => format!(
+                    "Read error.message, fix the arguments or inputs it names, and start \
+                     the task again ({again}; the same idempotency_key starts a new run)."
+                ),
             };
             let mut err = Refusal::new(500, code, message, Next::ByCode);
             err.cursor = t.checkpoint.as_deref().and_then(checkpoint_cursor);
@@ -836,7 +842,11 @@ fn elicitation(request: &Value) -> Result<InputRequest, McpError> {
     let schema = match request.get("schema") {
         Some(s @ Value::Object(_)) => s.clone(),
         _ => {
-            json!({ "type": "object", "properties": { "answer": { "type": "string", "description": "Your answer (JSON or text)." } }, "required": ["answer"] })
+            json!({
+                "type": "object",
+                "properties": { "answer": { "type": "string", "description": "Your answer (JSON or text)." } },
+                "required": ["answer"]
+            })
         }
     };
     serde_json::from_value(json!({ "method": "elicitation/create", "params": { "mode": "form", "message": message, "requestedSchema": schema } }))
@@ -912,13 +922,19 @@ fn for_model(e: &Refusal, tool: &str) -> String {
         _ => None,
     };
     match e.code {
-        ErrorCode::NotFound if on_task => format!("Check the task_id: {} shows your tasks (finished tasks are kept for their ttl).", call("task_list")),
+        ErrorCode::NotFound if on_task => {
+            format!("Check the task_id: {} shows your tasks (finished tasks are kept for their ttl).", call("task_list"))
+        }
         ErrorCode::NotFound if on_file => format!("Check the file_id: {} shows your files.", call("file_list")),
         // A job's input files: the hint names them and the calls that check them.
         ErrorCode::NotFound | ErrorCode::UploadIncomplete => match &e.next {
             Next::UnknownFiles { ids, many } => {
                 let (what, them) = if *many { ("ids", "them") } else { ("id", "it") };
-                format!("No file of yours has the {what} {ids} (never created, deleted, or expired): check {them} with {}, and call {again} again with ids of finished files.", call("file_list"))
+                format!(
+                    "No file of yours has the {what} {ids} (never created, deleted, or expired): \
+                     check {them} with {}, and call {again} again with ids of finished files.",
+                    call("file_list")
+                )
             }
             Next::UnfinishedFiles { ids } => format!(
                 "Finish uploading {ids} ({} shows the offset; {} sends the rest), then call {again} again.",
@@ -926,96 +942,136 @@ fn for_model(e: &Refusal, tool: &str) -> String {
                 call("file_upload_chunk")
             ),
             Next::AwaitParts => format!(
-                "This file is a concatenation the server builds once each of its parts is uploaded: finish the parts ({} shows each one's offset; {} sends the rest), then call {again} again.",
+                "This file is a concatenation the server builds once each of its parts is uploaded: finish \
+                 the parts ({} shows each one's offset; {} sends the rest), then call {again} again.",
                 call("file_status"),
                 call("file_upload_chunk")
             ),
             _ if own.is_some() => own.unwrap_or_default(),
-            _ if e.code == ErrorCode::UploadIncomplete => format!("Finish the upload first ({} from error.partial.cursor), then call {again}.", call("file_upload_chunk")),
+            _ if e.code == ErrorCode::UploadIncomplete => {
+                format!("Finish the upload first ({} from error.partial.cursor), then call {again}.", call("file_upload_chunk"))
+            }
             _ => format!("Check the ids: {} shows your files and {} your tasks; then call {again}.", call("file_list"), call("task_list")),
         },
         ErrorCode::ChunkTooLarge if own.is_some() => own.unwrap_or_default(),
         ErrorCode::ChunkTooLarge => format!("Send less per call: {again}, in smaller pieces."),
         ErrorCode::UploadExpired => format!("The upload expired unfinished and its bytes are gone: begin again with {}.", call("file_upload_begin")),
-        ErrorCode::Locked => format!("Another writer holds this file; wait a few seconds, then call {again} (the same arguments); {} shows the offset.", call("file_status")),
+        ErrorCode::Locked => format!(
+            "Another writer holds this file; wait a few seconds, then call {again} (the same arguments); {} shows the offset.",
+            call("file_status")
+        ),
         ErrorCode::ChecksumMismatch => format!(
-            "The bytes did not match the declared sha256, so the upload was reset to offset 0: send the right file again from offset 0 ({} with offset 0).",
+            "The bytes did not match the declared sha256, so the upload was reset to \
+             offset 0: send the right file again from offset 0 ({} with offset 0).",
             call("file_upload_chunk")
         ),
         ErrorCode::SizeExceeded if tool == "task_respond" => {
             format!("Call {again} with a shorter response, or upload the data as a file ({}) and answer with its file_id.", call("file_upload_begin"))
         }
         ErrorCode::SizeExceeded | ErrorCode::Conflict if matches!(e.next, Next::AlreadyComplete) => format!(
-            "The upload is complete: every byte is stored and nothing more is sent. {} shows its size and sha256; read it with {} or share it with {}; for other bytes begin a new upload ({}).",
+            "The upload is complete: every byte is stored and nothing more is sent. {} shows its size \
+             and sha256; read it with {} or share it with {}; for other bytes begin a new upload ({}).",
             call("file_status"),
             call("file_read_chunk"),
             call("file_download_url"),
             call("file_upload_begin")
         ),
         ErrorCode::SizeExceeded => {
-            format!("Send no more than the declared size, or begin a new upload with the right size ({}), within the server's limit.", call("file_upload_begin"))
+            format!(
+                "Send no more than the declared size, or begin a new upload with the right size ({}), within the server's limit.",
+                call("file_upload_begin")
+            )
         }
         ErrorCode::OffsetMismatch => {
-            format!("Re-send the chunk starting at error.partial.cursor: {} with offset = error.partial.cursor ({} shows the offset).", call("file_upload_chunk"), call("file_status"))
+            format!(
+                "Re-send the chunk starting at error.partial.cursor: {} with offset = error.partial.cursor ({} shows the offset).",
+                call("file_upload_chunk"),
+                call("file_status")
+            )
         }
         ErrorCode::Conflict if on_file => format!("The file cannot take this change; check it with {}.", call("file_status")),
-        ErrorCode::Conflict if on_task => format!("The task already ended and cannot change: {} shows how it ended; start a new task if needed.", call("task_get")),
-        ErrorCode::Conflict => format!("This idempotency_key already names a task with other arguments: call {again} and a new idempotency_key (or the original arguments with this key)."),
+        ErrorCode::Conflict if on_task => {
+            format!("The task already ended and cannot change: {} shows how it ended; start a new task if needed.", call("task_get"))
+        }
+        ErrorCode::Conflict => format!(
+            "This idempotency_key already names a task with other arguments: call \
+             {again} and a new idempotency_key (or the original arguments with this key)."
+        ),
         ErrorCode::InvalidArgument => match &e.next {
             Next::Say(s) if names_a_call(s) || s.contains(tool) => s.to_string(),
             _ => format!("Fix the argument error.message names, then call {again}."),
         },
         ErrorCode::Unauthorized if tool == "fetch_url" => format!(
-            "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml and call {again} again, or upload the file yourself: {} gives an upload_url to send its bytes to.",
+            "Ask the operator to add the host to [fetch] allow_hosts in ferry.toml and call {again} \
+             again, or upload the file yourself: {} gives an upload_url to send its bytes to.",
             call("file_upload_begin")
         ),
-        ErrorCode::Unauthorized => format!("This is not allowed for your token (error.message says why): ask the operator for access, then call {again}."),
+        ErrorCode::Unauthorized => {
+            format!("This is not allowed for your token (error.message says why): ask the operator for access, then call {again}.")
+        }
         // A call that creates a file has none to show when it is refused: naming file_status
         // would send the model after an id that does not exist.
         ErrorCode::HookInvalid if creating => {
-format!(
-            "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; no file was created ({} lists the files there are).",
-            call("file_list")
-        )
+            format!(
+                "The server's upload hook is broken (error.message says how) and answers every such call alike: \
+                 tell the user to report it to the operator; no file was created ({} lists the files there are).",
+                call("file_list")
+            )
         }
         ErrorCode::HookInvalid => format!(
-            "The server's upload hook is broken (error.message says how) and answers every such call alike: tell the user to report it to the operator; {} shows what was kept.",
+            "The server's upload hook is broken (error.message says how) and answers every such \
+             call alike: tell the user to report it to the operator; {} shows what was kept.",
             call("file_status")
         ),
         ErrorCode::StoreRefused if creating => {
-format!(
-            "The server's storage refused this for good (error.message names what it refused): tell the user to report it to the operator; no file was created ({} lists the files there are).",
-            call("file_list")
-        )
+            format!(
+                "The server's storage refused this for good (error.message names what it refused): tell the \
+                 user to report it to the operator; no file was created ({} lists the files there are).",
+                call("file_list")
+            )
         }
         ErrorCode::StoreRefused => format!(
-            "The server's storage refused this for good (error.message names what it refused): tell the user to report it to the operator; nothing stored was lost, and {} shows what was kept.",
+            "The server's storage refused this for good (error.message names what it refused): tell the \
+             user to report it to the operator; nothing stored was lost, and {} shows what was kept.",
             call("file_status")
         ),
         ErrorCode::Damaged => format!(
-            "The server's copy of this file is damaged and will not be served: tell the user to upload it again ({}) or to ask the operator to restore it.",
+            "The server's copy of this file is damaged and will not be served: tell \
+             the user to upload it again ({}) or to ask the operator to restore it.",
             call("file_upload_begin")
         ),
-        ErrorCode::Rejected => format!("The server's policy refused this (error.message says why): change what it names and call {again}, or ask the operator."),
+        ErrorCode::Rejected => {
+            format!("The server's policy refused this (error.message says why): change what it names and call {again}, or ask the operator.")
+        }
         ErrorCode::TaskFailed | ErrorCode::Cancelled => format!("Start the task again with {again}."),
         ErrorCode::Internal => {
-            format!("Retry once ({again}, the same arguments); if it fails again the server has a storage or database problem: report it to the operator (details are in the server log).")
+            format!(
+                "Retry once ({again}, the same arguments); if it fails again the server has a storage \
+                 or database problem: report it to the operator (details are in the server log)."
+            )
         }
         ErrorCode::InsufficientStorage if creating => {
-            format!("The server's disk is full and no file was created: wait at least 30 s, then call {again} (the same arguments); tell the user if it persists.")
+            format!(
+                "The server's disk is full and no file was created: wait at least 30 s, \
+                 then call {again} (the same arguments); tell the user if it persists."
+            )
         }
         ErrorCode::InsufficientStorage => format!(
-            "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, then check {} and resume from error.partial.cursor; tell the user if it persists.",
+            "The server's disk is full (nothing acknowledged was lost): wait at least 30 s, \
+             then check {} and resume from error.partial.cursor; tell the user if it persists.",
             call("file_status")
         ),
-        ErrorCode::Unavailable => format!("The server was briefly out of resources and changed nothing: wait a few seconds, then call {again} (the same arguments)."),
+        ErrorCode::Unavailable => {
+            format!("The server was briefly out of resources and changed nothing: wait a few seconds, then call {again} (the same arguments).")
+        }
         ErrorCode::QuotaExceeded if e.quota.as_ref().is_some_and(|q| q.name == "uploads_in_progress") => format!(
             "Too many unfinished uploads (error.quota has the limit and the count): finish one or delete it ({}; {} shows them), then call {again}.",
             call("file_delete"),
             call("file_list")
         ),
         ErrorCode::QuotaExceeded => format!(
-            "The storage quota is full (error.quota has the limit and the bytes used): delete files that are no longer needed ({}), or ask the user to raise the quota; nothing acknowledged was lost.",
+            "The storage quota is full (error.quota has the limit and the bytes used): delete files that \
+             are no longer needed ({}), or ask the user to raise the quota; nothing acknowledged was lost.",
             call("file_delete")
         ),
     }
@@ -1092,7 +1148,8 @@ impl ServerHandler for FerryMcp {
         }
         if KNOWN.contains(&method.as_str()) {
             let what = if method == "tools/call" {
-                "params of tools/call must be an object {\"name\": string, \"arguments\": object}: arguments is a JSON object of the tool's inputSchema"
+                "params of tools/call must be an object {\"name\": string, \"arguments\": object}: \
+                 arguments is a JSON object of the tool's inputSchema"
             } else {
                 "params do not fit this method (see the MCP schema)"
             };
@@ -1375,7 +1432,8 @@ mod schema_tests {
 
         #[test]
         fn every_task_view_fits_its_schema(t in arb::task_record(), files in proptest::collection::vec(arb::upload_record(), 0..3)) {
-            let produced: Vec<ProducedFile> = files.iter().map(|r| ProducedFile { file: handle(r).0, download_url: format!("http://h/files/{}?sig=x", r.id) }).collect();
+            let produced: Vec<ProducedFile> =
+                files.iter().map(|r| ProducedFile { file: handle(r).0, download_url: format!("http://h/files/{}?sig=x", r.id) }).collect();
             let (v, is_error) = task_out(&t, produced);
             prop_assert_eq!(is_error, matches!(t.status, FerryStatus::Failed | FerryStatus::Cancelled));
             if let (Some(e), false) = (&v.error, t.kind == "external") {

@@ -56,7 +56,12 @@ pub fn tool() -> Tool {
         "properties": {
             "name": { "type": "string", "minLength": 1, "maxLength": 255, "description": "Name the received file gets, e.g. signed-contract.pdf." },
             "media_type": { "type": "string", "description": "e.g. application/pdf (default application/octet-stream)." },
-            "ttl_ms": { "type": "integer", "minimum": 1, "maximum": crate::signing::MAX_URL_TTL_MS, "description": "Lifetime of the links, ms (default 7 days, the longest)." }
+            "ttl_ms": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": crate::signing::MAX_URL_TTL_MS,
+                "description": "Lifetime of the links, ms (default 7 days, the longest)."
+            }
         },
         "required": ["name"],
         "additionalProperties": false
@@ -65,7 +70,8 @@ pub fn tool() -> Tool {
     let title = "Request a file from a person";
     let mut t = Tool::new(
         NAME,
-        "Ask a person for a file whose size you need not know: returns page_url, a page they open in a browser to drop the file in (any size; it resumes after interruptions and shows the sha256). Poll file_status with the returned file id to see it arrive.",
+        "Ask a person for a file whose size you need not know: returns page_url, a page they open in a browser to drop the file in \
+         (any size; it resumes after interruptions and shows the sha256). Poll file_status with the returned file id to see it arrive.",
         Arc::new(input),
     );
     t.title = Some(title.to_string());

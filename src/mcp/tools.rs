@@ -49,7 +49,12 @@ fn task_id() -> Value {
 }
 
 fn idempotency_key() -> Value {
-    json!({ "type": "string", "minLength": 1, "maxLength": 255, "description": "Retry-safe key: the same key and arguments join the same task instead of starting another." })
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 255,
+        "description": "Retry-safe key: the same key and arguments join the same task instead of starting another."
+    })
 }
 
 /// The inputSchema of `export_<name>`: `params` is the command's `params_schema` when it
@@ -87,82 +92,181 @@ pub struct JobTool {
 /// `params_schema` of each `[commands.NAME]`; `max_chunk`: largest decoded `file_upload_chunk` (bytes).
 pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<Tool>, Vec<JobTool>) {
     let mut tools = vec![
-        tool("file_upload_begin".into(), "Begin a file upload",
-            "Create an upload and get a signed TUS URL that curl, tus-js-client or a person can send the bytes to without a token (PATCH with Upload-Offset), or send small chunks with file_upload_chunk. Returns the file handle; file_status shows progress and the sha256 when complete.".into(),
-            object(json!({
-                "name": { "type": "string", "minLength": 1, "maxLength": 255, "description": "File name." },
-                "size": { "type": "integer", "minimum": 0, "description": "Total bytes; omit if unknown (then the first chunk sender declares it)." },
-                "media_type": { "type": "string", "description": "e.g. application/pdf (default: guessed from name's extension, else application/octet-stream)." },
-                "sha256": { "type": "string", "pattern": "^[0-9a-fA-F]{64}$", "description": "Expected sha256 of the whole file (hex); a mismatch at completion resets the upload." },
-                "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the signed upload URL, ms (default 24 h)." },
-                "url_ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "deprecated": true, "description": "Deprecated name of ttl_ms." }
-            }), &["name"]),
+        tool(
+            "file_upload_begin".into(),
+            "Begin a file upload",
+            "Create an upload and get a signed TUS URL that curl, tus-js-client or a person can send the bytes \
+             to without a token (PATCH with Upload-Offset), or send small chunks with file_upload_chunk. \
+             Returns the file handle; file_status shows progress and the sha256 when complete."
+                .into(),
+            object(
+                json!({
+                    "name": { "type": "string", "minLength": 1, "maxLength": 255, "description": "File name." },
+                    "size": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "Total bytes; omit if unknown (then the first chunk sender declares it)."
+                    },
+                    "media_type": {
+                        "type": "string",
+                        "description": "e.g. application/pdf (default: guessed from name's extension, else application/octet-stream)."
+                    },
+                    "sha256": {
+                        "type": "string",
+                        "pattern": "^[0-9a-fA-F]{64}$",
+                        "description": "Expected sha256 of the whole file (hex); a mismatch at completion resets the upload."
+                    },
+                    "ttl_ms": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 604800000,
+                        "description": "Lifetime of the signed upload URL, ms (default 24 h)."
+                    },
+                    "url_ttl_ms": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 604800000,
+                        "deprecated": true,
+                        "description": "Deprecated name of ttl_ms."
+                    }
+                }),
+                &["name"],
+            ),
             output_schema::<BeginOut>(),
-            WRITE),
-        tool("file_upload_chunk".into(), "Send a chunk in-band",
-            format!("Append base64 bytes at a byte offset of an upload (for clients without HTTP). Decoded size at most {max_chunk} bytes. On offset_mismatch, resend from error.partial.cursor."),
-            object(json!({
-                "file_id": file_id(),
-                "offset": { "type": "integer", "minimum": 0, "description": "Byte offset this chunk starts at (the file's current offset)." },
-                "data": { "type": "string", "contentEncoding": "base64", "description": "The chunk, standard base64." },
-                "size": { "type": "integer", "minimum": 0, "description": "Total bytes, if the upload was begun without a size." }
-            }), &["file_id", "offset", "data"]),
+            WRITE,
+        ),
+        tool(
+            "file_upload_chunk".into(),
+            "Send a chunk in-band",
+            format!(
+                "Append base64 bytes at a byte offset of an upload (for clients without HTTP). Decoded \
+                 size at most {max_chunk} bytes. On offset_mismatch, resend from error.partial.cursor."
+            ),
+            object(
+                json!({
+                    "file_id": file_id(),
+                    "offset": { "type": "integer", "minimum": 0, "description": "Byte offset this chunk starts at (the file's current offset)." },
+                    "data": { "type": "string", "contentEncoding": "base64", "description": "The chunk, standard base64." },
+                    "size": { "type": "integer", "minimum": 0, "description": "Total bytes, if the upload was begun without a size." }
+                }),
+                &["file_id", "offset", "data"],
+            ),
             output_schema::<FileOut>(),
-            WRITE),
-        tool("file_status".into(), "File status",
+            WRITE,
+        ),
+        tool(
+            "file_status".into(),
+            "File status",
             "A file's handle: size, offset received so far, complete, sha256 (hex) once complete. Never interrupts an upload in progress.".into(),
             object(json!({ "file_id": file_id() }), &["file_id"]),
             output_schema::<FileOut>(),
-            READ),
-        tool("file_download_url".into(), "Signed download URL",
+            READ,
+        ),
+        tool(
+            "file_download_url".into(),
+            "Signed download URL",
             "A URL that downloads the finished file without a token (curl, a browser; supports Range) until it expires.".into(),
-            object(json!({ "file_id": file_id(), "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the URL, ms (default 1 h)." } }), &["file_id"]),
+            object(
+                json!({
+                    "file_id": file_id(),
+                    "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000, "description": "Lifetime of the URL, ms (default 1 h)." }
+                }),
+                &["file_id"],
+            ),
             output_schema::<UrlOut>(),
-            READ),
-        tool("file_read_chunk".into(), "Read part of a file",
+            READ,
+        ),
+        tool(
+            "file_read_chunk".into(),
+            "Read part of a file",
             "Read a bounded byte range of a finished file: text (UTF-8) or base64. For whole or large files use file_download_url.".into(),
-            object(json!({
-                "file_id": file_id(),
-                "offset": { "type": "integer", "minimum": 0, "description": "First byte (default 0)." },
-                "length": { "type": "integer", "minimum": 1, "maximum": super::MAX_READ_CHUNK, "description": "Bytes to read (default 4096)." },
-                "encoding": { "type": "string", "enum": ["text", "base64"], "description": "text (default; fails on invalid UTF-8) or base64." }
-            }), &["file_id"]),
+            object(
+                json!({
+                    "file_id": file_id(),
+                    "offset": { "type": "integer", "minimum": 0, "description": "First byte (default 0)." },
+                    "length": { "type": "integer", "minimum": 1, "maximum": super::MAX_READ_CHUNK, "description": "Bytes to read (default 4096)." },
+                    "encoding": { "type": "string", "enum": ["text", "base64"], "description": "text (default; fails on invalid UTF-8) or base64." }
+                }),
+                &["file_id"],
+            ),
             output_schema::<ReadOut>(),
-            READ),
-        tool("file_list".into(), "List files",
+            READ,
+        ),
+        tool(
+            "file_list".into(),
+            "List files",
             "Your files, newest first: handles with size, complete, sha256.".into(),
             object(json!({ "limit": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many (default 20)." } }), &[]),
             output_schema::<ListOut>(),
-            READ),
-        tool("file_delete".into(), "Delete a file",
+            READ,
+        ),
+        tool(
+            "file_delete".into(),
+            "Delete a file",
             "Delete a file or abandon an upload, with its bytes. Cannot be undone.".into(),
             object(json!({ "file_id": file_id() }), &["file_id"]),
             output_schema::<DeletedOut>(),
-            DESTROY),
-        tool("task_get".into(), "Task status",
-            "A task's status, progress, questions (input_requests), partial results appended so far (partial.fragments; pass partial.next as partial_after to read only newer ones) and, when completed, its result with file handles and a download URL. wait_ms long-polls until it changes state (sends progress notifications when the call has a progress token).".into(),
-            object(json!({
-                "task_id": task_id(),
-                "wait_ms": { "type": "integer", "minimum": 0, "maximum": super::MAX_WAIT_MS, "description": "Wait up to this long for the task to finish or need input (default 0)." },
-                "partial_after": { "type": "integer", "minimum": 0, "description": "Show only partial result fragments numbered above this: the partial.next of the last result read (default 0: every kept fragment)." }
-            }), &["task_id"]),
+            DESTROY,
+        ),
+        tool(
+            "task_get".into(),
+            "Task status",
+            "A task's status, progress, questions (input_requests), partial results appended so far (partial.fragments; pass \
+             partial.next as partial_after to read only newer ones) and, when completed, its result with file handles and a download \
+             URL. wait_ms long-polls until it changes state (sends progress notifications when the call has a progress token)."
+                .into(),
+            object(
+                json!({
+                    "task_id": task_id(),
+                    "wait_ms": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": super::MAX_WAIT_MS,
+                        "description": "Wait up to this long for the task to finish or need input (default 0)."
+                    },
+                    "partial_after": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "Show only partial result fragments numbered above this: the \
+                                        partial.next of the last result read (default 0: every kept fragment)."
+                    }
+                }),
+                &["task_id"],
+            ),
             output_schema::<TaskOut>(),
-            READ),
-        tool("task_respond".into(), "Answer a task's question",
+            READ,
+        ),
+        tool(
+            "task_respond".into(),
+            "Answer a task's question",
             "Answer an input request of a task in input_required; the task then continues.".into(),
-            object(json!({ "task_id": task_id(), "key": { "type": "string", "description": "The input_requests key." }, "response": { "description": "The answer (any JSON)." } }), &["task_id", "key", "response"]),
+            object(
+                json!({
+                    "task_id": task_id(),
+                    "key": { "type": "string", "description": "The input_requests key." },
+                    "response": { "description": "The answer (any JSON)." }
+                }),
+                &["task_id", "key", "response"],
+            ),
             output_schema::<RespondOut>(),
-            WRITE),
-        tool("task_cancel".into(), "Cancel a task",
+            WRITE,
+        ),
+        tool(
+            "task_cancel".into(),
+            "Cancel a task",
             "Stop a task; cancelled is final. Cancelling a finished task changes nothing.".into(),
             object(json!({ "task_id": task_id() }), &["task_id"]),
             output_schema::<TaskOut>(),
-            DESTROY),
-        tool("task_list".into(), "List tasks",
+            DESTROY,
+        ),
+        tool(
+            "task_list".into(),
+            "List tasks",
             "Your tasks, newest first.".into(),
             object(json!({ "limit": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many (default 20)." } }), &[]),
             output_schema::<TaskListOut>(),
-            READ),
+            READ,
+        ),
     ];
     tools.insert(1, super::request::tool());
     let mut jobs = vec![
@@ -173,10 +277,18 @@ pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<T
     tools.push(tool(
         "archive_files".into(),
         "Archive files",
-        "Start a task that packs finished files into one tar or zip file. Returns a task to poll with task_get; its result is the archive's file handle.".into(),
+        "Start a task that packs finished files into one tar or zip file. Returns \
+         a task to poll with task_get; its result is the archive's file handle."
+            .into(),
         object(
             json!({
-                "file_ids": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 10000, "description": "Ids of your finished files to pack, in order; unknown or unfinished ids are refused at the call." },
+                "file_ids": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "minItems": 1,
+                    "maxItems": 10000,
+                    "description": "Ids of your finished files to pack, in order; unknown or unfinished ids are refused at the call."
+                },
                 "format": { "type": "string", "enum": ["tar", "zip"], "description": "default tar" },
                 "name": { "type": "string", "description": "Archive file name." },
                 "idempotency_key": idempotency_key()

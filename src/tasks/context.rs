@@ -278,7 +278,12 @@ pub(super) async fn discard_unfinished(uploads: &UploadEngine, principal: &str, 
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
                 Err(e) => {
-                    tracing::warn!(task = task_id, upload = id, error = %e.detail, "could not remove an unfinished output file; it expires like any unfinished upload");
+                    tracing::warn!(
+                        task = task_id,
+                        upload = id,
+                        error = %e.detail,
+                        "could not remove an unfinished output file; it expires like any unfinished upload"
+                    );
                     break;
                 }
             }

@@ -534,10 +534,21 @@ impl Engine {
             Ok(Err(JobError::Failed { message })) => Some(TaskEnd::Failed(error_json(ErrorCode::TaskFailed, &message))),
             Ok(Err(JobError::Exhausted(e))) if waits_out => {
                 let pause = (UNAVAILABLE_PAUSE * task.runs.max(1) as u32).min(UNAVAILABLE_PAUSE_MAX);
-                tracing::warn!(task = task.id, run = task.runs, error = %e, pause_ms = pause.as_millis() as u64, "task paused: the catalog or a store is unavailable; it runs again from its checkpoint");
+                tracing::warn!(
+                    task = task.id,
+                    run = task.runs,
+                    error = %e,
+                    pause_ms = pause.as_millis() as u64,
+                    "task paused: the catalog or a store is unavailable; it runs again from its checkpoint"
+                );
                 // Its unfinished output is kept for that run, and its view says so (when the
                 // catalog can take the note: an unavailable blob store leaves it writable).
-                let _ = ctx.say("paused: the catalog or a store is unavailable; the task runs again from its last checkpoint and keeps its unfinished output for that run").await;
+                let _ = ctx
+                    .say(
+                        "paused: the catalog or a store is unavailable; the task runs again \
+                         from its last checkpoint and keeps its unfinished output for that run",
+                    )
+                    .await;
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = self.shutdown.cancelled() => {}

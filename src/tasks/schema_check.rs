@@ -146,7 +146,8 @@ pub fn unportable_json(text: &str) -> Option<String> {
                     }
                 } else if let Some(u) = lone {
                     return Some(format!(
-                        "{}: the string holds a lone surrogate \\u{u:04x}, which is no Unicode character; send text as UTF-8, or a pair \\ud83d\\ude00 for a character past U+FFFF",
+                        "{}: the string holds a lone surrogate \\u{u:04x}, which is no Unicode character; \
+                         send text as UTF-8, or a pair \\ud83d\\ude00 for a character past U+FFFF",
                         pointer(&stack)
                     ));
                 }
@@ -189,7 +190,11 @@ mod tests {
 
     #[test]
     fn a_field_with_its_own_bound_is_named_with_it() {
-        let schema = json!({ "properties": { "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000 }, "list": { "items": { "maximum": 9 } }, "m": { "additionalProperties": { "maximum": 5 } } } });
+        let schema = json!({ "properties": {
+            "ttl_ms": { "type": "integer", "minimum": 1, "maximum": 604800000 },
+            "list": { "items": { "maximum": 9 } },
+            "m": { "additionalProperties": { "maximum": 5 } }
+        } });
         let v: serde_json::Value = serde_json::from_str(r#"{"ttl_ms":18446744073709551616}"#).unwrap();
         let m = number_past_64_bits(&v, Some(&schema)).unwrap();
         assert!(m.starts_with("/ttl_ms: ") && m.ends_with("is outside the whole numbers accepted here (from 1 to 604800000)"), "{m}");

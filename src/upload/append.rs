@@ -1,7 +1,7 @@
 //! Appending a chunk (TUS 1.0 §PATCH, §Checksum, checksum-trailer, creation-with-upload):
 //! stream the body into the blob while hashing, and checkpoint per DESIGN §2.
 //!
-//! One file of ~1 070 lines because it is one PATCH's state machine — the [`Appender`] (open under
+//! One file of ~1 090 lines because it is one PATCH's state machine — the [`Appender`] (open under
 //! the lease, stream, background checkpoints, the ways a body ends, completion) and the
 //! `UploadEngine` methods that drive it — whose states are easiest to check when read together;
 //! hashing is in `hash.rs`, the free-space watch in `exhausted.rs`.
@@ -177,7 +177,10 @@ impl Appender {
                 return Err(Refusal::new(
                     409,
                     crate::error::ErrorCode::OffsetMismatch,
-                    format!("the {offset} stored bytes of this upload no longer hash to what was checkpointed (a power loss in relaxed durability); it starts again from 0"),
+                    format!(
+                        "the {offset} stored bytes of this upload no longer hash to what was \
+                         checkpointed (a power loss in relaxed durability); it starts again from 0"
+                    ),
                     Next::Resume { soon: false },
                 )
                 .with_cursor(0));
@@ -319,7 +322,11 @@ impl Appender {
             return match self.engine.roll_back_to(&self.rec, kept, self.fence, &self.under).await {
                 Ok(()) => e,
                 Err(re) => {
-                    tracing::warn!(upload = self.rec.id, error = %re.detail, "rolling back an upload whose bytes the store lost failed; the next writer tries again");
+                    tracing::warn!(
+                        upload = self.rec.id,
+                        error = %re.detail,
+                        "rolling back an upload whose bytes the store lost failed; the next writer tries again"
+                    );
                     re
                 }
             };
@@ -340,7 +347,11 @@ impl Appender {
                 }
                 Ok(None) => {}
                 Err(se) => {
-                    tracing::warn!(upload = self.rec.id, error = %se.detail, "keeping the bytes written before the disk filled failed; releasing them")
+                    tracing::warn!(
+                        upload = self.rec.id,
+                        error = %se.detail,
+                        "keeping the bytes written before the disk filled failed; releasing them"
+                    )
                 }
             }
         }
@@ -371,7 +382,11 @@ impl Appender {
     /// next writer send the same S3 part numbers again: issue 47 point 6.)
     async fn note_in_transit(&mut self) {
         if let Err(e) = self.note_numbers().await {
-            tracing::info!(upload = self.rec.id, error = %e.detail, "could not note the store requests still on their way; the next writer takes the upload over");
+            tracing::info!(
+                upload = self.rec.id,
+                error = %e.detail,
+                "could not note the store requests still on their way; the next writer takes the upload over"
+            );
             self.run_out.now();
         }
     }
@@ -1052,7 +1067,10 @@ impl UploadEngine {
                         crate::error::ErrorCode::Locked,
                         // The request that took over may be a DELETE, which removes the upload after this
                         // answer: say what was stored, not that the upload keeps it.
-                        format!("another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; its bytes up to offset {kept} were stored, and the upload is kept unless that request deletes it"),
+                        format!(
+                            "another request for this upload (a HEAD, PATCH or DELETE) asked this PATCH to stop; its \
+                             bytes up to offset {kept} were stored, and the upload is kept unless that request deletes it"
+                        ),
                         Next::Resume { soon: true },
                     )
                     .with_cursor(kept),

@@ -44,7 +44,8 @@ pub fn failed_final(id: &str, f: &FinalFailure) -> Refusal {
         code,
         format!("final upload {id} could not be built and never will be: {}", f.detail),
         Next::Say(
-            "Nothing was stored for this final upload and its parts are free again: delete it, then concatenate parts that add up to a size within the limit (or delete the parts)."
+            "Nothing was stored for this final upload and its parts are free again: delete it, \
+             then concatenate parts that add up to a size within the limit (or delete the parts)."
                 .into(),
         ),
     )
@@ -113,7 +114,8 @@ impl UploadEngine {
                         Some(rec.offset),
                     );
                     e.detail = format!(
-                        "{what}: with its parts ({parts_bytes} bytes) that is more than the bytes quota of {max} bytes, so it could never be built (a final is stored beside its parts)"
+                        "{what}: with its parts ({parts_bytes} bytes) that is more than the bytes quota \
+                         of {max} bytes, so it could never be built (a final is stored beside its parts)"
                     );
                     e.next = Next::Say(hint.into());
                     return Err(e);
@@ -131,10 +133,15 @@ impl UploadEngine {
         let mut seen = std::collections::HashSet::new();
         let parts = sources.iter().filter(|r| seen.insert(r.id.as_str())).filter_map(|r| r.length).fold(0u64, u64::saturating_add);
         let (code, detail) = match self.final_breach(&rec.principal, total, parts)? {
-            Breach::MaxSize(max) => (ErrorCode::SizeExceeded, format!("its parts add up to {total} bytes, above the maximum upload size of {max} bytes (Tus-Max-Size)")),
+            Breach::MaxSize(max) => {
+                (ErrorCode::SizeExceeded, format!("its parts add up to {total} bytes, above the maximum upload size of {max} bytes (Tus-Max-Size)"))
+            }
             Breach::Quota(max) => (
                 ErrorCode::QuotaExceeded,
-                format!("its parts add up to {total} bytes, and beside the parts themselves ({parts} bytes) that is more than the bytes quota of {max} bytes"),
+                format!(
+                    "its parts add up to {total} bytes, and beside the parts themselves \
+                     ({parts} bytes) that is more than the bytes quota of {max} bytes"
+                ),
             ),
         };
         let failure = FinalFailure { code: code.as_str().to_string(), detail, failed_at_ms: now_ms() };

@@ -44,7 +44,10 @@ pub fn check_metadata(raw: &str) -> Result<(), crate::error::Refusal> {
     if raw.len() > MAX_METADATA_BYTES {
         return Err(crate::error::Refusal::bad_request(
             format!("Upload-Metadata is {} bytes; at most {MAX_METADATA_BYTES} are accepted (it is repeated in every HEAD response)", raw.len()),
-            format!("Send fewer or shorter metadata values (at most {MAX_METADATA_BYTES} bytes in all; a file name of at most {MAX_NAME_CHARS} characters)."),
+            format!(
+                "Send fewer or shorter metadata values (at most {MAX_METADATA_BYTES} \
+                 bytes in all; a file name of at most {MAX_NAME_CHARS} characters)."
+            ),
         ));
     }
     let Ok(md) = raw.parse::<UploadMetadata>() else { return Ok(()) };

@@ -52,18 +52,25 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
         BlobError::NoRoom { limit, waited } => {
             tracing::warn!(limit, "the S3 memory budget ([s3] max_buffer) is full: a request was told to retry");
             return Refusal::unavailable(format!(
-                "the server's upload buffer for S3 ([s3] max_buffer, {} MiB) is full with other uploads' bytes and had no room within {}; nothing acknowledged was lost (an operator can raise [s3] max_buffer)",
+                "the server's upload buffer for S3 ([s3] max_buffer, {} MiB) is full with other uploads' bytes \
+                 and had no room within {}; nothing acknowledged was lost (an operator can raise [s3] max_buffer)",
                 limit >> 20,
                 crate::units::human_duration(*waited)
             ));
         }
         BlobError::Refused { what, status, code } => {
             let what = format!("{what} ({})", crate::blob::refused_answer(*status, code.as_deref()));
-            tracing::error!(refused = %what, "the blob store refused a request for good: its configuration (credentials, bucket policy, features) needs an operator");
+            tracing::error!(
+                refused = %what,
+                "the blob store refused a request for good: its configuration (credentials, bucket policy, features) needs an operator"
+            );
             return Refusal::new(
                 502,
                 crate::error::ErrorCode::StoreRefused,
-                format!("the server's blob store refused {what}; nothing stored was lost; the same request is refused until the store or the server's settings change"),
+                format!(
+                    "the server's blob store refused {what}; nothing stored was lost; the \
+                     same request is refused until the store or the server's settings change"
+                ),
                 crate::error::Next::ByCode,
             );
         }
@@ -73,11 +80,13 @@ pub(super) fn blob_error(e: BlobError) -> Refusal {
                 413,
                 crate::error::ErrorCode::SizeExceeded,
                 format!(
-                    "this upload cannot grow past {most} bytes ({} GiB) on this server's S3 store: its length was not given when it began, so its bytes were cut into parts of {} MiB, and S3 holds at most 10 000 parts; nothing acknowledged was lost",
+                    "this upload cannot grow past {most} bytes ({} GiB) on this server's S3 store: its length was not given when it \
+                     began, so its bytes were cut into parts of {} MiB, and S3 holds at most 10 000 parts; nothing acknowledged was lost",
                     most >> 30,
                     part_size >> 20
                 ),
-                "Send the file again as a new upload that declares its length when it is created, so its parts are sized to fit; or an operator raises [s3] deferred_part_size.",
+                "Send the file again as a new upload that declares its length when it is created, \
+                 so its parts are sized to fit; or an operator raises [s3] deferred_part_size.",
             );
         }
         BlobError::LeaseLost => return super::append::lease_lost(),
@@ -256,7 +265,11 @@ impl UploadEngine {
         let gone = match self.delete_row(&rec.id).await {
             Ok(gone) => gone,
             Err(CatalogError::Full(e)) => {
-                tracing::warn!(upload = rec.id, error = %e, "the catalog cannot write on this full disk: removing the upload's bytes first to make room");
+                tracing::warn!(
+                    upload = rec.id,
+                    error = %e,
+                    "the catalog cannot write on this full disk: removing the upload's bytes first to make room"
+                );
                 self.blobs.delete(&UploadEngine::bytes_first_on_a_full_disk(&rec.id)).await?;
                 self.delete_row(&rec.id).await?
             }

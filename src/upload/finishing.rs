@@ -158,7 +158,8 @@ impl UploadEngine {
             409,
             ErrorCode::UploadIncomplete,
             format!(
-                "final upload {} is not built yet; all {n} of its parts are uploaded and the server is building it (a build that a limit or a store stopped is retried in the background)",
+                "final upload {} is not built yet; all {n} of its parts are uploaded and the server is \
+                 building it (a build that a limit or a store stopped is retried in the background)",
                 rec.id
             ),
             "Nothing more is needed from you: ask again in a moment. The final's concat task says what the build waits for.",
@@ -255,7 +256,12 @@ impl UploadEngine {
                     finished.extend(done.filter(|r| r.is_finished()));
                 }
                 Err(e) => {
-                    tracing::info!(upload = id, code = %e.code, detail = e.detail, "an upload whose bytes are all stored could not be finished yet; retrying later");
+                    tracing::info!(
+                        upload = id,
+                        code = %e.code,
+                        detail = e.detail,
+                        "an upload whose bytes are all stored could not be finished yet; retrying later"
+                    );
                     backoff.failed(&id);
                 }
             }

@@ -742,10 +742,19 @@ impl UploadEngine {
                 // bucket, refused credentials or an unmounted disk make every blob look absent,
                 // and are the store's refusal (502 / 503), never a damage mark on every file.
                 if let Err(away) = self.blobs.confirm_present().await {
-                    tracing::warn!(upload = %rec.id, error = %away, "a finished upload's bytes were not found, and the blob store is not there either: not marked damaged");
+                    tracing::warn!(
+                        upload = %rec.id,
+                        error = %away,
+                        "a finished upload's bytes were not found, and the blob store is not there either: not marked damaged"
+                    );
                     return away.into();
                 }
-                tracing::error!(upload = %rec.id, error = %e, "a finished upload's stored bytes are missing; marked damaged (ferry check --repair-catalog clears the mark if it finds them whole)");
+                tracing::error!(
+                    upload = %rec.id,
+                    error = %e,
+                    "a finished upload's stored bytes are missing; marked damaged (ferry \
+                     check --repair-catalog clears the mark if it finds them whole)"
+                );
                 let mark = crate::catalog::Damage {
                     kind: "missing".into(),
                     detail: format!("found when it was read: {e}"),

@@ -435,7 +435,8 @@ fn unesc(s: &str) -> String {
 
 fn xml_error(status: u16, code: &str, message: &str, resource: &str) -> Resp {
     let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{}</Message><Resource>/{}</Resource><RequestId>STRICT{:08X}</RequestId></Error>",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+         <Error><Code>{code}</Code><Message>{}</Message><Resource>/{}</Resource><RequestId>STRICT{:08X}</RequestId></Error>",
         esc(message),
         esc(resource),
         rand::random::<u32>()
@@ -738,7 +739,9 @@ fn apply(
                 contents.push((name.to_string(), o.clone()));
             }
             let mut out = format!(
-                "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>{}</Name><Prefix>{}</Prefix><KeyCount>{}</KeyCount><MaxKeys>{max}</MaxKeys><IsTruncated>{}</IsTruncated>",
+                "<ListBucketResult \
+                 xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>{}</Name><Prefix>{}</Prefix>\
+                 <KeyCount>{}</KeyCount><MaxKeys>{max}</MaxKeys><IsTruncated>{}</IsTruncated>",
                 esc(bucket),
                 esc(&prefix),
                 contents.len() + prefixes.len(),
@@ -746,7 +749,8 @@ fn apply(
             );
             for (name, o) in &contents {
                 out.push_str(&format!(
-                    "<Contents><Key>{}</Key><LastModified>{}</LastModified><ETag>{}</ETag><Size>{}</Size><StorageClass>STANDARD</StorageClass></Contents>",
+                    "<Contents><Key>{}</Key><LastModified>{}</LastModified><ETag>{}</ETag>\
+                     <Size>{}</Size><StorageClass>STANDARD</StorageClass></Contents>",
                     esc(name),
                     humantime::format_rfc3339_millis(o.modified),
                     esc(&o.etag),
@@ -766,7 +770,9 @@ fn apply(
             let id = format!("mpu{}x{:08x}", st.next_id.fetch_add(1, Ordering::SeqCst), rand::random::<u32>());
             s.uploads.insert(id.clone(), Upload { key: path.to_string(), parts: BTreeMap::new(), state: UploadState::Open, initiated: now });
             xml_ok(format!(
-                "<InitiateMultipartUploadResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>{}</Bucket><Key>{}</Key><UploadId>{id}</UploadId></InitiateMultipartUploadResult>",
+                "<InitiateMultipartUploadResult \
+                 xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>{}</Bucket>\
+                 <Key>{}</Key><UploadId>{id}</UploadId></InitiateMultipartUploadResult>",
                 esc(bucket),
                 esc(object_key)
             ))
@@ -792,7 +798,15 @@ fn apply(
                             .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
                         match parsed {
                             Some((a, z)) if a <= z && z < total => src.data.slice(a as usize..=z as usize),
-                            _ => return xml_error(400, "InvalidArgument", "The x-amz-copy-source-range value must be of the form bytes=first-last where first and last are the zero-based offsets of the first and last bytes to copy", path),
+                            _ => {
+                                return xml_error(
+                                    400,
+                                    "InvalidArgument",
+                                    "The x-amz-copy-source-range value must be of the form bytes=first-last where \
+                                     first and last are the zero-based offsets of the first and last bytes to copy",
+                                    path,
+                                )
+                            }
                         }
                     }
                 }
@@ -840,7 +854,8 @@ fn apply(
                         return xml_error(
                             400,
                             "InvalidPart",
-                            "One or more of the specified parts could not be found. The part may not have been uploaded, or the specified entity tag may not have matched the part's entity tag.",
+                            "One or more of the specified parts could not be found. The part may not have been \
+                             uploaded, or the specified entity tag may not have matched the part's entity tag.",
                             path,
                         )
                     }
@@ -874,7 +889,9 @@ fn apply(
             s.uploads.get_mut(upload_id.as_deref().unwrap_or("")).expect("checked above").parts.clear();
             s.objects.insert(key, Object { data: Bytes::from(whole), etag: etag.clone(), modified: now });
             xml_ok(format!(
-                "<CompleteMultipartUploadResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Location>/{}</Location><Bucket>{}</Bucket><Key>{}</Key><ETag>{}</ETag></CompleteMultipartUploadResult>",
+                "<CompleteMultipartUploadResult \
+                 xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Location>/{}</Location>\
+                 <Bucket>{}</Bucket><Key>{}</Key><ETag>{}</ETag></CompleteMultipartUploadResult>",
                 esc(path),
                 esc(bucket),
                 esc(object_key),
@@ -894,7 +911,8 @@ fn apply(
                 s.uploads.iter().filter(|(_, u)| u.state == UploadState::Open && u.key.starts_with(&full)).collect();
             ups.sort_by(|a, b| (&a.1.key, a.0).cmp(&(&b.1.key, b.0)));
             let mut out = format!(
-                "<ListMultipartUploadsResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>{}</Bucket><Prefix>{}</Prefix><IsTruncated>false</IsTruncated>",
+                "<ListMultipartUploadsResult \
+                 xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>{}</Bucket><Prefix>{}</Prefix><IsTruncated>false</IsTruncated>",
                 esc(bucket),
                 esc(&prefix)
             );

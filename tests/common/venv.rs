@@ -17,7 +17,8 @@ pub fn venv_bin(name: &str) -> PathBuf {
     let bin = python_venv().join("bin").join(name);
     assert!(
         bin.exists(),
-        "{} is missing: run `bash .ci/run`, or `python3 -m venv {venv}` and `{venv}/bin/pip install -r tests/clients/python/requirements.txt` (and requirements-s3, -mcp, -openapi .txt)",
+        "{} is missing: run `bash .ci/run`, or `python3 -m venv {venv}` and `{venv}/bin/pip install \
+         -r tests/clients/python/requirements.txt` (and requirements-s3, -mcp, -openapi .txt)",
         bin.display(),
         venv = python_venv().display()
     );

@@ -5,12 +5,16 @@
 //! `Upload-Draft-Interop-Version` speaks the draft, any other request speaks TUS. The draft has
 //! changed on the wire as it matured, so the interop version picks the rules:
 //!
-//! | interop version | draft | what changes for ferry |
-//! | --- | --- | --- |
-//! | 5 | -03 (tus-js-client `ietf-draft-03`) | `Upload-Complete`; append with any `Content-Type`; no `Upload-Limit` |
-//! | 6 | -05 (tus-js-client `ietf-draft-05`) | append needs `Content-Type: application/partial-upload`; `Upload-Length`; `Upload-Limit` with `expires`; problem types for a mismatching offset and a completed upload |
-//! | 8 | -09 to -11 | `Upload-Limit` member `max-age` instead of `expires`; problem type for an inconsistent length; `Accept-Patch` on OPTIONS; `104 (Upload Resumption Supported)` with `Location` |
-//! | 9 | -12 and later (to -15) | `GET` retrieves the offset as `HEAD` does; otherwise as 8 (see [`InteropVersion::V9`]) |
+//! - **5**, draft -03 (tus-js-client `ietf-draft-03`): `Upload-Complete`; append with any
+//!   `Content-Type`; no `Upload-Limit`.
+//! - **6**, draft -05 (tus-js-client `ietf-draft-05`): append needs `Content-Type:
+//!   application/partial-upload`; `Upload-Length`; `Upload-Limit` with `expires`; problem types
+//!   for a mismatching offset and a completed upload.
+//! - **8**, drafts -09 to -11: `Upload-Limit` member `max-age` instead of `expires`; problem type
+//!   for an inconsistent length; `Accept-Patch` on OPTIONS; `104 (Upload Resumption Supported)`
+//!   with `Location`.
+//! - **9**, draft -12 and later (to -15): `GET` retrieves the offset as `HEAD` does; otherwise as
+//!   8 (see [`InteropVersion::V9`]).
 //!
 //! Versions 5 and 6 also accept `Upload-Length` (tus-js-client sends it in both modes), and every
 //! version gets the three problem types: they only add members to ferry's problem body.
@@ -195,7 +199,10 @@ pub fn inconsistent_length(detail: impl Into<String>, hint: impl Into<String>) -
 /// `length`: the bytes that arrived are kept (the offset is `end`) and the upload stays open.
 pub fn length_short(length: u64, end: u64) -> TusError {
     inconsistent_length(
-        format!("the request said it completes the upload, but its content ended at offset {end}, short of the upload length {length}; the bytes were kept"),
+        format!(
+            "the request said it completes the upload, but its content ended at \
+             offset {end}, short of the upload length {length}; the bytes were kept"
+        ),
         format!("Send the remaining {} bytes from offset {end} with Upload-Complete: ?1.", length - end),
     )
     .with_cursor(end)

@@ -561,7 +561,10 @@ pub fn plan_concatenation(parts: &[(&str, Option<ConcatPart>)], max_parts: usize
             413,
             ErrorCode::SizeExceeded,
             format!("the concatenation would be {shown} bytes, above the maximum upload size of {max_size} bytes (Tus-Max-Size)"),
-            format!("A file of more than {max_size} bytes cannot be stored here; delete the partial uploads, and upload files of at most {max_size} bytes."),
+            format!(
+                "A file of more than {max_size} bytes cannot be stored here; delete \
+                 the partial uploads, and upload files of at most {max_size} bytes."
+            ),
         ));
     }
     Ok(total)

@@ -456,10 +456,16 @@ impl BlobStore for S3BlobStore {
             // caller streams the sources through a writer, now and from now on.
             Err(compose::ComposeError::CannotCopy { what, unimplemented }) => {
                 if unimplemented {
-                    tracing::warn!(refused = %what, "the S3 store does not implement UploadPartCopy: concatenations stream their parts through this server from now on");
+                    tracing::warn!(
+                        refused = %what,
+                        "the S3 store does not implement UploadPartCopy: concatenations stream their parts through this server from now on"
+                    );
                     s.cannot_copy.store(true, std::sync::atomic::Ordering::Relaxed);
                 } else {
-                    tracing::warn!(refused = %what, "the S3 store refused an UploadPartCopy: this concatenation streams its parts through this server");
+                    tracing::warn!(
+                        refused = %what,
+                        "the S3 store refused an UploadPartCopy: this concatenation streams its parts through this server"
+                    );
                 }
                 Ok(false)
             }

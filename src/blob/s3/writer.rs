@@ -26,7 +26,7 @@
 //!   a part whose upload returns after the lease ran out is not recorded. A writer cut or
 //!   fenced is broken: it changes nothing more and is never parked.
 //!
-//! One file of ~770 lines because it is one writer's state machine (the open part, the parts on
+//! One file of ~790 lines because it is one writer's state machine (the open part, the parts on
 //! their way, the stream, the numbers taken) whose every method moves the same fields; the
 //! budget it reserves from is `budget.rs`, the part model `state.rs`.
 
@@ -179,7 +179,9 @@ async fn part_error(s: &Inner, path: &object_store::path::Path, mp: &MultipartId
     if suspect && s.multipart_gone(path, mp.as_ref()).await {
         return BlobError::Lost {
             kept: 0,
-            why: "its S3 multipart upload is gone (NoSuchUpload, confirmed by listing): a bucket lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it".into(),
+            why: "its S3 multipart upload is gone (NoSuchUpload, confirmed by listing): a bucket \
+                  lifecycle rule (AbortIncompleteMultipartUpload) or someone else aborted it"
+                .into(),
         };
     }
     match err {
@@ -343,7 +345,8 @@ impl S3Writer {
             tracing::warn!(
                 upload = %self.id,
                 part = number,
-                "this upload has used up its spare S3 part numbers (taken over many times): parts now go under numbers that may have been sent before, and a stale part that reaches S3 late can make its completion fail"
+                "this upload has used up its spare S3 part numbers (taken over many times): parts now go under numbers \
+                 that may have been sent before, and a stale part that reaches S3 late can make its completion fail"
             );
         }
         Ok(number)
@@ -431,8 +434,8 @@ impl S3Writer {
     }
 
     /// Make the open part's reservation in the store's budget cover `bytes` (whole MiB, grown
-    /// as the part fills; [`Budget::cover`](super::budget::Budget::cover)): never waits past [`BUDGET_WAIT`](super::budget::BUDGET_WAIT), and a writer
-    /// asked to let go stops waiting.
+    /// as the part fills; [`Budget::cover`](super::budget::Budget::cover)): never waits past
+    /// [`BUDGET_WAIT`](super::budget::BUDGET_WAIT), and a writer asked to let go stops waiting.
     async fn cover(&mut self, bytes: u64) -> BlobResult<()> {
         let s = self.store.clone();
         loop {

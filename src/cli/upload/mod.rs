@@ -8,8 +8,9 @@
 //!   URL (TUS 1.0 §HEAD) and continues from the server's `Upload-Offset`; a finished upload is
 //!   only verified again. A remembered upload created with other `--meta` is not resumed.
 //! - **Retries** network errors, 5xx, 423 and 429 with exponential backoff (at least an
-//!   answer's `Retry-After`, RFC 9110 §10.2.3) until `--retry-for` has passed without progress (then exit code 5); after a failed PATCH a HEAD tells what
-//!   the server kept (TUS 1.0 §PATCH: the offset is authoritative).
+//!   answer's `Retry-After`, RFC 9110 §10.2.3) until `--retry-for` has passed without progress
+//!   (then exit code 5); after a failed PATCH a HEAD tells what the server kept (TUS 1.0 §PATCH:
+//!   the offset is authoritative).
 //! - **Verified.** The file's sha256 is computed while its bytes are sent; on resume the
 //!   prefix already on the server is re-read locally (a snapshot of the hash state is kept
 //!   every 16 MiB, so a failed request re-reads at most that much). At the end the local
@@ -116,7 +117,8 @@ pub struct UploadArgs {
 /// every file).
 pub fn run(args: UploadArgs) -> std::process::ExitCode {
     super::client::run_interruptible(
-        "The server keeps what it received: run the same command again to continue from there (for standard input, the `--url` command printed above).",
+        "The server keeps what it received: run the same command again to continue \
+         from there (for standard input, the `--url` command printed above).",
         || execute(args),
     )
 }
@@ -198,7 +200,9 @@ fn print_done(args: &UploadArgs, done: &Done) -> Result<(), CliError> {
     if let Some(plain) = unsigned(&done.url) {
         done.upload_url = Some(std::mem::replace(&mut done.url, plain));
         eprintln!(
-            "ferry: note: {} was sent through a signed upload URL (an upload-only token, or a request link), which lets its holder only send bytes into this upload: it is no link to share. {} names the file; a link to download it is made by its owner, with a full token: `ferry share {}`.",
+            "ferry: note: {} was sent through a signed upload URL (an upload-only token, or a request link), \
+             which lets its holder only send bytes into this upload: it is no link to share. {} names the \
+             file; a link to download it is made by its owner, with a full token: `ferry share {}`.",
             done.file, done.url, done.id
         );
     }

@@ -73,7 +73,8 @@ pub(super) async fn concatenated(job: &Job<'_>, stored: Option<crate::cli::store
             // The join copies the file: the server needs its size free a second time.
             let ids: Vec<&str> = parts.iter().filter_map(|(u, _)| u.path_segments()?.next_back()).collect();
             return Err(e.hint(format!(
-                "The {n} parts are stored and kept: re-run this command once the server has room for the file a second time (joining copies it) and it joins them; or remove them (`ferry rm {}`) and upload without --parallel.",
+                "The {n} parts are stored and kept: re-run this command once the server has room for the file a second \
+                 time (joining copies it) and it joins them; or remove them (`ferry rm {}`) and upload without --parallel.",
                 ids.join(" ")
             )));
         }

@@ -59,9 +59,16 @@ impl Job for CheckJob {
         Some(serde_json::json!({
             "type": "object",
             "properties": {
-                "file_ids": { "type": "array", "items": { "type": "string", "minLength": 1 }, "description": "Finished uploads to re-read; default: every finished file of yours." },
+                "file_ids": {
+                    "type": "array",
+                    "items": { "type": "string", "minLength": 1 },
+                    "description": "Finished uploads to re-read; default: every finished file of yours."
+                },
                 "rate": { "type": ["integer", "null"], "minimum": 1, "description": "Most bytes read per second; default: no limit." },
-                "repair_catalog": { "type": "boolean", "description": "Mark damaged files so downloads answer 500 damaged (and clear the mark of files found whole)." },
+                "repair_catalog": {
+                    "type": "boolean",
+                    "description": "Mark damaged files so downloads answer 500 damaged (and clear the mark of files found whole)."
+                },
                 "orphans": { "type": "boolean", "description": "Also count blobs and S3 multipart uploads no upload references." }
             },
             "additionalProperties": false

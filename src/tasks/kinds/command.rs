@@ -9,10 +9,11 @@
 //!
 //! `{"command": "NAME", "params": {...}}` — `NAME` must be declared in ferry.toml; `params` is an
 //! optional JSON object. When the command declares `params_schema`, params (absent: `{}`) must
-//! validate against it ([`Job::validate`], so a start is refused before a task exists). A request never supplies a command line: ferry runs `program` with the
-//! fixed `args`, in `cwd`, with stdin closed, in a process group of its own, and this
-//! environment — on top of a few variables of the server's ([`PASSED_ENV`], `LC_*`, and the
-//! names the command lists in `env`), never the rest of it: the server's credentials
+//! validate against it ([`Job::validate`], so a start is refused before a task exists). A
+//! request never supplies a command line: ferry runs `program` with the fixed `args`, in `cwd`,
+//! with stdin closed, in a process group of its own, and this environment — on top of a few
+//! variables of the server's ([`PASSED_ENV`], `LC_*`, and the names the command lists in
+//! `env`), never the rest of it: the server's credentials
 //! (`AWS_SECRET_ACCESS_KEY`, a `FERRY_CATALOG` with a password…) are not the program's:
 //!
 //! | variable            | value                                                                |
@@ -629,7 +630,8 @@ impl Run<'_> {
                     if r.map_err(|e| JobError::Internal(format!("reading stdout: {e}")))? == 0 {
                         out_eof = true;
                         if let Some((at, _, _)) = self.pending.front() {
-                            return Err(self.protocol(format_args!("checkpoint at byte {at} but only {} bytes were written to stdout", self.run_bytes)));
+                            let written = self.run_bytes;
+                            return Err(self.protocol(format_args!("checkpoint at byte {at} but only {written} bytes were written to stdout")));
                         }
                         continue;
                     }
@@ -663,7 +665,10 @@ impl Run<'_> {
                             deadline = None;
                         }
                         Some(_) if !out_eof => {
-                            return Err(JobError::failed(format!("command {} exited but its stdout stayed open (a process it started still holds it)", self.name)));
+                            let name = &self.name;
+                            return Err(JobError::failed(format!(
+                                "command {name} exited but its stdout stayed open (a process it started still holds it)"
+                            )));
                         }
                         Some(s) => return Ok(s),
                     }

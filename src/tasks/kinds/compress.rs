@@ -182,14 +182,19 @@ impl Job for CompressJob {
     }
 
     fn args_schema(&self) -> Option<serde_json::Value> {
-        let levels = |r: std::ops::RangeInclusive<i32>| serde_json::json!({ "properties": { "level": { "type": ["integer", "null"], "minimum": r.start(), "maximum": r.end() } } });
+        let levels = |r: std::ops::RangeInclusive<i32>| {
+            serde_json::json!({
+                "properties": { "level": { "type": ["integer", "null"], "minimum": r.start(), "maximum": r.end() } }
+            })
+        };
+        let level_range = format!("zstd {}..={}, gzip {}..={}", ZSTD_LEVELS.start(), ZSTD_LEVELS.end(), GZIP_LEVELS.start(), GZIP_LEVELS.end());
         Some(serde_json::json!({
             "type": "object",
             "properties": {
                 "file_id": { "type": "string", "minLength": 1, "description": "Id of the finished upload to compress." },
                 "file": { "type": "string", "minLength": 1, "deprecated": true, "description": "Deprecated name of file_id." },
                 "format": { "type": "string", "enum": ["zstd", "gzip"] },
-                "level": { "type": ["integer", "null"], "description": format!("zstd {}..={}, gzip {}..={}", ZSTD_LEVELS.start(), ZSTD_LEVELS.end(), GZIP_LEVELS.start(), GZIP_LEVELS.end()) }
+                "level": { "type": ["integer", "null"], "description": level_range }
             },
             "required": ["format"],
             "oneOf": [{ "required": ["file_id"] }, { "required": ["file"] }],
@@ -296,7 +301,13 @@ impl Job for CompressJob {
             let out = blocking(move || e.finish()).await?;
             write_out(&mut w, out).await?;
             // A partial result per frame (before the checkpoint that covers it).
-            ctx.partial(&serde_json::json!({ "frame": frame_start / FRAME, "input_offset": frame_start, "input_bytes": offset - frame_start, "output_end": w.position() })).await?;
+            ctx.partial(&serde_json::json!({
+                "frame": frame_start / FRAME,
+                "input_offset": frame_start,
+                "input_bytes": offset - frame_start,
+                "output_end": w.position()
+            }))
+            .await?;
             if offset >= len {
                 break;
             }

@@ -1,6 +1,6 @@
 //! The `fetch` kind: import a URL into a file, resuming with `Range` after failures.
 //!
-//! One file of ~780 lines because a resumable fetch is one loop (request, `Range` resume, redirects
+//! One file of ~840 lines because a resumable fetch is one loop (request, `Range` resume, redirects
 //! to allowed hosts, TLS roots) whose steps share its state; about a quarter is its tests.
 //!
 //! # Arguments
@@ -377,7 +377,13 @@ impl Open {
         self.synced = cursor.offset;
         // A partial result per checkpoint: the durable bytes and the validator they belong to
         // (covered by the checkpoint below, so a resumed run does not repeat it).
-        ctx.partial(&serde_json::json!({ "bytes": cursor.offset, "total": self.total, "etag": self.validator.etag, "last_modified": self.validator.last_modified })).await?;
+        ctx.partial(&serde_json::json!({
+            "bytes": cursor.offset,
+            "total": self.total,
+            "etag": self.validator.etag,
+            "last_modified": self.validator.last_modified
+        }))
+        .await?;
         let cp = FetchCheckpoint { cursor, start: self.start.clone(), url: url.to_string(), validator: self.validator.clone(), length: self.total };
         ctx.checkpoint(&cp).await
     }
@@ -409,7 +415,11 @@ impl Job for FetchJob {
         Some(serde_json::json!({
             "type": "object",
             "properties": {
-                "url": { "type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#\\s]+", "description": "An absolute http:// or https:// URL of an allow-listed host ([fetch] allow_hosts; others are 403)." },
+                "url": {
+                    "type": "string",
+                    "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#\\s]+",
+                    "description": "An absolute http:// or https:// URL of an allow-listed host ([fetch] allow_hosts; others are 403)."
+                },
                 "name": { "type": ["string", "null"], "description": "File name (default: from the URL or Content-Disposition)." }
             },
             "required": ["url"],

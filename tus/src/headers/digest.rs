@@ -53,9 +53,12 @@ fn parse_sha256(s: &str, name: &'static str) -> Result<Option<[u8; 32]>, ParseEr
                 Some(raw) if STANDARD.decode(raw).is_err() => Err(ParseError::syntax(
                     name,
                     raw.as_ptr() as usize - s.as_ptr() as usize,
-                    "the sha-256 value is not base64 (RFC 4648 §4, padded): a sha-256 digest is 32 bytes, 44 base64 characters ending in '=' between colons",
+                    "the sha-256 value is not base64 (RFC 4648 §4, padded): a sha-256 \
+                     digest is 32 bytes, 44 base64 characters ending in '=' between colons",
                 )),
-                _ => Err(ParseError::syntax(name, 0, "sha-256 digest must be 32 bytes (44 base64 characters); this base64 decodes to another length")),
+                _ => {
+                    Err(ParseError::syntax(name, 0, "sha-256 digest must be 32 bytes (44 base64 characters); this base64 decodes to another length"))
+                }
             },
         },
         Some(_) => Err(ParseError::syntax(name, 0, "sha-256 digest must be a byte sequence")),
@@ -163,8 +166,8 @@ mod tests {
     #[test]
     fn other_members_ignored() {
         // RFC 9530 §2 example shape: several algorithms in one field.
-        let s =
-            "sha-512=:YMAam51Jz/jOATT6/zvHrLVgOYTGFy1d6GJiOHTohq4yP+pgk4vf2aCsyRZOtw8MjkM7iw7yZ/WkppmM44T3qg==:, sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:, foo=bar";
+        let s = "sha-512=:YMAam51Jz/jOATT6/zvHrLVgOYTGFy1d6GJiOHTohq4yP+pgk4vf2aCsyRZOtw8MjkM7iw7yZ/WkppmM44T3qg==:, \
+                 sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:, foo=bar";
         assert_eq!(s.parse(), Ok(ReprDigest::from_sha256(EMPTY)));
         assert_eq!("sha-512=:AAAA:".parse(), Ok(ReprDigest::default()));
     }

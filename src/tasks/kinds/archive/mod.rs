@@ -1,7 +1,8 @@
 //! `archive`: a tar or zip of finished uploads of the task's principal, streamed into a new file
 //! and resumable mid-member.
 //!
-//! Args: `{"file_ids": ["<upload id>", …], "format": "tar"|"zip", "name": "optional output name"}` (`files` is accepted as the deprecated name of `file_ids`).
+//! Args: `{"file_ids": ["<upload id>", …], "format": "tar"|"zip", "name": "optional output name"}`
+//! (`files` is accepted as the deprecated name of `file_ids`).
 //! Result: `{"file": <FileHandle>, "members": N}`. Partial results: one fragment per member
 //! added, `{"member": index, "name", "size", "file_id"}`.
 //!
@@ -107,12 +108,25 @@ impl Job for ArchiveJob {
     }
 
     fn args_schema(&self) -> Option<serde_json::Value> {
-        let ids = serde_json::json!({ "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_MEMBERS, "description": "Ids of the finished uploads to pack, in order." });
+        let ids = serde_json::json!({
+            "type": "array",
+            "items": { "type": "string" },
+            "minItems": 1,
+            "maxItems": MAX_MEMBERS,
+            "description": "Ids of the finished uploads to pack, in order."
+        });
         Some(serde_json::json!({
             "type": "object",
             "properties": {
                 "file_ids": ids,
-                "files": { "deprecated": true, "description": "Deprecated name of file_ids.", "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_MEMBERS },
+                "files": {
+                    "deprecated": true,
+                    "description": "Deprecated name of file_ids.",
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "minItems": 1,
+                    "maxItems": MAX_MEMBERS
+                },
                 "format": { "type": "string", "enum": ["tar", "zip"] },
                 "name": { "type": ["string", "null"], "minLength": 1, "maxLength": 255, "description": "Archive file name (1 to 255 bytes)." }
             },
