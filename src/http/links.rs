@@ -222,14 +222,24 @@ fn locked() -> Refusal {
     Refusal::new(401, ErrorCode::Unauthorized, "this link is protected by a passphrase", "Open the link's page and type the passphrase you were given.")
 }
 
-/// The link, usable now by this request: open, and unlocked when it has a passphrase.
-/// `files_may_be_full`: a request's files already created may still be resumed when full.
+/// Whether link `l` in `state` still works for this request: an open link; a full request
+/// for the files already in it (`full_is_ok`); a used-up share for the visitor whose download
+/// was counted (its download grant).
+fn works(s: &AppState, l: &LinkRecord, state: LinkState, h: &HeaderMap, full_is_ok: bool) -> bool {
+    match state {
+        LinkState::Open => true,
+        LinkState::Full => full_is_ok,
+        LinkState::UsedUp => granted(s, h, "download", l),
+        LinkState::Revoked | LinkState::Expired => false,
+    }
+}
+
+/// The link, usable now by this request ([`works`]), and unlocked when it has a passphrase.
+/// `full_is_ok`: a request's files already created may still be resumed when it is full.
 async fn usable(s: &AppState, id: &str, h: &HeaderMap, full_is_ok: bool) -> Result<LinkRecord, Problem> {
     let l = links::get(s, id).await?;
-    match links::state(&l, now_ms()) {
-        LinkState::Open => {}
-        LinkState::Full if full_is_ok => {}
-        _ => return Err(Problem(links::refusal(&l, now_ms()).unwrap_or_else(Refusal::not_found))),
+    if !works(s, &l, links::state(&l, now_ms()), h, full_is_ok) {
+        return Err(Problem(links::refusal(&l, now_ms()).unwrap_or_else(Refusal::not_found)));
     }
     if l.passphrase_hash.is_some() && !granted(s, h, "open", &l) {
         return Err(Problem(locked()));
@@ -248,6 +258,7 @@ fn no_store(mut res: Response) -> Response {
 async fn page(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -> Response {
     let mut res = super::web::link_page(&h);
     let status = match links::get(&s, &id).await {
+        Ok(l) if works(&s, &l, links::state(&l, now_ms()), &h, true) => None,
         Ok(l) => links::refusal(&l, now_ms()).map(|r| r.status),
         Err(e) => Some(e.status).filter(|st| *st == 404),
     };
@@ -275,11 +286,12 @@ async fn info(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) -
     }
     let open = l.passphrase_hash.is_none() || granted(&s, &h, "open", &l);
     body["locked"] = (!open).into();
-    if open && matches!(state, LinkState::Open | LinkState::Full) {
+    let download_grant = granted(&s, &h, "download", &l);
+    body["download_grant"] = download_grant.into();
+    if open && works(&s, &l, state, &h, true) {
         body["message"] = l.message.clone().into();
         body["max_downloads"] = l.max_downloads.into();
         body["downloads"] = l.downloads.into();
-        body["download_grant"] = granted(&s, &h, "download", &l).into();
         body["max_files"] = l.max_files.into();
         body["files_left"] = l.max_files.saturating_sub(l.files.len() as u32).into();
         if l.kind == LinkKind::Share {

@@ -302,7 +302,8 @@ async function main() {
   const { info, error } = await fetchInfo()
   if (error) return problem(...error)
   const closed = CLOSED[info.state]
-  if (closed && !(info.state === 'full' && info.kind === 'share')) {
+  // A used-up share still works for the visitor whose download was counted (for an hour).
+  if (closed && !(info.state === 'used_up' && info.download_grant)) {
     return problem(closed[0], info.why ? `${closed[1]} (${info.why}.)` : closed[1], info.state)
   }
   if (info.locked) return lockPage()
