@@ -122,7 +122,8 @@ async fn a_passphrase_refuses_a_wrong_one_slows_repeated_tries_and_opens_with_th
     let api = Api::new(&s);
     let data = pseudo_random(4096, 3);
     let fid = api.upload(&data, "secret.bin").await;
-    let link = make(&api, serde_json::json!({ "kind": "share", "files": [fid], "message": "hidden until unlocked", "passphrase": "correct horse" })).await;
+    let link =
+        make(&api, serde_json::json!({ "kind": "share", "files": [fid], "message": "hidden until unlocked", "passphrase": "correct horse" })).await;
     let id = link["id"].as_str().unwrap().to_string();
     assert_eq!(link["passphrase"], true);
     let listed = json(api.get("/api/v1/links").await).await.to_string();
@@ -259,7 +260,11 @@ async fn revoking_stops_downloads_and_uploads_at_once() {
     assert_eq!(patch(0, data[..10_000].to_vec()).await.unwrap().status(), 204);
 
     for (id, how) in [(&sid, "DELETE"), (&rid, "POST")] {
-        let r = if how == "DELETE" { api.send("DELETE", &format!("/api/v1/links/{id}"), &[], None).await } else { api.post(&format!("/api/v1/links/{id}/revoke"), "").await };
+        let r = if how == "DELETE" {
+            api.send("DELETE", &format!("/api/v1/links/{id}"), &[], None).await
+        } else {
+            api.post(&format!("/api/v1/links/{id}/revoke"), "").await
+        };
         assert_eq!(r.status(), 200);
         assert_eq!(json(r).await["state"], "revoked");
     }
@@ -296,4 +301,44 @@ async fn bad_links_are_refused_by_name() {
     }
     let r = api.post("/api/v1/links", &serde_json::json!({ "kind": "share", "files": ["aaaaaaaaaaaaaaaaaaaaaaaaaa"] }).to_string()).await;
     problem(r, 404, "not_found").await;
+}
+
+/// `ferry share ID… --message --passphrase-file --max-downloads`, `ferry request --files`, and
+/// `ferry share --revoke`: the passphrase never on the command line.
+#[tokio::test]
+async fn the_cli_makes_and_revokes_links() {
+    let s = Server::start(&[]);
+    let api = Api::new(&s);
+    let a = api.upload(b"first", "a.txt").await;
+    let b = api.upload(b"second", "b.txt").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pass = write_file(dir.path(), "pass", "tea for two\n");
+    let ferry = |args: &[&str]| {
+        let o = std::process::Command::new(ferry_bin()).args(args).arg("--server").arg(s.url("")).output().unwrap();
+        assert!(o.status.success(), "ferry {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        (String::from_utf8(o.stdout).unwrap().trim().to_string(), String::from_utf8(o.stderr).unwrap())
+    };
+    let (url, said) = ferry(&["share", &a, &b, "--message", "both files", "--passphrase-file", pass.to_str().unwrap(), "--max-downloads", "1"]);
+    assert!(url.starts_with(&s.url("/l/")), "{url}");
+    assert!(said.contains("one-time link to 2 files") && said.contains("passphrase"), "{said}");
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let link = json(api.get(&format!("/api/v1/links/{id}")).await).await;
+    assert_eq!(
+        (link["files"].clone(), link["message"].clone(), link["passphrase"].clone()),
+        (serde_json::json!([a, b]), "both files".into(), true.into())
+    );
+    let c = Browser::default();
+    assert_eq!(c.unlock(&s, &id, "tea for two").await.status(), 204, "the file's first line is the passphrase");
+
+    let (rq, _) = ferry(&["request", "--files", "5", "--message", "your photos"]);
+    let rid = rq.rsplit('/').next().unwrap().to_string();
+    let link = json(api.get(&format!("/api/v1/links/{rid}")).await).await;
+    assert_eq!((link["kind"].as_str(), link["max_files"].as_u64()), (Some("request"), Some(5)));
+
+    let (_, said) = ferry(&["share", "--revoke", &url, &rid]);
+    assert_eq!(said.matches("is revoked").count(), 2, "{said}");
+    assert_eq!(json(api.get(&format!("/api/v1/links/{id}")).await).await["state"], "revoked");
+    // One file and no link option: the signed URL of before.
+    let (signed, _) = ferry(&["share", &a]);
+    assert!(signed.contains(&format!("/files/{a}?scope=download")), "{signed}");
 }

@@ -65,7 +65,9 @@ fn bad(detail: impl Into<String>, next: impl Into<String>) -> Refusal {
 /// Check `req` and make the link for `principal` at `now_ms`. Errors: 400 for a bad field
 /// (named), 404 for a share's file the principal does not have, catalog failures.
 pub async fn create(s: &AppState, principal: &str, req: NewLink, now_ms: i64) -> Result<LinkRecord, Refusal> {
-    let kind = req.kind.ok_or_else(|| bad("kind is required: \"share\" or \"request\"", r#"Send {"kind":"share","files":["ID"]} or {"kind":"request"}."#))?;
+    let kind = req
+        .kind
+        .ok_or_else(|| bad("kind is required: \"share\" or \"request\"", r#"Send {"kind":"share","files":["ID"]} or {"kind":"request"}."#))?;
     let message = req.message.unwrap_or_default();
     if message.chars().count() > MAX_MESSAGE_CHARS {
         return Err(bad(format!("message has {} characters; at most {MAX_MESSAGE_CHARS}", message.chars().count()), "Shorten the message."));
@@ -75,12 +77,18 @@ pub async fn create(s: &AppState, principal: &str, req: NewLink, now_ms: i64) ->
     }
     let ttl = req.ttl_ms.unwrap_or(DEFAULT_LINK_TTL_MS);
     if !(1..=MAX_LINK_TTL_MS).contains(&ttl) {
-        return Err(bad(format!("ttl_ms must be from 1 to {MAX_LINK_TTL_MS} (90 days)"), format!("Send a ttl_ms in that range, e.g. {DEFAULT_LINK_TTL_MS} for 7 days.")));
+        return Err(bad(
+            format!("ttl_ms must be from 1 to {MAX_LINK_TTL_MS} (90 days)"),
+            format!("Send a ttl_ms in that range, e.g. {DEFAULT_LINK_TTL_MS} for 7 days."),
+        ));
     }
     let (files, max_files, max_downloads) = match kind {
         LinkKind::Share => {
             if req.files.is_empty() || req.files.len() > MAX_LINK_FILES as usize {
-                return Err(bad(format!("a share lists 1 to {MAX_LINK_FILES} files; this one lists {}", req.files.len()), "Send the files' ids in files[]."));
+                return Err(bad(
+                    format!("a share lists 1 to {MAX_LINK_FILES} files; this one lists {}", req.files.len()),
+                    "Send the files' ids in files[].",
+                ));
             }
             if req.max_files.is_some() {
                 return Err(bad("max_files is for a request; a share has the files it lists", "Leave max_files out."));
@@ -107,7 +115,10 @@ pub async fn create(s: &AppState, principal: &str, req: NewLink, now_ms: i64) ->
             }
             let max = req.max_files.unwrap_or(DEFAULT_REQUEST_FILES);
             if !(1..=MAX_LINK_FILES).contains(&max) {
-                return Err(bad(format!("max_files must be from 1 to {MAX_LINK_FILES}"), format!("Send a max_files in that range (default {DEFAULT_REQUEST_FILES}).")));
+                return Err(bad(
+                    format!("max_files must be from 1 to {MAX_LINK_FILES}"),
+                    format!("Send a max_files in that range (default {DEFAULT_REQUEST_FILES})."),
+                ));
             }
             (Vec::new(), max, None)
         }
@@ -195,18 +206,31 @@ pub fn refusal(l: &LinkRecord, now_ms: i64) -> Option<Refusal> {
     let (detail, next) = match state(l, now_ms) {
         LinkState::Open => return None,
         LinkState::Revoked => ("this link was revoked by the person who made it".to_string(), "Ask them for a new link."),
-        LinkState::Expired => (format!("this link expired at {}", crate::upload::rfc3339(l.expires_at_ms)), "Ask the person who sent it for a new link."),
+        LinkState::Expired => {
+            (format!("this link expired at {}", crate::upload::rfc3339(l.expires_at_ms)), "Ask the person who sent it for a new link.")
+        }
         LinkState::UsedUp => (
-            format!("this link allowed {} download{} and {} used", l.max_downloads.unwrap_or(0), plural(l.max_downloads.unwrap_or(0)), if l.downloads == 1 { "it was" } else { "they were" }),
+            format!(
+                "this link allowed {} download{} and {} used",
+                l.max_downloads.unwrap_or(0),
+                plural(l.max_downloads.unwrap_or(0)),
+                if l.downloads == 1 { "it was" } else { "they were" }
+            ),
             "Ask the person who sent it to share the files again.",
         ),
-        LinkState::Full => (format!("this request took the {} file{} it asked for", l.max_files, plural(l.max_files)), "Ask the person who sent it for a new link."),
+        LinkState::Full => {
+            (format!("this request took the {} file{} it asked for", l.max_files, plural(l.max_files)), "Ask the person who sent it for a new link.")
+        }
     };
     Some(Refusal::new(410, ErrorCode::Unauthorized, detail, next))
 }
 
 fn plural(n: u32) -> &'static str {
-    if n == 1 { "" } else { "s" }
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 /// The one JSON view of a link (REST, MCP, the dashboard). Never the passphrase hash.
@@ -321,7 +345,12 @@ pub async fn unlock(s: &AppState, l: &LinkRecord, passphrase: String, client: Op
     if passphrase.len() > MAX_PASSPHRASE_BYTES || !passphrase_matches(hash, passphrase).await? {
         note_wrong(&keys);
         tracing::info!(link = %l.id, "a wrong passphrase for a link");
-        return Err(Refusal::new(403, ErrorCode::Unauthorized, "the passphrase is not right", "Check it with the person who sent the link, and type it again."));
+        return Err(Refusal::new(
+            403,
+            ErrorCode::Unauthorized,
+            "the passphrase is not right",
+            "Check it with the person who sent the link, and type it again.",
+        ));
     }
     forget(&keys[..1]);
     Ok(s.links.signer().grant("open", &l.id, now_ms.div_euclid(1000) + OPEN_GRANT_SECS))

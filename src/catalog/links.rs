@@ -124,11 +124,7 @@ macro_rules! link_columns {
     };
 }
 
-const INSERT_LINK: Stmt = sql!(
-    "INSERT INTO links (",
-    link_columns!(),
-    ", files_added) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-);
+const INSERT_LINK: Stmt = sql!("INSERT INTO links (", link_columns!(), ", files_added) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
 const INSERT_FILE: Stmt = sql!("INSERT INTO link_files (link_id, position, file_id) VALUES (?,?,?)");
 const GET_LINK: Stmt = sql!("SELECT ", link_columns!(), " FROM links WHERE id = ?");
 const LINK_FILES: Stmt = sql!("SELECT file_id FROM link_files WHERE link_id = ? ORDER BY position");

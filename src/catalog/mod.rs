@@ -40,8 +40,8 @@ mod statements;
 mod task_statements;
 pub mod tasks;
 
-pub use links::{LinkCatalog, LinkKind, LinkRecord, PassphraseHash};
 pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
+pub use links::{LinkCatalog, LinkKind, LinkRecord, PassphraseHash};
 pub use partials::{Appended, Fragment, PartialPage};
 pub use postgres::PostgresCatalog;
 pub use sqlite::SqliteCatalog;

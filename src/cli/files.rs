@@ -356,7 +356,13 @@ pub fn share(args: ShareArgs) -> std::process::ExitCode {
                 ids.push(client.file_id(l)?);
             }
             let ttl = args.ttl.unwrap_or(Duration::from_secs(7 * 24 * 3600));
-            return super::links::create(&client, args.retry_for, "share", &ids, &args.link, (args.max_downloads, None), ttl, args.json).await;
+            return super::links::create(
+                &client,
+                args.retry_for,
+                super::links::NewLink { kind: "share", files: &ids, opts: &args.link, limits: (args.max_downloads, None), ttl },
+                args.json,
+            )
+            .await;
         }
         let (client, id) = Client::new(&args.conn, READ_TIMEOUT)?.at_link(&args.ids[0])?;
         let ttl_ms = u64::try_from(args.ttl.unwrap_or(Duration::from_secs(3600)).as_millis()).unwrap_or(u64::MAX);

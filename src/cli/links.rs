@@ -66,18 +66,20 @@ struct Link {
     state: String,
 }
 
-/// Make a link (`kind` share with `files`, or request) and print its page's URL on stdout;
-/// what it is, on stderr. `json`: the server's JSON instead.
-pub async fn create(
-    client: &Client,
-    retry_for: Duration,
-    kind: &str,
-    files: &[String],
-    opts: &LinkOptions,
-    limits: (Option<u32>, Option<u32>),
-    ttl: Duration,
-    json: bool,
-) -> Result<(), CliError> {
+/// A link to make: a `share` of `files`, or a `request`.
+pub struct NewLink<'a> {
+    pub kind: &'a str,
+    pub files: &'a [String],
+    pub opts: &'a LinkOptions,
+    /// `max_downloads` (a share), `max_files` (a request).
+    pub limits: (Option<u32>, Option<u32>),
+    pub ttl: Duration,
+}
+
+/// Make `link` and print its page's URL on stdout; what it is, on stderr. `json`: the
+/// server's JSON instead.
+pub async fn create(client: &Client, retry_for: Duration, link: NewLink<'_>, json: bool) -> Result<(), CliError> {
+    let NewLink { kind, files, opts, limits, ttl } = link;
     let mut body = serde_json::json!({ "kind": kind, "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX) });
     if !files.is_empty() {
         body["files"] = files.into();
@@ -98,7 +100,8 @@ pub async fn create(
     if json {
         return print_line(answer.trim_end());
     }
-    let link: Link = serde_json::from_str(&answer).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no link ({e}): {}", answer.trim())))?;
+    let link: Link = serde_json::from_str(&answer)
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no link ({e}): {}", answer.trim())))?;
     let what = match (kind, limits.0) {
         ("request", _) => format!("a request for up to {} files", limits.1.map_or("20".to_string(), |n| n.to_string())),
         (_, Some(1)) => format!("a one-time link to {} file{}", files.len(), if files.len() == 1 { "" } else { "s" }),
@@ -106,7 +109,10 @@ pub async fn create(
         _ => format!("a link to {} file{}", files.len(), if files.len() == 1 { "" } else { "s" }),
     };
     let lock = if body.get("passphrase").is_some() { ", behind the passphrase" } else { "" };
-    eprintln!("ferry: link {}: {what}{lock}, valid until {}; `ferry share --revoke {}` turns it off. Send this link:", link.id, link.expires_at, link.id);
+    eprintln!(
+        "ferry: link {}: {what}{lock}, valid until {}; `ferry share --revoke {}` turns it off. Send this link:",
+        link.id, link.expires_at, link.id
+    );
     print_line(client.resolve(&link.url)?.as_str())
 }
 
@@ -116,7 +122,8 @@ pub async fn revoke(client: &Client, retry_for: Duration, links: &[String]) -> R
         let id = l.trim_end_matches('/').rsplit('/').next().unwrap_or(l);
         super::client::id_segment(id)?;
         let answer = client.api(&mut Retry::new(retry_for), reqwest::Method::POST, &format!("/links/{id}/revoke"), &[], Some(String::new())).await?;
-        let link: Link = serde_json::from_str(&answer).map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no link ({e}): {}", answer.trim())))?;
+        let link: Link = serde_json::from_str(&answer)
+            .map_err(|e| CliError::new(EXIT_FAILURE, format!("the server's answer has no link ({e}): {}", answer.trim())))?;
         eprintln!("ferry: link {} is {}: its page, downloads and uploads stop now", link.id, link.state);
     }
     Ok(())

@@ -51,7 +51,13 @@ pub fn run(args: RequestArgs) -> std::process::ExitCode {
             if args.name.is_some() {
                 return Err(CliError::usage("--message and a passphrase are for a request of several files: use --files N instead of NAME"));
             }
-            return super::links::create(&client, args.retry_for, "request", &[], &args.link, (None, args.files), args.ttl, args.json).await;
+            return super::links::create(
+                &client,
+                args.retry_for,
+                super::links::NewLink { kind: "request", files: &[], opts: &args.link, limits: (None, args.files), ttl: args.ttl },
+                args.json,
+            )
+            .await;
         };
         if ttl_ms == 0 || ttl_ms > crate::signing::MAX_URL_TTL_MS {
             return Err(CliError::usage("--ttl must be more than 0 and at most 7d"));

@@ -161,7 +161,11 @@ pub(super) async fn list_links(
 #[utoipa::path(get, path = "/api/v1/links/{id}", tag = "links", operation_id = "get_link",
     params(("id" = String, Path, description = "Link id.")),
     responses((status = 200, description = "The link.", body = LinkView)))]
-pub(super) async fn get_link(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
+pub(super) async fn get_link(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     let l = links::get_own(&s, &p, &id).await?;
     Ok(axum::Json(links::view(&s, &l, now_ms())).into_response())
 }
@@ -180,7 +184,11 @@ async fn revoke(s: &AppState, p: &str, id: &str) -> Result<Response, Problem> {
 #[utoipa::path(delete, path = "/api/v1/links/{id}", tag = "links", operation_id = "revoke_link",
     params(("id" = String, Path, description = "Link id.")),
     responses((status = 200, description = "The revoked link.", body = LinkView)))]
-pub(super) async fn revoke_link(State(s): State<AppState>, Extension(Principal(p)): Extension<Principal>, Path(id): Path<String>) -> Result<Response, Problem> {
+pub(super) async fn revoke_link(
+    State(s): State<AppState>,
+    Extension(Principal(p)): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     revoke(&s, &p, &id).await
 }
 
@@ -219,7 +227,12 @@ fn grant_cookie(what: &str, id: &str, token: &str, secs: i64) -> HeaderValue {
 }
 
 fn locked() -> Refusal {
-    Refusal::new(401, ErrorCode::Unauthorized, "this link is protected by a passphrase", "Open the link's page and type the passphrase you were given.")
+    Refusal::new(
+        401,
+        ErrorCode::Unauthorized,
+        "this link is protected by a passphrase",
+        "Open the link's page and type the passphrase you were given.",
+    )
 }
 
 /// Whether link `l` in `state` still works for this request: an open link; a full request
@@ -432,13 +445,7 @@ fn with_link_metadata(sent: Option<&str>, link: &str) -> String {
 /// principal and recorded on the link; `Location` is `/l/{id}/files/{file}`. Errors: 410 when
 /// the link took all its files (or is revoked or expired), 401 locked, 405 a share, and every
 /// refusal of `POST /files/` (size, quota, metadata).
-async fn create_file(
-    State(s): State<AppState>,
-    Path(id): Path<String>,
-    uri: Uri,
-    mut h: HeaderMap,
-    body: Body,
-) -> Result<Response, Problem> {
+async fn create_file(State(s): State<AppState>, Path(id): Path<String>, uri: Uri, mut h: HeaderMap, body: Body) -> Result<Response, Problem> {
     let l = usable(&s, &id, &h, false).await?;
     request_only(&l)?;
     if h.contains_key("upload-concat") {
@@ -449,17 +456,28 @@ async fn create_file(
     }
     let Some(slot) = s.engine.catalog.take_file_slot(&l.id, now_ms()).await.map_err(Refusal::from)? else {
         let fresh = links::get(&s, &id).await?;
-        let mut r = links::refusal(&fresh, now_ms())
-            .unwrap_or_else(|| Refusal::new(410, ErrorCode::Unauthorized, "this request took all the files it asked for", "Ask the person who sent it for a new link."));
+        let mut r = links::refusal(&fresh, now_ms()).unwrap_or_else(|| {
+            Refusal::new(410, ErrorCode::Unauthorized, "this request took all the files it asked for", "Ask the person who sent it for a new link.")
+        });
         if links::state(&fresh, now_ms()) == LinkState::Open {
             r.detail = format!("this request took the {} files it asked for", fresh.max_files);
         }
         return Err(Problem(r));
     };
     let md = with_link_metadata(super::tus::header(&h, "upload-metadata"), &l.id);
-    h.insert("upload-metadata", HeaderValue::from_str(&md).map_err(|_| Problem(Refusal::bad_request("Upload-Metadata is not visible ASCII", "Encode each value in base64.")))?);
+    h.insert(
+        "upload-metadata",
+        HeaderValue::from_str(&md)
+            .map_err(|_| Problem(Refusal::bad_request("Upload-Metadata is not visible ASCII", "Encode each value in base64.")))?,
+    );
     let mut res = super::tus::create(State(s.clone()), Extension(Principal(l.principal.clone())), None, None, uri, h, body).await?;
-    let created = res.headers().get("location").and_then(|v| v.to_str().ok()).and_then(|loc| loc.split('?').next()).and_then(|p| p.trim_end_matches('/').rsplit('/').next()).map(str::to_owned);
+    let created = res
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|loc| loc.split('?').next())
+        .and_then(|p| p.trim_end_matches('/').rsplit('/').next())
+        .map(str::to_owned);
     if let Some(file) = created {
         s.engine.catalog.record_link_file(&l.id, slot, &file).await.map_err(Refusal::from)?;
         tracing::info!(link = %l.id, file = %file, "a file was created through a request link");

@@ -292,7 +292,7 @@ async function verify(r, data, url) {
     return false
   }
   const same = local.sha === server
-  r.text.textContent = same ? `✓ arrived exactly (sha256 ${server.slice(0, 12)}…)` : '✗ the fingerprints differ: send this file again.'
+  r.text.textContent = same ? '✓ arrived exactly (its fingerprint, sha256, matches your file)' : '✗ the fingerprints differ: send this file again.'
   r.li.dataset.state = same ? 'stored' : 'mismatch'
   return same
 }
