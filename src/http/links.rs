@@ -368,7 +368,11 @@ async fn download(State(s): State<AppState>, Path((id, file)): Path<(String, Str
     share_only(&l)?;
     listed(&l, &file)?;
     let mut grant = None;
-    if !granted(&s, &h, "download", &l) {
+    // A file still arriving gets the download's own answer (409) and costs no download; one
+    // whose bytes are all in (finished, or about to be) counts.
+    let rec = s.engine.get(&l.principal, &file).await?;
+    let whole = rec.is_finished() || rec.length == Some(rec.offset);
+    if whole && !granted(&s, &h, "download", &l) {
         // Counted before the first byte (one compare-and-set: replicas never hand out more
         // than the limit); a GET that fails after (a file gone) keeps it counted.
         if !s.engine.catalog.take_download(&l.id, now_ms()).await.map_err(Refusal::from)? {
