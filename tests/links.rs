@@ -285,18 +285,19 @@ async fn bad_links_are_refused_by_name() {
     let s = Server::start(&[]);
     let api = Api::new(&s);
     let fid = api.upload(b"x", "x").await;
-    for (body, words) in [
-        (serde_json::json!({ "kind": "share", "files": [] }), "1 to 200 files"),
-        (serde_json::json!({ "kind": "share", "files": [fid, fid] }), "listed twice"),
-        (serde_json::json!({ "kind": "request", "files": [fid] }), "starts with no files"),
-        (serde_json::json!({ "kind": "request", "max_downloads": 1 }), "max_downloads is for a share"),
-        (serde_json::json!({ "kind": "share", "files": [fid], "message": "x".repeat(1001) }), "message"),
-        (serde_json::json!({ "kind": "share", "files": [fid], "passphrase": "" }), "passphrase"),
-        (serde_json::json!({ "kind": "share", "files": [fid], "colour": "red" }), "colour"),
-        (serde_json::json!({ "kind": "upload" }), "kind"),
+    for (body, status, words) in [
+        (serde_json::json!({ "kind": "share", "files": [] }), 422, "1 to 200 files"),
+        (serde_json::json!({ "kind": "share", "files": [fid, fid] }), 422, "listed twice"),
+        (serde_json::json!({ "kind": "request", "files": [fid] }), 422, "starts with no files"),
+        (serde_json::json!({ "kind": "request", "max_downloads": 1 }), 422, "max_downloads is for a share"),
+        (serde_json::json!({ "kind": "share", "files": [fid], "message": "a\u{7}b" }), 422, "control character"),
+        (serde_json::json!({ "kind": "share", "files": [fid], "message": "x".repeat(1001) }), 400, "message"),
+        (serde_json::json!({ "kind": "share", "files": [fid], "passphrase": "" }), 400, "passphrase"),
+        (serde_json::json!({ "kind": "share", "files": [fid], "colour": "red" }), 400, "colour"),
+        (serde_json::json!({ "kind": "upload" }), 400, "kind"),
     ] {
         let r = api.post("/api/v1/links", &body.to_string()).await;
-        let p = problem(r, 400, "invalid_argument").await;
+        let p = problem(r, status, "invalid_argument").await;
         assert!(p["detail"].as_str().unwrap().contains(words), "{body}: {p}");
     }
     let r = api.post("/api/v1/links", &serde_json::json!({ "kind": "share", "files": ["aaaaaaaaaaaaaaaaaaaaaaaaaa"] }).to_string()).await;

@@ -58,8 +58,11 @@ pub struct NewLink {
     pub ttl_ms: Option<u64>,
 }
 
+/// 422 `invalid_argument`: a request that fits the API's schema but that a link cannot use (a
+/// share without files, a request with some, a file listed twice…); what the schema itself
+/// bounds was refused before (400).
 fn bad(detail: impl Into<String>, next: impl Into<String>) -> Refusal {
-    Refusal::bad_request(detail.into(), next.into())
+    Refusal::new(422, ErrorCode::InvalidArgument, detail.into(), next.into())
 }
 
 /// Check `req` and make the link for `principal` at `now_ms`. Errors: 400 for a bad field
@@ -326,7 +329,7 @@ fn forget(keys: &[String]) {
 /// `unauthorized` for a wrong passphrase, 400 for a link without one.
 pub async fn unlock(s: &AppState, l: &LinkRecord, passphrase: String, client: Option<IpAddr>, now_ms: i64) -> Result<String, Refusal> {
     let Some(hash) = &l.passphrase_hash else {
-        return Err(bad("this link has no passphrase", "Open the link: it needs none."));
+        return Err(Refusal::bad_request("this link has no passphrase", "Open the link: it needs none."));
     };
     let mut keys = vec![format!("link:{}", l.id)];
     if let Some(ip) = client {
@@ -338,7 +341,7 @@ pub async fn unlock(s: &AppState, l: &LinkRecord, passphrase: String, client: Op
             429,
             ErrorCode::Unauthorized,
             "too many wrong passphrases for this link (or from this address)",
-            format!("Wait {wait} s, then try again."),
+            format!("Check the passphrase with the person who sent the link; the next one is checked after {wait} s."),
         )
         .with_retry_after(wait as u32));
     }

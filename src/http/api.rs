@@ -123,7 +123,7 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
     use serde_json::{json, Value};
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
     let limit = json!({ "type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT });
-    for path in ["/api/v1/files", "/api/v1/tasks"] {
+    for path in ["/api/v1/files", "/api/v1/tasks", "/api/v1/links"] {
         if let Some(params) = doc.pointer_mut(&format!("/paths/{}/get/parameters", path.replace('/', "~1"))).and_then(Value::as_array_mut) {
             for p in params.iter_mut().filter(|p| p["name"] == "limit") {
                 p["schema"] = limit.clone();
@@ -171,6 +171,8 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
         link["properties"]["max_files"]["minimum"] = json!(1);
         link["properties"]["max_files"]["maximum"] = json!(crate::app::links::MAX_LINK_FILES);
         link["properties"]["max_downloads"]["minimum"] = json!(1);
+        link["properties"]["passphrase"]["minLength"] = json!(1);
+        link["properties"]["passphrase"]["maxLength"] = json!(crate::app::links::MAX_PASSPHRASE_BYTES);
     }
     if let Some(start) = doc.pointer_mut("/components/schemas/StartTask") {
         // Each kind's `args` as that kind's schema, the one the start checks them with

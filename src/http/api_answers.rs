@@ -139,7 +139,7 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
         "create_link",
         true,
         &[
-            a(400, InvalidArgument, "A field out of its range, a share without files, a request with files, a file listed twice (named in `detail`)."),
+            a(422, InvalidArgument, "A body that fits the schema but not a link: a share without files or with `max_files`, a request with files or `max_downloads`, a file listed twice, a control character in the message (named in `detail`)."),
             a(404, NotFound, "A file of the share is not one of the caller's files."),
             a(410, UploadExpired, "A file of the share expired before it was finished."),
         ],
