@@ -290,8 +290,16 @@ pub async fn serve_http(
             conn.state.answer_once();
         }
         let (on_req, on_res) = (conn.state.clone(), conn.state.clone());
+        // The client's address, for what is limited per address (a link's passphrase tries).
+        let peer = stream.peer_addr().ok();
         let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_response(
-            tower::ServiceExt::map_request(router.clone(), move |req| crate::http::wire::on_request(&on_req, req)),
+            tower::ServiceExt::map_request(router.clone(), move |req| {
+                let mut req = crate::http::wire::on_request(&on_req, req);
+                if let Some(peer) = peer {
+                    req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                }
+                req
+            }),
             move |res| crate::http::wire::on_response(&on_res, res),
         ));
         let (conns, spare, watcher) = (conns.clone(), spare.clone(), graceful.watcher());

@@ -177,6 +177,30 @@ impl UrlSigner {
     /// Check a signed query for file `id` at `now` (unix seconds) whatever it will be used
     /// for: the MAC (constant time) and the expiry. Returns the scope and the expiry (unix
     /// seconds). The page of a link (`/share/{id}`) uses this to say what the link is for.
+    /// A grant for a link (issue 51): `"{expires}.{mac}"`, the MAC being base64url HMAC-SHA256
+    /// over `"ferry-link-grant-v1\n{what}\n{link}\n{expires}"` (`what`: `open` after the
+    /// passphrase, `download` after a counted download). Unix seconds.
+    pub fn grant(&self, what: &str, link: &str, expires: i64) -> String {
+        format!("{expires}.{}", data_encoding::BASE64URL_NOPAD.encode(&self.grant_mac(what, link, expires).finalize().into_bytes()))
+    }
+
+    /// Whether `token` is a [`UrlSigner::grant`] of `what` for `link` that has not expired at
+    /// `now` (Unix seconds).
+    pub fn verify_grant(&self, token: &str, what: &str, link: &str, now: i64) -> bool {
+        let Some((expires, mac)) = token.split_once('.') else { return false };
+        let Some(expires) = ferry_tus::headers::parse_u64_digits(expires, "expires").ok().and_then(|v| i64::try_from(v).ok()) else {
+            return false;
+        };
+        let Ok(mac) = data_encoding::BASE64URL_NOPAD.decode(mac.as_bytes()) else { return false };
+        expires > now && self.grant_mac(what, link, expires).verify_slice(&mac).is_ok()
+    }
+
+    fn grant_mac(&self, what: &str, link: &str, expires: i64) -> Hmac<sha2::Sha256> {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&self.key).expect("HMAC takes any key length");
+        mac.update(format!("ferry-link-grant-v1\n{what}\n{link}\n{expires}").as_bytes());
+        mac
+    }
+
     pub fn verify_link(&self, q: &SignedQuery, id: &str, now: i64) -> Result<(Scope, i64), SignatureError> {
         if let Some(name) = q.repeated {
             return Err(SignatureError::Repeated(name));
@@ -224,6 +248,9 @@ pub struct Links {
 /// Path prefix of the pages for people behind signed links (`/share/{id}?scope=…`).
 pub const PAGE_PATH: &str = "/share/";
 
+/// Path prefix of a catalog link's page and routes (issue 51): `/l/{id}`.
+pub const LINK_PATH: &str = "/l/";
+
 impl Links {
     /// `base`: absolute URL without a trailing `/` (the `public_url` setting).
     pub fn new(base: impl Into<String>, signer: UrlSigner) -> Links {
@@ -242,6 +269,11 @@ impl Links {
     }
 
     /// `{base}/files/{id}`: needs a bearer token when the server has tokens.
+    /// The page of a catalog link (issue 51): `{base}/l/{id}`.
+    pub fn link_url(&self, id: &str) -> String {
+        format!("{}{LINK_PATH}{id}", self.base)
+    }
+
     pub fn file_url(&self, id: &str) -> String {
         format!("{}/files/{id}", self.base)
     }
@@ -307,6 +339,19 @@ mod tests {
             );
             assert!(e.to_string().contains("repeats its"), "{e}");
         }
+    }
+
+    #[test]
+    fn grants_are_bound_to_what_link_and_time() {
+        let s = UrlSigner::new([7; 32]);
+        let g = s.grant("open", "lnk", 2_000);
+        assert!(s.verify_grant(&g, "open", "lnk", 1_999));
+        assert!(!s.verify_grant(&g, "open", "lnk", 2_000), "expired");
+        assert!(!s.verify_grant(&g, "download", "lnk", 1_000), "another kind of grant");
+        assert!(!s.verify_grant(&g, "open", "lnl", 1_000), "another link");
+        assert!(!s.verify_grant(&g.replacen("2000", "9000", 1), "open", "lnk", 1_000), "a longer life");
+        assert!(!UrlSigner::new([8; 32]).verify_grant(&g, "open", "lnk", 1_000));
+        assert!(!s.verify_grant("garbage", "open", "lnk", 1_000));
     }
 
     #[test]

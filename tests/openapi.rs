@@ -23,6 +23,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/files/{id}"),
     ("post", "/api/v1/files/{id}/share"),
     ("get", "/api/v1/zip"),
+    ("post", "/api/v1/links"),
+    ("get", "/api/v1/links"),
+    ("get", "/api/v1/links/{id}"),
+    ("post", "/api/v1/links/{id}/revoke"),
     ("get", "/api/v1/openapi.json"),
     ("get", "/api/v1/events"),
     ("get", "/api/v1/webhooks/deliveries"),
@@ -205,7 +209,7 @@ async fn the_document_states_the_constraints_the_server_enforces() {
     let s = Server::start(&[]);
     let doc = fetch(&s).await;
     let c = client();
-    for path in ["/api/v1/files", "/api/v1/tasks"] {
+    for path in ["/api/v1/files", "/api/v1/tasks", "/api/v1/links"] {
         let p = doc["paths"][path]["get"]["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "limit").unwrap().clone();
         assert_eq!((p["schema"]["minimum"].as_u64(), p["schema"]["maximum"].as_u64()), (Some(1), Some(1000)), "{path}: {p}");
         assert_eq!(c.get(s.url(&format!("{path}?limit=1000"))).send().await.unwrap().status(), 200);

@@ -11,7 +11,7 @@ const dist = join(here, 'dist')
 mkdirSync(dist, { recursive: true })
 // The page's script, and the request-a-file page's hashing worker (src/hash.js →
 // /assets/hash.js: a classic worker script, WebAssembly sha256 inline).
-for (const name of ['app.js', 'hash.js']) {
+for (const name of ['app.js', 'link.js', 'hash.js']) {
   await build({
     entryPoints: [join(here, 'src', name)],
     outfile: join(dist, name),
@@ -34,3 +34,4 @@ await build({
 })
 copyFileSync(join(here, 'src/page.html'), join(dist, 'page.html'))
 copyFileSync(join(here, 'src/dash.html'), join(dist, 'dash.html'))
+copyFileSync(join(here, 'src/link.html'), join(dist, 'link.html'))

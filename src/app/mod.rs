@@ -11,6 +11,7 @@ use crate::upload::UploadEngine;
 pub mod arb;
 pub mod cors;
 pub mod limits;
+pub mod links;
 pub mod principal;
 pub use crate::tasks::schema_check;
 pub mod views;

@@ -88,6 +88,7 @@ pub async fn run_all(cat: &dyn Catalog, prefix: &str) {
     super::conformance_quota::check_reservations(cat, prefix).await;
     super::conformance_tasks::run_all(cat, prefix).await;
     super::conformance_events::run_all(cat, prefix).await;
+    super::conformance_links::run_all(cat, prefix).await;
     cat.ping().await.expect("ping");
 }
 
@@ -101,6 +102,7 @@ pub async fn run_concurrent(a: &dyn Catalog, b: &dyn Catalog, prefix: &str) {
     check_release_request_crosses_handles(a, b, prefix).await;
     super::conformance_quota::check_racing_quota(a, b, prefix).await;
     super::conformance_quota::check_racing_reservations(a, b, prefix).await;
+    super::conformance_links::check_racing_downloads(a, b, prefix).await;
 }
 
 pub async fn check_create_get_roundtrip(cat: &dyn Catalog, p: &str) {

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 
 pub mod conformance;
 pub mod conformance_events;
+pub mod conformance_links;
 pub mod conformance_quota;
 pub mod conformance_race;
 pub mod conformance_tasks;
@@ -26,6 +27,7 @@ mod dialect;
 mod event_statements;
 pub mod events;
 pub mod hold;
+pub mod links;
 pub mod partials;
 pub mod postgres;
 mod postgres_events;
@@ -39,6 +41,7 @@ mod task_statements;
 pub mod tasks;
 
 pub use events::{AttemptOutcome, Delivery, DeliveryState, EventCatalog, EventFilter, EventRecord, Settlement};
+pub use links::{LinkCatalog, LinkKind, LinkRecord, PassphraseHash};
 pub use partials::{Appended, Fragment, PartialPage};
 pub use postgres::PostgresCatalog;
 pub use sqlite::SqliteCatalog;
@@ -338,7 +341,7 @@ pub type ReleaseRequests = futures::stream::BoxStream<'static, ReleaseRequest>;
 /// Upload metadata storage. Implementations must be safe to share between tasks and, for the
 /// distributed backends, between processes.
 #[async_trait]
-pub trait Catalog: TaskCatalog + EventCatalog + Send + Sync + 'static {
+pub trait Catalog: TaskCatalog + EventCatalog + LinkCatalog + Send + Sync + 'static {
     /// Insert a new upload. Atomic; fails with `AlreadyExists` if the id is taken.
     async fn create_upload(&self, rec: &UploadRecord) -> CatalogResult<()>;
 

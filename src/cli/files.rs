@@ -69,17 +69,32 @@ pub struct RmArgs {
 }
 
 /// `ferry share ID`: print a signed URL that lets anyone holding it act on one file (no
-/// token needed) until it expires.
+/// token needed) until it expires. `ferry share ID…` with several files, a message, a
+/// passphrase or a download limit prints the page of a link the server keeps (`/l/ID`), which
+/// `ferry share --revoke LINK` turns off at once.
 #[derive(Debug, Args)]
 #[command(after_help = exit_codes_help())]
 pub struct ShareArgs {
     #[command(flatten)]
     pub conn: Connection,
-    /// File id.
-    pub id: String,
-    /// How long the URL is valid (e.g. 15m, 1h, 7d).
-    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
-    pub ttl: Duration,
+    /// File id(s); with --revoke, link id(s) or their URLs.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+    /// How long the URL is valid (e.g. 15m, 1h, 7d) [default: 1h; for a link 7d, at most 90d].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    #[command(flatten)]
+    pub link: super::links::LinkOptions,
+    /// At most this many downloads of the link (1: a one-time link); makes a link.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_downloads: Option<u32>,
+    /// Make a link the server keeps (a page listing the files, revocable) even for one file
+    /// with no other option.
+    #[arg(long = "link")]
+    pub as_link: bool,
+    /// Revoke the links named, at once (their pages, downloads and uploads stop).
+    #[arg(long, conflicts_with_all = ["ttl", "max_downloads", "as_link", "message", "passphrase_file", "passphrase_stdin", "passphrase_env"])]
+    pub revoke: bool,
     /// What the URL allows: `download` (GET) or `upload` (TUS HEAD/PATCH).
     #[arg(long, value_name = "SCOPE", default_value = "download", value_parser = ["download", "upload"])]
     pub scope: String,
@@ -328,8 +343,32 @@ async fn rm_one(client: &Client, store: Option<&super::store::Store>, id: &str, 
 
 pub fn share(args: ShareArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
-        let (client, id) = Client::new(&args.conn, READ_TIMEOUT)?.at_link(&args.id)?;
-        let ttl_ms = u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX);
+        if args.revoke {
+            return super::links::revoke(&Client::new(&args.conn, READ_TIMEOUT)?, args.retry_for, &args.ids).await;
+        }
+        if args.ids.len() > 1 || args.link.any() || args.max_downloads.is_some() || args.as_link {
+            if args.scope != "download" {
+                return Err(CliError::usage(
+                    "a link of several files (or with --message, a passphrase, --max-downloads) is for downloads; \
+                     --scope upload signs one file's URL",
+                ));
+            }
+            let client = Client::new(&args.conn, READ_TIMEOUT)?;
+            let mut ids = Vec::with_capacity(args.ids.len());
+            for l in &args.ids {
+                ids.push(client.file_id(l)?);
+            }
+            let ttl = args.ttl.unwrap_or(Duration::from_secs(7 * 24 * 3600));
+            return super::links::create(
+                &client,
+                args.retry_for,
+                super::links::NewLink { kind: "share", files: &ids, opts: &args.link, limits: (args.max_downloads, None), ttl },
+                args.json,
+            )
+            .await;
+        }
+        let (client, id) = Client::new(&args.conn, READ_TIMEOUT)?.at_link(&args.ids[0])?;
+        let ttl_ms = u64::try_from(args.ttl.unwrap_or(Duration::from_secs(3600)).as_millis()).unwrap_or(u64::MAX);
         if ttl_ms == 0 {
             return Err(CliError::usage("--ttl must be positive"));
         }

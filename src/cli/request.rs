@@ -21,9 +21,16 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct RequestArgs {
     #[command(flatten)]
     pub conn: Connection,
-    /// Name the file gets on the server (e.g. signed-contract.pdf).
-    pub name: String,
-    /// How long the link is valid, at most 7 days (e.g. 1h, 2d).
+    /// Name the file gets on the server (e.g. signed-contract.pdf); leave it out with --files.
+    #[arg(required_unless_present = "files")]
+    pub name: Option<String>,
+    /// Ask for up to N files of any names instead (a link the server keeps, `/l/ID`: a person
+    /// drops them, or a folder, at once).
+    #[arg(long, value_name = "N", conflicts_with = "name", value_parser = clap::value_parser!(u32).range(1..=200))]
+    pub files: Option<u32>,
+    #[command(flatten)]
+    pub link: super::links::LinkOptions,
+    /// How long the link is valid, at most 7 days, with --files 90 days (e.g. 1h, 2d).
     #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration)]
     pub ttl: Duration,
     /// Print the server's JSON (id, url, page_url, scope, expires_at, expires_at_ms) instead of
@@ -39,14 +46,27 @@ pub struct RequestArgs {
 pub fn run(args: RequestArgs) -> std::process::ExitCode {
     super::client::run_command(|| async move {
         let ttl_ms = u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX);
+        let Some(name) = args.name.clone().filter(|_| args.files.is_none() && !args.link.any()) else {
+            let client = Client::new(&args.conn, READ_TIMEOUT)?;
+            if args.name.is_some() {
+                return Err(CliError::usage("--message and a passphrase are for a request of several files: use --files N instead of NAME"));
+            }
+            return super::links::create(
+                &client,
+                args.retry_for,
+                super::links::NewLink { kind: "request", files: &[], opts: &args.link, limits: (None, args.files), ttl: args.ttl },
+                args.json,
+            )
+            .await;
+        };
         if ttl_ms == 0 || ttl_ms > crate::signing::MAX_URL_TTL_MS {
             return Err(CliError::usage("--ttl must be more than 0 and at most 7d"));
         }
-        if args.name.is_empty() || args.name.len() > 255 || args.name.chars().any(char::is_control) {
+        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Err(CliError::usage("NAME must be 1 to 255 bytes without control characters, e.g. signed-contract.pdf"));
         }
         let client = Client::new(&args.conn, READ_TIMEOUT)?;
-        let id = create_deferred(&client, &args.name, args.retry_for).await?;
+        let id = create_deferred(&client, &name, args.retry_for).await?;
         let path = format!("/files/{}/share", super::client::id_segment(&id)?);
         let req = serde_json::json!({ "scope": "upload", "ttl_ms": ttl_ms }).to_string();
         let body = client.api(&mut Retry::new(args.retry_for), reqwest::Method::POST, &path, &[], Some(req)).await?;
@@ -67,7 +87,7 @@ pub fn run(args: RequestArgs) -> std::process::ExitCode {
             return print_line(&v.to_string());
         }
         let until = shared.expires_at.map(|t| format!(", valid until {t}")).unwrap_or_default();
-        let name = crate::names::display_name(&args.name);
+        let name = crate::names::display_name(&name);
         match &shared.page_url {
             Some(page) => {
                 eprintln!(

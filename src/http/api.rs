@@ -49,6 +49,7 @@ pub fn routes() -> Router<AppState> {
         .route("/openapi.json", get(openapi_json))
         .route("/events", get(super::events::events))
         .route("/webhooks/deliveries", get(super::events::deliveries))
+        .merge(super::links::api_routes())
 }
 
 /// The OpenAPI 3.1 description of this API, generated from the handlers' annotations.
@@ -62,12 +63,14 @@ pub fn routes() -> Router<AppState> {
     ),
     paths(
         start_task, list_tasks, get_task, task_args, respond, cancel, report_progress, super::task_partials::append_partial, complete, fail,
-        list_files, file_info, share_file, super::zip::zip_files, openapi_json, super::events::events, super::events::deliveries
+        list_files, file_info, share_file, super::zip::zip_files, super::links::create_link, super::links::list_links,
+        super::links::get_link, super::links::revoke_link_post, openapi_json, super::events::events, super::events::deliveries
     ),
     components(schemas(
         TaskView, TaskList, super::task_partials::PartialResultsDoc, super::task_partials::FragmentDoc, super::task_partials::AppendBody,
         TaskStatusDoc, ProgressDoc, TaskErrorDoc, StartBody, InputBody, InputAnswer, CompleteBody, FailBody, FileView, DamageView, FileList,
-        ShareBody, ShareView, ProblemDoc, ErrorCodeDoc, PartialDoc, QuotaDoc, super::events::DeliveryList
+        ShareBody, ShareView, super::links::LinkBody, super::links::LinkView, super::links::LinkList, ProblemDoc, ErrorCodeDoc, PartialDoc,
+        QuotaDoc, super::events::DeliveryList
     )),
     modifiers(&DocExtras),
     security(("bearer" = [])),
@@ -75,6 +78,8 @@ pub fn routes() -> Router<AppState> {
         (name = "tasks", description = "Durable background jobs: start (idempotently), poll, answer \
                                         input, cancel; and the `external` producer's reports."),
         (name = "files", description = "Uploads and task artifacts: list and info. Download with GET /files/{id} (ranged)."),
+        (name = "links", description = "Links a person opens at /l/{id}: a share of several files or a request for \
+                                        several files, with a message, a passphrase, a download limit; revoked at once."),
         (name = "events", description = "Live events of the caller's uploads and tasks (Server-Sent Events) and webhook deliveries."),
         (name = "meta", description = "This document."),
     )
@@ -131,7 +136,7 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
     use serde_json::{json, Value};
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
     let limit = json!({ "type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT });
-    for path in ["/api/v1/files", "/api/v1/tasks"] {
+    for path in ["/api/v1/files", "/api/v1/tasks", "/api/v1/links"] {
         if let Some(params) = doc.pointer_mut(&format!("/paths/{}/get/parameters", path.replace('/', "~1"))).and_then(Value::as_array_mut) {
             for p in params.iter_mut().filter(|p| p["name"] == "limit") {
                 p["schema"] = limit.clone();
@@ -154,7 +159,7 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
     }
     // Every request body is an object of the members its schema lists: any other member is
     // refused by name (400), as a misspelt optional member would otherwise be ignored.
-    for name in ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody", "AppendPartial"] {
+    for name in ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody", "AppendPartial", "LinkBody"] {
         if let Some(body) = doc.pointer_mut(&format!("/components/schemas/{name}")).and_then(Value::as_object_mut) {
             body.insert("additionalProperties".into(), json!(false));
         }
@@ -183,6 +188,22 @@ pub fn document(with_tokens: bool, kinds: &[(String, Option<serde_json::Value>)]
         });
         share["properties"]["ttl_ms"]["minimum"] = json!(1);
         share["properties"]["ttl_ms"]["maximum"] = json!(crate::signing::MAX_URL_TTL_MS);
+    }
+    if let Some(link) = doc.pointer_mut("/components/schemas/LinkBody") {
+        link["properties"]["kind"] = json!({
+            "type": "string",
+            "enum": ["share", "request"],
+            "description": "`share` (people download `files`) or `request` (people upload files into it).",
+        });
+        link["properties"]["ttl_ms"]["minimum"] = json!(1);
+        link["properties"]["ttl_ms"]["maximum"] = json!(crate::app::links::MAX_LINK_TTL_MS);
+        link["properties"]["message"]["maxLength"] = json!(crate::app::links::MAX_MESSAGE_CHARS);
+        link["properties"]["files"]["maxItems"] = json!(crate::app::links::MAX_LINK_FILES);
+        link["properties"]["max_files"]["minimum"] = json!(1);
+        link["properties"]["max_files"]["maximum"] = json!(crate::app::links::MAX_LINK_FILES);
+        link["properties"]["max_downloads"]["minimum"] = json!(1);
+        link["properties"]["passphrase"]["minLength"] = json!(1);
+        link["properties"]["passphrase"]["maxLength"] = json!(crate::app::links::MAX_PASSPHRASE_BYTES);
     }
     if let Some(start) = doc.pointer_mut("/components/schemas/StartTask") {
         // Each kind's `args` as that kind's schema, the one the start checks them with
@@ -407,7 +428,7 @@ pub const MAX_LIST_LIMIT: u32 = 1000;
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
 
 /// `limit` query parameter: 1 to [`MAX_LIST_LIMIT`], default [`DEFAULT_LIST_LIMIT`].
-fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
+pub(super) fn limit(q: Result<Query<ListQuery>, QueryRejection>) -> Result<u32, Problem> {
     match q {
         Ok(Query(ListQuery { limit: None })) => Ok(DEFAULT_LIST_LIMIT),
         Ok(Query(ListQuery { limit: Some(n) })) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
@@ -468,7 +489,7 @@ static BODY_SCHEMAS: std::sync::LazyLock<std::collections::BTreeMap<&'static str
             kind.remove("enum");
         }
     }
-    ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody", "AppendPartial"]
+    ["StartTask", "InputResponse", "CompleteTask", "FailTask", "Progress", "ShareBody", "AppendPartial", "LinkBody"]
         .into_iter()
         .filter_map(|name| {
             let schema = serde_json::json!({ "$ref": format!("#/components/schemas/{name}"), "components": doc["components"] });
@@ -523,7 +544,7 @@ pub(super) fn checked_body<'a, T: Deserialize<'a>>(body: &'a [u8], schema: &str)
 
 /// An optional whole number (`ttl_ms`), also written with a zero fraction (`3600000.0`), as
 /// JSON Schema's `integer` allows.
-fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub(super) fn opt_whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let n: Option<serde_json::Number> = Option::deserialize(d)?;
     n.map(|n| crate::catalog::tasks::whole_number(&n).ok_or_else(|| serde::de::Error::custom(format!("expected a whole number ≥ 0, got {n}"))))
         .transpose()
@@ -715,7 +736,7 @@ async fn start_task(
 }
 
 #[derive(Deserialize)]
-struct ListQuery {
+pub(super) struct ListQuery {
     limit: Option<u32>,
 }
 

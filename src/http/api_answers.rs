@@ -154,6 +154,23 @@ pub const OPERATIONS: &[(&str, bool, &[Answer])] = &[
             a(500, Damaged, "A file's stored bytes were found damaged (`ferry check`); nothing is served."),
         ],
     ),
+    (
+        "create_link",
+        true,
+        &[
+            a(
+                422,
+                InvalidArgument,
+                "A body that fits the schema but not a link: a share without files or with `max_files`, a request with \
+                 files or `max_downloads`, a file listed twice, a control character in the message (named in `detail`).",
+            ),
+            a(404, NotFound, "A file of the share is not one of the caller's files."),
+            a(410, UploadExpired, "A file of the share expired before it was finished."),
+        ],
+    ),
+    ("list_links", false, &[a(400, InvalidArgument, "`limit` is not a whole number from 1 to 1000.")]),
+    ("get_link", false, &[a(404, NotFound, "No such link for this principal.")]),
+    ("revoke_link_post", false, &[a(404, NotFound, "No such link for this principal.")]),
     ("openapi", false, &[]),
     (
         "events",

@@ -23,6 +23,7 @@ mod download;
 mod events;
 mod health;
 pub(crate) mod hints;
+mod links;
 mod rufh;
 mod task_partials;
 pub(crate) mod tus;
@@ -164,7 +165,7 @@ where
         .route("/files/", post(tus::create).options(tus::options))
         .route("/files/{id}", get(download::get).head(tus::head).patch(tus::patch).delete(tus::terminate).options(tus::options))
         .route_layer(middleware::from_fn(tus::single_valued_headers));
-    let pages = if state.http.web { web::routes() } else { Router::new() };
+    let pages = if state.http.web { web::routes().merge(links::page_routes()) } else { Router::new() };
     let routes: Router = Router::new()
         .merge(files)
         .merge(pages)
@@ -312,7 +313,9 @@ async fn guard_origin(State(s): State<AppState>, req: Request, next: Next) -> Re
         .into_response();
     }
     let path = req.uri().path();
-    if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") {
+    // A link's POST and PATCH (its passphrase, its uploads) come from its own page only.
+    let link_write = links::is_link_route(path) && !matches!(*req.method(), Method::GET | Method::HEAD);
+    if path.starts_with("/api/") || path == "/mcp" || path.starts_with("/mcp/") || link_write {
         if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) {
             if !same_origin(&s.http.own_origins, origin, host) {
                 return Problem(Refusal::new(

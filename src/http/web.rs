@@ -79,6 +79,8 @@ static PAGE: Asset = Asset::new(include_bytes!("../../web/dist/page.html"), "tex
 static DASH: Asset = Asset::new(include_bytes!("../../web/dist/dash.html"), "text/html; charset=utf-8");
 static APP_JS: Asset = Asset::new(include_bytes!("../../web/dist/app.js"), "text/javascript; charset=utf-8");
 static HASH_JS: Asset = Asset::with_csp(include_bytes!("../../web/dist/hash.js"), "text/javascript; charset=utf-8", WORKER_CSP);
+static LINK_PAGE: Asset = Asset::new(include_bytes!("../../web/dist/link.html"), "text/html; charset=utf-8");
+static LINK_JS: Asset = Asset::new(include_bytes!("../../web/dist/link.js"), "text/javascript; charset=utf-8");
 static APP_CSS: Asset = Asset::new(include_bytes!("../../web/dist/app.css"), "text/css; charset=utf-8");
 
 /// Bytes of the page's first load (HTML + JS + CSS, and the hashing worker a request-a-file
@@ -94,11 +96,18 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/share/{id}", get(page))
         .route("/share/{id}/info", get(info))
         .route("/assets/app.js", get(|h: HeaderMap| async move { serve(&APP_JS, &h, "no-cache") }))
+        .route("/assets/link.js", get(|h: HeaderMap| async move { serve(&LINK_JS, &h, "no-cache") }))
         .route("/assets/hash.js", get(|h: HeaderMap| async move { serve(&HASH_JS, &h, "no-cache") }))
         .route("/assets/app.css", get(|h: HeaderMap| async move { serve(&APP_CSS, &h, "no-cache") }))
         // Every browser asks for it on every page. ferry has no icon: 204 (no content, cached
         // for a day) keeps the pages' consoles free of a 404 per visit.
         .route("/favicon.ico", get(|| async { (axum::http::StatusCode::NO_CONTENT, [(axum::http::header::CACHE_CONTROL, "public, max-age=86400")]) }))
+}
+
+/// The page of a catalog link (`/l/{id}`, issue 51): the same bytes for every link, never
+/// cached; `super::links` sets its status.
+pub(super) fn link_page(h: &HeaderMap) -> Response {
+    serve(&LINK_PAGE, h, "no-store")
 }
 
 /// Paths that need neither a token nor a signature of their own: the pages (static, no data;
@@ -213,7 +222,7 @@ mod tests {
 
     #[test]
     fn the_page_has_no_inline_script_and_weighs_little() {
-        for (name, asset) in [("page.html", &PAGE), ("dash.html", &DASH)] {
+        for (name, asset, script) in [("page.html", &PAGE, "app.js"), ("dash.html", &DASH, "app.js"), ("link.html", &LINK_PAGE, "link.js")] {
             let html = std::str::from_utf8(asset.bytes).unwrap();
             // No inline script (a `<script>` element with a body, an `on…=` handler attribute) or style.
             let handler = html.match_indices(" on").any(|(i, _)| {
@@ -221,7 +230,7 @@ mod tests {
                     && html[i + 3..].trim_start_matches(|c: char| c.is_ascii_alphabetic()).starts_with('=')
             });
             assert!(!html.contains("<script>") && !handler && !html.contains("style="), "inline script or style in {name}");
-            assert!(html.contains(r#"<script src="/assets/app.js""#), "{name}");
+            assert!(html.contains(&format!(r#"<script src="/assets/{script}""#)), "{name}");
         }
         // The worker's policy is the pages' plus WebAssembly compilation, nothing else.
         assert_eq!(WORKER_CSP, CSP.replace("script-src 'self';", "script-src 'self' 'wasm-unsafe-eval';"));

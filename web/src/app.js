@@ -5,22 +5,9 @@
 // innerHTML — so names and metadata always render as text.
 import Uppy from '@uppy/core'
 import Tus from '@uppy/tus'
-import { $, setText, setState, formatBytes, shortBytes, CHUNK_SIZE } from './util.js'
+import { $, setText, setState, formatBytes, shortBytes, formatTime, shown, CHUNK_SIZE } from './util.js'
 import { recall, startHashing, keeper } from './resume.js'
 import { dashboard } from './dashboard.js'
-
-const WHEN = new Intl.DateTimeFormat(undefined, { dateStyle: 'full', timeStyle: 'short' })
-const RELATIVE = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' })
-
-/** `Tuesday, December 8, 2026 at 1:40 AM (in 3 hours)`: a Unix time in ms as this browser's
- * locale writes it, in local time, with how far it is from now; `no limit` for none. */
-function formatTime(ms) {
-  if (ms == null) return 'no limit'
-  const secs = Math.round((ms - Date.now()) / 1000)
-  const abs = Math.abs(secs)
-  const [n, unit] = abs < 60 ? [secs, 'second'] : abs < 3600 ? [secs / 60, 'minute'] : abs < 2 * 86400 ? [secs / 3600, 'hour'] : [secs / 86400, 'day']
-  return `${WHEN.format(new Date(ms))} (${RELATIVE.format(Math.round(n), unit)})`
-}
 
 function show(section) {
   for (const s of ['problem', 'upload', 'download']) $(s).hidden = s !== section
@@ -332,12 +319,6 @@ function rateMeter() {
       return `sent at ${shortBytes((last.bytes - first.bytes) / ((last.t - first.t) / 1000))}/s on average`
     },
   }
-}
-
-/** A file's name as people may see it: the server's `display_name` (control and bidi
- * characters replaced by U+FFFD), else its id. */
-function shown(f) {
-  return f.display_name || f.name || f.id
 }
 
 /** The HTTP status behind a tus-js-client error, if it had an answer. */

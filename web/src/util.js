@@ -1,4 +1,4 @@
-// Helpers shared by the link pages (app.js) and the dashboard (dashboard.js).
+// Helpers shared by the link pages (app.js, link.js) and the dashboard (dashboard.js).
 
 export const $ = (id) => document.getElementById(id)
 export const setText = (id, value) => {
@@ -39,5 +39,24 @@ export function formatBytes(n) {
 export function shortBytes(n) {
   const [v, unit] = scaled(n)
   return unit === 'B' ? `${Math.round(n)} B` : `${v.toFixed(1)} ${unit}`
+}
+
+const WHEN = new Intl.DateTimeFormat(undefined, { dateStyle: 'full', timeStyle: 'short' })
+const RELATIVE = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' })
+
+/** `Tuesday, December 8, 2026 at 1:40 AM (in 3 hours)`: a Unix time in ms as this browser's
+ * locale writes it, in local time, with how far it is from now; `no limit` for none. */
+export function formatTime(ms) {
+  if (ms == null) return 'no limit'
+  const secs = Math.round((ms - Date.now()) / 1000)
+  const abs = Math.abs(secs)
+  const [n, unit] = abs < 60 ? [secs, 'second'] : abs < 3600 ? [secs / 60, 'minute'] : abs < 2 * 86400 ? [secs / 3600, 'hour'] : [secs / 86400, 'day']
+  return `${WHEN.format(new Date(ms))} (${RELATIVE.format(Math.round(n), unit)})`
+}
+
+/** A file's name as people may see it: the server's `display_name` (control and bidi
+ * characters replaced by U+FFFD), else its id. */
+export function shown(f) {
+  return f.display_name || f.name || f.id
 }
 
