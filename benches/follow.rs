@@ -87,7 +87,11 @@ async fn create(c: &reqwest::Client, s: &Server, size: u64) -> String {
     let r = c.post(format!("{}/files/", s.base)).header("Tus-Resumable", "1.0.0").header("Upload-Length", size.to_string()).send().await.unwrap();
     assert_eq!(r.status(), 201, "create");
     let loc = r.headers()["location"].to_str().unwrap().to_string();
-    if loc.starts_with("http") { loc } else { format!("{}{loc}", s.base) }
+    if loc.starts_with("http") {
+        loc
+    } else {
+        format!("{}{loc}", s.base)
+    }
 }
 
 async fn patch(c: &reqwest::Client, url: &str, pool: &Bytes, size: u64) {

@@ -16,8 +16,10 @@ use http_body_util::BodyExt as _;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use super::client::{describe, header_str, id_of, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Retry, EXIT_FAILURE, EXIT_VERIFY};
-use super::download::{disposition_filename, output_for, part_path, replace, DownloadArgs, Done, Output, Probe};
+use super::client::{
+    describe, header_str, id_of, print_line, repr_digest_sha256, stdout_error, typed_header, CliError, Client, Retry, EXIT_FAILURE, EXIT_VERIFY,
+};
+use super::download::{disposition_filename, output_for, part_path, replace, Done, DownloadArgs, Output, Probe};
 use super::progress::Progress;
 use ferry_tus::ContentRange;
 
@@ -74,7 +76,9 @@ pub async fn execute(args: DownloadArgs) -> Result<(), CliError> {
     };
     let write_error = |e: std::io::Error| match &output {
         Output::Stdout => stdout_error(&e),
-        Output::Direct(p) | Output::Part(p) | Output::Verified(p) => CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display())),
+        Output::Direct(p) | Output::Part(p) | Output::Verified(p) => {
+            CliError::new(EXIT_FAILURE, format!("writing the download to {}: {e}", p.display()))
+        }
     };
     let mut out = open(&output).await.map_err(write_error)?;
     let progress = Progress::new(&label, total.unwrap_or(0), 0, args.quiet);

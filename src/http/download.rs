@@ -312,7 +312,11 @@ async fn follow(s: &AppState, rec: &UploadRecord, h: &HeaderMap, head: bool, att
                 416,
                 ErrorCode::InvalidArgument,
                 format!("the range is outside the upload's declared {len} bytes"),
-                if len == 0 { "The upload is empty: request it without a Range header.".to_string() } else { format!("Request a range within bytes 0-{}.", len - 1) },
+                if len == 0 {
+                    "The upload is empty: request it without a Range header.".to_string()
+                } else {
+                    format!("Request a range within bytes 0-{}.", len - 1)
+                },
             ))
             .into_response();
             if let Some(cr) = outcome.content_range(len) {

@@ -50,7 +50,9 @@ pub enum Followed {
     Bytes(Bytes),
     /// The upload finished and every byte asked for was sent: its sha256 (all of the file's
     /// bytes, whatever range was asked for), as the engine checked it at completion.
-    Whole { sha256: [u8; 32] },
+    Whole {
+        sha256: [u8; 32],
+    },
 }
 
 /// A follow's items; an `Err` ends it (the transport must then end its answer as a failure).
