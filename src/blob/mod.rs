@@ -363,6 +363,15 @@ pub trait BlobStore: Send + Sync + 'static {
         false
     }
 
+    /// Whether [`BlobStore::read`] serves an unfinished blob's committed bytes (fs: they are
+    /// in place, durable, readable at once). `false` for a store that can read only a finished
+    /// object (S3: the parts of a multipart upload cannot be read before it is completed), so a
+    /// follower of an unfinished upload waits for its completion
+    /// ([`crate::upload::UploadEngine::follow`]).
+    fn reads_unfinished(&self) -> bool {
+        false
+    }
+
     /// Bytes of the local disk that opening a writer at `offset` frees: what the blob holds past
     /// `offset`, which the writer discards (bytes of a writer killed mid-PATCH). `0` for a store
     /// that does not keep blobs on the local disk, or when it cannot tell.

@@ -1,4 +1,5 @@
-//! `ferry download ID|URL [-o PATH]`: a resumable, verified download.
+//! `ferry download ID|URL [-o PATH]`: a resumable, verified download (`--follow`, of a file
+//! still arriving: [`super::follow`]).
 //!
 //! Bytes go to `PATH.part`; next to it `PATH.part.json` remembers the URL and the strong
 //! `ETag` they came from. A re-run (or a retry after a dropped connection) asks only for the
@@ -69,6 +70,12 @@ pub struct DownloadArgs {
     /// against (without it such a download fails with exit code 4).
     #[arg(long)]
     pub no_verify: bool,
+    /// Download a file that may still be arriving (an upload in progress, a task's output
+    /// being written): its bytes as they are committed, until it is complete; then its sha256
+    /// (the server's `Repr-Digest` trailer) is checked. Fails (exit 4) when the file is
+    /// abandoned, terminated or expires before it is complete.
+    #[arg(long, conflicts_with = "no_verify")]
+    pub follow: bool,
 }
 
 /// Run `ferry download`; returns the process exit code.
@@ -77,13 +84,14 @@ pub fn run(args: DownloadArgs) -> std::process::ExitCode {
 }
 
 /// What the server says about the file before the transfer.
-struct Probe {
-    total: u64,
-    etag: Option<String>,
-    sha256: Option<String>,
-    filename: Option<String>,
+#[derive(Clone)]
+pub(super) struct Probe {
+    pub(super) total: u64,
+    pub(super) etag: Option<String>,
+    pub(super) sha256: Option<String>,
+    pub(super) filename: Option<String>,
     /// `Content-Type`'s media type, for messages.
-    content_type: Option<String>,
+    pub(super) content_type: Option<String>,
 }
 
 /// Sidecar of a partial download.
@@ -94,15 +102,15 @@ struct PartInfo {
 }
 
 #[derive(Serialize)]
-struct Done {
-    path: String,
-    url: String,
-    size: u64,
-    sha256: String,
+pub(super) struct Done {
+    pub(super) path: String,
+    pub(super) url: String,
+    pub(super) size: u64,
+    pub(super) sha256: String,
     /// Bytes of `PATH.part` kept from an earlier run.
-    resumed_from: u64,
+    pub(super) resumed_from: u64,
     /// Bytes received by this run.
-    received: u64,
+    pub(super) received: u64,
 }
 
 /// The sha256 of a local file, lowercase hex (a local check, not transfer: no progress).
@@ -121,7 +129,7 @@ async fn sha256_of(path: &Path) -> Result<String, CliError> {
 }
 
 /// Where the bytes go.
-enum Output {
+pub(super) enum Output {
     /// Nothing to do: PATH is already the server's file.
     Verified(PathBuf),
     Stdout,
@@ -157,7 +165,7 @@ fn follow_symlinks(path: &Path) -> Result<PathBuf, CliError> {
 /// Decide what to do with the output path (see the module docs). An existing regular file
 /// that already is the server's file (same length, same sha256 as its `Repr-Digest`) needs
 /// nothing: [`Output::Verified`].
-async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, CliError> {
+pub(super) async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, CliError> {
     use std::os::unix::fs::FileTypeExt as _;
     let resolved = follow_symlinks(path)?;
     let md = match std::fs::metadata(&resolved) {
@@ -211,6 +219,9 @@ async fn output_for(path: &Path, force: bool, probe: &Probe) -> Result<Output, C
 }
 
 async fn execute(args: DownloadArgs) -> Result<(), CliError> {
+    if args.follow {
+        return super::follow::execute(args).await;
+    }
     let mut client = Client::new(&args.conn, READ_TIMEOUT)?;
     let url = client.file_url(&args.target)?;
     // A URL of another server (a signed link): the first contact goes to that one.
@@ -307,7 +318,7 @@ async fn execute(args: DownloadArgs) -> Result<(), CliError> {
 /// Rename the verified `part` to `path`, which must be missing or a regular file (never a
 /// symlink, device or FIFO that appeared since); a replaced file's mode (and owner, when
 /// allowed) carry over.
-fn replace(part: &Path, path: &Path) -> Result<(), CliError> {
+pub(super) fn replace(part: &Path, path: &Path) -> Result<(), CliError> {
     use std::os::unix::fs::MetadataExt as _;
     let fail = |e: std::io::Error| CliError::new(EXIT_FAILURE, format!("cannot rename {} to {}: {e}", part.display(), path.display()));
     match std::fs::symlink_metadata(path) {
@@ -330,7 +341,7 @@ fn replace(part: &Path, path: &Path) -> Result<(), CliError> {
 }
 
 /// `PATH.part`.
-fn part_path(path: &Path) -> PathBuf {
+pub(super) fn part_path(path: &Path) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".part");
     PathBuf::from(s)
@@ -388,7 +399,7 @@ async fn probe(client: &Client, retry: &mut Retry, url: &reqwest::Url) -> Result
 
 /// A safe local file name from `Content-Disposition` (RFC 6266 §4.3): `filename*` (RFC 8187,
 /// UTF-8) over `filename`; only the last path component, never `.`/`..` or hidden.
-fn disposition_filename(cd: &str) -> Option<String> {
+pub(super) fn disposition_filename(cd: &str) -> Option<String> {
     let mut plain = None;
     let mut ext = None;
     for param in cd.split(';').skip(1) {

@@ -6,6 +6,7 @@
 pub mod client;
 pub mod download;
 pub mod files;
+pub mod follow;
 pub mod links;
 pub mod progress;
 pub mod request;

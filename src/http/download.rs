@@ -17,7 +17,9 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use super::{tus_headers, AppState, Problem};
 use crate::app::Principal;
 use crate::catalog::UploadRecord;
+use crate::upload::Followed;
 use axum::Extension;
+use http_body::Frame;
 
 /// Strong ETag of a finished upload: its sha256 in hex, quoted.
 pub fn etag(sha256: &[u8; 32]) -> String {
@@ -153,8 +155,14 @@ pub(super) async fn head(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri,
 /// The one decision path of [`get`] and [`head`]: the same status and headers; the body (the
 /// bytes) only for a GET.
 async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &HeaderMap, head: bool) -> Result<Response, Problem> {
-    let attachment = uri.query().is_some_and(|q| q.split('&').any(|pair| pair == "download=1"));
+    let attachment = query_flag(uri, "download");
     ferry_tus::check_version(Verb::Get, super::tus::header(h, "tus-resumable"))?;
+    if query_flag(uri, "follow") {
+        let rec = s.engine.get(p, id).await?;
+        if !rec.is_finished() {
+            return follow(s, &rec, h, head, attachment).await;
+        }
+    }
     // An upload whose bytes are all stored but that is not finished is finished first; while
     // it cannot be, 503 + Retry-After (what download clients retry on), not 409.
     let rec = match s.engine.get_finished_or_finish(p, id).await {
@@ -189,21 +197,136 @@ async fn answer(s: &AppState, p: &str, id: &str, uri: &axum::http::Uri, h: &Head
         res.headers_mut().extend(headers);
         return Ok(res);
     }
-    let stream = s.engine.read(&rec, range.clone()).await?;
-    // `ferry_bytes_sent_total`: counted as the server hands each chunk to the connection.
+    let stream = counted(s, &rec.id, s.engine.read(&rec, range.clone()).await?);
+    let mut res = (status, Body::from_stream(stream)).into_response();
+    res.headers_mut().extend(headers);
+    Ok(res)
+}
+
+/// Whether the query has `NAME=1` (`?download=1`, `?follow=1`).
+fn query_flag(uri: &axum::http::Uri, name: &str) -> bool {
+    uri.query().is_some_and(|q| q.split('&').any(|pair| pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) == Some("1")))
+}
+
+/// `GET /files/{id}?follow=1` of upload `rec`, which is not finished yet: `200` (or `206` for
+/// a single `Range` of an upload whose length is declared) whose body is the bytes committed
+/// so far, then each new commit as it becomes durable, until the upload finishes
+/// ([`crate::upload::UploadEngine::follow`]). No `Content-Length` (HTTP/1.1: chunked), no
+/// `ETag`, `Cache-Control: no-store`; `Trailer: Repr-Digest` is declared and the body ends with
+/// the whole file's `Repr-Digest: sha-256=:…:` (RFC 9530) as a trailer field — on HTTP/1.1 only
+/// when the request says `TE: trailers` (RFC 9110 §10.1.4; hyper sends no trailer otherwise),
+/// always on HTTP/2. A follow that cannot end with the whole file (terminated, expired, refused
+/// at completion, rolled back, server shutting down) ends the body as a failure: the chunked
+/// encoding is never terminated (HTTP/1.1, the connection is closed) or the stream is reset
+/// (HTTP/2), so no client takes a short body for the file.
+///
+/// A `Range` whose bytes are all committed already, on a store that reads unfinished uploads
+/// (files), is an ordinary `206` with `Content-Length` (no trailer). `If-Range` never matches
+/// (the file has no ETag yet: the whole body follows); `If-Match` other than `*` → 412. A
+/// `Range` on an upload of deferred length is ignored (200, the whole body).
+async fn follow(s: &AppState, rec: &UploadRecord, h: &HeaderMap, head: bool, attachment: bool) -> Result<Response, Problem> {
+    let mut headers = HeaderMap::new();
+    super::tus::upload_headers(&mut headers, rec);
+    representation_headers(&mut headers, rec, attachment);
+    headers.remove("last-modified");
+    let fields = ["if-match", "if-none-match", "range", "if-range"].map(|n| combined(h, n));
+    let [if_match, if_none_match, range, if_range] = fields.each_ref().map(Option::as_deref);
+    let conditions = ferry_tus::Conditions { if_match, if_unmodified_since: None, if_none_match, if_modified_since: None, range, if_range };
+    // No validator yet: only `*` names the upload, and `If-Range` never holds.
+    let outcome = match rec.length {
+        Some(len) => ferry_tus::select_range(&conditions, len, "", ""),
+        None => ferry_tus::select_range(&ferry_tus::Conditions { range: None, ..conditions }, 0, "", ""),
+    };
+    let len = rec.length.unwrap_or(0);
+    let (status, start, end) = match outcome {
+        RangeOutcome::Whole => (StatusCode::OK, 0, None),
+        RangeOutcome::Partial { start, end_inclusive } => (StatusCode::PARTIAL_CONTENT, start, Some(end_inclusive + 1)),
+        RangeOutcome::NotModified => {
+            let mut res = StatusCode::NOT_MODIFIED.into_response();
+            res.headers_mut().extend(headers);
+            return Ok(res);
+        }
+        RangeOutcome::PreconditionFailed => {
+            return Err(Refusal::new(
+                412,
+                ErrorCode::Conflict,
+                "the upload is not finished: it has no ETag yet, so If-Match names another file",
+                "Send the request without If-Match, or wait until the upload is finished.",
+            )
+            .into())
+        }
+        RangeOutcome::Unsatisfiable => {
+            let mut res = Problem(Refusal::new(
+                416,
+                ErrorCode::InvalidArgument,
+                format!("the range is outside the upload's declared {len} bytes"),
+                if len == 0 {
+                    "The upload is empty: request it without a Range header.".to_string()
+                } else {
+                    format!("Request a range within bytes 0-{}.", len - 1)
+                },
+            ))
+            .into_response();
+            if let Some(cr) = outcome.content_range(len) {
+                res.headers_mut().insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+            }
+            return Ok(res);
+        }
+    };
+    if let Some(cr) = outcome.content_range(len) {
+        headers.insert("content-range", HeaderValue::from_str(&cr).expect("ascii"));
+    }
+    headers.insert("cache-control", HeaderValue::from_static("no-store"));
+    tus_headers(&mut headers);
+    // A range of committed bytes: read as they are, like a finished file's.
+    if let Some(end) = end.filter(|e| *e <= rec.offset && s.engine.reads_unfinished()) {
+        headers.insert("content-length", HeaderValue::from(end - start));
+        let body = if head { Body::empty() } else { Body::from_stream(counted(s, &rec.id, s.engine.read(rec, start..end).await?)) };
+        let mut res = (status, body).into_response();
+        res.headers_mut().extend(headers);
+        return Ok(res);
+    }
+    headers.insert("trailer", HeaderValue::from_static("repr-digest"));
+    if head {
+        let body = Body::from_stream(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>());
+        let mut res = (status, body).into_response();
+        res.headers_mut().extend(headers);
+        return Ok(res);
+    }
+    let sent = s.metrics.bytes_sent.clone();
+    let id = rec.id.clone();
+    let frames = futures::StreamExt::map(s.engine.follow(rec, start, end), move |item| match item {
+        Ok(Followed::Bytes(chunk)) => {
+            sent.inc_by(chunk.len() as u64);
+            Ok(Frame::data(chunk))
+        }
+        Ok(Followed::Whole { sha256 }) => {
+            let mut trailers = HeaderMap::new();
+            let digest = ferry_tus::ReprDigest::from_sha256(sha256).to_string();
+            trailers.insert("repr-digest", HeaderValue::from_str(&digest).expect("ascii"));
+            Ok(Frame::trailers(trailers))
+        }
+        Err(e) => {
+            tracing::warn!(upload = id, error = %e, "a followed download ended without the whole file");
+            Err(e)
+        }
+    });
+    let mut res = (status, Body::new(http_body_util::StreamBody::new(frames))).into_response();
+    res.headers_mut().extend(headers);
+    Ok(res)
+}
+
+/// `stream` counted into `ferry_bytes_sent_total` as each chunk is handed to the connection,
+/// and a read that fails mid-body logged: the body then ends early, the log says why.
+fn counted(s: &AppState, id: &str, stream: crate::blob::ByteStream) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
     let sent = s.metrics.bytes_sent.clone();
     let stream = futures::TryStreamExt::inspect_ok(stream, move |chunk| {
         sent.inc_by(chunk.len() as u64);
     });
-    // A read that fails mid-body (the blob store stopped answering) ends the response early;
-    // the client sees a short body, the log says why.
-    let id = rec.id.clone();
-    let stream = futures::TryStreamExt::inspect_err(stream, move |e| {
+    let id = id.to_string();
+    futures::TryStreamExt::inspect_err(stream, move |e| {
         tracing::warn!(upload = id, error = %e, "a download stopped: reading the upload's bytes failed");
-    });
-    let mut res = (status, Body::from_stream(stream)).into_response();
-    res.headers_mut().extend(headers);
-    Ok(res)
+    })
 }
 
 /// What [`select`] decided.

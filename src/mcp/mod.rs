@@ -408,16 +408,24 @@ impl FerryMcp {
         Ok(r)
     }
 
+    /// A signed URL of file `a.file_id`; of an unfinished one (still arriving, or a task's
+    /// output being written), a URL that follows it (`&follow=1`: the bytes as they are
+    /// committed, then the file's sha256 as a trailer) and `follows: true`.
     async fn download_url(&self, p: &str, a: UrlArg) -> Outcome {
-        let r = self.finished(p, &a.file_id).await?;
+        let r = match self.finished(p, &a.file_id).await {
+            Err(e) if e.code == ErrorCode::UploadIncomplete => self.state.engine.get(p, &a.file_id).await?,
+            r => r?,
+        };
         let ttl = a.ttl_ms.unwrap_or(DOWNLOAD_URL_TTL_MS);
         if !(1..=crate::signing::MAX_URL_TTL_MS).contains(&ttl) {
             return Err(invalid("ttl_ms must be from 1 to 604800000 (7 days)", "Omit ttl_ms for one hour."));
         }
         let s = self.state.links.signed(Scope::Download, &r.id, ttl, now_ms());
+        let follows = !r.is_finished();
+        let (download_url, page_url) = if follows { (format!("{}&follow=1", s.url), None) } else { (s.url, s.page_url) };
         let (file, link) = handle(&r);
         Ok(result(
-            &UrlOut { status: OkStatus::Ok, download_url: s.url, page_url: s.page_url, expires_at: crate::upload::rfc3339(s.expires_at_ms), file },
+            &UrlOut { status: OkStatus::Ok, download_url, page_url, follows, expires_at: crate::upload::rfc3339(s.expires_at_ms), file },
             vec![link],
             false,
         ))
@@ -1472,7 +1480,14 @@ mod schema_tests {
             check("file_status", &file_out(&r))?;
             check("file_upload_chunk", &file_out(&r))?;
             check("file_list", &result(&ListOut { status: OkStatus::Ok, files: vec![handle(&r).0] }, vec![], false))?;
-            let url = UrlOut { status: OkStatus::Ok, download_url: "u".into(), page_url: page.clone(), expires_at: "t".into(), file: handle(&r).0 };
+            let url = UrlOut {
+                status: OkStatus::Ok,
+                download_url: "u".into(),
+                page_url: page.clone(),
+                follows: false,
+                expires_at: "t".into(),
+                file: handle(&r).0,
+            };
             check("file_download_url", &result(&url, vec![], false))?;
             let (curl, curl_resume) = curl_lines(r.length.is_none());
             let begin = BeginOut {

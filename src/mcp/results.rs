@@ -171,6 +171,12 @@ pub struct UrlOut {
     /// server runs with `--no-web`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub page_url: Option<String>,
+    /// True when the file is not finished yet: the URL follows it (`follow=1`), sending the
+    /// bytes as they arrive and ending once the file is complete, with its sha256 as the
+    /// `Repr-Digest` trailer (curl: send `TE: trailers`); it fails, never ends short, if the
+    /// file is abandoned. Absent for a finished file.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub follows: bool,
     /// RFC 3339.
     pub expires_at: String,
     pub file: FileSummary,

@@ -165,7 +165,10 @@ pub fn catalogue(commands: &[crate::app::CommandTool], max_chunk: u64) -> (Vec<T
         tool(
             "file_download_url".into(),
             "Signed download URL",
-            "A URL that downloads the finished file without a token (curl, a browser; supports Range) until it expires.".into(),
+            "A URL that downloads the file without a token (curl, a browser; supports Range) until it expires. \
+             For a file still arriving (an upload in progress, a task's output being written) the URL follows it: \
+             bytes as they arrive, ending when the file is complete (follows: true)."
+                .into(),
             object(
                 json!({
                     "file_id": file_id(),

@@ -563,6 +563,7 @@ impl Appender {
             self.commit_unknown |= matches!(e, CatalogError::Unavailable(_));
             return Err(self.engine.fenced(&self.rec.id, e));
         }
+        self.engine.commits.tell(&self.rec.id, Some(cp.offset));
         let rec = &mut self.rec;
         rec.offset = cp.offset;
         rec.hash_state.clone_from(&cp.hash_state);

@@ -158,6 +158,7 @@ impl UploadEngine {
         } else {
             self.catalog.checkpoint(&rec.id, fence, &cp).await.map_err(|e| self.fenced(&rec.id, e))?;
         }
+        self.commits.tell(&rec.id, Some(cursor.offset));
         let rec = self.get(principal, &cursor.id).await?;
         let app = Appender::open(self, rec, cursor.offset, None, None, &slot).await?;
         Ok(FileWriter { app, principal: principal.to_string(), space: Default::default(), reserved: None, name, media_type, _slot: slot })

@@ -228,6 +228,7 @@ impl UploadEngine {
             now_ms: now,
         };
         self.catalog.checkpoint(&rec.id, fence, &cp).await.map_err(|e| self.fenced(&rec.id, e))?;
+        self.commits.tell(&rec.id, Some(total));
         self.fences.forget(&rec.id);
         self.metrics.uploads_finished.inc();
         Ok(true)
@@ -289,6 +290,7 @@ impl UploadEngine {
             now_ms: now,
         };
         self.catalog.checkpoint(&rec.id, fence, &cp).await?;
+        self.commits.tell(&rec.id, Some(len));
         Ok(())
     }
 

@@ -26,6 +26,7 @@ pub mod describe;
 mod exhausted;
 mod files;
 pub mod finishing;
+pub mod follow;
 pub mod hash;
 pub mod hooks;
 pub mod locks;
@@ -38,6 +39,7 @@ pub use chunk::{ChunkError, ChunkStream, WholeChunk};
 pub use concat::failed_final;
 pub use describe::{check_metadata, describe, describe_raw, metadata_from_json, metadata_json, Description, MAX_METADATA_BYTES};
 pub use files::{FileCursor, FileHandle, FileWriter};
+pub use follow::{FollowStream, Followed};
 use hash::RunningSha256;
 use locks::{Lease, LocalLocker, LockError, Locker, Want};
 pub use quota::{Limits, PrincipalLimits};
@@ -146,6 +148,8 @@ pub struct UploadEngine {
     /// Blobs the store held with no row when last looked, and since when: removed once still
     /// without one [`removal::STRAY_GRACE`] later ([`UploadEngine::remove_strays`]).
     pub(crate) strays: std::sync::Mutex<removal::Strays>,
+    /// This process's commits, told to the followers of the uploads they follow.
+    pub(crate) commits: follow::Commits,
 }
 
 pub use crate::clock::now_ms;
@@ -222,6 +226,7 @@ impl UploadEngine {
             fences: locks::FenceCache::default(),
             checked: Default::default(),
             strays: Default::default(),
+            commits: Default::default(),
         })
     }
 
@@ -715,6 +720,12 @@ impl UploadEngine {
             }
             r => Ok(r?),
         }
+    }
+
+    /// Whether an unfinished upload's committed bytes can be read ([`UploadEngine::read`]) before
+    /// it finishes: the blob store's [`crate::blob::BlobStore::reads_unfinished`].
+    pub fn reads_unfinished(&self) -> bool {
+        self.blobs.reads_unfinished()
     }
 
     /// The damage mark of finished upload `rec` (`ferry check --repair-catalog`, or a read that

@@ -61,6 +61,7 @@ impl UploadEngine {
     /// removal of its bytes in the same transaction): its bytes are then named by nothing.
     pub(super) async fn delete_row(&self, id: &str) -> CatalogResult<Unreferenced> {
         self.catalog.delete_upload(id).await?;
+        self.commits.tell(id, None);
         Ok(Unreferenced::vouched(id))
     }
 

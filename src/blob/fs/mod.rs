@@ -228,6 +228,11 @@ impl BlobStore for FsBlobStore {
         !self.durable
     }
 
+    /// Committed bytes are in the file, in place: a follower reads them as they come.
+    fn reads_unfinished(&self) -> bool {
+        true
+    }
+
     async fn held_past(&self, id: &str, offset: u64) -> u64 {
         match self.len(id).await {
             Ok(Some(len)) => len.saturating_sub(offset),
