@@ -5,6 +5,11 @@
 //! and the read cache. The statements are written once for both catalogs in `statements.rs`
 //! (rendered for SQLite by `dialect.rs`); decoders and the rest both share are in `sql.rs`;
 //! tasks and events are in `sqlite_tasks.rs`, `sqlite_events.rs`.
+//!
+//! One file of ~910 lines because it is the one implementation of the upload half of the
+//! [`Catalog`] trait for SQLite, kept beside its PostgreSQL twin (`postgres.rs`) method for
+//! method so the two are read side by side; what they share already lives in `statements.rs`
+//! and `sql.rs`.
 
 use std::path::Path;
 use std::str::FromStr;

@@ -574,9 +574,9 @@ async def scenario_errors() -> dict[str, Any]:
         r = await tool("file_read_chunk", {"file_id": fid})
         envelope(r, "upload_incomplete", "file_read_chunk on an unfinished file", cursor=1000)
 
-        # upload_incomplete: a download URL for an unfinished upload → cursor = offset.
-        r = await tool("file_download_url", {"file_id": fid})
-        envelope(r, "upload_incomplete", "file_download_url on an unfinished upload", cursor=1000)
+        # A download URL for an unfinished upload follows it (issue 51): bytes as they arrive.
+        u = ok(await tool("file_download_url", {"file_id": fid}), "file_download_url on an unfinished upload")
+        check(u["follows"] is True and "follow=1" in u["download_url"], "the URL of an unfinished file follows it", u)
 
         # size_exceeded: a chunk past the declared size, and a size above --max-size.
         r = await tool("file_upload_chunk", {"file_id": fid, "offset": 1000, "data": b64(data[1000:2000])})
