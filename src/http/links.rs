@@ -371,25 +371,36 @@ async fn download(State(s): State<AppState>, Path((id, file)): Path<(String, Str
     let l = usable(&s, &id, &h, false).await?;
     share_only(&l)?;
     listed(&l, &file)?;
-    let mut grant = None;
     // A file still arriving gets the download's own answer (409) and costs no download; one
     // whose bytes are all in (finished, or about to be) counts.
     let rec = s.engine.get(&l.principal, &file).await?;
     let whole = rec.is_finished() || rec.length == Some(rec.offset);
-    if whole && !granted(&s, &h, "download", &l) {
-        // Counted before the first byte (one compare-and-set: replicas never hand out more
-        // than the limit); a GET that fails after (a file gone) keeps it counted.
-        if !s.engine.catalog.take_download(&l.id, now_ms()).await.map_err(Refusal::from)? {
-            let fresh = links::get(&s, &id).await?;
-            return Err(Problem(links::refusal(&fresh, now_ms()).unwrap_or_else(Refusal::not_found)));
-        }
-        grant = Some(s.links.signer().grant("download", &l.id, now_ms().div_euclid(1000) + DOWNLOAD_GRANT_SECS));
+    let grant = count_download(&s, &h, &l, whole).await?;
+    let res = super::download::get(State(s.clone()), Extension(Principal(l.principal.clone())), Path(file), uri, h).await?;
+    Ok(with_grant(res, &l, grant))
+}
+
+/// Count one download of share `l` when `counts` and the visitor has no download grant yet,
+/// and return the grant to hand out. Counted before the first byte (one compare-and-set:
+/// replicas never hand out more than the limit); an answer that fails after keeps it counted.
+/// Errors: 410 (or 404) with what to do next when the link's downloads are all taken.
+async fn count_download(s: &AppState, h: &HeaderMap, l: &LinkRecord, counts: bool) -> Result<Option<String>, Problem> {
+    if !counts || granted(s, h, "download", l) {
+        return Ok(None);
     }
-    let mut res = super::download::get(State(s.clone()), Extension(Principal(l.principal.clone())), Path(file), uri, h).await?;
+    if !s.engine.catalog.take_download(&l.id, now_ms()).await.map_err(Refusal::from)? {
+        let fresh = links::get(s, &l.id).await?;
+        return Err(Problem(links::refusal(&fresh, now_ms()).unwrap_or_else(Refusal::not_found)));
+    }
+    Ok(Some(s.links.signer().grant("download", &l.id, now_ms().div_euclid(1000) + DOWNLOAD_GRANT_SECS)))
+}
+
+/// `res` with the download grant's cookie (if one was handed out), never stored by a cache.
+fn with_grant(mut res: Response, l: &LinkRecord, grant: Option<String>) -> Response {
     if let Some(token) = grant {
         res.headers_mut().append("set-cookie", grant_cookie("download", &l.id, &token, DOWNLOAD_GRANT_SECS));
     }
-    Ok(no_store(res))
+    no_store(res)
 }
 
 fn share_only(l: &LinkRecord) -> Result<(), Problem> {
@@ -507,20 +518,10 @@ async fn zip(State(s): State<AppState>, Path(id): Path<String>, h: HeaderMap) ->
     for f in &l.files {
         files.push(s.engine.get(&l.principal, f).await?);
     }
-    let mut grant = None;
     // A share with a file still arriving gets the zip's own answer (409) and costs no download.
-    if files.iter().all(|r| r.is_finished()) && !granted(&s, &h, "download", &l) {
-        if !s.engine.catalog.take_download(&l.id, now_ms()).await.map_err(Refusal::from)? {
-            let fresh = links::get(&s, &id).await?;
-            return Err(Problem(links::refusal(&fresh, now_ms()).unwrap_or_else(Refusal::not_found)));
-        }
-        grant = Some(s.links.signer().grant("download", &l.id, now_ms().div_euclid(1000) + DOWNLOAD_GRANT_SECS));
-    }
-    let mut res = super::zip::serve_zip(&s, files, &format!("ferry-{}", l.id), &h).await?;
-    if let Some(token) = grant {
-        res.headers_mut().append("set-cookie", grant_cookie("download", &l.id, &token, DOWNLOAD_GRANT_SECS));
-    }
-    Ok(no_store(res))
+    let grant = count_download(&s, &h, &l, files.iter().all(|r| r.is_finished())).await?;
+    let res = super::zip::serve_zip(&s, files, &format!("ferry-{}", l.id), &h).await?;
+    Ok(with_grant(res, &l, grant))
 }
 
 /// Whether `path` (any method) is a link's route: these check the link themselves and act as
